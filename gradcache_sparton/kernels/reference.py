@@ -1,0 +1,87 @@
+"""Pure-PyTorch SPLADE head: the ground truth for the Triton kernels, the CPU path and the benchmark baseline.
+
+Legend (used in every shape comment of this package): B batch, S sequence, D hidden, V vocabulary,
+C a vocabulary chunk.
+
+The head computes
+
+    Y[b, v] = max_s log1p(relu(H[b, s] · E[v] + bias[v])) · M[b, s]
+
+Identities the kernels rely on, which this reference makes explicit:
+- f(x) = log1p(relu(x)) is monotone non-decreasing, so max_s f(x_s) = f(max_s x_s): reduce the raw
+  logits over S first, apply relu/log1p once on [B, V].
+- Masked positions (M = 0) contribute f(.) · 0 = 0, and f >= 0, so they can be dropped from the max
+  (filled with -inf); a fully masked row gives Y = 0.
+- The gradient reaches only the argmax position, and only where the max is > 0 (relu's gradient at
+  0 is 0): a fully masked row or an all-negative column gets exactly zero gradient.
+- Ties: ``Tensor.max(dim)`` returns the first maximal index and its backward sends the whole
+  gradient there (``amax`` would split it among ties). The kernels follow the same rule: the first
+  sequence position wins.
+
+Memory: the logits are materialised one vocabulary chunk at a time ([B, S, C], at most
+``chunk_elements`` elements), so peak memory does not grow with B·S·V. Autograd keeps only the
+[B, C] argmax indices per chunk (``max(dim)``'s backward needs no input values), never the chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["REFERENCE_CHUNK_ELEMENTS", "sparton_head_reference"]
+
+# 2**25 fp32 elements = 128 MiB per logits chunk: large enough that the chunked matmuls run at full
+# speed on a GPU, small enough to be irrelevant next to a BERT-base mini-batch's activations.
+REFERENCE_CHUNK_ELEMENTS = 2**25
+
+
+def sparton_head_reference(
+    hidden_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    attention_mask: Tensor,
+    *,
+    chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
+    return_argmax: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """SPLADE max-pooled head in plain PyTorch, chunked over the vocabulary.
+
+    Args:
+        hidden_states: [B, S, D] floating tensor (the LM transform's output).
+        weight: [V, D] vocabulary embeddings (the masked-LM decoder weight).
+        bias: [V] decoder bias, or None.
+        attention_mask: [B, S] 0/1 mask (any integer, bool or floating dtype).
+        chunk_elements: upper bound on B·S·C, the elements of one logits chunk.
+        return_argmax: also return the pre-activation max and its argmax (no gradient).
+
+    Returns:
+        Y [B, V] in the dtype of ``hidden_states``; with ``return_argmax``, ``(Y, max, argmax)`` where
+        ``max`` is the [B, V] fp32 running max of the masked logits clamped at 0 (the Triton kernels'
+        saved state: Y = log1p(max)) and ``argmax`` the [B, V] int64 first sequence position attaining
+        it (meaningful only where max > 0).
+
+    Matmuls accumulate in fp32 (fp64 inputs stay fp64), like the kernels.
+    """
+    B, S, _ = hidden_states.shape
+    V = weight.shape[0]
+    compute_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+    h = hidden_states.to(compute_dtype)  # [B, S, D]
+    keep = attention_mask.to(torch.bool)  # [B, S]
+    C = max(1, min(V, chunk_elements // max(1, B * S)))
+    ys, maxes, argmaxes = [], [], []
+    for v0 in range(0, V, C):
+        w = weight[v0 : v0 + C].to(compute_dtype)  # [C, D]
+        logits = h @ w.T  # [B, S, D] @ [D, C] -> [B, S, C]
+        if bias is not None:
+            logits = logits + bias[v0 : v0 + C].to(compute_dtype)
+        logits = logits.masked_fill(~keep[:, :, None], float("-inf"))
+        mx, idx = logits.max(dim=1)  # [B, C]; first maximal position on ties
+        act = torch.relu(mx)  # [B, C]; -inf (fully masked) -> 0, zero gradient at <= 0
+        ys.append(torch.log1p(act))
+        if return_argmax:
+            maxes.append(act.detach().float())
+            argmaxes.append(idx)
+    y = torch.cat(ys, dim=1).to(hidden_states.dtype)  # [B, V]
+    if return_argmax:
+        return y, torch.cat(maxes, dim=1), torch.cat(argmaxes, dim=1)
+    return y

@@ -1,0 +1,12 @@
+"""Files shipped with the package (tokenizer, default data sample), so nothing at run time needs a hub."""
+
+from pathlib import Path
+
+__all__ = ["RESOURCES_DIR", "default_tokenizer_path"]
+
+RESOURCES_DIR = Path(__file__).resolve().parent
+
+
+def default_tokenizer_path() -> Path:
+    """Folder of the bundled bert-base-uncased tokenizer (Apache-2.0; see resources/NOTICE.md)."""
+    return RESOURCES_DIR / "bert-base-uncased-tokenizer"

@@ -1,0 +1,78 @@
+"""Shared test infrastructure: device markers, the Triton-interpreter switch and tiny-model fixtures.
+
+Triton decides between compiling and interpreting when a kernel is *decorated*, i.e. when the module
+defining it is imported, and ``transformers`` imports triton as soon as a model class is imported. So
+``TRITON_INTERPRET=1`` is set here, at conftest import, before any test module imports either: on a
+machine without CUDA the whole session runs the kernels through Triton's interpreter on CPU tensors;
+with CUDA the same tests run the compiled kernels on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase  # noqa: E402
+
+from gradcache_sparton.resources import default_tokenizer_path  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `gpu`-marked tests, with the reason, where CUDA is absent."""
+    if CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run in which no test passed is a failure, even if everything was skipped or deselected."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    passed = len(reporter.stats.get("passed", [])) if reporter is not None else 0
+    if exitstatus == 0 and passed == 0:
+        session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+@pytest.fixture(scope="session")
+def kernel_device() -> torch.device:
+    """Where Triton kernel tests put their tensors: the GPU if there is one, else CPU (interpreter)."""
+    if CUDA:
+        return torch.device("cuda")
+    assert os.environ.get("TRITON_INTERPRET") == "1", "kernel tests on CPU need TRITON_INTERPRET=1"
+    return torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerBase:
+    """The real bert-base-uncased tokenizer shipped inside the package (no hub, no ../shared)."""
+    return AutoTokenizer.from_pretrained(default_tokenizer_path())
+
+
+@pytest.fixture
+def tiny_bert_config(tokenizer: PreTrainedTokenizerBase) -> BertConfig:
+    """A 2-layer, 32-wide BERT config over the real 30,522-token vocabulary (fast on CPU)."""
+    return BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
+
+
+@pytest.fixture
+def tiny_bert_mlm(tiny_bert_config: BertConfig) -> BertForMaskedLM:
+    """A freshly seeded random-init tiny BERT masked-LM (built from the config, never from a hub)."""
+    torch.manual_seed(0)
+    return BertForMaskedLM(tiny_bert_config).eval()

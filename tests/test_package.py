@@ -1,0 +1,58 @@
+"""The package installs, imports without a GPU, ships its tokenizer and exposes its console entry point."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import torch
+
+import gradcache_sparton
+from gradcache_sparton.cli import main
+
+
+def test_import_exposes_public_api() -> None:
+    """Every name in __all__ exists, and importing the package does not import triton eagerly."""
+    for name in gradcache_sparton.__all__:
+        assert hasattr(gradcache_sparton, name), name
+    assert isinstance(gradcache_sparton.__version__, str)
+    code = "import sys, gradcache_sparton; sys.exit('triton' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_cli_help_and_version(capsys) -> None:
+    """`gradcache-sparton --help` and `--version` print and exit 0 (in-process and as a console script)."""
+    for flag, expected in (
+        ("--help", "usage: gradcache-sparton"),
+        ("--version", gradcache_sparton.__version__),
+    ):
+        try:
+            main([flag])
+        except SystemExit as exc:
+            assert exc.code == 0
+        assert expected in capsys.readouterr().out
+    exe = shutil.which("gradcache-sparton")
+    assert exe is not None, "console script gradcache-sparton is not installed"
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    assert "usage: gradcache-sparton" in out
+
+
+def test_shipped_tokenizer_tokenises(tokenizer) -> None:
+    """The bundled tokenizer is the real bert-base-uncased WordPiece (30,522 tokens)."""
+    assert len(tokenizer) == 30522
+    enc = tokenizer("Sparse retrieval with SPLADE.", return_tensors="pt")
+    tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0])
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
+    assert "sparse" in tokens and "retrieval" in tokens
+
+
+def test_tiny_model_fixture_runs(tiny_bert_mlm, tokenizer) -> None:
+    """The tiny random-init masked-LM fixture runs a forward over a tokenised batch."""
+    batch = tokenizer(
+        ["a short query", "a somewhat longer document about proteins"], padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        logits = tiny_bert_mlm(**batch).logits
+    assert logits.shape == (2, batch["input_ids"].shape[1], len(tokenizer))
+    assert torch.isfinite(logits).all()
