@@ -1,0 +1,107 @@
+"""Contrastive losses over a batch of reps: InfoNCE with in-batch and hard negatives, and MarginMSE.
+
+Legend: B batch (queries), V vocabulary, k hard negatives per query.
+
+Both follow the loss contract ``loss_fn(reps, **loss_kwargs) -> scalar``: ``reps`` maps column names
+to [B, V] tensors in order (queries, positives, then one column per hard negative; see
+:func:`~gradcache_sparton.losses.columns.split_columns`). Both are pure functions of ``reps`` (no state),
+so they run unchanged on an uncached batch or on the full concatenated batch inside the GradCache
+engine, where autograd stops at the reps. Scores are dot products in fp32 (:mod:`.scores`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gradcache_sparton.losses.columns import split_columns
+from gradcache_sparton.losses.scores import dot_scores, paired_scores
+
+__all__ = ["info_nce_loss", "margin_mse_loss"]
+
+
+def _check_temperature(temperature: float) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a positive float, got {type(temperature).__name__}")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+
+
+def info_nce_loss(reps: Mapping[str, Tensor], *, temperature: float = 1.0) -> Tensor:
+    """InfoNCE (multiple-negatives ranking) with in-batch negatives and optional hard negatives.
+
+    Query i is scored against every document of the batch: all B positives and all k·B hard negatives,
+    ``scores = q @ [pos; neg_1; ...; neg_k]^T / temperature`` ([B, (1+k)·B]); the loss is the
+    cross-entropy with target i (its own positive), averaged over the B queries. Every other query's
+    positive and every hard negative of the batch act as negatives for query i.
+
+    ``temperature`` defaults to 1.0, SPLADE's convention: SPLADE scores are raw dot products of
+    non-negative, log-saturated term weights (typically 10–40 for relevant pairs), already on a logit
+    scale, so they enter the softmax unscaled. Models with cosine scores in [-1, 1] need ~0.05.
+
+    Memory: the [B, (1+k)·B] fp32 score matrix, its softmax saved for backward and its gradient, about
+    12·(1+k)·B² bytes (1.5 GiB at B = 8,192, k = 1), plus fp32 copies of bf16 reps. The [B, V] @ [V, B]
+    products are taken column by column, so the documents are never concatenated into a
+    [(1+k)·B, V] copy, and nothing of size B·B·V is formed.
+
+    Args:
+        reps: column name -> [B, V] reps; queries, positives, then k >= 0 hard-negative columns.
+        temperature: divides every score; must be > 0.
+
+    Returns:
+        0-d fp32 loss (fp64 for fp64 reps).
+    """
+    _check_temperature(temperature)
+    q_reps, pos_reps, neg_reps = split_columns(reps)
+    B = q_reps.shape[0]
+    # (1+k) x ([B, V] @ [V, B] -> [B, B]), concatenated -> [B, (1+k)·B]; column j < B is positive j.
+    scores = torch.cat([dot_scores(q_reps, d_reps) for d_reps in (pos_reps, *neg_reps)], dim=1)
+    targets = torch.arange(B, device=scores.device)
+    return F.cross_entropy(scores / temperature, targets)
+
+
+def margin_mse_loss(reps: Mapping[str, Tensor], *, teacher_scores: Tensor) -> Tensor:
+    """MarginMSE distillation (Hofstätter et al. 2020): match the teacher's positive-negative margins.
+
+    For query i and each hard negative j, the student margin ``s(q_i, pos_i) - s(q_i, neg_j_i)`` is
+    regressed onto the teacher margin ``t[i, 0] - t[i, j]``; the loss is the mean squared error over
+    the B·k (query, negative) pairs. No in-batch negatives: each query meets only its own documents.
+
+    Args:
+        reps: column name -> [B, V] reps; queries, positives, then k >= 1 hard-negative columns.
+        teacher_scores: [B, 1+k] teacher scores, column 0 for the positive and column j for the j-th
+            hard-negative column, in the order of ``reps``. Teacher margins m [B, k] convert exactly:
+            ``torch.cat([torch.zeros_like(m[:, :1]), -m], dim=1)`` has the margins m. Moved to the
+            reps' device, compared in fp32, never differentiated.
+
+    Returns:
+        0-d fp32 loss (fp64 for fp64 reps).
+
+    Memory: k + 1 row-wise products [B, V] in fp32; nothing grows with B².
+    """
+    q_reps, pos_reps, neg_reps = split_columns(reps)
+    B, k = q_reps.shape[0], len(neg_reps)
+    if k == 0:
+        raise ValueError(
+            "margin_mse_loss needs at least one hard-negative column after the positives, got only "
+            f"columns {list(reps)}"
+        )
+    if not isinstance(teacher_scores, Tensor):
+        raise TypeError(f"teacher_scores must be a [B, 1+k] tensor, got {type(teacher_scores).__name__}")
+    if tuple(teacher_scores.shape) != (B, 1 + k):
+        raise ValueError(
+            f"teacher_scores must have shape [B, 1+k] = [{B}, {1 + k}] (the positive, then {k} hard "
+            f"negative(s), for each of the {B} queries), got {tuple(teacher_scores.shape)}"
+        )
+    if not teacher_scores.is_floating_point():
+        raise TypeError(f"teacher_scores must be a floating tensor, got dtype {teacher_scores.dtype}")
+    pos = paired_scores(q_reps, pos_reps)  # [B]
+    negs = torch.stack([paired_scores(q_reps, n) for n in neg_reps], dim=1)  # k x [B] -> [B, k]
+    student_margin = pos[:, None] - negs  # [B, k]
+    teacher = teacher_scores.detach().to(device=pos.device, dtype=pos.dtype)  # [B, 1+k]
+    teacher_margin = teacher[:, :1] - teacher[:, 1:]  # [B, k]
+    return F.mse_loss(student_margin, teacher_margin)

@@ -1,0 +1,65 @@
+"""Relevance scores of sparse reps: dot products computed in fp32, shared by the losses and evaluation.
+
+Legend: B batch (queries), N documents, V vocabulary.
+
+SPLADE scores a (query, document) pair by the plain dot product of their vocabulary-weight vectors,
+the quantity an inverted index computes. Scores are accumulated and returned in fp32 even for bf16/fp16
+reps: SPLADE scores are unnormalised sums of tens of terms (typically 10–40), where a bf16 result
+(8 bits of mantissa) would be off by up to ~0.1, enough to reorder close candidates and to bias a
+softmax over them. fp64 reps stay fp64.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gradcache_sparton.sparsity import check_reps
+
+__all__ = ["dot_scores", "paired_scores"]
+
+
+def _score_dtype(*tensors: Tensor) -> torch.dtype:
+    """fp32 for half-precision and fp32 inputs, fp64 if any input is fp64."""
+    dtype = torch.float32
+    for tensor in tensors:
+        dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
+
+
+def _check_pair(q_reps: Tensor, d_reps: Tensor) -> None:
+    check_reps(q_reps, name="q_reps")
+    check_reps(d_reps, name="d_reps")
+    if q_reps.shape[1] != d_reps.shape[1]:
+        raise ValueError(
+            f"q_reps and d_reps must have the same vocabulary size V, got {q_reps.shape[1]} and "
+            f"{d_reps.shape[1]}"
+        )
+    if q_reps.device != d_reps.device:
+        raise ValueError(f"q_reps and d_reps must be on one device, got {q_reps.device} and {d_reps.device}")
+
+
+def dot_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
+    """All-pairs dot-product scores: [B, V] x [N, V] -> [B, N] in fp32 (fp64 for fp64 inputs).
+
+    Memory: the [B, N] output, plus fp32 copies of the inputs when they are bf16/fp16 (none for
+    fp32 inputs). Nothing of size B·N·V is formed. Differentiable in both arguments.
+    """
+    _check_pair(q_reps, d_reps)
+    dtype = _score_dtype(q_reps, d_reps)
+    return q_reps.to(dtype) @ d_reps.to(dtype).T  # [B, V] @ [V, N] -> [B, N]
+
+
+def paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
+    """Row-wise dot-product scores of aligned pairs: [B, V] x [B, V] -> [B] (fp32, fp64 for fp64).
+
+    Memory: one [B, V] product in the score dtype. Differentiable in both arguments.
+    """
+    _check_pair(q_reps, d_reps)
+    if q_reps.shape[0] != d_reps.shape[0]:
+        raise ValueError(
+            f"paired_scores needs as many documents as queries, got q_reps with {q_reps.shape[0]} rows and "
+            f"d_reps with {d_reps.shape[0]}"
+        )
+    dtype = _score_dtype(q_reps, d_reps)
+    return (q_reps.to(dtype) * d_reps.to(dtype)).sum(dim=1)  # [B, V] -> [B]

@@ -1,0 +1,407 @@
+"""Losses, regularizers, warm-up schedule, SPLADE loss and sparsity statistics (CPU, small shapes).
+
+Each loss is checked against a value worked out by hand on a tiny case and against an independent
+fp64 reference (per-query loops, explicit definitions) on random reps, forward and gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gradcache_sparton.losses import (
+    SpladeLoss,
+    SpladeLossConfig,
+    WarmupSchedule,
+    dot_scores,
+    flops_regularizer,
+    info_nce_loss,
+    l1_regularizer,
+    margin_mse_loss,
+    paired_scores,
+    split_columns,
+    warmup_weight,
+)
+from gradcache_sparton.sparsity import activation_rate, expected_flops, mean_nonzeros, nonzeros_per_row
+
+# fp32 losses vs an fp64 reference on the same input values: a handful of fp32 roundings of O(10) sums
+# and one log-sum-exp, so ~1e-6 relative; 1e-5 leaves room for summation order but still catches any
+# scoring done in bf16 (error ~1e-2 at scores of ~10) or a wrong reduction.
+FP32_TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def _sparse_reps(rows: int, vocab: int, *, generator: torch.Generator, dtype=torch.float32) -> torch.Tensor:
+    """Non-negative, mostly zero [rows, vocab] reps like a SPLADE head's (log1p(relu(.)) of logits)."""
+    logits = torch.randn(rows, vocab, generator=generator, dtype=torch.float64) * 2 - 1.5
+    return torch.log1p(torch.relu(logits)).to(dtype)
+
+
+def _batch(B: int, V: int, k: int, *, seed: int, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    names = ["query", "positive", *(f"negative_{j + 1}" for j in range(k))]
+    return {name: _sparse_reps(B, V, generator=g, dtype=dtype) for name in names}
+
+
+def _leaf_copies(reps: dict[str, torch.Tensor], dtype=None) -> dict[str, torch.Tensor]:
+    return {n: r.detach().to(dtype or r.dtype).clone().requires_grad_(True) for n, r in reps.items()}
+
+
+def _info_nce_reference(reps: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+    """Per-query loop: -log softmax over all positives and negatives of the batch, at the own positive."""
+    cols = list(reps.values())
+    q, docs = cols[0], torch.cat(cols[1:])
+    losses = []
+    for i in range(q.shape[0]):
+        s = torch.stack([torch.dot(q[i], d) for d in docs]) / temperature
+        losses.append(torch.logsumexp(s, 0) - s[i])
+    return torch.stack(losses).mean()
+
+
+# ----------------------------------------------------------------------------------------------- scores
+
+
+def test_dot_scores_are_fp32_for_bf16_reps() -> None:
+    """dot_scores of bf16 reps is fp32 and equals the fp64 product of the same values (no bf16 rounding)."""
+    reps = _batch(6, 300, 1, seed=0, dtype=torch.bfloat16)
+    q, d = reps["query"], reps["positive"]
+    scores = dot_scores(q, d)
+    assert scores.dtype == torch.float32 and scores.shape == (6, 6)
+    torch.testing.assert_close(scores.double(), q.double() @ d.double().T, **FP32_TOL)
+    paired = paired_scores(q, d)
+    assert paired.dtype == torch.float32
+    torch.testing.assert_close(paired.double(), (q.double() * d.double()).sum(1), **FP32_TOL)
+
+
+# ----------------------------------------------------------------------------------------------- InfoNCE
+
+
+def test_info_nce_hand_computed() -> None:
+    """InfoNCE on a 2-query, 1-negative case equals the value worked out by hand."""
+    reps = {
+        "query": torch.tensor([[1.0, 0.0], [0.0, 2.0]]),
+        "positive": torch.tensor([[2.0, 0.0], [1.0, 1.0]]),
+        "negative": torch.tensor([[0.0, 1.0], [1.0, 0.0]]),
+    }
+    # Scores over documents (pos_0, pos_1, neg_0, neg_1) / 0.5: q_0 -> (4, 2, 0, 2), q_1 -> (0, 4, 4, 0).
+    loss_0 = -4 + math.log(math.exp(4) + 2 * math.exp(2) + 1)
+    loss_1 = -4 + math.log(2 * math.exp(4) + 2)
+    loss = info_nce_loss(reps, temperature=0.5)
+    assert loss.shape == () and loss.dtype == torch.float32
+    assert loss.item() == pytest.approx((loss_0 + loss_1) / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("temperature", [1.0, 0.05])
+def test_info_nce_matches_reference_loss_and_grads(k: int, temperature: float) -> None:
+    """InfoNCE with k hard negatives equals a per-query fp64 loop, loss and the gradient of every column."""
+    reps = _batch(5, 64, k, seed=k, dtype=torch.float32)
+    ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps, torch.float64)
+    loss = info_nce_loss(ours_in, temperature=temperature)
+    ref = _info_nce_reference(ref_in, temperature)
+    torch.testing.assert_close(loss.double(), ref, **FP32_TOL)
+    loss.backward()
+    ref.backward()
+    for name in reps:
+        # Gradients are O(1/B); the same fp32 rounding argument as the loss applies.
+        torch.testing.assert_close(ours_in[name].grad.double(), ref_in[name].grad, **FP32_TOL)
+
+
+def test_info_nce_scores_bf16_reps_in_fp32() -> None:
+    """InfoNCE on bf16 reps equals the fp64 loss of the same values (bf16 scores would be ~1e-2 off)."""
+    reps = _batch(8, 512, 1, seed=3, dtype=torch.bfloat16)
+    loss = info_nce_loss(reps)
+    assert loss.dtype == torch.float32
+    ref = _info_nce_reference({n: r.double() for n, r in reps.items()}, 1.0)
+    torch.testing.assert_close(loss.double(), ref, **FP32_TOL)
+
+
+# ----------------------------------------------------------------------------------------------- MarginMSE
+
+
+def test_margin_mse_hand_computed() -> None:
+    """MarginMSE on a 2-query, 1-negative case equals the value worked out by hand."""
+    reps = {
+        "query": torch.tensor([[1.0, 0.0], [0.0, 2.0]]),
+        "positive": torch.tensor([[2.0, 0.0], [1.0, 1.0]]),
+        "negative": torch.tensor([[0.0, 1.0], [1.0, 0.0]]),
+    }
+    # Student margins: (2 - 0, 2 - 0); teacher margins: (5 - 4, 1 - 2) = (1, -1); MSE = (1 + 9) / 2.
+    teacher_scores = torch.tensor([[5.0, 4.0], [1.0, 2.0]])
+    assert margin_mse_loss(reps, teacher_scores=teacher_scores).item() == pytest.approx(5.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_margin_mse_matches_reference_loss_and_grads(k: int) -> None:
+    """MarginMSE with k negatives equals an fp64 per-(query, negative) loop, loss and every gradient."""
+    reps = _batch(4, 48, k, seed=10 + k)
+    teacher = torch.randn(4, 1 + k, generator=torch.Generator().manual_seed(1)) * 5
+    ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps, torch.float64)
+    loss = margin_mse_loss(ours_in, teacher_scores=teacher)
+    cols = list(ref_in.values())
+    terms = [
+        (
+            torch.dot(cols[0][i], cols[1][i])
+            - torch.dot(cols[0][i], cols[2 + j][i])
+            - (teacher[i, 0] - teacher[i, 1 + j])
+        )
+        ** 2
+        for i in range(4)
+        for j in range(k)
+    ]
+    ref = torch.stack(terms).mean()
+    torch.testing.assert_close(loss.double(), ref, **FP32_TOL)
+    loss.backward()
+    ref.backward()
+    for name in reps:
+        torch.testing.assert_close(ours_in[name].grad.double(), ref_in[name].grad, **FP32_TOL)
+
+
+# ----------------------------------------------------------------------------------------------- regularizers
+
+
+def test_regularizers_hand_computed() -> None:
+    """FLOPS and L1 on a 2x2 case equal the values worked out by hand."""
+    reps = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    assert flops_regularizer(reps).item() == pytest.approx(0.5**2 + 1.0**2)  # column means (0.5, 1)
+    assert l1_regularizer(reps).item() == pytest.approx((1 + 2) / 2)
+    assert l1_regularizer(-reps).item() == pytest.approx((1 + 2) / 2)  # |.|, not the plain sum
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_regularizer_grads_match_autograd_of_definitions(dtype: torch.dtype) -> None:
+    """FLOPS and L1 (over several columns) match autograd of their fp64 definitions and the closed forms."""
+    g = torch.Generator().manual_seed(7)
+    columns = [torch.randn(n, 40, generator=g).to(dtype) for n in (3, 5)]
+    cat64 = torch.cat(columns).double()
+    N = cat64.shape[0]
+    for ours_fn, definition, closed_form in (
+        (flops_regularizer, lambda x: (x.sum(0) / N).pow(2).sum(), lambda x: 2 * x.mean(0, keepdim=True) / N),
+        (l1_regularizer, lambda x: x.abs().sum() / N, lambda x: torch.sign(x) / N),
+    ):
+        ours_in = [c.detach().clone().requires_grad_(True) for c in columns]
+        ref_in = cat64.detach().clone().requires_grad_(True)
+        value = ours_fn(ours_in)
+        ref = definition(ref_in)
+        assert value.dtype == torch.float32
+        # Inputs are identical (bf16 values upcast exactly), reduction in fp32: the FP32 tolerance holds.
+        torch.testing.assert_close(value.double(), ref, **FP32_TOL)
+        value.backward()
+        ref.backward()
+        grad = torch.cat([c.grad for c in ours_in]).double()
+        # bf16 gradients are rounded to bf16 (8 mantissa bits): relative error up to 2**-8.
+        tol = FP32_TOL if dtype == torch.float32 else {"rtol": 2**-8, "atol": 1e-6}
+        torch.testing.assert_close(grad, ref_in.grad, **tol)
+        torch.testing.assert_close(grad, closed_form(cat64).expand_as(cat64), **tol)
+
+
+# ----------------------------------------------------------------------------------------------- schedule
+
+
+def test_warmup_schedule_values() -> None:
+    """Quadratic and linear warm-up give final·min(1, t/T)^p at chosen steps; T = 0 gives the full weight."""
+    quadratic = WarmupSchedule(final_weight=2.0, warmup_steps=100, shape="quadratic")
+    assert [quadratic(t) for t in (0, 10, 50, 100, 250)] == pytest.approx([0.0, 0.02, 0.5, 2.0, 2.0])
+    linear = WarmupSchedule(final_weight=2.0, warmup_steps=100, shape="linear")
+    assert [linear(t) for t in (0, 10, 50, 100, 250)] == pytest.approx([0.0, 0.2, 1.0, 2.0, 2.0])
+    assert WarmupSchedule(final_weight=3e-4)(0) == 3e-4
+    assert warmup_weight(30, final_weight=1.0, warmup_steps=60) == pytest.approx(0.25)
+
+
+# ----------------------------------------------------------------------------------------------- SPLADE loss
+
+
+def test_splade_loss_combines_components() -> None:
+    """SpladeLoss = InfoNCE + w_q·FLOPS(queries) + w_d·FLOPS(all docs), with detached components."""
+    reps = _batch(6, 80, 2, seed=21)
+    loss_fn = SpladeLoss(SpladeLossConfig(query_weight=0.3, doc_weight=0.1, warmup_steps=10, temperature=0.5))
+    ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps)
+    loss, comps = loss_fn(ours_in, step=5)
+    docs = torch.cat([ref_in["positive"], ref_in["negative_1"], ref_in["negative_2"]])
+    w_q, w_d = 0.3 * 0.25, 0.1 * 0.25  # quadratic warm-up at step 5 of 10
+    ref = (
+        info_nce_loss(ref_in, temperature=0.5)
+        + w_q * flops_regularizer(ref_in["query"])
+        + w_d * flops_regularizer(docs)
+    )
+    torch.testing.assert_close(loss, ref, **FP32_TOL)
+    loss.backward()
+    ref.backward()
+    for name in reps:
+        torch.testing.assert_close(ours_in[name].grad, ref_in[name].grad, **FP32_TOL)
+    assert set(comps) == {
+        "contrastive",
+        "reg_query",
+        "reg_doc",
+        "reg_weight_query",
+        "reg_weight_doc",
+        "nnz_query",
+        "nnz_doc",
+        "flops",
+    }
+    assert all(not v.requires_grad and v.shape == () and v.dtype == torch.float32 for v in comps.values())
+    assert comps["reg_weight_query"].item() == pytest.approx(w_q)
+    assert comps["reg_weight_doc"].item() == pytest.approx(w_d)
+    torch.testing.assert_close(comps["reg_doc"], flops_regularizer(docs).detach(), **FP32_TOL)
+    assert comps["nnz_doc"].item() == pytest.approx((docs != 0).sum().item() / 18)
+    assert "infonce(temperature=0.5)" in repr(loss_fn) and "0.3 * flops" in repr(loss_fn)
+
+
+def test_splade_loss_step_kwarg_and_set_step() -> None:
+    """The step kwarg wins over set_step; set_step persists; calls keep no other state."""
+    reps = _batch(3, 20, 1, seed=2)
+    loss_fn = SpladeLoss(
+        SpladeLossConfig(query_weight=1.0, doc_weight=2.0, warmup_steps=4, warmup_shape="linear")
+    )
+    assert loss_fn(reps)[1]["reg_weight_doc"].item() == 0.0  # step 0: regularizers off
+    loss_fn.set_step(2)
+    first = loss_fn(reps)
+    assert first[1]["reg_weight_doc"].item() == pytest.approx(1.0)
+    assert loss_fn(reps, step=4)[1]["reg_weight_query"].item() == pytest.approx(1.0)
+    assert loss_fn.step == 2 and loss_fn.weights() == pytest.approx((0.5, 1.0))
+    torch.testing.assert_close(loss_fn(reps)[0], first[0], rtol=0, atol=0)
+
+
+def test_splade_loss_margin_mse_with_l1() -> None:
+    """SpladeLoss with MarginMSE and L1 forwards teacher_scores and adds the weighted L1 terms."""
+    reps = _batch(4, 30, 2, seed=5)
+    teacher = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    config = SpladeLossConfig(
+        query_weight=0.5,
+        doc_weight=0.25,
+        contrastive="margin_mse",
+        query_regularizer="l1",
+        doc_regularizer="l1",
+    )
+    loss, comps = SpladeLoss(config)(reps, teacher_scores=teacher)
+    docs = torch.cat([reps["positive"], reps["negative_1"], reps["negative_2"]])
+    ref = (
+        margin_mse_loss(reps, teacher_scores=teacher)
+        + 0.5 * l1_regularizer(reps["query"])
+        + 0.25 * l1_regularizer(docs)
+    )
+    torch.testing.assert_close(loss, ref, **FP32_TOL)
+    torch.testing.assert_close(comps["reg_query"], l1_regularizer(reps["query"]), **FP32_TOL)
+
+
+def test_splade_loss_is_exact_under_grad_cache() -> None:
+    """Loss on cached mini-batch reps + replayed backward equals the full-batch loss and gradient."""
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(12, 50, generator=g, requires_grad=True)  # a one-layer "encoder": relu(x @ W)
+    inputs = {name: torch.randn(8, 12, generator=g) for name in ("query", "positive", "negative")}
+    loss_fn = SpladeLoss(SpladeLossConfig(query_weight=0.2, doc_weight=0.4))
+    # Uncached: one graph through the whole batch.
+    full_loss, _ = loss_fn({n: torch.relu(x @ weight) for n, x in inputs.items()})
+    (full_grad,) = torch.autograd.grad(full_loss, weight)
+    # Cached, mini-batches of 3 (uneven): (1) embed without graph, (2) loss on the full reps -> rep grads,
+    # (3) re-embed each mini-batch and backprop its slice of the cached rep gradient.
+    with torch.no_grad():
+        reps = {n: torch.cat([torch.relu(c @ weight) for c in x.split(3)]) for n, x in inputs.items()}
+    reps = {n: r.requires_grad_(True) for n, r in reps.items()}
+    cached_loss, _ = loss_fn(reps)
+    rep_grads = torch.autograd.grad(cached_loss, list(reps.values()))
+    for x, rep_grad in zip(inputs.values(), rep_grads, strict=True):
+        for chunk, grad_chunk in zip(x.split(3), rep_grad.split(3), strict=True):
+            torch.relu(chunk @ weight).backward(grad_chunk)
+    torch.testing.assert_close(cached_loss, full_loss, **FP32_TOL)
+    torch.testing.assert_close(weight.grad, full_grad, **FP32_TOL)
+
+
+# ----------------------------------------------------------------------------------------------- sparsity
+
+
+def test_sparsity_statistics_hand_computed() -> None:
+    """Non-zeros per row, activation rates and expected FLOPS equal hand values, with no autograd graph."""
+    q = torch.tensor([[1.0, 0.0, 0.0], [1.0, 3.0, 0.0]], requires_grad=True)
+    d = [torch.tensor([[0.0, 1.0, 1.0]]), torch.tensor([[2.0, 0.0, 0.0]])]
+    assert nonzeros_per_row(q).tolist() == [1, 2]
+    assert mean_nonzeros(q).item() == pytest.approx(1.5)
+    assert mean_nonzeros(d).item() == pytest.approx(1.5)
+    torch.testing.assert_close(activation_rate(q), torch.tensor([1.0, 0.5, 0.0]))
+    flops = expected_flops(q, d)  # p_q = (1, .5, 0), p_d = (.5, .5, .5)
+    assert flops.item() == pytest.approx(0.75) and not flops.requires_grad
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+
+
+def test_ragged_hard_negatives_are_rejected() -> None:
+    """A negatives column with a different row count, a list of negatives or stacked [B, k, V] is an error."""
+    reps = _batch(4, 10, 2, seed=0)
+    with pytest.raises(ValueError, match=r"negative_2.*3 rows.*same\s+number of hard negatives"):
+        split_columns({**reps, "negative_2": reps["negative_2"][:3]})
+    with pytest.raises(TypeError, match=r"negative_1.*list"):
+        info_nce_loss({**reps, "negative_1": [reps["negative_1"][0], reps["negative_1"][1:]]})
+    with pytest.raises(ValueError, match=r"\[B, k, V\] as k columns"):
+        info_nce_loss(
+            {"query": reps["query"], "positive": reps["positive"], "negatives": torch.zeros(4, 2, 10)}
+        )
+    with pytest.raises(ValueError, match=r"positives.*5 rows"):
+        info_nce_loss({"query": reps["query"], "positive": torch.zeros(5, 10)})
+
+
+@pytest.mark.parametrize(
+    ("teacher_scores", "match"),
+    [
+        (torch.zeros(4, 2), r"\[4, 3\].*got \(4, 2\)"),
+        (torch.zeros(4), r"\[4, 3\].*got \(4,\)"),
+        (torch.zeros(3, 3), r"\[4, 3\].*got \(3, 3\)"),
+    ],
+)
+def test_margin_mse_rejects_wrong_teacher_shape(teacher_scores: torch.Tensor, match: str) -> None:
+    """teacher_scores not of shape [B, 1+k] is a ValueError that states the expected shape."""
+    with pytest.raises(ValueError, match=match):
+        margin_mse_loss(_batch(4, 10, 2, seed=0), teacher_scores=teacher_scores)
+
+
+def test_bad_reps_are_rejected() -> None:
+    """Non-2-D, integer, mismatched-V or single-column reps raise errors naming the column."""
+    reps = _batch(4, 10, 0, seed=0)
+    with pytest.raises(TypeError, match=r"reps\['positive'\].*floating"):
+        info_nce_loss({**reps, "positive": torch.ones(4, 10, dtype=torch.long)})
+    with pytest.raises(ValueError, match=r"reps\['positive'\].*vocabulary size 9"):
+        info_nce_loss({**reps, "positive": torch.zeros(4, 9)})
+    with pytest.raises(ValueError, match="at least two columns"):
+        info_nce_loss({"query": reps["query"]})
+    with pytest.raises(ValueError, match="at least one hard-negative column"):
+        margin_mse_loss(reps, teacher_scores=torch.zeros(4, 1))
+    with pytest.raises(ValueError, match="2-D"):
+        flops_regularizer(torch.zeros(10))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"temperature": 0.0}, ValueError, "temperature"),
+        ({"query_weight": -1.0}, ValueError, "query_weight"),
+        ({"doc_weight": float("nan")}, ValueError, "doc_weight"),
+        ({"warmup_steps": -1}, ValueError, "warmup_steps"),
+        ({"warmup_steps": 1.5}, TypeError, "warmup_steps"),
+        ({"warmup_shape": "cosine"}, ValueError, "warmup_shape"),
+        ({"query_regularizer": "l2"}, ValueError, "query_regularizer"),
+        ({"doc_regularizer": "L1"}, ValueError, "doc_regularizer"),
+        ({"contrastive": "triplet"}, ValueError, "contrastive"),
+        ({"contrastive": "margin_mse", "temperature": 0.05}, ValueError, "temperature"),
+    ],
+)
+def test_splade_config_rejects_bad_values(kwargs: dict, error: type, match: str) -> None:
+    """Each invalid SpladeLossConfig field raises an error naming that field."""
+    with pytest.raises(error, match=match):
+        SpladeLossConfig(**{"query_weight": 0.1, "doc_weight": 0.1, **kwargs})
+
+
+def test_bad_steps_and_loss_kwargs_are_rejected() -> None:
+    """Negative steps, bad schedule arguments and kwargs the contrastive loss does not take raise errors."""
+    loss_fn = SpladeLoss(SpladeLossConfig(query_weight=0.1, doc_weight=0.1))
+    reps = _batch(2, 5, 1, seed=0)
+    with pytest.raises(ValueError, match="step"):
+        loss_fn.set_step(-1)
+    with pytest.raises(TypeError, match="step"):
+        loss_fn(reps, step=1.0)
+    with pytest.raises(TypeError, match="teacher_scores"):
+        loss_fn(reps, teacher_scores=torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="final_weight"):
+        WarmupSchedule(final_weight=-0.1)
+    with pytest.raises(ValueError, match="temperature"):
+        info_nce_loss(reps, temperature=-1.0)
