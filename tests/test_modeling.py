@@ -1,0 +1,358 @@
+"""SpladeEncoder: equal to the plain PyTorch SPLADE computation per backbone family, forward and gradients;
+saved as a standard masked-LM checkpoint; clear errors on bad input.
+
+Legend: B batch, S sequence, D hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import Tensor
+from transformers import (
+    AlbertConfig,
+    AlbertForMaskedLM,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    BertConfig,
+    BertModel,
+    DistilBertConfig,
+    GPT2Config,
+    PreTrainedConfig,
+    PreTrainedModel,
+    RobertaConfig,
+    XLMRobertaConfig,
+)
+
+from gradcache_sparton.kernels import sparton_head_reference
+from gradcache_sparton.modeling import SPLADE_CONFIG_NAME, SpladeEncoder, supported_masked_lm_classes
+
+# V is prime and different per family, so no size coincidence (or multiple of a tile) hides a bug.
+FAMILIES: dict[str, tuple[type[PreTrainedConfig], dict]] = {
+    "bert": (
+        BertConfig,
+        dict(
+            vocab_size=401, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+        ),
+    ),
+    "distilbert": (
+        DistilBertConfig,
+        dict(vocab_size=409, dim=32, n_layers=2, n_heads=2, hidden_dim=64),
+    ),
+    "roberta": (
+        RobertaConfig,
+        dict(
+            vocab_size=419, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+        ),
+    ),
+    "xlm-roberta": (
+        XLMRobertaConfig,
+        dict(
+            vocab_size=421, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+        ),
+    ),
+}
+
+# fp32 throughout. The head reduces chunked [B, S, C] matmuls, the reference a full nn.Linear: the
+# sums differ only in rounding order, ~1e-7 relative over D = 32. 1e-5 leaves 100x headroom yet is far
+# below what a wrong bias (values ~0.1), a missing activation or LayerNorm would shift (>1e-2).
+REP_TOL = dict(rtol=1e-5, atol=1e-5)
+# Gradients go back through 2 transformer layers; the head's and the reference's paths round
+# differently, so allow 1e-4 relative (still orders of magnitude below a wrong-argmax or wrong-bias error).
+GRAD_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def tiny_mlm(family: str, **overrides) -> PreTrainedModel:
+    """A seeded random-init tiny masked-LM of ``family`` with every parameter perturbed.
+
+    Random init leaves biases at 0 and LayerNorms at identity; perturbing every parameter (tied ones once,
+    since ``parameters()`` deduplicates) makes a dropped bias or LayerNorm visible in the reps.
+    """
+    config_class, kwargs = FAMILIES[family]
+    config = config_class(max_position_embeddings=64, **kwargs, **overrides)
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def padded_batch(model: PreTrainedModel, *, with_token_types: bool = False) -> dict[str, Tensor]:
+    """B = 3, S = 13 random ids with right padding (row lengths 13, 8, 3), pads set to the pad id."""
+    V = model.config.vocab_size
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(3, V, (3, 13), generator=g)  # [B, S]
+    attention_mask = torch.zeros(3, 13, dtype=torch.long)  # [B, S]
+    for row, length in enumerate((13, 8, 3)):
+        attention_mask[row, :length] = 1
+    input_ids = input_ids.masked_fill(attention_mask == 0, pad)
+    features = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if with_token_types:
+        features["token_type_ids"] = torch.randint(0, 2, (3, 13), generator=g) * attention_mask
+    return features
+
+
+def plain_splade(model: PreTrainedModel, features: dict[str, Tensor], mask: Tensor | None = None) -> Tensor:
+    """The plain SPLADE computation: the masked-LM's own full logits, log1p(relu(.)), mask, max over S."""
+    logits = model(**features).logits  # [B, S, V]
+    mask = features["attention_mask"] if mask is None else mask  # [B, S]
+    return (torch.log1p(torch.relu(logits)) * mask[:, :, None]).max(dim=1).values  # [B, V]
+
+
+def param_grads(model: torch.nn.Module) -> dict[str, Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@contextmanager
+def transformers_warnings() -> Iterator[list[logging.LogRecord]]:
+    """Collect WARNING-and-above records from the ``transformers`` loggers (they do not propagate)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(level=logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_reps_and_grads_match_plain_splade(family: str) -> None:
+    """Reps and every parameter gradient equal autograd through full logits -> log1p(relu) -> mask -> max."""
+    model = tiny_mlm(family)
+    encoder = SpladeEncoder(model)
+    features = padded_batch(model, with_token_types=family == "bert")
+    reps = encoder(**features)  # [B, V]
+    assert reps.shape == (3, model.config.vocab_size)
+    # Enough active entries that a wrong max position or bias shows up in many places.
+    assert (reps > 0).float().mean() > 0.2
+    weights = torch.randn_like(reps)
+    (reps * weights).sum().backward()
+    ours = param_grads(model)
+    model.zero_grad(set_to_none=True)
+
+    expected = plain_splade(model, features)
+    torch.testing.assert_close(reps, expected, **REP_TOL)
+    (expected * weights).sum().backward()
+    theirs = param_grads(model)
+    assert ours.keys() == theirs.keys() and len(ours) == len(list(model.parameters()))
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], **GRAD_TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_head_uses_the_bias_the_logits_use(family: str) -> None:
+    """Untied, the family keeps two bias vectors; reps follow the decoder's, as the logits do."""
+    model = tiny_mlm(family, tie_word_embeddings=False)
+    decoder = model.get_output_embeddings()
+    other_bias = model.cls.predictions.bias if family == "bert" else model.lm_head.bias
+    assert other_bias is not decoder.bias and not torch.equal(other_bias, decoder.bias)
+    encoder = SpladeEncoder(model)
+    features = padded_batch(model)
+    with torch.no_grad():
+        expected = plain_splade(model, features)
+        torch.testing.assert_close(encoder(**features), expected, **REP_TOL)
+        # The comparison is sensitive to the bias: the head fed the other bias (or none) fails it.
+        hidden = encoder.token_hidden_states(**features)  # [B, S, D]
+        for wrong in (other_bias, None):
+            wrong_reps = sparton_head_reference(hidden, decoder.weight, wrong, features["attention_mask"])
+            assert not torch.allclose(wrong_reps, expected, **REP_TOL)
+
+
+def test_special_token_positions_are_masked() -> None:
+    """special_token_ids drop those positions from the max: reps equal the plain computation on that mask."""
+    model = tiny_mlm("bert")
+    features = padded_batch(model)
+    cls_id, sep_id = 5, 7
+    features["input_ids"][:, 0] = cls_id
+    features["input_ids"][torch.arange(3), features["attention_mask"].sum(1) - 1] = sep_id
+    encoder = SpladeEncoder(model, special_token_ids=[sep_id, cls_id, 0])
+    assert encoder.special_token_ids == (0, cls_id, sep_id)
+    keep = features["attention_mask"] * ~torch.isin(features["input_ids"], torch.tensor([0, cls_id, sep_id]))
+    with torch.no_grad():
+        reps = encoder(**features)
+        torch.testing.assert_close(reps, plain_splade(model, features, mask=keep), **REP_TOL)
+        # ... and that differs from the unmasked reps, so the option is not a no-op.
+        assert not torch.allclose(reps, SpladeEncoder(model)(**features), **REP_TOL)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_save_reload_is_a_standard_masked_lm(family: str, tmp_path: Path) -> None:
+    """save_pretrained writes one [V, D] matrix; AutoModelForMaskedLM loads it cleanly; reps are identical."""
+    model = tiny_mlm(family)
+    encoder = SpladeEncoder(model, special_token_ids=[1, 2])
+    features = padded_batch(model)
+    with torch.no_grad():
+        reps = encoder(**features)
+    # The Trainer's call shape: an encoder state dict (with the head's aliases) and safe_serialization.
+    for directory, kwargs in (
+        (tmp_path / "plain", {}),
+        (tmp_path / "trainer", dict(state_dict=encoder.state_dict(), safe_serialization=True)),
+    ):
+        encoder.save_pretrained(directory, **kwargs)
+        V, D = model.get_output_embeddings().weight.shape
+        with safe_open(directory / "model.safetensors", framework="pt") as f:
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
+        assert [k for k, s in shapes.items() if s == (V, D)] == [k for k in shapes if "word_embeddings" in k]
+        assert len([s for s in shapes.values() if s == (V, D)]) == 1
+        assert not any(k.startswith(("head.", "model.")) for k in shapes)
+        assert json.loads((directory / SPLADE_CONFIG_NAME).read_text()) == {
+            "pooling": "max",
+            "special_token_ids": [1, 2],
+        }
+
+        with transformers_warnings() as warned:
+            reloaded, info = AutoModelForMaskedLM.from_pretrained(directory, output_loading_info=True)
+        assert type(reloaded) is type(model)
+        assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+        assert not warned, [r.getMessage() for r in warned]
+        reloaded.eval()
+        rewrapped = SpladeEncoder.from_pretrained(directory).eval()
+        assert rewrapped.special_token_ids == (1, 2)
+        with torch.no_grad():
+            assert torch.equal(SpladeEncoder(reloaded, special_token_ids=[1, 2])(**features), reps)
+            assert torch.equal(rewrapped(**features), reps)
+            keep = features["attention_mask"] * ~torch.isin(features["input_ids"], torch.tensor([1, 2]))
+            torch.testing.assert_close(plain_splade(reloaded, features, mask=keep), reps, **REP_TOL)
+
+
+def test_save_with_tokenizer_round_trips(tiny_bert_mlm, tokenizer, tmp_path: Path) -> None:
+    """The tokenizer is saved alongside, reloads to the same vocabulary, and tokenised reps survive reload."""
+    encoder = SpladeEncoder(tiny_bert_mlm)
+    encoder.save_pretrained(tmp_path, tokenizer=tokenizer)
+    reloaded_tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded_tokenizer.get_vocab() == tokenizer.get_vocab()
+    batch = tokenizer(
+        ["sparse retrieval", "a longer document about proteins"], padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        reps = encoder(**batch)
+        rewrapped = SpladeEncoder.from_pretrained(tmp_path).eval()
+        rewrapped.check_tokenizer(reloaded_tokenizer)
+        assert torch.equal(rewrapped(**batch), reps)
+
+
+def test_from_config_and_pretrained_overrides(tmp_path: Path) -> None:
+    """from_config builds a random-init encoder; explicit from_pretrained options override the sidecar."""
+    config_class, kwargs = FAMILIES["distilbert"]
+    encoder = SpladeEncoder.from_config(config_class(**kwargs), special_token_ids=[3])
+    assert encoder.vocab_size == kwargs["vocab_size"] and encoder.config.dim == 32
+    assert encoder.special_token_ids == (3,)
+    encoder.save_pretrained(tmp_path)
+    assert SpladeEncoder.from_pretrained(tmp_path, special_token_ids=[]).special_token_ids == ()
+    # A standard checkpoint with no sidecar gets the defaults: max pooling, no masked ids.
+    encoder.model.save_pretrained(tmp_path / "plain")
+    plain = SpladeEncoder.from_pretrained(tmp_path / "plain")
+    assert plain.pooling == "max" and plain.special_token_ids == ()
+
+
+def test_no_copy_of_the_vocabulary_matrix() -> None:
+    """The head shares the decoder's weight and bias, which are the input embeddings' and the MLM bias."""
+    model = tiny_mlm("roberta")
+    encoder = SpladeEncoder(model)
+    assert encoder.head.weight is model.get_input_embeddings().weight
+    assert encoder.head.bias is model.lm_head.bias is model.get_output_embeddings().bias
+    assert sum(p.numel() for p in encoder.parameters()) == sum(p.numel() for p in model.parameters())
+
+
+def test_stale_head_is_refused_until_retied() -> None:
+    """A replaced decoder makes forward raise rather than use stale weights; tie_weights() re-ties."""
+    model = tiny_mlm("bert")
+    encoder = SpladeEncoder(model)
+    features = padded_batch(model)
+    D, V = model.config.hidden_size, model.config.vocab_size
+    model.set_output_embeddings(torch.nn.Linear(D, V))
+    with pytest.raises(RuntimeError, match="tie_weights"):
+        encoder(**features)
+    encoder.tie_weights()
+    assert encoder.head.weight is model.get_input_embeddings().weight
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(**features), plain_splade(model, features), **REP_TOL)
+
+
+def test_gradient_checkpointing_passthrough() -> None:
+    """gradient_checkpointing_enable makes the backbone recompute its layers in backward, grads unchanged."""
+    config_class, kwargs = FAMILIES["bert"]
+    torch.manual_seed(0)
+    config = config_class(**kwargs, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    encoder = SpladeEncoder.from_config(config).train()
+    features = padded_batch(encoder.model)
+    layer_calls = []
+    encoder.model.base_model.encoder.layer[0].attention.register_forward_hook(
+        lambda *_: layer_calls.append(1)
+    )
+    grads, calls = [], []
+    for checkpointing in (False, True, False):
+        if checkpointing:
+            encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            encoder.gradient_checkpointing_disable()
+        layer_calls.clear()
+        encoder.zero_grad(set_to_none=True)
+        encoder(**features).sum().backward()
+        grads.append(param_grads(encoder))
+        calls.append(len(layer_calls))
+    assert calls == [1, 2, 1], "a checkpointed layer runs again in backward, an ordinary one does not"
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], **GRAD_TOL)
+
+
+def test_bad_inputs_raise_clear_errors(tokenizer, tmp_path: Path) -> None:
+    """No MLM head, unsupported family, wrong vocabulary, pooling or ids: errors naming the problem."""
+    config_class, kwargs = FAMILIES["bert"]
+    config = config_class(**kwargs)
+    with pytest.raises(TypeError, match="BertModel, which has no masked-LM head"):
+        SpladeEncoder(BertModel(config))
+    with pytest.raises(TypeError, match="PreTrainedModel, got str"):
+        SpladeEncoder("bert-base-uncased")
+    albert = AlbertConfig(
+        vocab_size=50,
+        embedding_size=16,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=1,
+    )
+    with pytest.raises(TypeError, match=r"AlbertForMaskedLM is not a supported .*BertForMaskedLM"):
+        SpladeEncoder(AlbertForMaskedLM(albert))
+    with pytest.raises(ValueError, match="AlbertForMaskedLM is not a supported"):
+        SpladeEncoder.from_config(albert)
+    with pytest.raises(ValueError, match="GPT2Config, which has no masked-LM class"):
+        SpladeEncoder.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2))
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        SpladeEncoder.from_config(config, pooling="sum")
+    with pytest.raises(ValueError, match=r"special_token_ids must be ints in \[0, 401\), got \[401\]"):
+        SpladeEncoder.from_config(config, special_token_ids=[0, 401])
+
+    encoder = SpladeEncoder.from_config(config)
+    with pytest.raises(
+        ValueError, match="tokenizer has 30522 tokens but the model's decoder has vocab_size 401"
+    ):
+        encoder.check_tokenizer(tokenizer)
+    with pytest.raises(ValueError, match="tokenizer has 30522 tokens"):
+        encoder.save_pretrained(tmp_path / "out", tokenizer=tokenizer)
+    assert not (tmp_path / "out").exists(), "the vocabulary check must run before anything is written"
+    with pytest.raises(ValueError, match="safe_serialization must be True"):
+        encoder.save_pretrained(tmp_path / "out", safe_serialization=False)
+    with pytest.raises(ValueError, match="got key 'weight'"):
+        encoder.save_pretrained(tmp_path / "out", state_dict={"weight": torch.zeros(1)})
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / SPLADE_CONFIG_NAME).write_text('{"pooling": "max", "temperature": 2}')
+    with pytest.raises(ValueError, match="must hold a JSON object with pooling and special_token_ids"):
+        SpladeEncoder.from_pretrained(tmp_path / "bad")
+    assert supported_masked_lm_classes() == (
+        "BertForMaskedLM",
+        "DistilBertForMaskedLM",
+        "RobertaForMaskedLM",
+        "XLMRobertaForMaskedLM",
+    )
