@@ -1,0 +1,39 @@
+"""The GradCache engine: exact very-large-batch training of any encoder under any loss over reps.
+
+- :class:`CachedLoss`: drop-in, ``loss = cached(columns); loss.backward()``.
+- :class:`GradCache`: the engine, Steps (1)-(3) as methods, :meth:`GradCache.step` for one call.
+- :class:`RngState`, :class:`AutocastState`: what Step (1) captures and Step (3) replays.
+"""
+
+from gradcache_sparton.engine.autocast_state import AutocastState
+from gradcache_sparton.engine.cached_loss import CachedLoss
+from gradcache_sparton.engine.gradcache import (
+    Columns,
+    EncodedBatch,
+    Features,
+    GradCache,
+    LossFn,
+    LossOutput,
+    MiniBatch,
+    MiniBatchContext,
+    ReplayState,
+)
+from gradcache_sparton.engine.mini_batch import row_slices, trim_trailing_padding
+from gradcache_sparton.engine.rng_state import RngState
+
+__all__ = [
+    "AutocastState",
+    "CachedLoss",
+    "Columns",
+    "EncodedBatch",
+    "Features",
+    "GradCache",
+    "LossFn",
+    "LossOutput",
+    "MiniBatch",
+    "MiniBatchContext",
+    "ReplayState",
+    "RngState",
+    "row_slices",
+    "trim_trailing_padding",
+]

@@ -1,0 +1,403 @@
+"""The GradCache engine: an effective batch of any size for the activation memory of one mini-batch.
+
+GradCache (Gao et al. 2021, "Scaling Deep Contrastive Learning Batch Size under Memory Limited
+Setup") splits the gradient of a batch-coupled loss L(f(x_1), ..., f(x_B)) at the reps r_i = f(x_i):
+dL/dθ = Σ_i (dL/dr_i) · (dr_i/dθ). So:
+
+- Step (1) :meth:`GradCache.encode`: encode every mini-batch of every column without a graph,
+  saving the RNG state before each mini-batch and the autocast state once.
+- Step (2) :meth:`GradCache.rep_gradients`: compute the loss on the full batch of reps, backprop
+  to the reps only, and keep their gradients dL/dr (the cache).
+- Step (3) :meth:`GradCache.replay`: re-encode each mini-batch with its RNG and autocast state
+  replayed (the same function the loss saw, dropout included) and backprop its slice of dL/dr.
+
+The parameter gradients equal uncached training's; the activation memory is that of one
+mini-batch, plus the [B, V] reps and their gradients. Nothing here knows about SPLADE: any encoder
+``encoder(**features) -> [B, V]`` and any loss over reps. No cache is kept on the engine: what
+Step (1) produces is returned, and lives only as long as the caller keeps it (one step).
+
+Legend: B batch (rows of a column), S sequence, V rep width (the vocabulary for SPLADE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from gradcache_sparton.engine.autocast_state import AutocastState
+from gradcache_sparton.engine.mini_batch import row_slices, trim_trailing_padding
+from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
+
+__all__ = [
+    "Columns",
+    "EncodedBatch",
+    "Features",
+    "GradCache",
+    "LossFn",
+    "LossOutput",
+    "MiniBatch",
+    "MiniBatchContext",
+    "ReplayState",
+]
+
+Features = Mapping[str, Tensor]
+"""One column's model inputs: ``input_ids``, ``attention_mask``, ... each [B, S] (or [B, ...])."""
+
+Columns = Mapping[str, Features]
+"""Input columns in order, e.g. ``{"query": {...}, "positive": {...}, "negative_1": {...}}``."""
+
+LossFn = Callable[..., "Tensor | tuple[Tensor, Mapping[str, Tensor]]"]
+"""``loss_fn(reps, **loss_kwargs)`` -> scalar Tensor, or (scalar Tensor, components for logging)."""
+
+MiniBatchContext = Callable[[bool], AbstractContextManager[object]]
+"""Called with ``is_last`` for each replayed mini-batch; its context wraps that mini-batch's
+re-encode and backward (e.g. ``lambda last: nullcontext() if last else ddp_model.no_sync()``)."""
+
+
+class LossOutput(NamedTuple):
+    """The loss and its detached components (empty when ``loss_fn`` returns a bare scalar)."""
+
+    loss: Tensor
+    components: dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One mini-batch of one column: its rows, its (trimmed) features and the RNG state it ran with."""
+
+    rows: slice
+    features: dict[str, Tensor]
+    rng: RngState
+
+
+@dataclass(frozen=True)
+class ReplayState:
+    """What Step (3) needs from Step (1): each column's mini-batches, and the autocast state."""
+
+    mini_batches: dict[str, tuple[MiniBatch, ...]]
+    autocast: AutocastState
+
+
+class EncodedBatch(NamedTuple):
+    """Step (1)'s result: the reps without a graph, and the state to replay them with a graph."""
+
+    reps: dict[str, Tensor]  # column -> [B, V]
+    replay_state: ReplayState
+
+
+class GradCache:
+    """Gradient caching for an encoder: Steps (1)-(3) of GradCache as methods, :meth:`step` for all.
+
+    Args:
+        encoder: ``encoder(**features) -> Tensor [B, V]``, usually an ``nn.Module``.
+        mini_batch_size: rows encoded at once; an int for every column or a mapping with one entry
+            per column (e.g. short queries in larger mini-batches than long passages). Memory for
+            activations is that of one mini-batch; larger is faster until it no longer fits.
+        same_batch_size: require every column, and every batch-first tensor in ``loss_kwargs``, to
+            have the same number of rows, checked before any encoding (what contrastive losses over
+            query/positive/negative columns need). Set False for losses whose columns differ.
+        allow_non_finite: let a non-finite loss or rep gradient through instead of raising
+            ``FloatingPointError``. Set it when a ``GradScaler`` (fp16) is in charge: it sees the
+            non-finite parameter gradients the replay produces, skips the optimizer step and lowers
+            its scale, as in uncached training.
+        show_progress: show a tqdm bar over the mini-batches of Step (1) and Step (3).
+    """
+
+    def __init__(
+        self,
+        encoder: Callable[..., Tensor],
+        *,
+        mini_batch_size: int | Mapping[str, int],
+        same_batch_size: bool = True,
+        allow_non_finite: bool = False,
+        show_progress: bool = False,
+    ) -> None:
+        if not callable(encoder):
+            raise TypeError(f"encoder must be callable as encoder(**features), got {type(encoder).__name__}")
+        sizes = mini_batch_size.items() if isinstance(mini_batch_size, Mapping) else [("", mini_batch_size)]
+        for column, size in sizes:
+            where = f"mini_batch_size[{column!r}]" if column else "mini_batch_size"
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise TypeError(f"{where} must be an int, got {type(size).__name__}")
+            if size < 1:
+                raise ValueError(f"{where} must be >= 1, got {size}")
+        self.encoder = encoder
+        self.mini_batch_size = mini_batch_size
+        self.same_batch_size = same_batch_size
+        self.allow_non_finite = allow_non_finite
+        self.show_progress = show_progress
+
+    def step(self, columns: Columns, loss_fn: LossFn, **loss_kwargs: object) -> LossOutput:
+        """One full GradCache step: the loss is computed and the encoder's ``.grad`` accumulated.
+
+        Equivalent to ``loss_fn({c: encoder(**columns[c]) for c in columns}, **loss_kwargs)
+        .backward()`` with an upstream gradient of 1. For GradScaler or gradient accumulation
+        scaling, use :class:`~gradcache_sparton.engine.CachedLoss`, whose loss takes ``.backward()``.
+
+        Returns:
+            The detached loss and its detached components.
+        """
+        self.check_loss_kwargs(columns, loss_kwargs)
+        reps, replay_state = self.encode(columns)  # Step (1)
+        output, rep_grads = self.rep_gradients(reps, loss_fn, **loss_kwargs)  # Step (2)
+        del reps  # Step (3) needs only the gradients: free the [B, V] reps before re-encoding
+        self.replay(replay_state, rep_grads)  # Step (3)
+        return output
+
+    def encode(self, columns: Columns) -> EncodedBatch:
+        """Step (1): encode every mini-batch of every column without a graph.
+
+        Before each mini-batch the CPU generator and the generators of every CUDA device its inputs
+        (and the encoder's parameters) live on are captured; the autocast state is captured once.
+        Each mini-batch's trailing padding is trimmed first (see :func:`trim_trailing_padding`).
+        """
+        self.check_columns(columns)
+        sizes = self._mini_batch_sizes(columns)
+        encoder_devices = _cuda_devices_of_encoder(self.encoder)
+        input_device_types = {t.device.type for features in columns.values() for t in features.values()}
+        autocast = AutocastState.capture(input_device_types)
+        reps: dict[str, Tensor] = {}
+        mini_batches: dict[str, tuple[MiniBatch, ...]] = {}
+        total = sum(-(-_rows(features) // sizes[column]) for column, features in columns.items())
+        with torch.no_grad(), self._progress(total, "GradCache Step (1) encode") as bar:
+            for column, features in columns.items():
+                column_reps: list[Tensor] = []
+                column_mini_batches: list[MiniBatch] = []
+                for rows in row_slices(_rows(features), sizes[column]):
+                    mb_features = trim_trailing_padding({name: t[rows] for name, t in features.items()})
+                    rng = RngState.capture((*cuda_devices_of(mb_features.values()), *encoder_devices))
+                    rep = self.encoder(**mb_features)  # [mb, V]
+                    _check_rep(rep, column, rows)
+                    column_reps.append(rep)
+                    column_mini_batches.append(MiniBatch(rows=rows, features=mb_features, rng=rng))
+                    bar.update()
+                # [mb, V] per mini-batch -> [B, V]
+                reps[column] = column_reps[0] if len(column_reps) == 1 else torch.cat(column_reps)
+                mini_batches[column] = tuple(column_mini_batches)
+        return EncodedBatch(reps, ReplayState(mini_batches=mini_batches, autocast=autocast))
+
+    def rep_gradients(
+        self, reps: Mapping[str, Tensor], loss_fn: LossFn, **loss_kwargs: object
+    ) -> tuple[LossOutput, dict[str, Tensor | None]]:
+        """Step (2): the loss on the full batch of reps, backpropagated to the reps only.
+
+        The reps enter as fresh leaves, so this backward stops at them (parameters of ``loss_fn``
+        itself, e.g. a learned temperature, receive their gradient here as in uncached training).
+
+        Returns:
+            The detached loss with its components, and per column dL/dr [B, V] (None for a column
+            the loss does not use).
+        """
+        leaves = {column: rep.detach().requires_grad_() for column, rep in reps.items()}
+        with torch.enable_grad():
+            loss, components = self.compute_loss(leaves, loss_fn, loss_kwargs)
+        loss.backward()
+        return LossOutput(loss.detach(), components), {column: leaf.grad for column, leaf in leaves.items()}
+
+    def replay(
+        self,
+        replay_state: ReplayState,
+        rep_grads: Mapping[str, Tensor | None],
+        *,
+        mini_batch_context: MiniBatchContext | None = None,
+    ) -> None:
+        """Step (3): re-encode each mini-batch under its replayed state and backprop its gradient slice.
+
+        The global RNG streams are untouched (each replay runs inside ``fork_rng``), and Step (1)'s
+        autocast state is re-entered even when this runs inside ``backward()``, outside the
+        caller's autocast block. Parameter gradients accumulate into ``.grad``.
+
+        Args:
+            replay_state: from :meth:`encode`.
+            rep_grads: per column dL/dr [B, V], as from :meth:`rep_gradients`; a column whose
+                gradient is None is skipped (the loss does not depend on it).
+            mini_batch_context: optional factory called with ``is_last`` for each mini-batch; its
+                context wraps that mini-batch's re-encode and backward (the hook through which
+                data-parallel training can skip gradient synchronisation on all but the last).
+
+        Raises:
+            FloatingPointError: a column's gradient is not finite (before any re-encoding), unless
+                ``allow_non_finite``.
+            RuntimeError: a replayed rep does not require grad, or differs in shape or dtype from
+                Step (1)'s.
+        """
+        grads = {column: grad for column, grad in rep_grads.items() if grad is not None}
+        unknown = set(grads) - set(replay_state.mini_batches)
+        if unknown:
+            raise ValueError(f"rep_grads has columns {sorted(unknown)} that Step (1) did not encode")
+        if not self.allow_non_finite:
+            _raise_if_non_finite({f"the gradient of column {column!r}": g for column, g in grads.items()})
+        jobs = [(column, mb) for column in grads for mb in replay_state.mini_batches[column]]
+        context = mini_batch_context or (lambda is_last: nullcontext())
+        with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
+            for index, (column, mb) in enumerate(jobs):
+                grad = grads[column][mb.rows]  # [B, V] -> [mb, V]
+                with context(index == len(jobs) - 1), mb.rng.replay():
+                    with replay_state.autocast.replay(), torch.enable_grad():
+                        rep = self.encoder(**mb.features)  # [mb, V]
+                    _check_replayed_rep(rep, grad, column, mb.rows)
+                    rep.backward(grad)
+                bar.update()
+
+    def compute_loss(
+        self, reps: Mapping[str, Tensor], loss_fn: LossFn, loss_kwargs: Mapping[str, object]
+    ) -> LossOutput:
+        """Step (2), forward half: ``loss_fn(reps, **loss_kwargs)``, checked.
+
+        Returns:
+            The loss (with its graph to ``reps``) and its components, detached for logging so they
+            never keep the graph or the cache alive.
+
+        Raises:
+            TypeError/ValueError: ``loss_fn`` returned something other than a scalar floating
+                tensor (optionally with a dict of tensor components), or a loss that does not
+                depend on the reps while gradients are enabled.
+            FloatingPointError: the loss is not finite, unless ``allow_non_finite``.
+        """
+        result = loss_fn(reps, **loss_kwargs)
+        if isinstance(result, tuple):
+            if len(result) != 2 or not isinstance(result[1], Mapping):
+                raise TypeError(
+                    "loss_fn must return a scalar Tensor or a tuple (scalar Tensor, dict of component "
+                    f"Tensors), got a tuple of length {len(result)}"
+                )
+            loss, components = result
+        else:
+            loss, components = result, {}
+        if not isinstance(loss, Tensor) or not loss.is_floating_point():
+            kind = f"a {loss.dtype} Tensor" if isinstance(loss, Tensor) else type(loss).__name__
+            raise TypeError(f"loss_fn must return a floating-point scalar Tensor, got {kind}")
+        if loss.ndim != 0:
+            raise ValueError(f"loss_fn must return a scalar (0-dim) Tensor, got shape {tuple(loss.shape)}")
+        for name, value in components.items():
+            if not isinstance(value, Tensor):
+                raise TypeError(f"loss component {name!r} must be a Tensor, got {type(value).__name__}")
+        if torch.is_grad_enabled() and not loss.requires_grad:
+            raise ValueError("loss_fn's loss does not depend on the reps (it has no graph)")
+        detached = {name: value.detach() for name, value in components.items()}
+        if not self.allow_non_finite:
+            _raise_if_non_finite({"the loss": loss.detach()}, components=detached)
+        return LossOutput(loss, detached)
+
+    def check_columns(self, columns: Columns) -> None:
+        """Raise TypeError/ValueError naming the column and feature for malformed input columns."""
+        if not isinstance(columns, Mapping) or not columns:
+            raise ValueError("columns must be a non-empty mapping of column name -> features")
+        batch_sizes: dict[str, int] = {}
+        for column, features in columns.items():
+            if not isinstance(features, Mapping) or not features:
+                raise TypeError(f"column {column!r} must be a non-empty mapping of feature name -> Tensor")
+            for name, value in features.items():
+                if not isinstance(value, Tensor):
+                    raise TypeError(
+                        f"feature {name!r} of column {column!r} must be a torch.Tensor, got "
+                        f"{type(value).__name__} (tokenize with return_tensors='pt')"
+                    )
+                if value.ndim == 0:
+                    raise ValueError(f"feature {name!r} of column {column!r} must have a batch dimension")
+            rows = {name: value.shape[0] for name, value in features.items()}
+            if len(set(rows.values())) != 1:
+                raise ValueError(f"features of column {column!r} have different batch sizes: {rows}")
+            batch_sizes[column] = _rows(features)
+            if batch_sizes[column] == 0:
+                raise ValueError(f"column {column!r} is an empty batch (0 rows)")
+        if self.same_batch_size and len(set(batch_sizes.values())) != 1:
+            raise ValueError(
+                f"columns have different batch sizes {batch_sizes}; the loss needs them equal "
+                "(pass same_batch_size=False for a loss whose columns differ in size)"
+            )
+        if isinstance(self.mini_batch_size, Mapping) and set(self.mini_batch_size) != set(columns):
+            missing = sorted(set(columns) - set(self.mini_batch_size))
+            extra = sorted(set(self.mini_batch_size) - set(columns))
+            raise ValueError(
+                f"mini_batch_size must have one entry per column: missing {missing}, not columns {extra}"
+            )
+
+    def check_loss_kwargs(self, columns: Columns, loss_kwargs: Mapping[str, object]) -> None:
+        """With ``same_batch_size``, batch-first tensors in ``loss_kwargs`` must match the columns' rows."""
+        self.check_columns(columns)
+        if not self.same_batch_size:
+            return
+        batch_size = _rows(next(iter(columns.values())))
+        for name, value in loss_kwargs.items():
+            if isinstance(value, Tensor) and value.ndim >= 1 and value.shape[0] != batch_size:
+                raise ValueError(
+                    f"loss keyword {name!r} has {value.shape[0]} rows but the columns have {batch_size} "
+                    "(per-example loss inputs are batch-first)"
+                )
+
+    def _mini_batch_sizes(self, columns: Columns) -> dict[str, int]:
+        if isinstance(self.mini_batch_size, Mapping):
+            return {column: self.mini_batch_size[column] for column in columns}
+        return dict.fromkeys(columns, self.mini_batch_size)
+
+    @contextmanager
+    def _progress(self, total: int, description: str) -> Iterator[tqdm]:
+        bar = tqdm(total=total, desc=description, unit="mini-batch", disable=not self.show_progress)
+        try:
+            yield bar
+        finally:
+            bar.close()
+
+
+def _rows(features: Features) -> int:
+    return next(iter(features.values())).shape[0]
+
+
+def _cuda_devices_of_encoder(encoder: Callable[..., Tensor]) -> tuple[int, ...]:
+    # Dropout draws from the generator of the device it runs on, which for a model split across GPUs
+    # is not only the inputs' device: capture every device holding a parameter too.
+    if isinstance(encoder, nn.Module):
+        return cuda_devices_of(encoder.parameters())
+    return ()
+
+
+def _check_rep(rep: object, column: str, rows: slice) -> None:
+    if not isinstance(rep, Tensor):
+        raise TypeError(f"encoder must return a Tensor [B, V], got {type(rep).__name__} (column {column!r})")
+    expected = rows.stop - rows.start
+    if rep.ndim < 1 or rep.shape[0] != expected:
+        raise ValueError(
+            f"encoder returned shape {tuple(rep.shape)} for {expected} rows of column {column!r}; "
+            "expected the batch dimension first"
+        )
+
+
+def _check_replayed_rep(rep: Tensor, grad: Tensor, column: str, rows: slice) -> None:
+    where = f"column {column!r}, rows {rows.start}:{rows.stop}"
+    if not isinstance(rep, Tensor) or not rep.requires_grad:
+        raise RuntimeError(
+            f"the replayed rep ({where}) does not require grad: the encoder ran without autograd "
+            "(is it left under torch.no_grad(), or are all its parameters frozen?)"
+        )
+    if rep.shape != grad.shape or rep.dtype != grad.dtype:
+        raise RuntimeError(
+            f"the replayed rep ({where}) is {tuple(rep.shape)} {rep.dtype} but Step (1) produced "
+            f"{tuple(grad.shape)} {grad.dtype}: the encoder is not deterministic given RNG and autocast state"
+        )
+
+
+def _raise_if_non_finite(
+    tensors: Mapping[str, Tensor], components: Mapping[str, Tensor] | None = None
+) -> None:
+    if not tensors:
+        return
+    # One device sync for all checks, not one per tensor.
+    flags = [torch.isfinite(t).all() for t in tensors.values()]
+    finite = torch.stack([flag.to(flags[0].device) for flag in flags]).cpu().tolist()
+    if all(finite):
+        return
+    bad = [name for name, ok in zip(tensors, finite, strict=True) if not ok]
+    message = f"non-finite values in {', '.join(bad)}; stopping before Step (3)"
+    if components:
+        bad_components = [name for name, value in components.items() if not torch.isfinite(value).all()]
+        message += f" (non-finite loss components: {bad_components or 'none'})"
+    raise FloatingPointError(
+        message + ". If a GradScaler is in charge (fp16), pass allow_non_finite=True so it can skip the step."
+    )

@@ -1,0 +1,193 @@
+"""Shared pieces of the engine tests: a tiny SPLADE-like encoder, random columns, losses and references.
+
+The references here are written independently of the engine (plain PyTorch, one forward and one
+backward), so the tests compare the engine against something it does not share code with.
+
+Legend: B batch, S sequence, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+from transformers import BertConfig, BertForMaskedLM
+
+__all__ = [
+    "COLUMN_LENGTHS",
+    "SMALL_VOCAB",
+    "RecordingEncoder",
+    "SpladeLikeEncoder",
+    "assert_grads_close",
+    "contrastive_flops_loss",
+    "grads_of",
+    "make_columns",
+    "make_encoder",
+    "pairwise_mse_loss",
+    "per_mini_batch_loss",
+    "small_config",
+    "uncached_loss",
+]
+
+# A 500-token vocabulary keeps the [B, S, V] logits of the plain head small: the engine never looks at
+# V, and the tests run ~60x faster than with the real 30,522 tokens.
+SMALL_VOCAB = 500
+
+# Each column has its own padded length, as queries and passages do.
+COLUMN_LENGTHS = {"query": 7, "positive": 13, "negative": 11}
+
+
+def small_config(config: BertConfig, *, dropout: float | None = None) -> BertConfig:
+    """``config`` with the small vocabulary and, if given, both dropout probabilities replaced."""
+    config = copy.deepcopy(config)
+    config.vocab_size = SMALL_VOCAB
+    if dropout is not None:
+        config.hidden_dropout_prob = dropout
+        config.attention_probs_dropout_prob = dropout
+    return config
+
+
+class SpladeLikeEncoder(nn.Module):
+    """A masked-LM with the plain SPLADE head: max_s log1p(relu(logits)) · mask -> [B, V]."""
+
+    def __init__(self, mlm: BertForMaskedLM) -> None:
+        super().__init__()
+        self.mlm = mlm
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> Tensor:
+        logits = self.mlm(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).logits  # [B, S, V]
+        weights = torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1)  # [B, S, V]
+        return weights.max(dim=1).values  # [B, S, V] -> [B, V]
+
+
+def make_encoder(config: BertConfig, *, seed: int = 0, train: bool = False) -> SpladeLikeEncoder:
+    """A freshly seeded encoder; ``train=True`` turns dropout on."""
+    torch.manual_seed(seed)
+    return SpladeLikeEncoder(BertForMaskedLM(config)).train(train)
+
+
+class RecordingEncoder(nn.Module):
+    """Wraps an encoder and records each output (detached copy) with whether autograd was recording."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.calls: list[tuple[bool, Tensor]] = []
+
+    def forward(self, **features: Tensor) -> Tensor:
+        rep = self.encoder(**features)
+        self.calls.append((rep.requires_grad, rep.detach().clone()))
+        return rep
+
+    def outputs(self, *, with_graph: bool) -> list[Tensor]:
+        """The recorded outputs of Step (3) (``with_graph=True``) or of Step (1) (False)."""
+        return [rep for grad, rep in self.calls if grad == with_graph]
+
+
+def make_columns(
+    batch_size: int, n_columns: int, *, seed: int = 0, vocab_size: int = SMALL_VOCAB
+) -> dict[str, dict[str, Tensor]]:
+    """Random right-padded columns (first 2 or 3 of COLUMN_LENGTHS), row lengths in [2, S].
+
+    Row 0 of each column is full length, as a tokenizer padding to the longest text would give; the
+    other rows are shorter, so some mini-batches have trailing padding to trim.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    columns = {}
+    for name, seq_len in list(COLUMN_LENGTHS.items())[:n_columns]:
+        lengths = torch.randint(2, seq_len, (batch_size,), generator=generator)
+        lengths[0] = seq_len
+        # [B, S]: 1 up to each row's length, then 0
+        mask = (torch.arange(seq_len).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        input_ids = torch.randint(1, vocab_size, (batch_size, seq_len), generator=generator) * mask
+        columns[name] = {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "token_type_ids": torch.zeros_like(input_ids),
+        }
+    return columns
+
+
+def contrastive_flops_loss(
+    reps: Mapping[str, Tensor], *, temperature: float = 20.0, flops_weight: float = 0.1
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """InfoNCE (in-batch + hard negatives) plus the batch-coupled FLOPS regularizer on the documents.
+
+    The temperature suits the raw dot products of these random-init reps (~10-40), so the softmax is
+    neither saturated nor flat and every rep gets a sizeable gradient.
+    """
+    q_reps, *d_columns = reps.values()
+    d_reps = torch.cat(d_columns)  # [B · (columns - 1), V]
+    scores = q_reps @ d_reps.T / temperature  # [B, V] @ [V, B'] -> [B, B']
+    labels = torch.arange(q_reps.shape[0], device=q_reps.device)
+    contrastive = nn.functional.cross_entropy(scores.float(), labels)
+    flops = (d_reps.float().mean(dim=0) ** 2).sum()  # [B', V] -> [V] -> scalar
+    return contrastive + flops_weight * flops, {"contrastive": contrastive, "flops": flops}
+
+
+def pairwise_mse_loss(reps: Mapping[str, Tensor], *, targets: Tensor) -> Tensor:
+    """Mean over examples of (q·p / V - target)²: decomposes over examples, so accumulation is exact."""
+    q_reps, d_reps = reps["query"], reps["positive"]
+    scores = (q_reps * d_reps).sum(dim=1) / q_reps.shape[1]  # [B, V] -> [B]
+    return ((scores.float() - targets) ** 2).mean()
+
+
+def uncached_loss(encoder: nn.Module, columns: Mapping[str, Mapping[str, Tensor]], loss_fn, **loss_kwargs):
+    """The reference: every column encoded whole, with a graph, then the loss."""
+    return loss_fn({name: encoder(**features) for name, features in columns.items()}, **loss_kwargs)
+
+
+def per_mini_batch_loss(
+    encoder: nn.Module,
+    columns: Mapping[str, Mapping[str, Tensor]],
+    loss_fn,
+    mini_batch_size: int,
+    **loss_kwargs,
+):
+    """The dropout reference: mini-batches encoded in the engine's order, with a graph, then the loss.
+
+    Each mini-batch is cut to its longest row (right padding), so it draws the same dropout masks from
+    the global stream as the engine's Step (1) does.
+    """
+    reps = {}
+    for name, features in columns.items():
+        chunks = []
+        for start in range(0, features["input_ids"].shape[0], mini_batch_size):
+            mb = {k: v[start : start + mini_batch_size] for k, v in features.items()}
+            keep = int(mb["attention_mask"].sum(dim=1).max())
+            chunks.append(encoder(**{k: v[:, :keep] for k, v in mb.items()}))
+        reps[name] = torch.cat(chunks)
+    return loss_fn(reps, **loss_kwargs)
+
+
+def grads_of(module: nn.Module) -> dict[str, Tensor]:
+    """A copy of every parameter gradient (zeros where a parameter got none)."""
+    return {
+        name: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+        for name, p in module.named_parameters()
+    }
+
+
+def assert_grads_close(actual: Mapping[str, Tensor], expected: Mapping[str, Tensor], *, rtol: float) -> None:
+    """Every gradient within ``rtol`` of the reference, relative to that parameter's largest gradient.
+
+    The scale is per parameter because elementwise relative error is meaningless at the many entries
+    that are zero up to rounding. It is floored at 1e-6 of the model's largest gradient: the attention
+    key biases have an exactly zero gradient in exact arithmetic (softmax is invariant to a shift
+    shared by all keys), so theirs is rounding noise (~1e-12) that any summation order changes.
+    The reference must carry signal: an all-zero gradient everywhere would make any comparison pass.
+    """
+    assert actual.keys() == expected.keys()
+    largest = max(float(g.abs().max()) for g in expected.values())
+    assert largest > 0, "reference gradients are all zero"
+    for name, ref in expected.items():
+        scale = max(float(ref.abs().max()), 1e-6 * largest)
+        torch.testing.assert_close(
+            actual[name], ref, rtol=rtol, atol=rtol * scale, msg=lambda m, n=name: f"{n}: {m}"
+        )

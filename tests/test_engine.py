@@ -1,0 +1,334 @@
+"""The GradCache engine: RNG/autocast capture and replay, mini-batching, Steps (1)-(3), bad input.
+
+The core invariant: a cached step leaves the same loss and parameter gradients as one uncached
+forward/backward over the whole batch. Tolerance: fp32 with rtol 1e-5 (relative to each parameter's
+largest gradient). The cached step sums each parameter's gradient over mini-batches in another order
+and runs attention over trimmed sequences, which moves results by a few fp32 ulps (~1e-7 relative,
+measured <= 2e-7); 1e-5 leaves ample room while a lost, doubled or mis-scaled mini-batch is an O(1)
+error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from engine_helpers import (
+    RecordingEncoder,
+    assert_grads_close,
+    contrastive_flops_loss,
+    grads_of,
+    make_columns,
+    make_encoder,
+    per_mini_batch_loss,
+    small_config,
+    uncached_loss,
+)
+
+from gradcache_sparton.engine import AutocastState, GradCache, RngState, row_slices, trim_trailing_padding
+
+RTOL_FP32 = 1e-5  # see the module docstring
+BATCH = 8
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture
+def config(tiny_bert_config):
+    return small_config(tiny_bert_config)
+
+
+def _to(columns, device):
+    return {name: {k: v.to(device) for k, v in features.items()} for name, features in columns.items()}
+
+
+def test_rng_state_replay_reproduces_draws_and_keeps_global_stream() -> None:
+    """Replaying a captured state redraws the same numbers, and the global stream continues untouched."""
+    torch.manual_seed(123)
+    state = RngState.capture()
+    first = torch.rand(5)
+    after_first = torch.get_rng_state()
+    with state.replay():
+        again = torch.rand(5)
+        torch.rand(100)  # consumption inside the replay must not leak out
+    assert torch.equal(first, again)
+    assert torch.equal(torch.get_rng_state(), after_first)
+
+
+@pytest.mark.gpu
+def test_rng_state_replays_cuda_generator() -> None:
+    """The CUDA generator of the captured device replays too, leaving its global stream untouched."""
+    torch.cuda.manual_seed(7)
+    state = RngState.capture([torch.cuda.current_device()])
+    first = torch.rand(5, device="cuda")
+    after_first = torch.cuda.get_rng_state()
+    with state.replay():
+        again = torch.rand(5, device="cuda")
+    assert torch.equal(first, again)
+    assert torch.equal(torch.cuda.get_rng_state(), after_first)
+
+
+def test_autocast_state_replays_enabled_and_disabled() -> None:
+    """A captured bf16 autocast is re-entered outside it; a captured 'off' switches off an outer autocast."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        on = AutocastState.capture()
+    off = AutocastState.capture()
+    assert not torch.is_autocast_enabled("cpu")
+    with on.replay():
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16), off.replay():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_row_slices_cover_batch_with_short_last() -> None:
+    """Mini-batches cover every row once, in order; only the last may be short."""
+    assert list(row_slices(7, 3)) == [slice(0, 3), slice(3, 6), slice(6, 7)]
+    assert list(row_slices(6, 3)) == [slice(0, 3), slice(3, 6)]
+    assert list(row_slices(2, 5)) == [slice(0, 2)]
+
+
+def test_trim_trailing_padding_cuts_to_longest_row() -> None:
+    """[B, S] features are cut to the last kept position of any row; other features are untouched."""
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
+    features = {
+        "input_ids": torch.arange(10).view(2, 5),
+        "attention_mask": mask,
+        "labels": torch.tensor([3, 4]),
+    }
+    trimmed = trim_trailing_padding(features)
+    assert torch.equal(trimmed["input_ids"], torch.tensor([[0, 1, 2], [5, 6, 7]]))
+    assert torch.equal(trimmed["attention_mask"], mask[:, :3])
+    assert trimmed["labels"] is features["labels"]
+    left_padded = {"attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}
+    assert trim_trailing_padding(left_padded)["attention_mask"].shape == (2, 3)
+    fully_masked = {"attention_mask": torch.zeros(2, 4, dtype=torch.long)}
+    assert trim_trailing_padding(fully_masked)["attention_mask"].shape == (2, 1)
+    assert trim_trailing_padding({"input_ids": torch.ones(2, 4)})["input_ids"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("n_columns", [2, 3])
+@pytest.mark.parametrize(
+    "mini_batch_size", [1, 3, 4, 20], ids=["mb1", "mb3-short-last", "mb4-divides", "mb20"]
+)
+def test_step_matches_full_batch_loss_and_grads(config, n_columns: int, mini_batch_size: int) -> None:
+    """GradCache.step gives the loss, components and every gradient of one uncached full-batch step."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, n_columns)
+    ref_loss, ref_components = uncached_loss(encoder, columns, contrastive_flops_loss)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+
+    loss, components = GradCache(encoder, mini_batch_size=mini_batch_size).step(
+        columns, contrastive_flops_loss
+    )
+
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert components.keys() == ref_components.keys()
+    for name, value in components.items():
+        assert not value.requires_grad
+        torch.testing.assert_close(value, ref_components[name].detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+def test_step_with_per_column_mini_batch_size_matches_full_batch(config) -> None:
+    """A mini-batch size per column (one dividing B, one not, one above B) still gives uncached gradients."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 3)
+    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+
+    sizes = {"query": 4, "positive": 3, "negative": 11}
+    loss, _ = GradCache(encoder, mini_batch_size=sizes).step(columns, contrastive_flops_loss)
+
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replay_reproduces_step1_reps_bitwise(config, device: str) -> None:
+    """With dropout on, every Step (3) rep equals its Step (1) rep bit for bit (and dropout is active)."""
+    encoder = RecordingEncoder(make_encoder(config, train=True)).to(device)
+    columns = _to(make_columns(BATCH, 3), device)
+
+    GradCache(encoder, mini_batch_size=3).step(columns, contrastive_flops_loss)
+
+    first, replayed = encoder.outputs(with_graph=False), encoder.outputs(with_graph=True)
+    assert len(first) == len(replayed) == 9  # 3 columns x 3 mini-batches
+    for rep_1, rep_3 in zip(first, replayed, strict=True):
+        assert torch.equal(rep_1, rep_3)
+    # The control: without the replayed RNG state the same mini-batch draws other dropout masks.
+    with torch.no_grad():
+        fresh = encoder.encoder(**{k: v[:3] for k, v in columns["query"].items()})
+    assert not torch.equal(fresh, first[0])
+
+
+def test_cached_dropout_matches_per_mini_batch_reference(config) -> None:
+    """With dropout, cached gradients equal uncached ones under the same per-mini-batch RNG draws.
+
+    The reference encodes the same mini-batches in the same order with a graph from the same seed; the
+    global RNG stream afterwards is also the same, because Step (3) replays inside fork_rng.
+    """
+    encoder = make_encoder(config, train=True)
+    columns = make_columns(BATCH, 3)
+    torch.manual_seed(99)
+    ref_loss, _ = per_mini_batch_loss(encoder, columns, contrastive_flops_loss, 3)
+    ref_loss.backward()
+    ref_grads, ref_rng = grads_of(encoder), torch.get_rng_state()
+    encoder.zero_grad()
+
+    torch.manual_seed(99)
+    loss, _ = GradCache(encoder, mini_batch_size=3).step(columns, contrastive_flops_loss)
+
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+    assert torch.equal(torch.get_rng_state(), ref_rng)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replay_runs_in_step1_autocast_dtype(config, device: str) -> None:
+    """Step (3), run outside the caller's bf16 autocast, re-enters it: bf16 reps equal Step (1)'s bitwise."""
+    encoder = RecordingEncoder(make_encoder(config, train=True)).to(device)
+    columns = _to(make_columns(BATCH, 2), device)
+    engine = GradCache(encoder, mini_batch_size=3)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        reps, replay_state = engine.encode(columns)
+        _, rep_grads = engine.rep_gradients(reps, contrastive_flops_loss)
+    engine.replay(replay_state, rep_grads)  # outside autocast, as inside loss.backward()
+
+    first, replayed = encoder.outputs(with_graph=False), encoder.outputs(with_graph=True)
+    assert len(first) == len(replayed) == 6
+    for rep_1, rep_3 in zip(first, replayed, strict=True):
+        assert rep_3.dtype == torch.bfloat16
+        assert torch.equal(rep_1, rep_3)
+    assert all(p.grad is not None for p in encoder.parameters() if p.requires_grad)
+
+
+def test_replay_context_wraps_each_mini_batch(config) -> None:
+    """The per-mini-batch context factory wraps every replay once, flagging only the very last."""
+    encoder = make_encoder(config)
+    engine = GradCache(encoder, mini_batch_size={"query": 3, "positive": 5})
+    reps, replay_state = engine.encode(make_columns(BATCH, 2))
+    _, rep_grads = engine.rep_gradients(reps, contrastive_flops_loss)
+    entered: list[bool] = []
+
+    def context(is_last: bool) -> contextlib.AbstractContextManager[None]:
+        entered.append(is_last)
+        return contextlib.nullcontext()
+
+    engine.replay(replay_state, rep_grads, mini_batch_context=context)
+    assert entered == [False, False, False, False, True]  # 3 query + 2 positive mini-batches
+
+
+def _columns_with(mutation: str):
+    columns = make_columns(4, 2)
+    if mutation == "no columns":
+        return {}
+    if mutation == "empty batch":
+        return {name: {k: v[:0] for k, v in f.items()} for name, f in columns.items()}
+    if mutation == "non-tensor feature":
+        columns["query"]["input_ids"] = columns["query"]["input_ids"].tolist()
+    elif mutation == "ragged column":
+        columns["positive"]["attention_mask"] = columns["positive"]["attention_mask"][:3]
+    elif mutation == "columns of different batch sizes":
+        columns["positive"] = {k: v[:3] for k, v in columns["positive"].items()}
+    return columns
+
+
+@pytest.mark.parametrize(
+    ("mutation", "error", "match"),
+    [
+        ("no columns", ValueError, "non-empty mapping"),
+        ("empty batch", ValueError, "'query' is an empty batch"),
+        ("non-tensor feature", TypeError, "feature 'input_ids' of column 'query' must be a torch.Tensor"),
+        ("ragged column", ValueError, "features of column 'positive' have different batch sizes"),
+        ("columns of different batch sizes", ValueError, r"columns have different batch sizes"),
+    ],
+)
+def test_bad_columns_raise_before_encoding(config, mutation: str, error: type, match: str) -> None:
+    """Malformed columns raise a clear error naming the problem before the encoder runs once."""
+    encoder = RecordingEncoder(make_encoder(config))
+    with pytest.raises(error, match=match):
+        GradCache(encoder, mini_batch_size=2).step(_columns_with(mutation), contrastive_flops_loss)
+    assert encoder.calls == []
+
+
+def test_bad_engine_arguments_raise(config) -> None:
+    """mini_batch_size < 1, non-int, or per-column sizes not matching the columns raise, naming the field."""
+    encoder = make_encoder(config)
+    with pytest.raises(ValueError, match="mini_batch_size must be >= 1, got 0"):
+        GradCache(encoder, mini_batch_size=0)
+    with pytest.raises(TypeError, match="mini_batch_size must be an int, got float"):
+        GradCache(encoder, mini_batch_size=2.0)
+    with pytest.raises(ValueError, match=r"mini_batch_size\['query'\] must be >= 1"):
+        GradCache(encoder, mini_batch_size={"query": 0})
+    with pytest.raises(ValueError, match=r"one entry per column: missing \['positive'\]"):
+        GradCache(encoder, mini_batch_size={"query": 2}).encode(make_columns(4, 2))
+    with pytest.raises(ValueError, match="loss keyword 'targets' has 3 rows but the columns have 4"):
+        GradCache(encoder, mini_batch_size=2).step(
+            make_columns(4, 2), contrastive_flops_loss, targets=torch.ones(3)
+        )
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "error", "match"),
+    [
+        (lambda reps: reps["query"].sum(dim=1), ValueError, r"scalar \(0-dim\) Tensor, got shape \(4,\)"),
+        (lambda reps: 1.0, TypeError, "floating-point scalar Tensor, got float"),
+        (lambda reps: (reps["query"].sum(), 2.0), TypeError, "tuple \\(scalar Tensor, dict"),
+        (lambda reps: torch.tensor(1.0), ValueError, "does not depend on the reps"),
+    ],
+    ids=["not-scalar", "not-tensor", "bad-tuple", "no-graph"],
+)
+def test_bad_loss_output_raises(config, loss_fn, error: type, match: str) -> None:
+    """A loss that does not return a scalar tensor (with a graph) raises before Step (3)."""
+    encoder = RecordingEncoder(make_encoder(config))
+    with pytest.raises(error, match=match):
+        GradCache(encoder, mini_batch_size=2).step(make_columns(4, 2), loss_fn)
+    assert encoder.outputs(with_graph=True) == []
+
+
+def test_non_finite_loss_raises_naming_it(config) -> None:
+    """An infinite loss stops before Step (3) with FloatingPointError naming the loss and its component."""
+    encoder = RecordingEncoder(make_encoder(config))
+
+    def loss_fn(reps):
+        bad = reps["query"].sum() / 0.0
+        return reps["positive"].sum() + bad, {"bad": bad}
+
+    with pytest.raises(FloatingPointError, match=r"non-finite values in the loss.*components: \['bad'\]"):
+        GradCache(encoder, mini_batch_size=2).step(make_columns(4, 2), loss_fn)
+    assert encoder.outputs(with_graph=True) == []
+    assert all(p.grad is None for p in encoder.parameters())
+
+
+def test_non_finite_rep_gradient_raises_naming_column(config) -> None:
+    """A finite loss with a NaN gradient for one column stops before Step (3), naming that column."""
+    encoder = RecordingEncoder(make_encoder(config))
+
+    def loss_fn(reps):
+        # sqrt at 0 has an infinite derivative; times 0 it makes a NaN gradient but a finite value.
+        return reps["positive"].sum() + torch.sqrt(reps["query"] * 0.0).sum()
+
+    with pytest.raises(FloatingPointError, match="the gradient of column 'query'"):
+        GradCache(encoder, mini_batch_size=2).step(make_columns(4, 2), loss_fn)
+    assert encoder.outputs(with_graph=True) == []
+
+
+def test_encoder_without_autograd_in_replay_raises(config) -> None:
+    """An encoder that runs under no_grad gives reps without a graph: Step (3) says so."""
+    inner = make_encoder(config)
+
+    def frozen_encoder(**features):
+        with torch.no_grad():
+            return inner(**features)
+
+    with pytest.raises(
+        RuntimeError, match=r"replayed rep \(column 'query', rows 0:2\) does not require grad"
+    ):
+        GradCache(frozen_encoder, mini_batch_size=2).step(make_columns(4, 2), contrastive_flops_loss)
