@@ -248,6 +248,23 @@ def test_splade_loss_combines_components() -> None:
     assert "infonce(temperature=0.5)" in repr(loss_fn) and "0.3 * flops" in repr(loss_fn)
 
 
+def test_splade_loss_bf16_reps_match_fp32() -> None:
+    """SpladeLoss on bf16 reps equals it on fp32 copies of the same values; gradients come back in bf16."""
+    reps = _batch(5, 60, 1, seed=8, dtype=torch.bfloat16)
+    loss_fn = SpladeLoss(SpladeLossConfig(query_weight=0.5, doc_weight=0.5))
+    half_in, full_in = _leaf_copies(reps), _leaf_copies(reps, torch.float32)
+    half_loss, _ = loss_fn(half_in)
+    full_loss, _ = loss_fn(full_in)
+    assert half_loss.dtype == torch.float32
+    torch.testing.assert_close(half_loss, full_loss, rtol=0, atol=0)  # identical fp32 computation
+    half_loss.backward()
+    full_loss.backward()
+    for name in reps:
+        assert half_in[name].grad.dtype == torch.bfloat16
+        # The fp32 gradient rounded once to bf16: exactly what the bf16 leaf must receive.
+        torch.testing.assert_close(half_in[name].grad, full_in[name].grad.to(torch.bfloat16), rtol=0, atol=0)
+
+
 def test_splade_loss_step_kwarg_and_set_step() -> None:
     """The step kwarg wins over set_step; set_step persists; calls keep no other state."""
     reps = _batch(3, 20, 1, seed=2)

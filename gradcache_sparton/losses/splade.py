@@ -176,8 +176,15 @@ class SpladeLoss:
         self, reps: Mapping[str, Tensor], *, step: int | None = None, **loss_kwargs: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The total loss (0-d, differentiable in ``reps``) and its detached components (class doc)."""
-        q_reps, pos_reps, neg_reps = split_columns(reps)
+        split_columns(reps)  # validate before any work
         query_weight, doc_weight = self.weights(step)
+        # Upcast half-precision reps once: scoring needs fp32 copies anyway, and sharing them lets the
+        # contrastive and regularizer gradients accumulate in one fp32 buffer per column, cast back once
+        # (separately, the bf16 regularizer gradients cost another [B, V] per column at peak).
+        reps = {
+            name: column.to(torch.promote_types(column.dtype, torch.float32)) for name, column in reps.items()
+        }
+        q_reps, pos_reps, neg_reps = split_columns(reps)
         d_reps = [pos_reps, *neg_reps]
         contrastive = self._contrastive(reps, **self._contrastive_kwargs, **loss_kwargs)
         reg_query = self._query_regularizer(q_reps)
