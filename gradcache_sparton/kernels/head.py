@@ -1,6 +1,22 @@
-"""``SpartonHead``: the SPLADE max-pooled head as an ``nn.Module``, tied to a masked-LM decoder.
+"""``sparton_head`` and ``SpartonHead``: the SPLADE max-pooled head, dispatched to Triton on CUDA.
 
 Legend: B batch, S sequence, D hidden, V vocabulary.
+
+Y[b, v] = max_s log1p(relu(H[b, s] · E[v] + bias[v])) · M[b, s], computed without the [B, S, V] logits.
+
+The head is two ``torch.library`` custom ops, so ``torch.compile`` (``fullgraph=True`` too) treats it as
+one opaque node with a fake (shape-only) implementation instead of tracing into Triton launches:
+- ``gradcache_sparton::sparton_head_forward`` -> (Y, fp32 max, int32 argmax): the fused Triton kernel on
+  CUDA, :func:`sparton_head_reference` on any other device;
+- ``gradcache_sparton::sparton_head_backward`` -> (grad_H, grad_E, grad_bias) from (max, argmax) alone:
+  the sparse Triton backward on CUDA, :func:`sparton_head_backward_reference` elsewhere.
+``torch.library.register_autograd`` ties them together (the custom-op form of an
+``autograd.Function``). Triton is imported only when a CUDA tensor arrives.
+
+Dtypes: H and E share one dtype among fp16, bf16, fp32 (fp64 too on CPU); bias may be any floating
+dtype (it is added in fp32). Under autocast for the inputs' device, H and E are cast to the autocast
+dtype first, as ``nn.Linear`` would, and bias is left as it is. Y has the dtype of the (cast) H; the
+saved max stays fp32 so the backward does not inherit a 16-bit rounding of it.
 """
 
 from __future__ import annotations
@@ -8,9 +24,154 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gradcache_sparton.kernels.reference import sparton_head_reference
+from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
 
 __all__ = ["SpartonHead", "sparton_head"]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation (cheap metadata checks, before anything is launched)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _check_inputs(hidden_states: Tensor, weight: Tensor, bias: Tensor | None, attention_mask: Tensor) -> None:
+    for name, t in (("hidden_states", hidden_states), ("weight", weight), ("attention_mask", attention_mask)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if hidden_states.dim() != 3:
+        raise ValueError(f"hidden_states must be [B, S, D], got shape {tuple(hidden_states.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [V, D], got shape {tuple(weight.shape)}")
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be [B, S], got shape {tuple(attention_mask.shape)}")
+    B, S, D = hidden_states.shape
+    V = weight.shape[0]
+    if B == 0 or S == 0:
+        raise ValueError(f"hidden_states must have a non-empty batch and sequence, got [B, S] = [{B}, {S}]")
+    if V == 0 or D == 0:
+        raise ValueError(f"weight must be a non-empty [V, D], got shape {tuple(weight.shape)}")
+    if weight.shape[1] != D:
+        raise ValueError(f"weight is [V, D] = {tuple(weight.shape)} but hidden_states has D = {D}")
+    if tuple(attention_mask.shape) != (B, S):
+        raise ValueError(f"attention_mask must be [B, S] = [{B}, {S}], got {tuple(attention_mask.shape)}")
+    if bias is not None and tuple(bias.shape) != (V,):
+        raise ValueError(f"bias must be [V] = [{V}], got shape {tuple(bias.shape)}")
+    devices = {t.device for t in (hidden_states, weight, attention_mask, bias) if t is not None}
+    if len(devices) != 1:
+        raise ValueError(
+            f"hidden_states, weight, bias and attention_mask must share one device, got {devices}"
+        )
+    allowed = _FLOAT_DTYPES if hidden_states.is_cuda else (*_FLOAT_DTYPES, torch.float64)
+    if hidden_states.dtype not in allowed:
+        raise TypeError(f"hidden_states must be one of {allowed}, got {hidden_states.dtype}")
+    if weight.dtype != hidden_states.dtype:
+        raise TypeError(
+            f"weight ({weight.dtype}) and hidden_states ({hidden_states.dtype}) must share a dtype "
+            "(or run under autocast, which casts both)"
+        )
+    if bias is not None and not bias.is_floating_point():
+        raise TypeError(f"bias must be floating point, got {bias.dtype}")
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        raise TypeError(f"attention_mask must be a bool or integer 0/1 mask, got {attention_mask.dtype}")
+
+
+def _check_mask_values(attention_mask: Tensor) -> None:
+    """Masks must be 0/1 (one device sync; runs eagerly inside the op, also under torch.compile)."""
+    if attention_mask.dtype != torch.bool and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError("attention_mask must contain only 0 and 1")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Custom ops
+# ---------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(
+    "gradcache_sparton::sparton_head_forward",
+    mutates_args=(),
+    schema="(Tensor hidden_states, Tensor weight, Tensor? bias, Tensor attention_mask) "
+    "-> (Tensor, Tensor, Tensor)",
+)
+def _forward_op(
+    hidden_states: Tensor, weight: Tensor, bias: Tensor | None, attention_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(Y [B, V], max [B, V] fp32 (fp64 for fp64 inputs), argmax [B, V] int32)."""
+    _check_mask_values(attention_mask)
+    if hidden_states.is_cuda:
+        from gradcache_sparton.kernels.sparton import sparton_forward  # imports triton
+
+        return sparton_forward(hidden_states, weight, bias, attention_mask)
+    y, mx, arg = sparton_head_reference(hidden_states, weight, bias, attention_mask, return_argmax=True)
+    return y, mx, arg.to(torch.int32)
+
+
+@_forward_op.register_fake
+def _forward_fake(
+    hidden_states: Tensor, weight: Tensor, bias: Tensor | None, attention_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    B, V = hidden_states.shape[0], weight.shape[0]
+    max_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+    return (
+        hidden_states.new_empty(B, V),
+        hidden_states.new_empty(B, V, dtype=max_dtype),
+        hidden_states.new_empty(B, V, dtype=torch.int32),
+    )
+
+
+@torch.library.custom_op(
+    "gradcache_sparton::sparton_head_backward",
+    mutates_args=(),
+    schema="(Tensor grad_y, Tensor hidden_states, Tensor weight, Tensor max_logits, Tensor argmax) "
+    "-> (Tensor, Tensor, Tensor)",
+)
+def _backward_op(
+    grad_y: Tensor, hidden_states: Tensor, weight: Tensor, max_logits: Tensor, argmax: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad_H [B, S, D], grad_E [V, D], grad_bias [V] in the dtype of max)."""
+    if hidden_states.is_cuda:
+        from gradcache_sparton.kernels.sparton import sparton_backward  # imports triton
+
+        return sparton_backward(grad_y, hidden_states, weight, max_logits, argmax)
+    return sparton_head_backward_reference(grad_y, hidden_states, weight, max_logits, argmax)
+
+
+@_backward_op.register_fake
+def _backward_fake(
+    grad_y: Tensor, hidden_states: Tensor, weight: Tensor, max_logits: Tensor, argmax: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    return (
+        torch.empty_like(hidden_states),
+        torch.empty_like(weight),
+        max_logits.new_empty(weight.shape[0]),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    hidden_states, weight, bias, _ = inputs
+    _, mx, arg = output
+    ctx.save_for_backward(hidden_states, weight, mx, arg)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _backward(ctx, grad_y: Tensor, _grad_max: Tensor, _grad_argmax: Tensor):
+    hidden_states, weight, mx, arg = ctx.saved_tensors
+    grad_h, grad_e, grad_bias = _backward_op(grad_y, hidden_states, weight, mx, arg)
+    grad_bias = None if ctx.bias_dtype is None else grad_bias.to(ctx.bias_dtype)
+    return grad_h, grad_e, grad_bias, None  # the mask gets no gradient
+
+
+torch.library.register_autograd(
+    "gradcache_sparton::sparton_head_forward", _backward, setup_context=_setup_context
+)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------------
 
 
 def sparton_head(
@@ -19,12 +180,27 @@ def sparton_head(
     """Y[b, v] = max_s log1p(relu(H[b,s]·E[v] + bias[v])) · M[b,s], without the [B, S, V] logits.
 
     Args:
-        hidden_states: [B, S, D]; weight: [V, D]; bias: [V] or None; attention_mask: [B, S] of 0/1.
+        hidden_states: [B, S, D] fp16/bf16/fp32 (fp64 on CPU).
+        weight: [V, D] vocabulary embeddings, same dtype as ``hidden_states``.
+        bias: [V] floating, or None.
+        attention_mask: [B, S] bool or integer mask of 0/1.
 
     Returns:
-        [B, V] in the dtype of ``hidden_states``.
+        [B, V] in the dtype of ``hidden_states`` (the autocast dtype under autocast). Triton on CUDA,
+        the chunked PyTorch reference elsewhere; both differentiable w.r.t. H, E and bias.
+
+    Raises:
+        TypeError / ValueError on wrong types, ranks, shapes, dtypes, devices, an empty batch or a
+        mask that is not 0/1, before anything is launched.
     """
-    return sparton_head_reference(hidden_states, weight, bias, attention_mask)
+    if isinstance(hidden_states, Tensor) and isinstance(weight, Tensor):
+        device_type = hidden_states.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            hidden_states, weight = hidden_states.to(dtype), weight.to(dtype)
+    _check_inputs(hidden_states, weight, bias, attention_mask)
+    y, _, _ = _forward_op(hidden_states, weight, bias, attention_mask)
+    return y
 
 
 class SpartonHead(nn.Module):
@@ -66,6 +242,8 @@ class SpartonHead(nn.Module):
     @classmethod
     def from_decoder(cls, decoder: nn.Linear) -> SpartonHead:
         """A head that shares ``decoder.weight`` [V, D] and ``decoder.bias`` [V] (no copy)."""
+        if not isinstance(decoder, nn.Linear):
+            raise TypeError(f"decoder must be an nn.Linear, got {type(decoder).__name__}")
         head = cls(decoder.in_features, decoder.out_features, bias=decoder.bias is not None, device="meta")
         head.tie_weights(decoder)
         return head

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["REFERENCE_CHUNK_ELEMENTS", "sparton_head_reference"]
+__all__ = ["REFERENCE_CHUNK_ELEMENTS", "sparton_head_backward_reference", "sparton_head_reference"]
 
 # 2**25 fp32 elements = 128 MiB per logits chunk: large enough that the chunked matmuls run at full
 # speed on a GPU, small enough to be irrelevant next to a BERT-base mini-batch's activations.
@@ -56,12 +56,27 @@ def sparton_head_reference(
 
     Returns:
         Y [B, V] in the dtype of ``hidden_states``; with ``return_argmax``, ``(Y, max, argmax)`` where
-        ``max`` is the [B, V] fp32 running max of the masked logits clamped at 0 (the Triton kernels'
-        saved state: Y = log1p(max)) and ``argmax`` the [B, V] int64 first sequence position attaining
-        it (meaningful only where max > 0).
+        ``max`` is the [B, V] running max of the masked logits clamped at 0 (fp32, fp64 for fp64
+        inputs: the Triton kernels' saved state, Y = log1p(max)) and ``argmax`` the [B, V] int64 first
+        sequence position attaining it (meaningful only where max > 0).
 
-    Matmuls accumulate in fp32 (fp64 inputs stay fp64), like the kernels.
+    Matmuls run in fp32 on the given values (fp64 inputs stay fp64), like the kernels: 16-bit inputs give
+    exact products accumulated in fp32. Autocast is switched off inside, so the result does not depend on
+    the caller's autocast state; callers that want autocast's dtype cast the inputs first (``sparton_head``
+    does).
     """
+    with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+        return _reference(hidden_states, weight, bias, attention_mask, chunk_elements, return_argmax)
+
+
+def _reference(
+    hidden_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    attention_mask: Tensor,
+    chunk_elements: int,
+    return_argmax: bool,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     B, S, _ = hidden_states.shape
     V = weight.shape[0]
     compute_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
@@ -79,9 +94,59 @@ def sparton_head_reference(
         act = torch.relu(mx)  # [B, C]; -inf (fully masked) -> 0, zero gradient at <= 0
         ys.append(torch.log1p(act))
         if return_argmax:
-            maxes.append(act.detach().float())
+            maxes.append(act.detach())
             argmaxes.append(idx)
     y = torch.cat(ys, dim=1).to(hidden_states.dtype)  # [B, V]
     if return_argmax:
         return y, torch.cat(maxes, dim=1), torch.cat(argmaxes, dim=1)
     return y
+
+
+def sparton_head_backward_reference(
+    grad_y: Tensor,
+    hidden_states: Tensor,
+    weight: Tensor,
+    max_logits: Tensor,
+    argmax: Tensor,
+    *,
+    chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of the head from its saved (max, argmax) alone, in plain PyTorch, chunked over V.
+
+    The same rule as the Triton backward: with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0
+    (else 0), grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], grad_H[b, s] = Σ_{v: argmax[b, v] = s}
+    coef[b, v] · E[v] and grad_bias[v] = Σ_b coef[b, v]. It is the backward of the head's CPU path;
+    the tests check it against autograd through :func:`sparton_head_reference`.
+
+    Args:
+        grad_y: [B, V] upstream gradient.
+        hidden_states: [B, S, D]; weight: [V, D].
+        max_logits, argmax: [B, V] from ``sparton_head_reference(..., return_argmax=True)``.
+        chunk_elements: upper bound on B·C·D, the elements of one gathered chunk.
+
+    Returns:
+        (grad_H [B, S, D] in the dtype of H, grad_E [V, D] in the dtype of E, grad_bias [V] in the
+        compute dtype: fp32, or fp64 for fp64 inputs).
+    """
+    B, S, D = hidden_states.shape
+    V = weight.shape[0]
+    compute_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+    h = hidden_states.to(compute_dtype)  # [B, S, D]
+    coef = torch.where(max_logits > 0, grad_y.to(compute_dtype) / (1 + max_logits.to(compute_dtype)), 0.0)
+    grad_h = torch.zeros(B * S, D, device=h.device, dtype=compute_dtype)  # [B·S, D]
+    grad_e = torch.empty(V, D, device=h.device, dtype=compute_dtype)
+    batch = torch.arange(B, device=h.device)[:, None]  # [B, 1]
+    C = max(1, min(V, chunk_elements // max(1, B * D)))
+    for v0 in range(0, V, C):
+        c = coef[:, v0 : v0 + C]  # [B, C]
+        s = argmax[:, v0 : v0 + C].long()  # [B, C]
+        gathered = h[batch, s]  # [B, C, D]: H[b, argmax[b, v]]
+        grad_e[v0 : v0 + C] = torch.einsum("bc,bcd->cd", c, gathered)
+        w = weight[v0 : v0 + C].to(compute_dtype)  # [C, D]
+        # scatter coef · E[v] to the argmax rows: [B, C, 1] * [1, C, D] -> [B·C, D] into [B·S, D]
+        grad_h.index_add_(0, (batch * S + s).reshape(-1), (c[:, :, None] * w[None]).reshape(-1, D))
+    return (
+        grad_h.view(B, S, D).to(hidden_states.dtype),
+        grad_e.to(weight.dtype),
+        coef.sum(dim=0),
+    )

@@ -1,0 +1,386 @@
+"""Triton kernels of the Sparton SPLADE head: fused forward (max/argmax over S) and sparse backward.
+
+Legend: B batch, S sequence, D hidden, V vocabulary, N non-zeros of Y (at most B·V).
+
+Layout of this file (Liger order): block-size constants with their reasons -> ``@triton.jit`` kernels ->
+launchers (validate nothing, allocate, pick blocks and grid, launch). Input validation, autograd and
+the CPU path live in ``head.py``; this module is imported only when a CUDA tensor reaches the head (or
+by the interpreter tests), so ``import gradcache_sparton`` never imports triton.
+
+Forward: one program per (batch row b, vocabulary tile). It loops over the sequence in tiles of
+``BLOCK_S``; each tile is a tensor-core product [BLOCK_S, D] @ [D, BLOCK_V] accumulated in fp32, then
+bias, mask, and a column max/argmax folded into a running (max, argmax) kept in registers. The running
+max starts at 0 (equivalent to -inf after relu) and is replaced only on a strictly larger value, so the
+first sequence position wins ties (``tl.max`` breaks ties left inside a tile, ``>`` across tiles).
+Only the fp32 max [B, V] and int32 argmax [B, V] are written: the [B, S, V] logits never exist.
+
+Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0, else 0
+(d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0):
+- grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]]: one program per (V tile, D tile), looping over b so
+  that all programs read the same H[b] at about the same time (it stays in L2); rows with coef = 0
+  are masked off the gather, so the traffic is proportional to N.
+- grad_H[b, s] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v]: the non-zeros are sorted by destination row
+  (b·S + s) into CSR form (``torch.sort``, stable), and one program per (row, D tile) gathers and sums its
+  own entries. No atomics: the sum order is fixed, so the backward is deterministic, and rows without
+  entries (masked positions, never an argmax) are written as exact zeros.
+- grad_bias[v] = Σ_b coef[b, v] (a [B, V] reduction, done by torch in ``head.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = [
+    "BackwardBlocks",
+    "ForwardBlocks",
+    "sparton_backward",
+    "sparton_forward",
+]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Constants
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForwardBlocks:
+    """Tile sizes and launch parameters of the forward kernel."""
+
+    block_s: int  # sequence rows per tensor-core tile (the M of the product)
+    block_v: int  # vocabulary columns per program (the N)
+    block_d: int  # hidden-dim step of the K loop
+    group_b: int  # batch rows scheduled together, so their H[b] and E tiles share L2
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class BackwardBlocks:
+    """Tile sizes of the two backward kernels."""
+
+    block_v: int  # grad_E: vocabulary rows per program
+    block_d: int  # both kernels: hidden-dim columns per program
+    block_n: int  # grad_H: non-zeros gathered per step of a row's CSR segment
+    num_warps: int
+
+
+# 16-bit inputs on a GPU: 128 x 128 output tiles with a 64-deep K step, 8 warps, 3 pipeline stages is the
+# usual Hopper tensor-core tile for a bf16 GEMM (two 64-row wgmma halves per warpgroup) and fits the
+# shared memory of 3 stages (3 · (128·64 + 128·64) · 2 B = 96 KiB).
+_FWD_GPU_16BIT = ForwardBlocks(block_s=128, block_v=128, block_d=64, group_b=8, num_warps=8, num_stages=3)
+# fp32 inputs use IEEE fp32 FMA dots (no TF32: the head must match the fp32 reference to 1e-5), so the
+# tensor-core tile gains nothing; a smaller tile keeps register pressure of the fp32 operands sane.
+_FWD_GPU_FP32 = ForwardBlocks(block_s=64, block_v=64, block_d=32, group_b=8, num_warps=4, num_stages=2)
+# Under the interpreter every program is numpy on the CPU: the smallest tiles that tl.dot accepts (16)
+# keep the awkward test shapes (S, V, D not multiples of the blocks) spread over several tiles.
+_FWD_INTERPRET = ForwardBlocks(block_s=16, block_v=16, block_d=16, group_b=2, num_warps=1, num_stages=1)
+
+# grad_E: 64 vocabulary rows x 128 hidden columns = 8 K fp32 accumulators over 4 warps (64 registers per
+# thread); 128 bf16 columns = 256 contiguous bytes per gathered row segment. grad_H: 32 non-zeros per
+# gather step covers the typical CSR row (random inputs put ~V/(2S) = 30 entries in a row at V = 30,522).
+_BWD_GPU = BackwardBlocks(block_v=64, block_d=128, block_n=32, num_warps=4)
+_BWD_INTERPRET = BackwardBlocks(block_v=16, block_d=16, block_n=16, num_warps=1)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["B", "S"])
+def _sparton_fwd_kernel(
+    h_ptr,  # [B, S, D] hidden states
+    e_ptr,  # [V, D] vocabulary embeddings
+    bias_ptr,  # [V] or a dummy when HAS_BIAS is False
+    mask_ptr,  # [B, S] uint8 0/1 attention mask
+    max_ptr,  # [B, V] fp32 out: max_s of the masked logits, clamped at 0
+    arg_ptr,  # [B, V] int32 out: first s attaining it (0 where the max is 0)
+    B,
+    S,
+    V,
+    D,
+    stride_hb,
+    stride_hs,
+    stride_ev,
+    stride_mb,
+    HAS_BIAS: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP_B: tl.constexpr,
+):
+    # Grouped launch order: consecutive programs walk GROUP_B batch rows first, then the next V tile, so
+    # the programs resident at once read a few H[b] and a few E tiles, all of which stay in L2.
+    pid = tl.program_id(0)
+    num_v_tiles = tl.cdiv(V, BLOCK_V)
+    per_group = GROUP_B * num_v_tiles
+    first_b = (pid // per_group) * GROUP_B
+    group_rows = tl.minimum(B - first_b, GROUP_B)
+    b = first_b + (pid % per_group) % group_rows
+    v_tile = (pid % per_group) // group_rows
+
+    offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
+    v_ok = offs_v < V
+    offs_d = tl.arange(0, BLOCK_D)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+    run_max = tl.zeros([BLOCK_V], dtype=tl.float32)
+    run_arg = tl.zeros([BLOCK_V], dtype=tl.int32)
+    h_row = h_ptr + b.to(tl.int64) * stride_hb
+    e_rows = e_ptr + offs_v.to(tl.int64) * stride_ev  # [BLOCK_V] row starts
+
+    for s0 in range(0, S, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+        s_ok = offs_s < S
+        keep = tl.load(mask_ptr + b * stride_mb + offs_s, mask=s_ok, other=0) != 0
+        # Padding tiles (every position masked) cannot change the max: skip their product entirely.
+        if tl.max(keep.to(tl.int32), axis=0) > 0:
+            acc = tl.zeros([BLOCK_S, BLOCK_V], dtype=tl.float32)
+            for d0 in range(0, D, BLOCK_D):
+                dd = d0 + offs_d
+                h_ptrs = h_row + offs_s[:, None] * stride_hs + dd[None, :]  # [BLOCK_S, BLOCK_D]
+                e_ptrs = e_rows[:, None] + dd[None, :]  # [BLOCK_V, BLOCK_D]
+                if EVEN_D:
+                    h = tl.load(h_ptrs, mask=s_ok[:, None], other=0.0)
+                    e = tl.load(e_ptrs, mask=v_ok[:, None], other=0.0)
+                else:
+                    d_ok = dd < D
+                    h = tl.load(h_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+                    e = tl.load(e_ptrs, mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+                if UPCAST_DOT:
+                    h = h.to(tl.float32)
+                    e = e.to(tl.float32)
+                # [BLOCK_S, BLOCK_D] @ [BLOCK_D, BLOCK_V] -> [BLOCK_S, BLOCK_V], fp32 accumulation
+                acc = tl.dot(h, tl.trans(e), acc, input_precision=DOT_PRECISION)
+            if HAS_BIAS:
+                acc += bias[None, :]
+            acc = tl.where(keep[:, None], acc, float("-inf"))
+            # [BLOCK_S, BLOCK_V] -> [BLOCK_V]: column max and its first (leftmost) row on ties
+            tile_max, tile_arg = tl.max(acc, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            better = tile_max > run_max  # strict: an earlier tile keeps a tie
+            run_max = tl.where(better, tile_max, run_max)
+            run_arg = tl.where(better, s0 + tile_arg, run_arg)
+
+    out = b.to(tl.int64) * V + offs_v
+    tl.store(max_ptr + out, run_max, mask=v_ok)
+    tl.store(arg_ptr + out, run_arg, mask=v_ok)
+
+
+@triton.jit(do_not_specialize=["B"])
+def _sparton_bwd_grad_e_kernel(
+    h_ptr,  # [B, S, D] hidden states
+    coef_ptr,  # [B, V] fp32: grad_y / (1 + max) where max > 0, else 0
+    arg_ptr,  # [B, V] int32 argmax over S
+    grad_e_ptr,  # [V, D] out, dtype of E
+    B,
+    V,
+    D,
+    stride_hb,
+    stride_hs,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    v_ok = offs_v < V
+    d_ok = offs_d < D
+    acc = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
+    coef_ptrs = coef_ptr + offs_v  # row b = 0 of [B, V]; advanced by V per batch row (64-bit pointers)
+    arg_ptrs = arg_ptr + offs_v
+    h_row = h_ptr + offs_d[None, :]  # H[0, 0, d]; advanced by stride_hb per batch row
+    # b-major: every program reads H[b] in the same iteration, so the gathers hit L2.
+    for _ in range(B):
+        coef = tl.load(coef_ptrs, mask=v_ok, other=0.0)  # [BLOCK_V]
+        s = tl.load(arg_ptrs, mask=v_ok, other=0)
+        live = coef != 0.0  # zero outputs load nothing
+        # gather H[b, argmax[b, v], d]: [BLOCK_V, BLOCK_D]
+        h = tl.load(
+            h_row + s.to(tl.int64)[:, None] * stride_hs, mask=live[:, None] & d_ok[None, :], other=0.0
+        )
+        acc += coef[:, None] * h.to(tl.float32)
+        coef_ptrs += V
+        arg_ptrs += V
+        h_row += stride_hb
+    out = offs_v.to(tl.int64)[:, None] * D + offs_d[None, :]
+    tl.store(grad_e_ptr + out, acc.to(grad_e_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _sparton_bwd_grad_h_kernel(
+    e_ptr,  # [V, D] vocabulary embeddings
+    row_ptr,  # [B·S + 1] int64 CSR offsets into the sorted non-zeros
+    col_ptr,  # [N] int32 vocabulary index of each sorted non-zero
+    val_ptr,  # [N] fp32 coef of each sorted non-zero
+    grad_h_ptr,  # [B·S, D] out, dtype of H
+    D,
+    stride_ev,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    r = tl.program_id(0)  # destination row b·S + s
+    pid_d = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    start = tl.load(row_ptr + r)
+    end = tl.load(row_ptr + r + 1)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in range(start, end, BLOCK_N):
+        offs_n = i + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        v = tl.load(col_ptr + offs_n, mask=n_ok, other=0)  # [BLOCK_N]
+        coef = tl.load(val_ptr + offs_n, mask=n_ok, other=0.0)
+        e_ptrs = e_ptr + v.to(tl.int64)[:, None] * stride_ev + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+        e = tl.load(e_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        acc += tl.sum(coef[:, None] * e.to(tl.float32), axis=0)  # [BLOCK_N, BLOCK_D] -> [BLOCK_D]
+    tl.store(grad_h_ptr + r.to(tl.int64) * D + offs_d, acc.to(grad_h_ptr.dtype.element_ty), mask=d_ok)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------------
+
+
+def _default_forward_blocks(dtype: torch.dtype) -> ForwardBlocks:
+    if _interpreting():
+        return _FWD_INTERPRET
+    return _FWD_GPU_FP32 if dtype == torch.float32 else _FWD_GPU_16BIT
+
+
+def sparton_forward(
+    hidden_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    attention_mask: Tensor,
+    *,
+    blocks: ForwardBlocks | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Fused forward: (Y [B, V] in the dtype of H, fp32 max [B, V], int32 argmax [B, V]).
+
+    Expects validated inputs (``head.py`` checks them): H [B, S, D] and E [V, D] of one dtype among
+    fp16/bf16/fp32 on one device, bias [V] or None, a 0/1 mask [B, S]. Y = log1p(max), computed from the
+    fp32 max and rounded once to the output dtype.
+    """
+    B, S, D = hidden_states.shape
+    V = weight.shape[0]
+    blocks = blocks or _default_forward_blocks(hidden_states.dtype)
+    h = hidden_states.contiguous()
+    e = weight.contiguous()
+    mask = attention_mask.to(torch.uint8).contiguous()
+    mx = torch.empty(B, V, device=h.device, dtype=torch.float32)
+    arg = torch.empty(B, V, device=h.device, dtype=torch.int32)
+    grid = (B * triton.cdiv(V, blocks.block_v),)
+    _sparton_fwd_kernel[grid](
+        h,
+        e,
+        bias.contiguous() if bias is not None else mx,  # dummy pointer, never read without bias
+        mask,
+        mx,
+        arg,
+        B,
+        S,
+        V,
+        D,
+        h.stride(0),
+        h.stride(1),
+        e.stride(0),
+        mask.stride(0),
+        HAS_BIAS=bias is not None,
+        EVEN_D=D % blocks.block_d == 0,
+        DOT_PRECISION="ieee" if h.dtype == torch.float32 else "tf32",  # "tf32" is ignored for 16-bit
+        # Triton 3.9's interpreter multiplies bf16 tl.dot operands wrongly (errors ~1e10); bf16 -> fp32 is
+        # exact and the GPU's bf16 MMA forms the same exact products, so upcasting there computes the
+        # same function. Never set on a GPU.
+        UPCAST_DOT=_interpreting() and h.dtype == torch.bfloat16,
+        BLOCK_S=blocks.block_s,
+        BLOCK_V=blocks.block_v,
+        BLOCK_D=blocks.block_d,
+        GROUP_B=blocks.group_b,
+        num_warps=blocks.num_warps,
+        num_stages=blocks.num_stages,
+    )
+    y = torch.log1p(mx).to(hidden_states.dtype)  # [B, V]; relu already applied (max starts at 0)
+    return y, mx, arg
+
+
+def sparton_backward(
+    grad_y: Tensor,
+    hidden_states: Tensor,
+    weight: Tensor,
+    max_logits: Tensor,
+    argmax: Tensor,
+    *,
+    blocks: BackwardBlocks | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Sparse backward from the saved (max, argmax): (grad_H [B, S, D], grad_E [V, D], fp32 grad_bias [V]).
+
+    Work and traffic are proportional to the non-zeros of Y; gradients of masked positions and of
+    outputs equal to 0 are exactly 0. Deterministic (no atomics).
+    """
+    B, S, D = hidden_states.shape
+    V = weight.shape[0]
+    blocks = blocks or (_BWD_INTERPRET if _interpreting() else _BWD_GPU)
+    h = hidden_states.contiguous()
+    e = weight.contiguous()
+    arg = argmax.to(torch.int32).contiguous()
+    # [B, V] fp32; where max = 0 the output is relu's flat side (or a fully masked row): no gradient.
+    coef = torch.where(max_logits > 0, grad_y.float() / (1.0 + max_logits), 0.0).contiguous()
+    grad_bias = coef.sum(dim=0)  # [B, V] -> [V]
+
+    grad_e = torch.empty_like(e)  # [V, D]
+    grid_e = (triton.cdiv(V, blocks.block_v), triton.cdiv(D, blocks.block_d))
+    _sparton_bwd_grad_e_kernel[grid_e](
+        h,
+        coef,
+        arg,
+        grad_e,
+        B,
+        V,
+        D,
+        h.stride(0),
+        h.stride(1),
+        BLOCK_V=blocks.block_v,
+        BLOCK_D=blocks.block_d,
+        num_warps=blocks.num_warps,
+    )
+
+    # CSR of the non-zeros by destination row b·S + argmax; zeros get the sentinel key B·S and sort last.
+    # A stable sort keeps each row's entries in increasing v: a fixed summation order.
+    rows = torch.arange(B, device=h.device, dtype=torch.int32)[:, None] * S  # [B, 1]
+    keys = torch.where(coef != 0, rows + arg, B * S).reshape(-1)  # [B·V]
+    sorted_keys, order = torch.sort(keys, stable=True)
+    bounds = torch.arange(B * S + 1, device=h.device, dtype=torch.int32)
+    row_offsets = torch.searchsorted(sorted_keys, bounds)  # [B·S + 1] int64
+    cols = (order % V).to(torch.int32)  # [B·V]; only the first row_offsets[-1] entries are read
+    vals = coef.reshape(-1)[order]
+
+    grad_h = torch.empty_like(h)  # [B, S, D]; every row is written (zeros where it has no entries)
+    grid_h = (B * S, triton.cdiv(D, blocks.block_d))
+    _sparton_bwd_grad_h_kernel[grid_h](
+        e,
+        row_offsets,
+        cols,
+        vals,
+        grad_h,
+        D,
+        e.stride(0),
+        BLOCK_D=blocks.block_d,
+        BLOCK_N=blocks.block_n,
+        num_warps=blocks.num_warps,
+    )
+    return grad_h, grad_e, grad_bias

@@ -1,0 +1,362 @@
+"""Sparton head: the reference against naive full logits, the Triton kernels against the reference,
+the module / custom op on CPU, torch.compile, and input validation.
+
+Legend: B batch, S sequence, D hidden, V vocabulary.
+
+Kernel tests launch the Triton launchers directly on ``kernel_device`` tensors: compiled on a GPU, through
+``TRITON_INTERPRET=1`` on CPU (where the module itself would take the reference path). Shapes are small
+but awkward: S and V not multiples of any block, D = 24 or 40 (not a power of two, and 24 < one 16-wide
+K step plus a remainder), a fully masked row, padded tails, all-negative columns and ties.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from gradcache_sparton.kernels import SpartonHead, sparton_head, sparton_head_reference
+from gradcache_sparton.kernels.reference import sparton_head_backward_reference
+
+pytestmark = pytest.mark.kernel
+
+# (dtype, rtol of one rounding to the dtype). Kernel and reference form the same exact products (16-bit
+# products are exact in fp32) and sum them in fp32 in different orders, so fp32 results agree to ~1e-6
+# relative; a 16-bit output is that fp32 value rounded once, so the two may land one unit in the last
+# place apart: 2^-7 relative for bf16 (8 significant bits), 2^-10 for fp16 (11). A wrong argmax, mask or
+# bias moves values by O(1) and fails any of these.
+DTYPES = [
+    pytest.param(torch.float32, 1e-5, id="fp32"),
+    pytest.param(torch.bfloat16, 2.0**-7, id="bf16"),
+    pytest.param(torch.float16, 2.0**-10, id="fp16"),
+]
+# (B, S, D, V, bias): S, V off every block size, D = 24 / 40.
+SHAPES = [
+    pytest.param(3, 37, 24, 53, True, id="B3-S37-D24-V53-bias"),
+    pytest.param(4, 45, 40, 70, False, id="B4-S45-D40-V70-nobias"),
+]
+
+
+def _inputs(
+    B: int, S: int, D: int, V: int, bias: bool, dtype: torch.dtype, device: torch.device, seed: int
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """Fresh random H, E, bias and a mask with a fully masked row, a padded tail and a hole; the first
+    three vocabulary columns are all-negative (their outputs are exactly 0)."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, S, D, generator=g)
+    h[..., 0] = h[..., 0].abs() + 0.1  # feature 0 is positive everywhere ...
+    e = torch.randn(V, D, generator=g) / D**0.5
+    e[:3] = 0.0
+    e[:3, 0] = -1.0  # ... so columns 0..2 have logits -H[b, s, 0] (+ bias -1) < 0 at every position
+    b = torch.randn(V, generator=g) if bias else None
+    if b is not None:
+        b[:3] = -1.0
+    mask = torch.ones(B, S, dtype=torch.long)
+    mask[0] = 0  # fully masked row
+    mask[1, S // 2 :] = 0  # padded tail
+    mask[-1, 3:7] = 0  # a hole in the middle
+    cast = lambda t: None if t is None else t.to(device=device, dtype=dtype)
+    return cast(h), cast(e), cast(b), mask.to(device)
+
+
+def _launch_forward(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    from gradcache_sparton.kernels.sparton import sparton_forward
+
+    return sparton_forward(h, e, b, m)
+
+
+def _launch_backward(
+    g: Tensor, h: Tensor, e: Tensor, mx: Tensor, arg: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    from gradcache_sparton.kernels.sparton import sparton_backward
+
+    return sparton_backward(g, h, e, mx, arg)
+
+
+def _naive_head(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> Tensor:
+    """The definition, with the full [B, S, V] logits and max over S of the masked activations."""
+    logits = h @ e.T + (b if b is not None else 0)  # [B, S, D] @ [D, V] -> [B, S, V]
+    return (torch.log1p(torch.relu(logits)) * m[:, :, None]).amax(dim=1)
+
+
+def _top2_gap(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> Tensor:
+    """[B, V] fp64 gap between the largest and second-largest masked logit (ties and near-ties: small)."""
+    logits = h.double() @ e.double().T + (b.double() if b is not None else 0)
+    logits = logits.masked_fill(~m.bool()[:, :, None], float("-inf"))
+    top = logits.topk(2, dim=1).values  # [B, 2, V]
+    return (top[:, 0] - top[:, 1]).nan_to_num(0.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reference
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_reference_matches_naive_full_logits_fp64() -> None:
+    """The chunked reference equals the full-logits definition, forward and all gradients, in fp64."""
+    h, e, b, m = _inputs(3, 29, 24, 41, True, torch.float64, torch.device("cpu"), seed=1)
+    h, e, b = (t.requires_grad_() for t in (h, e, b))
+    g = torch.randn(3, 41, dtype=torch.float64)
+    # chunk_elements forces ~6 vocabulary chunks, so chunk boundaries are exercised.
+    y = sparton_head_reference(h, e, b, m, chunk_elements=3 * 29 * 7)
+    y_naive = _naive_head(h, e, b, m)
+    torch.testing.assert_close(y, y_naive, rtol=1e-12, atol=1e-12)
+    assert (y[0] == 0).all() and (y[:, :3] == 0).all()  # fully masked row, all-negative columns
+    grads = torch.autograd.grad(y, (h, e, b), g)
+    grads_naive = torch.autograd.grad(y_naive, (h, e, b), g)
+    for got, want in zip(grads, grads_naive, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_and_cpu_op_pass_gradcheck() -> None:
+    """Finite differences agree with the reference's autograd and with the head's CPU backward."""
+    h, e, b, m = _inputs(2, 7, 5, 9, True, torch.float64, torch.device("cpu"), seed=2)
+    h, e, b = (t.requires_grad_() for t in (h, e, b))
+    assert torch.autograd.gradcheck(lambda *a: sparton_head_reference(*a, m), (h, e, b))
+    assert torch.autograd.gradcheck(lambda *a: sparton_head(*a, m), (h, e, b))
+
+
+def test_reference_ties_send_gradient_to_first_position() -> None:
+    """On tied maxima the reference picks and differentiates only the first sequence position."""
+    h, e, b, m = _inputs(2, 9, 6, 11, False, torch.float64, torch.device("cpu"), seed=3)
+    h[:, 6] = h[:, 2]  # positions 2 and 6 produce identical logits everywhere
+    h[:, 2, 0] = h[:, 2, 0] + 50.0  # ... and dominate every column with E[v, 0] > 0
+    h[:, 6, 0] = h[:, 2, 0]
+    h.requires_grad_()
+    _, mx, arg = sparton_head_reference(h, e, b, m, return_argmax=True)
+    live = (mx > 0) & (e[:, 0] > 0)[None, :] & (m[:, 2] == 1)[:, None]
+    assert live.any() and (arg[live] == 2).all()
+    y = sparton_head_reference(h, e, b, m)
+    (grad_h,) = torch.autograd.grad(y.sum(), h)
+    assert (grad_h[:, 6] == 0).all() and (grad_h[1:, 2] != 0).any()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton kernels (interpreter on CPU, compiled on GPU)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dtype", "rtol"), DTYPES)
+@pytest.mark.parametrize(("B", "S", "D", "V", "bias"), SHAPES)
+def test_triton_forward_matches_reference(kernel_device, dtype, rtol, B, S, D, V, bias) -> None:
+    """Kernel Y and fp32 max equal the reference's; argmax equals wherever the top two are not tied."""
+    h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=10 + B)
+    y, mx, arg = _launch_forward(h, e, b, m)
+    y_ref, mx_ref, arg_ref = sparton_head_reference(h, e, b, m, return_argmax=True)
+    assert y.dtype == dtype and mx.dtype == torch.float32 and arg.dtype == torch.int32
+    # the fp32 max: same exact products, different summation order (~1e-6 relative at |x| ~ 3).
+    torch.testing.assert_close(mx, mx_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, y_ref, rtol=rtol, atol=1e-6)
+    assert (mx[0] == 0).all() and (mx[:, :3] == 0).all()  # fully masked row, all-negative columns
+    clear = (mx_ref > 0) & (_top2_gap(h, e, b, m) > 1e-4)
+    assert clear.float().mean() > 0.5  # most columns are checked: the test cannot pass vacuously
+    assert torch.equal(arg[clear].long(), arg_ref[clear])
+
+
+def test_triton_forward_ties_pick_first_position(kernel_device) -> None:
+    """Exactly tied logits, within one S tile and across tiles, resolve to the first position."""
+    h, e, b, m = _inputs(2, 37, 24, 53, True, torch.bfloat16, kernel_device, seed=4)
+    # positions 3, 5 (same 16-row tile) and 21, 35 (later tiles) carry the same dominant row
+    winner = h[:, 3].clone()
+    winner[:, 0] = 8.0
+    for s in (3, 5, 21, 35):
+        h[:, s] = winner
+    m[:] = 1
+    _, mx, arg = _launch_forward(h, e, b, m)
+    _, mx_ref, arg_ref = sparton_head_reference(h, e, b, m, return_argmax=True)
+    at_winner = (mx > 0) & (_top2_gap(h, e, b, m) == 0)  # columns where the four copies tie for max
+    assert at_winner.sum() > 10
+    assert (arg[at_winner] == 3).all() and (arg_ref[at_winner] == 3).all()
+    torch.testing.assert_close(mx, mx_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("dtype", "rtol"), DTYPES)
+@pytest.mark.parametrize(("B", "S", "D", "V", "bias"), SHAPES)
+def test_triton_backward_matches_reference_autograd(kernel_device, dtype, rtol, B, S, D, V, bias) -> None:
+    """grad_H, grad_E and grad_bias from (max, argmax) equal autograd through the reference."""
+    h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=20 + B)
+    _, mx, arg = _launch_forward(h, e, b, m)
+    g = torch.randn(B, V, generator=torch.Generator().manual_seed(5)).to(kernel_device, dtype)
+    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg)
+    inputs = [t.detach().clone().requires_grad_() for t in (h, e, b) if t is not None]
+    y_ref = sparton_head_reference(inputs[0], inputs[1], inputs[2] if bias else None, m)
+    want = torch.autograd.grad(y_ref, inputs, g)
+    assert grad_h.dtype == dtype and grad_e.dtype == dtype and grad_b.dtype == torch.float32
+    for got, ref in zip((grad_h, grad_e, grad_b), want, strict=False):  # no grad_bias without bias
+        # one rounding of an fp32 sum (rtol), plus fp32 summation-order differences on entries that
+        # cancel towards 0 (atol, relative to the gradient's scale).
+        torch.testing.assert_close(got, ref.to(got.dtype), rtol=rtol, atol=1e-5 * ref.abs().max().item())
+
+
+def test_triton_backward_zero_where_output_zero_or_masked(kernel_device) -> None:
+    """Masked positions, fully masked rows and all-negative columns get exactly zero gradient."""
+    h, e, b, m = _inputs(3, 37, 24, 53, True, torch.float32, kernel_device, seed=6)
+    _, mx, arg = _launch_forward(h, e, b, m)
+    g = torch.randn(3, 53).to(kernel_device)
+    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg)
+    assert (grad_h[m == 0] == 0).all()  # includes the fully masked row 0
+    assert (grad_e[:3] == 0).all() and (grad_b[:3] == 0).all()
+    assert (grad_h[m == 1] != 0).any() and (grad_e[3:] != 0).any()
+
+
+def test_triton_replay_is_bitwise_deterministic(kernel_device) -> None:
+    """Two forwards (and two backwards) of the same input give bitwise identical results."""
+    h, e, b, m = _inputs(3, 37, 40, 53, True, torch.bfloat16, kernel_device, seed=7)
+    first = _launch_forward(h, e, b, m)
+    second = _launch_forward(h, e, b, m)
+    for x, y in zip(first, second, strict=True):
+        assert torch.equal(x, y)
+    g = torch.randn(3, 53).to(kernel_device, torch.bfloat16)
+    for x, y in zip(
+        _launch_backward(g, h, e, first[1], first[2]),
+        _launch_backward(g, h, e, first[1], first[2]),
+        strict=True,
+    ):
+        assert torch.equal(x, y)
+
+
+def test_triton_accepts_non_contiguous_inputs_and_any_mask_dtype(kernel_device) -> None:
+    """Strided H/E views and bool/int32 masks give exactly the results of contiguous int64 inputs."""
+    h, e, b, m = _inputs(3, 37, 24, 53, True, torch.float32, kernel_device, seed=8)
+    h_view = h.transpose(0, 1).contiguous().transpose(0, 1)  # [B, S, D] with S-major strides
+    e_view = e.T.contiguous().T  # [V, D] column-major
+    assert not h_view.is_contiguous() and not e_view.is_contiguous()
+    want = _launch_forward(h, e, b, m)
+    for mask in (m.bool(), m.int()):
+        got = _launch_forward(h_view, e_view, b, mask)
+        for x, y in zip(got, want, strict=True):
+            assert torch.equal(x, y)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Module, custom op, compile, autocast (the CPU path; the same on CUDA with the gpu marker)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _module_matches_reference(device: torch.device, dtype: torch.dtype, rtol: float) -> None:
+    h, e, b, m = _inputs(3, 37, 24, 53, True, dtype, device, seed=9)
+    decoder = nn.Linear(24, 53, device=device, dtype=dtype)
+    with torch.no_grad():
+        decoder.weight.copy_(e)
+        decoder.bias.copy_(b)
+    head = SpartonHead.from_decoder(decoder)
+    assert head.weight is decoder.weight and head.bias is decoder.bias
+    h.requires_grad_()
+    y = head(h, m)
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, (h, decoder.weight, decoder.bias), g)
+    hr, er, br = (t.detach().clone().requires_grad_() for t in (h, e, decoder.bias))
+    y_ref = sparton_head_reference(hr, er, br, m)
+    want = torch.autograd.grad(y_ref, (hr, er, br), g)
+    torch.testing.assert_close(y, y_ref, rtol=rtol, atol=1e-6)
+    for x, ref in zip(got, want, strict=True):
+        torch.testing.assert_close(x, ref, rtol=rtol, atol=1e-5 * ref.abs().max().item())
+
+
+def test_module_cpu_matches_reference() -> None:
+    """SpartonHead tied to a decoder equals the reference on CPU, forward and every gradient."""
+    _module_matches_reference(torch.device("cpu"), torch.float32, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "rtol"), DTYPES)
+def test_module_cuda_matches_reference(dtype, rtol) -> None:
+    """On CUDA the module (custom op -> Triton) equals the reference, forward and every gradient."""
+    _module_matches_reference(torch.device("cuda"), dtype, rtol)
+
+
+def test_tie_weights_keeps_a_plain_masked_lm_checkpoint(tiny_bert_mlm) -> None:
+    """A head tied to a BERT decoder adds no tensors to the model's state dict and follows its updates."""
+    keys = set(tiny_bert_mlm.state_dict())
+    head = SpartonHead(32, len(tiny_bert_mlm.cls.predictions.decoder.weight))
+    head.tie_weights(tiny_bert_mlm.cls.predictions.decoder)
+    assert set(tiny_bert_mlm.state_dict()) == keys
+    with torch.no_grad():
+        tiny_bert_mlm.cls.predictions.decoder.weight.mul_(2.0)
+    assert head.weight.data_ptr() == tiny_bert_mlm.cls.predictions.decoder.weight.data_ptr()
+
+
+def test_compile_fullgraph_cpu() -> None:
+    """torch.compile(fullgraph=True) traces sparton_head as one custom op (fake impl), fwd and bwd."""
+    h, e, b, m = _inputs(2, 11, 24, 19, True, torch.float32, torch.device("cpu"), seed=11)
+    h.requires_grad_()
+
+    def loss(h: Tensor, e: Tensor, b: Tensor, m: Tensor) -> Tensor:
+        return sparton_head(h, e, b, m).square().sum()
+
+    # aot_eager runs the fake implementations and the autograd registration without spending the CPU
+    # test budget on inductor's C++ codegen (which would add nothing about the custom op).
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    (grad_c,) = torch.autograd.grad(compiled(h, e, b, m), h)
+    (grad_e,) = torch.autograd.grad(loss(h, e, b, m), h)
+    assert torch.equal(grad_c, grad_e) and (grad_c != 0).any()
+
+
+def test_autocast_casts_inputs_and_sets_output_dtype() -> None:
+    """Under CPU bf16 autocast the head computes on bf16-cast H/E and returns bf16."""
+    h, e, b, m = _inputs(2, 13, 24, 19, True, torch.float32, torch.device("cpu"), seed=12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = sparton_head(h, e, b, m)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, sparton_head_reference(h.bfloat16(), e.bfloat16(), b, m))
+
+
+def test_cpu_backward_from_argmax_matches_autograd() -> None:
+    """The PyTorch backward from (max, argmax) equals autograd through the reference (chunked)."""
+    h, e, b, m = _inputs(3, 17, 24, 29, True, torch.float64, torch.device("cpu"), seed=13)
+    _, mx, arg = sparton_head_reference(h, e, b, m, return_argmax=True)
+    g = torch.randn(3, 29, dtype=torch.float64)
+    got = sparton_head_backward_reference(g, h, e, mx, arg, chunk_elements=3 * 24 * 5)
+    hr, er, br = (t.clone().requires_grad_() for t in (h, e, b))
+    want = torch.autograd.grad(sparton_head_reference(hr, er, br, m), (hr, er, br), g)
+    for x, ref in zip(got, want, strict=True):
+        torch.testing.assert_close(x, ref, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------------
+
+
+def _bad_cases() -> list:
+    h = torch.randn(2, 5, 8)
+    e = torch.randn(11, 8)
+    b = torch.randn(11)
+    m = torch.ones(2, 5, dtype=torch.long)
+    two = torch.tensor([[1, 2, 1, 1, 1], [1, 1, 1, 1, 1]])
+    return [
+        pytest.param((h[0], e, b, m), ValueError, "hidden_states must be", id="H-rank"),
+        pytest.param((h, e[None], b, m), ValueError, "weight must be", id="E-rank"),
+        pytest.param((h, e, b, m[0]), ValueError, "attention_mask must be", id="M-rank"),
+        pytest.param((h, torch.randn(11, 7), b, m), ValueError, "D = 8", id="D-mismatch"),
+        pytest.param((h, e, torch.randn(10), m), ValueError, "bias must be", id="V-mismatch"),
+        pytest.param(
+            (h, e, b, torch.ones(2, 6, dtype=torch.long)), ValueError, "attention_mask", id="S-mismatch"
+        ),
+        pytest.param(
+            (h, e, b, torch.ones(3, 5, dtype=torch.long)), ValueError, "attention_mask", id="B-mismatch"
+        ),
+        pytest.param((h[:0], e, b, m[:0]), ValueError, "non-empty batch", id="empty-batch"),
+        pytest.param((h, e, b, m.float()), TypeError, "bool or integer", id="float-mask"),
+        pytest.param((h, e, b, two), ValueError, "only 0 and 1", id="mask-not-0-1"),
+        pytest.param((h, e.double(), b, m), TypeError, "share a dtype", id="dtype-mismatch"),
+        pytest.param((h.int(), e.int(), b, m), TypeError, "hidden_states must be one of", id="int-inputs"),
+        pytest.param((h, e, b.long(), m), TypeError, "bias must be floating", id="int-bias"),
+        pytest.param((h, e, b, m.to("meta")), ValueError, "one device", id="devices-differ"),
+        pytest.param((h.numpy(), e, b, m), TypeError, "torch.Tensor", id="not-a-tensor"),
+    ]
+
+
+@pytest.mark.parametrize(("args", "error", "match"), _bad_cases())
+def test_bad_input_raises_before_launch(args, error, match) -> None:
+    """Wrong ranks, shapes, dtypes, devices, empty batches and non-0/1 masks raise a clear error."""
+    with pytest.raises(error, match=match):
+        sparton_head(*args)
+
+
+def test_module_rejects_non_linear_decoder() -> None:
+    """from_decoder / tie_weights name the expected type instead of failing later."""
+    with pytest.raises(TypeError, match=r"nn\.Linear"):
+        SpartonHead.from_decoder(nn.Embedding(3, 4))
+    with pytest.raises(TypeError, match=r"nn\.Linear"):
+        SpartonHead(4, 3).tie_weights(nn.Identity())
