@@ -1,0 +1,369 @@
+"""Evaluation: metrics vs hand-computed rankings, chunked retrieval, encoding, evaluator, Trainer callback."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+from transformers import BertForMaskedLM, Trainer, TrainingArguments
+
+from gradcache_sparton.data import BeirData, TrainingCollator, load_beir
+from gradcache_sparton.evaluation import (
+    RetrievalEvalCallback,
+    SparseReps,
+    SparseRetrievalEvaluator,
+    encode_texts,
+    ndcg_at_k,
+    recall_at_k,
+    reciprocal_rank_at_k,
+    retrieval_metrics,
+    retrieve,
+)
+from gradcache_sparton.kernels import sparton_head_reference
+
+# ------------------------------------------------------------------------------------------ encoders
+
+
+class BagOfWords(nn.Module):
+    """rep[b, v] = relu(weight[v]) if token v occurs (unmasked, not special) in row b, else 0: a
+    transparent [B, V] encoder whose scores are hand-computable (weight starts at 1: a term-overlap count)."""
+
+    def __init__(self, vocab_size: int, special_ids: list[int]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(vocab_size))
+        self.register_buffer("special", torch.tensor(special_ids))
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> Tensor:
+        keep = attention_mask.bool() & ~torch.isin(input_ids, self.special)  # [B, S]
+        values = torch.relu(self.weight)[input_ids] * keep  # [B, S]
+        reps = torch.zeros(input_ids.shape[0], self.weight.numel(), device=input_ids.device)
+        return reps.scatter_reduce(1, input_ids, values, reduce="amax")  # [B, V]
+
+
+class TinySplade(nn.Module):
+    """A real SPLADE encoder for smoke tests: tiny random BERT + the reference max-pooled head."""
+
+    def __init__(self, mlm: BertForMaskedLM) -> None:
+        super().__init__()
+        self.mlm = mlm
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> Tensor:
+        hidden = self.mlm.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        transformed = self.mlm.cls.predictions.transform(hidden)  # [B, S, D]
+        decoder = self.mlm.cls.predictions.decoder
+        return sparton_head_reference(transformed, decoder.weight, decoder.bias, attention_mask)  # [B, V]
+
+
+@pytest.fixture
+def bag_of_words(tokenizer) -> BagOfWords:
+    return BagOfWords(len(tokenizer), tokenizer.all_special_ids)
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+
+def test_metrics_match_hand_computed_ranking() -> None:
+    """nDCG@10 (linear gain, log2 discount, ideal from all judged docs), MRR@10 and Recall@k by hand."""
+    ranking = ["a", "b", "c", "d", "e"]
+    relevance = {"b": 2, "d": 1, "z": 1, "c": 0, "e": -1}  # z relevant but never retrieved; c, e not relevant
+    # DCG = 2/log2(3) + 1/log2(5) = 1.26186 + 0.43068 = 1.69254
+    # IDCG = 2/log2(2) + 1/log2(3) + 1/log2(4) = 2 + 0.63093 + 0.5 = 3.13093; nDCG = 0.540586
+    assert ndcg_at_k(ranking, relevance, 10) == pytest.approx(1.69254 / 3.13093, abs=1e-5)
+    assert ndcg_at_k(ranking, relevance, 10) == pytest.approx(0.540586, abs=1e-6)
+    # @2 keeps only "b" at rank 2 and the two best ideal gains: (2/log2(3)) / (2 + 1/log2(3)).
+    assert ndcg_at_k(ranking, relevance, 2) == pytest.approx(1.26186 / 2.63093, abs=1e-5)
+    assert reciprocal_rank_at_k(ranking, relevance, 10) == 0.5  # first relevant ("b") at rank 2
+    assert reciprocal_rank_at_k(ranking, relevance, 1) == 0.0  # not within the top 1
+    assert recall_at_k(ranking, relevance, 100) == pytest.approx(2 / 3)  # b and d of {b, d, z}
+    assert recall_at_k(ranking, relevance, 3) == pytest.approx(1 / 3)  # only b in the top 3
+    perfect = ["b", "d", "z"]
+    assert ndcg_at_k(perfect, relevance, 10) == pytest.approx(1.0)
+    assert ndcg_at_k(["d", "b", "z"], relevance, 10) == pytest.approx(
+        (1 + 2 / math.log2(3) + 0.5) / 3.13093, abs=1e-5
+    )
+    assert ndcg_at_k(ranking, {"c": 0}, 10) == 0.0 and recall_at_k(ranking, {}, 10) == 0.0
+
+
+def test_metrics_average_over_queries_with_a_relevant_doc() -> None:
+    """The mean is over queries with relevance > 0 only: an all-zero query is left out, not counted as 0."""
+    rankings = {"q1": ["a", "b"], "q2": ["b", "a"], "q3": ["a", "b"]}
+    qrels = {"q1": {"a": 1}, "q2": {"a": 1}, "q3": {"a": 0, "b": 0}}
+    metrics = retrieval_metrics(rankings, qrels, ndcg_k=10, mrr_k=10, recall_k=1)
+    assert set(metrics) == {"ndcg_at_10", "mrr_at_10", "recall_at_1"}
+    assert metrics["mrr_at_10"] == pytest.approx((1 + 1 / 2) / 2)
+    assert metrics["ndcg_at_10"] == pytest.approx((1 + 1 / math.log2(3)) / 2)
+    assert metrics["recall_at_1"] == pytest.approx(1 / 2)
+
+
+def test_metric_errors() -> None:
+    """Duplicate docs, a judged query without a ranking and qrels without relevant docs are ValueErrors."""
+    with pytest.raises(ValueError, match="more than once"):
+        ndcg_at_k(["a", "a"], {"a": 1}, 10)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        recall_at_k(["a"], {"a": 1}, 0)
+    with pytest.raises(ValueError, match=r"no entry for 1 judged queries, e.g. \['q2'\]"):
+        retrieval_metrics({"q1": ["a"]}, {"q1": {"a": 1}, "q2": {"a": 1}})
+    with pytest.raises(ValueError, match="no query with a relevant document"):
+        retrieval_metrics({"q1": ["a"]}, {"q1": {"a": 0}})
+
+
+# ------------------------------------------------------------------------------ sparse reps, retrieval
+
+
+def test_sparse_reps_round_trip() -> None:
+    """from_dense / to_dense / select / concat keep every value and row; memory is the non-zeros only."""
+    torch.manual_seed(0)
+    dense = torch.randn(9, 37).relu() * (torch.rand(9, 37) < 0.3)
+    dense[4] = 0  # an all-zero row
+    reps = SparseReps.from_dense(dense)
+    assert reps.weights.numel() == int((dense != 0).sum())
+    assert torch.equal(reps.to_dense(), dense)
+    assert torch.equal(reps.to_dense(2, 6), dense[2:6])
+    assert reps.nonzeros_per_row().tolist() == (dense != 0).sum(1).tolist()
+    order = torch.tensor([8, 4, 0, 3, 3])
+    assert torch.equal(reps.select(order).to_dense(), dense[order])
+    parts = [
+        SparseReps.from_dense(dense[:3]),
+        SparseReps.from_dense(dense[3:4]),
+        SparseReps.from_dense(dense[4:]),
+    ]
+    assert torch.equal(SparseReps.concat(parts).to_dense(), dense)
+
+
+def brute_force_ranking(q: Tensor, d: Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+    """Full [Q, N] scores ranked by (score desc, doc index asc) in plain Python."""
+    scores = (q.double() @ d.double().T).tolist()
+    order = [sorted(range(len(row)), key=lambda j, row=row: (-row[j], j))[:k] for row in scores]
+    return [[row[j] for j in idx] for row, idx in zip(scores, order, strict=True)], order
+
+
+@pytest.mark.parametrize(("query_block", "doc_chunk"), [(1024, 2048), (3, 7), (1, 1), (5, 50)])
+def test_retrieve_matches_brute_force_and_breaks_ties_by_index(query_block: int, doc_chunk: int) -> None:
+    """Chunked top-k equals the full ranking exactly, ties to the lower doc index, for any block sizes."""
+    torch.manual_seed(1)
+    # Small integer weights: every dot product is exact in fp32 (so equal scores are truly equal) and
+    # with 4 active terms of 6 there are many ties.
+    q = torch.randint(0, 3, (11, 6)).float() * (torch.rand(11, 6) < 0.7)
+    d = torch.randint(0, 3, (40, 6)).float() * (torch.rand(40, 6) < 0.7)
+    for k in (1, 10, 40, 100):  # 100 > N: K = N
+        scores, index = retrieve(q, d, top_k=k, query_block=query_block, doc_chunk=doc_chunk)
+        expected_scores, expected_index = brute_force_ranking(q, d, k)
+        assert index.tolist() == expected_index
+        assert scores.tolist() == expected_scores
+    assert index.shape == (11, 40)
+
+
+def test_retrieve_accepts_sparse_reps_and_rejects_mismatch() -> None:
+    """SparseReps and dense inputs give the same result; a vocabulary mismatch is a ValueError."""
+    torch.manual_seed(2)
+    q, d = torch.randn(4, 20).relu(), torch.randn(30, 20).relu()
+    dense_result = retrieve(q, d, top_k=5)
+    sparse_result = retrieve(SparseReps.from_dense(q), SparseReps.from_dense(d), top_k=5)
+    assert torch.equal(dense_result[1], sparse_result[1])
+    assert torch.allclose(dense_result[0], sparse_result[0])
+    with pytest.raises(ValueError, match="V=20 but d_reps has V=21"):
+        retrieve(q, torch.rand(3, 21), top_k=5)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        retrieve(q, d, top_k=0)
+
+
+# ----------------------------------------------------------------------------------------- encoding
+
+
+def test_encode_texts_keeps_order_and_restores_mode(tokenizer, bag_of_words: BagOfWords) -> None:
+    """Row i is text i's rep (whatever the sorting and batching); the module's train mode is restored."""
+    texts = ["apple", "banana cherry grape apple", "", "cherry " * 40, "grape banana"]
+    bag_of_words.train()
+    reps = encode_texts(
+        bag_of_words, texts, tokenizer=tokenizer, max_length=16, batch_size=2, show_progress=False
+    )
+    assert bag_of_words.training
+    assert reps.num_rows == len(texts) and reps.vocab_size == len(tokenizer)
+    for i, text in enumerate(texts):
+        alone = bag_of_words(**tokenizer([text], truncation=True, max_length=16, return_tensors="pt"))
+        assert torch.equal(reps.to_dense(i, i + 1), alone.detach()), text
+    assert reps.nonzeros_per_row().tolist() == [1, 4, 0, 1, 2]
+
+
+def test_encode_texts_rejects_bad_input(tokenizer, bag_of_words: BagOfWords) -> None:
+    """Empty input, a max_length not a multiple of 8 and a wrong-shaped encoder output fail clearly."""
+    with pytest.raises(ValueError, match="texts is empty"):
+        encode_texts(bag_of_words, [], tokenizer=tokenizer, max_length=16)
+    with pytest.raises(ValueError, match="max_length must be a positive multiple of 8"):
+        encode_texts(bag_of_words, ["a"], tokenizer=tokenizer, max_length=30)
+    with pytest.raises(ValueError, match=r"encoder must return a \[B, V\] tensor with B=1"):
+        encode_texts(
+            lambda **f: f["input_ids"][0], ["a"], tokenizer=tokenizer, max_length=16, show_progress=False
+        )
+
+
+# ---------------------------------------------------------------------------------------- evaluator
+
+
+def write_fruit_beir(folder: Path) -> Path:
+    """4 docs, 3 queries: rankings under the bag-of-words encoder are computable by hand."""
+    folder.mkdir(parents=True, exist_ok=True)
+    docs = {"d1": "apple banana", "d2": "cherry", "d3": "apple", "d4": "banana cherry"}
+    (folder / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items())
+    )
+    queries = {"q1": "apple", "q2": "cherry", "q3": "grape"}
+    (folder / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items())
+    )
+    (folder / "qrels").mkdir(exist_ok=True)
+    (folder / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq1\td3\t1\nq1\td1\t2\nq2\td1\t1\nq3\td2\t0\n"
+    )
+    return folder
+
+
+def test_evaluator_matches_hand_computed_metrics(tmp_path: Path, tokenizer, bag_of_words: BagOfWords) -> None:
+    """End to end on a hand-built BEIR folder: term-overlap scores, ties by corpus order, known metrics."""
+    data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
+    evaluator = SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=10, show_progress=False)
+    metrics = evaluator(bag_of_words)
+    # q1 "apple": d1 and d3 score 1 (tie -> d1 first by corpus order), d2, d4 score 0 -> [d1, d3, d2, d4]:
+    #   nDCG = (2/1 + 1/log2 3) / (2/1 + 1/log2 3) = 1, RR = 1, recall = 1.
+    # q2 "cherry": d2, d4 score 1, d1, d3 score 0 -> [d2, d4, d1, d3]: nDCG = (1/log2 4)/1 = 0.5, RR = 1/3.
+    # q3 has no relevant doc: left out.
+    assert metrics == pytest.approx(
+        {
+            "ndcg_at_10": 0.75,
+            "mrr_at_10": 2 / 3,
+            "recall_at_10": 1.0,
+            "query_nonzeros": 1.0,
+            "doc_nonzeros": 1.5,
+        }
+    )
+
+
+def test_evaluator_runs_tiny_splade_on_shipped_dev_subset(tokenizer, tiny_bert_mlm: BertForMaskedLM) -> None:
+    """A random tiny SPLADE on a slice of the shipped dev set: valid metrics, repeatable, bf16 autocast."""
+    from gradcache_sparton.data import default_dev_beir_path
+
+    dev = load_beir(default_dev_beir_path(), split="dev")
+    query_ids = list(dev.qrels)[:4]
+    relevant = {d for q in query_ids for d in dev.qrels[q]}
+    doc_ids = [d for d in dev.corpus if d in relevant][:8] + [d for d in dev.corpus if d not in relevant][:12]
+    doc_ids = [d for d in dev.corpus if d in set(doc_ids)]
+    subset = BeirData(
+        corpus={d: dev.corpus[d] for d in doc_ids},
+        queries={q: dev.queries[q] for q in query_ids},
+        qrels={q: {d: r for d, r in dev.qrels[q].items() if d in set(doc_ids)} for q in query_ids},
+    )
+    encoder = TinySplade(tiny_bert_mlm)
+    kwargs = {"tokenizer": tokenizer, "document_max_length": 64, "batch_size": 8, "show_progress": False}
+    first = SparseRetrievalEvaluator(subset, **kwargs)(encoder)
+    assert first == SparseRetrievalEvaluator(subset, **kwargs)(encoder)
+    assert set(first) == {"ndcg_at_10", "mrr_at_10", "recall_at_100", "query_nonzeros", "doc_nonzeros"}
+    assert all(0.0 <= first[k] <= 1.0 for k in ("ndcg_at_10", "mrr_at_10", "recall_at_100"))
+    assert first["recall_at_100"] == 1.0  # 20 docs < 100: everything is retrieved
+    assert 0 < first["query_nonzeros"] <= len(tokenizer) and 0 < first["doc_nonzeros"] <= len(tokenizer)
+    bf16 = SparseRetrievalEvaluator(subset, autocast_dtype=torch.bfloat16, **kwargs)(encoder)
+    assert set(bf16) == set(first)
+
+
+def test_evaluator_rejects_bad_settings(tmp_path: Path, tokenizer) -> None:
+    """top_k < 10, max lengths not multiples of 8 and a non-BeirData raise before any encoding."""
+    data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
+    with pytest.raises(ValueError, match="top_k must be >= 10"):
+        SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=5)
+    with pytest.raises(ValueError, match="document_max_length must be a positive multiple of 8"):
+        SparseRetrievalEvaluator(data, tokenizer=tokenizer, document_max_length=100)
+    with pytest.raises(TypeError, match="data must be a BeirData"):
+        SparseRetrievalEvaluator({"corpus": {}}, tokenizer=tokenizer)
+
+
+# ----------------------------------------------------------------------------------- Trainer callback
+
+
+class ContrastiveTrainer(Trainer):
+    """The smallest Trainer that trains on TrainingCollator batches: in-batch InfoNCE over reps."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        reps = {name: model(**features) for name, features in inputs["columns"].items()}
+        scores = reps["query"] @ reps["positive"].T  # [B, V] @ [V, B] -> [B, B]
+        loss = nn.functional.cross_entropy(scores, torch.arange(scores.shape[0]))
+        return (loss, {"scores": scores}) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        # Trainer's default would call model(**batch); a batch here is {"columns", "loss_kwargs"}.
+        with torch.no_grad():
+            return self.compute_loss(model, self._prepare_inputs(inputs)).detach(), None, None
+
+
+def make_trainer(tmp_path: Path, tokenizer, model: nn.Module, **args) -> ContrastiveTrainer:
+    import datasets
+
+    rows = [
+        {"query": f"fruit {w}", "positive": f"a {w} tree"} for w in ["apple", "banana", "cherry", "grape"] * 4
+    ]
+    training_args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        learning_rate=0.1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_drop_last=True,
+        remove_unused_columns=False,  # the collator needs every column; the model takes tokenizer features
+        **args,
+    )
+    dataset = datasets.Dataset.from_list(rows)
+    return ContrastiveTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        data_collator=TrainingCollator(tokenizer, query_max_length=16, document_max_length=16),
+    )
+
+
+def test_callback_logs_every_n_steps_through_trainer(
+    tmp_path: Path, tokenizer, bag_of_words: BagOfWords
+) -> None:
+    """eval_steps=2 over 4 steps: eval_* retrieval metrics land in the trainer's log history at 2 and 4."""
+    data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
+    trainer = make_trainer(tmp_path, tokenizer, bag_of_words, max_steps=4, logging_steps=100)
+    evaluator = SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=10, show_progress=False)
+    trainer.add_callback(RetrievalEvalCallback(evaluator, trainer=trainer, eval_steps=2))
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "eval_ndcg_at_10" in entry]
+    assert [entry["step"] for entry in logged] == [2, 4]
+    assert set(logged[0]) >= {"eval_ndcg_at_10", "eval_mrr_at_10", "eval_recall_at_10", "eval_doc_nonzeros"}
+    assert bag_of_words.training  # the callback's evaluation restored train mode
+
+
+def test_callback_on_evaluate_adds_metrics(tmp_path: Path, tokenizer, bag_of_words: BagOfWords) -> None:
+    """eval_steps=None: trainer.evaluate() returns (and logs) the retrieval metrics next to its own."""
+    data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
+    trainer = make_trainer(tmp_path, tokenizer, bag_of_words)
+    evaluator = SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=10, show_progress=False)
+    trainer.add_callback(RetrievalEvalCallback(evaluator, trainer=trainer))
+    metrics = trainer.evaluate()
+    assert "eval_loss" in metrics
+    assert metrics["eval_ndcg_at_10"] == pytest.approx(
+        0.75
+    )  # untrained bag of words: the hand-computed value
+    assert any(entry.get("eval_mrr_at_10") == pytest.approx(2 / 3) for entry in trainer.state.log_history)
+
+
+def test_callback_rejects_bad_arguments(tokenizer) -> None:
+    """A non-callable evaluator, an object without log() and a non-positive eval_steps are refused."""
+    with pytest.raises(TypeError, match="evaluator must be callable"):
+        RetrievalEvalCallback(None, trainer=None)
+    with pytest.raises(TypeError, match="trainer must have a log"):
+        RetrievalEvalCallback(lambda encoder: {}, trainer=object())
+    with pytest.raises(ValueError, match="eval_steps must be a positive int"):
+        RetrievalEvalCallback(lambda encoder: {}, trainer=Trainer.__new__(Trainer), eval_steps=0)
