@@ -21,6 +21,7 @@ Legend: B batch (rows of a column), S sequence, V rep width (the vocabulary for 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -165,7 +166,11 @@ class GradCache:
         reps: dict[str, Tensor] = {}
         mini_batches: dict[str, tuple[MiniBatch, ...]] = {}
         total = sum(-(-_rows(features) // sizes[column]) for column, features in columns.items())
-        with torch.no_grad(), self._progress(total, "GradCache Step (1) encode") as bar:
+        with (
+            torch.no_grad(),
+            _quiet_reentrant_checkpoint(),
+            self._progress(total, "GradCache Step (1) encode") as bar,
+        ):
             for column, features in columns.items():
                 column_reps: list[Tensor] = []
                 column_mini_batches: list[MiniBatch] = []
@@ -344,6 +349,15 @@ class GradCache:
             yield bar
         finally:
             bar.close()
+
+
+@contextmanager
+def _quiet_reentrant_checkpoint() -> Iterator[None]:
+    # An encoder with reentrant gradient checkpointing warns on every graph-less forward that its
+    # inputs do not require grad. Step (1) is graph-less by design; Step (3) runs with a graph.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="None of the inputs have requires_grad=True")
+        yield
 
 
 def _rows(features: Features) -> int:

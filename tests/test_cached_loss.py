@@ -1,0 +1,320 @@
+"""CachedLoss, the drop-in: ``loss = cached(columns); loss.backward()`` equals uncached training.
+
+Tolerance: fp32, rtol 1e-5 relative to each parameter's largest gradient (see tests/test_engine.py:
+mini-batch summation order and trimmed attention move results by ~1e-7; any lost, doubled or
+mis-scaled mini-batch is an O(1) error).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from engine_helpers import (
+    RecordingEncoder,
+    assert_grads_close,
+    contrastive_flops_loss,
+    grads_of,
+    make_columns,
+    make_encoder,
+    pairwise_mse_loss,
+    per_mini_batch_loss,
+    small_config,
+    uncached_loss,
+)
+
+from gradcache_sparton.engine import CachedLoss, LossOutput
+
+RTOL_FP32 = 1e-5  # see the module docstring
+BATCH = 8
+
+
+@pytest.fixture
+def config(tiny_bert_config):
+    return small_config(tiny_bert_config)
+
+
+def _reference_grads(encoder, columns, loss_fn, **loss_kwargs):
+    loss = uncached_loss(encoder, columns, loss_fn, **loss_kwargs)
+    loss = loss[0] if isinstance(loss, tuple) else loss
+    loss.backward()
+    grads = grads_of(encoder)
+    encoder.zero_grad()
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("n_columns", [2, 3])
+def test_cached_loss_matches_full_batch_loss_and_grads(config, n_columns: int) -> None:
+    """The drop-in's loss and its backward give the uncached loss and every uncached gradient."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, n_columns)
+    ref_loss, ref_grads = _reference_grads(encoder, columns, contrastive_flops_loss)
+
+    cached = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)
+    loss = cached(columns)
+    assert isinstance(loss, torch.Tensor) and loss.requires_grad
+    loss.backward()
+
+    torch.testing.assert_close(loss.detach(), ref_loss, rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+def test_return_components_gives_detached_components(config) -> None:
+    """return_components=True returns LossOutput(loss, components), components detached and equal."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 3)
+    with torch.no_grad():
+        _, ref_components = uncached_loss(encoder, columns, contrastive_flops_loss)
+
+    output = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)(columns, return_components=True)
+
+    assert isinstance(output, LossOutput) and output.loss.requires_grad
+    assert output.components.keys() == {"contrastive", "flops"}
+    for name, value in output.components.items():
+        assert not value.requires_grad
+        torch.testing.assert_close(value, ref_components[name], rtol=RTOL_FP32, atol=0)
+
+
+def test_incoming_gradient_scales_replay(config) -> None:
+    """Loss scaling convention: backward of c·loss gives c times the gradients (what GradScaler relies on)."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 2)
+    _, ref_grads = _reference_grads(encoder, columns, contrastive_flops_loss)
+
+    (0.25 * CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)(columns)).backward()
+
+    assert_grads_close(grads_of(encoder), {k: 0.25 * g for k, g in ref_grads.items()}, rtol=RTOL_FP32)
+
+
+def test_gradient_accumulation_matches_larger_batch(config) -> None:
+    """k accumulated cached steps of loss/k equal one uncached step on the k-times-larger batch.
+
+    The loss is a mean of per-example terms, for which accumulation is exact (an in-batch contrastive
+    loss over k small batches is a different loss from one over their union).
+    """
+    k, batch = 3, 4
+    encoder = make_encoder(config)
+    columns = make_columns(k * batch, 2)
+    targets = torch.linspace(0.0, 0.5, k * batch)
+    ref_loss, ref_grads = _reference_grads(encoder, columns, pairwise_mse_loss, targets=targets)
+
+    cached = CachedLoss(encoder, pairwise_mse_loss, mini_batch_size=3)
+    total = 0.0
+    for step in range(k):
+        rows = slice(step * batch, (step + 1) * batch)
+        part = {name: {f: v[rows] for f, v in features.items()} for name, features in columns.items()}
+        loss = cached(part, targets=targets[rows]) / k  # what Trainer does with gradient_accumulation_steps
+        loss.backward()
+        total += float(loss.detach())
+
+    torch.testing.assert_close(torch.tensor(total), ref_loss, rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+def test_grad_scaler_path_matches_unscaled(config) -> None:
+    """scaler.scale(loss).backward() then unscale_ gives the uncached gradients, and the step is taken."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 2)
+    _, ref_grads = _reference_grads(encoder, columns, contrastive_flops_loss)
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    before = copy.deepcopy(encoder.state_dict())
+
+    cached = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3, allow_non_finite=True)
+    scaler.scale(cached(columns)).backward()
+    scaler.unscale_(optimizer)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+    scaler.step(optimizer)
+    scaler.update()
+
+    assert scaler.get_scale() == 2.0**10
+    assert not torch.equal(
+        encoder.state_dict()["mlm.cls.predictions.bias"], before["mlm.cls.predictions.bias"]
+    )
+
+
+def _poisoned_loss(reps, *, poison: bool):
+    loss, components = contrastive_flops_loss(reps)
+    if poison:
+        # sqrt at 0 has an infinite derivative: a finite loss with NaN gradients for the query reps.
+        loss = loss + torch.sqrt(reps["query"] * 0.0).sum()
+    return loss, components
+
+
+def test_grad_scaler_skips_non_finite_step(config) -> None:
+    """With allow_non_finite, NaN rep gradients reach the parameters; GradScaler skips the step as usual."""
+    encoder = make_encoder(config)
+    columns = make_columns(4, 2)
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    before = copy.deepcopy(encoder.state_dict())
+
+    cached = CachedLoss(encoder, _poisoned_loss, mini_batch_size=3, allow_non_finite=True)
+    scaler.scale(cached(columns, poison=True)).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+    assert scaler.get_scale() == 2.0**9
+    for name, value in encoder.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_non_finite_rep_gradient_raises_in_backward_without_scaler(config) -> None:
+    """Without allow_non_finite, backward stops before Step (3) naming the column; no gradient lands."""
+    encoder = make_encoder(config)
+    loss = CachedLoss(encoder, _poisoned_loss, mini_batch_size=3)(make_columns(4, 2), poison=True)
+    with pytest.raises(FloatingPointError, match="the gradient of column 'query'"):
+        loss.backward()
+    assert all(p.grad is None for p in encoder.parameters())
+
+
+def test_optimizer_step_matches_uncached(config) -> None:
+    """An AdamW step after the drop-in's backward leaves the model as the uncached step does."""
+    cached_model = make_encoder(config)
+    uncached_model = copy.deepcopy(cached_model)
+    columns = make_columns(BATCH, 3)
+    for model, use_cache in ((cached_model, True), (uncached_model, False)):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        if use_cache:
+            loss = CachedLoss(model, contrastive_flops_loss, mini_batch_size=3)(columns)
+        else:
+            loss, _ = uncached_loss(model, columns, contrastive_flops_loss)
+        loss.backward()
+        optimizer.step()
+
+    initial = make_encoder(config).state_dict()
+    moved = 0
+    for name, value in cached_model.state_dict().items():
+        expected = uncached_model.state_dict()[name]
+        # Adam moves a weight by about lr·g/(|g| + eps), lr = 1e-3: gradients equal to ~1e-7 give
+        # weights equal to ~1e-9, except where the exact gradient is 0 (attention key biases) and
+        # its ~1e-12 rounding noise is amplified to lr·noise/eps ~ 5e-8 (measured). 1e-7 = lr/1e4 still
+        # catches any missing or mis-scaled gradient, which moves weights by ~lr.
+        torch.testing.assert_close(value, expected, rtol=0, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
+        moved += int(not torch.equal(value, initial[name]))
+    assert moved > 0
+
+
+def _enable_checkpointing(model, *, use_reentrant: bool) -> None:
+    # transformers 5.23 renames gradient_checkpointing_enable (deprecated) to activation_checkpointing_enable;
+    # the GPU machine's 5.17 may only have the old name.
+    kwargs = {"use_reentrant": use_reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        assert model.is_activation_checkpointing
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        assert model.is_gradient_checkpointing
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_gradient_checkpointing_matches_uncached(config, use_reentrant: bool) -> None:
+    """With dropout and gradient checkpointing (either torch variant), gradients equal uncached ones.
+
+    The reference runs without checkpointing, mini-batch by mini-batch from the same seed, so it draws
+    the same dropout masks (see tests/test_engine.py::test_cached_dropout_matches_per_mini_batch_reference).
+    """
+    encoder = make_encoder(config, train=True)
+    columns = make_columns(BATCH, 2)
+    torch.manual_seed(5)
+    ref_loss, _ = per_mini_batch_loss(encoder, columns, contrastive_flops_loss, 3)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+
+    _enable_checkpointing(encoder.mlm, use_reentrant=use_reentrant)
+    torch.manual_seed(5)
+    loss = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)(columns)
+    loss.backward()
+
+    torch.testing.assert_close(loss.detach(), ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+def test_two_forwards_before_one_backward(config) -> None:
+    """Two cached losses summed and backpropagated once each replay their own batch (nothing clobbered)."""
+    encoder = make_encoder(config)
+    first, second = make_columns(BATCH, 2, seed=1), make_columns(5, 2, seed=2)
+    ref_first = uncached_loss(encoder, first, contrastive_flops_loss)[0]
+    ref_second = uncached_loss(encoder, second, contrastive_flops_loss)[0]
+    (ref_first + ref_second).backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+
+    cached = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)
+    loss_first, loss_second = cached(first), cached(second)
+    (loss_first + loss_second).backward()
+
+    torch.testing.assert_close(loss_second.detach(), ref_second.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+def test_call_under_no_grad_computes_loss_without_graph(config) -> None:
+    """Under torch.no_grad (evaluation) the drop-in returns the full-batch loss and keeps no graph."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 2)
+    with torch.no_grad():
+        ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
+        loss = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)(columns)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, ref_loss, rtol=RTOL_FP32, atol=0)
+
+
+def test_progress_bar_covers_both_passes(config, capsys) -> None:
+    """show_progress=True draws a tqdm bar over the mini-batches of Step (1) and of Step (3)."""
+    encoder = make_encoder(config)
+    CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3, show_progress=True)(
+        make_columns(BATCH, 2)
+    ).backward()
+    err = capsys.readouterr().err
+    assert "Step (1) encode" in err and "6/6" in err
+    assert "Step (3) replay" in err
+
+
+def test_bad_loss_fn_raises(config) -> None:
+    """A loss_fn that is not callable is refused at construction, naming the argument."""
+    with pytest.raises(TypeError, match="loss_fn must be callable"):
+        CachedLoss(make_encoder(config), "infonce", mini_batch_size=2)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], ids=["cpu", "cuda"])
+def test_drop_in_backward_replays_dropout_and_autocast_bitwise(config, device: str) -> None:
+    """Through loss.backward() (on CUDA: the autograd engine's own thread), with dropout and bf16
+    autocast, every Step (3) rep equals its Step (1) rep bit for bit."""
+    encoder = RecordingEncoder(make_encoder(config, train=True)).to(device)
+    columns = {n: {k: v.to(device) for k, v in f.items()} for n, f in make_columns(BATCH, 3).items()}
+    cached = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        loss = cached(columns)
+    loss.backward()
+
+    first, replayed = encoder.outputs(with_graph=False), encoder.outputs(with_graph=True)
+    assert len(first) == len(replayed) == 9  # 3 columns x 3 mini-batches
+    for rep_1, rep_3 in zip(first, replayed, strict=True):
+        assert rep_3.dtype == torch.bfloat16
+        assert torch.equal(rep_1, rep_3)
+
+
+@pytest.mark.gpu
+def test_fp16_grad_scaler_step_on_cuda(config) -> None:
+    """fp16 autocast + GradScaler on CUDA: the cached step gives finite gradients and is taken."""
+    encoder = make_encoder(config, train=True).cuda()
+    columns = {n: {k: v.cuda() for k, v in f.items()} for n, f in make_columns(BATCH, 3).items()}
+    optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10)
+    before = copy.deepcopy(encoder.state_dict())
+    cached = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3, allow_non_finite=True)
+
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = cached(columns)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    assert all(torch.isfinite(p.grad).all() for p in encoder.parameters() if p.grad is not None)
+    scaler.step(optimizer)
+    scaler.update()
+
+    assert scaler.get_scale() == 2.0**10
+    assert not torch.equal(
+        encoder.state_dict()["mlm.cls.predictions.bias"], before["mlm.cls.predictions.bias"]
+    )
