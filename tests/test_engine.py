@@ -332,3 +332,24 @@ def test_encoder_without_autograd_in_replay_raises(config) -> None:
         RuntimeError, match=r"replayed rep \(column 'query', rows 0:2\) does not require grad"
     ):
         GradCache(frozen_encoder, mini_batch_size=2).step(make_columns(4, 2), contrastive_flops_loss)
+
+
+def test_column_without_gradient_is_not_replayed(config) -> None:
+    """A column the loss ignores gets no gradient and no Step (3) re-encode; the rest match uncached."""
+    encoder = RecordingEncoder(make_encoder(config))
+    columns = make_columns(BATCH, 3)
+
+    def query_positive_loss(reps):
+        return contrastive_flops_loss({name: reps[name] for name in ("query", "positive")})
+
+    ref_loss, _ = uncached_loss(encoder, columns, query_positive_loss)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+    encoder.calls.clear()
+
+    GradCache(encoder, mini_batch_size=4).step(columns, query_positive_loss)
+
+    assert len(encoder.outputs(with_graph=False)) == 6  # Step (1) encodes all 3 columns
+    assert len(encoder.outputs(with_graph=True)) == 4  # Step (3) replays query and positive only
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
