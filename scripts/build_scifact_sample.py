@@ -10,10 +10,11 @@ gzip with mtime 0 and no file name). What it writes:
   relevant to them plus ``NUM_DISTRACTORS`` other abstracts drawn at random, in source order.
 - ``train.jsonl.gz``: (query, positive) rows, shuffled:
   * every (claim, relevant abstract) judgement of the other labelled claims, the abstract as
-    ``title + " " + text`` (the BEIR convention);
+    ``title + " " + text`` (the BEIR convention), except those whose abstract is relevant to a dev
+    claim (SciFact has several claims per abstract: keeping them would let training see dev answers);
   * self-supervised pairs (:func:`gradcache_sparton.data.self_supervised_pairs`, one per abstract)
-    from ``NUM_SELF_SUPERVISED_DOCS`` abstracts drawn from those *not* relevant to a dev claim, so
-    no dev answer is seen in training as a positive built from itself.
+    from ``NUM_SELF_SUPERVISED_DOCS`` abstracts drawn from those *not* relevant to a dev claim.
+  No abstract relevant to a dev claim appears anywhere in the training rows.
 - ``manifest.json``: seed, counts and the SHA-256 of the source files.
 
 SciFact (Wadden et al. 2020, AllenAI) is CC BY-NC 2.0: see ``gradcache_sparton/resources/NOTICE.md``.
@@ -105,14 +106,17 @@ def build(source: Path, output: Path) -> dict:
     ]
     _write_bytes(dev / "qrels" / "dev.tsv", "".join(qrels_lines).encode("utf-8"), compress=False)
 
-    train_rows = [
-        {QUERY_COLUMN: queries_by_id[q]["text"], POSITIVE_COLUMN: _doc_text(docs_by_id[d])}
+    labelled_pairs = [
+        (q, d)
         for q in labelled
         if q not in dev_set
         for d, r in qrels[q].items()
-        if r > 0
+        if r > 0 and d not in dev_relevant
     ]
-    num_labelled_pairs = len(train_rows)
+    train_rows = [
+        {QUERY_COLUMN: queries_by_id[q]["text"], POSITIVE_COLUMN: _doc_text(docs_by_id[d])}
+        for q, d in labelled_pairs
+    ]
     ss_ids = rng.sample(others, NUM_SELF_SUPERVISED_DOCS)
     position = {doc["_id"]: i for i, doc in enumerate(corpus)}
     ss_ids.sort(key=position.__getitem__)  # source order, independent of the sampling order
@@ -133,7 +137,8 @@ def build(source: Path, output: Path) -> dict:
         "dev_qrels": len(qrels_lines) - 1,
         "dev_relevant_docs": len(dev_relevant),
         "dev_corpus_docs": len(dev_corpus),
-        "train_labelled_pairs": num_labelled_pairs,
+        "train_labelled_pairs": len(labelled_pairs),
+        "train_labelled_claims": len({q for q, _ in labelled_pairs}),
         "train_self_supervised_pairs": len(pairs),
         "train_rows": len(train_rows),
     }

@@ -424,7 +424,8 @@ def test_shipped_sample_loads_and_holds_out_dev(tokenizer, tmp_path: Path) -> No
     relevant = [
         dev.corpus[d] for d in {d for judged in dev.qrels.values() for d, r in judged.items() if r > 0}
     ]
-    # No self-supervised query was cut out of an abstract that answers a dev claim.
+    # No abstract that answers a dev claim is a training positive, nor the source of a training query.
+    assert not set(relevant) & set(train["positive"])
     assert not [q for q in train["query"] for doc in relevant if q in doc]
     total_bytes = sum(p.stat().st_size for p in default_train_data_path().parent.rglob("*") if p.is_file())
     assert total_bytes < 3_000_000  # "a few MB at most"
