@@ -1,7 +1,7 @@
 """CachedLoss, the drop-in: ``loss = cached(columns); loss.backward()`` equals uncached training.
 
 Tolerance: fp32, rtol 1e-5 relative to each parameter's largest gradient (see tests/test_engine.py:
-mini-batch summation order and trimmed attention move results by ~1e-7; any lost, doubled or
+mini-batch summation order and trimmed attention move results by <= 1e-6; any lost, doubled or
 mis-scaled mini-batch is an O(1) error).
 """
 
