@@ -163,11 +163,12 @@ class SpladeEncoder(nn.Module):
             raise TypeError(_unsupported_message(type(model).__name__))
         if pooling not in _POOLINGS:
             raise ValueError(f"pooling must be one of {_POOLINGS}, got {pooling!r}")
-        ids = sorted(set(special_token_ids))
         vocab_size = decoder.out_features
+        ids = list(special_token_ids)
         bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab_size]
         if bad:
             raise ValueError(f"special_token_ids must be ints in [0, {vocab_size}), got {bad}")
+        ids = sorted(set(ids))
 
         self.model = model
         self.head = SpartonHead.from_decoder(decoder)

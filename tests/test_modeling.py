@@ -364,6 +364,8 @@ def test_bad_inputs_raise_clear_errors(tokenizer, tmp_path: Path) -> None:
         SpladeEncoder.from_config(config, pooling="sum")
     with pytest.raises(ValueError, match=r"special_token_ids must be ints in \[0, 401\), got \[401\]"):
         SpladeEncoder.from_config(config, special_token_ids=[0, 401])
+    with pytest.raises(ValueError, match=r"special_token_ids must be ints .*got \['\[CLS\]'\]"):
+        SpladeEncoder.from_config(config, special_token_ids=[0, "[CLS]"])
 
     encoder = SpladeEncoder.from_config(config)
     with pytest.raises(
