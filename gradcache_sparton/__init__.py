@@ -5,18 +5,92 @@ Two pieces, combined:
   reps, cache the rep gradients, re-embed with RNG/autocast replayed and backprop), and
 - Sparton, a fused Triton SPLADE head that never materialises the [B, S, V] logits.
 
-Triton is imported lazily: ``import gradcache_sparton`` works on machines without a GPU.
+Triton is imported lazily: ``import gradcache_sparton`` works on machines without a GPU. The trainer,
+its arguments and the pipeline import ``transformers.Trainer`` (which imports triton), so they load on
+first use of their names.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from gradcache_sparton.data import (
+    BeirData,
+    TrainingCollator,
+    beir_training_pairs,
+    load_beir,
+    load_training_data,
+    self_supervised_pairs,
+)
+from gradcache_sparton.engine import CachedLoss, GradCache, LossOutput
+from gradcache_sparton.evaluation import RetrievalEvalCallback, SparseRetrievalEvaluator
 from gradcache_sparton.kernels import SpartonHead, sparton_head, sparton_head_reference
+from gradcache_sparton.losses import (
+    SpladeLoss,
+    SpladeLossConfig,
+    WarmupSchedule,
+    dot_scores,
+    flops_regularizer,
+    info_nce_loss,
+    l1_regularizer,
+    margin_mse_loss,
+)
+from gradcache_sparton.modeling import SpladeEncoder
 from gradcache_sparton.resources import default_tokenizer_path
+
+if TYPE_CHECKING:
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+    from gradcache_sparton.pipeline import run_evaluation, run_training
+    from gradcache_sparton.trainer import CachedSpladeTrainer
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "CachedSpladeTrainer": "gradcache_sparton.trainer",
+    "CachedSpladeTrainingArguments": "gradcache_sparton.arguments",
+    "DataArguments": "gradcache_sparton.arguments",
+    "ModelArguments": "gradcache_sparton.arguments",
+    "run_evaluation": "gradcache_sparton.pipeline",
+    "run_training": "gradcache_sparton.pipeline",
+}
+
 __all__ = [
+    "BeirData",
+    "CachedLoss",
+    "CachedSpladeTrainer",
+    "CachedSpladeTrainingArguments",
+    "DataArguments",
+    "GradCache",
+    "LossOutput",
+    "ModelArguments",
+    "RetrievalEvalCallback",
+    "SparseRetrievalEvaluator",
     "SpartonHead",
+    "SpladeEncoder",
+    "SpladeLoss",
+    "SpladeLossConfig",
+    "TrainingCollator",
+    "WarmupSchedule",
     "__version__",
+    "beir_training_pairs",
     "default_tokenizer_path",
+    "dot_scores",
+    "flops_regularizer",
+    "info_nce_loss",
+    "l1_regularizer",
+    "load_beir",
+    "load_training_data",
+    "margin_mse_loss",
+    "run_evaluation",
+    "run_training",
+    "self_supervised_pairs",
     "sparton_head",
     "sparton_head_reference",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'gradcache_sparton' has no attribute {name!r}")

@@ -1,0 +1,307 @@
+"""Configuration of a training run as dataclasses, for ``transformers.HfArgumentParser`` and the CLI.
+
+Three groups, one concept each:
+- :class:`ModelArguments`: which backbone (a local checkpoint, or a named shape built with random
+  weights) and which tokenizer.
+- :class:`DataArguments`: where training pairs and the retrieval dev set come from.
+- :class:`CachedSpladeTrainingArguments`: ``transformers.TrainingArguments`` plus the GradCache and
+  SPLADE-loss knobs. ``per_device_train_batch_size`` is the *effective* batch per device (what the
+  contrastive loss sees); ``mini_batch_size`` only bounds memory and never changes the result.
+
+Every ``__post_init__`` raises ``ValueError`` naming the field, before any model or data is built.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+
+from gradcache_sparton.losses import SpladeLossConfig
+
+__all__ = [
+    "BACKBONE_PRESETS",
+    "CachedSpladeTrainingArguments",
+    "DataArguments",
+    "ModelArguments",
+]
+
+# Named BERT shapes (random init; no hub access is ever needed). The names follow Google's BERT
+# miniatures (Turc et al., 2019) and bert-base; all use the bert-base-uncased WordPiece vocabulary.
+BACKBONE_PRESETS: dict[str, dict[str, int]] = {
+    "bert-tiny": {
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 512,
+    },
+    "bert-mini": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+    },
+    "bert-small": {
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "intermediate_size": 2048,
+    },
+    "bert-medium": {
+        "hidden_size": 512,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "intermediate_size": 2048,
+    },
+    "bert-base-uncased": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+    },
+}
+
+
+def _positive(value: Any, name: str, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+
+
+@dataclass
+class ModelArguments:
+    """The backbone: a local masked-LM checkpoint, or a named shape with random weights."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local folder of a masked-LM checkpoint (ours or any standard BERT/DistilBERT/RoBERTa/"
+            "XLM-R one). Wins over config_name. Nothing is downloaded."
+        },
+    )
+    config_name: str = field(
+        default="bert-tiny",
+        metadata={
+            "help": f"Backbone shape built with random weights when model_name_or_path is not given: one of "
+            f"{sorted(BACKBONE_PRESETS)}. Larger: better reps, slower steps."
+        },
+    )
+    hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size D."})
+    num_hidden_layers: int | None = field(default=None, metadata={"help": "Override the preset's layers."})
+    num_attention_heads: int | None = field(default=None, metadata={"help": "Override the preset's heads."})
+    intermediate_size: int | None = field(default=None, metadata={"help": "Override the preset's FFN width."})
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local tokenizer folder. Default: the checkpoint's own tokenizer if it has one, else the "
+            "bert-base-uncased tokenizer shipped with the package."
+        },
+    )
+    mask_special_tokens: bool = field(
+        default=False,
+        metadata={"help": "Drop [CLS]/[SEP]/[PAD] positions from the max-pooling (reps ignore them)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.model_name_or_path is None and self.config_name not in BACKBONE_PRESETS:
+            raise ValueError(
+                f"config_name must be one of {sorted(BACKBONE_PRESETS)} (shapes built with random weights; "
+                f"hub models cannot be downloaded here: give a local folder as model_name_or_path), got "
+                f"{self.config_name!r}"
+            )
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            _positive(getattr(self, name), name, allow_none=True)
+
+    def backbone_shape(self) -> dict[str, int]:
+        """The preset's shape with the explicit overrides applied."""
+        shape = dict(BACKBONE_PRESETS[self.config_name])
+        for name in shape:
+            if getattr(self, name) is not None:
+                shape[name] = getattr(self, name)
+        if shape["hidden_size"] % shape["num_attention_heads"]:
+            raise ValueError(
+                f"hidden_size={shape['hidden_size']} must be a multiple of "
+                f"num_attention_heads={shape['num_attention_heads']}"
+            )
+        return shape
+
+
+@dataclass
+class DataArguments:
+    """Training pairs and the retrieval dev set. With no source given, the shipped SciFact sample is used."""
+
+    train_data: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Training files (jsonl/json/csv/parquet, optionally compressed) with columns query, positive "
+            "[, negative_1..k | negatives] [, numeric extras such as teacher_scores]."
+        },
+    )
+    train_beir: str | None = field(
+        default=None,
+        metadata={
+            "help": "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) to train on its pairs."
+        },
+    )
+    train_beir_split: str = field(default="train", metadata={"help": "qrels split of train_beir."})
+    self_supervised_corpus: str | None = field(
+        default=None,
+        metadata={
+            "help": "A BEIR folder whose corpus.jsonl becomes self-supervised pairs (a sentence as the query, "
+            "the rest of the document as the positive): for corpora with few labels."
+        },
+    )
+    max_train_samples: int | None = field(
+        default=None,
+        metadata={"help": "Keep only the first N training rows (after shuffling with the seed)."},
+    )
+    eval_beir: str | None = field(
+        default="default",
+        metadata={
+            "help": "BEIR folder for retrieval evaluation (nDCG@10, MRR@10, Recall@100) after training and at "
+            "each eval step: 'default' is the shipped SciFact dev sample, 'none' disables it."
+        },
+    )
+    eval_beir_split: str = field(default="dev", metadata={"help": "qrels split of eval_beir."})
+    eval_batch_size: int = field(default=64, metadata={"help": "Texts encoded at once during evaluation."})
+    retrieval_eval_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Also run the retrieval evaluation every N optimizer steps (it always runs at the end)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        _positive(self.max_train_samples, "max_train_samples", allow_none=True)
+        _positive(self.eval_batch_size, "eval_batch_size")
+        _positive(self.retrieval_eval_steps, "retrieval_eval_steps", allow_none=True)
+        if self.train_data is not None and len(self.train_data) == 0:
+            raise ValueError("train_data is an empty list of files")
+
+    @property
+    def uses_default_train_data(self) -> bool:
+        return self.train_data is None and self.train_beir is None and self.self_supervised_corpus is None
+
+
+@dataclass
+class CachedSpladeTrainingArguments(TrainingArguments):
+    """``TrainingArguments`` plus GradCache and SPLADE loss settings.
+
+    Changed defaults: ``per_device_train_batch_size=256`` (the effective batch per device),
+    ``dataloader_drop_last=True`` (a small final batch spikes a contrastive loss),
+    ``remove_unused_columns=False`` (the collator needs the text columns), ``prediction_loss_only=True``.
+    """
+
+    output_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where checkpoints and the final model go. Default: outputs/splade-<date>-<time>."},
+    )
+    per_device_train_batch_size: int = field(
+        default=256,
+        metadata={
+            "help": "Effective batch per device: the rows the contrastive loss sees at once (in-batch negatives)."
+            " It does not bound memory: mini_batch_size does."
+        },
+    )
+    dataloader_drop_last: bool = field(
+        default=True, metadata={"help": "Drop the last incomplete batch (a small batch spikes the loss)."}
+    )
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Must stay False: the collator needs them."}
+    )
+    prediction_loss_only: bool = field(default=True, metadata={"help": "Evaluation computes the loss only."})
+    mini_batch_size: int = field(
+        default=32,
+        metadata={
+            "help": "Rows encoded at once by the GradCache engine: bounds activation memory, never changes the "
+            "loss or gradients. Larger is faster until it no longer fits."
+        },
+    )
+    query_mini_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Mini-batch size for the (short) query column; default: mini_batch_size."},
+    )
+    show_mini_batch_progress: bool = field(
+        default=False, metadata={"help": "Show a tqdm bar over the mini-batches of each step."}
+    )
+    query_max_length: int = field(
+        default=32, metadata={"help": "Queries are truncated to this many tokens (a multiple of 8)."}
+    )
+    document_max_length: int = field(
+        default=256,
+        metadata={"help": "Positives and negatives are truncated to this many tokens (multiple of 8)."},
+    )
+    contrastive: str = field(
+        default="infonce",
+        metadata={
+            "help": "Ranking loss: 'infonce' (in-batch + hard negatives) or 'margin_mse' (teacher_scores)."
+        },
+    )
+    temperature: float = field(default=1.0, metadata={"help": "InfoNCE temperature (SPLADE uses 1.0)."})
+    query_regularizer: str = field(
+        default="flops", metadata={"help": "Query sparsity regularizer: flops or l1."}
+    )
+    doc_regularizer: str = field(
+        default="flops", metadata={"help": "Document sparsity regularizer: flops or l1."}
+    )
+    query_reg_weight: float = field(
+        default=5e-4,
+        metadata={"help": "Final query regularizer weight. Larger: sparser queries, lower recall."},
+    )
+    doc_reg_weight: float = field(
+        default=3e-4,
+        metadata={"help": "Final document regularizer weight. Larger: smaller index, faster search."},
+    )
+    reg_warmup_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Optimizer steps over which the regularizer weights ramp up from 0 (SPLADE: 50,000)."
+        },
+    )
+    reg_warmup_shape: str = field(
+        default="quadratic", metadata={"help": "Regularizer ramp: quadratic or linear."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Allow writing into an output_dir that already holds another run's files."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.output_dir is None:
+            self.output_dir = time.strftime("outputs/splade-%Y%m%d-%H%M%S")
+        super().__post_init__()
+        _positive(self.mini_batch_size, "mini_batch_size")
+        _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
+        _positive(self.query_max_length, "query_max_length")
+        _positive(self.document_max_length, "document_max_length")
+        if self.per_device_train_batch_size < self.mini_batch_size:
+            raise ValueError(
+                f"per_device_train_batch_size={self.per_device_train_batch_size} (the effective batch) is smaller "
+                f"than mini_batch_size={self.mini_batch_size}: lower mini_batch_size or raise the batch"
+            )
+        if self.remove_unused_columns:
+            raise ValueError("remove_unused_columns must be False: the collator reads the text columns")
+        self.splade_loss_config()  # validates the loss settings now, not at the first step
+
+    def splade_loss_config(self) -> SpladeLossConfig:
+        """The :class:`SpladeLossConfig` these arguments describe."""
+        try:
+            return SpladeLossConfig(
+                query_weight=self.query_reg_weight,
+                doc_weight=self.doc_reg_weight,
+                contrastive=self.contrastive,
+                query_regularizer=self.query_regularizer,
+                doc_regularizer=self.doc_regularizer,
+                temperature=self.temperature,
+                warmup_steps=self.reg_warmup_steps,
+                warmup_shape=self.reg_warmup_shape,
+            )
+        except ValueError as exc:
+            raise ValueError(
+                f"invalid loss settings: {exc} (training arguments query_reg_weight, doc_reg_weight, "
+                "reg_warmup_steps and reg_warmup_shape are SpladeLossConfig's query_weight, doc_weight, "
+                "warmup_steps and warmup_shape)"
+            ) from None

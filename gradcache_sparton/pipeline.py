@@ -1,0 +1,195 @@
+"""The training and evaluation jobs behind the command line, usable from Python too.
+
+``run_training(model_args, data_args, training_args)`` builds the tokenizer, the encoder, the training
+rows and the retrieval evaluator from the argument dataclasses, trains with
+:class:`~gradcache_sparton.trainer.CachedSpladeTrainer`, saves a standard masked-LM checkpoint and
+evaluates it. ``run_evaluation`` evaluates a saved checkpoint on a BEIR folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase
+
+from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+from gradcache_sparton.data import (
+    beir_training_pairs,
+    default_dev_beir_path,
+    default_train_data_path,
+    load_beir,
+    load_training_data,
+    self_supervised_pairs,
+)
+from gradcache_sparton.evaluation import RetrievalEvalCallback, SparseRetrievalEvaluator
+from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.resources import default_tokenizer_path
+from gradcache_sparton.trainer import CachedSpladeTrainer
+
+__all__ = [
+    "build_encoder",
+    "build_evaluator",
+    "build_tokenizer",
+    "build_train_dataset",
+    "run_evaluation",
+    "run_training",
+]
+
+logger = logging.getLogger(__name__)
+
+RETRIEVAL_METRICS_FILE = "retrieval_metrics.json"
+
+
+def build_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
+    """The tokenizer named by ``tokenizer_name``, else the checkpoint's own, else the shipped one."""
+    if model_args.tokenizer_name is not None:
+        return AutoTokenizer.from_pretrained(model_args.tokenizer_name, local_files_only=True)
+    if model_args.model_name_or_path is not None:
+        folder = Path(model_args.model_name_or_path)
+        if any((folder / name).exists() for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return AutoTokenizer.from_pretrained(default_tokenizer_path())
+
+
+def build_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> SpladeEncoder:
+    """Load the local checkpoint, or build the named BERT shape with random weights over the tokenizer's vocab."""
+    special = list(tokenizer.all_special_ids) if model_args.mask_special_tokens else None
+    if model_args.model_name_or_path is not None:
+        if not Path(model_args.model_name_or_path).is_dir():
+            raise ValueError(
+                f"model_name_or_path {model_args.model_name_or_path!r} is not a local folder (no hub access): "
+                "give a checkpoint folder, or leave it unset and pick a config_name"
+            )
+        encoder = SpladeEncoder.from_pretrained(model_args.model_name_or_path, special_token_ids=special)
+    else:
+        config = BertConfig(
+            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **model_args.backbone_shape()
+        )
+        encoder = SpladeEncoder.from_config(config, special_token_ids=special or ())
+    encoder.check_tokenizer(tokenizer)
+    return encoder
+
+
+def build_train_dataset(data_args: DataArguments, *, seed: int) -> Any:
+    """Training rows from every source given (concatenated), or the shipped SciFact sample."""
+    import datasets
+
+    parts = []
+    if data_args.uses_default_train_data:
+        parts.append(load_training_data(default_train_data_path()))
+    if data_args.train_data is not None:
+        parts.append(load_training_data(data_args.train_data))
+    if data_args.train_beir is not None:
+        parts.append(beir_training_pairs(load_beir(data_args.train_beir, split=data_args.train_beir_split)))
+    if data_args.self_supervised_corpus is not None:
+        corpus = _read_corpus(data_args.self_supervised_corpus)
+        parts.append(
+            self_supervised_pairs(
+                [doc["text"] for doc in corpus], titles=[doc["title"] for doc in corpus], seed=seed
+            )
+        )
+    column_sets = {tuple(part.column_names) for part in parts}
+    if len(column_sets) > 1:
+        raise ValueError(
+            f"training sources have different columns {sorted(column_sets)}: they cannot be mixed"
+        )
+    dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    if data_args.max_train_samples is not None:
+        dataset = dataset.shuffle(seed=seed).select(range(min(data_args.max_train_samples, len(dataset))))
+    return dataset
+
+
+def _read_corpus(folder: str) -> list[dict[str, str]]:
+    path = Path(folder) / "corpus.jsonl"
+    if not path.is_file():
+        raise ValueError(f"self_supervised_corpus {folder!r} has no corpus.jsonl")
+    with path.open(encoding="utf-8") as f:
+        docs = [json.loads(line) for line in f if line.strip()]
+    return [{"title": doc.get("title") or "", "text": doc["text"]} for doc in docs]
+
+
+def build_evaluator(
+    data_args: DataArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    query_max_length: int,
+    document_max_length: int,
+) -> SparseRetrievalEvaluator | None:
+    """The retrieval evaluator on ``eval_beir`` ('default': the shipped dev sample; 'none': no evaluator)."""
+    if data_args.eval_beir is None or data_args.eval_beir.lower() == "none":
+        return None
+    folder = default_dev_beir_path() if data_args.eval_beir == "default" else data_args.eval_beir
+    split = "dev" if data_args.eval_beir == "default" else data_args.eval_beir_split
+    return SparseRetrievalEvaluator(
+        load_beir(folder, split=split),
+        tokenizer=tokenizer,
+        query_max_length=query_max_length,
+        document_max_length=document_max_length,
+        batch_size=data_args.eval_batch_size,
+    )
+
+
+def run_training(
+    model_args: ModelArguments, data_args: DataArguments, training_args: CachedSpladeTrainingArguments
+) -> dict[str, float]:
+    """Train, save the final checkpoint to ``output_dir`` and return the training + retrieval metrics."""
+    tokenizer = build_tokenizer(model_args)
+    encoder = build_encoder(model_args, tokenizer)
+    train_dataset = build_train_dataset(data_args, seed=training_args.seed)
+    evaluator = build_evaluator(
+        data_args,
+        tokenizer,
+        query_max_length=training_args.query_max_length,
+        document_max_length=training_args.document_max_length,
+    )
+    if evaluator is not None and torch.cuda.is_available() and training_args.bf16:
+        evaluator.autocast_dtype = torch.bfloat16
+    trainer = CachedSpladeTrainer(
+        encoder, training_args, train_dataset=train_dataset, processing_class=tokenizer
+    )
+    if evaluator is not None and data_args.retrieval_eval_steps is not None:
+        trainer.add_callback(
+            RetrievalEvalCallback(evaluator, trainer=trainer, eval_steps=data_args.retrieval_eval_steps)
+        )
+    result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model()
+    metrics = dict(result.metrics)
+    if evaluator is not None:
+        retrieval = {f"eval_{k}": v for k, v in evaluator(trainer.model).items()}
+        trainer.log(dict(retrieval))
+        metrics.update(retrieval)
+        if trainer.args.should_save:
+            path = Path(training_args.output_dir) / RETRIEVAL_METRICS_FILE
+            path.write_text(json.dumps(retrieval, indent=2) + "\n", encoding="utf-8")
+    return metrics
+
+
+def run_evaluation(
+    model_name_or_path: str,
+    *,
+    beir_path: str | None = None,
+    split: str = "dev",
+    query_max_length: int = 32,
+    document_max_length: int = 256,
+    batch_size: int = 64,
+    device: str | None = None,
+) -> dict[str, float]:
+    """Retrieval metrics of a saved checkpoint on a BEIR folder (default: the shipped SciFact dev sample)."""
+    if beir_path is not None and beir_path.lower() == "none":
+        raise ValueError("beir_path must be a BEIR folder (or None for the shipped dev sample), got 'none'")
+    model_args = ModelArguments(model_name_or_path=model_name_or_path)
+    tokenizer = build_tokenizer(model_args)
+    encoder = build_encoder(model_args, tokenizer)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    encoder.to(device).eval()
+    data_args = DataArguments(
+        eval_beir=beir_path or "default", eval_beir_split=split, eval_batch_size=batch_size
+    )
+    evaluator = build_evaluator(
+        data_args, tokenizer, query_max_length=query_max_length, document_max_length=document_max_length
+    )
+    return evaluator(encoder)  # type: ignore[misc]  # never None: eval_beir is a folder or "default"

@@ -1,0 +1,220 @@
+"""``CachedSpladeTrainer``: the SPLADE encoder, the SPLADE loss and the GradCache engine in ``transformers.Trainer``.
+
+What it overrides, and why (everything else, from optimizers and schedulers to mixed precision,
+gradient accumulation, checkpoints and ``report_to`` integrations, is the Trainer's own):
+- ``compute_loss``: the loss is :class:`~gradcache_sparton.engine.CachedLoss` over the batch's
+  columns; the Trainer's own ``accelerator.backward(loss)`` then runs GradCache Step (3).
+- ``log``: adds the loss components, the sparsity statistics and the training throughput.
+- ``_save`` / ``_load_from_checkpoint`` / ``_load_best_model``: checkpoints are standard masked-LM
+  checkpoints (``SpladeEncoder.save_pretrained``), not a state dict of the wrapper.
+- ``train``: refuses an ``output_dir`` that holds another run, before anything starts.
+
+Loss scaling lives in one place, the engine's replay node (see ``engine/cached_loss.py``): the
+Trainer divides the loss by the gradient-accumulation steps and AMP scales it; both reach the
+replay as the incoming gradient, so parameter gradients equal uncached training's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoModelForMaskedLM, PreTrainedTokenizerBase, Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+from gradcache_sparton.data import QUERY_COLUMN, TrainingCollator, validate_training_dataset
+from gradcache_sparton.engine import CachedLoss
+from gradcache_sparton.losses import SpladeLoss
+from gradcache_sparton.modeling import SpladeEncoder
+
+__all__ = ["CachedSpladeTrainer"]
+
+logger = logging.getLogger(__name__)
+
+# Files whose presence in output_dir means another run already wrote there.
+_RUN_FILES = ("trainer_state.json", "model.safetensors", "config.json", "training_args.bin")
+
+
+class CachedSpladeTrainer(Trainer):
+    """Train a :class:`~gradcache_sparton.modeling.SpladeEncoder` at any effective batch size.
+
+    Args:
+        model: the encoder (``model(**features) -> [B, V]``).
+        args: :class:`CachedSpladeTrainingArguments`; ``per_device_train_batch_size`` is the effective
+            batch, ``mini_batch_size`` bounds memory.
+        train_dataset: rows with ``query``, ``positive`` [, negatives] [, numeric extras]
+            (see :mod:`gradcache_sparton.data`), validated before training.
+        processing_class: the tokenizer; its vocabulary must match the model's decoder.
+        loss: any loss over reps (``loss_fn(reps, step=..., **loss_kwargs)``); default
+            ``SpladeLoss(args.splade_loss_config())``. It receives ``step=state.global_step`` so
+            regularizer warm-up follows optimizer steps (and resumes with them).
+        data_collator: default :class:`~gradcache_sparton.data.TrainingCollator` with the arguments'
+            max lengths.
+        Everything else goes to ``transformers.Trainer``.
+    """
+
+    def __init__(
+        self,
+        model: SpladeEncoder,
+        args: CachedSpladeTrainingArguments,
+        *,
+        train_dataset: Any = None,
+        processing_class: PreTrainedTokenizerBase,
+        loss: Any = None,
+        data_collator: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(args, CachedSpladeTrainingArguments):
+            raise TypeError(f"args must be CachedSpladeTrainingArguments, got {type(args).__name__}")
+        if not isinstance(model, SpladeEncoder):
+            raise TypeError(f"model must be a SpladeEncoder, got {type(model).__name__}")
+        model.check_tokenizer(processing_class)
+        if train_dataset is not None:
+            validate_training_dataset(train_dataset)
+            global_batch = args.per_device_train_batch_size * max(1, args.world_size)
+            if args.dataloader_drop_last and len(train_dataset) < global_batch:
+                raise ValueError(
+                    f"train_dataset has {len(train_dataset)} rows, fewer than one batch of {global_batch} "
+                    "(per_device_train_batch_size x processes): with dataloader_drop_last nothing would train"
+                )
+        if data_collator is None:
+            data_collator = TrainingCollator(
+                processing_class,
+                query_max_length=args.query_max_length,
+                document_max_length=args.document_max_length,
+            )
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=processing_class,
+            data_collator=data_collator,
+            **kwargs,
+        )
+        self.loss = SpladeLoss(args.splade_loss_config()) if loss is None else loss
+        self._component_sums: dict[str, Tensor] = {}
+        self._component_calls = 0
+        self._sequences_since_log = 0
+        self._last_log_time: float | None = None
+
+    # ------------------------------------------------------------------ training
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+        """``Trainer.train`` after checking that ``output_dir`` holds no other run."""
+        if not resume_from_checkpoint and not self.args.overwrite_output_dir:
+            _check_output_dir_is_free(self.args.output_dir)
+        world = max(1, self.args.world_size)
+        logger.info(
+            "Effective batch: %d per device x %d process(es) = %d rows per loss (x %d accumulation steps per "
+            "optimizer step); mini_batch_size %d.",
+            self.args.per_device_train_batch_size,
+            world,
+            self.args.per_device_train_batch_size * world,
+            self.args.gradient_accumulation_steps,
+            self.args.mini_batch_size,
+        )
+        self._last_log_time = time.perf_counter()
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: Mapping[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Tensor | int | None = None,
+    ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
+        """The full-batch SPLADE loss through the GradCache engine; ``backward()`` replays the mini-batches.
+
+        A new :class:`CachedLoss` per call wraps the model the Trainer passes (DDP- or compile-wrapped):
+        it holds no state, everything one step needs lives in the loss tensor's graph.
+        """
+        columns, loss_kwargs = inputs["columns"], inputs["loss_kwargs"]
+        cached = CachedLoss(
+            model,
+            self.loss,
+            mini_batch_size=self._mini_batch_sizes(columns),
+            # Under fp16 the GradScaler skips non-finite steps; elsewhere a non-finite loss is an error.
+            allow_non_finite=bool(self.args.fp16),
+            show_progress=self.args.show_mini_batch_progress,
+        )
+        loss, components = cached(columns, return_components=True, step=self.state.global_step, **loss_kwargs)
+        if model.training:
+            self._record(components, columns)
+        return (loss, components) if return_outputs else loss
+
+    def _mini_batch_sizes(self, columns: Mapping[str, Any]) -> dict[str, int]:
+        query_size = self.args.query_mini_batch_size or self.args.mini_batch_size
+        return {name: query_size if name == QUERY_COLUMN else self.args.mini_batch_size for name in columns}
+
+    # ------------------------------------------------------------------ logging
+
+    def _record(self, components: Mapping[str, Tensor], columns: Mapping[str, Mapping[str, Tensor]]) -> None:
+        # Kept as device tensors: no host sync per step, one .item() per logged value.
+        for name, value in components.items():
+            value = value.detach().float()
+            self._component_sums[name] = self._component_sums.get(name, 0) + value
+        self._component_calls += 1
+        self._sequences_since_log += sum(len(features["input_ids"]) for features in columns.values())
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add the mean loss components, sparsity and sequences/s since the last log to training logs."""
+        if "loss" in logs and self._component_calls:
+            for name, total in self._component_sums.items():
+                logs[name] = (total / self._component_calls).item()
+            now = time.perf_counter()
+            if self._last_log_time is not None and now > self._last_log_time:
+                logs["train_sequences_per_second"] = round(
+                    self._sequences_since_log * max(1, self.args.world_size) / (now - self._last_log_time), 2
+                )
+            logs["global_batch_size"] = self.args.per_device_train_batch_size * max(1, self.args.world_size)
+            self._component_sums, self._component_calls, self._sequences_since_log = {}, 0, 0
+            self._last_log_time = now
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Write a standard masked-LM checkpoint (+ tokenizer, splade_config.json, training args)."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        encoder = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        encoder.save_pretrained(output_dir, tokenizer=self.processing_class, state_dict=state_dict)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """Load the backbone weights of one of our (standard masked-LM) checkpoints into the encoder."""
+        encoder = self.accelerator.unwrap_model(model if model is not None else self.model)
+        loaded = AutoModelForMaskedLM.from_pretrained(resume_from_checkpoint, local_files_only=True)
+        # strict: every backbone tensor (tied decoder included) must be in the checkpoint.
+        encoder.model.load_state_dict(loaded.state_dict(), strict=True)
+
+    def _load_best_model(self) -> None:
+        best = self.state.best_model_checkpoint
+        logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
+        self._load_from_checkpoint(best)
+
+
+def _check_output_dir_is_free(output_dir: str | None) -> None:
+    """Raise if ``output_dir`` holds another run's checkpoints or model files."""
+    if output_dir is None:
+        return
+    path = Path(output_dir)
+    if not path.is_dir():
+        return
+    found = [name for name in _RUN_FILES if (path / name).exists()]
+    found += sorted(p.name for p in path.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir())
+    if found:
+        raise ValueError(
+            f"output_dir {str(path)!r} already holds another run ({', '.join(found[:4])}"
+            f"{', ...' if len(found) > 4 else ''}): choose a new output_dir, pass resume_from_checkpoint to "
+            "continue that run, or set overwrite_output_dir to write over it"
+        )
