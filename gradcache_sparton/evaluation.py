@@ -75,7 +75,8 @@ class SparseReps:
     """N sparse reps over a vocabulary of V, in compressed-row layout (like CSR), on one device.
 
     - ``offsets`` [N + 1] int64: row i's entries are ``[offsets[i], offsets[i + 1])``,
-    - ``token_ids`` [nnz] int64 vocabulary ids, ascending within a row,
+    - ``token_ids`` [nnz] int32 vocabulary ids, ascending within a row (int32: V < 2**31, and the
+      ids are most of the memory next to the weights),
     - ``weights`` [nnz] float32, all non-zero.
 
     Our own three tensors rather than ``torch.sparse_csr_tensor``: CSR is still beta in torch (it warns
@@ -105,7 +106,7 @@ class SparseReps:
         counts = (self.offsets[start + 1 : end + 1] - self.offsets[start:end]).to(device)
         rows = torch.repeat_interleave(torch.arange(end - start, device=device), counts)  # [nnz_slice]
         dense = torch.zeros(end - start, self.vocab_size, dtype=torch.float32, device=device)
-        dense[rows, self.token_ids[lo:hi].to(device)] = self.weights[lo:hi].to(device)
+        dense[rows, self.token_ids[lo:hi].to(device, torch.int64)] = self.weights[lo:hi].to(device)
         return dense
 
     @staticmethod
@@ -117,7 +118,8 @@ class SparseReps:
         counts = torch.bincount(rows, minlength=reps.shape[0])
         offsets = torch.zeros(reps.shape[0] + 1, dtype=torch.int64, device=reps.device)
         offsets[1:] = torch.cumsum(counts, 0)
-        return SparseReps(offsets, token_ids, reps[rows, token_ids].float(), reps.shape[1])
+        weights = reps[rows, token_ids].float()
+        return SparseReps(offsets, token_ids.to(torch.int32), weights, reps.shape[1])
 
     @staticmethod
     def concat(parts: Sequence[SparseReps]) -> SparseReps:
