@@ -7,7 +7,8 @@ reference (fp32 max elementwise, Y within one output ulp, argmax wherever the to
 the Triton backward against (i) the PyTorch backward given the *same* (max, argmax), elementwise, and
 (ii) autograd through the reference, by relative norm (a handful of near-tied columns may pick another
 position at these sizes, which moves single entries but not the norm); bitwise replay; and the peak
-memory of forward + backward above the inputs, next to the B·S·V elements the plain head would allocate.
+memory of forward + backward above the inputs (and beyond the gradients themselves), next to the B·S·V
+elements the plain head would allocate.
 
 Run on the GPU machine from the repository root:
 
@@ -62,8 +63,10 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, seed: int) -> dict
     live = mx_ref > 0
     row["argmax_agree_frac"] = (arg.long() == arg_ref)[live].float().mean().item()
     row["nonzero_frac"] = live.float().mean().item()
+    # |max - max_ref| <= ~1e-5 (fp32 sums of D terms in another order) moves Y = log1p(max) by as much;
+    # above that, the two round the same fp32 value to the output dtype: one ulp.
     ok = torch.allclose(mx, mx_ref, rtol=1e-5, atol=1e-4) and torch.allclose(
-        y.float(), y_ref.float(), rtol=ULP[dtype], atol=1e-6
+        y.float(), y_ref.float(), rtol=ULP[dtype], atol=1e-4
     )
 
     g = torch.randn(B, V, device=dev).to(dtype)
@@ -94,9 +97,12 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, seed: int) -> dict
     sparton_head(hp, ep, bp, mask).backward(g)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
+    grads_bytes = sum(t.numel() * t.element_size() for t in (hp, ep, bp))  # the gradients' own size
+    logits_bytes = B * S * V * torch.finfo(dtype).bits / 8
     row["peak_mib_above_inputs"] = peak / 2**20
-    row["logits_mib"] = B * S * V * torch.finfo(dtype).bits / 8 / 2**20
-    ok &= peak < 0.1 * B * S * V * torch.finfo(dtype).bits / 8
+    row["workspace_mib_beyond_grads"] = (peak - grads_bytes) / 2**20
+    row["logits_mib"] = logits_bytes / 2**20
+    ok &= peak - grads_bytes < 0.1 * logits_bytes
     row["ok"] = bool(ok)
     return row
 

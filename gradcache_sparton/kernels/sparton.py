@@ -7,11 +7,12 @@ launchers (validate nothing, allocate, pick blocks and grid, launch). Input vali
 the CPU path live in ``head.py``; this module is imported only when a CUDA tensor reaches the head (or
 by the interpreter tests), so ``import gradcache_sparton`` never imports triton.
 
-Forward: one program per (batch row b, vocabulary tile). It loops over the sequence in tiles of
-``BLOCK_S``; each tile is a tensor-core product [BLOCK_S, D] @ [D, BLOCK_V] accumulated in fp32, then
-bias, mask, and a column max/argmax folded into a running (max, argmax) kept in registers. The running
-max starts at 0 (equivalent to -inf after relu) and is replaced only on a strictly larger value, so the
-first sequence position wins ties (``tl.max`` breaks ties left inside a tile, ``>`` across tiles).
+Forward: one program per (batch row b, vocabulary tile). It walks the sequence in tiles of ``BLOCK_S``
+(only up to the row's last unmasked position); each tile is a tensor-core product
+[BLOCK_V, D] @ [D, BLOCK_S] accumulated in fp32, then bias, mask, and a max/argmax over the tile's
+positions folded into a running (max, argmax) kept in registers. The running max starts at 0
+(equivalent to -inf after relu) and is replaced only on a strictly larger value, so the first sequence
+position wins ties (``tl.max`` breaks ties left inside a tile, ``>`` across tiles).
 Only the fp32 max [B, V] and int32 argmax [B, V] are written: the [B, S, V] logits never exist.
 
 Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0, else 0
@@ -20,8 +21,8 @@ Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b,
   that all programs read the same H[b] at about the same time (it stays in L2); rows with coef = 0
   are masked off the gather, so the traffic is proportional to N.
 - grad_H[b, s] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v]: the non-zeros are sorted by destination row
-  (b·S + s) into CSR form (``torch.sort``, stable), and one program per (row, D tile) gathers and sums its
-  own entries. No atomics: the sum order is fixed, so the backward is deterministic, and rows without
+  (b·S + s) into CSR form (``torch.sort``, stable), and one program per row gathers and sums its own
+  entries, D tile by D tile. No atomics: the sum order is fixed, so the backward is deterministic, and rows without
   entries (masked positions, never an argmax) are written as exact zeros.
 - grad_bias[v] = Σ_b coef[b, v] (a [B, V] reduction, done by torch in ``head.py``).
 """
@@ -65,16 +66,22 @@ class ForwardBlocks:
 class BackwardBlocks:
     """Tile sizes of the two backward kernels."""
 
-    block_v: int  # grad_E: vocabulary rows per program
-    block_d: int  # both kernels: hidden-dim columns per program
-    block_n: int  # grad_H: non-zeros gathered per step of a row's CSR segment
-    num_warps: int
+    e_block_v: int  # grad_E: vocabulary rows per program
+    e_block_d: int  # grad_E: hidden columns per program
+    e_num_warps: int
+    h_block_n: int  # grad_H: non-zeros gathered per step of a row's CSR segment
+    h_block_d: int  # grad_H: hidden columns per step (a program covers all of D)
+    h_num_warps: int
 
 
-# 16-bit inputs on a GPU: 128 x 128 output tiles with a 64-deep K step, 8 warps, 3 pipeline stages is the
-# usual Hopper tensor-core tile for a bf16 GEMM (two 64-row wgmma halves per warpgroup) and fits the
-# shared memory of 3 stages (3 · (128·64 + 128·64) · 2 B = 96 KiB).
-_FWD_GPU_16BIT = ForwardBlocks(block_s=128, block_v=128, block_d=64, group_b=8, num_warps=8, num_stages=3)
+# 16-bit inputs on an H100 (bf16, B=128, S=512, D=768, V=30,522, benchmarks/tune_head.py, 2026-11-22):
+# the product is [BLOCK_V, D] @ [D, BLOCK_S]; BLOCK_V=128 (MMA M), BLOCK_S=256 (N), a 64-deep K step,
+# 8 warps and 3 stages ran 6.10 ms = 503 TFLOP/s. Measured alternatives (ms): 128x128 8 warps 7.54,
+# 4 warps 4 stages 8.21; M=256 x N=128 6.49 (4 stages 6.66); M=256 x N=64 4 warps 8.81; M=128 x N=256
+# with 4 stages 6.24; M=256 x N=128 x K=32 with 5 stages 7.09. Wider N means fewer epilogues (max over
+# the tile) per product and fewer re-reads of the E tile; 3 stages of (128 + 256) x 64 bf16 = 144 KiB of
+# shared memory, within the H100's 227 KiB.
+_FWD_GPU_16BIT = ForwardBlocks(block_s=256, block_v=128, block_d=64, group_b=8, num_warps=8, num_stages=3)
 # fp32 inputs use IEEE fp32 FMA dots (no TF32: the head must match the fp32 reference to 1e-5), so the
 # tensor-core tile gains nothing; a smaller tile keeps register pressure of the fp32 operands sane.
 _FWD_GPU_FP32 = ForwardBlocks(block_s=64, block_v=64, block_d=32, group_b=8, num_warps=4, num_stages=2)
@@ -82,11 +89,16 @@ _FWD_GPU_FP32 = ForwardBlocks(block_s=64, block_v=64, block_d=32, group_b=8, num
 # keep the awkward test shapes (S, V, D not multiples of the blocks) spread over several tiles.
 _FWD_INTERPRET = ForwardBlocks(block_s=16, block_v=16, block_d=16, group_b=2, num_warps=1, num_stages=1)
 
-# grad_E: 64 vocabulary rows x 128 hidden columns = 8 K fp32 accumulators over 4 warps (64 registers per
-# thread); 128 bf16 columns = 256 contiguous bytes per gathered row segment. grad_H: 32 non-zeros per
-# gather step covers the typical CSR row (random inputs put ~V/(2S) = 30 entries in a row at V = 30,522).
-_BWD_GPU = BackwardBlocks(block_v=64, block_d=128, block_n=32, num_warps=4)
-_BWD_INTERPRET = BackwardBlocks(block_v=16, block_d=16, block_n=16, num_warps=1)
+# The backward kernels are gathers (latency-bound, no tensor cores): small programs, many of them in
+# flight, won. Same shape and run, 61% of Y non-zero, whole backward (ms): grad_E 32x64 / grad_H 64
+# non-zeros x 64 columns, 2 warps 2.46; 32x128, 4 warps 3.63; 64x128, 4 warps 3.77 (with 32 non-zeros
+# per step 4.65); 64x256, 8 warps 6.44.
+_BWD_GPU = BackwardBlocks(
+    e_block_v=32, e_block_d=64, e_num_warps=2, h_block_n=64, h_block_d=64, h_num_warps=2
+)
+_BWD_INTERPRET = BackwardBlocks(
+    e_block_v=16, e_block_d=16, e_num_warps=1, h_block_n=16, h_block_d=16, h_num_warps=1
+)
 
 
 def _interpreting() -> bool:
@@ -104,6 +116,7 @@ def _sparton_fwd_kernel(
     e_ptr,  # [V, D] vocabulary embeddings
     bias_ptr,  # [V] or a dummy when HAS_BIAS is False
     mask_ptr,  # [B, S] uint8 0/1 attention mask
+    len_ptr,  # [B] int32: 1 + the last unmasked position of each row (0 for a fully masked row)
     max_ptr,  # [B, V] fp32 out: max_s of the masked logits, clamped at 0
     arg_ptr,  # [B, V] int32 out: first s attaining it (0 where the max is 0)
     B,
@@ -136,44 +149,53 @@ def _sparton_fwd_kernel(
     offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
     v_ok = offs_v < V
     offs_d = tl.arange(0, BLOCK_D)
+    offs_t = tl.arange(0, BLOCK_S)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
     run_max = tl.zeros([BLOCK_V], dtype=tl.float32)
     run_arg = tl.zeros([BLOCK_V], dtype=tl.int32)
     h_row = h_ptr + b.to(tl.int64) * stride_hb
-    e_rows = e_ptr + offs_v.to(tl.int64) * stride_ev  # [BLOCK_V] row starts
-
-    for s0 in range(0, S, BLOCK_S):
-        offs_s = s0 + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
+    # Right padding costs nothing: only the S tiles up to the row's last unmasked position are computed.
+    k_tiles = tl.cdiv(D, BLOCK_D)
+    n_iters = tl.cdiv(tl.load(len_ptr + b), BLOCK_S) * k_tiles
+    acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
+    # One flat loop over (S tile, K step) instead of two nested loops: the software pipeline then runs
+    # across S tiles, and the next tile's loads overlap the max/argmax epilogue of the previous one.
+    for it in range(0, n_iters):
+        kt = it % k_tiles
+        s0 = (it // k_tiles) * BLOCK_S
+        offs_s = s0 + offs_t
         s_ok = offs_s < S
-        keep = tl.load(mask_ptr + b * stride_mb + offs_s, mask=s_ok, other=0) != 0
-        # Padding tiles (every position masked) cannot change the max: skip their product entirely.
-        if tl.max(keep.to(tl.int32), axis=0) > 0:
-            acc = tl.zeros([BLOCK_S, BLOCK_V], dtype=tl.float32)
-            for d0 in range(0, D, BLOCK_D):
-                dd = d0 + offs_d
-                h_ptrs = h_row + offs_s[:, None] * stride_hs + dd[None, :]  # [BLOCK_S, BLOCK_D]
-                e_ptrs = e_rows[:, None] + dd[None, :]  # [BLOCK_V, BLOCK_D]
-                if EVEN_D:
-                    h = tl.load(h_ptrs, mask=s_ok[:, None], other=0.0)
-                    e = tl.load(e_ptrs, mask=v_ok[:, None], other=0.0)
-                else:
-                    d_ok = dd < D
-                    h = tl.load(h_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-                    e = tl.load(e_ptrs, mask=v_ok[:, None] & d_ok[None, :], other=0.0)
-                if UPCAST_DOT:
-                    h = h.to(tl.float32)
-                    e = e.to(tl.float32)
-                # [BLOCK_S, BLOCK_D] @ [BLOCK_D, BLOCK_V] -> [BLOCK_S, BLOCK_V], fp32 accumulation
-                acc = tl.dot(h, tl.trans(e), acc, input_precision=DOT_PRECISION)
+        dd = kt * BLOCK_D + offs_d
+        e_ptrs = e_rows + dd[None, :]  # [BLOCK_V, BLOCK_D]
+        h_ptrs = h_row + offs_s[:, None] * stride_hs + dd[None, :]  # [BLOCK_S, BLOCK_D]
+        if EVEN_D:
+            e = tl.load(e_ptrs, mask=v_ok[:, None], other=0.0)
+            h = tl.load(h_ptrs, mask=s_ok[:, None], other=0.0)
+        else:
+            d_ok = dd < D
+            e = tl.load(e_ptrs, mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+            h = tl.load(h_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST_DOT:
+            e = e.to(tl.float32)
+            h = h.to(tl.float32)
+        # Logits transposed, [BLOCK_V, BLOCK_D] @ [BLOCK_D, BLOCK_S] -> [BLOCK_V, BLOCK_S], fp32
+        # accumulation: the reduction over S then runs along the MMA's N axis, which lives inside a warp
+        # (shuffles), not across warps (shared memory) as an M-axis reduction would.
+        acc = tl.dot(e, tl.trans(h), acc, input_precision=DOT_PRECISION)
+        if kt == k_tiles - 1:
+            keep = tl.load(mask_ptr + b * stride_mb + offs_s, mask=s_ok, other=0) != 0
+            x = acc
             if HAS_BIAS:
-                acc += bias[None, :]
-            acc = tl.where(keep[:, None], acc, float("-inf"))
-            # [BLOCK_S, BLOCK_V] -> [BLOCK_V]: column max and its first (leftmost) row on ties
-            tile_max, tile_arg = tl.max(acc, axis=0, return_indices=True, return_indices_tie_break_left=True)
+                x = x + bias[:, None]
+            x = tl.where(keep[None, :], x, float("-inf"))
+            # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost) position
+            tile_max, tile_arg = tl.max(x, axis=1, return_indices=True, return_indices_tie_break_left=True)
             better = tile_max > run_max  # strict: an earlier tile keeps a tie
             run_max = tl.where(better, tile_max, run_max)
             run_arg = tl.where(better, s0 + tile_arg, run_arg)
+            acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
 
     out = b.to(tl.int64) * V + offs_v
     tl.store(max_ptr + out, run_max, mask=v_ok)
@@ -233,22 +255,23 @@ def _sparton_bwd_grad_h_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    r = tl.program_id(0)  # destination row b·S + s
-    pid_d = tl.program_id(1)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
+    r = tl.program_id(0)  # destination row b·S + s; one program covers all of D
     start = tl.load(row_ptr + r)
     end = tl.load(row_ptr + r + 1)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for i in range(start, end, BLOCK_N):
-        offs_n = i + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < end
-        v = tl.load(col_ptr + offs_n, mask=n_ok, other=0)  # [BLOCK_N]
-        coef = tl.load(val_ptr + offs_n, mask=n_ok, other=0.0)
-        e_ptrs = e_ptr + v.to(tl.int64)[:, None] * stride_ev + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-        e = tl.load(e_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        acc += tl.sum(coef[:, None] * e.to(tl.float32), axis=0)  # [BLOCK_N, BLOCK_D] -> [BLOCK_D]
-    tl.store(grad_h_ptr + r.to(tl.int64) * D + offs_d, acc.to(grad_h_ptr.dtype.element_ty), mask=d_ok)
+    out_row = grad_h_ptr + r.to(tl.int64) * D
+    for d0 in range(0, D, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for i in range(start, end, BLOCK_N):
+            offs_n = i + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < end
+            v = tl.load(col_ptr + offs_n, mask=n_ok, other=0)  # [BLOCK_N]
+            coef = tl.load(val_ptr + offs_n, mask=n_ok, other=0.0)
+            e_ptrs = e_ptr + v.to(tl.int64)[:, None] * stride_ev + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+            e = tl.load(e_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            acc += tl.sum(coef[:, None] * e.to(tl.float32), axis=0)  # [BLOCK_N, BLOCK_D] -> [BLOCK_D]
+        tl.store(out_row + offs_d, acc.to(grad_h_ptr.dtype.element_ty), mask=d_ok)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -282,6 +305,9 @@ def sparton_forward(
     h = hidden_states.contiguous()
     e = weight.contiguous()
     mask = attention_mask.to(torch.uint8).contiguous()
+    # [B, S] -> [B]: 1 + last unmasked position (0 if none), so right padding is never computed
+    positions = torch.arange(1, S + 1, device=h.device, dtype=torch.int32)
+    lengths = (mask * positions).amax(dim=1).to(torch.int32)
     mx = torch.empty(B, V, device=h.device, dtype=torch.float32)
     arg = torch.empty(B, V, device=h.device, dtype=torch.int32)
     grid = (B * triton.cdiv(V, blocks.block_v),)
@@ -290,6 +316,7 @@ def sparton_forward(
         e,
         bias.contiguous() if bias is not None else mx,  # dummy pointer, never read without bias
         mask,
+        lengths,
         mx,
         arg,
         B,
@@ -318,6 +345,61 @@ def sparton_forward(
     return y, mx, arg
 
 
+def _grad_e(
+    h: Tensor, coef: Tensor, arg: Tensor, V: int, dtype: torch.dtype, blocks: BackwardBlocks
+) -> Tensor:
+    """grad_E [V, D] = Σ_b coef[b, v] · H[b, argmax[b, v]] (b-major gathers)."""
+    B, _, D = h.shape
+    grad_e = torch.empty(V, D, device=h.device, dtype=dtype)
+    grid = (triton.cdiv(V, blocks.e_block_v), triton.cdiv(D, blocks.e_block_d))
+    _sparton_bwd_grad_e_kernel[grid](
+        h,
+        coef,
+        arg,
+        grad_e,
+        B,
+        V,
+        D,
+        h.stride(0),
+        h.stride(1),
+        BLOCK_V=blocks.e_block_v,
+        BLOCK_D=blocks.e_block_d,
+        num_warps=blocks.e_num_warps,
+    )
+    return grad_e
+
+
+def _grad_h(
+    e: Tensor, coef: Tensor, arg: Tensor, S: int, dtype: torch.dtype, blocks: BackwardBlocks
+) -> Tensor:
+    """grad_H [B, S, D] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v] (CSR by destination row, no atomics)."""
+    B, V = coef.shape
+    D = e.shape[1]
+    # Non-zeros keyed by destination row b·S + argmax; zeros get the sentinel B·S and sort last. A stable
+    # sort keeps each row's entries in increasing v: a fixed summation order.
+    rows = torch.arange(B, device=e.device, dtype=torch.int32)[:, None] * S  # [B, 1]
+    keys = torch.where(coef != 0, rows + arg, B * S).reshape(-1)  # [B·V]
+    sorted_keys, order = torch.sort(keys, stable=True)
+    bounds = torch.arange(B * S + 1, device=e.device, dtype=torch.int32)
+    row_offsets = torch.searchsorted(sorted_keys, bounds)  # [B·S + 1] int64
+    cols = (order % V).to(torch.int32)  # [B·V]; only the first row_offsets[-1] entries are read
+    vals = coef.reshape(-1)[order]
+    grad_h = torch.empty(B, S, D, device=e.device, dtype=dtype)  # every row written (zeros if no entry)
+    _sparton_bwd_grad_h_kernel[(B * S,)](
+        e,
+        row_offsets,
+        cols,
+        vals,
+        grad_h,
+        D,
+        e.stride(0),
+        BLOCK_D=blocks.h_block_d,
+        BLOCK_N=blocks.h_block_n,
+        num_warps=blocks.h_num_warps,
+    )
+    return grad_h
+
+
 def sparton_backward(
     grad_y: Tensor,
     hidden_states: Tensor,
@@ -332,7 +414,7 @@ def sparton_backward(
     Work and traffic are proportional to the non-zeros of Y; gradients of masked positions and of
     outputs equal to 0 are exactly 0. Deterministic (no atomics).
     """
-    B, S, D = hidden_states.shape
+    S = hidden_states.shape[1]
     V = weight.shape[0]
     blocks = blocks or (_BWD_INTERPRET if _interpreting() else _BWD_GPU)
     h = hidden_states.contiguous()
@@ -341,46 +423,6 @@ def sparton_backward(
     # [B, V] fp32; where max = 0 the output is relu's flat side (or a fully masked row): no gradient.
     coef = torch.where(max_logits > 0, grad_y.float() / (1.0 + max_logits), 0.0).contiguous()
     grad_bias = coef.sum(dim=0)  # [B, V] -> [V]
-
-    grad_e = torch.empty_like(e)  # [V, D]
-    grid_e = (triton.cdiv(V, blocks.block_v), triton.cdiv(D, blocks.block_d))
-    _sparton_bwd_grad_e_kernel[grid_e](
-        h,
-        coef,
-        arg,
-        grad_e,
-        B,
-        V,
-        D,
-        h.stride(0),
-        h.stride(1),
-        BLOCK_V=blocks.block_v,
-        BLOCK_D=blocks.block_d,
-        num_warps=blocks.num_warps,
-    )
-
-    # CSR of the non-zeros by destination row b·S + argmax; zeros get the sentinel key B·S and sort last.
-    # A stable sort keeps each row's entries in increasing v: a fixed summation order.
-    rows = torch.arange(B, device=h.device, dtype=torch.int32)[:, None] * S  # [B, 1]
-    keys = torch.where(coef != 0, rows + arg, B * S).reshape(-1)  # [B·V]
-    sorted_keys, order = torch.sort(keys, stable=True)
-    bounds = torch.arange(B * S + 1, device=h.device, dtype=torch.int32)
-    row_offsets = torch.searchsorted(sorted_keys, bounds)  # [B·S + 1] int64
-    cols = (order % V).to(torch.int32)  # [B·V]; only the first row_offsets[-1] entries are read
-    vals = coef.reshape(-1)[order]
-
-    grad_h = torch.empty_like(h)  # [B, S, D]; every row is written (zeros where it has no entries)
-    grid_h = (B * S, triton.cdiv(D, blocks.block_d))
-    _sparton_bwd_grad_h_kernel[grid_h](
-        e,
-        row_offsets,
-        cols,
-        vals,
-        grad_h,
-        D,
-        e.stride(0),
-        BLOCK_D=blocks.block_d,
-        BLOCK_N=blocks.block_n,
-        num_warps=blocks.num_warps,
-    )
+    grad_e = _grad_e(h, coef, arg, V, weight.dtype, blocks)
+    grad_h = _grad_h(e, coef, arg, S, hidden_states.dtype, blocks)
     return grad_h, grad_e, grad_bias
