@@ -73,21 +73,28 @@ def make_encoder(config: BertConfig, *, seed: int = 0, train: bool = False) -> S
 
 
 class RecordingEncoder(nn.Module):
-    """Wraps an encoder and records each output (detached copy) with whether autograd was recording."""
+    """Wraps an encoder and records each output (detached copy), whether autograd was recording, and the
+    autocast dtype in force for the inputs' device type (None when autocast was off)."""
 
     def __init__(self, encoder: nn.Module) -> None:
         super().__init__()
         self.encoder = encoder
-        self.calls: list[tuple[bool, Tensor]] = []
+        self.calls: list[tuple[bool, Tensor, torch.dtype | None]] = []
 
     def forward(self, **features: Tensor) -> Tensor:
+        device_type = features["input_ids"].device.type
+        autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
         rep = self.encoder(**features)
-        self.calls.append((rep.requires_grad, rep.detach().clone()))
+        self.calls.append((rep.requires_grad, rep.detach().clone(), autocast))
         return rep
 
     def outputs(self, *, with_graph: bool) -> list[Tensor]:
         """The recorded outputs of Step (3) (``with_graph=True``) or of Step (1) (False)."""
-        return [rep for grad, rep in self.calls if grad == with_graph]
+        return [rep for grad, rep, _ in self.calls if grad == with_graph]
+
+    def autocast_dtypes(self, *, with_graph: bool) -> list[torch.dtype | None]:
+        """The autocast dtype each Step (3) (``with_graph=True``) or Step (1) call ran under."""
+        return [autocast for grad, _, autocast in self.calls if grad == with_graph]
 
 
 def make_columns(
