@@ -93,6 +93,15 @@ class ModelArguments:
     num_hidden_layers: int | None = field(default=None, metadata={"help": "Override the preset's layers."})
     num_attention_heads: int | None = field(default=None, metadata={"help": "Override the preset's heads."})
     intermediate_size: int | None = field(default=None, metadata={"help": "Override the preset's FFN width."})
+    init_decoder_bias: float | None = field(
+        default=-0.5,
+        metadata={
+            "help": "Random init only: start value of the decoder bias (None: the config's init, 0). A fresh "
+            "head with bias 0 activates ~all 30k terms, whose huge dot products saturate the contrastive loss; "
+            "below 0 it starts sparse and lexical (bert-tiny on the shipped dev sample: nDCG@10 0.157 at -0.5 "
+            "vs 0.003 at 0 before any training)."
+        },
+    )
     tokenizer_name: str | None = field(
         default=None,
         metadata={

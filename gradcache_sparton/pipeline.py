@@ -70,6 +70,9 @@ def build_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase
             vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **model_args.backbone_shape()
         )
         encoder = SpladeEncoder.from_config(config, special_token_ids=special or ())
+        if model_args.init_decoder_bias is not None:
+            with torch.no_grad():
+                encoder.model.get_output_embeddings().bias.fill_(model_args.init_decoder_bias)
     encoder.check_tokenizer(tokenizer)
     return encoder
 
