@@ -71,16 +71,31 @@ class _UncachedTrainer(CachedSpladeTrainer):
         return loss
 
 
-def test_cached_trainer_matches_uncached_splade_loss(tmp_path, tokenizer, sample_rows) -> None:
-    """Effective batch 32 in mini-batches of 8: parameters after 2 SGD steps equal uncached batch-32 training."""
+@pytest.mark.parametrize(
+    ("accumulation", "checkpointing"), [(1, False), (2, True)], ids=["plain", "accumulation+checkpointing"]
+)
+def test_cached_trainer_matches_uncached_splade_loss(
+    tmp_path, tokenizer, sample_rows, accumulation: int, checkpointing: bool
+) -> None:
+    """Effective batch 32 in mini-batches of 8 (also with 2 accumulation steps and gradient checkpointing):
+    parameters after 2 SGD steps equal uncached training's."""
     initial = {k: v.detach().clone() for k, v in _encoder(tokenizer, dropout=0.0).named_parameters()}
     params = {}
     for name, trainer_class in (("cached", CachedSpladeTrainer), ("uncached", _UncachedTrainer)):
         model = _encoder(tokenizer, dropout=0.0)
-        trainer = trainer_class(
-            model, _args(tmp_path / name, optim="sgd"), train_dataset=sample_rows, processing_class=tokenizer
+        args = _args(
+            tmp_path / name,
+            optim="sgd",
+            gradient_accumulation_steps=accumulation,
+            gradient_checkpointing=checkpointing,
         )
+        trainer = trainer_class(model, args, train_dataset=sample_rows, processing_class=tokenizer)
         trainer.train()
+        backbone = (
+            model.model
+        )  # transformers 5.23 renamed gradient to activation checkpointing; 5.17 has the old
+        enabled = getattr(backbone, "is_activation_checkpointing", None)
+        assert (backbone.is_gradient_checkpointing if enabled is None else enabled) == checkpointing
         params[name] = {k: v.detach().clone() for k, v in model.named_parameters()}
     # SGD, not AdamW: Adam divides out the gradient's scale, so a replay that mis-scales gradients (e.g.
     # ignoring gradient accumulation's 1/k) would pass under it; SGD moves parameters by lr * gradient.
@@ -240,3 +255,27 @@ def test_cli_train_help_lists_cached_arguments(capsys) -> None:
         "--config_name",
     ):
         assert flag in text, flag
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_model", [False, True], ids=["eager", "torch_compile"])
+def test_bf16_training_on_gpu_runs_the_triton_head(
+    tmp_path, tokenizer, sample_rows, compile_model: bool
+) -> None:
+    """On CUDA with bf16 (and with the Trainer's torch_compile): steps run, losses are finite and fall."""
+    model = _encoder(tokenizer, dropout=0.1)
+    args = _args(
+        tmp_path / "run",
+        use_cpu=False,
+        bf16=True,
+        torch_compile=compile_model,
+        max_steps=6,
+        per_device_train_batch_size=16,
+        query_reg_weight=0.0,
+        doc_reg_weight=0.0,
+    )
+    trainer = CachedSpladeTrainer(model, args, train_dataset=sample_rows, processing_class=tokenizer)
+    trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+    assert sum(losses[-2:]) < sum(losses[:2]), losses
