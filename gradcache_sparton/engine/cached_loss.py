@@ -12,6 +12,10 @@ across the two calls: its forward here, its backward inside ``loss.backward()``.
 step needs lives in that autograd node (freed with the graph), never on ``self``: several forwards
 before one backward each replay their own mini-batches.
 
+Under DDP (``accelerate launch``, ``torchrun``) the loss is the global batch's, the same on every
+rank, and the gradients after DDP's averaging equal single-process training on the global batch
+(see :mod:`gradcache_sparton.engine.distributed`).
+
 Legend: B batch (rows of a column), V rep width.
 """
 
@@ -24,7 +28,14 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from gradcache_sparton.engine.gradcache import Columns, GradCache, LossFn, LossOutput, ReplayState
+from gradcache_sparton.engine.gradcache import (
+    Columns,
+    GradCache,
+    LossFn,
+    LossOutput,
+    MiniBatchContext,
+    ReplayState,
+)
 
 __all__ = ["CachedLoss"]
 
@@ -39,6 +50,10 @@ class CachedLoss:
         mini_batch_size, same_batch_size, allow_non_finite, show_progress: as for
             :class:`~gradcache_sparton.engine.GradCache` (set ``allow_non_finite=True`` under an
             fp16 ``GradScaler``, which then skips non-finite steps as usual).
+        gather_across_ranks, mini_batch_context: data parallelism, as for
+            :class:`~gradcache_sparton.engine.GradCache`. By default, under an initialized process
+            group with several ranks the loss sees every rank's rows, and with a DDP-wrapped
+            ``encoder`` only the last replayed mini-batch synchronises gradients.
 
     Calling it returns the full-batch loss as a tensor whose ``.backward()`` runs Step (3); with
     ``return_components=True`` it returns :class:`LossOutput` ``(loss, components)``, the
@@ -55,6 +70,8 @@ class CachedLoss:
         same_batch_size: bool = True,
         allow_non_finite: bool = False,
         show_progress: bool = False,
+        gather_across_ranks: bool | None = None,
+        mini_batch_context: MiniBatchContext | None = None,
     ) -> None:
         if not callable(loss_fn):
             raise TypeError(
@@ -66,6 +83,8 @@ class CachedLoss:
             same_batch_size=same_batch_size,
             allow_non_finite=allow_non_finite,
             show_progress=show_progress,
+            gather_across_ranks=gather_across_ranks,
+            mini_batch_context=mini_batch_context,
         )
         self.loss_fn = loss_fn
 
@@ -100,6 +119,10 @@ class _ReplayOnBackward(torch.autograd.Function):
     factor of ``scaler.scale(loss).backward()``. Step (3) backprops exactly these, so the parameter
     gradients are g · dL/dθ, as in uncached training, and Step (2)'s backward runs at the scaled
     magnitude (fp16 rep gradients do not underflow before the GradScaler's scale is applied).
+    Data parallel: when the loss gathers W ranks' reps, L is the global batch's loss and Step (3)
+    backprops W · d(g · L)/dr_local (``GradCache.replay``), because DDP divides the sum of the ranks'
+    gradients by W: the result is g · dL/dθ of single-process training on the global batch. The
+    returned loss is L itself, the same on every rank (not W · L).
     """
 
     @staticmethod

@@ -16,6 +16,10 @@ mini-batch, plus the [B, V] reps and their gradients. Nothing here knows about S
 ``encoder(**features) -> [B, V]`` and any loss over reps. No cache is kept on the engine: what
 Step (1) produces is returned, and lives only as long as the caller keeps it (one step).
 
+Under data parallelism (DDP, see :mod:`gradcache_sparton.engine.distributed`) Step (2) sees every
+rank's reps, Step (3) replays W times this rank's gradient slice, and only the last replayed
+mini-batch synchronises gradients.
+
 Legend: B batch (rows of a column), S sequence, V rep width (the vocabulary for SPLADE).
 """
 
@@ -28,10 +32,17 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from gradcache_sparton.engine.autocast_state import AutocastState
+from gradcache_sparton.engine.distributed import (
+    data_parallel_world_size,
+    ddp_no_sync_context,
+    find_ddp,
+    gather_global_batch,
+)
 from gradcache_sparton.engine.mini_batch import row_slices, trim_trailing_padding
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 
@@ -108,6 +119,16 @@ class GradCache:
             non-finite parameter gradients the replay produces, skips the optimizer step and lowers
             its scale, as in uncached training.
         show_progress: show a tqdm bar over the mini-batches of Step (1) and Step (3).
+        gather_across_ranks: compute the loss on every rank's reps (the global batch), with gradients
+            equal to single-process training on it once DDP has averaged them (see
+            :mod:`~gradcache_sparton.engine.distributed`). None (default): when ``torch.distributed``
+            is initialized with more than one rank; False: each rank's loss sees its own rows only.
+        mini_batch_context: default for :meth:`replay`'s ``mini_batch_context``. None: when the encoder
+            is ``DistributedDataParallel`` (also under ``torch.compile``), every replayed mini-batch
+            but the last runs under its ``no_sync()``; otherwise no context.
+
+    Attributes:
+        world_size: how many ranks' batches the loss sees (1 when not gathering).
     """
 
     def __init__(
@@ -118,6 +139,8 @@ class GradCache:
         same_batch_size: bool = True,
         allow_non_finite: bool = False,
         show_progress: bool = False,
+        gather_across_ranks: bool | None = None,
+        mini_batch_context: MiniBatchContext | None = None,
     ) -> None:
         if not callable(encoder):
             raise TypeError(f"encoder must be callable as encoder(**features), got {type(encoder).__name__}")
@@ -133,6 +156,14 @@ class GradCache:
         self.same_batch_size = same_batch_size
         self.allow_non_finite = allow_non_finite
         self.show_progress = show_progress
+        self.world_size = data_parallel_world_size(gather_across_ranks)
+        ddp = find_ddp(encoder)
+        if mini_batch_context is None and ddp is not None:
+            mini_batch_context = ddp_no_sync_context(ddp)
+        self.mini_batch_context = mini_batch_context
+        # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
+        # across ranks before Step (3) starts.
+        self._data_parallel = self.world_size > 1 or ddp is not None
 
     def step(self, columns: Columns, loss_fn: LossFn, **loss_kwargs: object) -> LossOutput:
         """One full GradCache step: the loss is computed and the encoder's ``.grad`` accumulated.
@@ -194,6 +225,8 @@ class GradCache:
 
         The reps enter as fresh leaves, so this backward stops at them (parameters of ``loss_fn``
         itself, e.g. a learned temperature, receive their gradient here as in uncached training).
+        When gathering across ranks, the loss is the global one and the gradients are those of this
+        rank's rows.
 
         Returns:
             The detached loss with its components, and per column dL/dr [B, V] (None for a column
@@ -218,17 +251,23 @@ class GradCache:
         autocast state is re-entered even when this runs inside ``backward()``, outside the
         caller's autocast block. Parameter gradients accumulate into ``.grad``.
 
+        When gathering across ranks (``world_size`` W > 1), the gradients backpropagated are
+        W · ``rep_grads``: DDP's average over ranks then gives single-process gradients (the scaling
+        convention is written once, in ``cached_loss._ReplayOnBackward``). Under data parallelism a
+        rank with nothing to replay runs one zero-gradient replay, so that every rank runs the one
+        backward that synchronises gradients.
+
         Args:
             replay_state: from :meth:`encode`.
             rep_grads: per column dL/dr [B, V], as from :meth:`rep_gradients`; a column whose
                 gradient is None is skipped (the loss does not depend on it).
-            mini_batch_context: optional factory called with ``is_last`` for each mini-batch; its
-                context wraps that mini-batch's re-encode and backward (the hook through which
-                data-parallel training can skip gradient synchronisation on all but the last).
+            mini_batch_context: factory called with ``is_last`` for each mini-batch; its context
+                wraps that mini-batch's re-encode and backward (the hook through which data-parallel
+                training skips gradient synchronisation on all but the last). Default: the engine's.
 
         Raises:
             FloatingPointError: a column's gradient is not finite (before any re-encoding), unless
-                ``allow_non_finite``.
+                ``allow_non_finite``; under data parallelism on every rank when it is so on any.
             RuntimeError: a replayed rep does not require grad, or differs in shape or dtype from
                 Step (1)'s.
         """
@@ -237,15 +276,29 @@ class GradCache:
         if unknown:
             raise ValueError(f"rep_grads has columns {sorted(unknown)} that Step (1) did not encode")
         if not self.allow_non_finite:
-            _raise_if_non_finite({f"the gradient of column {column!r}": g for column, g in grads.items()})
+            named = {f"the gradient of column {column!r}": g for column, g in grads.items()}
+            if self._data_parallel:
+                _raise_if_non_finite_on_any_rank(named, _replay_device(replay_state))
+            else:
+                _raise_if_non_finite(named)
         jobs = [(column, mb) for column in grads for mb in replay_state.mini_batches[column]]
-        context = mini_batch_context or (lambda is_last: nullcontext())
+        if not jobs and self._data_parallel:
+            # The other ranks' last backward waits for this rank's gradients: replay one mini-batch
+            # with a zero gradient rather than none (the loss ignores every column on this rank).
+            column, mini_batches = next(iter(replay_state.mini_batches.items()))
+            jobs = [(column, mini_batches[0])]
+        context = mini_batch_context or self.mini_batch_context or (lambda is_last: nullcontext())
         with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
             for index, (column, mb) in enumerate(jobs):
-                grad = grads[column][mb.rows]  # [B, V] -> [mb, V]
                 with context(index == len(jobs) - 1), mb.rng.replay():
                     with replay_state.autocast.replay(), torch.enable_grad():
                         rep = self.encoder(**mb.features)  # [mb, V]
+                    if column not in grads:  # the zero-gradient replay above
+                        grad = torch.zeros_like(rep)
+                    elif self.world_size == 1:
+                        grad = grads[column][mb.rows]  # [B, V] -> [mb, V]
+                    else:  # W · dL/dr: DDP's average then gives single-process gradients (_ReplayOnBackward)
+                        grad = grads[column][mb.rows] * self.world_size
                     _check_replayed_rep(rep, grad, column, mb.rows)
                     rep.backward(grad)
                 bar.update()
@@ -264,7 +317,12 @@ class GradCache:
                 tensor (optionally with a dict of tensor components), or a loss that does not
                 depend on the reps while gradients are enabled.
             FloatingPointError: the loss is not finite, unless ``allow_non_finite``.
+            ValueError: when gathering across ranks, ranks passed different columns, keywords,
+                trailing shapes or dtypes (raised on every rank).
         """
+        if self.world_size > 1:
+            # Every rank's rows in rank order; only this rank's slice carries a graph (to ``reps``).
+            reps, loss_kwargs = gather_global_batch(reps, loss_kwargs)
         result = loss_fn(reps, **loss_kwargs)
         if isinstance(result, tuple):
             if len(result) != 2 or not isinstance(result[1], Mapping):
@@ -395,6 +453,29 @@ def _check_replayed_rep(rep: Tensor, grad: Tensor, column: str, rows: slice) -> 
             f"the replayed rep ({where}) is {tuple(rep.shape)} {rep.dtype} but Step (1) produced "
             f"{tuple(grad.shape)} {grad.dtype}: the encoder is not deterministic given RNG and autocast state"
         )
+
+
+def _replay_device(replay_state: ReplayState) -> torch.device:
+    first_mini_batch = next(iter(replay_state.mini_batches.values()))[0]
+    return next(iter(first_mini_batch.features.values())).device
+
+
+def _raise_if_non_finite_on_any_rank(tensors: Mapping[str, Tensor], device: torch.device) -> None:
+    # Ranks raising alone would leave the others waiting in their synchronising backward: agree first
+    # (one 1-element all-reduce on the inputs' device, which the process group's backend serves).
+    flags = [torch.isfinite(t).all().to(device) for t in tensors.values()]
+    finite_here = torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
+    finite_everywhere = finite_here.to(torch.int32).reshape(1)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(finite_everywhere, op=dist.ReduceOp.MIN)
+    if bool(finite_everywhere.item()):
+        return
+    if not bool(finite_here):
+        _raise_if_non_finite(tensors)
+    raise FloatingPointError(
+        "non-finite rep gradients on another rank; stopping before Step (3) on every rank. If a GradScaler "
+        "is in charge (fp16), pass allow_non_finite=True so it can skip the step."
+    )
 
 
 def _raise_if_non_finite(

@@ -1,0 +1,140 @@
+"""Data-parallel GradCache: every rank's loss sees the global batch, gradients are single-process ones.
+
+Under DistributedDataParallel (DDP) each of W ranks (processes) encodes its own B_r rows. A contrastive
+loss with in-batch negatives and the batch-coupled FLOPS regularizer must see the global batch of
+B = Σ_r B_r rows to equal single-process training on that batch. Three pieces make it so:
+
+- **Gather** (:func:`gather_global_batch`, in Step (2)): every rank's reps, and the batch-first tensors
+  among the loss's keyword arguments, are concatenated in rank order. This rank's slice is its own
+  tensor, graph included; the other slices are constants. Every rank computes the same global loss L,
+  and backprop gives each rank dL/dr for exactly its own rows: the single-process rep gradient,
+  restricted to the local rows.
+- **Scale** (in Step (3)): DDP averages parameter gradients over ranks, i.e. divides their sum by W.
+  Each rank replays W · dL/dr_local, so the average is Σ_r (dL/dr_r)(dr_r/dθ) = dL/dθ, the
+  single-process gradient. The loss value itself is L, the same on every rank.
+- **Synchronise once** (:func:`ddp_no_sync_context`, in Step (3)): every replayed mini-batch but the
+  last runs under ``no_sync``, so gradients are all-reduced once per step, not once per mini-batch.
+  DDP decides in each forward whether the following backward synchronises, and a backward under
+  ``no_sync`` issues no collective, so ranks may replay different numbers of mini-batches (batches
+  of unequal size); each rank must run exactly one synchronising backward, which the engine ensures
+  (a rank with nothing to replay runs one zero-gradient replay).
+
+Legend: B batch (rows), W world size (ranks), V rep width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = ["data_parallel_world_size", "ddp_no_sync_context", "find_ddp", "gather_global_batch"]
+
+
+def data_parallel_world_size(gather_across_ranks: bool | None) -> int:
+    """How many ranks' batches the loss sees: W when gathering, else 1.
+
+    Args:
+        gather_across_ranks: True: gather (``torch.distributed`` must be initialized); False: never;
+            None: gather when ``torch.distributed`` is initialized with more than one rank.
+
+    Raises:
+        TypeError: ``gather_across_ranks`` is not a bool or None.
+        ValueError: True while no process group is initialized.
+    """
+    if gather_across_ranks is not None and not isinstance(gather_across_ranks, bool):
+        raise TypeError(
+            f"gather_across_ranks must be a bool or None, got {type(gather_across_ranks).__name__}"
+        )
+    initialized = dist.is_available() and dist.is_initialized()
+    if gather_across_ranks and not initialized:
+        raise ValueError(
+            "gather_across_ranks=True needs an initialized torch.distributed process group (launch with "
+            "`accelerate launch` or `torchrun`, or call torch.distributed.init_process_group first)"
+        )
+    if gather_across_ranks is False or not initialized:
+        return 1
+    return dist.get_world_size()
+
+
+def find_ddp(encoder: object) -> DistributedDataParallel | None:
+    """The ``DistributedDataParallel`` module behind ``encoder`` (also under ``torch.compile``), or None."""
+    # torch.compile wraps the module it is given (accelerate compiles after wrapping in DDP) and keeps
+    # the original as ``_orig_mod``.
+    module = getattr(encoder, "_orig_mod", encoder)
+    return module if isinstance(module, DistributedDataParallel) else None
+
+
+def ddp_no_sync_context(ddp: DistributedDataParallel) -> Callable[[bool], AbstractContextManager[object]]:
+    """A mini-batch context for Step (3): ``ddp.no_sync()`` for every mini-batch but the last.
+
+    Under an outer ``no_sync`` (a non-final gradient-accumulation micro-step) the last mini-batch does not
+    synchronise either: the plain context leaves DDP's flag as the caller set it.
+    """
+    return lambda is_last: nullcontext() if is_last else ddp.no_sync()
+
+
+def gather_global_batch(
+    reps: Mapping[str, Tensor], loss_kwargs: Mapping[str, object]
+) -> tuple[dict[str, Tensor], dict[str, object]]:
+    """Every rank's reps and batch-first loss tensors, concatenated in rank order; the local slice keeps its graph.
+
+    Every tensor in ``loss_kwargs`` with a dimension is batch-first and is gathered like the reps (e.g.
+    teacher scores [B, 1+k]); 0-dim tensors and other values pass unchanged and must agree across ranks.
+    Ranks may hold different numbers of rows. Every rank must call this with the same column names,
+    the same keyword names and the same trailing shapes and dtypes: that is checked first, with one
+    small collective, and a mismatch raises the same ``ValueError`` on every rank (never a hang).
+
+    Returns:
+        ``(reps, loss_kwargs)`` over the global batch: each column [Σ_r B_r, V].
+    """
+    kwargs_to_gather = {
+        name: value for name, value in loss_kwargs.items() if isinstance(value, Tensor) and value.ndim >= 1
+    }
+    local = {f"rep {name!r}": rep for name, rep in reps.items()}
+    local.update({f"loss keyword {name!r}": value for name, value in kwargs_to_gather.items()})
+    layout = [(key, tuple(t.shape[1:]), str(t.dtype)) for key, t in local.items()]
+    rows = [t.shape[0] for t in local.values()]
+    # One object collective: every rank learns every rank's layout and row counts, so all raise together.
+    everyone: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (layout, rows))
+    layouts = [entry[0] for entry in everyone]  # type: ignore[index]
+    if any(other != layout for other in layouts):
+        described = "; ".join(
+            f"rank {rank}: " + ", ".join(f"{key} {list(shape)} {dtype}" for key, shape, dtype in other)
+            for rank, other in enumerate(layouts)
+        )
+        raise ValueError(
+            "gather_across_ranks: ranks passed different columns, loss keywords, trailing shapes or dtypes "
+            f"(each rank must call the loss with the same layout; rows may differ): {described}"
+        )
+    rank = dist.get_rank()
+    row_counts = [entry[1] for entry in everyone]  # type: ignore[index]
+    gathered = {
+        key: _gather_rows(tensor, [counts[i] for counts in row_counts], rank)
+        for i, (key, tensor) in enumerate(local.items())
+    }
+    global_reps = {name: gathered[f"rep {name!r}"] for name in reps}
+    global_kwargs = {
+        name: gathered[f"loss keyword {name!r}"] if name in kwargs_to_gather else value
+        for name, value in loss_kwargs.items()
+    }
+    return global_reps, global_kwargs
+
+
+def _gather_rows(local: Tensor, rows: list[int], rank: int) -> Tensor:
+    """All ranks' rows of one tensor in rank order, this rank's slice being ``local`` itself (with its graph)."""
+    # all_gather needs one shape on every rank: pad to the largest row count, trim after.
+    send = local.detach()
+    most = max(rows)
+    if send.shape[0] < most:
+        send = torch.cat([send, send.new_zeros((most - send.shape[0], *send.shape[1:]))])
+    send = send.contiguous()
+    received = [torch.empty_like(send) for _ in rows]
+    dist.all_gather(received, send)
+    # W x [B_r, V] -> [Σ_r B_r, V]; only ``local`` carries a graph, so only this rank's rows get a gradient.
+    return torch.cat([local if r == rank else received[r][:count] for r, count in enumerate(rows)])

@@ -1,0 +1,339 @@
+"""Two CPU ranks (gloo) for the data-parallel tests: a bounded launcher and the per-rank worker.
+
+``launch_ranks`` starts ``python tests/distributed_helpers.py OUT_DIR`` once per rank with the
+environment ``torchrun`` gives (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), waits with a
+deadline, and kills every rank if one fails or the deadline passes: a hang fails the test, it never
+blocks the suite. Each worker runs every scenario in turn on one process group and saves what the
+tests compare into ``OUT_DIR/rank{r}.pt``; the single-process references are computed by the tests.
+
+Dropout is off throughout: each rank draws its own dropout masks (its own RNG stream, by design),
+so only a dropout-free model can give the very numbers a single process gives on the global batch.
+
+Legend: B batch (rows), W world size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from engine_helpers import contrastive_flops_loss, grads_of, make_columns, make_encoder, pairwise_mse_loss
+from torch import Tensor
+from torch.utils.data import SequentialSampler
+from transformers import BertConfig
+
+from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+from gradcache_sparton.data import default_train_data_path, load_training_data
+from gradcache_sparton.engine import CachedLoss, GradCache
+from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.trainer import CachedSpladeTrainer
+
+__all__ = [
+    "ACCUMULATION_SEEDS",
+    "GLOBAL_BATCH",
+    "MINI_BATCH",
+    "TRAINER_ROWS",
+    "UNEVEN_ROWS",
+    "WORLD_SIZE",
+    "SequentialTrainer",
+    "dropout_free_config",
+    "global_batch",
+    "launch_ranks",
+    "rank_rows",
+    "scored_loss",
+    "trainer_args",
+    "trainer_model",
+    "trainer_rows",
+]
+
+WORLD_SIZE = 2
+GLOBAL_BATCH = 10  # 5 rows per rank
+MINI_BATCH = 2  # 3 mini-batches per column and rank, the last one short
+UNEVEN_ROWS = (6, 4)  # rank 0 replays 3 mini-batches per column, rank 1 two
+ACCUMULATION_SEEDS = (1, 2)  # the global batches of the two accumulation micro-steps
+TRAINER_ROWS = 64  # 2 optimizer steps x 2 accumulation micro-steps x 2 ranks x 8 rows
+
+
+def dropout_free_config() -> BertConfig:
+    """The engine tests' tiny BERT (vocabulary 500, see engine_helpers) with dropout off."""
+    return BertConfig(
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+
+
+def global_batch(seed: int) -> tuple[dict[str, dict[str, Tensor]], Tensor]:
+    """Three random columns of GLOBAL_BATCH rows and one per-example target (a batch-first loss keyword)."""
+    columns = make_columns(GLOBAL_BATCH, 3, seed=seed)
+    targets = torch.randn(GLOBAL_BATCH, generator=torch.Generator().manual_seed(seed))
+    return columns, targets
+
+
+def rank_rows(rows_per_rank: tuple[int, ...], rank: int) -> slice:
+    """The global rows rank ``rank`` holds when rank r holds ``rows_per_rank[r]`` consecutive rows."""
+    start = sum(rows_per_rank[:rank])
+    return slice(start, start + rows_per_rank[rank])
+
+
+def scored_loss(reps: Mapping[str, Tensor], *, targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """InfoNCE + FLOPS (batch-coupled) plus a per-example term that reads a batch-first loss keyword."""
+    loss, components = contrastive_flops_loss(reps)
+    return loss + pairwise_mse_loss(reps, targets=targets), components
+
+
+def _select(columns: Mapping[str, Mapping[str, Tensor]], rows: slice) -> dict[str, dict[str, Tensor]]:
+    return {name: {key: value[rows] for key, value in features.items()} for name, features in columns.items()}
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+
+
+class SequentialTrainer(CachedSpladeTrainer):
+    """``CachedSpladeTrainer`` reading rows in order: accelerate deals batch i to rank i mod W, so the
+    ranks' batches of a micro-step are, in rank order, the single-process batch of W times the rows."""
+
+    def _get_train_sampler(self, *args, **kwargs):
+        return SequentialSampler(self.train_dataset)
+
+
+def trainer_args(output_dir: Path, *, per_device_batch: int, **overrides) -> CachedSpladeTrainingArguments:
+    """Arguments of the trainer comparison: SGD (moves parameters by lr x gradient), 2 accumulation steps."""
+    values = {
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": per_device_batch,
+        "gradient_accumulation_steps": 2,
+        "mini_batch_size": 3,
+        "query_max_length": 16,
+        "document_max_length": 32,
+        "max_steps": 2,
+        "optim": "sgd",
+        "learning_rate": 1e-3,
+        "query_reg_weight": 1e-3,
+        "doc_reg_weight": 1e-3,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": True,
+        "seed": 7,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+    values.update(overrides)
+    return CachedSpladeTrainingArguments(**values)
+
+
+def trainer_model(tokenizer) -> SpladeEncoder:
+    """A dropout-free tiny SpladeEncoder over the real vocabulary, seeded."""
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    return SpladeEncoder.from_config(config)
+
+
+def trainer_rows():
+    """The first TRAINER_ROWS rows of the shipped SciFact training sample."""
+    return load_training_data(default_train_data_path()).select(range(TRAINER_ROWS))
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_ranks(out_dir: Path, *, timeout_s: float) -> list[dict]:
+    """Run the worker on WORLD_SIZE ranks; return each rank's results, or fail within ``timeout_s``."""
+    port = _free_port()
+    processes = []
+    for rank in range(WORLD_SIZE):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(WORLD_SIZE),
+            "LOCAL_WORLD_SIZE": str(WORLD_SIZE),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        log = open(out_dir / f"rank{rank}.log", "w")  # noqa: SIM115 (closed below)
+        processes.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, __file__, str(out_dir)], env=env, stdout=log, stderr=subprocess.STDOUT
+                ),
+                log,
+            )
+        )
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p, _ in processes):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p, _ in processes):
+                break
+            time.sleep(0.2)
+    finally:
+        for process, log in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            log.close()
+    failed = [rank for rank, (p, _) in enumerate(processes) if p.returncode != 0]
+    if failed:
+        logs = "\n".join(
+            f"--- rank {rank} (exit {processes[rank][0].returncode}):\n"
+            + (out_dir / f"rank{rank}.log").read_text()[-3000:]
+            for rank in range(WORLD_SIZE)
+        )
+        raise AssertionError(f"ranks {failed} failed or ran past {timeout_s} s:\n{logs}")
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD_SIZE)]
+
+
+# ---------------------------------------------------------------------------------------------- worker
+
+
+def _cached_step(ddp, columns, targets, rank_slice: slice) -> dict[str, object]:
+    """One CachedLoss step on this rank's rows of the global batch through the DDP-wrapped encoder."""
+    cached = CachedLoss(ddp, scored_loss, mini_batch_size=MINI_BATCH)
+    loss = cached(_select(columns, rank_slice), targets=targets[rank_slice])
+    loss.backward()
+    return {"loss": loss.detach(), "world_size": cached.engine.world_size}
+
+
+def _run_engine_scenarios(rank: int) -> dict[str, object]:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    results: dict[str, object] = {}
+    config = dropout_free_config()
+    encoder = make_encoder(config, seed=0)
+    ddp = DistributedDataParallel(encoder)
+    bucket_reductions = []
+
+    def counting_hook(state, bucket):
+        bucket_reductions.append(1)
+        return allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, counting_hook)
+    columns, targets = global_batch(seed=ACCUMULATION_SEEDS[0])
+    even = tuple([GLOBAL_BATCH // WORLD_SIZE] * WORLD_SIZE)
+
+    # The bucket all-reduces of one plain synchronised backward (DDP's buckets after the first step).
+    for _ in range(2):
+        del bucket_reductions[:]
+        ddp(**_select(columns, rank_rows(even, rank))["query"]).sum().backward()
+        ddp.zero_grad()
+    results["reductions_per_sync"] = len(bucket_reductions)
+
+    for name, rows in (("even", even), ("uneven", UNEVEN_ROWS)):
+        del bucket_reductions[:]
+        results[name] = _cached_step(ddp, columns, targets, rank_rows(rows, rank))
+        results[name]["grads"] = grads_of(encoder)
+        results[name]["reductions"] = len(bucket_reductions)
+        ddp.zero_grad()
+
+    # Gradient accumulation as the Trainer does it: the first micro-step wholly under no_sync.
+    del bucket_reductions[:]
+    for seed in ACCUMULATION_SEEDS:
+        micro_columns, micro_targets = global_batch(seed=seed)
+        cached = CachedLoss(ddp, scored_loss, mini_batch_size=MINI_BATCH)
+        rows = rank_rows(even, rank)
+        with ddp.no_sync() if seed != ACCUMULATION_SEEDS[-1] else torch.enable_grad():
+            (cached(_select(micro_columns, rows), targets=micro_targets[rows]) / 2).backward()
+    results["accumulation"] = {"grads": grads_of(encoder), "reductions": len(bucket_reductions)}
+    ddp.zero_grad()
+
+    # A rank whose loss uses no column still runs the synchronising backward (zero gradient).
+    engine = GradCache(ddp, mini_batch_size=MINI_BATCH)
+    local = _select(columns, rank_rows(even, rank))
+    reps, replay_state = engine.encode(local)
+    rep_grads = _zero_job_rep_grads(reps) if rank == 0 else dict.fromkeys(reps)
+    engine.replay(replay_state, rep_grads)
+    results["zero_job"] = {"grads": grads_of(encoder)}
+    ddp.zero_grad()
+
+    # A non-finite rep gradient on one rank stops every rank before Step (3).
+    rep_grads = _zero_job_rep_grads(reps)
+    if rank == 1:
+        rep_grads["positive"][0, 0] = float("nan")
+    try:
+        engine.replay(replay_state, rep_grads)
+        results["non_finite_error"] = None
+    except FloatingPointError as error:
+        results["non_finite_error"] = str(error)
+
+    # Ranks disagreeing on the columns raise the same clear error on every rank, before any rep gather.
+    names = ["query", "positive", "negative"] if rank == 0 else ["query", "positive"]
+    try:
+        CachedLoss(ddp, scored_loss, mini_batch_size=MINI_BATCH)(
+            {name: local[name] for name in names}, targets=targets[rank_rows(even, rank)]
+        )
+        results["layout_error"] = None
+    except ValueError as error:
+        results["layout_error"] = str(error)
+    return results
+
+
+def _zero_job_rep_grads(reps: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Fixed random rep gradients (the same on every rank) for rank 0's direct replay."""
+    generator = torch.Generator().manual_seed(3)
+    return {name: torch.randn(rep.shape, generator=generator) for name, rep in reps.items()}
+
+
+def _run_trainer_scenario(out_dir: Path) -> dict[str, object]:
+    from transformers import AutoTokenizer
+
+    from gradcache_sparton.resources import default_tokenizer_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_tokenizer_path())
+    model = trainer_model(tokenizer)
+    args = trainer_args(out_dir / "trainer", per_device_batch=8, ddp_backend="gloo", ddp_timeout=60)
+    trainer = SequentialTrainer(model, args, train_dataset=trainer_rows(), processing_class=tokenizer)
+    trainer.train()
+    return {
+        "params": {name: p.detach().clone() for name, p in model.named_parameters()},
+        "logs": trainer.state.log_history,
+        "world_size": args.world_size,
+    }
+
+
+def _worker(out_dir: Path) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    results = _run_engine_scenarios(rank)
+    # accelerate finds the process group initialized and uses it (gloo, MULTI_CPU).
+    results["trainer"] = _run_trainer_scenario(out_dir)
+    torch.save(results, out_dir / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))

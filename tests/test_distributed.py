@@ -1,0 +1,149 @@
+"""Data-parallel GradCache on 2 CPU ranks (gloo): gradients equal single-process training on the global batch.
+
+One launch of 2 ranks (``distributed_helpers.launch_ranks``, bounded: a hang fails within 150 s) runs
+every scenario; the tests compare its saved results with single-process references computed here.
+
+Tolerance: fp32, rtol 1e-5 relative to each parameter's largest gradient (``assert_grads_close``).
+The ranks' mini-batches are cut differently from the single process's (rows 0-4 and 5-9 in
+mini-batches of 2 versus rows 0-9), so trailing-padding trimming and summation order differ, and
+DDP sums the two ranks' partial gradients: fp32 rounding, measured <= 1e-6 relative. A missing
+gather (local loss), a missing or doubled world-size factor or a lost mini-batch is an O(1) error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from distributed_helpers import (
+    ACCUMULATION_SEEDS,
+    GLOBAL_BATCH,
+    MINI_BATCH,
+    WORLD_SIZE,
+    SequentialTrainer,
+    dropout_free_config,
+    global_batch,
+    launch_ranks,
+    rank_rows,
+    scored_loss,
+    trainer_args,
+    trainer_model,
+    trainer_rows,
+)
+from engine_helpers import assert_grads_close, grads_of, make_encoder
+
+from gradcache_sparton.engine import CachedLoss, GradCache
+from gradcache_sparton.engine.distributed import data_parallel_world_size
+
+RTOL_FP32 = 1e-5  # see the module docstring
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """Each rank's results of every scenario (one 2-rank launch for the whole module)."""
+    return launch_ranks(tmp_path_factory.mktemp("ddp"), timeout_s=150)
+
+
+def _single_process_grads(*, seeds: tuple[int, ...], scale: float = 1.0) -> tuple[torch.Tensor, dict]:
+    """The reference: one process, cached, on each whole global batch (losses scaled, grads accumulated)."""
+    encoder = make_encoder(dropout_free_config(), seed=0)
+    loss = None
+    for seed in seeds:
+        columns, targets = global_batch(seed=seed)
+        loss = CachedLoss(encoder, scored_loss, mini_batch_size=MINI_BATCH)(columns, targets=targets)
+        (loss * scale).backward()
+    return loss.detach(), grads_of(encoder)
+
+
+@pytest.mark.parametrize("rows", ["even", "uneven"], ids=["5+5_rows", "6+4_rows"])
+def test_two_ranks_match_single_process_global_batch(ranks, rows: str) -> None:
+    """A cached step on 2 DDP ranks (5+5 rows, or 6+4 with 3 vs 2 replays per column) gives the loss and
+    every parameter gradient of a single-process cached step on the global batch of 10."""
+    ref_loss, ref_grads = _single_process_grads(seeds=ACCUMULATION_SEEDS[:1])
+    for rank in ranks:
+        assert rank[rows]["world_size"] == WORLD_SIZE
+        torch.testing.assert_close(rank[rows]["loss"], ref_loss, rtol=RTOL_FP32, atol=0)
+        assert_grads_close(rank[rows]["grads"], ref_grads, rtol=RTOL_FP32)
+    # DDP all-reduced the same buckets: the ranks' gradients are bitwise equal.
+    for name, grad in ranks[0][rows]["grads"].items():
+        assert torch.equal(grad, ranks[1][rows]["grads"][name]), name
+
+
+def test_gradient_accumulation_under_ddp_matches_single_process(ranks) -> None:
+    """Two accumulation micro-steps (the first under the Trainer's outer no_sync, each loss / 2) on 2 ranks
+    give the gradients of the same two micro-steps on the global batches in one process."""
+    _, ref_grads = _single_process_grads(seeds=ACCUMULATION_SEEDS, scale=0.5)
+    for rank in ranks:
+        assert_grads_close(rank["accumulation"]["grads"], ref_grads, rtol=RTOL_FP32)
+
+
+def test_only_the_last_replayed_mini_batch_synchronises(ranks) -> None:
+    """A cached step all-reduces the gradient buckets once (as one plain backward does), not once per
+    replayed mini-batch (9 here); under accumulation once per optimizer step."""
+    for rank in ranks:
+        per_sync = rank["reductions_per_sync"]
+        assert per_sync >= 1
+        for scenario in ("even", "uneven", "accumulation"):
+            assert rank[scenario]["reductions"] == per_sync, scenario
+
+
+def test_rank_with_nothing_to_replay_still_synchronises(ranks) -> None:
+    """When rank 1's loss uses no column, it runs one zero-gradient replay: no hang, and the averaged
+    gradients are rank 0's contribution alone (2 · G backpropagated on rank 0, / 2 by DDP)."""
+    encoder = make_encoder(dropout_free_config(), seed=0)
+    columns, _ = global_batch(seed=ACCUMULATION_SEEDS[0])
+    rows = rank_rows((GLOBAL_BATCH // 2, GLOBAL_BATCH // 2), 0)
+    generator = torch.Generator().manual_seed(3)  # the worker's fixed rep gradients G
+    total = 0
+    for features in columns.values():
+        rep = encoder(**{key: value[rows] for key, value in features.items()})  # [B_0, V]
+        total = total + (rep * torch.randn(rep.shape, generator=generator)).sum()
+    total.backward()
+    ref_grads = grads_of(encoder)
+    for rank in ranks:
+        assert_grads_close(rank["zero_job"]["grads"], ref_grads, rtol=RTOL_FP32)
+
+
+def test_non_finite_gradient_on_one_rank_stops_every_rank(ranks) -> None:
+    """A NaN in rank 1's rep gradient raises FloatingPointError on both ranks before Step (3) (no hang)."""
+    assert "gradient of column 'positive'" in ranks[1]["non_finite_error"]
+    assert "another rank" in ranks[0]["non_finite_error"]
+
+
+def test_ranks_with_different_columns_raise_the_same_clear_error(ranks) -> None:
+    """Rank 0 passing 3 columns and rank 1 two raises the same ValueError naming both layouts on each rank."""
+    errors = [rank["layout_error"] for rank in ranks]
+    assert errors[0] is not None and errors[0] == errors[1]
+    assert "rank 0: rep 'query'" in errors[0] and "rep 'negative'" in errors[0] and "rank 1:" in errors[0]
+
+
+def test_trainer_on_two_ranks_matches_single_process_global_batch(ranks, tmp_path, tokenizer) -> None:
+    """CachedSpladeTrainer on 2 gloo ranks, 8 rows per device, 2 accumulation steps: parameters after 2 SGD
+    steps equal single-process training with 16 rows per device; both log global_batch_size 16."""
+    model = trainer_model(tokenizer)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    args = trainer_args(tmp_path / "single", per_device_batch=8 * WORLD_SIZE)
+    trainer = SequentialTrainer(model, args, train_dataset=trainer_rows(), processing_class=tokenizer)
+    trainer.train()
+    logged = [log for log in trainer.state.log_history if "loss" in log]
+    for rank in ranks:
+        result = rank["trainer"]
+        assert result["world_size"] == WORLD_SIZE
+        ranked = [log for log in result["logs"] if "loss" in log]
+        assert [log["global_batch_size"] for log in ranked] == [16, 16]
+        # The logged loss is the global batch's (the same on every rank), not W times it.
+        assert [log["loss"] for log in ranked] == pytest.approx([log["loss"] for log in logged], rel=1e-5)
+        for name, param in model.named_parameters():
+            # fp32, SGD: parameters move by lr x gradient, so gradient errors show at their full size;
+            # the differences are summation order (measured ~1e-9) against moves of up to ~1e-3.
+            torch.testing.assert_close(result["params"][name], param.detach(), rtol=1e-5, atol=1e-7, msg=name)
+    moved = max((p.detach() - initial[n]).abs().max().item() for n, p in model.named_parameters())
+    assert moved > 1e-4, f"parameters moved by at most {moved}: the comparison would be vacuous"
+
+
+def test_gather_across_ranks_needs_a_process_group() -> None:
+    """gather_across_ranks=True without torch.distributed initialized, or a non-bool, is refused up front."""
+    assert data_parallel_world_size(None) == 1 and data_parallel_world_size(False) == 1
+    with pytest.raises(ValueError, match="gather_across_ranks=True needs an initialized"):
+        GradCache(torch.nn.Identity(), mini_batch_size=2, gather_across_ranks=True)
+    with pytest.raises(TypeError, match="gather_across_ranks must be a bool or None"):
+        GradCache(torch.nn.Identity(), mini_batch_size=2, gather_across_ranks="yes")  # type: ignore[arg-type]
