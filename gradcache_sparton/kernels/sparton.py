@@ -89,12 +89,15 @@ _FWD_GPU_FP32 = ForwardBlocks(block_s=64, block_v=64, block_d=32, group_b=8, num
 # keep the awkward test shapes (S, V, D not multiples of the blocks) spread over several tiles.
 _FWD_INTERPRET = ForwardBlocks(block_s=16, block_v=16, block_d=16, group_b=2, num_warps=1, num_stages=1)
 
-# The backward kernels are gathers (latency-bound, no tensor cores): small programs, many of them in
-# flight, won. Same shape and run, 61% of Y non-zero, whole backward (ms): grad_E 32x64 / grad_H 64
-# non-zeros x 64 columns, 2 warps 2.46; 32x128, 4 warps 3.63; 64x128, 4 warps 3.77 (with 32 non-zeros
-# per step 4.65); 64x256, 8 warps 6.44.
+# The backward kernels are gathers (no tensor cores; the bytes gathered from L2 bound them): small
+# programs, many of them in flight, won. Same shape, 61% of Y non-zero (benchmarks/tune_head.py
+# --skip-fwd, 2026-11-22), ms for grad_E / grad_H (the latter including its 0.27 ms CSR sort):
+# grad_E 16 rows x 128 columns, 2 warps: 0.79 (32x64, 2 warps 0.86; 16x64, 1 warp 0.88; 64x64,
+# 4 warps 0.85; 8x128, 1 warp 0.80); grad_H 32 non-zeros x 64 columns, 1 warp: 1.15 (64x64, 1 warp
+# 1.16; 64x64, 2 warps 1.52; 32x128, 2 warps 1.54; 128x64, 4 warps 3.11). Both gather ~3.7 GB at that
+# density, i.e. ~4.6 TB/s, about the L2's rate, so the block shape matters less from here on.
 _BWD_GPU = BackwardBlocks(
-    e_block_v=32, e_block_d=64, e_num_warps=2, h_block_n=64, h_block_d=64, h_num_warps=2
+    e_block_v=16, e_block_d=128, e_num_warps=2, h_block_n=32, h_block_d=64, h_num_warps=1
 )
 _BWD_INTERPRET = BackwardBlocks(
     e_block_v=16, e_block_d=16, e_num_warps=1, h_block_n=16, h_block_d=16, h_num_warps=1
