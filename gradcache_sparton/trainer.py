@@ -12,6 +12,14 @@ gradient accumulation, checkpoints and ``report_to`` integrations, is the Traine
 Loss scaling lives in one place, the engine's replay node (see ``engine/cached_loss.py``): the
 Trainer divides the loss by the gradient-accumulation steps and AMP scales it; both reach the
 replay as the incoming gradient, so parameter gradients equal uncached training's.
+
+Multi-GPU: launched with ``accelerate launch`` (or ``torchrun``) the Trainer wraps the model in
+DistributedDataParallel and nothing here changes. ``per_device_train_batch_size`` rows go to each
+process; the engine gathers every process's reps, so the loss (in-batch negatives, FLOPS) sees the
+global batch of per-device x processes rows, runs every replayed mini-batch but the last under
+``no_sync``, and scales the replay so the gradients DDP averages equal one process training on the
+global batch (see ``engine/distributed.py``). Under gradient accumulation the Trainer's own
+``no_sync`` around non-final micro-steps composes with it: one all-reduce per optimizer step.
 """
 
 from __future__ import annotations
@@ -47,8 +55,9 @@ class CachedSpladeTrainer(Trainer):
 
     Args:
         model: the encoder (``model(**features) -> [B, V]``).
-        args: :class:`CachedSpladeTrainingArguments`; ``per_device_train_batch_size`` is the effective
-            batch, ``mini_batch_size`` bounds memory.
+        args: :class:`CachedSpladeTrainingArguments`; ``per_device_train_batch_size`` is the batch per
+            process, the loss sees it times the number of processes (the global batch),
+            ``mini_batch_size`` bounds memory.
         train_dataset: rows with ``query``, ``positive`` [, negatives] [, numeric extras]
             (see :mod:`gradcache_sparton.data`), validated before training.
         processing_class: the tokenizer; its vocabulary must match the model's decoder.
@@ -112,11 +121,12 @@ class CachedSpladeTrainer(Trainer):
             _check_output_dir_is_free(self.args.output_dir)
         world = max(1, self.args.world_size)
         logger.info(
-            "Effective batch: %d per device x %d process(es) = %d rows per loss (x %d accumulation steps per "
-            "optimizer step); mini_batch_size %d.",
+            "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "
+            "per optimizer step); mini_batch_size %d.",
             self.args.per_device_train_batch_size,
             world,
             self.args.per_device_train_batch_size * world,
+            " (reps gathered across processes)" if world > 1 else "",
             self.args.gradient_accumulation_steps,
             self.args.mini_batch_size,
         )
@@ -133,7 +143,9 @@ class CachedSpladeTrainer(Trainer):
         """The full-batch SPLADE loss through the GradCache engine; ``backward()`` replays the mini-batches.
 
         A new :class:`CachedLoss` per call wraps the model the Trainer passes (DDP- or compile-wrapped):
-        it holds no state, everything one step needs lives in the loss tensor's graph.
+        it holds no state, everything one step needs lives in the loss tensor's graph. Under several
+        processes it gathers their reps (the loss, logged as is, is the global batch's, the same on
+        every process) and synchronises gradients on the last replayed mini-batch only.
         """
         columns, loss_kwargs = inputs["columns"], inputs["loss_kwargs"]
         cached = CachedLoss(

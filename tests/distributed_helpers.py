@@ -14,6 +14,7 @@ Legend: B batch (rows), W world size, V vocabulary.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -314,11 +315,18 @@ def _run_trainer_scenario(out_dir: Path) -> dict[str, object]:
     model = trainer_model(tokenizer)
     args = trainer_args(out_dir / "trainer", per_device_batch=8, ddp_backend="gloo", ddp_timeout=60)
     trainer = SequentialTrainer(model, args, train_dataset=trainer_rows(), processing_class=tokenizer)
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    trainer_logger = logging.getLogger("gradcache_sparton.trainer")
+    trainer_logger.addHandler(handler)
+    trainer_logger.setLevel(logging.INFO)
     trainer.train()
     return {
         "params": {name: p.detach().clone() for name, p in model.named_parameters()},
         "logs": trainer.state.log_history,
         "world_size": args.world_size,
+        "start_log": [message for message in messages if message.startswith("Effective batch")],
     }
 
 
