@@ -20,20 +20,21 @@ full weight), AdamW (fused on CUDA), bf16 autocast on CUDA (fp32 on CPU). Two he
   torch      the head as usually written: the backbone's own masked-LM logits [B, S, V], then
              log1p(relu(.)) * mask and max over S (:class:`TorchHeadEncoder`).
 
-Configurations (``--configs``, group names or single names such as ``cached-sparton-v30522-b1024-mb128``):
+Configurations (``--configs``, group names or single names such as ``cached-sparton-v30522-b1024-mb128``),
+in the order "all" (the default: every group but "huge") runs them:
 
-  uncached-torch, uncached-sparton  uncached, the largest batch that fits: B = 16, 32, 64, ... until
-                                    the first out-of-memory (every size tried is a row);
-  cached-torch                      effective batch 1,024 in mini-batches of 32 / 64 / 128;
+  uncached-sparton                  uncached, the largest batch that fits: B = 16, 32, 64, ... until the
+                                    first out-of-memory (every size tried is a row);
   cached-sparton                    effective batch 1,024 in mini-batches of 32 ... 512;
-  large                             cached Sparton at effective 4,096 / 8,192 / 16,384, mini-batch 128;
+  cached-torch                      effective batch 1,024 in mini-batches of 32 / 64 / 128;
+  uncached-torch                    as uncached-sparton, with the PyTorch head;
   xlmr                              cached Sparton at V = 250,002, effective 1,024, mini-batch 128;
-  huge                              cached Sparton at effective 32,768, mini-batch 128 (not in "all").
+  large                             cached Sparton at effective 4,096 / 8,192 / 16,384, mini-batch 128;
+  huge                              cached Sparton at effective 32,768, mini-batch 128.
 
-"all" (the default) is every group but "huge". Every configuration starts from the same weights and
-a fresh optimizer. Timing: one or two warm-up steps (Triton compilation, optimizer state), then up to
-``--steps`` timed steps (fewer for slow steps, at least 2), each between CUDA events after a
-synchronize; the row reports the median. Sequences per step = 3 B (query, positive, negative).
+Every configuration starts from the same weights and a fresh optimizer. Timing: one or two warm-up
+steps (Triton compilation, optimizer state), then up to ``--steps`` timed steps (fewer for slow steps,
+at least 2), each between CUDA events after a synchronize; the row reports the median. Sequences per step = 3 B (query, positive, negative).
 Peak memory is ``torch.cuda.max_memory_allocated`` over the timed steps: everything the step holds,
 weights, gradients and AdamW state included (``peak_reserved_gib`` is the allocator's reservation).
 A configuration that runs out of memory is a row with status "OOM"; the run goes on.
@@ -220,10 +221,10 @@ def plan_groups(scale: Scale) -> dict[str, list[Plan]]:
             if mb <= eff
         ],
         "uncached-torch": [Search("torch", v, scale.search_batches, "uncached-torch")],
+        "xlmr": [StepConfig("sparton", True, eff, scale.xlmr_vocab, scale.large_mini_batch, "xlmr")],
         "large": [
             StepConfig("sparton", True, b, v, scale.large_mini_batch, "large") for b in scale.large_batches
         ],
-        "xlmr": [StepConfig("sparton", True, eff, scale.xlmr_vocab, scale.large_mini_batch, "xlmr")],
         "huge": [StepConfig("sparton", True, scale.huge_batch, v, scale.large_mini_batch, "huge")],
     }
 
@@ -317,6 +318,7 @@ class Bench:
         self._vocab: int | None = None
         self._encoder: SpladeEncoder | None = None
         self._initial: dict[str, Tensor] = {}
+        self.attn_implementation: str | None = None  # the backbone's attention kernel, for the record
 
     def encoder(self, vocab: int) -> SpladeEncoder:
         """The encoder for ``vocab``, reset to the initial weights (built on first use)."""
@@ -326,6 +328,7 @@ class Bench:
             self._encoder = build_encoder(self.scale, vocab, self.device, self.args.init_decoder_bias)
             self._initial = {k: v.detach().cpu().clone() for k, v in self._encoder.model.state_dict().items()}
             self._vocab = vocab
+            self.attn_implementation = self._encoder.model.config._attn_implementation
         assert self._encoder is not None
         self._encoder.model.load_state_dict(self._initial)
         self._encoder.zero_grad(set_to_none=True)
@@ -695,6 +698,8 @@ def run_plans(bench: Bench, plans: list[Plan], out: Path, meta: dict, deadline: 
 
     def record(row: dict) -> None:
         rows.append(row)
+        if bench.attn_implementation is not None:
+            meta["attn_implementation"] = bench.attn_implementation
         shown = {k: row.get(k) for k in ("status", "step_ms_median", "sequences_per_s", "peak_allocated_gib")}
         print(f"{row['name']}: {shown}", flush=True)
         write_outputs(out, meta, rows, bench.scale)
