@@ -120,16 +120,17 @@ class CachedSpladeTrainer(Trainer):
         if not resume_from_checkpoint and not self.args.overwrite_output_dir:
             _check_output_dir_is_free(self.args.output_dir)
         world = max(1, self.args.world_size)
-        logger.info(
-            "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "
-            "per optimizer step); mini_batch_size %d.",
-            self.args.per_device_train_batch_size,
-            world,
-            self.args.per_device_train_batch_size * world,
-            " (reps gathered across processes)" if world > 1 else "",
-            self.args.gradient_accumulation_steps,
-            self.args.mini_batch_size,
-        )
+        if self.is_world_process_zero():
+            logger.info(
+                "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "
+                "per optimizer step); mini_batch_size %d.",
+                self.args.per_device_train_batch_size,
+                world,
+                self.args.per_device_train_batch_size * world,
+                " (reps gathered across processes)" if world > 1 else "",
+                self.args.gradient_accumulation_steps,
+                self.args.mini_batch_size,
+            )
         self._last_log_time = time.perf_counter()
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 

@@ -1,0 +1,346 @@
+"""Data-parallel GradCache on 2 GPUs: gradients equal one process on the global batch, and throughput.
+
+Legend: B batch (rows), S sequence, D hidden, V vocabulary, W world size (GPUs).
+
+Launched with ``torchrun --nproc_per_node 2`` (NCCL), in three phases:
+
+  equality    fp32 (TF32 off), dropout off, a 2-layer BERT-base-width SpladeEncoder (Triton head): a cached
+              step on 2 DDP ranks (8+8 rows, and 10+6 rows: unequal replay counts) must give every
+              parameter gradient of one process's cached step on the global 16 rows (computed on rank 0
+              with its own copy of the model), within rtol 1e-4 of each parameter's largest gradient
+              (fp32 on GPU: the ranks cut other mini-batches, DDP sums two partial gradients, and the
+              head's scatter and cuBLAS may sum in any order; measured differences are printed). Both
+              ranks' gradients must also be bitwise equal (DDP synchronised them).
+  1 GPU       rank 0 alone (rank 1 waits at a barrier): a BERT-base-width SpladeEncoder (D 768, 12 heads,
+              FFN 3,072, 6 layers, V 30,522, random init, decoder bias -0.5 as in training), bf16
+              autocast, queries of 32 tokens + positives of 256, effective batch 256 per GPU in
+              mini-batches of 64, SpladeLoss (InfoNCE + FLOPS), fused AdamW, no DDP, no gather.
+  2 GPUs      the same per GPU on both ranks: DDP, reps gathered (the loss sees 512 rows), one
+              all-reduce per step.
+
+Throughput: after warm-up steps (Triton compilation, optimizer state), ``--steps`` steps between a
+synchronize (and, on 2 GPUs, the step's own all-reduce) at both ends; sequences per second = 2 columns
+x rows per step x steps / seconds. The target: 2-GPU sequences/s >= 1.8 x 1-GPU. Rank 0 prints a table
+and writes JSON (rows, checks, device, versions, date) to ``--out``.
+
+Run on a 2-GPU machine from the repository root (about 1-2 minutes):
+
+    PYTHONPATH=$PWD torchrun --nproc_per_node 2 benchmarks/bench_ddp.py --out $OUT/ddp.json
+
+``python benchmarks/bench_ddp.py --out ...`` (one process) runs the 1-GPU phase only. ``--smoke`` runs
+everything on CPU with gloo and a tiny model (``torchrun --nproc_per_node 2 benchmarks/bench_ddp.py
+--smoke --out /tmp/ddp.json``): it checks the script, its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+# NVLink SHARP / multicast stay off on the shared machines (see the device notes); set before NCCL starts.
+for _name, _value in (
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+    ("NVSHMEM_DISABLE_NVLS", "1"),
+):
+    os.environ.setdefault(_name, _value)
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import transformers  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from transformers import BertConfig  # noqa: E402
+
+from gradcache_sparton.engine import CachedLoss  # noqa: E402
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig  # noqa: E402
+from gradcache_sparton.modeling import SpladeEncoder  # noqa: E402
+
+SPEEDUP_TARGET = 1.8
+EQUALITY_RTOL = 1e-4  # see the module docstring
+COLUMN_LENGTHS = {"query": 32, "positive": 256}
+
+
+def _config(*, smoke: bool, layers: int) -> BertConfig:
+    if smoke:
+        return BertConfig(
+            vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        )  # fmt: skip
+    return BertConfig(
+        vocab_size=30522, hidden_size=768, num_hidden_layers=layers, num_attention_heads=12,
+        intermediate_size=3072, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+
+
+def _encoder(config: BertConfig, device: torch.device) -> SpladeEncoder:
+    torch.manual_seed(0)  # the same weights on every rank and for the reference
+    encoder = SpladeEncoder.from_config(config)
+    with torch.no_grad():
+        # A random-init head with bias 0 activates about half the vocabulary; -0.5 starts it sparse, as
+        # the training pipeline's init_decoder_bias does.
+        encoder.model.get_output_embeddings().bias.fill_(-0.5)
+    return encoder.to(device).train()
+
+
+def _columns(
+    rows: int, lengths: Mapping[str, int], device: torch.device, *, seed: int, padded: bool
+) -> dict[str, dict[str, Tensor]]:
+    """Random token ids (no tokenizer: the numbers are the model step's); ``padded``: random row lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    columns = {}
+    for name, seq_len in lengths.items():
+        input_ids = torch.randint(1000, 30522, (rows, seq_len), generator=generator)
+        mask = torch.ones(rows, seq_len, dtype=torch.long)
+        if padded:
+            row_lengths = torch.randint(2, seq_len + 1, (rows,), generator=generator)
+            mask = (torch.arange(seq_len)[None, :] < row_lengths[:, None]).long()  # [B, S]
+            input_ids = input_ids * mask
+        columns[name] = {
+            "input_ids": input_ids.to(device),
+            "attention_mask": mask.to(device),
+            "token_type_ids": torch.zeros_like(input_ids).to(device),
+        }
+    return columns
+
+
+def _rows(columns: Mapping[str, Mapping[str, Tensor]], rows: slice) -> dict[str, dict[str, Tensor]]:
+    return {name: {key: value[rows] for key, value in features.items()} for name, features in columns.items()}
+
+
+def _loss() -> SpladeLoss:
+    return SpladeLoss(SpladeLossConfig(query_weight=5e-4, doc_weight=3e-4))
+
+
+# ---------------------------------------------------------------------------------------------- equality
+
+
+def equality_check(device: torch.device, *, smoke: bool) -> list[dict]:
+    """Phase 1: 2-rank DDP gradients vs one process on the global batch (every rank takes part)."""
+    rank = dist.get_rank()
+    config = _config(smoke=smoke, layers=2)
+    global_rows, mini_batch = 16, 3
+    lengths = {"query": 32, "positive": 64}
+    columns = _columns(global_rows, lengths, device, seed=1, padded=True)
+    reference = None
+    if rank == 0:
+        encoder = _encoder(config, device)
+        CachedLoss(encoder, _loss(), mini_batch_size=mini_batch, gather_across_ranks=False)(
+            columns
+        ).backward()
+        reference = {name: p.grad.detach().clone() for name, p in encoder.named_parameters()}
+        del encoder
+    encoder = _encoder(config, device)
+    ddp = DistributedDataParallel(encoder, device_ids=[device.index] if device.type == "cuda" else None)
+    results = []
+    for label, per_rank in (("8+8 rows", (8, 8)), ("10+6 rows", (10, 6))):
+        start = sum(per_rank[:rank])
+        local = _rows(columns, slice(start, start + per_rank[rank]))
+        cached = CachedLoss(ddp, _loss(), mini_batch_size=mini_batch)
+        loss = cached(local)
+        loss.backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in encoder.parameters()])
+        low, high = flat.clone(), flat.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        row = {"check": f"gradients, {label}", "ranks_bitwise_equal": bool(torch.equal(low, high))}
+        if rank == 0:
+            largest = max(float(g.abs().max()) for g in reference.values())
+            worst, worst_name = 0.0, ""
+            for name, p in encoder.named_parameters():
+                scale = max(float(reference[name].abs().max()), 1e-6 * largest)
+                error = float((p.grad - reference[name]).abs().max()) / scale
+                if error > worst:
+                    worst, worst_name = error, name
+            row.update(max_relative_error=worst, worst_parameter=worst_name, rtol=EQUALITY_RTOL)
+            row["passed"] = row["ranks_bitwise_equal"] and worst <= EQUALITY_RTOL
+        results.append(row)
+        ddp.zero_grad(set_to_none=True)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+
+
+def throughput(
+    device: torch.device, *, data_parallel: bool, smoke: bool, batch: int, mini_batch: int, steps: int
+) -> dict:
+    """Phases 2 and 3: cached training steps on this rank (``data_parallel``: DDP + gather)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    encoder = _encoder(_config(smoke=smoke, layers=6), device)
+    model: nn.Module = encoder
+    if data_parallel:
+        model = DistributedDataParallel(encoder, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-5, fused=device.type == "cuda")
+    lengths = {"query": 8, "positive": 16} if smoke else COLUMN_LENGTHS
+    columns = _columns(batch, lengths, device, seed=100 + rank, padded=False)
+    cached = CachedLoss(model, _loss(), mini_batch_size=mini_batch, gather_across_ranks=data_parallel)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    )
+
+    def step() -> float:
+        with autocast:
+            loss = cached(columns)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    warmup = 1 if smoke else 3
+    for _ in range(warmup):
+        step()
+    _synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss = step()  # float(loss) synchronises with the device
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+    world = dist.get_world_size() if data_parallel else 1
+    sequences = len(lengths) * batch * world * steps
+    row = {
+        "gpus": world,
+        "rows_per_gpu": batch,
+        "rows_per_loss": batch * world,
+        "mini_batch_size": mini_batch,
+        "steps": steps,
+        "median_step_s": statistics.median(times),
+        "sequences_per_s": sequences / sum(times),
+        "final_loss": loss,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+    }
+    return row
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def _stamp(device: torch.device) -> dict:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "transformers": transformers.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def _table(report: dict) -> str:
+    lines = ["| check | result |", "|---|---|"]
+    for row in report["equality"]:
+        lines.append(
+            f"| {row['check']} | {'PASS' if row['passed'] else 'FAIL'}: max relative error "
+            f"{row['max_relative_error']:.2e} ({row['worst_parameter']}), rtol {row['rtol']:.0e}, ranks "
+            f"bitwise equal: {row['ranks_bitwise_equal']} |"
+        )
+    lines += [
+        "",
+        "| GPUs | rows/GPU | rows/loss | mini-batch | median step (s) | sequences/s | peak GiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in report["throughput"]:
+        peak = "-" if row["peak_memory_gib"] is None else f"{row['peak_memory_gib']:.1f}"
+        lines.append(
+            f"| {row['gpus']} | {row['rows_per_gpu']} | {row['rows_per_loss']} | {row['mini_batch_size']} | "
+            f"{row['median_step_s']:.3f} | {row['sequences_per_s']:.0f} | {peak} |"
+        )
+    if "speedup" in report:
+        verdict = "PASS" if report["speedup"] >= SPEEDUP_TARGET else "MISS"
+        lines.append(
+            f"\n2-GPU / 1-GPU sequences per second: {report['speedup']:.3f} (target >= {SPEEDUP_TARGET}: {verdict})"
+        )
+    stamp = ", ".join(
+        f"{k} {report['stamp'][k]}" for k in ("device", "torch", "triton", "transformers", "nccl", "date")
+    )
+    return "\n".join(lines) + f"\n{stamp}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write (rank 0).")
+    parser.add_argument("--batch", type=int, default=256, help="Effective batch per GPU (rows per column).")
+    parser.add_argument("--mini-batch", type=int, default=64, help="GradCache mini-batch size.")
+    parser.add_argument("--steps", type=int, default=10, help="Timed steps per configuration.")
+    parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny model: checks the script only.")
+    args = parser.parse_args()
+    if args.smoke:
+        args.batch, args.mini_batch, args.steps = 8, 3, 2
+
+    launched = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if args.smoke:
+        device = torch.device("cpu")
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("bench_ddp.py needs CUDA GPUs (or --smoke on CPU)")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # the equality check is fp32; bf16 autocast ignores it
+        torch.backends.cudnn.allow_tf32 = False
+    if launched:
+        dist.init_process_group(
+            "gloo" if args.smoke else "nccl",
+            timeout=timedelta(minutes=5),
+            **({} if args.smoke else {"device_id": device}),
+        )
+    rank = dist.get_rank() if launched else 0
+    report: dict = {"stamp": _stamp(device), "equality": [], "throughput": []}
+    if launched:
+        report["equality"] = equality_check(device, smoke=args.smoke)
+        dist.barrier()
+    if rank == 0:
+        report["throughput"].append(
+            throughput(device, data_parallel=False, smoke=args.smoke, batch=args.batch,
+                       mini_batch=args.mini_batch, steps=args.steps)
+        )  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if launched:
+        dist.barrier()  # rank 1 waits here while rank 0 measures one GPU
+        report["throughput"].append(
+            throughput(device, data_parallel=True, smoke=args.smoke, batch=args.batch,
+                       mini_batch=args.mini_batch, steps=args.steps)
+        )  # fmt: skip
+        if rank == 0:
+            one, two = (row["sequences_per_s"] for row in report["throughput"])
+            report["speedup"] = two / one
+    if rank == 0:
+        report["passed"] = all(row["passed"] for row in report["equality"]) and (
+            "speedup" not in report or report["speedup"] >= SPEEDUP_TARGET
+        )
+        print(_table(report), flush=True)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as file:
+            json.dump(report, file, indent=2)
+    if launched:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
