@@ -20,6 +20,18 @@ from gradcache_sparton.kernels.reference import sparton_head_backward_reference
 
 pytestmark = pytest.mark.kernel
 
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_matmul():
+    """Exact fp32 matmuls in every test: autograd through the reference runs its matmul backward after
+    the reference returns, and other tests of the session (accelerate under torch.compile) may have
+    switched TF32 on process-wide, which rounds fp32 operands to 10 mantissa bits."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 # (dtype, rtol of one rounding to the dtype). Kernel and reference form the same exact products (16-bit
 # products are exact in fp32) and sum them in fp32 in different orders, so fp32 results agree to ~1e-6
 # relative; a 16-bit output is that fp32 value rounded once, so the two may land one unit in the last
