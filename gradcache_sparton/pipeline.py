@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase, set_seed
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
 from gradcache_sparton.data import (
@@ -140,6 +140,7 @@ def run_training(
     model_args: ModelArguments, data_args: DataArguments, training_args: CachedSpladeTrainingArguments
 ) -> dict[str, float]:
     """Train, save the final checkpoint to ``output_dir`` and return the training + retrieval metrics."""
+    set_seed(training_args.seed)  # the random init too, not only what the Trainer seeds later
     tokenizer = build_tokenizer(model_args)
     encoder = build_encoder(model_args, tokenizer)
     train_dataset = build_train_dataset(data_args, seed=training_args.seed)
