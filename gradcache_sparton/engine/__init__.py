@@ -3,10 +3,12 @@
 - :class:`CachedLoss`: drop-in, ``loss = cached(columns); loss.backward()``.
 - :class:`GradCache`: the engine, Steps (1)-(3) as methods, :meth:`GradCache.step` for one call.
 - :class:`RngState`, :class:`AutocastState`: what Step (1) captures and Step (3) replays.
+- :func:`gather_global_batch`, :func:`ddp_no_sync_context`: the data-parallel pieces both use under DDP.
 """
 
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.cached_loss import CachedLoss
+from gradcache_sparton.engine.distributed import ddp_no_sync_context, gather_global_batch
 from gradcache_sparton.engine.gradcache import (
     Columns,
     EncodedBatch,
@@ -34,6 +36,8 @@ __all__ = [
     "MiniBatchContext",
     "ReplayState",
     "RngState",
+    "ddp_no_sync_context",
+    "gather_global_batch",
     "row_slices",
     "trim_trailing_padding",
 ]
