@@ -7,7 +7,7 @@ Launched with ``torchrun --nproc_per_node 2`` (NCCL), in three phases:
   equality    fp32 (TF32 off), dropout off, a 2-layer BERT-base-width SpladeEncoder (Triton head): a cached
               step on 2 DDP ranks (8+8 rows, and 10+6 rows: unequal replay counts) must give every
               parameter gradient of one process's cached step on the global 16 rows (computed on rank 0
-              with its own copy of the model), within rtol 1e-4 of each parameter's largest gradient
+              with its own copy of the model), within rtol 1e-4 of each parameter's largest gradient (floored at 1e-4 of the model's largest)
               (fp32 on GPU: the ranks cut other mini-batches, DDP sums two partial gradients, and the
               head's scatter and cuBLAS may sum in any order; measured differences are printed). Both
               ranks' gradients must also be bitwise equal (DDP synchronised them).
@@ -155,13 +155,19 @@ def equality_check(device: torch.device, *, smoke: bool) -> list[dict]:
         row = {"check": f"gradients, {label}", "ranks_bitwise_equal": bool(torch.equal(low, high))}
         if rank == 0:
             largest = max(float(g.abs().max()) for g in reference.values())
-            worst, worst_name = 0.0, ""
+            errors = {}
             for name, p in encoder.named_parameters():
-                scale = max(float(reference[name].abs().max()), 1e-6 * largest)
-                error = float((p.grad - reference[name]).abs().max()) / scale
-                if error > worst:
-                    worst, worst_name = error, name
+                # Floor at 1e-4 of the model's largest gradient: the attention key biases have an exactly
+                # zero true gradient (softmax ignores a per-query constant), so theirs is pure rounding
+                # noise whose size depends on the GPU kernels' summation order (a 1e-6 floor failed on
+                # it at 3e-4 on the H200 while the ranks agreed bitwise). A missing gather or world-size
+                # scaling moves every large gradient by O(1) of itself and still fails.
+                scale = max(float(reference[name].abs().max()), 1e-4 * largest)
+                errors[name] = float((p.grad - reference[name]).abs().max()) / scale
+            worst_name = max(errors, key=errors.__getitem__)
+            worst = errors[worst_name]
             row.update(max_relative_error=worst, worst_parameter=worst_name, rtol=EQUALITY_RTOL)
+            row["largest_errors"] = dict(sorted(errors.items(), key=lambda kv: -kv[1])[:3])
             row["passed"] = row["ranks_bitwise_equal"] and worst <= EQUALITY_RTOL
         results.append(row)
         ddp.zero_grad(set_to_none=True)
