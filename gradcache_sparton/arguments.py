@@ -211,8 +211,8 @@ class CachedSpladeTrainingArguments(TrainingArguments):
     per_device_train_batch_size: int = field(
         default=256,
         metadata={
-            "help": "Effective batch per device: the rows the contrastive loss sees at once (in-batch negatives)."
-            " It does not bound memory: mini_batch_size does."
+            "help": "Effective batch per device (process): the contrastive loss sees this x the number of processes "
+            "rows at once (in-batch negatives). It does not bound memory: mini_batch_size does."
         },
     )
     dataloader_drop_last: bool = field(

@@ -99,7 +99,8 @@ def _train(argv: Sequence[str]) -> int:
     del rest  # only --config, already read
     logging.getLogger(__name__).info("config: %s", config_path)
     metrics = run_training(model_args, data_args, training_args)
-    print(json.dumps({"output_dir": training_args.output_dir, **metrics}, indent=2))
+    if training_args.process_index == 0:  # under DDP, one summary rather than one per process
+        print(json.dumps({"output_dir": training_args.output_dir, **metrics}, indent=2))
     return 0
 
 
