@@ -125,14 +125,34 @@ def build_evaluator(
     """The retrieval evaluator on ``eval_beir`` ('default': the shipped dev sample; 'none': no evaluator)."""
     if data_args.eval_beir is None or data_args.eval_beir.lower() == "none":
         return None
-    folder = default_dev_beir_path() if data_args.eval_beir == "default" else data_args.eval_beir
-    split = "dev" if data_args.eval_beir == "default" else data_args.eval_beir_split
+    return _beir_evaluator(
+        data_args.eval_beir,
+        data_args.eval_beir_split,
+        tokenizer,
+        query_max_length=query_max_length,
+        document_max_length=document_max_length,
+        batch_size=data_args.eval_batch_size,
+    )
+
+
+def _beir_evaluator(
+    folder: str,
+    split: str,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    query_max_length: int,
+    document_max_length: int,
+    batch_size: int,
+) -> SparseRetrievalEvaluator:
+    """A :class:`SparseRetrievalEvaluator` on a BEIR folder; ``"default"`` is the shipped dev sample (split dev)."""
+    if folder == "default":
+        folder, split = str(default_dev_beir_path()), "dev"
     return SparseRetrievalEvaluator(
         load_beir(folder, split=split),
         tokenizer=tokenizer,
         query_max_length=query_max_length,
         document_max_length=document_max_length,
-        batch_size=data_args.eval_batch_size,
+        batch_size=batch_size,
     )
 
 
@@ -183,17 +203,17 @@ def run_evaluation(
     device: str | None = None,
 ) -> dict[str, float]:
     """Retrieval metrics of a saved checkpoint on a BEIR folder (default: the shipped SciFact dev sample)."""
-    if beir_path is not None and beir_path.lower() == "none":
-        raise ValueError("beir_path must be a BEIR folder (or None for the shipped dev sample), got 'none'")
     model_args = ModelArguments(model_name_or_path=model_name_or_path)
     tokenizer = build_tokenizer(model_args)
     encoder = build_encoder(model_args, tokenizer)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     encoder.to(device).eval()
-    data_args = DataArguments(
-        eval_beir=beir_path or "default", eval_beir_split=split, eval_batch_size=batch_size
+    evaluator = _beir_evaluator(
+        beir_path or "default",
+        split,
+        tokenizer,
+        query_max_length=query_max_length,
+        document_max_length=document_max_length,
+        batch_size=batch_size,
     )
-    evaluator = build_evaluator(
-        data_args, tokenizer, query_max_length=query_max_length, document_max_length=document_max_length
-    )
-    return evaluator(encoder)  # type: ignore[misc]  # never None: eval_beir is a folder or "default"
+    return evaluator(encoder)

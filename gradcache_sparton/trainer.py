@@ -46,6 +46,8 @@ __all__ = ["CachedSpladeTrainer"]
 
 logger = logging.getLogger(__name__)
 
+# Loss components (SpladeLoss) counting non-zeros per rep: 0 means the reps collapsed.
+_NONZERO_COMPONENTS = ("nnz_query", "nnz_doc")
 # Files whose presence in output_dir means another run already wrote there.
 _RUN_FILES = ("trainer_state.json", "model.safetensors", "config.json", "training_args.bin")
 
@@ -187,6 +189,16 @@ class CachedSpladeTrainer(Trainer):
                     self._sequences_since_log * max(1, self.args.world_size) / (now - self._last_log_time), 2
                 )
             logs["global_batch_size"] = self.args.per_device_train_batch_size * max(1, self.args.world_size)
+            collapsed = [name for name in _NONZERO_COMPONENTS if logs.get(name) == 0.0]
+            if collapsed:
+                # relu passes no gradient once every activation is <= 0: training cannot recover from this.
+                logger.warning(
+                    "The sparse reps collapsed to all zeros (%s = 0 at step %d): the loss can no longer "
+                    "improve. Lower query_reg_weight/doc_reg_weight, lengthen reg_warmup_steps or lower the "
+                    "learning rate.",
+                    ", ".join(collapsed),
+                    self.state.global_step,
+                )
             self._component_sums, self._component_calls, self._sequences_since_log = {}, 0, 0
             self._last_log_time = now
         super().log(logs, start_time)

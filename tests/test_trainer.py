@@ -279,3 +279,22 @@ def test_bf16_training_on_gpu_runs_the_triton_head(
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert sum(losses[-2:]) < sum(losses[:2]), losses
+
+
+def test_collapsed_reps_are_reported(tmp_path, tokenizer, sample_rows, caplog) -> None:
+    """A logging window whose mean non-zeros per rep is 0 logs a warning naming the collapse and the fix."""
+    trainer = CachedSpladeTrainer(
+        _encoder(tokenizer, dropout=0.0),
+        _args(tmp_path / "run"),
+        train_dataset=sample_rows,
+        processing_class=tokenizer,
+    )
+    for nnz_query, expect_warning in ((3.0, False), (0.0, True)):
+        caplog.clear()
+        trainer._record(
+            {"nnz_query": torch.tensor(nnz_query), "nnz_doc": torch.tensor(5.0)},
+            {"query": {"input_ids": torch.zeros(2, 4)}},
+        )
+        with caplog.at_level("WARNING", logger="gradcache_sparton.trainer"):
+            trainer.log({"loss": 5.545})
+        assert ("collapsed to all zeros (nnz_query = 0" in caplog.text) == expect_warning, caplog.text
