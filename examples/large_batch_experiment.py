@@ -33,7 +33,7 @@ warm-up over the first 10% of steps and linear decay. The regularizer weights ra
 over the first third of each run's steps: the same share of training whatever the step count.
 
 Model: ``bert-small`` shape (D = 512, 4 layers, 8 heads; the bert-base-uncased vocabulary and shipped
-tokenizer), random weights, ``init_decoder_bias`` -0.5; queries truncated to 32 tokens, training passages
+tokenizer), random weights, the default ``init_decoder_bias`` (-1.0 for bert-small); queries truncated to 32 tokens, training passages
 to 64, dev abstracts to 256. bf16 on a GPU. Needs ``datasets`` (the trainer and the pair builder).
 
 GPU machine, from the repository root (each call under 10 minutes; one JSON per run in ``--out``):

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase, set_seed
 
-from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+from gradcache_sparton.arguments import (
+    INIT_DECODER_BIAS_SIGMAS,
+    CachedSpladeTrainingArguments,
+    DataArguments,
+    ModelArguments,
+)
 from gradcache_sparton.data import (
     beir_training_pairs,
     default_dev_beir_path,
@@ -70,9 +76,11 @@ def build_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase
             vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **model_args.backbone_shape()
         )
         encoder = SpladeEncoder.from_config(config, special_token_ids=special or ())
-        if model_args.init_decoder_bias is not None:
-            with torch.no_grad():
-                encoder.model.get_output_embeddings().bias.fill_(model_args.init_decoder_bias)
+        bias = model_args.init_decoder_bias
+        if bias is None:  # logits ~ N(0, sqrt(D) x init std) at init: start k of those below zero
+            bias = -INIT_DECODER_BIAS_SIGMAS * math.sqrt(config.hidden_size) * config.initializer_range
+        with torch.no_grad():
+            encoder.model.get_output_embeddings().bias.fill_(bias)
     encoder.check_tokenizer(tokenizer)
     return encoder
 

@@ -15,6 +15,7 @@ from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArgum
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import default_train_data_path, load_training_data
 from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.pipeline import build_encoder
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
 
@@ -298,3 +299,17 @@ def test_collapsed_reps_are_reported(tmp_path, tokenizer, sample_rows, caplog) -
         with caplog.at_level("WARNING", logger="gradcache_sparton.trainer"):
             trainer.log({"loss": 5.545})
         assert ("collapsed to all zeros (nnz_query = 0" in caplog.text) == expect_warning, caplog.text
+
+
+def test_random_init_decoder_bias_scales_with_width(tokenizer) -> None:
+    """The default decoder-bias start is -2.2 initial-logit deviations (-0.5 for bert-tiny, -1.0 for bert-small);
+    an explicit value wins."""
+    for config_name, expected in (("bert-tiny", -0.4978), ("bert-small", -0.9956)):
+        bias = (
+            build_encoder(ModelArguments(config_name=config_name), tokenizer)
+            .model.get_output_embeddings()
+            .bias
+        )
+        torch.testing.assert_close(bias, torch.full_like(bias, expected), rtol=0, atol=1e-4)
+    bias = build_encoder(ModelArguments(init_decoder_bias=0.0), tokenizer).model.get_output_embeddings().bias
+    assert torch.count_nonzero(bias) == 0
