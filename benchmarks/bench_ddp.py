@@ -86,8 +86,8 @@ def _encoder(config: BertConfig, device: torch.device) -> SpladeEncoder:
     torch.manual_seed(0)  # the same weights on every rank and for the reference
     encoder = SpladeEncoder.from_config(config)
     with torch.no_grad():
-        # A random-init head with bias 0 activates about half the vocabulary; -0.5 starts it sparse, as
-        # the training pipeline's init_decoder_bias does.
+        # A random-init head with bias 0 activates about half the vocabulary; -0.5 starts it sparser (fixed
+        # here so runs stay comparable; the training pipeline's default scales with the width).
         encoder.model.get_output_embeddings().bias.fill_(-0.5)
     return encoder.to(device).train()
 

@@ -4,7 +4,8 @@ Legend: B batch (triplets), S sequence, D hidden, V vocabulary.
 
 Model: a BERT-base-width masked LM with random weights (D = 768, 12 heads, FFN 3,072, 6 layers,
 V = 30,522; the "v250002" configurations change only V to XLM-R's 250,002), wrapped as a
-``SpladeEncoder`` (``init_decoder_bias`` -0.5 as in the training pipeline). Data: synthetic triplets
+``SpladeEncoder`` (decoder bias -0.5: fixed, so runs stay comparable; the training pipeline's default
+now scales with the width, -1.22 at D = 768). Data: synthetic triplets
 (query 32 tokens, positive 256, one hard negative 256) of random token ids, no padding, generated on
 the GPU: no tokenizer is involved, so the numbers are those of the model step alone. A step is
 
@@ -777,8 +778,8 @@ def main() -> int:
     parser.add_argument(
         "--init-decoder-bias",
         type=float,
-        help="decoder bias of the random-init head; sets how dense the reps are. Default -0.5, the "
-        "training pipeline's (0 with --smoke, whose tiny head would otherwise give all-zero reps)",
+        help="decoder bias of the random-init head; sets how dense the reps are. Default -0.5 (fixed so "
+        "that runs stay comparable; 0 with --smoke, whose tiny head would otherwise give all-zero reps)",
     )
     parser.add_argument("--profile", metavar="NAME", help="profile one configuration instead of benchmarking")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge train_step.json files into --out")
