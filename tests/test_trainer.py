@@ -313,3 +313,27 @@ def test_random_init_decoder_bias_scales_with_width(tokenizer) -> None:
         torch.testing.assert_close(bias, torch.full_like(bias, expected), rtol=0, atol=1e-4)
     bias = build_encoder(ModelArguments(init_decoder_bias=0.0), tokenizer).model.get_output_embeddings().bias
     assert torch.count_nonzero(bias) == 0
+
+
+def test_cli_config_file_sets_defaults_and_rejects_unknown_keys(tmp_path, capsys) -> None:
+    """`train --config` reads YAML/JSON values (flags still override) and refuses unknown argument names."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("per_device_train_batch_size: 16\nmini_batch_sise: 8\n")
+    assert main(["train", "--config", str(bad)]) == 2
+    assert "unknown argument(s) ['mini_batch_sise']" in capsys.readouterr().err
+    out = tmp_path / "run"
+    values = {
+        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+        "per_device_train_batch_size": 16, "mini_batch_size": 8, "query_max_length": 16,
+        "document_max_length": 32, "max_steps": 3, "max_train_samples": 32, "eval_beir": "none",
+        "use_cpu": True, "disable_tqdm": True, "report_to": "none", "output_dir": str(out),
+    }  # fmt: skip
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps(values))
+    assert main(["train", "--config", str(config), "--max_steps", "1"]) == 0
+    stdout = capsys.readouterr().out
+    summary = json.loads(stdout[stdout.rindex('{\n  "output_dir"') :])
+    assert summary["output_dir"] == str(out) and "eval_ndcg_at_10" not in summary  # eval_beir: none
+    assert summary["epoch"] == pytest.approx(
+        0.5
+    )  # 1 step (the flag) of 16 rows out of 32, not the config's 3
