@@ -136,8 +136,8 @@ def trainer_args(output_dir: Path, *, per_device_batch: int, **overrides) -> Cac
     return CachedSpladeTrainingArguments(**values)
 
 
-def trainer_model(tokenizer) -> SpladeEncoder:
-    """A dropout-free tiny SpladeEncoder over the real vocabulary, seeded."""
+def trainer_model(tokenizer, *, dropout: float = 0.0) -> SpladeEncoder:
+    """A tiny seeded SpladeEncoder over the real vocabulary (dropout-free unless asked)."""
     config = BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -145,8 +145,8 @@ def trainer_model(tokenizer) -> SpladeEncoder:
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     torch.manual_seed(0)
     return SpladeEncoder.from_config(config)

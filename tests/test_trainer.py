@@ -9,7 +9,8 @@ from typing import Any
 import datasets
 import pytest
 import torch
-from transformers import AutoModelForMaskedLM, BertConfig
+from distributed_helpers import trainer_model
+from transformers import AutoModelForMaskedLM
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
 from gradcache_sparton.cli import main
@@ -20,18 +21,7 @@ from gradcache_sparton.trainer import CachedSpladeTrainer
 
 
 def _encoder(tokenizer: Any, *, dropout: float) -> SpladeEncoder:
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
-    torch.manual_seed(0)
-    return SpladeEncoder.from_config(config)
+    return trainer_model(tokenizer, dropout=dropout)
 
 
 @pytest.fixture(scope="module")
