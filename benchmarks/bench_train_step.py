@@ -41,8 +41,9 @@ weights, gradients and AdamW state included (``peak_reserved_gib`` is the alloca
 A configuration that runs out of memory is a row with status "OOM"; the run goes on.
 
 Afterwards the issue's targets are computed from the rows (ratios within this run) and printed as
-PASS / MISS. ``--profile NAME`` instead runs one configuration under ``torch.profiler``: time per pass
-(GradCache Steps (1)-(3) and the optimizer, or forward / backward / optimizer) and the top kernels.
+PASS / MISS. ``--profile NAMES`` instead profiles configurations one by one: per pass (GradCache Steps
+(1)-(3) and the optimizer, or forward / backward / optimizer) the wall time against the device-busy
+time, the host-device synchronisations, the top kernels and the top host-side operators.
 
 Run on the GPU machine from the repository root (each call stays under ~8 minutes):
 
@@ -87,6 +88,8 @@ from gradcache_sparton import CachedLoss, GradCache, SpladeEncoder, SpladeLoss, 
 
 GiB = 2**30
 COLUMNS = ("query", "positive", "negative_1")
+# Host-side calls that wait for the GPU (what a ``.item()``, ``.tolist()`` or ``bool(tensor)`` costs).
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 # Reported target thresholds (issue 9).
 CACHED_VS_UNCACHED_MIN = 0.75
 SPEEDUP_MIN = 2.0
@@ -438,8 +441,17 @@ class Bench:
         return row
 
     def profile(self, config: StepConfig, out: Path) -> dict[str, Any]:
-        """Time each pass of one step (after a warm-up step) and list the top kernels (torch.profiler)."""
-        from torch.profiler import ProfilerActivity, profile, record_function
+        """Where one step's time goes, pass by pass: host-bound or device-bound, and which kernels.
+
+        After a warm-up step, one unprofiled step times each pass (GradCache Steps (1)-(3) and the
+        optimizer, or forward / backward / optimizer) between CUDA events. Then each pass runs once more
+        under ``torch.profiler``, alone, which gives its device-busy time (the sum of its kernels'
+        durations), its host-device synchronisations (``cudaStreamSynchronize`` and friends, e.g. a
+        ``.item()``) and its top kernels and top host-side operators. Wall time well above busy time
+        means the GPU waits for the host (launch overhead, synchronisations); close to it, the kernels
+        bound the pass.
+        """
+        from torch.profiler import ProfilerActivity, profile
 
         encoder = self.encoder(config.vocab)
         model: nn.Module = encoder if config.head == "sparton" else TorchHeadEncoder(encoder)
@@ -474,21 +486,45 @@ class Bench:
                 yield "backward", lambda: state.pop("loss").backward()
             yield "optimizer", lambda: (optimizer.step(), optimizer.zero_grad(set_to_none=True))
 
-        for _, fn in passes():  # warm-up step: compilation and optimizer state outside the profile
+        for _, fn in passes():  # warm-up step: compilation and optimizer state outside the measurements
             fn()
+        wall_ms = {name: self.timed(fn)[0] for name, fn in passes()}
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        phase_ms: dict[str, float] = {}
-        with profile(activities=activities) as prof:
-            for name, fn in passes():
-                with record_function(name):
-                    phase_ms[name], _ = self.timed(fn)
-        sort_by = "self_device_time_total" if self.cuda else "self_cpu_time_total"
-        table = prof.key_averages().table(sort_by=sort_by, row_limit=25, max_name_column_width=70)
+        sort_device = "self_device_time_total" if self.cuda else "self_cpu_time_total"
+        phases: dict[str, dict[str, Any]] = {}
+        text = [f"{config.name}"]
+        for name, fn in passes():
+            with profile(activities=activities) as prof:
+                profiled_ms, _ = self.timed(fn)
+            averages = prof.key_averages()
+            busy_ms = sum(e.self_device_time_total for e in averages if e.device_type.name == "CUDA") / 1e3
+            syncs = {e.key: e.count for e in averages if e.key in SYNC_EVENTS}
+            phases[name] = {
+                "wall_ms": wall_ms[name],
+                "profiled_wall_ms": profiled_ms,
+                "device_busy_ms": busy_ms,
+                "busy_fraction": busy_ms / wall_ms[name] if wall_ms[name] else None,
+                "syncs": syncs,
+            }
+            text.append(
+                f"\n== {name}: wall {wall_ms[name]:.1f} ms (under the profiler {profiled_ms:.1f} ms), "
+                f"device busy {busy_ms:.1f} ms, synchronisations {syncs or 'none'}"
+            )
+            text.append(averages.table(sort_by=sort_device, row_limit=15, max_name_column_width=70))
+            text.append(averages.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=70))
+        total_wall = sum(p["wall_ms"] for p in phases.values())
+        total_busy = sum(p["device_busy_ms"] for p in phases.values())
+        summary = (
+            f"{config.name}: step wall {total_wall:.1f} ms, device busy {total_busy:.1f} ms\n"
+            + "".join(
+                f"  {k}: wall {v['wall_ms']:.1f} ms, busy {v['device_busy_ms']:.1f} ms, syncs {v['syncs']}\n"
+                for k, v in phases.items()
+            )
+        )
         out.mkdir(parents=True, exist_ok=True)
-        text = f"{config.name}\n" + "".join(f"{k}: {v:.1f} ms\n" for k, v in phase_ms.items()) + table
-        (out / f"profile_{config.name}.txt").write_text(text)
-        print(text, flush=True)
-        return {"name": config.name, "phase_ms": phase_ms}
+        (out / f"profile_{config.name}.txt").write_text(summary + "\n".join(text))
+        print(summary, flush=True)
+        return {"name": config.name, "phases": phases, "step_wall_ms": total_wall, "step_busy_ms": total_busy}
 
 
 def free_memory(cuda: bool) -> None:
@@ -781,7 +817,9 @@ def main() -> int:
         help="decoder bias of the random-init head; sets how dense the reps are. Default -0.5 (fixed so "
         "that runs stay comparable; 0 with --smoke, whose tiny head would otherwise give all-zero reps)",
     )
-    parser.add_argument("--profile", metavar="NAME", help="profile one configuration instead of benchmarking")
+    parser.add_argument(
+        "--profile", metavar="NAMES", help="comma list of configurations to profile instead of benchmarking"
+    )
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge train_step.json files into --out")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes for a CPU check of the script")
     args = parser.parse_args()
@@ -801,9 +839,11 @@ def main() -> int:
     bench = Bench(args, scale, device)
     meta = metadata(device, scale, args)
     if args.profile:
-        config = parse_config_name(args.profile)
-        result = bench.profile(config, out)
-        (out / f"profile_{config.name}.json").write_text(json.dumps({"meta": meta, **result}, indent=1))
+        for name in filter(None, (n.strip() for n in args.profile.split(","))):
+            config = parse_config_name(name)
+            result = bench.profile(config, out)
+            (out / f"profile_{config.name}.json").write_text(json.dumps({"meta": meta, **result}, indent=1))
+            free_memory(bench.cuda)
         return 0
     plans = select_plans(args.configs, scale)
     rows = run_plans(bench, plans, out, meta, deadline=start + args.time_budget)

@@ -365,7 +365,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--config_name", default="bert-small", help="backbone shape (random init)")
     p.add_argument("--mini_batch_size", type=int, default=128, help="GradCache mini-batch (memory only)")
     p.add_argument("--num_train_epochs", type=int, default=20)
-    p.add_argument("--learning_rate", type=float, default=5e-4, help="at --lr_reference_batch")
+    p.add_argument("--learning_rate", type=float, default=1e-4, help="at --lr_reference_batch")
     p.add_argument("--lr_reference_batch", type=int, default=256)
     p.add_argument("--lr_scaling", choices=("sqrt", "linear", "none"), default="sqrt")
     p.add_argument("--sentences_per_passage", type=int, default=2)

@@ -297,9 +297,11 @@ class SpladeEncoder(nn.Module):
                 "call encoder.tie_weights()"
             )
         hidden_states = self.token_hidden_states(input_ids, attention_mask, token_type_ids, **kwargs)
-        mask = attention_mask
+        # Non-zero means "attend", as the backbone itself reads the mask (transformers casts it to bool).
+        # A bool mask also spares the head its 0/1 value check, a device sync per call.
+        mask = attention_mask.bool()  # [B, S]
         if self._special_token_ids.numel() > 0:
-            mask = attention_mask * ~torch.isin(input_ids, self._special_token_ids)  # [B, S]
+            mask = mask & ~torch.isin(input_ids, self._special_token_ids)  # [B, S]
         return self.head(hidden_states, mask)  # [B, S, D] · [V, D] -> [B, V], logits never formed
 
     # ------------------------------------------------------------------ checkpointing and saving

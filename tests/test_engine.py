@@ -26,7 +26,7 @@ from engine_helpers import (
     uncached_loss,
 )
 
-from gradcache_sparton.engine import AutocastState, GradCache, RngState, row_slices, trim_trailing_padding
+from gradcache_sparton.engine import AutocastState, GradCache, RngState, iter_mini_batches, row_slices
 
 RTOL_FP32 = 1e-5  # see the module docstring
 BATCH = 8
@@ -90,23 +90,26 @@ def test_row_slices_cover_batch_with_short_last() -> None:
     assert list(row_slices(2, 5)) == [slice(0, 2)]
 
 
-def test_trim_trailing_padding_cuts_to_longest_row() -> None:
-    """[B, S] features are cut to the last kept position of any row; other features are untouched."""
-    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
+def test_mini_batches_are_cut_to_their_own_longest_row() -> None:
+    """Each mini-batch's [B, S] features end at its own last kept position; other features are row-sliced."""
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
     features = {
-        "input_ids": torch.arange(10).view(2, 5),
+        "input_ids": torch.arange(25).view(5, 5),
         "attention_mask": mask,
-        "labels": torch.tensor([3, 4]),
+        "labels": torch.arange(5),
     }
-    trimmed = trim_trailing_padding(features)
-    assert torch.equal(trimmed["input_ids"], torch.tensor([[0, 1, 2], [5, 6, 7]]))
-    assert torch.equal(trimmed["attention_mask"], mask[:, :3])
-    assert trimmed["labels"] is features["labels"]
+    got = list(iter_mini_batches(features, 5, 2))
+    assert [rows for rows, _ in got] == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    (_, first), (_, second), (_, last) = got
+    assert torch.equal(first["input_ids"], torch.tensor([[0, 1, 2], [5, 6, 7]]))
+    assert torch.equal(first["attention_mask"], mask[:2, :3])
+    assert torch.equal(first["labels"], torch.tensor([0, 1]))
+    assert torch.equal(second["input_ids"], features["input_ids"][2:4])  # a full-length row: no cut
+    assert last["attention_mask"].shape == (1, 1)  # fully masked: one position kept
     left_padded = {"attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}
-    assert trim_trailing_padding(left_padded)["attention_mask"].shape == (2, 3)
-    fully_masked = {"attention_mask": torch.zeros(2, 4, dtype=torch.long)}
-    assert trim_trailing_padding(fully_masked)["attention_mask"].shape == (2, 1)
-    assert trim_trailing_padding({"input_ids": torch.ones(2, 4)})["input_ids"].shape == (2, 4)
+    assert next(iter_mini_batches(left_padded, 2, 2))[1]["attention_mask"].shape == (2, 3)
+    no_mask = {"input_ids": torch.ones(3, 4)}
+    assert [f["input_ids"].shape for _, f in iter_mini_batches(no_mask, 3, 2)] == [(2, 4), (1, 4)]
 
 
 @pytest.mark.parametrize("n_columns", [2, 3])

@@ -20,7 +20,7 @@ from gradcache_sparton.engine.gradcache import (
     MiniBatchContext,
     ReplayState,
 )
-from gradcache_sparton.engine.mini_batch import row_slices, trim_trailing_padding
+from gradcache_sparton.engine.mini_batch import iter_mini_batches, row_slices
 from gradcache_sparton.engine.rng_state import RngState
 
 __all__ = [
@@ -38,6 +38,6 @@ __all__ = [
     "RngState",
     "ddp_no_sync_context",
     "gather_global_batch",
+    "iter_mini_batches",
     "row_slices",
-    "trim_trailing_padding",
 ]

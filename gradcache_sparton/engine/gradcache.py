@@ -43,7 +43,7 @@ from gradcache_sparton.engine.distributed import (
     find_ddp,
     gather_global_batch,
 )
-from gradcache_sparton.engine.mini_batch import row_slices, trim_trailing_padding
+from gradcache_sparton.engine.mini_batch import iter_mini_batches
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 
 __all__ = [
@@ -187,7 +187,7 @@ class GradCache:
 
         Before each mini-batch the CPU generator and the generators of every CUDA device its inputs
         (and the encoder's parameters) live on are captured; the autocast state is captured once.
-        Each mini-batch's trailing padding is trimmed first (see :func:`trim_trailing_padding`).
+        Each mini-batch's trailing padding is trimmed first (see :func:`iter_mini_batches`).
         """
         self.check_columns(columns)
         sizes = self._mini_batch_sizes(columns)
@@ -205,8 +205,7 @@ class GradCache:
             for column, features in columns.items():
                 column_reps: list[Tensor] = []
                 column_mini_batches: list[MiniBatch] = []
-                for rows in row_slices(_rows(features), sizes[column]):
-                    mb_features = trim_trailing_padding({name: t[rows] for name, t in features.items()})
+                for rows, mb_features in iter_mini_batches(features, _rows(features), sizes[column]):
                     rng = RngState.capture((*cuda_devices_of(mb_features.values()), *encoder_devices))
                     rep = self.encoder(**mb_features)  # [mb, V]
                     _check_rep(rep, column, rows)

@@ -1,4 +1,4 @@
-"""Cutting one input column into mini-batches, and trimming each mini-batch's trailing padding.
+"""Cutting one input column into mini-batches, each trimmed of its trailing padding.
 
 Legend: B batch (rows of a column), S sequence.
 """
@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import Tensor
 
-__all__ = ["row_slices", "trim_trailing_padding"]
+__all__ = ["iter_mini_batches", "row_slices"]
 
 
 def row_slices(batch_size: int, mini_batch_size: int) -> Iterator[slice]:
@@ -22,26 +22,45 @@ def row_slices(batch_size: int, mini_batch_size: int) -> Iterator[slice]:
         yield slice(start, min(start + mini_batch_size, batch_size))
 
 
-def trim_trailing_padding(features: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Cut every [B, S] feature to the last position that any row's ``attention_mask`` keeps.
+def iter_mini_batches(
+    features: Mapping[str, Tensor], batch_size: int, mini_batch_size: int
+) -> Iterator[tuple[slice, dict[str, Tensor]]]:
+    """(rows, features of those rows) per mini-batch, each cut to its own longest row.
 
     A mini-batch of short texts cut from a batch padded to its longest text need not pay for the
-    padding: with an attention mask, trailing padded positions change no real position's output.
-    Features that are not [B, S] with the mask's S (e.g. [B] labels) are returned unchanged, and so
-    is everything when there is no 2-D ``attention_mask``. At least one position is kept, so a
-    mini-batch of fully masked rows keeps its shape valid for the encoder.
+    padding: with an attention mask, trailing padded positions change no real position's output. Every
+    [B, S] feature (S the mask's) is cut after the last position that any row of the mini-batch keeps;
+    other features (e.g. [B] labels) are sliced by rows only, and nothing is cut when there is no 2-D
+    ``attention_mask``. At least one position is kept, so fully masked rows keep a valid shape.
+
+    The kept lengths of all rows are read back from the device once per column, not once per
+    mini-batch: each read is a synchronisation that stalls the host's kernel queue.
     """
-    mask = features.get("attention_mask")
-    if mask is None or mask.ndim != 2:
-        return dict(features)
-    batch_size, seq_len = mask.shape
-    # [B, S] -> [S]: which positions some row keeps; the last such position + 1 is the length to keep.
-    kept_positions = mask.ne(0).any(dim=0)
-    positions = torch.arange(1, seq_len + 1, device=mask.device)
-    keep = max(int((kept_positions * positions).max()), 1) if seq_len > 0 else seq_len
-    if keep == seq_len:
-        return dict(features)
-    return {
-        name: value[:, :keep].contiguous() if value.shape == (batch_size, seq_len) else value
-        for name, value in features.items()
-    }
+    lengths = _kept_lengths(features.get("attention_mask"))
+    seq_len = features["attention_mask"].shape[1] if lengths is not None else 0
+    for rows in row_slices(batch_size, mini_batch_size):
+        sliced = {name: value[rows] for name, value in features.items()}
+        if lengths is None:
+            yield rows, sliced
+            continue
+        keep = max(max(lengths[rows]), 1)
+        if keep == seq_len:
+            yield rows, sliced
+            continue
+        shape = (rows.stop - rows.start, seq_len)
+        yield (
+            rows,
+            {
+                name: value[:, :keep].contiguous() if value.shape == shape else value
+                for name, value in sliced.items()
+            },
+        )
+
+
+def _kept_lengths(mask: Tensor | None) -> list[int] | None:
+    """Per row, 1 + the last position its mask keeps (0 for a fully masked row); None without a [B, S] mask."""
+    if mask is None or mask.ndim != 2 or mask.shape[1] == 0:
+        return None
+    # [B, S] -> [B]: position numbers 1..S where kept, 0 elsewhere; the row's max is its kept length.
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return (mask.ne(0) * positions).amax(dim=1).tolist()
