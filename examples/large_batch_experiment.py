@@ -165,7 +165,7 @@ def learning_rate(batch_size: int, args: argparse.Namespace) -> float:
 def run(batch_size: int, pairs: Any, pair_stats: dict, args: argparse.Namespace, out: Path) -> dict:
     """Train at effective ``batch_size``, evaluate, write ``run_b<batch>.json``; return its record."""
     cuda = torch.cuda.is_available()
-    model_args = ModelArguments(config_name=args.config_name)
+    model_args = ModelArguments(config_name=args.config_name, init_decoder_bias=args.init_decoder_bias)
     tokenizer = build_tokenizer(model_args)
     transformers.set_seed(args.seed)  # the same initial weights in every run
     encoder = build_encoder(model_args, tokenizer)
@@ -195,6 +195,7 @@ def run(batch_size: int, pairs: Any, pair_stats: dict, args: argparse.Namespace,
         warmup_steps=math.ceil(0.1 * total_steps),
         weight_decay=0.01,
         reg_warmup_steps=math.ceil(total_steps / 3),
+        temperature=args.temperature,
         query_max_length=args.query_max_length,
         document_max_length=args.document_max_length,
         bf16=cuda,
@@ -368,6 +369,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--learning_rate", type=float, default=1e-4, help="at --lr_reference_batch")
     p.add_argument("--lr_reference_batch", type=int, default=256)
     p.add_argument("--lr_scaling", choices=("sqrt", "linear", "none"), default="sqrt")
+    p.add_argument(
+        "--init_decoder_bias",
+        type=float,
+        help="decoder bias of the random-init head (default: the model default, -2.2 initial-logit deviations)",
+    )
+    p.add_argument("--temperature", type=float, default=1.0, help="InfoNCE temperature")
     p.add_argument("--sentences_per_passage", type=int, default=2)
     p.add_argument("--query_max_length", type=int, default=32)
     p.add_argument("--document_max_length", type=int, default=64, help="training passages (tokens)")
