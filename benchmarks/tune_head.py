@@ -39,6 +39,12 @@ FWD_CANDIDATES = [
     ForwardBlocks(64, 256, 64, 8, 4, 4),
     ForwardBlocks(256, 128, 64, 8, 8, 4),
     ForwardBlocks(128, 256, 32, 8, 8, 5),
+    # short sequences (queries, S = 32): the default for S <= 32 first
+    ForwardBlocks(32, 128, 64, 8, 4, 4),
+    ForwardBlocks(32, 128, 64, 8, 4, 3),
+    ForwardBlocks(32, 256, 64, 8, 8, 3),
+    ForwardBlocks(32, 64, 64, 8, 4, 4),
+    ForwardBlocks(64, 128, 64, 8, 4, 3),
 ]
 # BackwardBlocks(e_block_v, e_block_d, e_num_warps, h_block_n, h_block_d, h_num_warps)
 BWD_CANDIDATES = [

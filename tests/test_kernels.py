@@ -46,6 +46,7 @@ DTYPES = [
 SHAPES = [
     pytest.param(3, 37, 24, 53, True, id="B3-S37-D24-V53-bias"),
     pytest.param(4, 45, 40, 70, False, id="B4-S45-D40-V70-nobias"),
+    pytest.param(5, 29, 24, 53, True, id="B5-S29-D24-V53-bias-short"),  # the GPU's short-sequence tiles
 ]
 
 
@@ -163,6 +164,19 @@ def test_triton_forward_matches_reference(kernel_device, dtype, rtol, B, S, D, V
     clear = (mx_ref > 0) & (_top2_gap(h, e, b, m) > 1e-4)
     assert clear.float().mean() > 0.5  # most columns are checked: the test cannot pass vacuously
     assert torch.equal(arg[clear].long(), arg_ref[clear])
+
+
+def test_forward_tiles_follow_sequence_length(monkeypatch) -> None:
+    """On a GPU, 16-bit sequences of up to 32 positions get the short tile, longer ones the 256-wide one."""
+    from gradcache_sparton.kernels import sparton
+
+    monkeypatch.setattr(sparton, "_interpreting", lambda: False)
+    for S in (1, 29, 32):
+        blocks = sparton._default_forward_blocks(torch.bfloat16, S)
+        assert blocks.block_s == 32 and blocks.block_s >= S
+    assert sparton._default_forward_blocks(torch.float16, 33).block_s == 256
+    assert sparton._default_forward_blocks(torch.bfloat16, 512).block_s == 256
+    assert sparton._default_forward_blocks(torch.float32, 16).block_s == 64  # fp32: FMA tiles, any S
 
 
 def test_triton_forward_ties_pick_first_position(kernel_device) -> None:
