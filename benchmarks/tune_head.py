@@ -39,7 +39,7 @@ FWD_CANDIDATES = [
     ForwardBlocks(64, 256, 64, 8, 4, 4),
     ForwardBlocks(256, 128, 64, 8, 8, 4),
     ForwardBlocks(128, 256, 32, 8, 8, 5),
-    # short sequences (queries, S = 32): the default for S <= 32 first
+    # short sequences (queries, S = 32); the default for S <= 32 is 32 x 256, 8 warps, 3 stages
     ForwardBlocks(32, 128, 64, 8, 4, 4),
     ForwardBlocks(32, 128, 64, 8, 4, 3),
     ForwardBlocks(32, 256, 64, 8, 8, 3),
