@@ -87,8 +87,8 @@ _FWD_GPU_16BIT = ForwardBlocks(block_s=256, block_v=128, block_d=64, group_b=8, 
 # B=128, S=32, D=768, V=30,522 on an H100 (benchmarks/tune_head.py --shape 128,32,768,30522,
 # 2026-11-22), ms: 32x256 (N x M), 8 warps, 3 stages 0.78; 32x128 4 warps 3 stages 0.84 (4 stages
 # 0.91); 32x64 0.96; 64x128 0.99; 64x256 1.33; the long-sequence 256x128 default 2.98.
-_FWD_GPU_16BIT_SHORT = ForwardBlocks(block_s=32, block_v=256, block_d=64, group_b=8, num_warps=8, num_stages=3)
-    block_s=32, block_v=128, block_d=64, group_b=8, num_warps=4, num_stages=4
+_FWD_GPU_16BIT_SHORT = ForwardBlocks(
+    block_s=32, block_v=256, block_d=64, group_b=8, num_warps=8, num_stages=3
 )
 # fp32 inputs use IEEE fp32 FMA dots (no TF32: the head must match the fp32 reference to 1e-5), so the
 # tensor-core tile gains nothing; a smaller tile keeps register pressure of the fp32 operands sane.
