@@ -48,9 +48,8 @@ time, the host-device synchronisations, the top kernels and the top host-side op
 Run on the GPU machine from the repository root (each call stays under ~8 minutes):
 
     export PYTHONPATH=$PWD:$PYTHONPATH PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    python benchmarks/bench_train_step.py --out $OUT/train_step                  # all but "huge"
-    python benchmarks/bench_train_step.py --configs huge --out $OUT/train_step_huge
-    python benchmarks/bench_train_step.py --profile cached-sparton-v30522-b1024-mb128 --out $OUT/prof
+    python benchmarks/bench_train_step.py --configs all,huge --time-budget 430 --out $OUT/train_step
+    python benchmarks/bench_train_step.py --profile cached-sparton-v30522-b256-mb32,cached-torch-v30522-b256-mb32 --out $OUT/prof
     python benchmarks/bench_train_step.py --merge A/train_step.json B/train_step.json --out merged
 
 It writes ``train_step.json`` (rows, targets, device, versions, date; rewritten after every
