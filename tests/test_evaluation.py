@@ -23,7 +23,7 @@ from gradcache_sparton.evaluation import (
     retrieval_metrics,
     retrieve,
 )
-from gradcache_sparton.kernels import sparton_head_reference
+from gradcache_sparton.modeling import SpladeEncoder
 
 # ------------------------------------------------------------------------------------------ encoders
 
@@ -44,22 +44,6 @@ class BagOfWords(nn.Module):
         values = torch.relu(self.weight)[input_ids] * keep  # [B, S]
         reps = torch.zeros(input_ids.shape[0], self.weight.numel(), device=input_ids.device)
         return reps.scatter_reduce(1, input_ids, values, reduce="amax")  # [B, V]
-
-
-class TinySplade(nn.Module):
-    """A real SPLADE encoder for smoke tests: tiny random BERT + the reference max-pooled head."""
-
-    def __init__(self, mlm: BertForMaskedLM) -> None:
-        super().__init__()
-        self.mlm = mlm
-
-    def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
-    ) -> Tensor:
-        hidden = self.mlm.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        transformed = self.mlm.cls.predictions.transform(hidden)  # [B, S, D]
-        decoder = self.mlm.cls.predictions.decoder
-        return sparton_head_reference(transformed, decoder.weight, decoder.bias, attention_mask)  # [B, V]
 
 
 @pytest.fixture
@@ -260,7 +244,7 @@ def test_evaluator_runs_tiny_splade_on_shipped_dev_subset(tokenizer, tiny_bert_m
         queries={q: dev.queries[q] for q in query_ids},
         qrels={q: {d: r for d, r in dev.qrels[q].items() if d in set(doc_ids)} for q in query_ids},
     )
-    encoder = TinySplade(tiny_bert_mlm)
+    encoder = SpladeEncoder(tiny_bert_mlm)  # the CPU path: the chunked reference head
     kwargs = {"tokenizer": tokenizer, "document_max_length": 64, "batch_size": 8, "show_progress": False}
     first = SparseRetrievalEvaluator(subset, **kwargs)(encoder)
     assert first == SparseRetrievalEvaluator(subset, **kwargs)(encoder)
