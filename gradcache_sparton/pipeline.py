@@ -29,6 +29,7 @@ from gradcache_sparton.data import (
     default_train_data_path,
     load_beir,
     load_training_data,
+    read_corpus,
     self_supervised_pairs,
 )
 from gradcache_sparton.evaluation import RetrievalEvalCallback, SparseRetrievalEvaluator
@@ -97,10 +98,10 @@ def build_train_dataset(data_args: DataArguments, *, seed: int) -> Any:
     if data_args.train_beir is not None:
         parts.append(beir_training_pairs(load_beir(data_args.train_beir, split=data_args.train_beir_split)))
     if data_args.self_supervised_corpus is not None:
-        corpus = _read_corpus(data_args.self_supervised_corpus)
+        corpus = read_corpus(data_args.self_supervised_corpus)
         parts.append(
             self_supervised_pairs(
-                [doc["text"] for doc in corpus], titles=[doc["title"] for doc in corpus], seed=seed
+                [doc.text for doc in corpus], titles=[doc.title for doc in corpus], seed=seed
             )
         )
     column_sets = {tuple(part.column_names) for part in parts}
@@ -112,15 +113,6 @@ def build_train_dataset(data_args: DataArguments, *, seed: int) -> Any:
     if data_args.max_train_samples is not None:
         dataset = dataset.shuffle(seed=seed).select(range(min(data_args.max_train_samples, len(dataset))))
     return dataset
-
-
-def _read_corpus(folder: str) -> list[dict[str, str]]:
-    path = Path(folder) / "corpus.jsonl"
-    if not path.is_file():
-        raise ValueError(f"self_supervised_corpus {folder!r} has no corpus.jsonl")
-    with path.open(encoding="utf-8") as f:
-        docs = [json.loads(line) for line in f if line.strip()]
-    return [{"title": doc.get("title") or "", "text": doc["text"]} for doc in docs]
 
 
 def build_evaluator(

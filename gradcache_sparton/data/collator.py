@@ -1,0 +1,167 @@
+"""The training collator: rows -> ``{"columns": {name: tokenizer features}, "loss_kwargs": {...}}``.
+
+Legend: B batch, S sequence.
+
+Collator output (:class:`TrainingCollator`, typed as :class:`TrainingBatch`)
+    ``{"columns": {"query": {...}, "positive": {...}, "negative_1": {...}, ...},
+    "loss_kwargs": {"teacher_scores": Tensor [B, ...], ...}}``
+    where each column maps to the tokenizer's features (``input_ids``, ``attention_mask`` and,
+    for BERT, ``token_type_ids``), each [B, S_column]: ``batch["columns"]`` is exactly the engine's
+    batch contract, ``batch["loss_kwargs"]`` goes to ``loss_fn(reps, **loss_kwargs)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from gradcache_sparton.data.columns import (
+    NEGATIVE_PREFIX,
+    NEGATIVES_COLUMN,
+    QUERY_COLUMN,
+    negative_number,
+    text_columns_of,
+)
+
+__all__ = ["TrainingBatch", "TrainingCollator"]
+
+
+class TrainingBatch(TypedDict):
+    """What :class:`TrainingCollator` returns.
+
+    - ``columns``: column name -> tokenizer features (``input_ids``, ``attention_mask``, ...), each
+      [B, S_column], in column order query, positive, negative_1, ..., negative_k (the engine contract).
+    - ``loss_kwargs``: extra numeric column name -> tensor with the batch dimension first (e.g.
+      ``teacher_scores`` [B, 1 + k]); empty when the data has no extra column.
+    """
+
+    columns: dict[str, dict[str, Tensor]]
+    loss_kwargs: dict[str, Tensor]
+
+
+@dataclass
+class TrainingCollator:
+    """Tokenise a list of training rows into a :class:`TrainingBatch`.
+
+    Each text column is tokenised on its own with ``padding=True`` (to the longest row of the batch),
+    ``truncation=True`` and ``pad_to_multiple_of`` (8: tensor-core friendly shapes): the ``query``
+    column to at most ``query_max_length`` tokens, every document column (positive and negatives) to
+    at most ``document_max_length`` tokens. Truncation is the configured behaviour: a longer text
+    keeps its first ``max_length`` tokens (special tokens included). Both max lengths must be multiples
+    of ``pad_to_multiple_of`` (a transformers requirement when truncating and padding together).
+
+    A ``negatives`` list column becomes ``negative_1..k``. Extra columns must be numeric and become
+    ``loss_kwargs`` tensors (``torch.tensor`` of the batch's values: ints stay int64, floats become
+    float32). The collator does not depend on the batch size; training drops the last incomplete
+    batch in the dataloader (``dataloader_drop_last=True``), not here.
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    query_max_length: int = 32
+    document_max_length: int = 256
+    pad_to_multiple_of: int | None = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, PreTrainedTokenizerBase):
+            raise TypeError(
+                f"tokenizer must be a PreTrainedTokenizerBase, got {type(self.tokenizer).__name__}"
+            )
+        for name in ("query_max_length", "document_max_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.pad_to_multiple_of is not None and (
+            isinstance(self.pad_to_multiple_of, bool)
+            or not isinstance(self.pad_to_multiple_of, int)
+            or self.pad_to_multiple_of < 1
+        ):
+            raise ValueError(
+                f"pad_to_multiple_of must be a positive int or None, got {self.pad_to_multiple_of!r}"
+            )
+        if self.pad_to_multiple_of is not None:
+            # transformers refuses to truncate to a length it could not pad to a multiple of.
+            for name in ("query_max_length", "document_max_length"):
+                if getattr(self, name) % self.pad_to_multiple_of:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)} must be a multiple of pad_to_multiple_of="
+                        f"{self.pad_to_multiple_of} (tokenizers cannot truncate to it and pad to a multiple)"
+                    )
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> TrainingBatch:
+        if len(rows) == 0:
+            raise ValueError("rows is empty: a batch needs at least one row")
+        texts = self._text_columns(rows)
+        columns: dict[str, dict[str, Tensor]] = {}
+        for name, values in texts.items():
+            max_length = self.query_max_length if name == QUERY_COLUMN else self.document_max_length
+            encoded = self.tokenizer(
+                values,
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                return_tensors="pt",
+            )
+            columns[name] = dict(encoded)  # [B, S_column] each
+        return TrainingBatch(columns=columns, loss_kwargs=self._loss_kwargs(rows))
+
+    def _text_columns(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+        names = text_columns_of(rows[0].keys())
+        texts: dict[str, list[str]] = {name: [] for name in names if name != NEGATIVES_COLUMN}
+        num_listed = len(rows[0][NEGATIVES_COLUMN]) if NEGATIVES_COLUMN in names else 0
+        for i in range(num_listed):
+            texts[f"{NEGATIVE_PREFIX}{i + 1}"] = []
+        for index, row in enumerate(rows):
+            for name in names:
+                if name not in row:
+                    raise ValueError(f"row {index} of the batch has no column {name!r} (row 0 has it)")
+                if name == NEGATIVES_COLUMN:
+                    listed = row[name]
+                    if (
+                        not isinstance(listed, Sequence)
+                        or isinstance(listed, str)
+                        or len(listed) != num_listed
+                    ):
+                        raise ValueError(
+                            f"row {index} of the batch: column {NEGATIVES_COLUMN!r} must be a list of "
+                            f"{num_listed} texts like row 0's, got {listed!r:.80}"
+                        )
+                    values = {f"{NEGATIVE_PREFIX}{i + 1}": text for i, text in enumerate(listed)}
+                else:
+                    values = {name: row[name]}
+                for column, text in values.items():
+                    if not isinstance(text, str):
+                        raise ValueError(
+                            f"row {index} of the batch: column {column!r} must be a str, got "
+                            f"{type(text).__name__} (rows must all have the same number of negatives)"
+                        )
+                    texts[column].append(text)
+            extra_negatives = [n for n in row if negative_number(n) is not None and n not in names]
+            if extra_negatives:
+                raise ValueError(f"row {index} of the batch has column(s) {extra_negatives} that row 0 lacks")
+        return texts
+
+    @staticmethod
+    def _loss_kwargs(rows: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
+        text_names = set(text_columns_of(rows[0].keys()))
+        loss_kwargs: dict[str, Tensor] = {}
+        for name in rows[0]:
+            if name in text_names:
+                continue
+            values = [row.get(name) for row in rows]
+            try:
+                tensor = torch.tensor(values)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise ValueError(
+                    f"extra column {name!r} must hold numbers (or equal-length lists of numbers) in every "
+                    f"row to become a loss_kwargs tensor; torch.tensor failed: {exc}"
+                ) from None
+            if tensor.is_floating_point():
+                tensor = tensor.float()
+            loss_kwargs[name] = tensor  # [B, ...]
+        return loss_kwargs

@@ -1,0 +1,115 @@
+"""Validation of a ``datasets.Dataset`` of training rows (columns, types, nulls, list lengths)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradcache_sparton.data.columns import (
+    NEGATIVE_PREFIX,
+    NEGATIVES_COLUMN,
+    POSITIVE_COLUMN,
+    QUERY_COLUMN,
+    text_columns_of,
+)
+
+if TYPE_CHECKING:
+    import datasets
+    import pyarrow as pa
+
+__all__ = ["validate_training_dataset"]
+
+# Rows per Arrow batch when validating a dataset: bounds memory on large datasets.
+_VALIDATION_BATCH_ROWS = 10_000
+
+
+def _is_numeric(arrow_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return (
+        pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type)
+    )
+
+
+def _is_list(arrow_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    )
+
+
+def _is_string(arrow_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+
+def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
+    """Check a training dataset and return its text columns in collator order.
+
+    Checks, each raising ``ValueError`` that names the column (and row, where one is at fault):
+    the dataset is non-empty; ``query`` and ``positive`` exist; negatives are ``negative_1..k``
+    without gaps or one ``negatives`` list column, not both; text columns are strings with no null
+    cell (a null ``negative_i`` cell is a row with fewer negatives); every ``negatives`` list has the
+    same length; every other column is numeric, and a list-valued one has the same length in every row.
+
+    Returns e.g. ``["query", "positive", "negative_1", "negative_2"]`` or
+    ``["query", "positive", "negatives"]``.
+    """
+    import datasets
+    import pyarrow.compute as pc
+
+    if not isinstance(dataset, datasets.Dataset):
+        raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}")
+    if len(dataset) == 0:
+        raise ValueError("dataset is empty: training needs at least one (query, positive) row")
+    columns = text_columns_of(dataset.column_names)
+    schema = dataset.features.arrow_schema
+    extras = [name for name in dataset.column_names if name not in columns]
+    for name in columns:
+        arrow_type = schema.field(name).type
+        ok = (
+            _is_list(arrow_type) and _is_string(arrow_type.value_type)
+            if name == NEGATIVES_COLUMN
+            else _is_string(arrow_type)
+        )
+        if not ok:
+            expected = "a list of strings" if name == NEGATIVES_COLUMN else "strings"
+            raise ValueError(f"column {name!r} must hold {expected}, got Arrow type {arrow_type}")
+    for name in extras:
+        arrow_type = schema.field(name).type
+        if not (_is_numeric(arrow_type) or (_is_list(arrow_type) and _is_numeric(arrow_type.value_type))):
+            raise ValueError(
+                f"column {name!r} (Arrow type {arrow_type}) is neither a text column "
+                f"({QUERY_COLUMN}, {POSITIVE_COLUMN}, {NEGATIVE_PREFIX}<i>, {NEGATIVES_COLUMN}) nor numeric "
+                f"(passed to the loss as loss_kwargs); remove it with dataset.remove_columns([{name!r}])"
+            )
+    list_columns = [name for name in [*columns, *extras] if _is_list(schema.field(name).type)]
+    first_lengths: dict[str, int] = {}
+    offset = 0
+    # Arrow batches honour any indices mapping (select/shuffle) and bound memory on large datasets.
+    for table in dataset.with_format("arrow").iter(batch_size=_VALIDATION_BATCH_ROWS):
+        for name in [*columns, *extras]:
+            nulls = pc.is_null(table.column(name))
+            if pc.any(nulls).as_py():
+                row = offset + pc.index(nulls, True).as_py()
+                raise ValueError(
+                    f"column {name!r} is empty (null) in row {row}: every row needs a value in every "
+                    "column (rows must all have the same number of negatives)"
+                )
+        for name in list_columns:
+            lengths = pc.list_value_length(table.column(name))
+            expected = first_lengths.setdefault(name, lengths[0].as_py())
+            wrong = pc.not_equal(lengths, expected)
+            if pc.any(wrong).as_py():
+                row = offset + pc.index(wrong, True).as_py()
+                raise ValueError(
+                    f"column {name!r}: row {row} has {lengths[row - offset].as_py()} entries but row 0 has "
+                    f"{expected}; every row needs the same number"
+                )
+        offset += table.num_rows
+    if first_lengths.get(NEGATIVES_COLUMN) == 0:
+        raise ValueError(f"column {NEGATIVES_COLUMN!r} holds empty lists: drop the column instead")
+    return columns

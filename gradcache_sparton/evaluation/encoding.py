@@ -1,0 +1,100 @@
+"""Encoding texts with a sparse encoder ``encoder(**features) -> [B, V]`` into :class:`SparseReps`.
+
+Legend: B batch, S sequence, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
+
+__all__ = ["PAD_TO_MULTIPLE_OF", "Encoder", "encode_texts", "encoder_device"]
+
+Encoder = Callable[..., Tensor]
+
+# Pad like the training collator: shapes that are multiples of 8 suit tensor cores.
+PAD_TO_MULTIPLE_OF = 8
+
+
+def encoder_device(encoder: Encoder) -> torch.device:
+    """The device of the encoder's first parameter (CPU for a parameterless callable)."""
+    if isinstance(encoder, nn.Module):
+        for parameter in encoder.parameters():
+            return parameter.device
+    return torch.device("cpu")
+
+
+def encode_texts(
+    encoder: Encoder,
+    texts: Sequence[str],
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    batch_size: int = 64,
+    device: torch.device | str | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    show_progress: bool = True,
+    desc: str = "Encoding",
+) -> SparseReps:
+    """Encode ``texts`` with ``encoder(**features) -> [B, V]`` and keep the reps sparsely, on CPU.
+
+    Texts are tokenised like the training collator (``truncation=True`` to ``max_length``,
+    ``padding=True``, ``pad_to_multiple_of=8``) in batches of ``batch_size``, longest first (less
+    padding), under ``torch.no_grad()`` and, if ``autocast_dtype`` is given, ``torch.autocast``.
+    ``device`` defaults to the device of the encoder's first parameter (CPU for a parameterless
+    callable). An ``nn.Module`` encoder is put in eval mode for the call and restored afterwards.
+    The result is in the order of ``texts``; peak memory is one dense [batch_size, V] batch on the
+    device plus the non-zeros on CPU.
+    """
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise TypeError(f"texts must be a sequence of str, got {type(texts).__name__}")
+    if len(texts) == 0:
+        raise ValueError("texts is empty: nothing to encode")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if max_length < 1 or max_length % PAD_TO_MULTIPLE_OF:
+        raise ValueError(
+            f"max_length must be a positive multiple of {PAD_TO_MULTIPLE_OF} (tokenizers cannot truncate to "
+            f"it and pad to a multiple of {PAD_TO_MULTIPLE_OF}), got {max_length}"
+        )
+    device = encoder_device(encoder) if device is None else torch.device(device)
+    # Longest first: batches of similar lengths pad less, and the first batch shows the peak memory.
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+    autocast = (
+        torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
+    )
+    was_training = encoder.training if isinstance(encoder, nn.Module) else False
+    if isinstance(encoder, nn.Module):
+        encoder.eval()
+    parts: list[SparseReps] = []
+    try:
+        with torch.no_grad(), autocast:
+            for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=not show_progress):
+                batch = [texts[i] for i in order[start : start + batch_size]]
+                features = tokenizer(
+                    batch,
+                    padding=True,
+                    truncation=True,
+                    max_length=max_length,
+                    pad_to_multiple_of=PAD_TO_MULTIPLE_OF,
+                    return_tensors="pt",
+                )
+                reps = encoder(**{name: tensor.to(device) for name, tensor in features.items()})  # [B, V]
+                if not isinstance(reps, Tensor) or reps.dim() != 2 or reps.shape[0] != len(batch):
+                    shape = tuple(reps.shape) if isinstance(reps, Tensor) else type(reps).__name__
+                    raise ValueError(f"encoder must return a [B, V] tensor with B={len(batch)}, got {shape}")
+                parts.append(SparseReps.from_dense(reps).to(torch.device("cpu")))
+    finally:
+        if isinstance(encoder, nn.Module):
+            encoder.train(was_training)
+    # Back from length order to the caller's order: row order[j] of the result is row j of `stacked`.
+    inverse = torch.empty(len(texts), dtype=torch.int64)
+    inverse[torch.tensor(order)] = torch.arange(len(texts))
+    return SparseReps.concat(parts).select(inverse)

@@ -1,0 +1,105 @@
+"""Sparse reps in compressed-row layout (like CSR): offsets, vocabulary ids, weights.
+
+Legend: N reps, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["SparseReps"]
+
+
+@dataclass(frozen=True)
+class SparseReps:
+    """N sparse reps over a vocabulary of V, in compressed-row layout (like CSR), on one device.
+
+    - ``offsets`` [N + 1] int64: row i's entries are ``[offsets[i], offsets[i + 1])``,
+    - ``token_ids`` [nnz] int32 vocabulary ids, ascending within a row (int32: V < 2**31, and the
+      ids are most of the memory next to the weights),
+    - ``weights`` [nnz] float32, all non-zero.
+
+    Our own three tensors rather than ``torch.sparse_csr_tensor``: CSR is still beta in torch (it warns
+    on construction), and retrieval only needs row slices densified into a chunk.
+    """
+
+    offsets: Tensor
+    token_ids: Tensor
+    weights: Tensor
+    vocab_size: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.offsets.numel() - 1
+
+    def nonzeros_per_row(self) -> Tensor:
+        """[N] int64 number of non-zero entries of each rep."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def to_dense(
+        self, start: int = 0, end: int | None = None, *, device: torch.device | None = None
+    ) -> Tensor:
+        """Rows ``start:end`` as a dense float32 [end - start, V] tensor on ``device``."""
+        end = self.num_rows if end is None else end
+        lo, hi = int(self.offsets[start]), int(self.offsets[end])
+        device = self.weights.device if device is None else device
+        counts = (self.offsets[start + 1 : end + 1] - self.offsets[start:end]).to(device)
+        rows = torch.repeat_interleave(torch.arange(end - start, device=device), counts)  # [nnz_slice]
+        dense = torch.zeros(end - start, self.vocab_size, dtype=torch.float32, device=device)
+        dense[rows, self.token_ids[lo:hi].to(device, torch.int64)] = self.weights[lo:hi].to(device)
+        return dense
+
+    @staticmethod
+    def from_dense(reps: Tensor) -> SparseReps:
+        """Keep the non-zeros of a dense [N, V] tensor (on its device, as float32)."""
+        if reps.dim() != 2:
+            raise ValueError(f"reps must be 2-D [N, V], got shape {tuple(reps.shape)}")
+        rows, token_ids = reps.nonzero(as_tuple=True)  # row-major order: rows ascending, ids ascending
+        counts = torch.bincount(rows, minlength=reps.shape[0])
+        offsets = torch.zeros(reps.shape[0] + 1, dtype=torch.int64, device=reps.device)
+        offsets[1:] = torch.cumsum(counts, 0)
+        weights = reps[rows, token_ids].float()
+        return SparseReps(offsets, token_ids.to(torch.int32), weights, reps.shape[1])
+
+    @staticmethod
+    def concat(parts: Sequence[SparseReps]) -> SparseReps:
+        """Stack the rows of several :class:`SparseReps` (same V, same device) in order."""
+        if not parts:
+            raise ValueError("parts is empty")
+        vocab_size = parts[0].vocab_size
+        if any(p.vocab_size != vocab_size for p in parts):
+            raise ValueError(f"all parts must have one vocabulary size, got {[p.vocab_size for p in parts]}")
+        offsets, shift = [parts[0].offsets[:1]], 0
+        for part in parts:
+            offsets.append(part.offsets[1:] + shift)
+            shift += int(part.offsets[-1])
+        return SparseReps(
+            torch.cat(offsets),
+            torch.cat([p.token_ids for p in parts]),
+            torch.cat([p.weights for p in parts]),
+            vocab_size,
+        )
+
+    def to(self, device: torch.device | str) -> SparseReps:
+        """The same reps on ``device``."""
+        return SparseReps(
+            self.offsets.to(device), self.token_ids.to(device), self.weights.to(device), self.vocab_size
+        )
+
+    def select(self, order: Tensor) -> SparseReps:
+        """The rows in the given order ([M] int64 row indices)."""
+        order = order.to(self.offsets.device)
+        counts = self.nonzeros_per_row()[order]
+        starts = self.offsets[:-1][order]
+        offsets = torch.zeros(order.numel() + 1, dtype=torch.int64, device=order.device)
+        offsets[1:] = torch.cumsum(counts, 0)
+        # Position of every selected entry in the source: its row's start + its rank within the row.
+        within = torch.arange(int(offsets[-1]), device=order.device) - torch.repeat_interleave(
+            offsets[:-1], counts
+        )
+        source = torch.repeat_interleave(starts, counts) + within
+        return SparseReps(offsets, self.token_ids[source], self.weights[source], self.vocab_size)
