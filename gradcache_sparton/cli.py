@@ -1,4 +1,4 @@
-"""Console entry point ``gradcache-sparton``: ``train`` and ``evaluate``.
+"""Console entry point ``gradcache-sparton``: ``train``, ``evaluate`` and ``mine``.
 
 ``train`` parses :class:`~gradcache_sparton.arguments.ModelArguments`,
 :class:`~gradcache_sparton.arguments.DataArguments` and
@@ -22,6 +22,7 @@ __all__ = ["build_parser", "main"]
 COMMANDS = {
     "train": "train a SPLADE model with GradCache (default: the embedded SciFact run)",
     "evaluate": "retrieval metrics (nDCG@10, MRR@10, Recall@100) of a checkpoint on a BEIR folder",
+    "mine": "hard negatives (BM25 or a checkpoint's own ranking) written as a training file",
 }
 
 
@@ -138,6 +139,84 @@ def _evaluate(argv: Sequence[str]) -> int:
     return 0
 
 
+def _mine(argv: Sequence[str]) -> int:
+    from gradcache_sparton.mining import BM25_STEMMER, CORPORA, METHODS, SAMPLINGS, run_mining
+
+    parser = argparse.ArgumentParser(
+        prog="gradcache-sparton mine",
+        description=COMMANDS["mine"] + " (docs/mining.md).",
+    )
+    source = parser.add_argument_group("input (at least one)")
+    source.add_argument(
+        "--train_data", default=None, help="jsonl of pairs: query, positive [, query_id, positive_id]."
+    )
+    source.add_argument(
+        "--beir_path", default=None, help="BEIR folder: its qrels give the pairs unless --train_data is set."
+    )
+    parser.add_argument("--split", default="train", help="qrels split of --beir_path (qrels/<split>.tsv).")
+    parser.add_argument(
+        "--corpus",
+        choices=CORPORA,
+        default=None,
+        help="mine from the BEIR corpus (default with --beir_path) or the pairs' distinct positives.",
+    )
+    parser.add_argument("--output_file", type=Path, required=True, help="the training file (.jsonl[.gz]).")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_file.")
+    parser.add_argument(
+        "--method", choices=METHODS, default="bm25", help="bm25, or splade: a checkpoint's own ranking."
+    )
+    parser.add_argument("--model_name_or_path", default=None, help="checkpoint folder for --method splade.")
+    parser.add_argument("--num_negatives", type=int, default=2, help="k: negative_1..k per pair.")
+    parser.add_argument(
+        "--rank_start",
+        type=int,
+        default=10,
+        help="first rank (1-based) a negative may have: higher skips more unjudged positives, gives easier negatives.",
+    )
+    parser.add_argument("--rank_end", type=int, default=100, help="last rank a negative may have.")
+    parser.add_argument(
+        "--sampling",
+        choices=SAMPLINGS,
+        default="random",
+        help="random: k drawn (seeded) from the window; top: the k best ranked.",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--bm25_stemmer", default=BM25_STEMMER, help="PyStemmer algorithm for BM25 tokens, or none."
+    )
+    parser.add_argument("--query_max_length", type=int, default=32, help="--method splade: query tokens.")
+    parser.add_argument(
+        "--document_max_length", type=int, default=256, help="--method splade: document tokens."
+    )
+    parser.add_argument("--batch_size", type=int, default=64, help="--method splade: encoding batch.")
+    parser.add_argument(
+        "--device", default=None, help="--method splade: cpu, cuda, ... (default: cuda if any)."
+    )
+    args = parser.parse_args(argv)
+    summary = run_mining(
+        output_file=args.output_file,
+        train_data=args.train_data,
+        beir_path=args.beir_path,
+        split=args.split,
+        corpus=args.corpus,
+        method=args.method,
+        model_name_or_path=args.model_name_or_path,
+        num_negatives=args.num_negatives,
+        rank_start=args.rank_start,
+        rank_end=args.rank_end,
+        sampling=args.sampling,
+        seed=args.seed,
+        query_max_length=args.query_max_length,
+        document_max_length=args.document_max_length,
+        batch_size=args.batch_size,
+        device=args.device,
+        bm25_stemmer=None if args.bm25_stemmer.lower() == "none" else args.bm25_stemmer,
+        overwrite=args.overwrite,
+    )
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     parser = build_parser()
@@ -146,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    run = {"train": _train, "evaluate": _evaluate}[args.command]
+    run = {"train": _train, "evaluate": _evaluate, "mine": _mine}[args.command]
     try:
         return run(args.args)
     except ValueError as exc:  # bad arguments or data: one clear line, no traceback

@@ -1,0 +1,52 @@
+"""Hard-negative mining: k negatives per (query, positive) pair from BM25 or a SPLADE model's own ranking.
+
+One job per module:
+
+- :mod:`.pairs`: the pairs mining starts from (a BEIR folder's judgements or a jsonl file), with ids.
+- :mod:`.rankings`: rank a corpus for every query, BM25 (bm25s) or a sparse encoder's retrieval.
+- :mod:`.negatives`: pick k negatives per pair inside a rank window, known positives skipped.
+- :mod:`.output`: write a training file atomically.
+- :mod:`.job`: the ``gradcache-sparton mine`` job (read, mine, write).
+
+``mine_hard_negatives(pairs, corpus=...)`` returns rows with ``negative_1..k`` that
+``load_training_data`` and ``gradcache-sparton train --train_data`` read. bm25s (and PyStemmer for
+stemming) come with the ``mining`` extra: ``pip install 'gradcache_sparton[mining]'``; they are
+imported only when BM25 ranking runs. See docs/mining.md.
+"""
+
+from gradcache_sparton.mining.job import CORPORA, run_mining
+from gradcache_sparton.mining.negatives import METHODS, SAMPLINGS, check_mining_settings, mine_hard_negatives
+from gradcache_sparton.mining.output import check_output_path, write_training_file
+from gradcache_sparton.mining.pairs import (
+    POSITIVE_ID_COLUMN,
+    QUERY_ID_COLUMN,
+    beir_mining_pairs,
+    check_mining_pairs,
+    load_mining_pairs,
+)
+from gradcache_sparton.mining.rankings import (
+    BM25_STEMMER,
+    bm25_rankings,
+    check_bm25_installed,
+    splade_rankings,
+)
+
+__all__ = [
+    "BM25_STEMMER",
+    "CORPORA",
+    "METHODS",
+    "POSITIVE_ID_COLUMN",
+    "QUERY_ID_COLUMN",
+    "SAMPLINGS",
+    "beir_mining_pairs",
+    "bm25_rankings",
+    "check_bm25_installed",
+    "check_mining_pairs",
+    "check_mining_settings",
+    "check_output_path",
+    "load_mining_pairs",
+    "mine_hard_negatives",
+    "run_mining",
+    "splade_rankings",
+    "write_training_file",
+]
