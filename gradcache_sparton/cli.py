@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -123,6 +124,8 @@ def _evaluate(argv: Sequence[str]) -> int:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
     parser.add_argument("--output_file", type=Path, default=None, help="Also write the metrics as JSON here.")
     args = parser.parse_args(argv)
+    if args.output_file is not None:
+        _prepare_output_file(args.output_file)  # before any work: a result is never lost to a bad path
     metrics = run_evaluation(
         args.model_name_or_path,
         beir_path=args.beir_path,
@@ -133,10 +136,22 @@ def _evaluate(argv: Sequence[str]) -> int:
         device=args.device,
     )
     text = json.dumps(metrics, indent=2)
+    print(text, flush=True)  # first: the metrics reach the terminal even if writing the file fails
     if args.output_file is not None:
         args.output_file.write_text(text + "\n", encoding="utf-8")
-    print(text)
     return 0
+
+
+def _prepare_output_file(path: Path) -> None:
+    """Create the folder of ``--output_file`` and check it can be written; ``ValueError`` if not."""
+    if path.is_dir():
+        raise ValueError(f"--output_file {str(path)!r} is a directory; give a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--output_file {str(path)!r}: cannot create its folder ({exc})") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"--output_file {str(path)!r} is not writable")
 
 
 def _mine(argv: Sequence[str]) -> int:

@@ -23,6 +23,7 @@ from gradcache_sparton.data import (
     default_train_data_path,
     load_beir,
     load_training_data,
+    read_corpus,
     self_supervised_pairs,
     split_sentences,
     validate_training_dataset,
@@ -107,6 +108,63 @@ def test_load_beir_requires_corpus(tmp_path: Path) -> None:
     (folder / "corpus.jsonl").unlink()
     with pytest.raises(ValueError, match=r"has no corpus.jsonl"):
         load_beir(folder, split="test")
+
+
+def test_load_beir_qrels_without_header_keeps_first_judgement(tmp_path: Path) -> None:
+    """A qrels file without a header line: its first line is a judgement (told by content, not position)."""
+    folder = write_beir(tmp_path / "beir")
+    (folder / "qrels" / "test.tsv").write_text("q2\td2\t1\nq1\td1\t2\n")
+    assert load_beir(folder, split="test").qrels == {"q2": {"d2": 1}, "q1": {"d1": 2}}
+
+
+def rewrite_jsonl(path: Path, line: int, record: dict) -> None:
+    """Replace the 1-based ``line`` of a jsonl file with ``record``."""
+    lines = path.read_text().splitlines()
+    lines[line - 1] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("file", "line", "record", "match"),
+    [
+        ("corpus.jsonl", 2, {"_id": "d2", "title": "", "text": None}, r"corpus.jsonl:2: 'text' must be a string"),
+        ("corpus.jsonl", 3, {"_id": "d3", "title": "Genes", "text": 7}, r"corpus.jsonl:3: 'text' must be a string"),
+        ("corpus.jsonl", 2, {"_id": "d2", "title": None, "text": "x"}, r"corpus.jsonl:2: 'title' must be a string"),
+        ("corpus.jsonl", 4, {"_id": "d1", "title": "", "text": "x"}, r"corpus.jsonl:4: duplicate _id 'd1' \(first at line 1\)"),
+        ("queries.jsonl", 3, {"_id": "q1", "text": "again"}, r"queries.jsonl:3: duplicate _id 'q1' \(first at line 1\)"),
+        ("queries.jsonl", 2, {"_id": "q2", "text": None}, r"queries.jsonl:2: 'text' must be a string"),
+        ("queries.jsonl", 2, {"_id": None, "text": "x"}, r"queries.jsonl:2: _id must be a string or an integer"),
+    ],
+)  # fmt: skip
+def test_load_beir_rejects_bad_records(
+    tmp_path: Path, file: str, line: int, record: dict, match: str
+) -> None:
+    """A null or numeric text/title, a null id and a duplicate doc/query id are refused at load, naming
+    the file and line (before, a null text became "T None" and duplicates were silently overwritten)."""
+    folder = write_beir(tmp_path / "beir")
+    rewrite_jsonl(folder / file, line, record)
+    with pytest.raises(ValueError, match=match):
+        load_beir(folder, split="test")
+
+
+def test_load_beir_rejects_duplicate_judgement(tmp_path: Path) -> None:
+    """A (query, doc) pair judged twice is refused naming both lines, not silently overwritten."""
+    folder = write_beir(tmp_path / "beir", qrels_lines=["q1\td1\t2", "q2\td2\t1", "q1\td1\t0"])
+    with pytest.raises(
+        ValueError, match=r"test.tsv:4: duplicate judgement of \('q1', 'd1'\) \(first at line 2\)"
+    ):
+        load_beir(folder, split="test")
+
+
+def test_read_corpus_reads_gzip_and_keeps_title_and_text(tmp_path: Path) -> None:
+    """The one corpus reader (also behind --self_supervised_corpus) reads corpus.jsonl.gz, in file order."""
+    docs = read_corpus(write_beir(tmp_path / "beir", gzip_corpus=True))
+    assert [(d.doc_id, d.title, d.text) for d in docs][:2] == [
+        ("d1", "Proteins", "Proteins fold."),
+        ("d2", "", "Cells divide."),
+    ]
+    assert [d.full_text for d in docs][:2] == ["Proteins Proteins fold.", "Cells divide."]
+    assert len(read_corpus(default_dev_beir_path())) == 1108  # the shipped corpus.jsonl.gz
 
 
 # ------------------------------------------------------------------------------- self-supervised pairs
@@ -284,6 +342,39 @@ def test_load_training_data_errors(tmp_path: Path) -> None:
     (tmp_path / "ragged.csv").write_text("query,positive,negative_1,negative_2\nq,p,a,b\nq,p,a,\n")
     with pytest.raises(ValueError, match=r"column 'negative_2' is empty \(null\) in row 1"):
         load_training_data(tmp_path / "ragged.csv", cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (b"", r"t.jsonl' is empty: it holds no rows"),
+        (b"\n  \n", r"t.jsonl' is empty: it holds no rows"),
+        (b'{"query": "q", "positive": "p"}\n{"query": "q", positive\n', r"t.jsonl:2: not valid JSON"),
+        (b'{"query": "q", "positive": "p"}\n\n{"query": "q", "positive": "p"}\n{oops}\n', r"t.jsonl:4: not valid JSON"),
+    ],
+)  # fmt: skip
+def test_load_training_data_names_empty_file_and_bad_line(tmp_path: Path, content: bytes, match: str) -> None:
+    """An empty jsonl (a bare StopIteration inside datasets) and a malformed line (an error without the
+    line) give one ValueError naming the file and, for a bad line, its number."""
+    (tmp_path / "t.jsonl").write_bytes(content)
+    with pytest.raises(ValueError, match=match):
+        load_training_data(tmp_path / "t.jsonl", cache_dir=tmp_path / "cache")
+
+
+def test_load_training_data_refuses_directory_datasetdict_and_stream(tmp_path: Path) -> None:
+    """A directory, a DatasetDict and a streaming IterableDataset given as training data (to the loader
+    or to the trainer's validation) each give one clear error saying what to pass instead."""
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ValueError, match=r"is a directory: give its files"):
+        load_training_data(tmp_path / "folder")
+    table = datasets.Dataset.from_list([{"query": "q", "positive": "p"}])
+    splits = datasets.DatasetDict({"train": table})
+    stream = table.to_iterable_dataset()
+    for function in (load_training_data, validate_training_dataset):
+        with pytest.raises(TypeError, match=r"DatasetDict with splits \['train'\]: pass one split"):
+            function(splits)
+        with pytest.raises(TypeError, match=r"streaming datasets.IterableDataset.*streaming=False"):
+            function(stream)
 
 
 # ------------------------------------------------------------------------------------------ collator

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from transformers import BertForMaskedLM, Trainer, TrainingArguments
 
+from gradcache_sparton.cli import main
 from gradcache_sparton.data import BeirData, TrainingCollator, load_beir
 from gradcache_sparton.evaluation import (
     RetrievalEvalCallback,
@@ -265,6 +266,46 @@ def test_evaluator_rejects_bad_settings(tmp_path: Path, tokenizer) -> None:
         SparseRetrievalEvaluator(data, tokenizer=tokenizer, document_max_length=100)
     with pytest.raises(TypeError, match="data must be a BeirData"):
         SparseRetrievalEvaluator({"corpus": {}}, tokenizer=tokenizer)
+
+
+# ------------------------------------------------------------------------------ `evaluate` command
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path: Path, tiny_bert_config) -> Path:
+    """A saved random tiny SPLADE checkpoint (no tokenizer files: `evaluate` uses the shipped one)."""
+    torch.manual_seed(0)
+    folder = tmp_path / "checkpoint"
+    SpladeEncoder.from_config(tiny_bert_config).save_pretrained(folder)
+    return folder
+
+
+def evaluate_argv(checkpoint: Path, beir: Path, *extra: str) -> list[str]:
+    return [
+        "evaluate", "--model_name_or_path", str(checkpoint), "--beir_path", str(beir), "--split", "test",
+        "--query_max_length", "16", "--document_max_length", "16", "--device", "cpu", *extra,
+    ]  # fmt: skip
+
+
+def test_evaluate_output_file_into_missing_folder(tmp_path: Path, tiny_checkpoint: Path, capsys) -> None:
+    """`evaluate --output_file` into a folder that does not exist creates it and writes the metrics that
+    it prints (before, the whole evaluation ran and then crashed without printing them)."""
+    output = tmp_path / "new" / "deeper" / "metrics.json"
+    beir = write_fruit_beir(tmp_path / "fruit")
+    assert main(evaluate_argv(tiny_checkpoint, beir, "--output_file", str(output))) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads(output.read_text()) == printed and "ndcg_at_10" in printed
+
+
+def test_evaluate_refuses_unwritable_output_before_any_work(tmp_path: Path, capsys) -> None:
+    """An --output_file whose folder cannot be created (a file is in the way) or that is a directory is
+    one clear error before any work: the model path given does not even exist, and is never read."""
+    (tmp_path / "a_file").write_text("x")
+    for output in (tmp_path / "a_file" / "metrics.json", tmp_path):
+        argv = evaluate_argv(tmp_path / "no_model", tmp_path / "no_beir", "--output_file", str(output))
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "--output_file" in err and "Traceback" not in err and "model" not in err
 
 
 # ----------------------------------------------------------------------------------- Trainer callback

@@ -1,7 +1,7 @@
 """BEIR folders: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``, read into memory.
 
 ``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.jsonl`` (``_id``, ``text``) and
-``qrels/<split>.tsv`` (query-id, corpus-id, score; one header line). Either jsonl file may be
+``qrels/<split>.tsv`` (query-id, corpus-id, score; an optional header line). Either jsonl file may be
 gzip-compressed (``corpus.jsonl.gz``). :func:`read_corpus` is the one corpus reader (also behind
 self-supervised training from a bare corpus); :func:`beir_training_pairs` turns a folder into
 training pairs.
@@ -10,14 +10,14 @@ training pairs.
 from __future__ import annotations
 
 import csv
-import gzip
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gradcache_sparton.data.columns import POSITIVE_COLUMN, QUERY_COLUMN
+from gradcache_sparton.data.files import open_text
 
 if TYPE_CHECKING:
     import datasets
@@ -57,13 +57,6 @@ class CorpusDocument:
         return f"{title} {self.text}" if title else self.text
 
 
-def _open_text(path: Path) -> Any:
-    """Open a text file for reading, transparently gunzipping ``*.gz``."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
-
-
 def _find_jsonl(folder: Path, stem: str) -> Path:
     for name in (f"{stem}.jsonl", f"{stem}.jsonl.gz"):
         if (folder / name).is_file():
@@ -71,20 +64,42 @@ def _find_jsonl(folder: Path, stem: str) -> Path:
     raise ValueError(f"BEIR folder {str(folder)!r} has no {stem}.jsonl (or {stem}.jsonl.gz)")
 
 
-def _read_jsonl(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) of every non-blank line of a jsonl file."""
-    with _open_text(path) as handle:
+def _read_jsonl(path: Path, *, text_fields: Sequence[str]) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(line number, ``_id`` as str, record) of every non-blank line of a BEIR jsonl file.
+
+    Every record needs an ``_id`` (a string or an integer) and a string ``text``; the other
+    ``text_fields`` must be strings where present. Ids must be unique. Errors name the file and line.
+    """
+    first_line: dict[str, int] = {}
+    with open_text(path) as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
+            where = f"{path}:{line_number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_number}: not valid JSON ({exc.msg})") from None
-            missing = [key for key in required if key not in record]
+                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            missing = [key for key in ("_id", "text") if key not in record]
             if missing:
-                raise ValueError(f"{path}:{line_number}: record has no field(s) {missing}")
-            yield line_number, record
+                raise ValueError(f"{where}: record has no field(s) {missing}")
+            raw_id = record["_id"]
+            if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+                raise ValueError(f"{where}: _id must be a string or an integer, got {raw_id!r}")
+            for name in text_fields:
+                if name in record and not isinstance(record[name], str):
+                    raise ValueError(
+                        f'{where}: {name!r} must be a string ("" when empty), got {record[name]!r:.40}'
+                    )
+            record_id = str(raw_id)
+            if record_id in first_line:
+                raise ValueError(
+                    f"{where}: duplicate _id {record_id!r} (first at line {first_line[record_id]})"
+                )
+            first_line[record_id] = line_number
+            yield line_number, record_id, record
 
 
 def _folder(path: str | Path) -> Path:
@@ -97,68 +112,84 @@ def _folder(path: str | Path) -> Path:
 def read_corpus(path: str | Path) -> list[CorpusDocument]:
     """The documents of a BEIR folder's ``corpus.jsonl`` (or ``corpus.jsonl.gz``), in file order.
 
-    Raises ``ValueError`` naming the file and line for a malformed line, a missing ``_id``/``text``
-    or a duplicate doc id, and for an empty corpus.
+    Raises ``ValueError`` naming the file and line for a malformed line, a missing ``_id``/``text``,
+    a ``text`` or ``title`` that is not a string (null, a number), or a duplicate doc id, and for an
+    empty corpus.
     """
     corpus_path = _find_jsonl(_folder(path), "corpus")
-    documents: list[CorpusDocument] = []
-    seen: set[str] = set()
-    for line_number, record in _read_jsonl(corpus_path, ("_id", "text")):
-        doc_id = str(record["_id"])
-        if doc_id in seen:
-            raise ValueError(f"{corpus_path}:{line_number}: duplicate doc id {doc_id!r}")
-        seen.add(doc_id)
-        documents.append(CorpusDocument(doc_id, record.get("title") or "", record["text"]))
+    documents = [
+        CorpusDocument(doc_id, record.get("title", ""), record["text"])
+        for _, doc_id, record in _read_jsonl(corpus_path, text_fields=("title", "text"))
+    ]
     if not documents:
         raise ValueError(f"{corpus_path} holds no documents")
     return documents
 
 
+def _is_integer(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_qrels(
+    qrels_path: Path, *, queries: Mapping[str, str], corpus: Mapping[str, str]
+) -> dict[str, dict[str, int]]:
+    """query id -> {doc id: relevance} of a tab-separated qrels file (query-id, corpus-id, score).
+
+    The first line is a header when its score field is not an integer (BEIR's ``query-id corpus-id
+    score``); otherwise it is a judgement like every other line.
+    """
+    qrels: dict[str, dict[str, int]] = {}
+    first_line: dict[tuple[str, str], int] = {}
+    with qrels_path.open("r", encoding="utf-8", newline="") as handle:
+        rows = [(n, row) for n, row in enumerate(csv.reader(handle, delimiter="\t"), start=1) if row]
+    if rows and len(rows[0][1]) == 3 and not _is_integer(rows[0][1][2]):
+        rows = rows[1:]  # the header: its score field names the column
+    for line_number, row in rows:
+        where = f"{qrels_path}:{line_number}"
+        if len(row) != 3:
+            raise ValueError(f"{where}: expected 3 tab-separated fields, got {row}")
+        query_id, doc_id, score = row
+        if not _is_integer(score):
+            raise ValueError(f"{where}: score {score!r} is not an integer")
+        if query_id not in queries:
+            raise ValueError(f"{where}: query id {query_id!r} is not in the folder's queries")
+        if doc_id not in corpus:
+            raise ValueError(f"{where}: doc id {doc_id!r} is not in the folder's corpus")
+        if (query_id, doc_id) in first_line:
+            raise ValueError(
+                f"{where}: duplicate judgement of ({query_id!r}, {doc_id!r}) "
+                f"(first at line {first_line[query_id, doc_id]})"
+            )
+        first_line[query_id, doc_id] = line_number
+        qrels.setdefault(query_id, {})[doc_id] = int(score)
+    if not qrels:
+        raise ValueError(f"{qrels_path} holds no judgements")
+    return qrels
+
+
 def load_beir(path: str | Path, *, split: str) -> BeirData:
     """Load a BEIR-format folder: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
 
-    The qrels file is tab-separated (query-id, corpus-id, score) with one header line. Raises
-    ``ValueError`` naming the file and line for a malformed line, a duplicate id, a qrels line naming
-    a query or doc that is not in the folder, or an empty corpus or split.
+    The qrels file is tab-separated (query-id, corpus-id, score), with or without a header line (told
+    apart by its content: a header's score field is not an integer). Raises ``ValueError`` naming the
+    file and line for a malformed line, a duplicate id or judgement, a text that is not a string, a
+    qrels line naming a query or doc that is not in the folder, or an empty corpus or split.
     """
     folder = _folder(path)
     qrels_path = folder / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
         found = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
         raise ValueError(f"split={split!r}: no {qrels_path} (splits found: {found})")
-
     corpus = {doc.doc_id: doc.full_text for doc in read_corpus(folder)}
-    corpus_path = _find_jsonl(folder, "corpus")
-
-    queries_path = _find_jsonl(folder, "queries")
-    all_queries: dict[str, str] = {}
-    for _, record in _read_jsonl(queries_path, ("_id", "text")):
-        all_queries[str(record["_id"])] = record["text"]
-
-    qrels: dict[str, dict[str, int]] = {}
-    with qrels_path.open("r", encoding="utf-8", newline="") as handle:
-        rows = csv.reader(handle, delimiter="\t")
-        # The BEIR header ("query-id corpus-id score") is the first line; skip it.
-        next(rows, None)
-        for line_number, row in enumerate(rows, start=2):
-            if not row:
-                continue
-            if len(row) != 3:
-                raise ValueError(f"{qrels_path}:{line_number}: expected 3 tab-separated fields, got {row}")
-            query_id, doc_id, score = row
-            try:
-                relevance = int(score)
-            except ValueError:
-                raise ValueError(f"{qrels_path}:{line_number}: score {score!r} is not an integer") from None
-            if query_id not in all_queries:
-                raise ValueError(
-                    f"{qrels_path}:{line_number}: query id {query_id!r} is not in {queries_path}"
-                )
-            if doc_id not in corpus:
-                raise ValueError(f"{qrels_path}:{line_number}: doc id {doc_id!r} is not in {corpus_path}")
-            qrels.setdefault(query_id, {})[doc_id] = relevance
-    if not qrels:
-        raise ValueError(f"{qrels_path} holds no judgements")
+    all_queries = {
+        query_id: record["text"]
+        for _, query_id, record in _read_jsonl(_find_jsonl(folder, "queries"), text_fields=("text",))
+    }
+    qrels = _read_qrels(qrels_path, queries=all_queries, corpus=corpus)
     queries = {query_id: all_queries[query_id] for query_id in qrels}
     return BeirData(corpus=corpus, queries=queries, qrels=qrels)
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import datasets
     import pyarrow as pa
 
-__all__ = ["validate_training_dataset"]
+__all__ = ["check_dataset_type", "validate_training_dataset"]
 
 # Rows per Arrow batch when validating a dataset: bounds memory on large datasets.
 _VALIDATION_BATCH_ROWS = 10_000
@@ -46,6 +46,29 @@ def _is_string(arrow_type: pa.DataType) -> bool:
     return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
 
 
+def check_dataset_type(value: object, *, name: str) -> None:
+    """Raise ``TypeError`` naming ``name`` unless ``value`` is a map-style ``datasets.Dataset``.
+
+    A ``DatasetDict`` is told to pick a split, a streaming ``IterableDataset`` to load map-style.
+    """
+    import datasets
+
+    if isinstance(value, datasets.Dataset):
+        return
+    if isinstance(value, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        splits = list(value)
+        raise TypeError(
+            f"{name} is a {type(value).__name__} with splits {splits}: pass one split, "
+            f"e.g. {name}[{(splits or ['train'])[0]!r}]"
+        )
+    if isinstance(value, datasets.IterableDataset):
+        raise TypeError(
+            f"{name} is a streaming datasets.IterableDataset: training validates, counts and shuffles "
+            "its rows, so it needs a map-style datasets.Dataset (load_dataset(..., streaming=False))"
+        )
+    raise TypeError(f"{name} must be a datasets.Dataset, got {type(value).__name__}")
+
+
 def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
     """Check a training dataset and return its text columns in collator order.
 
@@ -58,11 +81,9 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
     Returns e.g. ``["query", "positive", "negative_1", "negative_2"]`` or
     ``["query", "positive", "negatives"]``.
     """
-    import datasets
     import pyarrow.compute as pc
 
-    if not isinstance(dataset, datasets.Dataset):
-        raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}")
+    check_dataset_type(dataset, name="dataset")
     if len(dataset) == 0:
         raise ValueError("dataset is empty: training needs at least one (query, positive) row")
     columns = text_columns_of(dataset.column_names)
