@@ -39,6 +39,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import QUERY_COLUMN, TrainingCollator, validate_training_dataset
 from gradcache_sparton.engine import CachedLoss
+from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
+from gradcache_sparton.integrations.sentence_transformers import (
+    as_rep_encoder,
+    is_sparse_encoder,
+    use_sparton_head,
+)
 from gradcache_sparton.losses import SpladeLoss
 from gradcache_sparton.modeling import SpladeEncoder
 
@@ -56,7 +62,10 @@ class CachedSpladeTrainer(Trainer):
     """Train a :class:`~gradcache_sparton.modeling.SpladeEncoder` at any effective batch size.
 
     Args:
-        model: the encoder (``model(**features) -> [B, V]``).
+        model: the encoder (``model(**features) -> [B, V]``), or a sentence-transformers SPLADE
+            ``SparseEncoder``, which is converted in place to the fused head
+            (:func:`~gradcache_sparton.integrations.sentence_transformers.use_sparton_head`: same reps,
+            type and save format) and saved in its own format.
         args: :class:`CachedSpladeTrainingArguments`; ``per_device_train_batch_size`` is the batch per
             process, the loss sees it times the number of processes (the global batch),
             ``mini_batch_size`` bounds memory.
@@ -73,7 +82,7 @@ class CachedSpladeTrainer(Trainer):
 
     def __init__(
         self,
-        model: SpladeEncoder,
+        model: SpladeEncoder | nn.Module,
         args: CachedSpladeTrainingArguments,
         *,
         train_dataset: Any = None,
@@ -84,9 +93,18 @@ class CachedSpladeTrainer(Trainer):
     ) -> None:
         if not isinstance(args, CachedSpladeTrainingArguments):
             raise TypeError(f"args must be CachedSpladeTrainingArguments, got {type(args).__name__}")
-        if not isinstance(model, SpladeEncoder):
-            raise TypeError(f"model must be a SpladeEncoder, got {type(model).__name__}")
-        model.check_tokenizer(processing_class)
+        self._sparse_encoder = is_sparse_encoder(model)
+        if self._sparse_encoder:
+            # In place: same reps, module types and save format, computed by the fused head.
+            use_sparton_head(model)
+            SpladeEncoder(model[0].auto_model).check_tokenizer(processing_class)
+        elif isinstance(model, SpladeEncoder):
+            model.check_tokenizer(processing_class)
+        else:
+            raise TypeError(
+                "model must be a SpladeEncoder or a sentence-transformers SparseEncoder, "
+                f"got {type(model).__name__}"
+            )
         if train_dataset is not None:
             validate_training_dataset(train_dataset)
             global_batch = args.per_device_train_batch_size * max(1, args.world_size)
@@ -151,9 +169,14 @@ class CachedSpladeTrainer(Trainer):
         every process) and synchronises gradients on the last replayed mini-batch only.
         """
         columns, loss_kwargs = inputs["columns"], inputs["loss_kwargs"]
+        encoder, mini_batch_context = model, None
+        if self._sparse_encoder:  # called with a features dict; the view hides DDP from the engine
+            encoder, ddp = as_rep_encoder(model), find_ddp(model)
+            mini_batch_context = None if ddp is None else ddp_no_sync_context(ddp)
         cached = CachedLoss(
-            model,
+            encoder,
             self.loss,
+            mini_batch_context=mini_batch_context,
             mini_batch_size=self._mini_batch_sizes(columns),
             # Under fp16 the GradScaler skips non-finite steps; elsewhere a non-finite loss is an error.
             allow_non_finite=bool(self.args.fp16),
@@ -212,12 +235,19 @@ class CachedSpladeTrainer(Trainer):
             return
         os.makedirs(output_dir, exist_ok=True)
         encoder = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
-        encoder.save_pretrained(output_dir, tokenizer=self.processing_class, state_dict=state_dict)
+        if self._sparse_encoder:  # sentence-transformers' format, tokenizer included, as its trainer saves
+            encoder.save_pretrained(output_dir)
+        else:
+            encoder.save_pretrained(output_dir, tokenizer=self.processing_class, state_dict=state_dict)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Load the backbone weights of one of our (standard masked-LM) checkpoints into the encoder."""
         encoder = self.accelerator.unwrap_model(model if model is not None else self.model)
+        if self._sparse_encoder:
+            loaded = type(encoder)(resume_from_checkpoint, device="cpu", local_files_only=True)
+            encoder.load_state_dict(loaded.state_dict(), strict=True)
+            return
         loaded = AutoModelForMaskedLM.from_pretrained(resume_from_checkpoint, local_files_only=True)
         # strict: every backbone tensor (tied decoder included) must be in the checkpoint.
         encoder.model.load_state_dict(loaded.state_dict(), strict=True)

@@ -1,0 +1,283 @@
+"""sentence-transformers ``SparseEncoder`` models with the fused head and the GradCache engine.
+
+Legend: B batch, S sequence, D hidden, V vocabulary.
+
+A SPLADE ``SparseEncoder`` is two modules: a fill-mask ``Transformer`` (``MLMTransformer`` in older
+saves) that returns the masked-LM logits [B, S, V], and ``SpladePooling``, which max-pools
+log1p(relu(logits)) over S. :func:`use_sparton_head` converts such a model in place so its forward
+computes the same [B, V] reps through the Sparton head from the hidden states before the decoder (the
+LM transform's output, [B, S, D]), never forming the logits. The object stays a ``SparseEncoder``
+with the same two modules, parameters, ``encode`` and ``save``/``save_pretrained`` output: a saved
+model loads as a plain ``SparseEncoder`` anywhere, with equal reps.
+
+- :func:`as_rep_encoder` gives the engine's view of the model, ``encoder(**features) -> [B, V]``, so
+  :class:`~gradcache_sparton.engine.CachedLoss` and ``CachedSpladeTrainer`` train it.
+- :func:`splade_loss_config_from` maps a sentence-transformers ``SpladeLoss`` (with
+  ``SparseMultipleNegativesRankingLoss`` and FLOPS regularizers) onto our
+  :class:`~gradcache_sparton.losses.SpladeLossConfig`: same loss, same gradients.
+
+sentence-transformers is an optional extra (``pip install gradcache_sparton[sentence-transformers]``);
+this module imports it only inside the functions that need it, so the trainer can recognise a
+``SparseEncoder`` without importing the library.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor, nn
+
+from gradcache_sparton.losses import SpladeLossConfig
+from gradcache_sparton.modeling import SpladeEncoder
+
+if TYPE_CHECKING:
+    from sentence_transformers import SparseEncoder
+
+__all__ = [
+    "as_rep_encoder",
+    "is_sparse_encoder",
+    "splade_loss_config_from",
+    "use_sparton_head",
+    "uses_sparton_head",
+]
+
+# Feature keys the backbone reads; sentence-transformers adds bookkeeping keys ("modality", ...).
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+
+def _import_sentence_transformers() -> types.ModuleType:
+    try:
+        import sentence_transformers
+    except ImportError as error:
+        raise ImportError(
+            "this needs sentence-transformers: pip install 'gradcache_sparton[sentence-transformers]'"
+        ) from error
+    return sentence_transformers
+
+
+def is_sparse_encoder(model: object) -> bool:
+    """Whether ``model`` is a sentence-transformers ``SparseEncoder`` (never imports the library)."""
+    module = sys.modules.get("sentence_transformers.sparse_encoder.model")
+    return module is not None and isinstance(model, module.SparseEncoder)
+
+
+def uses_sparton_head(model: object) -> bool:
+    """Whether :func:`use_sparton_head` converted ``model``."""
+    forward = getattr(model, "__dict__", {}).get("forward")
+    return isinstance(forward, types.MethodType) and forward.__func__ is _sparton_forward
+
+
+def _check_splade_modules(model: SparseEncoder) -> None:
+    """Raise unless ``model`` is [fill-mask Transformer, SpladePooling(max, relu)] over a supported backbone."""
+    _import_sentence_transformers()
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    if not isinstance(model, SparseEncoder):
+        raise TypeError(f"model must be a sentence-transformers SparseEncoder, got {type(model).__name__}")
+    modules = list(model.children())
+    kinds = [type(module).__name__ for module in modules]
+    if (
+        len(modules) != 2
+        or not isinstance(modules[0], Transformer)
+        or not isinstance(modules[1], SpladePooling)
+    ):
+        raise ValueError(
+            "model must be a SPLADE SparseEncoder made of exactly a fill-mask Transformer (or MLMTransformer) "
+            f"and SpladePooling, got modules {kinds}"
+        )
+    transformer, pooling = modules
+    text = transformer.modality_config.get("text", {})
+    if (
+        transformer.transformer_task != "fill-mask"
+        or transformer.backend != "torch"
+        or list(transformer.modality_config) != ["text"]
+        or text.get("method") != "forward"
+        or text.get("method_output_name") != "logits"
+    ):
+        raise ValueError(
+            "model[0] must be a text-only fill-mask Transformer on the torch backend whose forward returns "
+            f"the masked-LM logits, got transformer_task={transformer.transformer_task!r}, "
+            f"backend={transformer.backend!r}, modality_config={transformer.modality_config!r}"
+        )
+    if pooling.pooling_strategy != "max" or pooling.activation_function != "relu":
+        raise ValueError(
+            "the fused head computes max pooling of log1p(relu(logits)) (SPLADE v2 and later), got SpladePooling("
+            f"pooling_strategy={pooling.pooling_strategy!r}, activation_function={pooling.activation_function!r})"
+        )
+    if model.module_kwargs:
+        raise ValueError(
+            f"model passes module kwargs {model.module_kwargs!r}, which the fused forward does not read"
+        )
+    SpladeEncoder(transformer.auto_model)  # raises TypeError for a backbone outside the supported list
+
+
+def use_sparton_head(model: SparseEncoder) -> SparseEncoder:
+    """Make a SPLADE ``SparseEncoder`` compute its reps with the fused Sparton head, in place.
+
+    After the call, ``model(features)["sentence_embedding"]`` (and so ``encode``, every
+    sentence-transformers loss and evaluator) equals what it was before, computed as
+    ``SpladeEncoder(model[0].auto_model)(**features)``: the backbone's hidden states, its own LM
+    transform, and a head sharing the decoder's weight and bias, with no [B, S, V] logits (so
+    ``token_embeddings`` is no longer among the outputs). The modules, parameters, state dict and
+    saved files are unchanged: a saved model is a standard ``SparseEncoder``. Calling it again is a
+    no-op.
+
+    Args:
+        model: a ``SparseEncoder`` made of a fill-mask ``Transformer`` (or ``MLMTransformer``) over a
+            backbone listed by :func:`~gradcache_sparton.modeling.supported_masked_lm_classes`, then
+            ``SpladePooling(pooling_strategy="max", activation_function="relu")``.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: not a ``SparseEncoder``, or an unsupported backbone class.
+        ValueError: other modules, sum pooling or the ``log1p_relu`` activation, module kwargs.
+    """
+    if uses_sparton_head(model):
+        return model
+    _check_splade_modules(model)
+    pooling = model[1]
+    if pooling.embedding_dimension is None:  # what SpladePooling's own first forward records
+        pooling.embedding_dimension = model[0].auto_model.get_output_embeddings().out_features
+    # An instance attribute, so type(model), its modules and its save format stay sentence-transformers'.
+    model.forward = types.MethodType(_sparton_forward, model)
+    return model
+
+
+def _sparton_forward(self: SparseEncoder, input: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """``SparseEncoder.forward`` through the fused head: sets ``input["sentence_embedding"]`` [B, V].
+
+    ``kwargs`` are dropped, as ``SparseEncoder.forward`` drops them for these two modules (neither
+    declares forward kwargs).
+    """
+    if "cu_seq_lens_q" in input:
+        raise ValueError(
+            "the fused head needs padded [B, S] inputs, got flattened (unpadded) ones: set "
+            "model[0].unpad_inputs = False"
+        )
+    modality = input.get("modality", "text")
+    if modality != "text":
+        raise ValueError(f"the fused head encodes text only, got modality {modality!r}")
+    # Built per call: it holds no state, only the backbone's own modules and parameters, so it can
+    # never go stale (device moves, dtype casts, re-tied decoders).
+    encoder = SpladeEncoder(self[0].auto_model)
+    input["sentence_embedding"] = encoder(**{key: input[key] for key in _MODEL_INPUTS if key in input})
+    return input
+
+
+class _RepEncoder(nn.Module):
+    """``encoder(**features) -> [B, V]`` over a ``SparseEncoder`` (or its DDP / compiled wrapper)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **features: Tensor) -> Tensor:
+        return self.model(dict(features))["sentence_embedding"]  # [B, V]
+
+
+def as_rep_encoder(model: nn.Module) -> nn.Module:
+    """The engine's view of a converted ``SparseEncoder``: ``encoder(**features) -> [B, V]``.
+
+    ``model`` may be wrapped (DistributedDataParallel, ``torch.compile``); the view calls it as is, so
+    the wrapper's hooks run. Under DDP pass ``mini_batch_context`` to the engine yourself
+    (``CachedSpladeTrainer`` does), since the view hides the wrapper from it.
+
+    Raises:
+        ValueError: the (unwrapped) model was not converted with :func:`use_sparton_head`.
+    """
+    inner = getattr(model, "_orig_mod", model)
+    inner = getattr(inner, "module", inner)  # DistributedDataParallel
+    if not uses_sparton_head(inner):
+        raise ValueError(
+            f"model ({type(inner).__name__}) must be a SparseEncoder converted with use_sparton_head(model), "
+            "so that its reps come from the fused head"
+        )
+    return _RepEncoder(model)
+
+
+def splade_loss_config_from(
+    loss: nn.Module, *, reg_warmup_steps: int = 0, reg_warmup_shape: str = "quadratic"
+) -> SpladeLossConfig:
+    """Our :class:`SpladeLossConfig` for a sentence-transformers ``SpladeLoss``: the same loss and gradients.
+
+    The mapping (sentence-transformers -> ours):
+
+    - ``SparseMultipleNegativesRankingLoss(scale=s, similarity_fct=dot_score)`` with its default
+      direction and partition (query to documents, one softmax over every positive and hard negative
+      of the batch) -> ``contrastive="infonce"``, ``temperature=1/s``;
+    - ``FlopsLoss`` without threshold, ``sum_v (mean_b reps[b, v])²``: on the first column ->
+      ``query_regularizer="flops"``, on every other column concatenated -> ``doc_regularizer="flops"``,
+      our definition exactly;
+    - ``query_regularizer_weight`` (None: 0) -> ``query_reg_weight``; ``document_regularizer_weight`` ->
+      ``doc_reg_weight``.
+
+    sentence-transformers ramps the weights with ``SpladeRegularizerWeightSchedulerCallback``
+    (quadratic over the first third of training by default); pass that as ``reg_warmup_steps`` /
+    ``reg_warmup_shape``. Anything without an exact counterpart is refused.
+
+    Raises:
+        TypeError: ``loss`` is not a sentence-transformers ``SpladeLoss``.
+        ValueError: another base loss or similarity, non-default directions or hardness, FLOPS
+            thresholds, other regularizers, ``use_document_regularizer_only``, gathering across devices.
+    """
+    _import_sentence_transformers()
+    from sentence_transformers import util
+    from sentence_transformers.sparse_encoder.losses import (
+        FlopsLoss,
+        SparseMultipleNegativesRankingLoss,
+        SpladeLoss,
+    )
+
+    if not isinstance(loss, SpladeLoss):
+        raise TypeError(f"loss must be a sentence-transformers SpladeLoss, got {type(loss).__name__}")
+    base = loss.loss
+    if type(base) is not SparseMultipleNegativesRankingLoss:
+        raise ValueError(
+            f"loss.loss must be a SparseMultipleNegativesRankingLoss, got {type(base).__name__}: "
+            "no exact counterpart here"
+        )
+    defaults = {
+        "similarity_fct": util.dot_score,
+        "directions": ("query_to_doc",),
+        "partition_mode": "joint",
+        "gather_across_devices": False,
+    }
+    differing = {
+        name: getattr(base, name) for name, value in defaults.items() if getattr(base, name) != value
+    }
+    if base.hardness_mode is not None and base.hardness_strength > 0.0:
+        differing["hardness_mode"] = base.hardness_mode
+    if differing:
+        raise ValueError(
+            "the SparseMultipleNegativesRankingLoss must use dot-product scores, directions=('query_to_doc',), "
+            f"partition_mode='joint', no hardness weighting and no gathering (our trainer gathers), got {differing}"
+        )
+    if loss.use_document_regularizer_only:
+        raise ValueError(
+            "use_document_regularizer_only=True has no counterpart: the first column is the queries"
+        )
+    regularizers = {"document_regularizer": loss.document_regularizer}
+    if loss.query_regularizer_weight is not None:
+        regularizers["query_regularizer"] = loss.query_regularizer
+    for name, regularizer in regularizers.items():
+        if type(regularizer) is not FlopsLoss or regularizer.threshold is not None:
+            raise ValueError(
+                f"loss.{name} must be a FlopsLoss without threshold, got {type(regularizer).__name__}"
+                f"{'' if type(regularizer) is not FlopsLoss else f'(threshold={regularizer.threshold})'}"
+            )
+    return SpladeLossConfig(
+        query_reg_weight=float(loss.query_regularizer_weight or 0.0),
+        doc_reg_weight=float(loss.document_regularizer_weight),
+        contrastive="infonce",
+        query_regularizer="flops",
+        doc_regularizer="flops",
+        temperature=1.0 / base.scale,
+        reg_warmup_steps=reg_warmup_steps,
+        reg_warmup_shape=reg_warmup_shape,
+    )

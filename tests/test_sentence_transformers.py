@@ -1,0 +1,247 @@
+"""sentence-transformers ``SparseEncoder`` models through the fused head, the engine and the trainer.
+
+Every model is a tiny BERT built from a config and saved to a temporary folder (no hub). The
+references are sentence-transformers' own: its forward (MLM logits, then ``SpladePooling``) and its
+``SpladeLoss(SparseMultipleNegativesRankingLoss)``. Comparisons run in fp64, where the only
+difference between the two paths is summation order (the head takes the vocabulary in chunks, the
+decoder in one product): ~1e-16 relative per score, so 1e-10 leaves margin yet fails on any real
+difference (a wrong bias, transform or mask moves reps by ~1e-2).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM
+
+pytest.importorskip("sentence_transformers", reason="needs the sentence-transformers extra")
+
+from sentence_transformers import SparseEncoder
+from sentence_transformers.base.modules import Transformer
+from sentence_transformers.sparse_encoder.losses import (
+    FlopsLoss,
+    SparseMultipleNegativesRankingLoss,
+    SpladeLoss,
+)
+from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+from gradcache_sparton.engine import CachedLoss
+from gradcache_sparton.integrations.sentence_transformers import (
+    as_rep_encoder,
+    splade_loss_config_from,
+    use_sparton_head,
+    uses_sparton_head,
+)
+from gradcache_sparton.losses import SpladeLoss as OurSpladeLoss
+
+TOL = 1e-10  # fp64, see the module docstring
+
+QUERIES = ["what causes rain", "sunny weather today", "who drove to work", "cells divide"]
+POSITIVES = [
+    "Rain forms when water vapour condenses into droplets heavy enough to fall.",
+    "It is so sunny outside.",
+    "He took the car to the office this morning.",
+    "Mitosis is how a cell divides into two identical cells.",
+]
+NEGATIVES = ["A recipe for bread.", "Stock markets fell.", "The cat sleeps.", "Volcanoes erupt lava and ash."]
+
+
+@pytest.fixture(scope="module")
+def backbone_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny dropout-free BERT masked-LM and the shipped tokenizer, saved like a hub checkpoint."""
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    model = BertForMaskedLM(config)
+    with torch.no_grad():  # a decoder bias that is not zero, so a head ignoring it would show
+        model.cls.predictions.bias.normal_(0.0, 0.05)
+    path = tmp_path_factory.mktemp("bert")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def sparse_encoder(path: Path, *, legacy: bool = False) -> SparseEncoder:
+    """A SPLADE SparseEncoder over ``path``: fill-mask Transformer (or the legacy MLMTransformer) + max pooling."""
+    kwargs = {"max_seq_length": 64, "model_kwargs": {"local_files_only": True}}
+    if legacy:
+        from sentence_transformers.sparse_encoder.modules import MLMTransformer
+
+        transformer = MLMTransformer(str(path), _from_auto_load=True, **kwargs)
+    else:
+        transformer = Transformer(str(path), transformer_task="fill-mask", **kwargs)
+    return SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").to(torch.float64)
+
+
+def features(model: SparseEncoder, texts: list[str]) -> dict[str, torch.Tensor]:
+    return model.preprocess(texts)
+
+
+def st_splade_loss(model: SparseEncoder, *, query_weight: float | None = 5e-3) -> SpladeLoss:
+    return SpladeLoss(
+        model,
+        loss=SparseMultipleNegativesRankingLoss(model, scale=0.5),
+        document_regularizer_weight=3e-3,
+        query_regularizer_weight=query_weight,
+    )
+
+
+def param_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["Transformer", "MLMTransformer"])
+def test_converted_model_gives_sentence_transformers_reps(backbone_dir, legacy: bool) -> None:
+    """After use_sparton_head the reps equal sentence-transformers' own forward; type and modules unchanged."""
+    reference = sparse_encoder(backbone_dir, legacy=legacy)
+    model = use_sparton_head(copy.deepcopy(reference))
+    assert type(model) is SparseEncoder and uses_sparton_head(model) and not uses_sparton_head(reference)
+    assert [type(m) for m in model.children()] == [type(m) for m in reference.children()]
+    batch = features(reference, QUERIES + POSITIVES)
+    expected = reference(dict(batch))["sentence_embedding"]
+    actual = model(dict(batch))["sentence_embedding"]
+    assert actual.dtype == torch.float64 and (expected > 0).any()
+    torch.testing.assert_close(actual, expected, rtol=TOL, atol=TOL)
+    torch.testing.assert_close(
+        model.encode(POSITIVES, convert_to_tensor=True, convert_to_sparse_tensor=False),
+        reference.encode(POSITIVES, convert_to_tensor=True, convert_to_sparse_tensor=False),
+        rtol=TOL,
+        atol=TOL,
+    )
+    assert use_sparton_head(model) is model  # idempotent
+
+
+def test_converted_forward_never_forms_the_logits(backbone_dir) -> None:
+    """The decoder (the [B, S, V] logits) never runs in the converted forward; it does in the original."""
+    model = sparse_encoder(backbone_dir)
+    calls = []
+    model[0].auto_model.get_output_embeddings().register_forward_hook(lambda *args: calls.append(1))
+    batch = features(model, QUERIES)
+    model(dict(batch))
+    assert calls == [1]
+    use_sparton_head(model)
+    model(dict(batch))
+    assert calls == [1]
+
+
+def test_cached_loss_matches_sentence_transformers_splade_loss(backbone_dir, tokenizer) -> None:
+    """Our CachedLoss + mapped SpladeLoss on the converted model: loss and every gradient equal ST's SpladeLoss."""
+    reference = sparse_encoder(backbone_dir).train()
+    model = use_sparton_head(copy.deepcopy(reference))
+    columns = [features(reference, texts) for texts in (QUERIES, POSITIVES, NEGATIVES)]
+
+    st_loss = st_splade_loss(reference)
+    expected = sum(st_loss([dict(c) for c in columns], labels=None).values())
+    expected.backward()
+
+    loss_fn = OurSpladeLoss(splade_loss_config_from(st_splade_loss(model)))
+    named = {
+        name: {k: v for k, v in column.items() if isinstance(v, torch.Tensor)}
+        for name, column in zip(("query", "positive", "negative_1"), columns, strict=True)
+    }
+    actual = CachedLoss(as_rep_encoder(model), loss_fn, mini_batch_size=3)(named)
+    actual.backward()
+
+    torch.testing.assert_close(actual, expected, rtol=TOL, atol=TOL)
+    expected_grads, actual_grads = param_grads(reference), param_grads(model)
+    assert expected_grads.keys() == actual_grads.keys() and len(expected_grads) > 10
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(actual_grads[name], grad, rtol=1e-8, atol=TOL, msg=name)
+
+
+def test_loss_mapping_refuses_what_has_no_counterpart(backbone_dir) -> None:
+    """Non-dot similarities, FLOPS thresholds, other base losses and query-less regularization are refused."""
+    model = sparse_encoder(backbone_dir)
+    config = splade_loss_config_from(st_splade_loss(model, query_weight=None), reg_warmup_steps=5)
+    assert (config.query_reg_weight, config.doc_reg_weight, config.temperature, config.reg_warmup_steps) == (
+        0.0,
+        3e-3,
+        2.0,
+        5,
+    )
+    from sentence_transformers import util
+
+    cosine = SpladeLoss(
+        model,
+        loss=SparseMultipleNegativesRankingLoss(model, similarity_fct=util.cos_sim),
+        document_regularizer_weight=1e-3,
+    )
+    with pytest.raises(ValueError, match="dot-product scores"):
+        splade_loss_config_from(cosine)
+    thresholded = SpladeLoss(
+        model,
+        loss=SparseMultipleNegativesRankingLoss(model),
+        document_regularizer_weight=1e-3,
+        document_regularizer=FlopsLoss(model, threshold=10),
+    )
+    with pytest.raises(ValueError, match="without threshold"):
+        splade_loss_config_from(thresholded)
+    with pytest.raises(TypeError, match="SpladeLoss"):
+        splade_loss_config_from(SparseMultipleNegativesRankingLoss(model))
+
+
+def test_conversion_refuses_other_pipelines(backbone_dir) -> None:
+    """Sum pooling, log1p_relu, extra modules and non-SparseEncoders get one clear error; nothing changes."""
+    model = sparse_encoder(backbone_dir)
+    with pytest.raises(TypeError, match="SparseEncoder"):
+        use_sparton_head(model[0])
+    summed = SparseEncoder(modules=[model[0], SpladePooling("sum")], device="cpu")
+    with pytest.raises(ValueError, match="max pooling"):
+        use_sparton_head(summed)
+    assert not uses_sparton_head(summed)
+    with pytest.raises(ValueError, match="exactly a fill-mask Transformer"):
+        use_sparton_head(SparseEncoder(modules=[model[0]], device="cpu"))
+    with pytest.raises(ValueError, match="use_sparton_head"):
+        as_rep_encoder(model)
+
+
+@pytest.mark.slow
+def test_trainer_trains_a_sparse_encoder_and_saves_its_format(backbone_dir, tmp_path) -> None:
+    """CachedSpladeTrainer accepts a SparseEncoder, trains it, and saves a SparseEncoder with equal reps."""
+    from datasets import Dataset
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+    from gradcache_sparton.trainer import CachedSpladeTrainer
+
+    model = sparse_encoder(backbone_dir).to(torch.float32)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rows = Dataset.from_dict({"query": QUERIES, "positive": POSITIVES})
+    args = CachedSpladeTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        mini_batch_size=2,
+        max_steps=2,
+        learning_rate=1e-3,
+        query_reg_weight=1e-3,
+        doc_reg_weight=1e-3,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        query_max_length=16,
+        document_max_length=32,
+    )
+    trainer = CachedSpladeTrainer(model, args, train_dataset=rows, processing_class=model.tokenizer)
+    trainer.train()
+    assert uses_sparton_head(model)
+    assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())
+    trainer.save_model(str(tmp_path / "final"))
+
+    loaded = SparseEncoder(str(tmp_path / "final"), device="cpu", local_files_only=True)
+    assert type(loaded[0]) is type(model[0]) and type(loaded[1]) is SpladePooling
+    model.eval()
+    batch = features(model, QUERIES)
+    torch.testing.assert_close(
+        loaded(dict(batch))["sentence_embedding"], model(dict(batch))["sentence_embedding"], rtol=0, atol=0
+    )
