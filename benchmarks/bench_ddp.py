@@ -118,7 +118,7 @@ def _rows(columns: Mapping[str, Mapping[str, Tensor]], rows: slice) -> dict[str,
 
 
 def _loss() -> SpladeLoss:
-    return SpladeLoss(SpladeLossConfig(query_weight=5e-4, doc_weight=3e-4))
+    return SpladeLoss(SpladeLossConfig(query_reg_weight=5e-4, doc_reg_weight=3e-4))
 
 
 # ---------------------------------------------------------------------------------------------- equality

@@ -317,7 +317,7 @@ class Bench:
         self.scale = scale
         self.device = device
         self.cuda = device.type == "cuda"
-        self.loss = SpladeLoss(SpladeLossConfig(query_weight=5e-4, doc_weight=3e-4))
+        self.loss = SpladeLoss(SpladeLossConfig(query_reg_weight=5e-4, doc_reg_weight=3e-4))
         self._vocab: int | None = None
         self._encoder: SpladeEncoder | None = None
         self._initial: dict[str, Tensor] = {}

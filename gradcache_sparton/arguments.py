@@ -14,7 +14,7 @@ Every ``__post_init__`` raises ``ValueError`` naming the field, before any model
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from transformers import TrainingArguments
@@ -205,8 +205,15 @@ class DataArguments:
 
 
 @dataclass
-class CachedSpladeTrainingArguments(TrainingArguments):
-    """``TrainingArguments`` plus GradCache and SPLADE loss settings.
+class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
+    """``TrainingArguments`` plus GradCache settings and the SPLADE loss settings.
+
+    The loss settings are :class:`~gradcache_sparton.losses.SpladeLossConfig`'s fields, inherited: the
+    same names, defaults, help texts and checks (``contrastive``, ``temperature``, ``query_regularizer``,
+    ``doc_regularizer``, ``query_reg_weight``, ``doc_reg_weight``, ``reg_warmup_steps``,
+    ``reg_warmup_shape``). ``warmup_steps`` is ``TrainingArguments``' learning-rate warm-up.
+    ``SpladeLossConfig`` is the first base so that the loss fields come after ``TrainingArguments``'
+    fields, which keep their positions; ``__post_init__`` calls both bases' checks explicitly.
 
     Changed defaults: ``per_device_train_batch_size=256`` (the effective batch per device),
     ``dataloader_drop_last=True`` (a small final batch spikes a contrastive loss),
@@ -252,36 +259,6 @@ class CachedSpladeTrainingArguments(TrainingArguments):
         default=256,
         metadata={"help": "Positives and negatives are truncated to this many tokens (multiple of 8)."},
     )
-    contrastive: str = field(
-        default="infonce",
-        metadata={
-            "help": "Ranking loss: 'infonce' (in-batch + hard negatives) or 'margin_mse' (teacher_scores)."
-        },
-    )
-    temperature: float = field(default=1.0, metadata={"help": "InfoNCE temperature (SPLADE uses 1.0)."})
-    query_regularizer: str = field(
-        default="flops", metadata={"help": "Query sparsity regularizer: flops or l1."}
-    )
-    doc_regularizer: str = field(
-        default="flops", metadata={"help": "Document sparsity regularizer: flops or l1."}
-    )
-    query_reg_weight: float = field(
-        default=5e-4,
-        metadata={"help": "Final query regularizer weight. Larger: sparser queries, lower recall."},
-    )
-    doc_reg_weight: float = field(
-        default=3e-4,
-        metadata={"help": "Final document regularizer weight. Larger: smaller index, faster search."},
-    )
-    reg_warmup_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Optimizer steps over which the regularizer weights ramp up from 0 (SPLADE: 50,000)."
-        },
-    )
-    reg_warmup_shape: str = field(
-        default="quadratic", metadata={"help": "Regularizer ramp: quadratic or linear."}
-    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Allow writing into an output_dir that already holds another run's files."},
@@ -290,7 +267,8 @@ class CachedSpladeTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         if self.output_dir is None:
             self.output_dir = time.strftime("outputs/splade-%Y%m%d-%H%M%S")
-        super().__post_init__()
+        SpladeLossConfig.__post_init__(self)  # the loss settings, checked now, not at the first step
+        TrainingArguments.__post_init__(self)
         _positive(self.mini_batch_size, "mini_batch_size")
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
         _positive(self.query_max_length, "query_max_length")
@@ -302,24 +280,7 @@ class CachedSpladeTrainingArguments(TrainingArguments):
             )
         if self.remove_unused_columns:
             raise ValueError("remove_unused_columns must be False: the collator reads the text columns")
-        self.splade_loss_config()  # validates the loss settings now, not at the first step
 
     def splade_loss_config(self) -> SpladeLossConfig:
-        """The :class:`SpladeLossConfig` these arguments describe."""
-        try:
-            return SpladeLossConfig(
-                query_weight=self.query_reg_weight,
-                doc_weight=self.doc_reg_weight,
-                contrastive=self.contrastive,
-                query_regularizer=self.query_regularizer,
-                doc_regularizer=self.doc_regularizer,
-                temperature=self.temperature,
-                warmup_steps=self.reg_warmup_steps,
-                warmup_shape=self.reg_warmup_shape,
-            )
-        except ValueError as exc:
-            raise ValueError(
-                f"invalid loss settings: {exc} (training arguments query_reg_weight, doc_reg_weight, "
-                "reg_warmup_steps and reg_warmup_shape are SpladeLossConfig's query_weight, doc_weight, "
-                "warmup_steps and warmup_shape)"
-            ) from None
+        """The :class:`SpladeLossConfig` these arguments describe: a copy of the inherited fields."""
+        return SpladeLossConfig(**{f.name: getattr(self, f.name) for f in fields(SpladeLossConfig)})

@@ -15,16 +15,19 @@ from gradcache_sparton.losses import (
     SpladeLoss,
     SpladeLossConfig,
     WarmupSchedule,
+    activation_rate,
     dot_scores,
+    expected_flops,
     flops_regularizer,
     info_nce_loss,
     l1_regularizer,
     margin_mse_loss,
+    mean_nonzeros,
+    nonzeros_per_row,
     paired_scores,
     split_columns,
     warmup_weight,
 )
-from gradcache_sparton.sparsity import activation_rate, expected_flops, mean_nonzeros, nonzeros_per_row
 
 # fp32 losses vs an fp64 reference on the same input values: a handful of fp32 roundings of O(10) sums
 # and one log-sum-exp, so ~1e-6 relative; 1e-5 leaves room for summation order but still catches any
@@ -215,7 +218,9 @@ def test_warmup_schedule_values() -> None:
 def test_splade_loss_combines_components() -> None:
     """SpladeLoss = InfoNCE + w_q·FLOPS(queries) + w_d·FLOPS(all docs), with detached components."""
     reps = _batch(6, 80, 2, seed=21)
-    loss_fn = SpladeLoss(SpladeLossConfig(query_weight=0.3, doc_weight=0.1, warmup_steps=10, temperature=0.5))
+    loss_fn = SpladeLoss(
+        SpladeLossConfig(query_reg_weight=0.3, doc_reg_weight=0.1, reg_warmup_steps=10, temperature=0.5)
+    )
     ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps)
     loss, comps = loss_fn(ours_in, step=5)
     docs = torch.cat([ref_in["positive"], ref_in["negative_1"], ref_in["negative_2"]])
@@ -251,7 +256,7 @@ def test_splade_loss_combines_components() -> None:
 def test_splade_loss_bf16_reps_match_fp32() -> None:
     """SpladeLoss on bf16 reps equals it on fp32 copies of the same values; gradients come back in bf16."""
     reps = _batch(5, 60, 1, seed=8, dtype=torch.bfloat16)
-    loss_fn = SpladeLoss(SpladeLossConfig(query_weight=0.5, doc_weight=0.5))
+    loss_fn = SpladeLoss(SpladeLossConfig(query_reg_weight=0.5, doc_reg_weight=0.5))
     half_in, full_in = _leaf_copies(reps), _leaf_copies(reps, torch.float32)
     half_loss, _ = loss_fn(half_in)
     full_loss, _ = loss_fn(full_in)
@@ -269,7 +274,9 @@ def test_splade_loss_step_kwarg_and_set_step() -> None:
     """The step kwarg wins over set_step; set_step persists; calls keep no other state."""
     reps = _batch(3, 20, 1, seed=2)
     loss_fn = SpladeLoss(
-        SpladeLossConfig(query_weight=1.0, doc_weight=2.0, warmup_steps=4, warmup_shape="linear")
+        SpladeLossConfig(
+            query_reg_weight=1.0, doc_reg_weight=2.0, reg_warmup_steps=4, reg_warmup_shape="linear"
+        )
     )
     assert loss_fn(reps)[1]["reg_weight_doc"].item() == 0.0  # step 0: regularizers off
     loss_fn.set_step(2)
@@ -285,8 +292,8 @@ def test_splade_loss_margin_mse_with_l1() -> None:
     reps = _batch(4, 30, 2, seed=5)
     teacher = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
     config = SpladeLossConfig(
-        query_weight=0.5,
-        doc_weight=0.25,
+        query_reg_weight=0.5,
+        doc_reg_weight=0.25,
         contrastive="margin_mse",
         query_regularizer="l1",
         doc_regularizer="l1",
@@ -307,7 +314,7 @@ def test_splade_loss_is_exact_under_grad_cache() -> None:
     g = torch.Generator().manual_seed(4)
     weight = torch.randn(12, 50, generator=g, requires_grad=True)  # a one-layer "encoder": relu(x @ W)
     inputs = {name: torch.randn(8, 12, generator=g) for name in ("query", "positive", "negative")}
-    loss_fn = SpladeLoss(SpladeLossConfig(query_weight=0.2, doc_weight=0.4))
+    loss_fn = SpladeLoss(SpladeLossConfig(query_reg_weight=0.2, doc_reg_weight=0.4))
     # Uncached: one graph through the whole batch.
     full_loss, _ = loss_fn({n: torch.relu(x @ weight) for n, x in inputs.items()})
     (full_grad,) = torch.autograd.grad(full_loss, weight)
@@ -391,11 +398,11 @@ def test_bad_reps_are_rejected() -> None:
     ("kwargs", "error", "match"),
     [
         ({"temperature": 0.0}, ValueError, "temperature"),
-        ({"query_weight": -1.0}, ValueError, "query_weight"),
-        ({"doc_weight": float("nan")}, ValueError, "doc_weight"),
-        ({"warmup_steps": -1}, ValueError, "warmup_steps"),
-        ({"warmup_steps": 1.5}, TypeError, "warmup_steps"),
-        ({"warmup_shape": "cosine"}, ValueError, "warmup_shape"),
+        ({"query_reg_weight": -1.0}, ValueError, "query_reg_weight"),
+        ({"doc_reg_weight": float("nan")}, ValueError, "doc_reg_weight"),
+        ({"reg_warmup_steps": -1}, ValueError, "reg_warmup_steps"),
+        ({"reg_warmup_steps": 1.5}, TypeError, "reg_warmup_steps"),
+        ({"reg_warmup_shape": "cosine"}, ValueError, "reg_warmup_shape"),
         ({"query_regularizer": "l2"}, ValueError, "query_regularizer"),
         ({"doc_regularizer": "L1"}, ValueError, "doc_regularizer"),
         ({"contrastive": "triplet"}, ValueError, "contrastive"),
@@ -405,12 +412,12 @@ def test_bad_reps_are_rejected() -> None:
 def test_splade_config_rejects_bad_values(kwargs: dict, error: type, match: str) -> None:
     """Each invalid SpladeLossConfig field raises an error naming that field."""
     with pytest.raises(error, match=match):
-        SpladeLossConfig(**{"query_weight": 0.1, "doc_weight": 0.1, **kwargs})
+        SpladeLossConfig(**{"query_reg_weight": 0.1, "doc_reg_weight": 0.1, **kwargs})
 
 
 def test_bad_steps_and_loss_kwargs_are_rejected() -> None:
     """Negative steps, bad schedule arguments and kwargs the contrastive loss does not take raise errors."""
-    loss_fn = SpladeLoss(SpladeLossConfig(query_weight=0.1, doc_weight=0.1))
+    loss_fn = SpladeLoss(SpladeLossConfig(query_reg_weight=0.1, doc_reg_weight=0.1))
     reps = _batch(2, 5, 1, seed=0)
     with pytest.raises(ValueError, match="step"):
         loss_fn.set_step(-1)
@@ -422,3 +429,86 @@ def test_bad_steps_and_loss_kwargs_are_rejected() -> None:
         WarmupSchedule(final_weight=-0.1)
     with pytest.raises(ValueError, match="temperature"):
         info_nce_loss(reps, temperature=-1.0)
+
+
+# ----------------------------------------------------------------------------------------------- one set of names
+
+
+def test_splade_config_old_names_warn_and_map_to_new() -> None:
+    """The pre-rename keywords still build the same config, each with a DeprecationWarning naming the new one."""
+    old = {"query_weight": 0.2, "doc_weight": 0.1, "warmup_steps": 7, "warmup_shape": "linear"}
+    with pytest.warns(DeprecationWarning) as record:
+        config = SpladeLossConfig(**old)
+    messages = " ".join(str(w.message) for w in record)
+    for new in ("query_reg_weight", "doc_reg_weight", "reg_warmup_steps", "reg_warmup_shape"):
+        assert f"use {new}=" in messages
+    assert config == SpladeLossConfig(
+        query_reg_weight=0.2, doc_reg_weight=0.1, reg_warmup_steps=7, reg_warmup_shape="linear"
+    )
+    with pytest.raises(TypeError, match=r"both query_weight.*query_reg_weight"):
+        SpladeLossConfig(query_weight=0.2, query_reg_weight=0.3)
+
+
+def test_training_arguments_take_the_loss_config_fields(tmp_path) -> None:
+    """The training arguments have exactly SpladeLossConfig's fields (names, defaults, help), as CLI flags."""
+    import dataclasses
+
+    from transformers import HfArgumentParser
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+
+    loss_fields = {f.name: f for f in dataclasses.fields(SpladeLossConfig)}
+    arg_fields = {f.name: f for f in dataclasses.fields(CachedSpladeTrainingArguments)}
+    for name, f in loss_fields.items():
+        assert (
+            arg_fields[name].default == f.default and arg_fields[name].metadata["help"] == f.metadata["help"]
+        )
+    help_text = HfArgumentParser(CachedSpladeTrainingArguments).format_help()
+    assert all(f"--{name}" in help_text for name in loss_fields)
+    args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), query_reg_weight=0.01, reg_warmup_steps=3)
+    assert args.splade_loss_config() == SpladeLossConfig(query_reg_weight=0.01, reg_warmup_steps=3)
+    assert args.warmup_steps == 0  # the learning-rate warm-up stays TrainingArguments' own field
+    with pytest.raises(ValueError, match="reg_warmup_shape"):
+        CachedSpladeTrainingArguments(output_dir=str(tmp_path), reg_warmup_shape="cosine")
+
+
+# ----------------------------------------------------------------------------------------------- checked once
+
+
+def test_splade_loss_checks_each_column_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One SpladeLoss call validates each rep column exactly once (the inner losses trust their input)."""
+    import gradcache_sparton.losses.columns as columns_module
+
+    calls: list[str] = []
+    check = columns_module.check_reps
+
+    def counting_check(reps: object, *, name: str) -> torch.Tensor:
+        calls.append(name)
+        return check(reps, name=name)
+
+    monkeypatch.setattr(columns_module, "check_reps", counting_check)
+    reps = _batch(3, 16, 2, seed=0)
+    SpladeLoss(SpladeLossConfig(query_regularizer="l1"))(reps)
+    assert sorted(calls) == sorted(f"reps[{name!r}]" for name in reps)
+    calls.clear()
+    SpladeLoss(SpladeLossConfig(contrastive="margin_mse"))(reps, teacher_scores=torch.zeros(3, 3))
+    assert len(calls) == len(reps)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda bad, good: dot_scores(bad, good),
+        lambda bad, good: paired_scores(good, bad),
+        lambda bad, good: flops_regularizer([good, bad]),
+        lambda bad, good: l1_regularizer(bad),
+        lambda bad, good: mean_nonzeros([good, bad]),
+        lambda bad, good: activation_rate(bad),
+        lambda bad, good: nonzeros_per_row(bad),
+        lambda bad, good: expected_flops(good, bad),
+    ],
+)
+def test_public_functions_still_check_their_input(call) -> None:
+    """Each public function called directly rejects a 1-D tensor with a ValueError saying 2-D [B, V]."""
+    with pytest.raises(ValueError, match=r"2-D \[B, V\]"):
+        call(torch.zeros(5), torch.zeros(2, 5))

@@ -1,4 +1,4 @@
-"""Read the reps mapping a loss receives: queries, positives and hard-negative columns, validated.
+"""Read the reps a loss receives: the one validator of rep matrices and the column helpers of ``losses``.
 
 Legend: B batch, V vocabulary, k hard negatives per query.
 
@@ -7,18 +7,20 @@ queries [B, V], the second their positives [B, V], and each further column one h
 [B, V], so k negative columns give every query k hard negatives. Row i of every column belongs to
 query i: a column whose row count differs from the queries' is a batch in which some query has a
 different number of hard negatives, which a dense [B, ...] loss cannot express, and is rejected.
+
+Validation happens once, at a public entry (:func:`split_columns`, :func:`column_list`); the private
+cores the public losses share take the validated columns and trust them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
-from gradcache_sparton.sparsity import check_reps
-
-__all__ = ["ContrastiveColumns", "split_columns"]
+__all__ = ["ContrastiveColumns", "accumulation_dtype", "check_reps", "column_list", "split_columns"]
 
 
 class ContrastiveColumns(NamedTuple):
@@ -27,6 +29,47 @@ class ContrastiveColumns(NamedTuple):
     q_reps: Tensor
     pos_reps: Tensor
     neg_reps: list[Tensor]
+
+
+def check_reps(reps: object, *, name: str) -> Tensor:
+    """Return ``reps`` if it is a non-empty 2-D floating tensor [B, V]; raise a clear error otherwise.
+
+    ``name`` is how the error refers to the argument (e.g. ``"reps['negative_1']"``).
+    """
+    if not isinstance(reps, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape [B, V], got {type(reps).__name__}")
+    if reps.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [B, V] (batch, vocabulary), got shape {tuple(reps.shape)}")
+    if not reps.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got dtype {reps.dtype}")
+    if reps.shape[0] == 0 or reps.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one row and one column, got shape {tuple(reps.shape)}")
+    return reps
+
+
+def column_list(reps: Tensor | Sequence[Tensor], *, name: str = "reps") -> list[Tensor]:
+    """One [B, V] tensor or a non-empty sequence of [B_i, V] tensors with one V -> a checked list.
+
+    The reduction helpers (regularizers, sparsity statistics) treat the list as the row-wise
+    concatenation of its tensors without building it.
+    """
+    columns = [reps] if isinstance(reps, Tensor) else list(reps)
+    if not columns:
+        raise ValueError(f"{name} must be a [B, V] tensor or a non-empty sequence of them, got an empty one")
+    for i, column in enumerate(columns):
+        check_reps(column, name=name if isinstance(reps, Tensor) else f"{name}[{i}]")
+    vocab = {column.shape[1] for column in columns}
+    if len(vocab) > 1:
+        raise ValueError(f"all tensors in {name} must have the same vocabulary size V, got {sorted(vocab)}")
+    return columns
+
+
+def accumulation_dtype(*tensors: Tensor) -> torch.dtype:
+    """The dtype losses reduce in: fp32 for half-precision and fp32 inputs, fp64 if any input is fp64."""
+    dtype = torch.float32
+    for tensor in tensors:
+        dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
 
 
 def split_columns(reps: Mapping[str, Tensor]) -> ContrastiveColumns:

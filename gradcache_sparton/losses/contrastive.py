@@ -18,17 +18,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gradcache_sparton.losses.columns import split_columns
-from gradcache_sparton.losses.scores import dot_scores, paired_scores
+from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
+from gradcache_sparton.losses.scores import _dot_scores, _paired_scores
 
-__all__ = ["info_nce_loss", "margin_mse_loss"]
+__all__ = ["check_temperature", "info_nce_loss", "margin_mse_loss"]
 
 
-def _check_temperature(temperature: float) -> None:
+def check_temperature(temperature: float, *, name: str = "temperature") -> None:
+    """Raise unless ``temperature`` is a finite number > 0; ``name`` names the argument."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a positive float, got {type(temperature).__name__}")
+        raise TypeError(f"{name} must be a positive float, got {type(temperature).__name__}")
     if not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+        raise ValueError(f"{name} must be a finite number > 0, got {temperature}")
 
 
 def info_nce_loss(reps: Mapping[str, Tensor], *, temperature: float = 1.0) -> Tensor:
@@ -56,11 +57,16 @@ def info_nce_loss(reps: Mapping[str, Tensor], *, temperature: float = 1.0) -> Te
     Returns:
         0-d fp32 loss (fp64 for fp64 reps).
     """
-    _check_temperature(temperature)
-    q_reps, pos_reps, neg_reps = split_columns(reps)
+    check_temperature(temperature)
+    return _info_nce(split_columns(reps), temperature=temperature)
+
+
+def _info_nce(columns: ContrastiveColumns, *, temperature: float) -> Tensor:
+    """:func:`info_nce_loss` of checked columns."""
+    q_reps, pos_reps, neg_reps = columns
     B = q_reps.shape[0]
     # (1+k) x ([B, V] @ [V, B] -> [B, B]), concatenated -> [B, (1+k)·B]; column j < B is positive j.
-    scores = torch.cat([dot_scores(q_reps, d_reps) for d_reps in (pos_reps, *neg_reps)], dim=1)
+    scores = torch.cat([_dot_scores(q_reps, d_reps) for d_reps in (pos_reps, *neg_reps)], dim=1)
     # In place: cat's backward needs no saved tensors, so this spares one [B, (1+k)·B] buffer.
     scores.div_(temperature)
     targets = torch.arange(B, device=scores.device)
@@ -86,12 +92,21 @@ def margin_mse_loss(reps: Mapping[str, Tensor], *, teacher_scores: Tensor) -> Te
 
     Memory: k + 1 row-wise products [B, V] in fp32; nothing grows with B².
     """
-    q_reps, pos_reps, neg_reps = split_columns(reps)
-    B, k = q_reps.shape[0], len(neg_reps)
+    columns = split_columns(reps)
+    check_teacher_scores(columns, teacher_scores=teacher_scores, loss="margin_mse_loss")
+    return _margin_mse(columns, teacher_scores=teacher_scores)
+
+
+def check_teacher_scores(columns: ContrastiveColumns, *, teacher_scores: object, loss: str) -> None:
+    """Raise unless ``teacher_scores`` is a floating [B, 1+k] tensor for k >= 1 hard-negative columns.
+
+    ``loss`` names the distillation loss in the error (both need hard negatives to compare against).
+    """
+    B, k = columns.q_reps.shape[0], len(columns.neg_reps)
     if k == 0:
         raise ValueError(
-            "margin_mse_loss needs at least one hard-negative column after the positives, got only "
-            f"columns {list(reps)}"
+            f"{loss} needs at least one hard-negative column after the positives, got only the queries "
+            "and positives"
         )
     if not isinstance(teacher_scores, Tensor):
         raise TypeError(f"teacher_scores must be a [B, 1+k] tensor, got {type(teacher_scores).__name__}")
@@ -102,8 +117,13 @@ def margin_mse_loss(reps: Mapping[str, Tensor], *, teacher_scores: Tensor) -> Te
         )
     if not teacher_scores.is_floating_point():
         raise TypeError(f"teacher_scores must be a floating tensor, got dtype {teacher_scores.dtype}")
-    pos = paired_scores(q_reps, pos_reps)  # [B]
-    negs = torch.stack([paired_scores(q_reps, n) for n in neg_reps], dim=1)  # k x [B] -> [B, k]
+
+
+def _margin_mse(columns: ContrastiveColumns, *, teacher_scores: Tensor) -> Tensor:
+    """:func:`margin_mse_loss` of checked columns and teacher scores."""
+    q_reps, pos_reps, neg_reps = columns
+    pos = _paired_scores(q_reps, pos_reps)  # [B]
+    negs = torch.stack([_paired_scores(q_reps, n) for n in neg_reps], dim=1)  # k x [B] -> [B, k]
     student_margin = pos[:, None] - negs  # [B, k]
     teacher = teacher_scores.detach().to(device=pos.device, dtype=pos.dtype)  # [B, 1+k]
     teacher_margin = teacher[:, :1] - teacher[:, 1:]  # [B, k]

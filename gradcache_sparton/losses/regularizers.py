@@ -4,7 +4,7 @@ Legend: B batch, V vocabulary.
 
 - FLOPS (Paria et al. 2020, used by SPLADE): ``sum_v (mean_b reps[b, v])²``. It penalises terms that
   are active across many reps of the batch, a smooth stand-in for the expected cost of an
-  inverted-index lookup (:func:`gradcache_sparton.sparsity.expected_flops`). It is *batch-coupled*: the
+  inverted-index lookup (:func:`gradcache_sparton.losses.expected_flops`). It is *batch-coupled*: the
   mean runs over the whole batch, so it must be computed on the full batch of reps (the GradCache
   engine provides the full concatenated batch; computing it per mini-batch and averaging gives a
   different value and gradient).
@@ -19,30 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import torch
 from torch import Tensor
 
-from gradcache_sparton.sparsity import check_reps
+from gradcache_sparton.losses.columns import accumulation_dtype, column_list
 
 __all__ = ["REGULARIZERS", "flops_regularizer", "get_regularizer", "l1_regularizer"]
-
-
-def _columns(reps: Tensor | Sequence[Tensor]) -> tuple[list[Tensor], torch.dtype]:
-    """Validated list of [B_i, V] columns with one V, and the fp32-or-wider dtype to reduce in."""
-    columns = [reps] if isinstance(reps, Tensor) else list(reps)
-    if not columns:
-        raise ValueError(
-            "reps must be a [B, V] tensor or a non-empty sequence of them, got an empty sequence"
-        )
-    for i, column in enumerate(columns):
-        check_reps(column, name="reps" if isinstance(reps, Tensor) else f"reps[{i}]")
-    vocab = {column.shape[1] for column in columns}
-    if len(vocab) > 1:
-        raise ValueError(f"all tensors in reps must have the same vocabulary size V, got {sorted(vocab)}")
-    dtype = torch.float32
-    for column in columns:
-        dtype = torch.promote_types(dtype, column.dtype)
-    return columns, dtype
 
 
 def flops_regularizer(reps: Tensor | Sequence[Tensor]) -> Tensor:
@@ -50,10 +31,7 @@ def flops_regularizer(reps: Tensor | Sequence[Tensor]) -> Tensor:
 
     Gradient: ``d/d reps[b, v] = 2 · mean_b' reps[b', v] / N`` with N the total number of rows.
     """
-    columns, dtype = _columns(reps)
-    rows = sum(column.shape[0] for column in columns)
-    column_sum = sum(column.sum(dim=0, dtype=dtype) for column in columns)  # [B_i, V] -> [V], summed
-    return (column_sum / rows).square().sum()  # [V] -> []
+    return _flops(column_list(reps))
 
 
 def l1_regularizer(reps: Tensor | Sequence[Tensor]) -> Tensor:
@@ -61,7 +39,20 @@ def l1_regularizer(reps: Tensor | Sequence[Tensor]) -> Tensor:
 
     Gradient: ``d/d reps[b, v] = sign(reps[b, v]) / N`` with N the total number of rows (0 at 0).
     """
-    columns, dtype = _columns(reps)
+    return _l1(column_list(reps))
+
+
+def _flops(columns: list[Tensor]) -> Tensor:
+    """:func:`flops_regularizer` of checked columns."""
+    dtype = accumulation_dtype(*columns)
+    rows = sum(column.shape[0] for column in columns)
+    column_sum = sum(column.sum(dim=0, dtype=dtype) for column in columns)  # [B_i, V] -> [V], summed
+    return (column_sum / rows).square().sum()  # [V] -> []
+
+
+def _l1(columns: list[Tensor]) -> Tensor:
+    """:func:`l1_regularizer` of checked columns."""
+    dtype = accumulation_dtype(*columns)
     rows = sum(column.shape[0] for column in columns)
     total = sum(column.abs().sum(dtype=dtype) for column in columns)  # [B_i, V] -> [], summed
     return total / rows
@@ -82,3 +73,7 @@ def get_regularizer(name: str, *, argument: str = "name") -> Callable[[Tensor | 
     if name not in REGULARIZERS:
         raise ValueError(f"{argument} must be one of {sorted(REGULARIZERS)}, got {name!r}")
     return REGULARIZERS[name]
+
+
+# The unchecked cores behind REGULARIZERS, for callers that validated the columns (SpladeLoss).
+_REGULARIZER_CORES: dict[str, Callable[[list[Tensor]], Tensor]] = {"flops": _flops, "l1": _l1}

@@ -11,12 +11,36 @@ a freshly initialised head collapses the reps to zero before the ranking loss ca
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 __all__ = ["WARMUP_SHAPES", "WarmupSchedule", "warmup_weight"]
 
 # Shape name -> exponent p of the ramp.
 WARMUP_SHAPES: dict[str, int] = {"quadratic": 2, "linear": 1}
+
+
+def check_weight(value: float, *, name: str) -> None:
+    """Raise unless ``value`` is a finite number >= 0 (a regularizer weight); ``name`` names the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+
+
+def check_warmup(steps: int, shape: str, *, steps_name: str, shape_name: str) -> None:
+    """Raise unless ``steps`` is an int >= 0 and ``shape`` one of :data:`WARMUP_SHAPES`.
+
+    The one check of warm-up settings: :class:`WarmupSchedule` and
+    :class:`~gradcache_sparton.losses.SpladeLossConfig` (``reg_warmup_steps``, ``reg_warmup_shape``) use
+    it, each naming its own fields.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(f"{steps_name} must be an int, got {type(steps).__name__}")
+    if steps < 0:
+        raise ValueError(f"{steps_name} must be >= 0, got {steps}")
+    if shape not in WARMUP_SHAPES:
+        raise ValueError(f"{shape_name} must be one of {sorted(WARMUP_SHAPES)}, got {shape!r}")
 
 
 def _check_step(step: int) -> None:
@@ -54,16 +78,8 @@ class WarmupSchedule:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.final_weight, bool) or not isinstance(self.final_weight, (int, float)):
-            raise TypeError(f"final_weight must be a float, got {type(self.final_weight).__name__}")
-        if not self.final_weight >= 0 or self.final_weight == float("inf"):
-            raise ValueError(f"final_weight must be a finite number >= 0, got {self.final_weight}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int):
-            raise TypeError(f"warmup_steps must be an int, got {type(self.warmup_steps).__name__}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.shape not in WARMUP_SHAPES:
-            raise ValueError(f"shape must be one of {sorted(WARMUP_SHAPES)}, got {self.shape!r}")
+        check_weight(self.final_weight, name="final_weight")
+        check_warmup(self.warmup_steps, self.shape, steps_name="warmup_steps", shape_name="shape")
 
     def __call__(self, step: int) -> float:
         """The weight at ``step`` (optimizer steps taken so far, >= 0)."""

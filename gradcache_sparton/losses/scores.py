@@ -11,20 +11,11 @@ softmax over them. fp64 reps stay fp64.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from gradcache_sparton.sparsity import check_reps
+from gradcache_sparton.losses.columns import accumulation_dtype, check_reps
 
 __all__ = ["dot_scores", "paired_scores"]
-
-
-def _score_dtype(*tensors: Tensor) -> torch.dtype:
-    """fp32 for half-precision and fp32 inputs, fp64 if any input is fp64."""
-    dtype = torch.float32
-    for tensor in tensors:
-        dtype = torch.promote_types(dtype, tensor.dtype)
-    return dtype
 
 
 def _check_pair(q_reps: Tensor, d_reps: Tensor) -> None:
@@ -46,8 +37,7 @@ def dot_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
     fp32 inputs). Nothing of size B·N·V is formed. Differentiable in both arguments.
     """
     _check_pair(q_reps, d_reps)
-    dtype = _score_dtype(q_reps, d_reps)
-    return q_reps.to(dtype) @ d_reps.to(dtype).T  # [B, V] @ [V, N] -> [B, N]
+    return _dot_scores(q_reps, d_reps)
 
 
 def paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
@@ -61,5 +51,16 @@ def paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
             f"paired_scores needs as many documents as queries, got q_reps with {q_reps.shape[0]} rows and "
             f"d_reps with {d_reps.shape[0]}"
         )
-    dtype = _score_dtype(q_reps, d_reps)
+    return _paired_scores(q_reps, d_reps)
+
+
+def _dot_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
+    """:func:`dot_scores` on checked inputs."""
+    dtype = accumulation_dtype(q_reps, d_reps)
+    return q_reps.to(dtype) @ d_reps.to(dtype).T  # [B, V] @ [V, N] -> [B, N]
+
+
+def _paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
+    """:func:`paired_scores` on checked inputs."""
+    dtype = accumulation_dtype(q_reps, d_reps)
     return (q_reps.to(dtype) * d_reps.to(dtype)).sum(dim=1)  # [B, V] -> [B]

@@ -19,64 +19,90 @@ but an int between calls, so two forwards before one backward cannot clobber eac
 
 from __future__ import annotations
 
-import math
+import functools
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from gradcache_sparton.losses.columns import split_columns
-from gradcache_sparton.losses.contrastive import _check_temperature, info_nce_loss, margin_mse_loss
-from gradcache_sparton.losses.regularizers import get_regularizer
-from gradcache_sparton.losses.schedule import WARMUP_SHAPES, WarmupSchedule, _check_step
-from gradcache_sparton.sparsity import expected_flops, mean_nonzeros
+from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
+from gradcache_sparton.losses.contrastive import (
+    _info_nce,
+    _margin_mse,
+    check_teacher_scores,
+    check_temperature,
+    info_nce_loss,
+    margin_mse_loss,
+)
+from gradcache_sparton.losses.regularizers import _REGULARIZER_CORES, get_regularizer
+from gradcache_sparton.losses.schedule import WarmupSchedule, _check_step, check_warmup, check_weight
+from gradcache_sparton.losses.sparsity import _expected_flops, _mean_nonzeros
 
 __all__ = ["CONTRASTIVE_LOSSES", "SpladeLoss", "SpladeLossConfig"]
 
-# Names accepted for ``SpladeLossConfig.contrastive``.
+# Names accepted for ``SpladeLossConfig.contrastive``, each the public (checking) loss function.
 CONTRASTIVE_LOSSES: dict[str, Callable[..., Tensor]] = {
     "infonce": info_nce_loss,
     "margin_mse": margin_mse_loss,
 }
 
 
-def _check_weight(value: float, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+def _check_no_loss_kwargs(columns: ContrastiveColumns) -> None:
+    """InfoNCE takes no loss kwargs: passing one is a ``TypeError`` that names it."""
+
+
+# Name -> (check of the loss kwargs against checked columns, unchecked core): SpladeLoss checks its
+# input once and calls the cores, which the public functions of CONTRASTIVE_LOSSES also call.
+_CONTRASTIVE_CORES: dict[str, tuple[Callable[..., None], Callable[..., Tensor]]] = {
+    "infonce": (_check_no_loss_kwargs, _info_nce),
+    "margin_mse": (functools.partial(check_teacher_scores, loss="margin_mse_loss"), _margin_mse),
+}
 
 
 @dataclass
 class SpladeLossConfig:
-    """Configuration of :class:`SpladeLoss` (usable with ``transformers.HfArgumentParser``).
+    """Configuration of :class:`SpladeLoss`: one set of names, also the training arguments' loss flags.
 
-    The regularizer weights have no default: the right scale depends on the contrastive loss (MarginMSE
-    values are orders of magnitude larger than InfoNCE's) and on the target sparsity.
+    :class:`~gradcache_sparton.arguments.CachedSpladeTrainingArguments` inherits these fields (same
+    names, defaults and help, usable with ``transformers.HfArgumentParser``), and ``__post_init__`` is
+    the one place they are checked: each invalid field raises a ``ValueError`` or ``TypeError`` naming it.
+
+    The default regularizer weights suit InfoNCE at SPLADE's scale; MarginMSE values are orders of
+    magnitude larger than InfoNCE's, so distillation needs its own (larger) weights.
+
+    Renamed keywords: ``query_weight``, ``doc_weight``, ``warmup_steps`` and ``warmup_shape`` are still
+    accepted by ``SpladeLossConfig(...)`` with a ``DeprecationWarning`` naming the new field; the
+    attributes exist only under the new names.
     """
 
-    query_weight: float = field(
+    query_reg_weight: float = field(
+        default=5e-4,
         metadata={
             "help": "Final weight of the query regularizer, >= 0. Larger: sparser queries, lower recall."
-        }
+        },
     )
-    doc_weight: float = field(
+    doc_reg_weight: float = field(
+        default=3e-4,
         metadata={
             "help": "Final weight of the document regularizer, >= 0. Larger: smaller index, faster search."
-        }
+        },
     )
     contrastive: str = field(
         default="infonce",
         metadata={
             "help": "Ranking loss: 'infonce' (in-batch + hard negatives) or 'margin_mse' (distillation; "
-            "needs teacher_scores [B, 1+k] in the loss kwargs)."
+            "needs teacher_scores [B, 1+k] in the loss kwargs, i.e. a teacher_scores data column)."
         },
     )
     query_regularizer: str = field(
-        default="flops", metadata={"help": "Query regularizer: 'flops' (SPLADE) or 'l1'."}
+        default="flops", metadata={"help": "Query sparsity regularizer: 'flops' (SPLADE) or 'l1'."}
     )
-    doc_regularizer: str = field(default="flops", metadata={"help": "Document regularizer: 'flops' or 'l1'."})
+    doc_regularizer: str = field(
+        default="flops", metadata={"help": "Document sparsity regularizer: 'flops' (SPLADE) or 'l1'."}
+    )
     temperature: float = field(
         default=1.0,
         metadata={
@@ -84,40 +110,75 @@ class SpladeLossConfig:
             "Must stay 1.0 with margin_mse."
         },
     )
-    warmup_steps: int = field(
+    reg_warmup_steps: int = field(
         default=0,
         metadata={
-            "help": "Steps over which the regularizer weights rise from 0 to their final values (SPLADE: "
-            "50,000). 0: full weights from the start, which can collapse a fresh head to all zeros."
+            "help": "Optimizer steps over which the regularizer weights rise from 0 to their final values "
+            "(SPLADE: 50,000). 0: full weights from the start, which can collapse a fresh head to all zeros."
         },
     )
-    warmup_shape: str = field(
-        default="quadratic", metadata={"help": "Warm-up ramp: 'quadratic' (SPLADE) or 'linear'."}
+    reg_warmup_shape: str = field(
+        default="quadratic", metadata={"help": "Regularizer warm-up ramp: 'quadratic' (SPLADE) or 'linear'."}
     )
 
     def __post_init__(self) -> None:
-        _check_weight(self.query_weight, "query_weight")
-        _check_weight(self.doc_weight, "doc_weight")
+        check_weight(self.query_reg_weight, name="query_reg_weight")
+        check_weight(self.doc_reg_weight, name="doc_reg_weight")
         if self.contrastive not in CONTRASTIVE_LOSSES:
             raise ValueError(
                 f"contrastive must be one of {sorted(CONTRASTIVE_LOSSES)}, got {self.contrastive!r}"
             )
         get_regularizer(self.query_regularizer, argument="query_regularizer")
         get_regularizer(self.doc_regularizer, argument="doc_regularizer")
-        _check_temperature(self.temperature)
+        check_temperature(self.temperature)
         if self.contrastive != "infonce" and self.temperature != 1.0:
             raise ValueError(
                 f"temperature applies to contrastive='infonce' only, got temperature={self.temperature} "
                 f"with contrastive={self.contrastive!r}"
             )
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int):
-            raise TypeError(f"warmup_steps must be an int, got {type(self.warmup_steps).__name__}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.warmup_shape not in WARMUP_SHAPES:
-            raise ValueError(
-                f"warmup_shape must be one of {sorted(WARMUP_SHAPES)}, got {self.warmup_shape!r}"
+        check_warmup(
+            self.reg_warmup_steps,
+            self.reg_warmup_shape,
+            steps_name="reg_warmup_steps",
+            shape_name="reg_warmup_shape",
+        )
+
+
+# SpladeLossConfig's keyword names before one set of names was shared with the training arguments.
+_RENAMED_FIELDS = {
+    "query_weight": "query_reg_weight",
+    "doc_weight": "doc_reg_weight",
+    "warmup_steps": "reg_warmup_steps",
+    "warmup_shape": "reg_warmup_shape",
+}
+
+
+def _accept_renamed_fields(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap the generated ``__init__`` so the old keyword names still work, with a DeprecationWarning."""
+
+    @functools.wraps(init)
+    def __init__(self: SpladeLossConfig, *args: Any, **kwargs: Any) -> None:
+        for old, new in _RENAMED_FIELDS.items():
+            if old not in kwargs:
+                continue
+            if new in kwargs:
+                raise TypeError(
+                    f"SpladeLossConfig got both {old}= (the old name) and {new}=; pass {new} only"
+                )
+            warnings.warn(
+                f"SpladeLossConfig({old}=...) is deprecated and will be removed: use {new}=...",
+                DeprecationWarning,
+                stacklevel=2,
             )
+            kwargs[new] = kwargs.pop(old)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+# Only SpladeLossConfig itself: subclasses that are dataclasses (the training arguments, whose own
+# ``warmup_steps`` is the learning-rate warm-up) get their own generated __init__.
+SpladeLossConfig.__init__ = _accept_renamed_fields(SpladeLossConfig.__init__)  # type: ignore[method-assign]
 
 
 class SpladeLoss:
@@ -142,17 +203,21 @@ class SpladeLoss:
         if not isinstance(config, SpladeLossConfig):
             raise TypeError(f"config must be a SpladeLossConfig, got {type(config).__name__}")
         self.config = config
-        self._contrastive = CONTRASTIVE_LOSSES[config.contrastive]
+        self._check_loss_kwargs, self._contrastive = _CONTRASTIVE_CORES[config.contrastive]
         self._contrastive_kwargs = (
             {"temperature": config.temperature} if config.contrastive == "infonce" else {}
         )
-        self._query_regularizer = get_regularizer(config.query_regularizer, argument="query_regularizer")
-        self._doc_regularizer = get_regularizer(config.doc_regularizer, argument="doc_regularizer")
+        self._query_regularizer = _REGULARIZER_CORES[config.query_regularizer]
+        self._doc_regularizer = _REGULARIZER_CORES[config.doc_regularizer]
         self._query_schedule = WarmupSchedule(
-            final_weight=config.query_weight, warmup_steps=config.warmup_steps, shape=config.warmup_shape
+            final_weight=config.query_reg_weight,
+            warmup_steps=config.reg_warmup_steps,
+            shape=config.reg_warmup_shape,
         )
         self._doc_schedule = WarmupSchedule(
-            final_weight=config.doc_weight, warmup_steps=config.warmup_steps, shape=config.warmup_shape
+            final_weight=config.doc_reg_weight,
+            warmup_steps=config.reg_warmup_steps,
+            shape=config.reg_warmup_shape,
         )
         self._step = 0
 
@@ -175,19 +240,23 @@ class SpladeLoss:
     def __call__(
         self, reps: Mapping[str, Tensor], *, step: int | None = None, **loss_kwargs: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The total loss (0-d, differentiable in ``reps``) and its detached components (class doc)."""
-        split_columns(reps)  # validate before any work
+        """The total loss (0-d, differentiable in ``reps``) and its detached components (class doc).
+
+        The one check of this step's input: the columns and ``loss_kwargs`` are validated here, before
+        any work; the contrastive loss, the regularizers and the statistics then trust them.
+        """
+        columns = split_columns(reps)
+        self._check_loss_kwargs(columns, **loss_kwargs)
         query_weight, doc_weight = self.weights(step)
         # Upcast half-precision reps once: scoring needs fp32 copies anyway, and sharing them lets the
         # contrastive and regularizer gradients accumulate in one fp32 buffer per column, cast back once
         # (separately, the bf16 regularizer gradients cost another [B, V] per column at peak).
-        reps = {
-            name: column.to(torch.promote_types(column.dtype, torch.float32)) for name, column in reps.items()
-        }
-        q_reps, pos_reps, neg_reps = split_columns(reps)
+        q_reps, pos_reps = _upcast(columns.q_reps), _upcast(columns.pos_reps)
+        neg_reps = [_upcast(column) for column in columns.neg_reps]
+        columns = ContrastiveColumns(q_reps, pos_reps, neg_reps)
         d_reps = [pos_reps, *neg_reps]
-        contrastive = self._contrastive(reps, **self._contrastive_kwargs, **loss_kwargs)
-        reg_query = self._query_regularizer(q_reps)
+        contrastive = self._contrastive(columns, **self._contrastive_kwargs, **loss_kwargs)
+        reg_query = self._query_regularizer([q_reps])
         reg_doc = self._doc_regularizer(d_reps)
         loss = contrastive + query_weight * reg_query + doc_weight * reg_doc
         device = contrastive.device
@@ -197,9 +266,9 @@ class SpladeLoss:
             "reg_doc": reg_doc,
             "reg_weight_query": torch.tensor(query_weight, device=device),
             "reg_weight_doc": torch.tensor(doc_weight, device=device),
-            "nnz_query": mean_nonzeros(q_reps),
-            "nnz_doc": mean_nonzeros(d_reps),
-            "flops": expected_flops(q_reps, d_reps),
+            "nnz_query": _mean_nonzeros([q_reps]),
+            "nnz_doc": _mean_nonzeros(d_reps),
+            "flops": _expected_flops([q_reps], d_reps),
         }
         return loss, {name: value.detach().to(torch.float32) for name, value in components.items()}
 
@@ -210,6 +279,12 @@ class SpladeLoss:
         )
         return (
             f"SpladeLoss(contrastive={contrastive}, "
-            f"query={c.query_weight} * {c.query_regularizer}, doc={c.doc_weight} * {c.doc_regularizer}, "
-            f"warmup={c.warmup_shape} over {c.warmup_steps} steps, step={self._step})"
+            f"query={c.query_reg_weight} * {c.query_regularizer}, "
+            f"doc={c.doc_reg_weight} * {c.doc_regularizer}, "
+            f"warmup={c.reg_warmup_shape} over {c.reg_warmup_steps} steps, step={self._step})"
         )
+
+
+def _upcast(reps: Tensor) -> Tensor:
+    """fp32 copy of half-precision reps (fp32 and fp64 pass unchanged)."""
+    return reps.to(torch.promote_types(reps.dtype, torch.float32))
