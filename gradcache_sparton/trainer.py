@@ -42,6 +42,7 @@ from gradcache_sparton.engine import CachedLoss
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
+    from_sentence_transformers_columns,
     is_sparse_encoder,
     use_sparton_head,
 )
@@ -70,7 +71,9 @@ class CachedSpladeTrainer(Trainer):
             process, the loss sees it times the number of processes (the global batch),
             ``mini_batch_size`` bounds memory.
         train_dataset: rows with ``query``, ``positive`` [, negatives] [, numeric extras]
-            (see :mod:`gradcache_sparton.data`), validated before training.
+            (see :mod:`gradcache_sparton.data`), validated before training. sentence-transformers'
+            ``anchor`` / ``negative`` columns are renamed; for a ``SparseEncoder`` the string
+            columns are read by position, as sentence-transformers does.
         processing_class: the tokenizer; its vocabulary must match the model's decoder.
         loss: any loss over reps (``loss_fn(reps, step=..., **loss_kwargs)``); default
             ``SpladeLoss(args.splade_loss_config())``. It receives ``step=state.global_step`` so
@@ -106,6 +109,8 @@ class CachedSpladeTrainer(Trainer):
                 f"got {type(model).__name__}"
             )
         if train_dataset is not None:
+            # sentence-transformers' columns: anchor/negative names; by position for its own models.
+            train_dataset = from_sentence_transformers_columns(train_dataset, positional=self._sparse_encoder)
             validate_training_dataset(train_dataset)
             global_batch = args.per_device_train_batch_size * max(1, args.world_size)
             if args.dataloader_drop_last and len(train_dataset) < global_batch:

@@ -31,6 +31,7 @@ from sentence_transformers.sparse_encoder.modules import SpladePooling
 from gradcache_sparton.engine import CachedLoss
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
+    from_sentence_transformers_columns,
     splade_loss_config_from,
     use_sparton_head,
     uses_sparton_head,
@@ -206,17 +207,50 @@ def test_conversion_refuses_other_pipelines(backbone_dir) -> None:
         as_rep_encoder(model)
 
 
+def test_sentence_transformers_columns_are_renamed() -> None:
+    """anchor/negative become query/negative_1; positional mode maps string columns in order; clashes are refused."""
+    from datasets import Dataset
+
+    named = Dataset.from_dict({"anchor": ["q"], "positive": ["p"], "negative": ["n"], "label": [1.0]})
+    assert from_sentence_transformers_columns(named).column_names == [
+        "query",
+        "positive",
+        "negative_1",
+        "label",
+    ]
+    by_position = Dataset.from_dict({"question": ["q"], "answer": ["p"], "wrong": ["n"], "score": [0.5]})
+    assert from_sentence_transformers_columns(by_position, positional=True).column_names == [
+        "query",
+        "positive",
+        "negative_1",
+        "score",
+    ]
+    ours = Dataset.from_dict({"query": ["q"], "positive": ["p"]})
+    assert from_sentence_transformers_columns(ours, positional=True) is ours
+    unnamed = Dataset.from_dict({"question": ["q"], "answer": ["p"]})
+    assert from_sentence_transformers_columns(unnamed) is unnamed  # validation reports the missing columns
+    with pytest.raises(ValueError, match="overwrite existing columns \\['negative_1'\\]"):
+        from_sentence_transformers_columns(
+            Dataset.from_dict({"anchor": ["q"], "positive": ["p"], "negative": ["n"], "negative_1": ["m"]})
+        )
+    with pytest.raises(ValueError, match="at least two string columns"):
+        from_sentence_transformers_columns(Dataset.from_dict({"text": ["q"], "label": [1]}), positional=True)
+
+
 @pytest.mark.slow
 def test_trainer_trains_a_sparse_encoder_and_saves_its_format(backbone_dir, tmp_path) -> None:
     """CachedSpladeTrainer accepts a SparseEncoder, trains it, and saves a SparseEncoder with equal reps."""
     from datasets import Dataset
+    from sentence_transformers.sparse_encoder.evaluation import SparseInformationRetrievalEvaluator
 
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+    from gradcache_sparton.evaluation import RetrievalEvalCallback
     from gradcache_sparton.trainer import CachedSpladeTrainer
 
     model = sparse_encoder(backbone_dir).to(torch.float32)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    rows = Dataset.from_dict({"query": QUERIES, "positive": POSITIVES})
+    # sentence-transformers' column names, read by position: anchor, positive, negative.
+    rows = Dataset.from_dict({"anchor": QUERIES, "positive": POSITIVES, "negative": NEGATIVES})
     args = CachedSpladeTrainingArguments(
         output_dir=str(tmp_path / "run"),
         per_device_train_batch_size=4,
@@ -233,7 +267,18 @@ def test_trainer_trains_a_sparse_encoder_and_saves_its_format(backbone_dir, tmp_
         document_max_length=32,
     )
     trainer = CachedSpladeTrainer(model, args, train_dataset=rows, processing_class=model.tokenizer)
+    ids = [str(i) for i in range(len(QUERIES))]
+    evaluator = SparseInformationRetrievalEvaluator(
+        queries=dict(zip(ids, QUERIES, strict=True)),
+        corpus=dict(zip(ids, POSITIVES + NEGATIVES, strict=False)),
+        relevant_docs={i: {i} for i in ids},
+        name="tiny",
+        write_csv=False,
+    )
+    trainer.add_callback(RetrievalEvalCallback(evaluator, trainer=trainer, eval_steps=2))
     trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "eval_tiny_dot_ndcg@10" in entry]
+    assert len(logged) == 1 and 0.0 <= logged[0]["eval_tiny_dot_ndcg@10"] <= 1.0
     assert uses_sparton_head(model)
     assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())
     trainer.save_model(str(tmp_path / "final"))
