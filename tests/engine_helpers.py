@@ -18,15 +18,20 @@ from transformers import BertConfig, BertForMaskedLM
 __all__ = [
     "COLUMN_LENGTHS",
     "SMALL_VOCAB",
+    "FailingEncoder",
     "RecordingEncoder",
     "SpladeLikeEncoder",
+    "accumulate_earlier_micro_step",
     "assert_grads_close",
+    "assert_grads_unchanged",
     "contrastive_flops_loss",
+    "failing_encoder",
     "grads_of",
     "make_columns",
     "make_encoder",
     "pairwise_mse_loss",
     "per_mini_batch_loss",
+    "saved_grads",
     "small_config",
     "uncached_loss",
 ]
@@ -198,3 +203,76 @@ def assert_grads_close(actual: Mapping[str, Tensor], expected: Mapping[str, Tens
         torch.testing.assert_close(
             actual[name], ref, rtol=rtol, atol=rtol * scale, msg=lambda m, n=name: f"{n}: {m}"
         )
+
+
+class FailingEncoder(nn.Module):
+    """Wraps an encoder; its ``fail_on``-th replay (a call with autograd recording: Step (3)) raises ``error``.
+
+    With ``backward_in`` (a sub-module of the encoder), that replay's forward succeeds and ``error`` is
+    raised in its backward, when the gradient reaches ``backward_in``: the parameters after it have then
+    already accumulated part of the failing mini-batch, as after an out-of-memory error midway.
+    """
+
+    def __init__(
+        self, encoder: nn.Module, *, fail_on: int, error: BaseException, backward_in: nn.Module | None = None
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.fail_on = fail_on
+        self.error = error
+        self.backward_in = backward_in
+        self.replays = 0
+
+    def forward(self, **features: Tensor) -> Tensor:
+        if not torch.is_grad_enabled():
+            return self.encoder(**features)
+        self.replays += 1
+        if self.replays != self.fail_on:
+            return self.encoder(**features)
+        if self.backward_in is None:
+            raise self.error
+
+        def fail(*_: object) -> None:
+            handle.remove()
+            raise self.error
+
+        handle = self.backward_in.register_full_backward_hook(fail)
+        return self.encoder(**features)
+
+
+def failing_encoder(config: BertConfig, kind: str) -> FailingEncoder:
+    """An encoder whose 4th replay fails: ``kind`` "exception" in its forward, "oom-in-backward" midway
+    through its backward (a simulated ``torch.OutOfMemoryError`` when the gradient reaches layer 0: the
+    head and layer 1 have accumulated part of that mini-batch by then)."""
+    inner = make_encoder(config)
+    if kind == "exception":
+        return FailingEncoder(inner, fail_on=4, error=RuntimeError("encoder failed"))
+    error = torch.OutOfMemoryError("simulated out of memory")
+    return FailingEncoder(inner, fail_on=4, error=error, backward_in=inner.mlm.bert.encoder.layer[0])
+
+
+def accumulate_earlier_micro_step(encoder: nn.Module) -> None:
+    """Gradients in .grad as after an earlier accumulation micro-step (uncached), one parameter's left None."""
+    uncached_loss(encoder, make_columns(4, 2, seed=7), contrastive_flops_loss)[0].backward()
+    next(encoder.parameters()).grad = None
+
+
+def saved_grads(module: nn.Module) -> dict[str, tuple[Tensor | None, Tensor | None]]:
+    """Per parameter: its ``.grad`` tensor object (or None) and a copy of its values."""
+    return {
+        name: (p.grad, None if p.grad is None else p.grad.detach().clone())
+        for name, p in module.named_parameters()
+    }
+
+
+def assert_grads_unchanged(
+    module: nn.Module, saved: Mapping[str, tuple[Tensor | None, Tensor | None]]
+) -> None:
+    """Every ``.grad`` is what ``saved`` recorded: None stays None, a gradient is the same tensor, bitwise."""
+    for name, p in module.named_parameters():
+        grad, values = saved[name]
+        if grad is None:
+            assert p.grad is None, f"{name}: a gradient appeared"
+        else:
+            assert p.grad is grad, f"{name}: the .grad tensor was replaced"
+            assert torch.equal(p.grad, values), f"{name}: the gradient changed"

@@ -13,13 +13,17 @@ import pytest
 import torch
 from engine_helpers import (
     RecordingEncoder,
+    accumulate_earlier_micro_step,
     assert_grads_close,
+    assert_grads_unchanged,
     contrastive_flops_loss,
+    failing_encoder,
     grads_of,
     make_columns,
     make_encoder,
     pairwise_mse_loss,
     per_mini_batch_loss,
+    saved_grads,
     small_config,
     uncached_loss,
 )
@@ -338,3 +342,22 @@ def test_fp16_grad_scaler_step_on_cuda(config) -> None:
     assert not torch.equal(
         encoder.state_dict()["mlm.cls.predictions.bias"], before["mlm.cls.predictions.bias"]
     )
+
+
+@pytest.mark.parametrize("accumulated", [False, True], ids=["fresh", "accumulated"])
+@pytest.mark.parametrize("kind", ["exception", "oom-in-backward"])
+def test_backward_failing_midway_restores_grads(config, kind: str, accumulated: bool) -> None:
+    """loss.backward() whose replay fails in mini-batch 4 of 6 leaves every .grad as before it (None stays
+    None, accumulated gradients bitwise, the same tensors), and raises the encoder's error with a note."""
+    encoder = failing_encoder(config, kind)
+    if accumulated:
+        accumulate_earlier_micro_step(encoder.encoder)
+    before = saved_grads(encoder)
+
+    loss = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)(make_columns(BATCH, 2))
+    with pytest.raises(type(encoder.error)) as caught:
+        loss.backward()
+
+    assert caught.value is encoder.error and encoder.replays == 4
+    assert any("mini-batch 4 of 6" in note and "restored" in note for note in caught.value.__notes__)
+    assert_grads_unchanged(encoder, before)

@@ -16,12 +16,16 @@ import pytest
 import torch
 from engine_helpers import (
     RecordingEncoder,
+    accumulate_earlier_micro_step,
     assert_grads_close,
+    assert_grads_unchanged,
     contrastive_flops_loss,
+    failing_encoder,
     grads_of,
     make_columns,
     make_encoder,
     per_mini_batch_loss,
+    saved_grads,
     small_config,
     uncached_loss,
 )
@@ -360,3 +364,21 @@ def test_column_without_gradient_is_not_replayed(config) -> None:
     assert len(encoder.outputs(with_graph=False)) == 6  # Step (1) encodes all 3 columns
     assert len(encoder.outputs(with_graph=True)) == 4  # Step (3) replays query and positive only
     assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+@pytest.mark.parametrize("accumulated", [False, True], ids=["fresh", "accumulated"])
+@pytest.mark.parametrize("kind", ["exception", "oom-in-backward"])
+def test_step_failing_midway_restores_grads(config, kind: str, accumulated: bool) -> None:
+    """A replay failing in mini-batch 4 of 6 leaves every .grad as before the step (None stays None,
+    accumulated gradients bitwise, the same tensors), and the error propagates with a note saying so."""
+    encoder = failing_encoder(config, kind)
+    if accumulated:
+        accumulate_earlier_micro_step(encoder.encoder)
+    before = saved_grads(encoder)
+
+    with pytest.raises(type(encoder.error)) as caught:
+        GradCache(encoder, mini_batch_size=3).step(make_columns(BATCH, 2), contrastive_flops_loss)
+
+    assert caught.value is encoder.error and encoder.replays == 4
+    assert any("mini-batch 4 of 6" in note and "restored" in note for note in caught.value.__notes__)
+    assert_grads_unchanged(encoder, before)

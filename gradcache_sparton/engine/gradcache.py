@@ -43,6 +43,7 @@ from gradcache_sparton.engine.distributed import (
     find_ddp,
     gather_global_batch,
 )
+from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.mini_batch import iter_mini_batches
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 
@@ -269,6 +270,12 @@ class GradCache:
                 ``allow_non_finite``; under data parallelism on every rank when it is so on any.
             RuntimeError: a replayed rep does not require grad, or differs in shape or dtype from
                 Step (1)'s.
+
+        Whatever fails once re-encoding has begun (one of the errors above, the encoder's own, an
+        out-of-memory error in any mini-batch's forward or backward), the encoder's parameter
+        gradients are first restored bit for bit to what they were before Step (3) (None stays
+        None; see :mod:`~gradcache_sparton.engine.grad_state`); the error then propagates with a
+        note naming the mini-batch and saying so.
         """
         grads = {column: grad for column, grad in rep_grads.items() if grad is not None}
         unknown = set(grads) - set(replay_state.mini_batches)
@@ -287,20 +294,37 @@ class GradCache:
             column, mini_batches = next(iter(replay_state.mini_batches.items()))
             jobs = [(column, mini_batches[0])]
         context = mini_batch_context or self.mini_batch_context or (lambda is_last: nullcontext())
-        with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
-            for index, (column, mb) in enumerate(jobs):
-                with context(index == len(jobs) - 1), mb.rng.replay():
-                    with replay_state.autocast.replay(), torch.enable_grad():
-                        rep = self.encoder(**mb.features)  # [mb, V]
-                    if column not in grads:  # the zero-gradient replay above
-                        grad = torch.zeros_like(rep)
-                    elif self.world_size == 1:
-                        grad = grads[column][mb.rows]  # [B, V] -> [mb, V]
-                    else:  # W · dL/dr: DDP's average then gives single-process gradients (_ReplayOnBackward)
-                        grad = grads[column][mb.rows] * self.world_size
-                    _check_replayed_rep(rep, grad, column, mb.rows)
-                    rep.backward(grad)
-                bar.update()
+        parameters = _parameters_of(self.encoder)
+        # A failure in mini-batch k must not leave mini-batches 1..k-1 in .grad: put it back as it was.
+        grad_state = GradState.capture(parameters or ())
+        index = 0
+        try:
+            with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
+                for index, (column, mb) in enumerate(jobs):
+                    with context(index == len(jobs) - 1), mb.rng.replay():
+                        with replay_state.autocast.replay(), torch.enable_grad():
+                            rep = self.encoder(**mb.features)  # [mb, V]
+                        if column not in grads:  # the zero-gradient replay above
+                            grad = torch.zeros_like(rep)
+                        elif self.world_size == 1:
+                            grad = grads[column][mb.rows]  # [B, V] -> [mb, V]
+                        else:  # W · dL/dr: DDP's average then gives single-process gradients (_ReplayOnBackward)
+                            grad = grads[column][mb.rows] * self.world_size
+                        _check_replayed_rep(rep, grad, column, mb.rows)
+                        rep.backward(grad)
+                    bar.update()
+        except BaseException as error:
+            grad_state.restore()
+            column, mb = jobs[index]
+            where = f"GradCache Step (3) failed in replayed mini-batch {index + 1} of {len(jobs)} (column {column!r}, rows {mb.rows.start}:{mb.rows.stop})"
+            if parameters is None:
+                error.add_note(
+                    f"{where}; the encoder is not an nn.Module, so its gradients could not be restored: "
+                    ".grad may hold the mini-batches replayed before the failure (zero it before retrying)"
+                )
+            else:
+                error.add_note(f"{where}; the encoder's .grad was restored to what it was before the step")
+            raise
 
     def compute_loss(
         self, reps: Mapping[str, Tensor], loss_fn: LossFn, loss_kwargs: Mapping[str, object]
@@ -427,6 +451,13 @@ def _cuda_devices_of_encoder(encoder: Callable[..., Tensor]) -> tuple[int, ...]:
     if isinstance(encoder, nn.Module):
         return cuda_devices_of(encoder.parameters())
     return ()
+
+
+def _parameters_of(encoder: Callable[..., Tensor]) -> list[nn.Parameter] | None:
+    # The parameters Step (3) accumulates into; None when the encoder is a plain function.
+    if isinstance(encoder, nn.Module):
+        return [p for p in encoder.parameters() if p.requires_grad]
+    return None
 
 
 def _check_rep(rep: object, column: str, rows: slice) -> None:
