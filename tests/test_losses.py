@@ -20,6 +20,7 @@ from gradcache_sparton.losses import (
     expected_flops,
     flops_regularizer,
     info_nce_loss,
+    kl_div_loss,
     l1_regularizer,
     margin_mse_loss,
     mean_nonzeros,
@@ -159,6 +160,99 @@ def test_margin_mse_matches_reference_loss_and_grads(k: int) -> None:
     ref.backward()
     for name in reps:
         torch.testing.assert_close(ours_in[name].grad.double(), ref_in[name].grad, **FP32_TOL)
+
+
+# ----------------------------------------------------------------------------------------------- listwise KL
+
+
+def _kl_div_reference(
+    reps: dict[str, torch.Tensor],
+    teacher: torch.Tensor,
+    temperature: float,
+    teacher_temperature: float,
+    in_batch: bool,
+) -> torch.Tensor:
+    """Per-query loop: F.kl_div of the student's log-softmax at the own candidates vs the teacher's softmax."""
+    cols = list(reps.values())
+    q, cands = cols[0], cols[1:]
+    B = q.shape[0]
+    losses = []
+    for i in range(B):
+        own = torch.stack([torch.dot(q[i], d[i]) for d in cands]) / temperature  # [1+k]
+        if in_batch:  # the softmax runs over every document of the batch; the own ones are picked after
+            everything = torch.stack([torch.dot(q[i], row) for d in cands for row in d]) / temperature
+            log_student = own - torch.logsumexp(everything, 0)
+        else:
+            log_student = torch.log_softmax(own, 0)
+        target = torch.softmax(teacher[i].double() / teacher_temperature, 0)
+        losses.append(torch.nn.functional.kl_div(log_student, target, reduction="sum"))
+    return torch.stack(losses).mean()
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("in_batch", [False, True])
+@pytest.mark.parametrize(("temperature", "teacher_temperature"), [(1.0, 1.0), (2.0, 0.5)])
+def test_kl_div_matches_reference_loss_and_grads(
+    k: int, in_batch: bool, temperature: float, teacher_temperature: float
+) -> None:
+    """Listwise KL equals an fp64 per-query F.kl_div(log_softmax(student), softmax(teacher)), loss and grads."""
+    reps = _batch(5, 40, k, seed=30 + k)
+    teacher = torch.randn(5, 1 + k, generator=torch.Generator().manual_seed(k)) * 3
+    ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps, torch.float64)
+    loss = kl_div_loss(
+        ours_in,
+        teacher_scores=teacher,
+        temperature=temperature,
+        teacher_temperature=teacher_temperature,
+        in_batch=in_batch,
+    )
+    ref = _kl_div_reference(ref_in, teacher, temperature, teacher_temperature, in_batch)
+    assert loss.dtype == torch.float32 and ref.item() > 0.01  # a reference that carries signal
+    torch.testing.assert_close(loss.double(), ref, **FP32_TOL)
+    loss.backward()
+    ref.backward()
+    for name in reps:
+        torch.testing.assert_close(ours_in[name].grad.double(), ref_in[name].grad, **FP32_TOL)
+
+
+def test_kl_div_is_zero_when_student_agrees_and_teacher_gets_no_gradient() -> None:
+    """KL is 0 with a zero gradient when the teacher's scores are the student's, and never differentiates them."""
+    reps = _leaf_copies(_batch(4, 30, 2, seed=6))
+    q = reps["query"].detach()
+    teacher = torch.stack([(q * reps[n].detach()).sum(1) for n in list(reps)[1:]], dim=1).requires_grad_(True)
+    loss = kl_div_loss(reps, teacher_scores=teacher)
+    # KL of a distribution with itself: only the fp32 rounding of the two log-softmaxes remains.
+    assert abs(loss.item()) < 1e-6
+    loss.backward()
+    assert teacher.grad is None
+    assert all(float(r.grad.abs().max()) < 1e-6 for r in reps.values())
+
+
+@pytest.mark.parametrize("in_batch", [False, True])
+def test_splade_kl_div_is_exact_under_cached_loss(tiny_bert_config, in_batch: bool) -> None:
+    """SpladeLoss with kl_div through CachedLoss equals the uncached loss and every parameter gradient."""
+    from engine_helpers import assert_grads_close, grads_of, make_columns, make_encoder, small_config
+
+    from gradcache_sparton.engine import CachedLoss
+
+    encoder = make_encoder(small_config(tiny_bert_config))
+    columns = make_columns(8, 3)
+    teacher = torch.randn(8, 2, generator=torch.Generator().manual_seed(0)) * 5
+    # Random-init reps score ~10-40: temperature 20 keeps the student's softmax neither flat nor saturated.
+    config = SpladeLossConfig(
+        contrastive="kl_div", temperature=20.0, kl_in_batch=in_batch, doc_reg_weight=0.1
+    )
+    loss_fn = SpladeLoss(config)
+    ref_loss, _ = loss_fn({name: encoder(**f) for name, f in columns.items()}, teacher_scores=teacher)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+    loss = CachedLoss(encoder, loss_fn, mini_batch_size=3)(columns, teacher_scores=teacher)
+    loss.backward()
+    # As in tests/test_cached_loss.py: mini-batch summation order moves fp32 results by <= 1e-6; a lost,
+    # doubled or mis-scaled mini-batch is an O(1) error.
+    torch.testing.assert_close(loss.detach(), ref_loss.detach(), rtol=1e-5, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------- regularizers
@@ -373,10 +467,11 @@ def test_ragged_hard_negatives_are_rejected() -> None:
         (torch.zeros(3, 3), r"\[4, 3\].*got \(3, 3\)"),
     ],
 )
-def test_margin_mse_rejects_wrong_teacher_shape(teacher_scores: torch.Tensor, match: str) -> None:
+@pytest.mark.parametrize("loss_fn", [margin_mse_loss, kl_div_loss])
+def test_distillation_rejects_wrong_teacher_shape(loss_fn, teacher_scores: torch.Tensor, match: str) -> None:
     """teacher_scores not of shape [B, 1+k] is a ValueError that states the expected shape."""
     with pytest.raises(ValueError, match=match):
-        margin_mse_loss(_batch(4, 10, 2, seed=0), teacher_scores=teacher_scores)
+        loss_fn(_batch(4, 10, 2, seed=0), teacher_scores=teacher_scores)
 
 
 def test_bad_reps_are_rejected() -> None:
@@ -390,6 +485,8 @@ def test_bad_reps_are_rejected() -> None:
         info_nce_loss({"query": reps["query"]})
     with pytest.raises(ValueError, match="at least one hard-negative column"):
         margin_mse_loss(reps, teacher_scores=torch.zeros(4, 1))
+    with pytest.raises(ValueError, match="kl_div_loss needs at least one hard-negative column"):
+        kl_div_loss(reps, teacher_scores=torch.zeros(4, 1))
     with pytest.raises(ValueError, match="2-D"):
         flops_regularizer(torch.zeros(10))
 
@@ -407,6 +504,10 @@ def test_bad_reps_are_rejected() -> None:
         ({"doc_regularizer": "L1"}, ValueError, "doc_regularizer"),
         ({"contrastive": "triplet"}, ValueError, "contrastive"),
         ({"contrastive": "margin_mse", "temperature": 0.05}, ValueError, "temperature"),
+        ({"contrastive": "kl_div", "teacher_temperature": -1.0}, ValueError, "teacher_temperature"),
+        ({"contrastive": "margin_mse", "teacher_temperature": 2.0}, ValueError, "teacher_temperature"),
+        ({"kl_in_batch": True}, ValueError, "kl_in_batch"),
+        ({"contrastive": "kl_div", "kl_in_batch": 1}, TypeError, "kl_in_batch"),
     ],
 )
 def test_splade_config_rejects_bad_values(kwargs: dict, error: type, match: str) -> None:

@@ -1,5 +1,5 @@
-"""Losses over sparse reps: contrastive (InfoNCE, MarginMSE), regularizers (FLOPS, L1), the SPLADE loss
-and the sparsity statistics logged with it.
+"""Losses over sparse reps: contrastive (InfoNCE, MarginMSE, listwise KL), regularizers (FLOPS, L1),
+the SPLADE loss and the sparsity statistics logged with it.
 
 Every loss follows the package's loss contract, ``loss_fn(reps: Mapping[str, Tensor], **loss_kwargs)``
 returning a scalar or ``(scalar, components)``: ``reps`` maps column names to [B, V] reps in order
@@ -10,7 +10,7 @@ same computations unchecked.
 """
 
 from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
-from gradcache_sparton.losses.contrastive import info_nce_loss, margin_mse_loss
+from gradcache_sparton.losses.contrastive import info_nce_loss, kl_div_loss, margin_mse_loss
 from gradcache_sparton.losses.regularizers import (
     REGULARIZERS,
     flops_regularizer,
@@ -36,6 +36,7 @@ __all__ = [
     "flops_regularizer",
     "get_regularizer",
     "info_nce_loss",
+    "kl_div_loss",
     "l1_regularizer",
     "margin_mse_loss",
     "mean_nonzeros",

@@ -1,10 +1,10 @@
-"""Contrastive losses over a batch of reps: InfoNCE with in-batch and hard negatives, and MarginMSE.
+"""Contrastive losses over a batch of reps: InfoNCE (in-batch and hard negatives), MarginMSE and listwise KL.
 
 Legend: B batch (queries), V vocabulary, k hard negatives per query.
 
-Both follow the loss contract ``loss_fn(reps, **loss_kwargs) -> scalar``: ``reps`` maps column names
+All follow the loss contract ``loss_fn(reps, **loss_kwargs) -> scalar``: ``reps`` maps column names
 to [B, V] tensors in order (queries, positives, then one column per hard negative; see
-:func:`~gradcache_sparton.losses.columns.split_columns`). Both are pure functions of ``reps`` (no state),
+:func:`~gradcache_sparton.losses.columns.split_columns`). All are pure functions of ``reps`` (no state),
 so they run unchanged on an uncached batch or on the full concatenated batch inside the GradCache
 engine, where autograd stops at the reps. Scores are dot products in fp32 (:mod:`.scores`).
 """
@@ -21,7 +21,7 @@ from torch import Tensor
 from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
 from gradcache_sparton.losses.scores import _dot_scores, _paired_scores
 
-__all__ = ["check_temperature", "info_nce_loss", "margin_mse_loss"]
+__all__ = ["check_teacher_scores", "check_temperature", "info_nce_loss", "kl_div_loss", "margin_mse_loss"]
 
 
 def check_temperature(temperature: float, *, name: str = "temperature") -> None:
@@ -128,3 +128,80 @@ def _margin_mse(columns: ContrastiveColumns, *, teacher_scores: Tensor) -> Tenso
     teacher = teacher_scores.detach().to(device=pos.device, dtype=pos.dtype)  # [B, 1+k]
     teacher_margin = teacher[:, :1] - teacher[:, 1:]  # [B, k]
     return F.mse_loss(student_margin, teacher_margin)
+
+
+def kl_div_loss(
+    reps: Mapping[str, Tensor],
+    *,
+    teacher_scores: Tensor,
+    temperature: float = 1.0,
+    teacher_temperature: float = 1.0,
+    in_batch: bool = False,
+) -> Tensor:
+    """Listwise KL distillation (as SPLADE-v3 trains): match the teacher's softmax over each query's list.
+
+    For query i with candidates c = (pos_i, neg_1_i, ..., neg_k_i), the loss is
+    ``KL(softmax(t_i / teacher_temperature) || softmax(s_i / temperature))`` with ``s_i[j]`` the student
+    score of candidate j, averaged over the B queries (the KL divergence itself, teacher entropy
+    included: 0 exactly when the two distributions agree; no temperature² factor).
+
+    With ``in_batch=True`` the student's softmax runs over every document of the batch, the
+    [B, (1+k)·B] score matrix of :func:`info_nce_loss`, while the teacher keeps probability 0 on the
+    other queries' documents: the KL then also pushes those in-batch negatives down. Without it, each
+    query meets only its own 1+k candidates.
+
+    Args:
+        reps: column name -> [B, V] reps; queries, positives, then k >= 1 hard-negative columns.
+        teacher_scores: [B, 1+k] teacher scores, column 0 for the positive and column j for the j-th
+            hard-negative column, in the order of ``reps`` (as for :func:`margin_mse_loss`). Moved to
+            the reps' device, used in fp32, never differentiated.
+        temperature: divides the student scores, > 0 (1.0: SPLADE's raw dot products).
+        teacher_temperature: divides the teacher scores, > 0.
+        in_batch: also normalise the student over the other queries' documents.
+
+    Returns:
+        0-d fp32 loss (fp64 for fp64 reps).
+
+    Memory: k + 1 row-wise products [B, V] in fp32 and [B, 1+k] scores; with ``in_batch``, that of
+    :func:`info_nce_loss` (~12·(1+k)·B² bytes).
+    """
+    check_temperature(temperature)
+    check_temperature(teacher_temperature, name="teacher_temperature")
+    if not isinstance(in_batch, bool):
+        raise TypeError(f"in_batch must be a bool, got {type(in_batch).__name__}")
+    columns = split_columns(reps)
+    check_teacher_scores(columns, teacher_scores=teacher_scores, loss="kl_div_loss")
+    return _kl_div(
+        columns,
+        teacher_scores=teacher_scores,
+        temperature=temperature,
+        teacher_temperature=teacher_temperature,
+        in_batch=in_batch,
+    )
+
+
+def _kl_div(
+    columns: ContrastiveColumns,
+    *,
+    teacher_scores: Tensor,
+    temperature: float,
+    teacher_temperature: float,
+    in_batch: bool,
+) -> Tensor:
+    """:func:`kl_div_loss` of checked columns and teacher scores."""
+    q_reps, pos_reps, neg_reps = columns
+    d_columns = (pos_reps, *neg_reps)
+    if in_batch:
+        B, k = q_reps.shape[0], len(neg_reps)
+        # (1+k) x ([B, V] @ [V, B] -> [B, B]) -> [B, (1+k)·B]; query i's candidate j is column j·B + i.
+        scores = torch.cat([_dot_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)
+        log_student = F.log_softmax(scores / temperature, dim=1)  # [B, (1+k)·B]
+        own = torch.arange(B, device=scores.device)[:, None] + B * torch.arange(1 + k, device=scores.device)
+        log_student = log_student.gather(1, own)  # [B, (1+k)·B] -> [B, 1+k]
+    else:
+        scores = torch.stack([_paired_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
+        log_student = F.log_softmax(scores / temperature, dim=1)  # [B, 1+k]
+    teacher = teacher_scores.detach().to(device=scores.device, dtype=scores.dtype)  # [B, 1+k]
+    log_teacher = F.log_softmax(teacher / teacher_temperature, dim=1)  # [B, 1+k]
+    # sum_j p_t · (log p_t - log p_s), summed over the list, averaged over the B queries.
+    return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True)

@@ -31,10 +31,12 @@ from torch import Tensor
 from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
 from gradcache_sparton.losses.contrastive import (
     _info_nce,
+    _kl_div,
     _margin_mse,
     check_teacher_scores,
     check_temperature,
     info_nce_loss,
+    kl_div_loss,
     margin_mse_loss,
 )
 from gradcache_sparton.losses.regularizers import _REGULARIZER_CORES, get_regularizer
@@ -47,6 +49,7 @@ __all__ = ["CONTRASTIVE_LOSSES", "SpladeLoss", "SpladeLossConfig"]
 CONTRASTIVE_LOSSES: dict[str, Callable[..., Tensor]] = {
     "infonce": info_nce_loss,
     "margin_mse": margin_mse_loss,
+    "kl_div": kl_div_loss,
 }
 
 
@@ -59,6 +62,7 @@ def _check_no_loss_kwargs(columns: ContrastiveColumns) -> None:
 _CONTRASTIVE_CORES: dict[str, tuple[Callable[..., None], Callable[..., Tensor]]] = {
     "infonce": (_check_no_loss_kwargs, _info_nce),
     "margin_mse": (functools.partial(check_teacher_scores, loss="margin_mse_loss"), _margin_mse),
+    "kl_div": (functools.partial(check_teacher_scores, loss="kl_div_loss"), _kl_div),
 }
 
 
@@ -93,8 +97,10 @@ class SpladeLossConfig:
     contrastive: str = field(
         default="infonce",
         metadata={
-            "help": "Ranking loss: 'infonce' (in-batch + hard negatives) or 'margin_mse' (distillation; "
-            "needs teacher_scores [B, 1+k] in the loss kwargs, i.e. a teacher_scores data column)."
+            "help": "Ranking loss: 'infonce' (in-batch + hard negatives), or a distillation loss that needs "
+            "teacher_scores [B, 1+k] (a teacher_scores data column): 'margin_mse' (margins) or 'kl_div' "
+            "(listwise KL between the teacher's and the student's softmax over each query's candidates, "
+            "as SPLADE-v3)."
         },
     )
     query_regularizer: str = field(
@@ -106,8 +112,8 @@ class SpladeLossConfig:
     temperature: float = field(
         default=1.0,
         metadata={
-            "help": "InfoNCE temperature, > 0. 1.0 is SPLADE's: raw dot products are already logit-scaled. "
-            "Must stay 1.0 with margin_mse."
+            "help": "Student temperature of infonce and kl_div, > 0. 1.0 is SPLADE's: raw dot products are "
+            "already logit-scaled. Must stay 1.0 with margin_mse."
         },
     )
     reg_warmup_steps: int = field(
@@ -121,6 +127,18 @@ class SpladeLossConfig:
         default="quadratic", metadata={"help": "Regularizer warm-up ramp: 'quadratic' (SPLADE) or 'linear'."}
     )
 
+    teacher_temperature: float = field(
+        default=1.0,
+        metadata={"help": "kl_div only: divides the teacher scores before their softmax, > 0."},
+    )
+    kl_in_batch: bool = field(
+        default=False,
+        metadata={
+            "help": "kl_div only: the student's softmax also covers the other queries' documents (in-batch "
+            "negatives, teacher probability 0). Costs InfoNCE's [B, (1+k)·B] scores."
+        },
+    )
+
     def __post_init__(self) -> None:
         check_weight(self.query_reg_weight, name="query_reg_weight")
         check_weight(self.doc_reg_weight, name="doc_reg_weight")
@@ -131,10 +149,19 @@ class SpladeLossConfig:
         get_regularizer(self.query_regularizer, argument="query_regularizer")
         get_regularizer(self.doc_regularizer, argument="doc_regularizer")
         check_temperature(self.temperature)
-        if self.contrastive != "infonce" and self.temperature != 1.0:
+        if self.contrastive == "margin_mse" and self.temperature != 1.0:
             raise ValueError(
-                f"temperature applies to contrastive='infonce' only, got temperature={self.temperature} "
-                f"with contrastive={self.contrastive!r}"
+                f"temperature applies to contrastive='infonce' or 'kl_div' only, got "
+                f"temperature={self.temperature} with contrastive={self.contrastive!r}"
+            )
+        check_temperature(self.teacher_temperature, name="teacher_temperature")
+        if not isinstance(self.kl_in_batch, bool):
+            raise TypeError(f"kl_in_batch must be a bool, got {type(self.kl_in_batch).__name__}")
+        if self.contrastive != "kl_div" and (self.teacher_temperature != 1.0 or self.kl_in_batch):
+            raise ValueError(
+                f"teacher_temperature and kl_in_batch apply to contrastive='kl_div' only, got "
+                f"teacher_temperature={self.teacher_temperature}, kl_in_batch={self.kl_in_batch} with "
+                f"contrastive={self.contrastive!r}"
             )
         check_warmup(
             self.reg_warmup_steps,
@@ -204,9 +231,7 @@ class SpladeLoss:
             raise TypeError(f"config must be a SpladeLossConfig, got {type(config).__name__}")
         self.config = config
         self._check_loss_kwargs, self._contrastive = _CONTRASTIVE_CORES[config.contrastive]
-        self._contrastive_kwargs = (
-            {"temperature": config.temperature} if config.contrastive == "infonce" else {}
-        )
+        self._contrastive_kwargs = _contrastive_settings(config)
         self._query_regularizer = _REGULARIZER_CORES[config.query_regularizer]
         self._doc_regularizer = _REGULARIZER_CORES[config.doc_regularizer]
         self._query_schedule = WarmupSchedule(
@@ -274,9 +299,8 @@ class SpladeLoss:
 
     def __repr__(self) -> str:
         c = self.config
-        contrastive = (
-            f"{c.contrastive}(temperature={c.temperature})" if c.contrastive == "infonce" else c.contrastive
-        )
+        settings = ", ".join(f"{name}={value}" for name, value in self._contrastive_kwargs.items())
+        contrastive = f"{c.contrastive}({settings})"
         return (
             f"SpladeLoss(contrastive={contrastive}, "
             f"query={c.query_reg_weight} * {c.query_regularizer}, "
@@ -288,3 +312,16 @@ class SpladeLoss:
 def _upcast(reps: Tensor) -> Tensor:
     """fp32 copy of half-precision reps (fp32 and fp64 pass unchanged)."""
     return reps.to(torch.promote_types(reps.dtype, torch.float32))
+
+
+def _contrastive_settings(config: SpladeLossConfig) -> dict[str, Any]:
+    """The config's keyword arguments of its contrastive loss (the loss kwargs add per-batch tensors)."""
+    if config.contrastive == "infonce":
+        return {"temperature": config.temperature}
+    if config.contrastive == "kl_div":
+        return {
+            "temperature": config.temperature,
+            "teacher_temperature": config.teacher_temperature,
+            "in_batch": config.kl_in_batch,
+        }
+    return {}
