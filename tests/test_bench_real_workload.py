@@ -1,0 +1,157 @@
+"""The real-workload benchmark script: its data, its sparsity calibration, its targets and a CPU smoke run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+from gradcache_sparton import SpladeEncoder
+from gradcache_sparton.resources import default_tokenizer_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    """benchmarks/bench_real_workload.py imported as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_real_workload", ROOT / "benchmarks" / "bench_real_workload.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_real_workload"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(default_tokenizer_path())
+
+
+def test_scifact_negative_is_another_rows_positive(bench: ModuleType) -> None:
+    """Every hard negative is some other row's positive, never the row's own (even when rows share one)."""
+    pairs = [("q0", "a"), ("q1", "a"), ("q2", "b"), ("q3", "c"), ("q4", "d")]
+    triplets = bench.scifact_triplets(pairs, seed=0)
+    assert [t["query"] for t in triplets] == [q for q, _ in pairs]
+    for triplet, (_, positive) in zip(triplets, pairs, strict=True):
+        assert triplet["positive"] == positive
+        assert triplet["negative_1"] != positive
+        assert triplet["negative_1"] in {p for _, p in pairs}
+
+
+def test_short_passages_have_the_requested_token_lengths(bench: ModuleType, tokenizer) -> None:
+    """Short-workload passages are cut to 40-120 wordpieces of a real abstract (a few tokens of re-tokenization slack)."""
+    pairs = bench.read_scifact_pairs()[:20]
+    rows = bench.short_triplets(bench.scifact_triplets(pairs, seed=0), tokenizer, (40, 120), seed=0)
+    lengths = [
+        len(tokenizer(r[c], add_special_tokens=False)["input_ids"])
+        for r in rows
+        for c in ("positive", "negative_1")
+    ]
+    assert min(lengths) >= 38 and max(lengths) <= 122, lengths
+    assert max(lengths) - min(lengths) > 20  # a spread of lengths, not one fixed cut
+
+
+def test_take_rows_cuts_to_the_longest_kept_row(bench: ModuleType) -> None:
+    """Taking the first n rows also drops the padding columns none of them uses, as a collator would."""
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    columns = {"query": {"input_ids": torch.arange(12).view(3, 4), "attention_mask": mask}}
+    taken = bench.take_rows(columns, 2)["query"]
+    assert taken["attention_mask"].tolist() == [[1, 1], [1, 0]]
+    assert taken["input_ids"].tolist() == [[0, 1], [4, 5]]
+
+
+def test_calibrated_bias_gives_the_target_density(bench: ModuleType, tokenizer) -> None:
+    """After calibration the SpladeEncoder's reps of the sample have the target fraction of non-zeros."""
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    torch.manual_seed(0)
+    model = BertForMaskedLM(config).eval()
+    texts = ["The amount of DNA data doubles.", "Bile acids regulate the transcription of genes.", "Mice."]
+    features = dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    for target in (0.01, 0.2):
+        bias = bench.calibrate_decoder_bias(model, [features], target)
+        assert float(model.get_output_embeddings().bias.detach().max()) == pytest.approx(bias)
+        encoder = SpladeEncoder(model)
+        nnz = bench.nonzeros_per_row(encoder, {"all": features})["all"]
+        # Exact up to ties and rounding at the threshold: a few of the 3 * V entries may flip.
+        assert nnz / len(tokenizer) == pytest.approx(target, abs=2e-3)
+
+
+def _row(
+    provider: str, pairs_per_s: float, peak: float, mini_batch: int | None = 32, batch: int = 64
+) -> dict:
+    return {
+        "model": "m", "workload": "w", "provider": provider, "mini_batch": mini_batch, "tokens": None,
+        "batch": batch, "status": "ok", "pairs_per_s": pairs_per_s, "peak_allocated_gib": peak,
+    }  # fmt: skip
+
+
+def test_targets_compare_the_best_rows_within_each_memory_budget(bench: ModuleType) -> None:
+    """Each budget compares the fastest rows that fit it; a budget nobody fits is n/a, not a pass."""
+    rows = [
+        _row("ours", 100.0, 3.0),
+        _row("ours", 200.0, 7.0, mini_batch=64),
+        _row("st", 80.0, 3.5),
+        _row("st", 150.0, 20.0, mini_batch=128),
+        _row("ours-uncached", 250.0, 30.0, mini_batch=None),
+        {**_row("st", 0.0, 0.0, mini_batch=256), "status": "OOM"},
+    ]
+    targets = {t["target"]: t for t in bench.evaluate_targets(rows)}
+    assert targets["ours vs sentence-transformers at <= 4 GiB"]["value"] == pytest.approx(100 / 80)
+    assert targets["ours vs sentence-transformers at <= 8 GiB"]["value"] == pytest.approx(200 / 80)
+    assert targets["ours vs sentence-transformers at <= 8 GiB"]["status"] == "PASS"
+    assert targets["ours vs sentence-transformers at unlimited memory"]["value"] == pytest.approx(200 / 150)
+    assert targets["ours vs sentence-transformers at unlimited memory"]["status"] == "MISS"
+    assert targets["ours at 4 GiB / ours at 8 GiB"]["value"] == pytest.approx(0.5)
+    assert targets["ours cached / ours uncached"]["value"] == pytest.approx(200 / 250)
+    none_fit = bench.evaluate_targets([_row("ours", 1.0, 9.0), _row("st", 1.0, 9.0)])
+    assert {t["status"] for t in none_fit if "4 GiB" in t["target"] and "vs" in t["target"]} == {"n/a"}
+
+
+def _smoke(bench: ModuleType, out: Path, providers: str) -> dict:
+    argv = [
+        "--smoke", "--output_dir", str(out), "--models", "base", "--workloads", "short", "--providers", providers,
+        "--effective_batch", "4", "--mini_batches", "2", "--steps", "1",
+    ]  # fmt: skip
+    assert bench.main(argv) == 0
+    assert (out / "real_workload.md").read_text().startswith("Real-workload benchmark")
+    payload = json.loads((out / "real_workload.json").read_text())
+    rows = payload["rows"]
+    assert rows and all(r["status"] == "ok" for r in rows), [(r["name"], r["status"]) for r in rows]
+    return payload
+
+
+def test_smoke_run_of_our_providers(bench: ModuleType, tmp_path: Path) -> None:
+    """A tiny CPU run times every configuration of ours (cached, token budget if offered, uncached) and
+    records the calibrated start's density within 1-3% of the tokens, measured on the workload's text."""
+    payload = _smoke(bench, tmp_path, "ours,ours-uncached")
+    families = {r["family"] for r in payload["rows"]}
+    expected = {"ours-mb", "ours-uncached"} | ({"ours-tok"} if bench.token_budget_parameter() else set())
+    assert families == expected
+    density = payload["meta"]["models"]["base"]["density"]["short"]
+    assert all(0.005 < d < 0.05 for d in density.values()), density
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sentence_transformers") is None,
+    reason="sentence-transformers is not installed (it is optional: pip install sentence-transformers==6.0.1)",
+)
+def test_smoke_run_of_sentence_transformers(bench: ModuleType, tmp_path: Path) -> None:
+    """sentence-transformers' CachedSpladeLoss runs by rows and by tokens, and its SparseEncoder built from
+    the same directory gives our reps (so both providers train the same function)."""
+    payload = _smoke(bench, tmp_path, "st")
+    assert {r["family"] for r in payload["rows"]} == {"st-mb", "st-tok"}
+    assert payload["meta"]["models"]["base"]["max_rep_difference_vs_sentence_transformers"] < 1e-5
