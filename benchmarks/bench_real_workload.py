@@ -63,7 +63,7 @@ their ratio; our best at 4 GiB over our best at 8 GiB; our best cached over our 
 
 Run on the GPU machine from the repository root (about 8 minutes on an H100):
 
-    export PYTHONPATH=$PWD:$PYTHONPATH PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    export PYTHONPATH=$PWD:$PYTHONPATH PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True HF_HUB_OFFLINE=1
     python benchmarks/bench_real_workload.py --output_dir $OUT/real_workload --time_budget_s 420
 
 It writes ``real_workload.json`` (rows, targets, calibration, device, versions, date; rewritten after
@@ -398,7 +398,12 @@ def make_ours(config: Config, path: Path, device: torch.device, token_param: str
     if config.provider == "ours":
         if config.tokens is not None:
             assert token_param is not None
-            kwargs: dict[str, Any] = {token_param: config.tokens, "mini_batch_size": config.batch}
+            kwargs: dict[str, Any] = {token_param: config.tokens}
+            if (
+                inspect.signature(CachedLoss.__init__).parameters["mini_batch_size"].default
+                is inspect.Parameter.empty
+            ):
+                kwargs["mini_batch_size"] = config.batch  # required: rows are then bounded by tokens only
         else:
             kwargs = {"mini_batch_size": config.mini_batch}
         cached = CachedLoss(encoder, loss_fn, **kwargs)
@@ -950,7 +955,6 @@ def uncached_configs(model: str, workload: str, batch: int) -> Iterator[Config]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.monotonic()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never wait on the hub
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.smoke:
         print("no GPU: the full-size benchmark needs one (use --smoke for a CPU check)", file=sys.stderr)
