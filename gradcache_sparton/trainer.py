@@ -44,12 +44,14 @@ from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
     from_sentence_transformers_columns,
     is_sparse_encoder,
+    run_model_card,
     use_sparton_head,
+    write_sentence_transformers_files,
 )
 from gradcache_sparton.losses import SpladeLoss
 from gradcache_sparton.modeling import SpladeEncoder
 
-__all__ = ["CachedSpladeTrainer"]
+__all__ = ["CachedSpladeTrainer", "validate_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +114,7 @@ class CachedSpladeTrainer(Trainer):
             # sentence-transformers' columns: anchor/negative names; by position for its own models.
             train_dataset = from_sentence_transformers_columns(train_dataset, positional=self._sparse_encoder)
             validate_training_dataset(train_dataset)
-            global_batch = args.per_device_train_batch_size * max(1, args.world_size)
-            if args.dataloader_drop_last and len(train_dataset) < global_batch:
-                raise ValueError(
-                    f"train_dataset has {len(train_dataset)} rows, fewer than one batch of {global_batch} "
-                    "(per_device_train_batch_size x processes): with dataloader_drop_last nothing would train"
-                )
+        validate_run(args, num_train_rows=None if train_dataset is None else len(train_dataset))
         if data_collator is None:
             data_collator = TrainingCollator(
                 processing_class,
@@ -142,6 +139,8 @@ class CachedSpladeTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         """``Trainer.train`` after checking that ``output_dir`` holds no other run."""
+        if isinstance(resume_from_checkpoint, str):
+            _check_resume_checkpoint(resume_from_checkpoint)
         if not resume_from_checkpoint and not self.args.overwrite_output_dir:
             _check_output_dir_is_free(self.args.output_dir)
         world = max(1, self.args.world_size)
@@ -244,6 +243,13 @@ class CachedSpladeTrainer(Trainer):
             encoder.save_pretrained(output_dir)
         else:
             encoder.save_pretrained(output_dir, tokenizer=self.processing_class, state_dict=state_dict)
+            # Also a sentence-transformers SparseEncoder, truncating at the documents' trained length.
+            write_sentence_transformers_files(
+                output_dir,
+                encoder=encoder,
+                max_seq_length=self.args.document_max_length,
+                card=run_model_card(self, encoder),
+            )
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
@@ -261,6 +267,54 @@ class CachedSpladeTrainer(Trainer):
         best = self.state.best_model_checkpoint
         logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
         self._load_from_checkpoint(best)
+
+
+def validate_run(args: CachedSpladeTrainingArguments, *, num_train_rows: int | None) -> None:
+    """Raise ``ValueError`` naming the argument if the run could not start or would train nothing.
+
+    Cheap checks for before the model is built (``run_training`` calls it first, the trainer again):
+    a ``report_to`` integration whose package is missing, a ``resume_from_checkpoint`` that is not a
+    checkpoint folder, no optimizer step at all (``num_train_epochs`` 0 without ``max_steps``, or fewer
+    ``num_train_rows`` than one global batch while ``dataloader_drop_last`` drops it).
+    """
+    from transformers.integrations import get_available_reporting_integrations
+
+    available = get_available_reporting_integrations()
+    missing = [name for name in args.report_to or () if name not in available]
+    if missing:
+        raise ValueError(
+            f"report_to {missing} needs its package installed (e.g. pip install {missing[0]}); available here: "
+            f"{available or 'none'} (report_to none turns reporting off)"
+        )
+    if isinstance(args.resume_from_checkpoint, str):
+        _check_resume_checkpoint(args.resume_from_checkpoint)
+    if args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise ValueError(
+            f"num_train_epochs must be > 0 when max_steps is not set, got {args.num_train_epochs}: nothing "
+            "would train"
+        )
+    global_batch = args.per_device_train_batch_size * max(1, args.world_size)
+    if num_train_rows is not None and args.dataloader_drop_last and num_train_rows < global_batch:
+        raise ValueError(
+            f"the training data has {num_train_rows} rows, fewer than one batch of {global_batch} "
+            "(per_device_train_batch_size x processes): with dataloader_drop_last nothing would train; lower "
+            "per_device_train_batch_size or add rows"
+        )
+
+
+def _check_resume_checkpoint(path: str) -> None:
+    """Raise unless ``path`` is a local Trainer checkpoint folder (it is never looked up on a hub)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(
+            f"resume_from_checkpoint {path!r} is not a folder: give a checkpoint-N folder written by an earlier "
+            "run (e.g. OUTPUT_DIR/checkpoint-500)"
+        )
+    if not (folder / "trainer_state.json").is_file():
+        raise ValueError(
+            f"resume_from_checkpoint {path!r} has no trainer_state.json: it is not a checkpoint-N folder of a "
+            "training run (to start from a model's weights, use model_name_or_path)"
+        )
 
 
 def _check_output_dir_is_free(output_dir: str | None) -> None:

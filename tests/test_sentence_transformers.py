@@ -32,11 +32,14 @@ from gradcache_sparton.engine import CachedLoss
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
     from_sentence_transformers_columns,
+    run_model_card,
     splade_loss_config_from,
     use_sparton_head,
     uses_sparton_head,
+    write_sentence_transformers_files,
 )
 from gradcache_sparton.losses import SpladeLoss as OurSpladeLoss
+from gradcache_sparton.modeling import SpladeEncoder
 
 TOL = 1e-10  # fp64, see the module docstring
 
@@ -290,3 +293,110 @@ def test_trainer_trains_a_sparse_encoder_and_saves_its_format(backbone_dir, tmp_
     torch.testing.assert_close(
         loaded(dict(batch))["sentence_embedding"], model(dict(batch))["sentence_embedding"], rtol=0, atol=0
     )
+
+
+# ---------------------------------------------------------------------------------------------- our checkpoints out
+
+
+def splade_encoder(tokenizer, *, special_token_ids=()) -> SpladeEncoder:
+    """A tiny random-init SpladeEncoder (fp32, eval) with a non-zero decoder bias."""
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(1)
+    encoder = SpladeEncoder.from_config(config, special_token_ids=special_token_ids).eval()
+    with torch.no_grad():
+        encoder.model.cls.predictions.bias.normal_(0.0, 0.05)
+    return encoder
+
+
+def saved_for_sentence_transformers(encoder: SpladeEncoder, tokenizer, path: Path) -> Path:
+    encoder.save_pretrained(path, tokenizer=tokenizer)
+    write_sentence_transformers_files(path, encoder=encoder, max_seq_length=32)
+    return path
+
+
+def test_our_checkpoint_is_a_sparse_encoder_with_exactly_our_reps(tokenizer, tmp_path) -> None:
+    """SparseEncoder(path) of our checkpoint: max_seq_length as trained, reps bit-identical to ours."""
+    encoder = splade_encoder(tokenizer)
+    path = saved_for_sentence_transformers(encoder, tokenizer, tmp_path / "ckpt")
+    loaded = SparseEncoder(str(path), device="cpu", local_files_only=True)
+    assert [type(m) for m in loaded.children()] == [Transformer, SpladePooling]
+    assert loaded.max_seq_length == 32 and loaded.similarity_fn_name == "dot"
+    batch = loaded.preprocess(QUERIES + POSITIVES)
+    assert batch["input_ids"].shape[1] <= 32
+    ours = encoder(**{k: v for k, v in batch.items() if isinstance(v, torch.Tensor)})
+    theirs = loaded(dict(batch))["sentence_embedding"]
+    assert (ours > 0).any()
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=0)
+    card = (path / "README.md").read_text()
+    assert "library_name: sentence-transformers" in card and "Maximum sequence length: 32" in card
+
+
+def test_masked_special_tokens_load_exactly_or_are_refused(tokenizer, tmp_path) -> None:
+    """With special_token_ids: plain SparseEncoder(path) refuses; with trust_remote_code the reps are exact."""
+    encoder = splade_encoder(tokenizer, special_token_ids=tokenizer.all_special_ids)
+    path = saved_for_sentence_transformers(encoder, tokenizer, tmp_path / "masked")
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        SparseEncoder(str(path), device="cpu", local_files_only=True)
+    loaded = SparseEncoder(str(path), device="cpu", local_files_only=True, trust_remote_code=True)
+    batch = loaded.preprocess(QUERIES)
+    features_only = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    ours = encoder(**features_only)
+    unmasked = SpladeEncoder(encoder.model)(**features_only)
+    assert not torch.equal(ours, unmasked)  # the masking matters for these inputs
+    torch.testing.assert_close(loaded(dict(batch))["sentence_embedding"], ours, rtol=0, atol=0)
+    use_sparton_head(loaded)  # the fused forward keeps the masking
+    torch.testing.assert_close(loaded(dict(batch))["sentence_embedding"], ours, rtol=1e-6, atol=1e-6)
+
+
+def test_writing_sentence_transformers_files_refuses_bad_input(tokenizer, tmp_path) -> None:
+    """No tokenizer, no model or a max_seq_length beyond the positions: a clear error, nothing written."""
+    encoder = splade_encoder(tokenizer)
+    encoder.save_pretrained(tmp_path / "bare")
+    with pytest.raises(ValueError, match="holds no tokenizer"):
+        write_sentence_transformers_files(tmp_path / "bare", encoder=encoder, max_seq_length=32)
+    with pytest.raises(ValueError, match="holds no saved model"):
+        write_sentence_transformers_files(tmp_path / "none", encoder=encoder, max_seq_length=32)
+    with pytest.raises(ValueError, match="exceeds the backbone's max_position_embeddings 64"):
+        write_sentence_transformers_files(tmp_path / "bare", encoder=encoder, max_seq_length=512)
+    assert not (tmp_path / "bare" / "modules.json").exists()
+
+
+def test_run_model_card_names_base_model_data_settings_and_metrics(tokenizer) -> None:
+    """The trainer's model card carries the base model, the data, the settings and the latest eval metrics."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    encoder = splade_encoder(tokenizer)
+    encoder.model.config._name_or_path = "org/tiny-bert"
+    args = SimpleNamespace(
+        world_size=2,
+        per_device_train_batch_size=8,
+        mini_batch_size=4,
+        gradient_accumulation_steps=1,
+        learning_rate=2e-5,
+        query_max_length=16,
+        document_max_length=48,
+        bf16=True,
+        fp16=False,
+    )
+    log_history = [{"eval_ndcg_at_10": 0.25, "eval_runtime": 3.0}, {"loss": 1.0}, {"eval_ndcg_at_10": 0.5}]
+    trainer = SimpleNamespace(
+        args=args,
+        state=SimpleNamespace(global_step=100, log_history=log_history),
+        loss="SpladeLoss(...)",
+        train_dataset=Dataset.from_dict({"query": ["q"] * 3, "positive": ["p"] * 3}),
+    )
+    card = run_model_card(trainer, encoder)
+    assert "base_model: org/tiny-bert" in card and "Base model: org/tiny-bert" in card
+    assert "3 rows, columns ['query', 'positive']" in card
+    assert "| global batch (rows per loss) | 16 |" in card and "| precision | bf16 |" in card
+    assert "Maximum sequence length: 48 tokens" in card
+    assert "| eval_ndcg_at_10 | 0.5000 |" in card and "eval_runtime" not in card

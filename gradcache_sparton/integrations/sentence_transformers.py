@@ -23,8 +23,11 @@ this module imports it only inside the functions that need it, so the trainer ca
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import types
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
@@ -41,14 +44,27 @@ __all__ = [
     "as_rep_encoder",
     "from_sentence_transformers_columns",
     "is_sparse_encoder",
+    "model_card",
+    "run_model_card",
     "splade_loss_config_from",
     "use_sparton_head",
     "uses_sparton_head",
+    "write_sentence_transformers_files",
 ]
 
 # sentence-transformers' names for the query column and a lone hard-negative column.
 _ANCHOR_COLUMN = "anchor"
 _NEGATIVE_COLUMN = "negative"
+
+# What sentence-transformers 6 writes for a SPLADE SparseEncoder: the fill-mask Transformer in the
+# checkpoint's root (its weights are the masked-LM's own), the pooling's config in a subfolder.
+_TRANSFORMER_TYPE = "sentence_transformers.base.modules.transformer.Transformer"
+_POOLING_TYPE = "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"
+_MASKED_POOLING_TYPE = (
+    "gradcache_sparton.integrations.sentence_transformers_modules.SpecialTokenMaskedSpladePooling"
+)
+_POOLING_DIR = "1_SpladePooling"
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt")
 
 # Feature keys the backbone reads; sentence-transformers adds bookkeeping keys ("modality", ...).
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
@@ -115,7 +131,7 @@ def _check_splade_modules(model: SparseEncoder) -> None:
             "the fused head computes max pooling of log1p(relu(logits)) (SPLADE v2 and later), got SpladePooling("
             f"pooling_strategy={pooling.pooling_strategy!r}, activation_function={pooling.activation_function!r})"
         )
-    if model.module_kwargs:
+    if model.module_kwargs and any(model.module_kwargs.values()):
         raise ValueError(
             f"model passes module kwargs {model.module_kwargs!r}, which the fused forward does not read"
         )
@@ -172,7 +188,7 @@ def _sparton_forward(self: SparseEncoder, input: dict[str, Any], **kwargs: Any) 
         raise ValueError(f"the fused head encodes text only, got modality {modality!r}")
     # Built per call: it holds no state, only the backbone's own modules and parameters, so it can
     # never go stale (device moves, dtype casts, re-tied decoders).
-    encoder = SpladeEncoder(self[0].auto_model)
+    encoder = SpladeEncoder(self[0].auto_model, special_token_ids=getattr(self[1], "special_token_ids", ()))
     input["sentence_embedding"] = encoder(**{key: input[key] for key in _MODEL_INPUTS if key in input})
     return input
 
@@ -340,3 +356,229 @@ def from_sentence_transformers_columns(
             f"columns {collisions}: rename them first"
         )
     return dataset.rename_columns(mapping) if mapping else dataset
+
+
+def _write_json(path: str, value: object) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2)
+        f.write("\n")
+
+
+def write_sentence_transformers_files(
+    directory: str | os.PathLike,
+    *,
+    encoder: SpladeEncoder,
+    max_seq_length: int,
+    card: str | None = None,
+) -> None:
+    """Make a saved :class:`SpladeEncoder` checkpoint a sentence-transformers ``SparseEncoder`` as well.
+
+    Writes, next to what ``encoder.save_pretrained(directory, tokenizer=...)`` wrote (the masked-LM
+    weights, config and tokenizer, which both libraries read as they are): ``modules.json``,
+    ``sentence_bert_config.json`` (the fill-mask task and ``max_seq_length``),
+    ``config_sentence_transformers.json`` (dot-product similarity), ``1_SpladePooling/config.json``
+    (max pooling of log1p(relu(logits))) and ``README.md`` (``card``, default :func:`model_card`).
+    Needs no sentence-transformers install. ``SparseEncoder(directory)`` then gives the encoder's reps.
+
+    With ``special_token_ids``, whose positions sentence-transformers' own ``SpladePooling`` cannot
+    drop, the pooling module is
+    :class:`~gradcache_sparton.integrations.sentence_transformers_modules.SpecialTokenMaskedSpladePooling`:
+    ``SparseEncoder(directory)`` refuses to import it (a module outside its namespace), and
+    ``SparseEncoder(directory, trust_remote_code=True)`` with gradcache_sparton installed loads the
+    exact reps. Never the wrong reps.
+
+    Args:
+        directory: a folder holding ``encoder.save_pretrained(directory, tokenizer=...)``'s output.
+        encoder: the encoder saved there (its vocabulary size and options are recorded).
+        max_seq_length: the truncation length sentence-transformers applies to every text; pass the
+            length the model was trained with (documents').
+        card: the README.md text.
+
+    Raises:
+        TypeError / ValueError, before anything is written: not a SpladeEncoder, a non-positive
+            ``max_seq_length`` or one beyond the backbone's positions, no model or tokenizer in
+            ``directory``.
+    """
+    if not isinstance(encoder, SpladeEncoder):
+        raise TypeError(f"encoder must be a SpladeEncoder, got {type(encoder).__name__}")
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < 1:
+        raise ValueError(f"max_seq_length must be a positive int, got {max_seq_length!r}")
+    positions = getattr(encoder.config, "max_position_embeddings", None)
+    if positions is not None and max_seq_length > positions:
+        raise ValueError(
+            f"max_seq_length {max_seq_length} exceeds the backbone's max_position_embeddings {positions}"
+        )
+    directory = os.fspath(directory)
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise ValueError(
+            f"{directory} holds no saved model (config.json): call encoder.save_pretrained first"
+        )
+    if not any(os.path.isfile(os.path.join(directory, name)) for name in _TOKENIZER_FILES):
+        raise ValueError(
+            f"{directory} holds no tokenizer, which sentence-transformers loads from the same folder: "
+            "save with encoder.save_pretrained(directory, tokenizer=tokenizer)"
+        )
+    from gradcache_sparton import __version__
+
+    special = list(encoder.special_token_ids)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER_TYPE},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": _POOLING_DIR,
+            "type": _MASKED_POOLING_TYPE if special else _POOLING_TYPE,
+        },
+    ]
+    pooling = {
+        "pooling_strategy": encoder.pooling,
+        "activation_function": "relu",
+        "embedding_dimension": encoder.vocab_size,
+    }
+    if special:
+        pooling["special_token_ids"] = special
+    _write_json(os.path.join(directory, "modules.json"), modules)
+    _write_json(
+        os.path.join(directory, "sentence_bert_config.json"),
+        {
+            "transformer_task": "fill-mask",
+            "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
+            "module_output_name": "token_embeddings",
+            "max_seq_length": max_seq_length,
+        },
+    )
+    import torch
+    import transformers
+
+    _write_json(
+        os.path.join(directory, "config_sentence_transformers.json"),
+        {
+            "model_type": "SparseEncoder",
+            "__version__": {
+                "gradcache_sparton": __version__,
+                "transformers": transformers.__version__,
+                "pytorch": torch.__version__,
+            },
+            "prompts": {"query": "", "document": ""},
+            "default_prompt_name": None,
+            "similarity_fn_name": "dot",
+        },
+    )
+    os.makedirs(os.path.join(directory, _POOLING_DIR), exist_ok=True)
+    _write_json(os.path.join(directory, _POOLING_DIR, "config.json"), pooling)
+    if card is None:
+        card = model_card(encoder=encoder, max_seq_length=max_seq_length)
+    with open(os.path.join(directory, "README.md"), "w", encoding="utf-8") as f:
+        f.write(card)
+
+
+def model_card(
+    *,
+    encoder: SpladeEncoder,
+    max_seq_length: int,
+    base_model: str | None = None,
+    train_data: str | None = None,
+    settings: Mapping[str, object] | None = None,
+    metrics: Mapping[str, float] | None = None,
+) -> str:
+    """A README.md for a checkpoint: base model, data, training settings, metrics and how to load it.
+
+    ``base_model`` defaults to the backbone config's ``_name_or_path`` (empty for a random init).
+    """
+    base = base_model if base_model is not None else getattr(encoder.config, "_name_or_path", "") or ""
+    special = list(encoder.special_token_ids)
+    header = ["---", "library_name: sentence-transformers", "pipeline_tag: feature-extraction", "tags:"]
+    header += [
+        f"- {tag}" for tag in ("sentence-transformers", "sparse-encoder", "splade", "gradcache_sparton")
+    ]
+    if base and not os.path.isabs(base):
+        header.append(f"base_model: {base}")
+    header.append("---")
+    lines = [
+        *header,
+        "",
+        "# SPLADE sparse encoder",
+        "",
+        f"A SPLADE model trained with gradcache_sparton (GradCache and the fused Sparton head). It maps text to "
+        f"{encoder.vocab_size}-dimensional sparse vectors, one weight per vocabulary token, scored by dot product.",
+        "",
+        "## Model",
+        "",
+        f"- Base model: {base or 'randomly initialised from a config'}",
+        f"- Architecture: {type(encoder.model).__name__}, max pooling of log1p(relu(logits))",
+        f"- Maximum sequence length: {max_seq_length} tokens",
+        f"- Special-token positions dropped from the pooling: {special if special else 'none'}",
+        "",
+        "## Usage",
+        "",
+        "```python",
+        "from sentence_transformers import SparseEncoder",
+        "",
+        f"model = SparseEncoder(path{', trust_remote_code=True' if special else ''})",
+        'embeddings = model.encode(["a query", "a document"])',
+        "```",
+        "",
+        "```python",
+        "from gradcache_sparton import SpladeEncoder",
+        "",
+        "encoder = SpladeEncoder.from_pretrained(path)",
+        "```",
+    ]
+    if special:
+        lines += [
+            "",
+            "Loading in sentence-transformers needs `trust_remote_code=True` and gradcache_sparton installed: "
+            "its own SpladePooling cannot drop special-token positions.",
+        ]
+    if train_data:
+        lines += ["", "## Training data", "", train_data]
+    if settings:
+        lines += ["", "## Training settings", "", "| setting | value |", "|---|---|"]
+        lines += [f"| {name} | {value} |" for name, value in settings.items()]
+    if metrics:
+        lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {name} | {value:.4f} |" for name, value in metrics.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run_model_card(trainer: Any, encoder: SpladeEncoder) -> str:
+    """:func:`model_card` for ``encoder`` as ``trainer`` (a ``CachedSpladeTrainer``) trained it so far.
+
+    Settings come from the trainer's arguments and loss, the data line from its train dataset, the
+    metrics are the latest value of each ``eval_*`` entry in ``trainer.state.log_history``.
+    """
+    args, state = trainer.args, trainer.state
+    world = max(1, args.world_size)
+    settings: dict[str, object] = {
+        "global batch (rows per loss)": args.per_device_train_batch_size * world,
+        "mini_batch_size": args.mini_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "optimizer steps": state.global_step,
+        "learning_rate": args.learning_rate,
+        "query_max_length": args.query_max_length,
+        "document_max_length": args.document_max_length,
+        "loss": repr(trainer.loss),
+        "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+    }
+    dataset = trainer.train_dataset
+    train_data = None
+    if dataset is not None:
+        name = getattr(getattr(dataset, "info", None), "dataset_name", None)
+        columns = getattr(dataset, "column_names", None)
+        train_data = f"{len(dataset):,} rows{f' of {name}' if name else ''}, columns {columns}"
+    metrics: dict[str, float] = {}
+    for entry in state.log_history:
+        for key, value in entry.items():
+            if (
+                key.startswith("eval_")
+                and isinstance(value, (int, float))
+                and not key.endswith(("_runtime", "_per_second"))
+            ):
+                metrics[key] = float(value)
+    return model_card(
+        encoder=encoder,
+        max_seq_length=args.document_max_length,
+        train_data=train_data,
+        settings=settings,
+        metrics=metrics,
+    )
