@@ -68,8 +68,9 @@ class _Queries:
 
 
 def _column(pairs: datasets.Dataset, name: str) -> list | None:
-    """A column as a Python list (None when the pairs have no such column)."""
-    return list(pairs[name]) if name in pairs.column_names else None
+    """A column as a Python list (None when the pairs have no such column). Slicing converts the whole
+    Arrow column at once (and honours select/shuffle); iterating ``pairs[name]`` goes row by row."""
+    return pairs.select_columns([name])[:][name] if name in pairs.column_names else None
 
 
 def _group_by_query(pairs: datasets.Dataset) -> _Queries:

@@ -85,7 +85,7 @@ def check_mining_pairs(pairs: datasets.Dataset) -> None:
     ids = [name for name in _ID_COLUMNS if name in names]
     validate_training_dataset(pairs.remove_columns(ids) if ids else pairs)  # query/positive: strings
     for name in ids:
-        values = pairs[name]
+        values = pairs.select_columns([name])[:][name]
         missing = next((row for row, value in enumerate(values) if value is None), None)
         if missing is not None:
             raise ValueError(f"column {name!r} is empty (null) in row {missing}: give every row an id")
