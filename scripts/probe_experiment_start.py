@@ -5,7 +5,7 @@ Legend: B effective batch.
 From random weights, a SPLADE head that starts with thousands of active terms gives dot products that
 saturate InfoNCE; the loss then falls fastest by switching every term off, and the reps collapse to
 zeros within the warm-up (relu passes no gradient afterwards). This script runs
-``examples/large_batch_experiment.py``'s training for a few epochs at each (``init_decoder_bias``,
+``scripts/large_batch_experiment.py``'s training for a few epochs at each (``init_decoder_bias``,
 temperature) pair and batch size, and prints, per run, the dev nDCG@10 and the logged (step, loss,
 query non-zeros, document non-zeros): enough to see which starts survive. The numbers behind the
 experiment's choice of -1.4 are in docs/experiments.md.
@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from examples import large_batch_experiment as experiment
+import large_batch_experiment as experiment  # scripts/large_batch_experiment.py, beside this script
 
 
 def main() -> int:

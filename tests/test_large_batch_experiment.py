@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def experiment() -> ModuleType:
-    """examples/large_batch_experiment.py imported as a module."""
-    path = ROOT / "examples" / "large_batch_experiment.py"
+    """scripts/large_batch_experiment.py imported as a module."""
+    path = ROOT / "scripts" / "large_batch_experiment.py"
     spec = importlib.util.spec_from_file_location("large_batch_experiment", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["large_batch_experiment"] = module

@@ -40,9 +40,9 @@ to 64, dev abstracts to 256. bf16 on a GPU. Needs ``datasets`` (the trainer and 
 GPU machine, from the repository root (each call under 10 minutes; one JSON per run in ``--out``):
 
     export PYTHONPATH=$PWD:$PYTHONPATH
-    python examples/large_batch_experiment.py --batch_sizes 32 --out $OUT/lb
-    python examples/large_batch_experiment.py --batch_sizes 256,1024,4096 --out $OUT/lb
-    python examples/large_batch_experiment.py --report DIR1 DIR2 --out merged  # table + plot
+    python scripts/large_batch_experiment.py --batch_sizes 32 --out $OUT/lb
+    python scripts/large_batch_experiment.py --batch_sizes 256,1024,4096 --out $OUT/lb
+    python scripts/large_batch_experiment.py --report DIR1 DIR2 --out merged  # table + plot
 
 ``--smoke`` runs a CPU-sized version (bert-tiny, 64 pairs, batches 8 and 32, one epoch, a dev subset).
 """
