@@ -228,8 +228,8 @@ def test_kl_div_is_zero_when_student_agrees_and_teacher_gets_no_gradient() -> No
     assert all(float(r.grad.abs().max()) < 1e-6 for r in reps.values())
 
 
-@pytest.mark.parametrize("in_batch", [False, True])
-def test_splade_kl_div_is_exact_under_cached_loss(tiny_bert_config, in_batch: bool) -> None:
+@pytest.mark.parametrize(("in_batch", "score_block_size"), [(False, None), (True, None), (True, 3)])
+def test_splade_kl_div_is_exact_under_cached_loss(tiny_bert_config, in_batch: bool, score_block_size) -> None:
     """SpladeLoss with kl_div through CachedLoss equals the uncached loss and every parameter gradient."""
     from engine_helpers import assert_grads_close, grads_of, make_columns, make_encoder, small_config
 
@@ -253,6 +253,87 @@ def test_splade_kl_div_is_exact_under_cached_loss(tiny_bert_config, in_batch: bo
     # doubled or mis-scaled mini-batch is an O(1) error.
     torch.testing.assert_close(loss.detach(), ref_loss.detach(), rtol=1e-5, atol=0)
     assert_grads_close(grads_of(encoder), ref_grads, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------- blocked scores
+
+
+@pytest.mark.parametrize("k", [0, 2])
+@pytest.mark.parametrize("block_size", [1, 3, 4, 7, 10, 16])
+def test_blocked_info_nce_matches_dense_loss_and_grads(k: int, block_size: int) -> None:
+    """InfoNCE over score blocks (uneven splits included) equals the dense InfoNCE, loss and every gradient."""
+    reps = _batch(10, 48, k, seed=40 + k)
+    dense_in, blocked_in = _leaf_copies(reps), _leaf_copies(reps)
+    dense = info_nce_loss(dense_in, temperature=0.5)  # 10 x 10·(1+k) fp32 scores: the dense path
+    blocked = info_nce_loss(blocked_in, temperature=0.5, block_size=block_size)
+    # Same terms, another fp32 summation order: the FP32 tolerance applies.
+    torch.testing.assert_close(blocked, dense, **FP32_TOL)
+    dense.backward()
+    blocked.backward()
+    for name in reps:
+        torch.testing.assert_close(blocked_in[name].grad, dense_in[name].grad, **FP32_TOL)
+
+
+def test_blocked_info_nce_bf16_reps() -> None:
+    """Blocked InfoNCE on bf16 reps scores in fp32 and returns the fp32 gradient rounded once to bf16."""
+    reps = _batch(9, 64, 1, seed=44, dtype=torch.bfloat16)
+    blocked_in, full_in = _leaf_copies(reps), _leaf_copies(reps, torch.float32)
+    blocked = info_nce_loss(blocked_in, block_size=4)
+    full = info_nce_loss(full_in)  # dense, on fp32 copies of the same values
+    assert blocked.dtype == torch.float32
+    torch.testing.assert_close(blocked, full, **FP32_TOL)
+    blocked.backward()
+    full.backward()
+    for name in reps:
+        assert blocked_in[name].grad.dtype == torch.bfloat16
+        # fp32 gradients equal up to summation order, each rounded once to bf16: at most one bf16 ulp apart.
+        expected = full_in[name].grad.to(torch.bfloat16)
+        torch.testing.assert_close(blocked_in[name].grad, expected, rtol=2**-8, atol=1e-6)
+
+
+@pytest.mark.parametrize("block_size", [2, 5])
+def test_blocked_in_batch_kl_div_matches_dense(block_size: int) -> None:
+    """Listwise KL with in-batch negatives over score blocks equals its dense form, loss and every gradient."""
+    reps = _batch(6, 40, 2, seed=50)
+    teacher = torch.randn(6, 3, generator=torch.Generator().manual_seed(2)) * 3
+    dense_in, blocked_in = _leaf_copies(reps), _leaf_copies(reps)
+    dense = kl_div_loss(dense_in, teacher_scores=teacher, in_batch=True, temperature=2.0)
+    blocked = kl_div_loss(
+        blocked_in, teacher_scores=teacher, in_batch=True, temperature=2.0, block_size=block_size
+    )
+    torch.testing.assert_close(blocked, dense, **FP32_TOL)
+    dense.backward()
+    blocked.backward()
+    for name in reps:
+        torch.testing.assert_close(blocked_in[name].grad, dense_in[name].grad, **FP32_TOL)
+
+
+def test_scores_are_blocked_automatically_beyond_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dense below DENSE_SCORES_MAX_BYTES of fp32 scores, blocks of AUTO_BLOCK_SIZE above; SpladeLoss follows."""
+    import gradcache_sparton.losses.blocked as blocked_module
+    import gradcache_sparton.losses.contrastive as contrastive_module
+
+    assert blocked_module.score_block_size(8192, 2 * 8192, None) is None  # 512 MiB of fp32 scores
+    assert blocked_module.score_block_size(16384, 2 * 16384, None) == blocked_module.AUTO_BLOCK_SIZE  # 2 GiB
+    assert blocked_module.score_block_size(4, 8, 3) == 3  # an explicit block size always blocks
+    used: list[int] = []
+    blocked_logsumexp = contrastive_module.blocked_logsumexp
+
+    def recording(*args, block_size: int, **kwargs):
+        used.append(block_size)
+        return blocked_logsumexp(*args, block_size=block_size, **kwargs)
+
+    monkeypatch.setattr(contrastive_module, "blocked_logsumexp", recording)
+    reps = _batch(6, 30, 1, seed=9)
+    loss_fn = SpladeLoss(SpladeLossConfig())
+    dense, _ = loss_fn(reps)
+    assert used == []
+    monkeypatch.setattr(blocked_module, "DENSE_SCORES_MAX_BYTES", 4 * 6 * 12 - 1)  # one byte short of dense
+    monkeypatch.setattr(blocked_module, "AUTO_BLOCK_SIZE", 4)
+    blocked, _ = loss_fn(reps)
+    assert used == [4]
+    torch.testing.assert_close(blocked, dense, **FP32_TOL)
+    assert SpladeLoss(SpladeLossConfig(score_block_size=5))(reps)[0] is not None and used == [4, 5]
 
 
 # ----------------------------------------------------------------------------------------------- regularizers
@@ -508,6 +589,8 @@ def test_bad_reps_are_rejected() -> None:
         ({"contrastive": "margin_mse", "teacher_temperature": 2.0}, ValueError, "teacher_temperature"),
         ({"kl_in_batch": True}, ValueError, "kl_in_batch"),
         ({"contrastive": "kl_div", "kl_in_batch": 1}, TypeError, "kl_in_batch"),
+        ({"score_block_size": 0}, ValueError, "score_block_size"),
+        ({"contrastive": "kl_div", "score_block_size": 4}, ValueError, "score_block_size"),
     ],
 )
 def test_splade_config_rejects_bad_values(kwargs: dict, error: type, match: str) -> None:

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
+from gradcache_sparton.losses.blocked import blocked_logsumexp, check_block_size, score_block_size
+from gradcache_sparton.losses.columns import ContrastiveColumns, accumulation_dtype, split_columns
 from gradcache_sparton.losses.scores import _dot_scores, _paired_scores
 
 __all__ = ["check_teacher_scores", "check_temperature", "info_nce_loss", "kl_div_loss", "margin_mse_loss"]
@@ -32,7 +33,9 @@ def check_temperature(temperature: float, *, name: str = "temperature") -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {temperature}")
 
 
-def info_nce_loss(reps: Mapping[str, Tensor], *, temperature: float = 1.0) -> Tensor:
+def info_nce_loss(
+    reps: Mapping[str, Tensor], *, temperature: float = 1.0, block_size: int | None = None
+) -> Tensor:
     """InfoNCE (multiple-negatives ranking) with in-batch negatives and optional hard negatives.
 
     Query i is scored against every document of the batch: all B positives and all k·B hard negatives,
@@ -49,22 +52,37 @@ def info_nce_loss(reps: Mapping[str, Tensor], *, temperature: float = 1.0) -> Te
     bytes, 1.5 GiB at B = 8,192, k = 1, against 1 GiB for one fp32 [8,192, 30,522] column of reps;
     plus fp32 copies of bf16/fp16 reps. The [B, V] @ [V, B] products are taken column by column, so
     the documents are never concatenated into a [(1+k)·B, V] copy, and nothing of size B·B·V exists.
+    Beyond 1 GiB of fp32 scores (or with ``block_size``) the scores are computed in blocks and never
+    held whole (:mod:`.blocked`): memory O(block²) instead of O(B²), one extra matmul pass, the same
+    result up to fp32 summation order.
 
     Args:
         reps: column name -> [B, V] reps; queries, positives, then k >= 0 hard-negative columns.
         temperature: divides every score; must be > 0.
+        block_size: compute the scores in [block_size, block_size] blocks; None (default): blocks of
+            :data:`~gradcache_sparton.losses.blocked.AUTO_BLOCK_SIZE` only when the fp32 score matrix
+            would exceed :data:`~gradcache_sparton.losses.blocked.DENSE_SCORES_MAX_BYTES`.
 
     Returns:
         0-d fp32 loss (fp64 for fp64 reps).
     """
     check_temperature(temperature)
-    return _info_nce(split_columns(reps), temperature=temperature)
+    check_block_size(block_size)
+    return _info_nce(split_columns(reps), temperature=temperature, block_size=block_size)
 
 
-def _info_nce(columns: ContrastiveColumns, *, temperature: float) -> Tensor:
+def _info_nce(columns: ContrastiveColumns, *, temperature: float, block_size: int | None = None) -> Tensor:
     """:func:`info_nce_loss` of checked columns."""
     q_reps, pos_reps, neg_reps = columns
     B = q_reps.shape[0]
+    block = score_block_size(B, (1 + len(neg_reps)) * B, block_size)
+    if block is not None:
+        # -log softmax at the own positive = logsumexp over the batch's documents - the positive's score.
+        # Queries and positives feed both terms: one fp32 copy each, so their gradients are rounded once.
+        dtype = accumulation_dtype(q_reps, pos_reps)
+        q_reps, pos_reps = q_reps.to(dtype), pos_reps.to(dtype)
+        lse = blocked_logsumexp(q_reps, [pos_reps, *neg_reps], temperature=temperature, block_size=block)
+        return (lse - _paired_scores(q_reps, pos_reps) / temperature).mean()  # [B] -> []
     # (1+k) x ([B, V] @ [V, B] -> [B, B]), concatenated -> [B, (1+k)·B]; column j < B is positive j.
     scores = torch.cat([_dot_scores(q_reps, d_reps) for d_reps in (pos_reps, *neg_reps)], dim=1)
     # In place: cat's backward needs no saved tensors, so this spares one [B, (1+k)·B] buffer.
@@ -137,6 +155,7 @@ def kl_div_loss(
     temperature: float = 1.0,
     teacher_temperature: float = 1.0,
     in_batch: bool = False,
+    block_size: int | None = None,
 ) -> Tensor:
     """Listwise KL distillation (as SPLADE-v3 trains): match the teacher's softmax over each query's list.
 
@@ -158,17 +177,19 @@ def kl_div_loss(
         temperature: divides the student scores, > 0 (1.0: SPLADE's raw dot products).
         teacher_temperature: divides the teacher scores, > 0.
         in_batch: also normalise the student over the other queries' documents.
+        block_size: with ``in_batch``, the score blocks of :func:`info_nce_loss` (same automatic choice).
 
     Returns:
         0-d fp32 loss (fp64 for fp64 reps).
 
     Memory: k + 1 row-wise products [B, V] in fp32 and [B, 1+k] scores; with ``in_batch``, that of
-    :func:`info_nce_loss` (~12·(1+k)·B² bytes).
+    :func:`info_nce_loss` (~12·(1+k)·B² bytes, or blocks).
     """
     check_temperature(temperature)
     check_temperature(teacher_temperature, name="teacher_temperature")
     if not isinstance(in_batch, bool):
         raise TypeError(f"in_batch must be a bool, got {type(in_batch).__name__}")
+    check_block_size(block_size)
     columns = split_columns(reps)
     check_teacher_scores(columns, teacher_scores=teacher_scores, loss="kl_div_loss")
     return _kl_div(
@@ -177,6 +198,7 @@ def kl_div_loss(
         temperature=temperature,
         teacher_temperature=teacher_temperature,
         in_batch=in_batch,
+        block_size=block_size,
     )
 
 
@@ -187,17 +209,26 @@ def _kl_div(
     temperature: float,
     teacher_temperature: float,
     in_batch: bool,
+    block_size: int | None = None,
 ) -> Tensor:
     """:func:`kl_div_loss` of checked columns and teacher scores."""
     q_reps, pos_reps, neg_reps = columns
     d_columns = (pos_reps, *neg_reps)
-    if in_batch:
-        B, k = q_reps.shape[0], len(neg_reps)
+    B, k = q_reps.shape[0], len(neg_reps)
+    block = score_block_size(B, (1 + k) * B, block_size) if in_batch else None
+    if in_batch and block is None:
         # (1+k) x ([B, V] @ [V, B] -> [B, B]) -> [B, (1+k)·B]; query i's candidate j is column j·B + i.
         scores = torch.cat([_dot_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)
         log_student = F.log_softmax(scores / temperature, dim=1)  # [B, (1+k)·B]
         own = torch.arange(B, device=scores.device)[:, None] + B * torch.arange(1 + k, device=scores.device)
         log_student = log_student.gather(1, own)  # [B, (1+k)·B] -> [B, 1+k]
+    elif in_batch:  # normalised over the batch's documents, in blocks: log p = s / t - lse
+        # Every column feeds both terms: one fp32 copy each, so their gradients are rounded once.
+        dtype = accumulation_dtype(q_reps, *d_columns)
+        q_reps, d_columns = q_reps.to(dtype), tuple(d_reps.to(dtype) for d_reps in d_columns)
+        scores = torch.stack([_paired_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
+        lse = blocked_logsumexp(q_reps, d_columns, temperature=temperature, block_size=block)  # [B]
+        log_student = scores / temperature - lse[:, None]  # [B, 1+k]
     else:
         scores = torch.stack([_paired_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
         log_student = F.log_softmax(scores / temperature, dim=1)  # [B, 1+k]

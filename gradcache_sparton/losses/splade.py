@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gradcache_sparton.losses.blocked import check_block_size
 from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
 from gradcache_sparton.losses.contrastive import (
     _info_nce,
@@ -138,6 +139,14 @@ class SpladeLossConfig:
             "negatives, teacher probability 0). Costs InfoNCE's [B, (1+k)·B] scores."
         },
     )
+    score_block_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "infonce and kl_div with kl_in_batch: compute the [B, (1+k)·B] scores in blocks of this "
+            "many queries x documents (memory O(block²), not O(B²); one extra matmul pass; equal up to fp32 "
+            "summation order). Default: blocks of 4,096 only when the fp32 scores would exceed 1 GiB."
+        },
+    )
 
     def __post_init__(self) -> None:
         check_weight(self.query_reg_weight, name="query_reg_weight")
@@ -162,6 +171,16 @@ class SpladeLossConfig:
                 f"teacher_temperature and kl_in_batch apply to contrastive='kl_div' only, got "
                 f"teacher_temperature={self.teacher_temperature}, kl_in_batch={self.kl_in_batch} with "
                 f"contrastive={self.contrastive!r}"
+            )
+        check_block_size(self.score_block_size, name="score_block_size")
+        scores_whole_batch = self.contrastive == "infonce" or (
+            self.contrastive == "kl_div" and self.kl_in_batch
+        )
+        if self.score_block_size is not None and not scores_whole_batch:
+            raise ValueError(
+                f"score_block_size applies to contrastive='infonce' or 'kl_div' with kl_in_batch only (the "
+                f"losses with a [B, (1+k)·B] score matrix), got score_block_size={self.score_block_size} with "
+                f"contrastive={self.contrastive!r}, kl_in_batch={self.kl_in_batch}"
             )
         check_warmup(
             self.reg_warmup_steps,
@@ -299,7 +318,7 @@ class SpladeLoss:
 
     def __repr__(self) -> str:
         c = self.config
-        settings = ", ".join(f"{name}={value}" for name, value in self._contrastive_kwargs.items())
+        settings = ", ".join(f"{k}={v}" for k, v in self._contrastive_kwargs.items() if v is not None)
         contrastive = f"{c.contrastive}({settings})"
         return (
             f"SpladeLoss(contrastive={contrastive}, "
@@ -317,11 +336,12 @@ def _upcast(reps: Tensor) -> Tensor:
 def _contrastive_settings(config: SpladeLossConfig) -> dict[str, Any]:
     """The config's keyword arguments of its contrastive loss (the loss kwargs add per-batch tensors)."""
     if config.contrastive == "infonce":
-        return {"temperature": config.temperature}
+        return {"temperature": config.temperature, "block_size": config.score_block_size}
     if config.contrastive == "kl_div":
         return {
             "temperature": config.temperature,
             "teacher_temperature": config.teacher_temperature,
             "in_batch": config.kl_in_batch,
+            "block_size": config.score_block_size,
         }
     return {}
