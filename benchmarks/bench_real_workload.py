@@ -11,12 +11,14 @@ AdamW (lr 1e-5, fused on CUDA), bf16 autocast around the loss and its backward (
 
   ours-mb<N>        ``CachedLoss(SpladeEncoder, SpladeLoss, mini_batch_size=N)`` (the Sparton head);
   ours-tok<T>       the same with token-budget mini-batches of at most T tokens, when ``GradCache``
-                    offers them (detected from its signature; absent otherwise);
+                    offers them (detected from its signature, ``mini_batch_tokens``; absent otherwise):
+                    rows grouped by length, T bounds rows x the mini-batch's longest row;
   st-mb<N>          sentence-transformers' ``CachedSpladeLoss(SparseEncoder, SparseMultipleNegatives
                     RankingLoss(scale=1), document_regularizer_weight=3e-4, query_regularizer_weight=5e-4,
                     mini_batch_size=N)``; the SparseEncoder is ``Transformer(path, transformer_task=
                     "fill-mask")`` + ``SpladePooling("max")`` loaded from the same directory as ours;
-  st-tok<T>         the same with ``mini_batch_num_tokens=T``;
+  st-tok<T>         the same with ``mini_batch_num_tokens=T``: consecutive rows, T bounds their
+                    non-padding tokens;
   ours-uncached     ``SpladeLoss({column: encoder(**features)})`` at the effective batch, halved until it
                     fits (each size tried is a row).
 
