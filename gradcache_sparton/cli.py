@@ -3,8 +3,11 @@
 ``train`` parses :class:`~gradcache_sparton.arguments.ModelArguments`,
 :class:`~gradcache_sparton.arguments.DataArguments` and
 :class:`~gradcache_sparton.arguments.CachedSpladeTrainingArguments` with ``HfArgumentParser``. Values
-come from, in increasing priority: the dataclass defaults, a config file (``--config FILE.yaml|json``;
-without one, the shipped ``resources/default_train.yaml``, the embedded default run), then the flags.
+come from, in increasing priority: the dataclass defaults, a config file, then the flags. The config
+file is ``--config FILE.yaml|json``; ``--config default``, or no ``--config`` and no flag naming a model
+or training data, is the shipped ``resources/default_train.yaml`` (the embedded default run). A run that
+names its own model or data therefore never inherits the demo's steps, learning rate or lengths; every
+value a config file sets and no flag overrides is logged at the start.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["build_parser", "main"]
+
+logger = logging.getLogger(__name__)
 
 COMMANDS = {
     "train": "train a SPLADE model with GradCache (default: the embedded SciFact run)",
@@ -60,25 +65,84 @@ def _train_parser() -> Any:
     )
     parser.add_argument(
         "--config",
-        type=Path,
         default=None,
-        help="YAML or JSON file of argument values (default: resources/default_train.yaml, the embedded run).",
+        help="YAML or JSON file of argument values, or 'default' (resources/default_train.yaml, the embedded "
+        "run). Without --config the embedded run applies only if no flag names a model or training data.",
     )
     return parser
 
 
+# Flags that name the model or the training data (besides every ModelArguments field): with any of them
+# and no --config, the embedded default run's values do not apply.
+_DATA_FLAGS = ("train_data", "train_beir", "self_supervised_corpus")
+DEFAULT_CONFIG = "default"
+
+
+def _argument_names() -> dict[str, set[str]]:
+    """The ``train`` argument names of each dataclass (public ``dataclasses.fields``), keyed by its role."""
+    from dataclasses import fields
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+
+    roles = {"model": ModelArguments, "data": DataArguments, "training": CachedSpladeTrainingArguments}
+    return {role: {f.name for f in fields(cls) if f.init} for role, cls in roles.items()}
+
+
+def _named_flags(argv: Sequence[str], known: set[str]) -> set[str]:
+    """Argument names given as flags in ``argv`` (``--name``, ``--name=value``, ``--no_name``)."""
+    named = set()
+    for token in argv:
+        if not token.startswith("--"):
+            continue
+        name = token[2:].split("=", 1)[0]
+        if name not in known and name.startswith("no_") and name[3:] in known:
+            name = name[3:]  # HfArgumentParser's --no_<flag> for a bool field that defaults to True
+        named.add(name)
+    return named
+
+
+def _config_path(config: str | None, named: set[str], names: dict[str, set[str]]) -> Path | None:
+    """The config file this run reads: ``--config``, else the embedded run unless a model or data is named."""
+    from gradcache_sparton.resources import default_train_config_path
+
+    if config is not None:
+        return default_train_config_path() if config == DEFAULT_CONFIG else Path(config)
+    naming = sorted(named & (names["model"] | set(_DATA_FLAGS)))
+    if naming:
+        logger.info(
+            "No --config and %s given: the embedded default run (resources/default_train.yaml) does not apply; "
+            "unset arguments take the dataclass defaults (--config default starts from the embedded run).",
+            ", ".join(f"--{name}" for name in naming),
+        )
+        return None
+    return default_train_config_path()
+
+
 def _load_config(path: Path) -> dict[str, Any]:
+    """The mapping of argument names to values in a YAML or JSON file; ``ValueError`` naming file and line."""
     if not path.is_file():
-        raise ValueError(f"--config {str(path)!r} does not exist")
+        raise ValueError(f"--config {str(path)!r} does not exist (give a .yaml/.json file or 'default')")
     text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() in (".yaml", ".yml"):
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
         import yaml
 
-        values = yaml.safe_load(text) or {}
-    elif path.suffix.lower() == ".json":
-        values = json.loads(text)
+        try:
+            values = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ValueError(f"--config {str(path)!r}{where}: not valid YAML ({problem})") from None
+    elif suffix == ".json":
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"--config {str(path)!r} line {exc.lineno}: not valid JSON ({exc.msg})"
+            ) from None
     else:
-        raise ValueError(f"--config must be a .yaml, .yml or .json file, got {str(path)!r}")
+        raise ValueError(f"--config must be a .yaml, .yml or .json file or 'default', got {str(path)!r}")
     if not isinstance(values, dict):
         raise ValueError(f"--config {str(path)!r} must hold a mapping of argument names to values")
     return values
@@ -86,20 +150,27 @@ def _load_config(path: Path) -> dict[str, Any]:
 
 def _train(argv: Sequence[str]) -> int:
     from gradcache_sparton.pipeline import run_training
-    from gradcache_sparton.resources import RESOURCES_DIR
 
     parser = _train_parser()
     pre, _ = parser.parse_known_args(argv)
-    config_path = pre.config if pre.config is not None else RESOURCES_DIR / "default_train.yaml"
-    config = _load_config(config_path)
-    known = {action.dest for action in parser._actions}
+    names = _argument_names()
+    known = set().union(*names.values())
+    named = _named_flags(argv, known | {"config"})
+    config_path = _config_path(pre.config, named, names)
+    config = {} if config_path is None else _load_config(config_path)
     unknown = sorted(set(config) - known)
     if unknown:
         raise ValueError(f"--config {str(config_path)!r} has unknown argument(s) {unknown}")
     parser.set_defaults(**config)
     model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(args=list(argv))
     del rest  # only --config, already read
-    logging.getLogger(__name__).info("config: %s", config_path)
+    if config_path is not None:
+        applied = {k: v for k, v in config.items() if k not in named}
+        logger.info(
+            "config %s sets (no flag overrides them): %s",
+            config_path,
+            ", ".join(f"{k}={v!r}" for k, v in applied.items()) or "nothing",
+        )
     metrics = run_training(model_args, data_args, training_args)
     if training_args.process_index == 0:  # under DDP, one summary rather than one per process
         print(json.dumps({"output_dir": training_args.output_dir, **metrics}, indent=2))
@@ -107,6 +178,7 @@ def _train(argv: Sequence[str]) -> int:
 
 
 def _evaluate(argv: Sequence[str]) -> int:
+    from gradcache_sparton.evaluation import DEFAULT_MEASURES, PruningBudget, format_table
     from gradcache_sparton.pipeline import run_evaluation
 
     parser = argparse.ArgumentParser(
@@ -115,18 +187,42 @@ def _evaluate(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--model_name_or_path", required=True, help="Local checkpoint folder (from `train`).")
     parser.add_argument(
-        "--beir_path", default=None, help="BEIR folder; default: the shipped SciFact dev sample."
+        "--beir_path",
+        nargs="+",
+        default=None,
+        help="One or more BEIR folders (a per-dataset table and the mean); default: the shipped SciFact dev sample.",
     )
     parser.add_argument("--split", default="dev", help="qrels split (qrels/<split>.tsv).")
     parser.add_argument("--query_max_length", type=int, default=32)
     parser.add_argument("--document_max_length", type=int, default=256)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
-    parser.add_argument("--output_file", type=Path, default=None, help="Also write the metrics as JSON here.")
+    parser.add_argument(
+        "--measures",
+        nargs="+",
+        default=None,
+        help=f"ir_measures names, e.g. nDCG@10 RR@10 R@100 AP P@5 (default: {' '.join(DEFAULT_MEASURES)}, "
+        "the recall cutoff following --top_k).",
+    )
+    parser.add_argument("--top_k", type=int, default=100, help="Documents retrieved per query.")
+    parser.add_argument(
+        "--budgets",
+        nargs="+",
+        default=["full"],
+        help="Pruning budgets Q:D[:T] (query top-k, document top-k: an int or 'all'; weight threshold), "
+        "e.g. full 64:256 32:128 all:all:0.5: metrics and index size (postings) at each.",
+    )
+    parser.add_argument(
+        "--output_file",
+        type=Path,
+        default=None,
+        help="Also write the metrics as JSON here, and each TREC run beside it (<stem>.<dataset>.<budget>.trec).",
+    )
     args = parser.parse_args(argv)
+    budgets = [PruningBudget.parse(text) for text in args.budgets]
     if args.output_file is not None:
         _prepare_output_file(args.output_file)  # before any work: a result is never lost to a bad path
-    metrics = run_evaluation(
+    result = run_evaluation(
         args.model_name_or_path,
         beir_path=args.beir_path,
         split=args.split,
@@ -134,8 +230,14 @@ def _evaluate(argv: Sequence[str]) -> int:
         document_max_length=args.document_max_length,
         batch_size=args.batch_size,
         device=args.device,
+        measures=args.measures,
+        top_k=args.top_k,
+        budgets=budgets,
+        run_prefix=None if args.output_file is None else args.output_file.with_suffix(""),
     )
-    text = json.dumps(metrics, indent=2)
+    if all(isinstance(row, dict) for row in result.values()):  # a table: one row per dataset / budget
+        print(format_table(result), file=sys.stderr)
+    text = json.dumps(result, indent=2)
     print(text, flush=True)  # first: the metrics reach the terminal even if writing the file fails
     if args.output_file is not None:
         args.output_file.write_text(text + "\n", encoding="utf-8")

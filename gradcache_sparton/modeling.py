@@ -31,21 +31,31 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModelForMaskedLM, PreTrainedConfig, PreTrainedTokenizerBase
-from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
+from transformers import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
+    MODEL_FOR_MASKED_LM_MAPPING,
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    PreTrainedConfig,
+    PreTrainedTokenizerBase,
+)
 
 from gradcache_sparton.kernels import SpartonHead
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["SPLADE_CONFIG_NAME", "SpladeEncoder", "supported_masked_lm_classes"]
+__all__ = ["SPLADE_CONFIG_NAME", "SpladeEncoder", "register_masked_lm", "supported_masked_lm_classes"]
 
 #: File written next to the backbone's checkpoint holding the SPLADE options (pooling, masked ids).
 SPLADE_CONFIG_NAME = "splade_config.json"
 
 # SPLADE v2 and later max-pool over the sequence; that is the only pooling the fused head computes.
 _POOLINGS = ("max",)
+
+# Options beyond pooling and masked ids, saved in splade_config.json only when set.
+_DECODER_OPTIONS = ("prefix_length", "bidirectional", "echo")
 
 # Hub-location arguments of ``from_pretrained`` that also apply to reading the config alone.
 _CONFIG_LOCATION_KWARGS = ("cache_dir", "revision", "subfolder", "token", "local_files_only")
@@ -69,6 +79,16 @@ def _roberta_transform(model: nn.Module, hidden_states: Tensor) -> Tensor:
     return head.layer_norm(gelu(head.dense(hidden_states)))
 
 
+def _modernbert_transform(model: nn.Module, hidden_states: Tensor) -> Tensor:
+    """ModernBERT: ``head`` (dense → config.classifier_activation → LayerNorm), then ``decoder``."""
+    return model.head(hidden_states)
+
+
+def _decoder_only_transform(model: nn.Module, hidden_states: Tensor) -> Tensor:
+    """Decoder-only LMs: none. The final norm is inside the base model; ``lm_head`` reads its output."""
+    return hidden_states
+
+
 @functools.cache
 def _lm_transforms() -> dict[type, Callable[[nn.Module, Tensor], Tensor]]:
     """Masked-LM class -> its LM transform, the step between the base model's output and the decoder.
@@ -80,6 +100,11 @@ def _lm_transforms() -> dict[type, Callable[[nn.Module, Tensor], Tensor]]:
     from transformers import (
         BertForMaskedLM,
         DistilBertForMaskedLM,
+        LlamaForCausalLM,
+        MistralForCausalLM,
+        ModernBertForMaskedLM,
+        Qwen2ForCausalLM,
+        Qwen3ForCausalLM,
         RobertaForMaskedLM,
         XLMRobertaForMaskedLM,
     )
@@ -87,14 +112,58 @@ def _lm_transforms() -> dict[type, Callable[[nn.Module, Tensor], Tensor]]:
     return {
         BertForMaskedLM: _bert_transform,
         DistilBertForMaskedLM: _distilbert_transform,
+        ModernBertForMaskedLM: _modernbert_transform,
         RobertaForMaskedLM: _roberta_transform,
         XLMRobertaForMaskedLM: _roberta_transform,
+        # Decoder-only: the head ties to lm_head (no bias; tied or untied input embeddings).
+        LlamaForCausalLM: _decoder_only_transform,
+        MistralForCausalLM: _decoder_only_transform,
+        Qwen2ForCausalLM: _decoder_only_transform,
+        Qwen3ForCausalLM: _decoder_only_transform,
     }
 
 
+def _is_decoder_only(model_class: type) -> bool:
+    return _lm_transforms().get(model_class) is _decoder_only_transform
+
+
 def supported_masked_lm_classes() -> tuple[str, ...]:
-    """Names of the masked-LM classes ``SpladeEncoder`` knows the LM transform of."""
+    """Names of the backbone classes ``SpladeEncoder`` knows the LM transform of (masked and decoder-only LMs)."""
     return tuple(sorted(cls.__name__ for cls in _lm_transforms()))
+
+
+def register_masked_lm(model_class: type, transform: Callable[[nn.Module, Tensor], Tensor]) -> None:
+    """Teach :class:`SpladeEncoder` a masked-LM class whose head is a transform followed by a linear decoder.
+
+    The model's logits must be ``model.get_output_embeddings()(transform(model, H))``, with H [B, S, D]
+    the last hidden states of ``model.base_model`` and the decoder an ``nn.Linear(D, V)``: the encoder
+    then computes the SPLADE reps of those logits with the fused head, never forming them. Check it
+    as the tests do for the built-in families: reps and every gradient against
+    ``log1p(relu(model(**features).logits))`` max-pooled over S.
+
+    ``from_config`` / ``from_pretrained`` also need the class to be its config's
+    ``AutoModelForMaskedLM`` class (``AutoModelForMaskedLM.register(ConfigClass, model_class)``).
+    Registering the same transform again is a no-op.
+
+    Args:
+        model_class: the exact ``PreTrainedModel`` subclass (subclasses are not covered: they may
+            change the forward).
+        transform: ``transform(model, hidden_states [B, S, D]) -> [B, S, D]``, the decoder's input.
+
+    Raises:
+        TypeError: ``model_class`` is not a ``PreTrainedModel`` subclass, ``transform`` not callable.
+        ValueError: ``model_class`` is registered with another transform.
+    """
+    from transformers import PreTrainedModel
+
+    if not isinstance(model_class, type) or not issubclass(model_class, PreTrainedModel):
+        raise TypeError(f"model_class must be a PreTrainedModel subclass, got {model_class!r}")
+    if not callable(transform):
+        raise TypeError(f"transform must be callable as transform(model, hidden_states), got {transform!r}")
+    transforms = _lm_transforms()
+    if transforms.get(model_class, transform) is not transform:
+        raise ValueError(f"{model_class.__name__} is already registered with another transform")
+    transforms[model_class] = transform
 
 
 def _unsupported_message(class_name: str) -> str:
@@ -108,6 +177,10 @@ def _masked_lm_class_for(config: PreTrainedConfig) -> type:
     """The ``AutoModelForMaskedLM`` class of ``config``, checked to be supported (before any weights load)."""
     if not isinstance(config, PreTrainedConfig):
         raise TypeError(f"config must be a transformers PreTrainedConfig, got {type(config).__name__}")
+    if type(config) not in MODEL_FOR_MASKED_LM_MAPPING and type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        causal_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        if _is_decoder_only(causal_class):
+            return causal_class
     if type(config) not in MODEL_FOR_MASKED_LM_MAPPING:
         raise ValueError(
             f"config is a {type(config).__name__}, which has no masked-LM class in AutoModelForMaskedLM: "
@@ -117,6 +190,60 @@ def _masked_lm_class_for(config: PreTrainedConfig) -> type:
     if model_class not in _lm_transforms():
         raise ValueError(_unsupported_message(model_class.__name__))
     return model_class
+
+
+def _auto_class(model_class: type) -> type:
+    """The Auto class that builds ``model_class`` from its config: masked-LM, or causal-LM for decoders."""
+    return AutoModelForCausalLM if _is_decoder_only(model_class) else AutoModelForMaskedLM
+
+
+# Attention implementations that read a [B, 1, S, S] mask as given (transformers passes a 4-D mask on
+# unchanged), which is how bidirectional attention replaces the causal one.
+_BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
+
+
+def _check_attention_implementation(model: nn.Module) -> None:
+    implementation = model.config._attn_implementation
+    if implementation not in _BIDIRECTIONAL_ATTENTION:
+        raise ValueError(
+            f"bidirectional=True needs attn_implementation in {_BIDIRECTIONAL_ATTENTION}, got {implementation!r} "
+            "(flash attention kernels take causality from the layer, not from the mask)"
+        )
+
+
+def _bidirectional_mask(model: nn.Module, attention_mask: Tensor) -> Tensor:
+    """[B, S] padding mask -> [B, 1, S, S]: every query attends to every attended key, later ones too."""
+    _check_attention_implementation(model)
+    S = attention_mask.shape[1]
+    keys = attention_mask.bool()[:, None, None, :].expand(-1, 1, S, -1)  # [B, 1, S, S]
+    if model.config._attn_implementation == "sdpa":
+        return keys  # bool: True attends
+    # eager adds the mask to the scores: 0 where attended, the dtype's minimum elsewhere.
+    dtype = model.dtype
+    return torch.zeros(keys.shape, dtype=dtype, device=keys.device).masked_fill(~keys, torch.finfo(dtype).min)
+
+
+def _echo_inputs(
+    input_ids: Tensor, attention_mask: Tensor, pool_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Each row's attended tokens twice, right-padded to [B, 2S]; only the second copy keeps ``pool_mask``.
+
+    Row b with L_b attended tokens t (in order, wherever its padding was) becomes [t, t] (2·L_b
+    tokens) then padding; position p < L_b reads t[p], L_b <= p < 2·L_b reads t[p - L_b].
+    """
+    B, S = input_ids.shape
+    attended = attention_mask.bool()  # [B, S]
+    # Stable sort puts the attended positions first, in order: a left-padded row is compacted too.
+    order = torch.sort((~attended).to(torch.int8), dim=1, stable=True).indices  # [B, S]
+    ids, pool = input_ids.gather(1, order), pool_mask.gather(1, order)  # [B, S]
+    lengths = attended.sum(dim=1, keepdim=True)  # [B, 1]
+    position = torch.arange(2 * S, device=input_ids.device).expand(B, -1)  # [B, 2S]
+    second = position >= lengths  # [B, 2S]
+    source = torch.where(second, position - lengths, position).clamp(max=S - 1)  # [B, 2S]
+    echo_mask = position < 2 * lengths  # [B, 2S]
+    echo_ids = ids.gather(1, source).masked_fill(~echo_mask, 0)  # [B, 2S]
+    echo_pool = pool.gather(1, source) & second & echo_mask  # [B, 2S]
+    return echo_ids, echo_mask.to(attention_mask.dtype), echo_pool
 
 
 class SpladeEncoder(nn.Module):
@@ -129,7 +256,8 @@ class SpladeEncoder(nn.Module):
     ``state_dict()`` lists the head's two tensors again as aliases ``head.weight`` / ``head.bias``.
 
     Supported backbones (exact classes): see :func:`supported_masked_lm_classes` — BERT, DistilBERT,
-    RoBERTa and XLM-RoBERTa masked-LMs.
+    ModernBERT, RoBERTa and XLM-RoBERTa masked-LMs, and any class added with
+    :func:`register_masked_lm`.
 
     Args:
         model: a masked-LM ``PreTrainedModel`` (e.g. from ``AutoModelForMaskedLM``).
@@ -137,6 +265,13 @@ class SpladeEncoder(nn.Module):
         special_token_ids: token ids whose positions are dropped from the max, on top of the attention
             mask (e.g. ``tokenizer.all_special_ids`` to keep [CLS]/[SEP]/[PAD] out of the reps). Empty
             (the default, as in the reference SPLADE models): every attended position counts.
+        prefix_length: the first ``prefix_length`` attended tokens of every text (e.g. a fixed
+            instruction prompt) are dropped from the max; the backbone still reads them. 0: none.
+        bidirectional: decoder-only backbones only: every token attends to every attended token,
+            later ones included, instead of the causal mask (full attention, no sliding window;
+            the ``sdpa`` and ``eager`` attention implementations). Off: the family's own attention.
+        echo: decoder-only backbones only: the backbone reads each text twice and only the second
+            copy is pooled, so every pooled token has seen the whole text (echo embeddings).
     """
 
     def __init__(
@@ -145,6 +280,9 @@ class SpladeEncoder(nn.Module):
         *,
         pooling: str = "max",
         special_token_ids: Sequence[int] = (),
+        prefix_length: int = 0,
+        bidirectional: bool = False,
+        echo: bool = False,
     ) -> None:
         super().__init__()
         from transformers import PreTrainedModel
@@ -169,8 +307,23 @@ class SpladeEncoder(nn.Module):
         if bad:
             raise ValueError(f"special_token_ids must be ints in [0, {vocab_size}), got {bad}")
         ids = sorted(set(ids))
+        if isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 0:
+            raise ValueError(f"prefix_length must be an int >= 0, got {prefix_length!r}")
+        for name, value in (("bidirectional", bidirectional), ("echo", echo)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+            if value and not _is_decoder_only(type(model)):
+                raise ValueError(
+                    f"{name}=True is for decoder-only backbones, got {type(model).__name__} (a masked LM "
+                    "already attends both ways and pools every position)"
+                )
+        if bidirectional:
+            _check_attention_implementation(model)
 
         self.model = model
+        self.prefix_length = prefix_length
+        self.bidirectional = bidirectional
+        self.echo = echo
         self.head = SpartonHead.from_decoder(decoder)
         self.pooling = pooling
         # Not persistent: the ids live in splade_config.json, the state dict stays the backbone's.
@@ -190,12 +343,23 @@ class SpladeEncoder(nn.Module):
         *,
         pooling: str = "max",
         special_token_ids: Sequence[int] = (),
+        prefix_length: int = 0,
+        bidirectional: bool = False,
+        echo: bool = False,
         **model_kwargs: Any,
     ) -> SpladeEncoder:
-        """A randomly initialised encoder (``AutoModelForMaskedLM.from_config(config, **model_kwargs)``)."""
-        _masked_lm_class_for(config)
-        model = AutoModelForMaskedLM.from_config(config, **model_kwargs)
-        return cls(model, pooling=pooling, special_token_ids=special_token_ids)
+        """A randomly initialised encoder (``AutoModelForMaskedLM.from_config(config, **model_kwargs)``,
+        ``AutoModelForCausalLM`` for a decoder-only family)."""
+        model_class = _masked_lm_class_for(config)
+        model = _auto_class(model_class).from_config(config, **model_kwargs)
+        return cls(
+            model,
+            pooling=pooling,
+            special_token_ids=special_token_ids,
+            prefix_length=prefix_length,
+            bidirectional=bidirectional,
+            echo=echo,
+        )
 
     @classmethod
     def from_pretrained(
@@ -204,9 +368,12 @@ class SpladeEncoder(nn.Module):
         *,
         pooling: str | None = None,
         special_token_ids: Sequence[int] | None = None,
+        prefix_length: int | None = None,
+        bidirectional: bool | None = None,
+        echo: bool | None = None,
         **model_kwargs: Any,
     ) -> SpladeEncoder:
-        """Load a masked-LM checkpoint (ours or any standard one) and wrap it.
+        """Load a masked-LM (or supported decoder-only LM) checkpoint, ours or any standard one, and wrap it.
 
         ``model_kwargs`` go to ``AutoModelForMaskedLM.from_pretrained``; ``local_files_only`` defaults
         to True (training runs never reach the hub; pass False to allow a download). ``pooling`` and
@@ -220,12 +387,19 @@ class SpladeEncoder(nn.Module):
             options["pooling"] = pooling
         if special_token_ids is not None:
             options["special_token_ids"] = special_token_ids
+        for name, value in (
+            ("prefix_length", prefix_length),
+            ("bidirectional", bidirectional),
+            ("echo", echo),
+        ):
+            if value is not None:
+                options[name] = value
         config = model_kwargs.get("config")
         if not isinstance(config, PreTrainedConfig):
             location = {k: model_kwargs[k] for k in _CONFIG_LOCATION_KWARGS if k in model_kwargs}
             config = AutoConfig.from_pretrained(path, **location)
-        _masked_lm_class_for(config)
-        model = AutoModelForMaskedLM.from_pretrained(path, **model_kwargs)
+        model_class = _masked_lm_class_for(config)
+        model = _auto_class(model_class).from_pretrained(path, **model_kwargs)
         return cls(model, **options)
 
     # ------------------------------------------------------------------ interface
@@ -276,6 +450,11 @@ class SpladeEncoder(nn.Module):
         """[B, S] features -> [B, S, D] LM-transformed hidden states, the head's (and decoder's) input."""
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
+        if _is_decoder_only(type(self.model)):
+            # Positions count attended tokens, so left- and right-padded rows read the same.
+            kwargs.setdefault("position_ids", (attention_mask.long().cumsum(-1) - 1).clamp(min=0))  # [B, S]
+            if self.bidirectional:
+                attention_mask = _bidirectional_mask(self.model, attention_mask)  # [B, 1, S, S]
         hidden_states = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)[0]
         return _lm_transforms()[type(self.model)](self.model, hidden_states)  # [B, S, D]
 
@@ -296,12 +475,20 @@ class SpladeEncoder(nn.Module):
                 "the SPLADE head no longer shares the decoder's parameters (was the decoder replaced?): "
                 "call encoder.tie_weights()"
             )
-        hidden_states = self.token_hidden_states(input_ids, attention_mask, token_type_ids, **kwargs)
         # Non-zero means "attend", as the backbone itself reads the mask (transformers casts it to bool).
         # A bool mask also spares the head its 0/1 value check, a device sync per call.
         mask = attention_mask.bool()  # [B, S]
         if self._special_token_ids.numel() > 0:
             mask = mask & ~torch.isin(input_ids, self._special_token_ids)  # [B, S]
+        if self.prefix_length > 0:
+            mask = mask & (attention_mask.long().cumsum(-1) > self.prefix_length)  # [B, S]
+        if self.echo:
+            if token_type_ids is not None or "position_ids" in kwargs:
+                raise ValueError(
+                    "echo=True builds its own inputs: token_type_ids and position_ids are not accepted"
+                )
+            input_ids, attention_mask, mask = _echo_inputs(input_ids, attention_mask, mask)  # [B, 2S] each
+        hidden_states = self.token_hidden_states(input_ids, attention_mask, token_type_ids, **kwargs)
         return self.head(hidden_states, mask)  # [B, S, D] · [V, D] -> [B, V], logits never formed
 
     # ------------------------------------------------------------------ checkpointing and saving
@@ -365,14 +552,20 @@ class SpladeEncoder(nn.Module):
         if not is_main_process:
             return
         options = {"pooling": self.pooling, "special_token_ids": list(self.special_token_ids)}
+        # The decoder-only options only when set, so other checkpoints keep the two-key file.
+        options.update({name: value for name, value in self._pooling_options().items() if value})
         with open(os.path.join(save_directory, SPLADE_CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(options, f, indent=2)
             f.write("\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(save_directory)
 
+    def _pooling_options(self) -> dict[str, Any]:
+        return {"prefix_length": self.prefix_length, "bidirectional": self.bidirectional, "echo": self.echo}
+
     def extra_repr(self) -> str:
-        return f"pooling={self.pooling!r}, special_token_ids={list(self.special_token_ids)}"
+        options = "".join(f", {name}={value!r}" for name, value in self._pooling_options().items() if value)
+        return f"pooling={self.pooling!r}, special_token_ids={list(self.special_token_ids)}{options}"
 
 
 def _backbone_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -396,8 +589,9 @@ def _read_splade_config(path: str) -> dict[str, Any]:
         return {}
     with open(file, encoding="utf-8") as f:
         options = json.load(f)
-    if not isinstance(options, dict) or set(options) - {"pooling", "special_token_ids"}:
+    if not isinstance(options, dict) or set(options) - {"pooling", "special_token_ids", *_DECODER_OPTIONS}:
         raise ValueError(
-            f"{file} must hold a JSON object with pooling and special_token_ids, got {options!r}"
+            f"{file} must hold a JSON object with pooling and special_token_ids (and optionally "
+            f"{', '.join(_DECODER_OPTIONS)}), got {options!r}"
         )
     return options

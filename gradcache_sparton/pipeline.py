@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,17 @@ from gradcache_sparton.data import (
     read_corpus,
     self_supervised_pairs,
 )
-from gradcache_sparton.evaluation import RetrievalEvalCallback, SparseRetrievalEvaluator
+from gradcache_sparton.evaluation import (
+    PruningBudget,
+    RetrievalEvalCallback,
+    SparseRetrievalEvaluator,
+    check_trec_ids,
+    mean_metrics,
+    write_trec_run,
+)
 from gradcache_sparton.modeling import SpladeEncoder
 from gradcache_sparton.resources import default_tokenizer_path
-from gradcache_sparton.trainer import CachedSpladeTrainer
+from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
 
 __all__ = [
     "build_encoder",
@@ -143,6 +151,8 @@ def _beir_evaluator(
     query_max_length: int,
     document_max_length: int,
     batch_size: int,
+    top_k: int = 100,
+    measures: Sequence[str] | None = None,
 ) -> SparseRetrievalEvaluator:
     """A :class:`SparseRetrievalEvaluator` on a BEIR folder; ``"default"`` is the shipped dev sample (split dev)."""
     if folder == "default":
@@ -153,6 +163,8 @@ def _beir_evaluator(
         query_max_length=query_max_length,
         document_max_length=document_max_length,
         batch_size=batch_size,
+        top_k=top_k,
+        measures=measures,
     )
 
 
@@ -160,16 +172,18 @@ def run_training(
     model_args: ModelArguments, data_args: DataArguments, training_args: CachedSpladeTrainingArguments
 ) -> dict[str, float]:
     """Train, save the final checkpoint to ``output_dir`` and return the training + retrieval metrics."""
-    set_seed(training_args.seed)  # the random init too, not only what the Trainer seeds later
-    tokenizer = build_tokenizer(model_args)
-    encoder = build_encoder(model_args, tokenizer)
+    # Data, run checks and evaluator first: a bad argument stops the run before the model is built.
     train_dataset = build_train_dataset(data_args, seed=training_args.seed)
+    validate_run(training_args, num_train_rows=len(train_dataset))
+    tokenizer = build_tokenizer(model_args)
     evaluator = build_evaluator(
         data_args,
         tokenizer,
         query_max_length=training_args.query_max_length,
         document_max_length=training_args.document_max_length,
     )
+    set_seed(training_args.seed)  # the random init too, not only what the Trainer seeds later
+    encoder = build_encoder(model_args, tokenizer)
     if evaluator is not None and torch.cuda.is_available() and training_args.bf16:
         evaluator.autocast_dtype = torch.bfloat16
     trainer = CachedSpladeTrainer(
@@ -195,25 +209,67 @@ def run_training(
 def run_evaluation(
     model_name_or_path: str,
     *,
-    beir_path: str | None = None,
+    beir_path: str | Sequence[str] | None = None,
     split: str = "dev",
     query_max_length: int = 32,
     document_max_length: int = 256,
     batch_size: int = 64,
     device: str | None = None,
-) -> dict[str, float]:
-    """Retrieval metrics of a saved checkpoint on a BEIR folder (default: the shipped SciFact dev sample)."""
+    measures: Sequence[str] | None = None,
+    top_k: int = 100,
+    budgets: Sequence[PruningBudget] = (PruningBudget(),),
+    run_prefix: str | Path | None = None,
+) -> dict[str, Any]:
+    """Retrieval metrics of a saved checkpoint on one or several BEIR folders (default: the shipped
+    SciFact dev sample), at one or several pruning budgets.
+
+    One folder and one budget: its metrics as a flat dict (``ndcg_at_10``, ...). Otherwise a table,
+    row label -> metrics: ``<dataset>`` (or ``<dataset> <budget>``) per folder, then ``mean`` (or
+    ``mean <budget>``) over the folders when there are several. A dataset is named by its folder.
+    Every folder is loaded and checked, and every measure parsed, before the model is loaded. With
+    ``run_prefix``, each row's TREC run is written to ``{run_prefix}.{dataset}.{budget}.trec``.
+    """
+    folders = [beir_path or "default"] if beir_path is None or isinstance(beir_path, str) else list(beir_path)
+    if not folders:
+        raise ValueError("beir_path is an empty list: give at least one BEIR folder")
+    if not budgets or len({b.name for b in budgets}) != len(budgets):
+        raise ValueError(f"budgets must be distinct and at least one, got {[b.name for b in budgets]}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here: use --device cpu")
     model_args = ModelArguments(model_name_or_path=model_name_or_path)
     tokenizer = build_tokenizer(model_args)
+    evaluators: dict[str, SparseRetrievalEvaluator] = {}
+    for folder in folders:
+        name = "scifact-dev" if folder == "default" else "_".join(Path(folder).name.split())
+        name = name if name not in evaluators else f"{name}-{len(evaluators)}"
+        evaluators[name] = _beir_evaluator(
+            folder,
+            split,
+            tokenizer,
+            query_max_length=query_max_length,
+            document_max_length=document_max_length,
+            batch_size=batch_size,
+            top_k=top_k,
+            measures=measures,
+        )
+        if run_prefix is not None:
+            check_trec_ids(evaluators[name].query_ids, name=f"{folder}: query")
+            check_trec_ids(evaluators[name].doc_ids, name=f"{folder}: doc")
     encoder = build_encoder(model_args, tokenizer)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     encoder.to(device).eval()
-    evaluator = _beir_evaluator(
-        beir_path or "default",
-        split,
-        tokenizer,
-        query_max_length=query_max_length,
-        document_max_length=document_max_length,
-        batch_size=batch_size,
-    )
-    return evaluator(encoder)
+    table: dict[str, dict[str, float]] = {}
+    by_budget: dict[str, list[dict[str, float]]] = {}
+    for name, evaluator in evaluators.items():
+        for result in evaluator.evaluate(encoder, budgets=budgets):
+            budget = result.budget.name
+            table[name if len(budgets) == 1 else f"{name} {budget}"] = result.metrics
+            by_budget.setdefault(budget, []).append(result.metrics)
+            if run_prefix is not None:
+                write_trec_run(f"{run_prefix}.{name}.{budget}.trec", result.run, tag=f"{name}.{budget}")
+    if len(evaluators) == 1 and len(budgets) == 1:
+        return next(iter(table.values()))
+    if len(evaluators) > 1:
+        for budget, rows in by_budget.items():
+            table["mean" if len(budgets) == 1 else f"mean {budget}"] = mean_metrics(rows)
+    return table

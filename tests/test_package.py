@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import importlib.metadata
 import subprocess
 import sys
 
@@ -22,7 +22,8 @@ def test_import_exposes_public_api() -> None:
 
 
 def test_cli_help_and_version(capsys) -> None:
-    """`gradcache-sparton --help` and `--version` print and exit 0 (in-process and as a console script)."""
+    """`gradcache-sparton --help` and `--version` print and exit 0 (in-process and as `python -m`); the console
+    script is declared."""
     for flag, expected in (
         ("--help", "usage: gradcache-sparton"),
         ("--version", gradcache_sparton.__version__),
@@ -32,10 +33,12 @@ def test_cli_help_and_version(capsys) -> None:
         except SystemExit as exc:
             assert exc.code == 0
         assert expected in capsys.readouterr().out
-    exe = shutil.which("gradcache-sparton")
-    assert exe is not None, "console script gradcache-sparton is not installed"
-    out = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    # Through this interpreter, not PATH: the test must not depend on an activated venv.
+    command = [sys.executable, "-m", "gradcache_sparton.cli", "--help"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     assert "usage: gradcache-sparton" in out
+    entry_points = importlib.metadata.entry_points(group="console_scripts", name="gradcache-sparton")
+    assert [ep.value for ep in entry_points] == ["gradcache_sparton.cli:main"], "console script not installed"
 
 
 def test_shipped_tokenizer_tokenises(tokenizer) -> None:

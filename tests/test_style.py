@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_ruff_check_is_clean() -> None:
     """`ruff check` and `ruff format --check` over the repository report nothing."""
-    ruff = shutil.which("ruff")
-    if ruff is None:
-        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    # This interpreter's ruff, not PATH's: the test must not depend on an activated venv.
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip(f"ruff is not installed for {sys.executable} (pip install -e '.[dev]')")
     for args in (["check"], ["format", "--check"]):
-        result = subprocess.run([ruff, *args, str(ROOT)], capture_output=True, text=True, check=False)
+        command = [sys.executable, "-m", "ruff", *args, str(ROOT)]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_package_uses_only_public_transformers_and_argparse_api() -> None:
+    """No module imports from transformers' internal model paths or reads argparse's private ``_actions``."""
+    private = ("from transformers.models.", "import transformers.models.", "._actions")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted((ROOT / "gradcache_sparton").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if any(pattern in line for pattern in private)
+    ]
+    assert not found, found
