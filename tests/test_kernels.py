@@ -255,6 +255,115 @@ def test_triton_accepts_non_contiguous_inputs_and_any_mask_dtype(kernel_device) 
 
 
 # ---------------------------------------------------------------------------------------------------
+# Non-finite inputs: the kernels propagate NaN and ±inf exactly as autograd through the reference
+# ---------------------------------------------------------------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+# Where one non-finite value is planted in _inputs(3, 21, 24, 37, ...): row 0 is fully masked, row 1
+# unmasked up to position 9, row 2 everywhere but 3..6. Feature d = 5 is one where columns 0..2 have
+# E = 0, so ±inf there gives inf · 0 = NaN logits in those columns and ±inf by the sign of E elsewhere.
+NON_FINITE_SHAPE = (3, 21, 24, 37)
+NON_FINITE_SITES = ["hidden-unmasked", "hidden-masked", "hidden-masked-row", "weight", "bias", "grad_y"]
+
+
+def _plant(site: str, value: float, h: Tensor, e: Tensor, b: Tensor, g: Tensor) -> None:
+    """Put ``value`` at one place of the inputs (in place)."""
+    if site == "hidden-unmasked":
+        h[2, 17, 5] = value  # in the second 16-wide S tile
+    elif site == "hidden-masked":
+        h[2, 4, 5] = value  # in row 2's masked hole
+    elif site == "hidden-masked-row":
+        h[0, 0, 5] = value  # row 0 is fully masked
+    elif site == "weight":
+        e[20, 5] = value
+    elif site == "bias":
+        b[20] = value
+    else:
+        g[2, 10:14] = value
+
+
+def _assert_same_non_finite(got: Tensor, want: Tensor, rtol: float, atol: float) -> None:
+    """NaN and ±inf at exactly the same entries, finite entries within tolerance."""
+    assert torch.equal(got.isnan(), want.isnan()), "NaN at different entries"
+    assert torch.equal(got.isposinf(), want.isposinf()) and torch.equal(got.isneginf(), want.isneginf())
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("site", NON_FINITE_SITES)
+@pytest.mark.parametrize("value", [NAN, INF, -INF], ids=["nan", "+inf", "-inf"])
+def test_reference_backward_non_finite_matches_autograd(site, value) -> None:
+    """The head's CPU backward (from max, argmax) puts NaN/inf where autograd through the reference does."""
+    h, e, b, m = _inputs(*NON_FINITE_SHAPE, True, torch.float64, torch.device("cpu"), seed=30)
+    g = torch.randn(3, 37, generator=torch.Generator().manual_seed(31), dtype=torch.float64)
+    _plant(site, value, h, e, b, g)
+    _, mx, arg = sparton_head_reference(h, e, b, m, return_argmax=True)
+    got = sparton_head_backward_reference(g, h, e, mx, arg)
+    hr, er, br = (t.clone().requires_grad_() for t in (h, e, b))
+    want = torch.autograd.grad(sparton_head_reference(hr, er, br, m), (hr, er, br), g)
+    for x, ref in zip(got, want, strict=True):
+        _assert_same_non_finite(x, ref, rtol=1e-12, atol=1e-12)
+
+
+def _kernel_non_finite_cases() -> list:
+    """Every site and value in fp32 (a fully masked row only with NaN: the kernel skips such rows whatever
+    they hold); bf16, whose tensor-core products are the other path, for a few."""
+    fp32, bf16 = DTYPES[0].values, DTYPES[1].values
+    cases = [
+        pytest.param(value, site, *fp32, id=f"{name}-{site}-fp32")
+        for value, name in ((NAN, "nan"), (INF, "+inf"), (-INF, "-inf"))
+        for site in NON_FINITE_SITES
+        if site != "hidden-masked-row" or name == "nan"
+    ]
+    bf16_cases = [(NAN, "nan", "hidden-unmasked"), (INF, "+inf", "hidden-unmasked"), (NAN, "nan", "weight")]
+    cases += [pytest.param(v, site, *bf16, id=f"{name}-{site}-bf16") for v, name, site in bf16_cases]
+    return cases
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.parametrize(("value", "site", "dtype", "rtol"), _kernel_non_finite_cases())
+def test_triton_non_finite_matches_reference(kernel_device, value, site, dtype, rtol) -> None:
+    """A NaN/±inf in H (unmasked, masked, fully masked row), E, bias or grad_y: kernel Y, max, argmax and
+    every gradient are NaN/inf at exactly the reference's entries (autograd for the gradients)."""
+    h, e, b, m = _inputs(*NON_FINITE_SHAPE, True, dtype, kernel_device, seed=32)
+    g = torch.randn(3, 37, generator=torch.Generator().manual_seed(33)).to(kernel_device, dtype)
+    _plant(site, value, h, e, b, g)
+    y, mx, arg = _launch_forward(h, e, b, m)
+    y_ref, mx_ref, arg_ref = sparton_head_reference(h, e, b, m, return_argmax=True)
+    _assert_same_non_finite(mx, mx_ref, rtol=1e-5, atol=1e-5)
+    _assert_same_non_finite(y, y_ref, rtol=rtol, atol=1e-6)
+    if site.startswith("hidden-masked"):  # masked positions never reach Y, whatever they hold
+        assert y.isfinite().all()
+    elif site != "grad_y" and not (site == "bias" and value == -INF):
+        assert not y.isfinite().all()  # the planted value does reach Y: the case is not vacuous
+    # the first NaN / first +inf wins exactly; finite maxima wherever the top two are not near-tied
+    clear = ~mx_ref.isfinite() | ((mx_ref > 0) & (_top2_gap(h, e, b, m) > 1e-4))
+    assert torch.equal(arg[clear].long(), arg_ref[clear])
+    grads = _launch_backward(g, h, e, mx, arg)
+    inputs = [t.detach().clone().requires_grad_() for t in (h, e, b)]
+    want = torch.autograd.grad(sparton_head_reference(*inputs, m), inputs, g)
+    for got, ref in zip(grads, want, strict=True):
+        scale = ref.nan_to_num(0.0, 0.0, 0.0).abs().max().item()  # of the finite entries
+        _assert_same_non_finite(got, ref, rtol=rtol, atol=1e-5 * scale)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+def test_triton_forward_nan_beats_inf_and_first_nan_wins(kernel_device) -> None:
+    """Max/argmax order is Tensor.max(dim)'s: a NaN beats an earlier +inf, the first NaN wins within a
+    tile and across tiles, and a later NaN does not replace an earlier one."""
+    h, e, b, m = _inputs(3, 37, 24, 37, False, torch.float32, kernel_device, seed=34)
+    m[:] = 1
+    h[:2, 1, 0] = INF  # +inf logits at s = 1 wherever E[v, 0] > 0 (and inf · 0 = NaN in columns 0..2)
+    h[0, (9, 3, 20), 7] = NAN  # row 0: NaNs at 3 and 9 (tile 0) and 20 (tile 1): argmax 3
+    h[1, (33, 20), 7] = NAN  # row 1: NaNs in tiles 1 and 2 only: argmax 20
+    y, mx, arg = _launch_forward(h, e, b, m)
+    _, mx_ref, arg_ref = sparton_head_reference(h, e, b, m, return_argmax=True)
+    assert mx[:2].isnan().all() and y[:2].isnan().all() and mx[2].isfinite().all()
+    assert (arg[0] == 3).all() and (arg[1] == 20).all()
+    assert torch.equal(arg[:2].long(), arg_ref[:2])
+    torch.testing.assert_close(mx, mx_ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Module, custom op, compile, autocast (the CPU path; the same on CUDA with the gpu marker)
 # ---------------------------------------------------------------------------------------------------
 

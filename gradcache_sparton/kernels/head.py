@@ -90,6 +90,11 @@ def _check_mask_values(attention_mask: Tensor) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
+def _use_triton(hidden_states: Tensor) -> bool:
+    """Where the ops run the Triton kernels: CUDA tensors (tests force it on CPU under the interpreter)."""
+    return hidden_states.is_cuda
+
+
 @torch.library.custom_op(
     "gradcache_sparton::sparton_head_forward",
     mutates_args=(),
@@ -101,7 +106,7 @@ def _forward_op(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(Y [B, V], max [B, V] fp32 (fp64 for fp64 inputs), argmax [B, V] int32)."""
     _check_mask_values(attention_mask)
-    if hidden_states.is_cuda:
+    if _use_triton(hidden_states):
         from gradcache_sparton.kernels.sparton import sparton_forward  # imports triton
 
         return sparton_forward(hidden_states, weight, bias, attention_mask)
@@ -132,7 +137,7 @@ def _backward_op(
     grad_y: Tensor, hidden_states: Tensor, weight: Tensor, max_logits: Tensor, argmax: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_H [B, S, D], grad_E [V, D], grad_bias [V] in the dtype of max)."""
-    if hidden_states.is_cuda:
+    if _use_triton(hidden_states):
         from gradcache_sparton.kernels.sparton import sparton_backward  # imports triton
 
         return sparton_backward(grad_y, hidden_states, weight, max_logits, argmax)

@@ -18,6 +18,26 @@ Identities the kernels rely on, which this reference makes explicit:
   gradient there (``amax`` would split it among ties). The kernels follow the same rule: the first
   sequence position wins.
 
+Non-finite values (NaN, ±inf) are part of the semantics, and the kernels reproduce them exactly:
+- Order: ``Tensor.max(dim)`` puts NaN above +inf and picks the first NaN, so a NaN logit at an
+  unmasked position makes Y[b, v] NaN with the argmax at the first such position; +inf gives Y = inf
+  (first +inf on ties); -inf never wins and gives Y = 0 where nothing else is > 0.
+- Masked positions are filled with -inf *before* the max: a NaN or inf in the hidden state of a
+  masked position (or of a fully masked row) never reaches Y.
+- What a non-finite input makes of the logits: NaN in H[b, s] makes every logit of (b, s) NaN; ±inf
+  in H[b, s, d] makes logit (b, s, v) ±inf by the sign of E[v, d], and NaN where E[v, d] = 0
+  (inf · 0); the same with H and E swapped, for every unmasked position of column v; NaN or ±inf in
+  bias[v] makes column v NaN or ±inf at every unmasked position.
+- Gradients (autograd through this function, which ``sparton_head_backward_reference`` and the
+  Triton backward match exactly): with coef = grad_y / (1 + max), the gradient at the argmax is coef
+  where max > 0, NaN where max is NaN (relu passes NaN, 1/(1 + NaN) = NaN), 0 where max = +inf
+  (1/inf; NaN if grad_y is infinite too) and 0 where max <= 0 whatever grad_y is. The dense matmul
+  backward also multiplies every H entry by a logits gradient that is mostly 0, and 0 · ±inf =
+  0 · NaN = NaN: one non-finite H[b, s, d] anywhere, masked or not, makes grad_E[:, d] NaN for every
+  v, and one non-finite E[v, d] makes grad_H[:, :, d] NaN for every (b, s). grad_bias is the sum of
+  the coefficients (no such product). So a NaN in the reps always comes with NaN gradients, and a
+  non-finite H or E entry that Y does not show still reaches grad_E or grad_H.
+
 Memory: the logits are materialised one vocabulary chunk at a time ([B, S, C], at most
 ``chunk_elements`` elements), so peak memory does not grow with B·S·V. Autograd keeps only the
 [B, C] argmax indices per chunk (``max(dim)``'s backward needs no input values), never the chunk.
@@ -31,7 +51,13 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-__all__ = ["REFERENCE_CHUNK_ELEMENTS", "sparton_head_backward_reference", "sparton_head_reference"]
+__all__ = [
+    "REFERENCE_CHUNK_ELEMENTS",
+    "backward_coefficients",
+    "non_finite_columns",
+    "sparton_head_backward_reference",
+    "sparton_head_reference",
+]
 
 # 2**25 fp32 elements = 128 MiB per logits chunk: large enough that the chunked matmuls run at full
 # speed on a GPU, small enough to be irrelevant next to a BERT-base mini-batch's activations.
@@ -122,6 +148,29 @@ def _reference(
     return y
 
 
+def backward_coefficients(grad_y: Tensor, max_logits: Tensor) -> Tensor:
+    """coef [B, V] = grad_y / (1 + max) where max > 0 or max is NaN, else 0, in the dtype of ``max_logits``.
+
+    d log1p(x)/dx = 1/(1 + x); relu passes nothing where max <= 0 (a NaN grad_y there included) and
+    passes its input where max is NaN, which the division turns into NaN. At max = +inf the
+    coefficient is grad_y / inf = 0 (NaN for an infinite grad_y), as autograd computes it.
+    """
+    live = (max_logits > 0) | max_logits.isnan()  # [B, V]
+    return torch.where(live, grad_y.to(max_logits.dtype) / (1 + max_logits), 0.0)
+
+
+def non_finite_columns(t: Tensor, *, dim: int | tuple[int, ...]) -> Tensor:
+    """[D] fp32: NaN where column d of ``t`` (reduced over ``dim``) holds a NaN or ±inf anywhere, else 0.
+
+    The dense matmul backward multiplies every entry of H by the logits' gradient, which is 0 almost
+    everywhere, and 0 · ±inf = 0 · NaN = NaN: autograd through the reference makes grad_E[:, d] NaN
+    for every v as soon as one H[b, s, d] is not finite (masked positions included), and likewise
+    grad_H[:, :, d] from E[:, d]. The sparse backward adds this vector to reproduce it. One read of
+    ``t``, no temporary of its size (max |x| propagates NaN).
+    """
+    return torch.linalg.vector_norm(t, ord=float("inf"), dim=dim).float() * 0
+
+
 def sparton_head_backward_reference(
     grad_y: Tensor,
     hidden_states: Tensor,
@@ -129,27 +178,32 @@ def sparton_head_backward_reference(
     max_logits: Tensor,
     argmax: Tensor,
     *,
+    needs_input_grad: tuple[bool, bool, bool] = (True, True, True),
     chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Gradients of the head from its saved (max, argmax) alone, in plain PyTorch, chunked over V.
 
-    The same rule as the Triton backward: with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0
-    (else 0), grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], grad_H[b, s] = Σ_{v: argmax[b, v] = s}
-    coef[b, v] · E[v] and grad_bias[v] = Σ_b coef[b, v]. It is the backward of the head's CPU path;
-    the tests check it against autograd through :func:`sparton_head_reference`.
+    The same rule as the Triton backward: with coef = :func:`backward_coefficients`,
+    grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], grad_H[b, s] = Σ_{v: argmax[b, v] = s}
+    coef[b, v] · E[v] and grad_bias[v] = Σ_b coef[b, v], plus NaN in the columns that
+    :func:`non_finite_columns` marks. It is the backward of the head's CPU path; the tests check it
+    against autograd through :func:`sparton_head_reference`, non-finite inputs included.
 
     Args:
         grad_y: [B, V] upstream gradient.
         hidden_states: [B, S, D]; weight: [V, D].
         max_logits, argmax: [B, V] from ``sparton_head_reference(..., return_argmax=True)``.
+        needs_input_grad: which of (grad_H, grad_E, grad_bias) to compute; the others are None.
         chunk_elements: upper bound on B·C·D, the elements of one gathered chunk.
 
     Returns:
         (grad_H [B, S, D] in the dtype of H, grad_E [V, D] in the dtype of E, grad_bias [V] in the
-        compute dtype: fp32, or fp64 for fp64 inputs).
+        compute dtype: fp32, or fp64 for fp64 inputs), each None where not needed.
     """
     with _ieee_fp32_matmul():
-        return _backward_reference(grad_y, hidden_states, weight, max_logits, argmax, chunk_elements)
+        return _backward_reference(
+            grad_y, hidden_states, weight, max_logits, argmax, needs_input_grad, chunk_elements
+        )
 
 
 def _backward_reference(
@@ -158,27 +212,35 @@ def _backward_reference(
     weight: Tensor,
     max_logits: Tensor,
     argmax: Tensor,
+    needs_input_grad: tuple[bool, bool, bool],
     chunk_elements: int,
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    need_h, need_e, need_bias = needs_input_grad
     B, S, D = hidden_states.shape
     V = weight.shape[0]
     compute_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
     h = hidden_states.to(compute_dtype)  # [B, S, D]
-    coef = torch.where(max_logits > 0, grad_y.to(compute_dtype) / (1 + max_logits.to(compute_dtype)), 0.0)
-    grad_h = torch.zeros(B * S, D, device=h.device, dtype=compute_dtype)  # [B·S, D]
-    grad_e = torch.empty(V, D, device=h.device, dtype=compute_dtype)
+    coef = backward_coefficients(grad_y, max_logits.to(compute_dtype))  # [B, V]
+    grad_h = grad_e = None
+    if need_h:  # [B·S, D], starting from NaN in E's non-finite columns
+        grad_h = non_finite_columns(weight, dim=0).to(compute_dtype).expand(B * S, D).clone()
+    if need_e:
+        grad_e = torch.empty(V, D, device=h.device, dtype=compute_dtype)
+        poison_e = non_finite_columns(hidden_states, dim=(0, 1)).to(compute_dtype)  # [D]
     batch = torch.arange(B, device=h.device)[:, None]  # [B, 1]
     C = max(1, min(V, chunk_elements // max(1, B * D)))
     for v0 in range(0, V, C):
         c = coef[:, v0 : v0 + C]  # [B, C]
         s = argmax[:, v0 : v0 + C].long()  # [B, C]
-        gathered = h[batch, s]  # [B, C, D]: H[b, argmax[b, v]]
-        grad_e[v0 : v0 + C] = torch.einsum("bc,bcd->cd", c, gathered)
-        w = weight[v0 : v0 + C].to(compute_dtype)  # [C, D]
-        # scatter coef · E[v] to the argmax rows: [B, C, 1] * [1, C, D] -> [B·C, D] into [B·S, D]
-        grad_h.index_add_(0, (batch * S + s).reshape(-1), (c[:, :, None] * w[None]).reshape(-1, D))
+        if need_e:
+            gathered = h[batch, s]  # [B, C, D]: H[b, argmax[b, v]]
+            grad_e[v0 : v0 + C] = torch.einsum("bc,bcd->cd", c, gathered) + poison_e
+        if need_h:
+            w = weight[v0 : v0 + C].to(compute_dtype)  # [C, D]
+            # scatter coef · E[v] to the argmax rows: [B, C, 1] * [1, C, D] -> [B·C, D] into [B·S, D]
+            grad_h.index_add_(0, (batch * S + s).reshape(-1), (c[:, :, None] * w[None]).reshape(-1, D))
     return (
-        grad_h.view(B, S, D).to(hidden_states.dtype),
-        grad_e.to(weight.dtype),
-        coef.sum(dim=0),
+        grad_h.view(B, S, D).to(hidden_states.dtype) if need_h else None,
+        grad_e.to(weight.dtype) if need_e else None,
+        coef.sum(dim=0) if need_bias else None,
     )

@@ -12,11 +12,13 @@ Forward: one program per (batch row b, vocabulary tile). It walks the sequence i
 [BLOCK_V, D] @ [D, BLOCK_S] accumulated in fp32, then bias, mask, and a max/argmax over the tile's
 positions folded into a running (max, argmax) kept in registers. The running max starts at 0
 (equivalent to -inf after relu) and is replaced only on a strictly larger value, so the first sequence
-position wins ties (``tl.max`` breaks ties left inside a tile, ``>`` across tiles).
-Only the fp32 max [B, V] and int32 argmax [B, V] are written: the [B, S, V] logits never exist.
+position wins ties (``tl.max`` breaks ties left inside a tile, ``>`` across tiles). NaN ranks above
++inf and the first NaN wins, as in ``Tensor.max(dim)``: the reference's non-finite semantics exactly
+(see ``reference.py``). Only the fp32 max [B, V] and int32 argmax [B, V] are written: the [B, S, V]
+logits never exist.
 
-Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0, else 0
-(d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0):
+Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0 or max
+is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and passes NaN):
 - grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]]: one program per (V tile, D tile), looping over b so
   that all programs read the same H[b] at about the same time (it stays in L2); rows with coef = 0
   are masked off the gather, so the traffic is proportional to N.
@@ -24,7 +26,11 @@ Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b,
   (b·S + s) into CSR form (``torch.sort``, stable), and one program per row gathers and sums its own
   entries, D tile by D tile. No atomics: the sum order is fixed, so the backward is deterministic, and rows without
   entries (masked positions, never an argmax) are written as exact zeros.
-- grad_bias[v] = Σ_b coef[b, v] (a [B, V] reduction, done by torch in ``head.py``).
+- grad_bias[v] = Σ_b coef[b, v] (a [B, V] reduction, done by torch).
+- Non-finite inputs: as autograd through the dense reference, grad_E[:, d] is NaN wherever column d of H
+  holds a NaN or ±inf (0 · inf in the dense product), grad_H[:, :, d] wherever column d of E does: each
+  kernel starts its accumulator from that [D] vector of 0 / NaN (one [D] load per program).
+- A gradient the caller does not need (a frozen weight, hidden states that need no grad) is skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from gradcache_sparton.kernels.reference import backward_coefficients, non_finite_columns
 
 __all__ = [
     "BackwardBlocks",
@@ -201,9 +209,23 @@ def _sparton_fwd_kernel(
             if HAS_BIAS:
                 x = x + bias[:, None]
             x = tl.where(keep[None, :], x, float("-inf"))
-            # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost) position
-            tile_max, tile_arg = tl.max(x, axis=1, return_indices=True, return_indices_tie_break_left=True)
-            better = tile_max > run_max  # strict: an earlier tile keeps a tie
+            # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost) position,
+            # in Tensor.max(dim)'s order: NaN above +inf, the first NaN wins. tl.max's own comparisons
+            # drop or keep a NaN depending on where it sits, so NaN is read as +inf here ...
+            is_nan = x != x
+            tile_max, tile_arg = tl.max(
+                tl.where(is_nan, float("inf"), x),
+                axis=1,
+                return_indices=True,
+                return_indices_tie_break_left=True,
+            )
+            if tl.max(tile_max, axis=0) == float("inf"):  # ... and only a tile holding NaN or +inf
+                first_nan = tl.min(tl.where(is_nan, offs_t[None, :], BLOCK_S), axis=1)  # pays for this
+                has_nan = first_nan < BLOCK_S
+                tile_max = tl.where(has_nan, float("nan"), tile_max)
+                tile_arg = tl.where(has_nan, first_nan, tile_arg)
+            # strict: an earlier tile keeps a tie; the first NaN replaces any number and then stays
+            better = (tile_max > run_max) | ((tile_max != tile_max) & (run_max == run_max))
             run_max = tl.where(better, tile_max, run_max)
             run_arg = tl.where(better, s0 + tile_arg, run_arg)
             acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
@@ -216,8 +238,9 @@ def _sparton_fwd_kernel(
 @triton.jit(do_not_specialize=["B"])
 def _sparton_bwd_grad_e_kernel(
     h_ptr,  # [B, S, D] hidden states
-    coef_ptr,  # [B, V] fp32: grad_y / (1 + max) where max > 0, else 0
+    coef_ptr,  # [B, V] fp32: grad_y / (1 + max) where max > 0 or NaN, else 0
     arg_ptr,  # [B, V] int32 argmax over S
+    poison_ptr,  # [D] fp32: NaN where column d of H holds a non-finite value, else 0
     grad_e_ptr,  # [V, D] out, dtype of E
     B,
     V,
@@ -233,7 +256,8 @@ def _sparton_bwd_grad_e_kernel(
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     v_ok = offs_v < V
     d_ok = offs_d < D
-    acc = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
+    poison = tl.load(poison_ptr + offs_d, mask=d_ok, other=0.0)
+    acc = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32) + poison[None, :]
     coef_ptrs = coef_ptr + offs_v  # row b = 0 of [B, V]; advanced by V per batch row (64-bit pointers)
     arg_ptrs = arg_ptr + offs_v
     h_row = h_ptr + offs_d[None, :]  # H[0, 0, d]; advanced by stride_hb per batch row
@@ -241,7 +265,7 @@ def _sparton_bwd_grad_e_kernel(
     for _ in range(B):
         coef = tl.load(coef_ptrs, mask=v_ok, other=0.0)  # [BLOCK_V]
         s = tl.load(arg_ptrs, mask=v_ok, other=0)
-        live = coef != 0.0  # zero outputs load nothing
+        live = coef != 0.0  # zero outputs load nothing (NaN coefficients do)
         # gather H[b, argmax[b, v], d]: [BLOCK_V, BLOCK_D]
         h = tl.load(
             h_row + s.to(tl.int64)[:, None] * stride_hs, mask=live[:, None] & d_ok[None, :], other=0.0
@@ -260,6 +284,7 @@ def _sparton_bwd_grad_h_kernel(
     row_ptr,  # [B·S + 1] int64 CSR offsets into the sorted non-zeros
     col_ptr,  # [N] int32 vocabulary index of each sorted non-zero
     val_ptr,  # [N] fp32 coef of each sorted non-zero
+    poison_ptr,  # [D] fp32: NaN where column d of E holds a non-finite value, else 0
     grad_h_ptr,  # [B·S, D] out, dtype of H
     D,
     stride_ev,
@@ -273,7 +298,7 @@ def _sparton_bwd_grad_h_kernel(
     for d0 in range(0, D, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         d_ok = offs_d < D
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        acc = tl.load(poison_ptr + offs_d, mask=d_ok, other=0.0)  # [BLOCK_D], 0 or NaN
         for i in range(start, end, BLOCK_N):
             offs_n = i + tl.arange(0, BLOCK_N)
             n_ok = offs_n < end
@@ -363,14 +388,16 @@ def sparton_forward(
 def _grad_e(
     h: Tensor, coef: Tensor, arg: Tensor, V: int, dtype: torch.dtype, blocks: BackwardBlocks
 ) -> Tensor:
-    """grad_E [V, D] = Σ_b coef[b, v] · H[b, argmax[b, v]] (b-major gathers)."""
+    """grad_E [V, D] = Σ_b coef[b, v] · H[b, argmax[b, v]] (b-major gathers), NaN in H's non-finite columns."""
     B, _, D = h.shape
+    poison = non_finite_columns(h, dim=(0, 1))  # [D]
     grad_e = torch.empty(V, D, device=h.device, dtype=dtype)
     grid = (triton.cdiv(V, blocks.e_block_v), triton.cdiv(D, blocks.e_block_d))
     _sparton_bwd_grad_e_kernel[grid](
         h,
         coef,
         arg,
+        poison,
         grad_e,
         B,
         V,
@@ -387,7 +414,8 @@ def _grad_e(
 def _grad_h(
     e: Tensor, coef: Tensor, arg: Tensor, S: int, dtype: torch.dtype, blocks: BackwardBlocks
 ) -> Tensor:
-    """grad_H [B, S, D] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v] (CSR by destination row, no atomics)."""
+    """grad_H [B, S, D] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v] (CSR by destination row, no atomics),
+    NaN in E's non-finite columns."""
     B, V = coef.shape
     D = e.shape[1]
     # Non-zeros keyed by destination row b·S + argmax; zeros get the sentinel B·S and sort last. A stable
@@ -399,12 +427,14 @@ def _grad_h(
     row_offsets = torch.searchsorted(sorted_keys, bounds)  # [B·S + 1] int64
     cols = (order % V).to(torch.int32)  # [B·V]; only the first row_offsets[-1] entries are read
     vals = coef.reshape(-1)[order]
+    poison = non_finite_columns(e, dim=0)  # [D]
     grad_h = torch.empty(B, S, D, device=e.device, dtype=dtype)  # every row written (zeros if no entry)
     _sparton_bwd_grad_h_kernel[(B * S,)](
         e,
         row_offsets,
         cols,
         vals,
+        poison,
         grad_h,
         D,
         e.stride(0),
@@ -422,22 +452,23 @@ def sparton_backward(
     max_logits: Tensor,
     argmax: Tensor,
     *,
+    needs_input_grad: tuple[bool, bool, bool] = (True, True, True),
     blocks: BackwardBlocks | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Sparse backward from the saved (max, argmax): (grad_H [B, S, D], grad_E [V, D], fp32 grad_bias [V]).
 
     Work and traffic are proportional to the non-zeros of Y; gradients of masked positions and of
-    outputs equal to 0 are exactly 0. Deterministic (no atomics).
+    outputs equal to 0 are exactly 0. Deterministic (no atomics). Non-finite values propagate as
+    autograd through :func:`sparton_head_reference` propagates them (see its docstring).
+    ``needs_input_grad`` (H, E, bias): a gradient not needed is neither computed nor allocated (None).
     """
+    need_h, need_e, need_bias = needs_input_grad
     S = hidden_states.shape[1]
     V = weight.shape[0]
     blocks = blocks or (_BWD_INTERPRET if _interpreting() else _BWD_GPU)
-    h = hidden_states.contiguous()
-    e = weight.contiguous()
     arg = argmax.to(torch.int32).contiguous()
-    # [B, V] fp32; where max = 0 the output is relu's flat side (or a fully masked row): no gradient.
-    coef = torch.where(max_logits > 0, grad_y.float() / (1.0 + max_logits), 0.0).contiguous()
-    grad_bias = coef.sum(dim=0)  # [B, V] -> [V]
-    grad_e = _grad_e(h, coef, arg, V, weight.dtype, blocks)
-    grad_h = _grad_h(e, coef, arg, S, hidden_states.dtype, blocks)
+    coef = backward_coefficients(grad_y, max_logits).contiguous()  # [B, V] fp32
+    grad_bias = coef.sum(dim=0) if need_bias else None  # [B, V] -> [V]
+    grad_e = _grad_e(hidden_states.contiguous(), coef, arg, V, weight.dtype, blocks) if need_e else None
+    grad_h = _grad_h(weight.contiguous(), coef, arg, S, hidden_states.dtype, blocks) if need_h else None
     return grad_h, grad_e, grad_bias
