@@ -45,6 +45,7 @@ from gradcache_sparton.integrations.sentence_transformers import (
     from_sentence_transformers_columns,
     is_sparse_encoder,
     run_model_card,
+    sentence_transformers_can_load,
     use_sparton_head,
     write_sentence_transformers_files,
 )
@@ -155,6 +156,11 @@ class CachedSpladeTrainer(Trainer):
                 self.args.gradient_accumulation_steps,
                 self.args.mini_batch_size,
             )
+        if isinstance(
+            self.model, SpladeEncoder
+        ):  # saved checkpoints remember the lengths they were trained at
+            self.model.query_max_length = self.args.query_max_length
+            self.model.document_max_length = self.args.document_max_length
         self._last_log_time = time.perf_counter()
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
@@ -243,13 +249,15 @@ class CachedSpladeTrainer(Trainer):
             encoder.save_pretrained(output_dir)
         else:
             encoder.save_pretrained(output_dir, tokenizer=self.processing_class, state_dict=state_dict)
-            # Also a sentence-transformers SparseEncoder, truncating at the documents' trained length.
-            write_sentence_transformers_files(
-                output_dir,
-                encoder=encoder,
-                max_seq_length=self.args.document_max_length,
-                card=run_model_card(self, encoder),
-            )
+            # Also a sentence-transformers SparseEncoder (truncating at the documents' trained length),
+            # where it has an equivalent: not for decoder-only LMs or echo/prefix pooling.
+            if sentence_transformers_can_load(encoder):
+                write_sentence_transformers_files(
+                    output_dir,
+                    encoder=encoder,
+                    max_seq_length=self.args.document_max_length,
+                    card=run_model_card(self, encoder),
+                )
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:

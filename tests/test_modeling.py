@@ -25,6 +25,7 @@ from transformers import (
     BertModel,
     DistilBertConfig,
     GPT2Config,
+    ModernBertConfig,
     PreTrainedConfig,
     PreTrainedModel,
     RobertaConfig,
@@ -56,6 +57,25 @@ FAMILIES: dict[str, tuple[type[PreTrainedConfig], dict]] = {
         XLMRobertaConfig,
         dict(
             vocab_size=421, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+        ),
+    ),
+    # Special ids inside V (the defaults are ModernBERT's 50k-vocabulary ones); local attention
+    # narrower than S = 13, so the sliding-window layers differ from the global ones.
+    "modernbert": (
+        ModernBertConfig,
+        dict(
+            vocab_size=431,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            global_attn_every_n_layers=2,
+            local_attention=4,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            cls_token_id=1,
+            sep_token_id=2,
         ),
     ),
 }
@@ -234,9 +254,13 @@ def test_save_reload_is_a_standard_masked_lm(family: str, tmp_path: Path) -> Non
         V, D = model.get_output_embeddings().weight.shape
         with safe_open(directory / "model.safetensors", framework="pt") as f:
             shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
-        assert [k for k, s in shapes.items() if s == (V, D)] == [k for k in shapes if "word_embeddings" in k]
+        # The input embeddings: word_embeddings in BERT-style families, tok_embeddings in ModernBERT.
+        embeddings = [k for k in shapes if k.endswith(("word_embeddings.weight", "tok_embeddings.weight"))]
+        assert [k for k, s in shapes.items() if s == (V, D)] == embeddings
         assert len([s for s in shapes.values() if s == (V, D)]) == 1
-        assert not any(k.startswith(("head.", "model.")) for k in shapes)
+        # Only the backbone's own keys: no encoder prefix, no head.* alias (ModernBERT's own keys do
+        # start with "model." and "head.", so compare with the backbone's state dict).
+        assert set(shapes) <= set(model.state_dict())
         assert json.loads((directory / SPLADE_CONFIG_NAME).read_text()) == {
             "pooling": "max",
             "special_token_ids": [1, 2],
@@ -386,6 +410,11 @@ def test_bad_inputs_raise_clear_errors(tokenizer, tmp_path: Path) -> None:
     assert supported_masked_lm_classes() == (
         "BertForMaskedLM",
         "DistilBertForMaskedLM",
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "ModernBertForMaskedLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
         "RobertaForMaskedLM",
         "XLMRobertaForMaskedLM",
     )

@@ -33,6 +33,7 @@ from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
     from_sentence_transformers_columns,
     run_model_card,
+    sentence_transformers_can_load,
     splade_loss_config_from,
     use_sparton_head,
     uses_sparton_head,
@@ -365,6 +366,10 @@ def test_writing_sentence_transformers_files_refuses_bad_input(tokenizer, tmp_pa
         write_sentence_transformers_files(tmp_path / "none", encoder=encoder, max_seq_length=32)
     with pytest.raises(ValueError, match="exceeds the backbone's max_position_embeddings 64"):
         write_sentence_transformers_files(tmp_path / "bare", encoder=encoder, max_seq_length=512)
+    prefixed = SpladeEncoder(encoder.model, prefix_length=1)
+    assert not sentence_transformers_can_load(prefixed)
+    with pytest.raises(ValueError, match="has no sentence-transformers equivalent"):
+        write_sentence_transformers_files(tmp_path / "bare", encoder=prefixed, max_seq_length=32)
     assert not (tmp_path / "bare" / "modules.json").exists()
 
 

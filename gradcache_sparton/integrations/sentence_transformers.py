@@ -46,6 +46,7 @@ __all__ = [
     "is_sparse_encoder",
     "model_card",
     "run_model_card",
+    "sentence_transformers_can_load",
     "splade_loss_config_from",
     "use_sparton_head",
     "uses_sparton_head",
@@ -364,6 +365,21 @@ def _write_json(path: str, value: object) -> None:
         f.write("\n")
 
 
+def sentence_transformers_can_load(encoder: SpladeEncoder) -> bool:
+    """Whether :func:`write_sentence_transformers_files` can describe ``encoder``: a masked LM whose
+    positions all pool (special tokens aside); not a decoder-only LM, nor echo or prefix options."""
+    masked_lm = (
+        not (encoder.bidirectional or encoder.echo) and encoder.config.model_type in _fill_mask_model_types()
+    )
+    return masked_lm and encoder.prefix_length == 0
+
+
+def _fill_mask_model_types() -> set[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return set(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+
 def write_sentence_transformers_files(
     directory: str | os.PathLike,
     *,
@@ -401,6 +417,11 @@ def write_sentence_transformers_files(
     """
     if not isinstance(encoder, SpladeEncoder):
         raise TypeError(f"encoder must be a SpladeEncoder, got {type(encoder).__name__}")
+    if not sentence_transformers_can_load(encoder):
+        raise ValueError(
+            f"a {type(encoder.model).__name__} encoder with {encoder.extra_repr()} has no sentence-transformers "
+            "equivalent (its fill-mask Transformer reads masked LMs with every position pooled)"
+        )
     if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < 1:
         raise ValueError(f"max_seq_length must be a positive int, got {max_seq_length!r}")
     positions = getattr(encoder.config, "max_position_embeddings", None)

@@ -1,0 +1,332 @@
+"""Backbones beyond BERT: decoder-only LMs (Llama, Qwen2, Qwen3, Mistral), ModernBERT, registered masked LMs.
+
+Each test says which invariant it guards. References materialise the [B, S, V] logits of the model's own
+forward; the encoder never does. Tiny random-init configs (hidden 32, 2 layers, V ~1,000, a prime per
+family so no size coincidence hides a bug), every parameter perturbed so a dropped norm or bias shows.
+
+Legend: B batch, S sequence, D hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    BertConfig,
+    BertForMaskedLM,
+    LlamaConfig,
+    MistralConfig,
+    ModernBertConfig,
+    PreTrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from gradcache_sparton.engine import CachedLoss
+from gradcache_sparton.kernels import splade_max_pool
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
+from gradcache_sparton.modeling import SpladeEncoder, register_masked_lm
+
+_SHAPE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+# Untied (Llama, Qwen2) and tied (Qwen3, Mistral) input embeddings; grouped-query attention (2 KV heads).
+DECODERS: dict[str, tuple[type[PreTrainedConfig], dict]] = {
+    "llama": (LlamaConfig, dict(vocab_size=997, num_key_value_heads=2, tie_word_embeddings=False)),
+    "qwen2": (Qwen2Config, dict(vocab_size=1009, num_key_value_heads=2, tie_word_embeddings=False)),
+    "qwen3": (
+        Qwen3Config,
+        dict(vocab_size=1013, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True),
+    ),
+    "mistral": (MistralConfig, dict(vocab_size=1019, num_key_value_heads=2, tie_word_embeddings=True)),
+}
+MODERNBERT = dict(
+    vocab_size=1021,
+    global_attn_every_n_layers=2,
+    local_attention=4,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    cls_token_id=1,
+    sep_token_id=2,
+)
+
+# fp32: the head's chunked products and the reference's nn.Linear round differently (~1e-7 relative
+# over D = 32); 1e-5 is 100x that, far below a dropped norm or a wrong position (>1e-2).
+REP_TOL = dict(rtol=1e-5, atol=1e-5)
+GRAD_TOL = dict(rtol=1e-4, atol=1e-5)
+# fp64 (cached vs uncached): the two differ only in summation order, ~1e-16 relative per op.
+EXACT = dict(rtol=1e-9, atol=1e-11)
+
+
+def perturbed(model: PreTrainedModel, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    model = model.to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def tiny_decoder(family: str, *, attn: str = "sdpa", dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    config_class, kwargs = DECODERS[family]
+    config = config_class(max_position_embeddings=64, **_SHAPE, **kwargs)
+    torch.manual_seed(0)
+    return perturbed(AutoModelForCausalLM.from_config(config, attn_implementation=attn), dtype)
+
+
+def tiny_modernbert(dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    config = ModernBertConfig(max_position_embeddings=64, **_SHAPE, **MODERNBERT)
+    torch.manual_seed(0)
+    return perturbed(AutoModelForMaskedLM.from_config(config), dtype)
+
+
+def batch(
+    vocab_size: int, lengths=(13, 8, 3), *, left_padded: bool = False, seed: int = 1
+) -> dict[str, Tensor]:
+    """B = len(lengths) random texts of those lengths, padded to the longest (id 0 at padding)."""
+    S = max(lengths)
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, vocab_size, (len(lengths), S), generator=g)  # [B, S]
+    attention_mask = torch.zeros(len(lengths), S, dtype=torch.long)  # [B, S]
+    for row, length in enumerate(lengths):
+        if left_padded:
+            attention_mask[row, S - length :] = 1
+        else:
+            attention_mask[row, :length] = 1
+    return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}
+
+
+def materialized(model: PreTrainedModel, features: dict[str, Tensor], pool: Tensor | None = None) -> Tensor:
+    """Plain SPLADE: the model's own [B, S, V] logits, log1p(relu(.)), masked, max over S."""
+    logits = model(**features).logits  # [B, S, V]
+    pool = features["attention_mask"] if pool is None else pool  # [B, S]
+    return splade_max_pool(logits, pool)  # [B, S, V] -> [B, V]
+
+
+def grads(model: torch.nn.Module) -> dict[str, Tensor]:
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+# ---------------------------------------------------------------------------------------------- decoders
+
+
+@pytest.mark.parametrize("family", list(DECODERS))
+def test_decoder_reps_and_grads_match_materialized_logits(family: str) -> None:
+    """Reps and every gradient equal plain SPLADE over lm_head's logits (final norm in place, no bias)."""
+    model = tiny_decoder(family)
+    encoder = SpladeEncoder(model)
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert tied == model.config.tie_word_embeddings
+    assert encoder.head.weight is model.lm_head.weight and encoder.head.bias is None
+    features = batch(model.config.vocab_size)
+    weights = torch.rand(3, model.config.vocab_size)
+    (encoder(**features) * weights).sum().backward()
+    expected_grads = grads(model)
+    expected = materialized(model, features)
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(encoder(**features), expected, **REP_TOL)
+    reference_grads = grads(model)
+    assert expected_grads.keys() == reference_grads.keys()
+    assert any("norm" in name for name in expected_grads)  # the final norm is trained through the head
+    for name, grad in reference_grads.items():
+        torch.testing.assert_close(expected_grads[name], grad, **GRAD_TOL, msg=name)
+
+
+def test_left_and_right_padding_give_equal_reps() -> None:
+    """Positions count attended tokens: a left-padded row has the reps of the same right-padded row."""
+    model = tiny_decoder("llama")
+    encoder = SpladeEncoder(model)
+    right = batch(model.config.vocab_size)
+    left = batch(model.config.vocab_size, left_padded=True)
+    for row, length in enumerate((13, 8, 3)):  # same tokens, other side of the padding
+        left["input_ids"][row, 13 - length :] = right["input_ids"][row, :length]
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(**left), encoder(**right), **REP_TOL)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_bidirectional_attention_lets_tokens_see_later_tokens(attn: str) -> None:
+    """bidirectional=True: position 0's state depends on the last token; causal: it does not. Padding stays out."""
+    model = tiny_decoder("qwen3", attn=attn)
+    causal, both_ways = SpladeEncoder(model), SpladeEncoder(model, bidirectional=True)
+    features = batch(model.config.vocab_size, lengths=(9, 9))
+    changed = {k: v.clone() for k, v in features.items()}
+    changed["input_ids"][0, 8] = (changed["input_ids"][0, 8] + 1) % model.config.vocab_size
+    with torch.no_grad():
+        first = {
+            name: e.token_hidden_states(**features)[0, 0] for name, e in (("c", causal), ("b", both_ways))
+        }
+        after = {
+            name: e.token_hidden_states(**changed)[0, 0] for name, e in (("c", causal), ("b", both_ways))
+        }
+        torch.testing.assert_close(after["c"], first["c"], rtol=0, atol=0)
+        assert (after["b"] - first["b"]).abs().max() > 1e-3
+        # Padding keys stay masked: the padded row's reps equal those of the same text unpadded.
+        padded = batch(model.config.vocab_size, lengths=(9, 5))
+        alone = {k: v[1:, :5] for k, v in padded.items()}
+        torch.testing.assert_close(both_ways(**padded)[1:], both_ways(**alone), **REP_TOL)
+
+
+def test_bidirectional_eager_and_sdpa_agree() -> None:
+    """The two mask formats (bool for sdpa, additive for eager) give the same bidirectional reps."""
+    features = batch(DECODERS["mistral"][1]["vocab_size"])
+    with torch.no_grad():
+        reps = [
+            SpladeEncoder(tiny_decoder("mistral", attn=attn), bidirectional=True)(**features)
+            for attn in ("sdpa", "eager")
+        ]
+    torch.testing.assert_close(reps[0], reps[1], **REP_TOL)
+
+
+def test_echo_pools_only_the_second_copy() -> None:
+    """echo=True equals plain SPLADE over [text, text] pooled on the second copy (left padding too)."""
+    model = tiny_decoder("qwen2")
+    encoder = SpladeEncoder(model, echo=True)
+    features = batch(model.config.vocab_size, left_padded=True)
+    expected = []
+    for row in range(3):
+        tokens = features["input_ids"][row][features["attention_mask"][row].bool()]  # [L]
+        doubled = torch.cat([tokens, tokens])[None]  # [1, 2L]
+        pool = torch.zeros_like(doubled)
+        pool[:, len(tokens) :] = 1
+        expected.append(
+            materialized(model, {"input_ids": doubled, "attention_mask": torch.ones_like(doubled)}, pool)
+        )
+    with torch.no_grad():
+        reps = encoder(**features)
+        torch.testing.assert_close(reps, torch.cat(expected), **REP_TOL)
+        assert not torch.allclose(reps, SpladeEncoder(model)(**features), **REP_TOL)
+
+
+def test_prefix_and_special_token_positions_are_not_pooled() -> None:
+    """prefix_length drops each text's first attended tokens, special_token_ids their ids, from the max only."""
+    model = tiny_decoder("llama")
+    features = batch(model.config.vocab_size, left_padded=True)
+    special = [int(features["input_ids"][0, -1])]
+    encoder = SpladeEncoder(model, prefix_length=2, special_token_ids=special)
+    rank = features["attention_mask"].cumsum(-1)  # 1-based rank among attended tokens
+    pool = features["attention_mask"] * (rank > 2) * ~torch.isin(features["input_ids"], torch.tensor(special))
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(**features), materialized(model, features, pool), **REP_TOL)
+
+
+def test_decoder_options_are_checked_and_saved(tmp_path) -> None:
+    """Options are refused where they mean nothing; set ones round-trip through splade_config.json."""
+    bert = BertForMaskedLM(
+        BertConfig(vocab_size=101, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    )
+    for option in ("echo", "bidirectional"):
+        with pytest.raises(ValueError, match=f"{option}=True is for decoder-only backbones"):
+            SpladeEncoder(bert, **{option: True})
+    with pytest.raises(ValueError, match="prefix_length must be an int >= 0"):
+        SpladeEncoder(bert, prefix_length=-1)
+    model = tiny_decoder("llama")
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="bidirectional=True needs attn_implementation"):
+        SpladeEncoder(model, bidirectional=True)
+    model.config._attn_implementation = "sdpa"
+    encoder = SpladeEncoder(model, bidirectional=True, echo=True, prefix_length=1)
+    encoder.save_pretrained(tmp_path)
+    reloaded = SpladeEncoder.from_pretrained(tmp_path).eval()
+    assert (reloaded.bidirectional, reloaded.echo, reloaded.prefix_length) == (True, True, 1)
+    features = batch(model.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**features), encoder(**features), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+
+
+def _loss() -> SpladeLoss:
+    return SpladeLoss(SpladeLossConfig(query_reg_weight=1e-3, doc_reg_weight=1e-3))
+
+
+def _columns(vocab_size: int) -> dict[str, dict[str, Tensor]]:
+    return {
+        "query": batch(vocab_size, (5, 3, 4, 2), seed=2),
+        "positive": batch(vocab_size, (11, 7, 9, 4), seed=3),
+        "negative_1": batch(vocab_size, (6, 10, 8, 5), seed=4),
+    }
+
+
+def _with_lora(model: PreTrainedModel) -> PreTrainedModel:
+    peft = pytest.importorskip("peft", reason="LoRA needs the peft extra")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    peft.get_peft_model(model, config)  # injects the adapters into ``model`` in place, freezes the rest
+    with torch.no_grad():  # LoRA's B starts at 0: move it so the adapters change the reps
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.05)
+    return model
+
+
+CASES = {
+    "modernbert": lambda: SpladeEncoder(tiny_modernbert(torch.float64)),
+    "llama": lambda: SpladeEncoder(tiny_decoder("llama", dtype=torch.float64)),
+    "qwen3-bidirectional-echo": lambda: SpladeEncoder(
+        tiny_decoder("qwen3", dtype=torch.float64), bidirectional=True, echo=True
+    ),
+    "llama-lora": lambda: SpladeEncoder(_with_lora(tiny_decoder("llama", dtype=torch.float64))),
+    "qwen2-lora-bidirectional": lambda: SpladeEncoder(
+        _with_lora(tiny_decoder("qwen2", dtype=torch.float64)), bidirectional=True
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cached_equals_uncached(case: str) -> None:
+    """CachedLoss (mini-batches of 3) gives the full-batch loss and every trainable gradient; frozen ones stay None."""
+    encoder = CASES[case]()
+    columns = _columns(encoder.vocab_size)
+    loss_fn = _loss()
+    expected, _ = loss_fn({name: encoder(**features) for name, features in columns.items()})
+    expected.backward()
+    expected_grads = grads(encoder)
+    actual = CachedLoss(encoder, loss_fn, mini_batch_size=3)(columns)
+    actual.backward()
+    actual_grads = grads(encoder)
+    torch.testing.assert_close(actual, expected, **EXACT)
+    trainable = {name for name, p in encoder.named_parameters() if p.requires_grad}
+    assert actual_grads.keys() == expected_grads.keys() == trainable
+    if "lora" in case:
+        assert trainable and all("lora_" in name for name in trainable)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(actual_grads[name], grad, **EXACT, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------- extension point
+
+
+def test_registered_masked_lm_is_supported() -> None:
+    """A class outside the table is refused until registered; then reps equal its own logits' SPLADE."""
+    from gradcache_sparton.modeling import _lm_transforms
+
+    class CustomBertForMaskedLM(BertForMaskedLM):
+        pass
+
+    config = BertConfig(
+        vocab_size=401, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    torch.manual_seed(0)
+    model = perturbed(CustomBertForMaskedLM(config))
+    with pytest.raises(TypeError, match="CustomBertForMaskedLM is not a supported"):
+        SpladeEncoder(model)
+    transform = lambda m, hidden: m.cls.predictions.transform(hidden)
+    try:
+        register_masked_lm(CustomBertForMaskedLM, transform)
+        register_masked_lm(CustomBertForMaskedLM, transform)  # the same again: a no-op
+        with pytest.raises(ValueError, match="already registered with another transform"):
+            register_masked_lm(CustomBertForMaskedLM, lambda m, hidden: hidden)
+        features = batch(401)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                SpladeEncoder(model)(**features), materialized(model, features), **REP_TOL
+            )
+    finally:
+        _lm_transforms().pop(CustomBertForMaskedLM, None)
+    with pytest.raises(TypeError, match="must be a PreTrainedModel subclass"):
+        register_masked_lm(torch.nn.Linear, transform)
