@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -14,15 +15,19 @@ from transformers import BertForMaskedLM, Trainer, TrainingArguments
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import BeirData, TrainingCollator, load_beir
 from gradcache_sparton.evaluation import (
+    PruningBudget,
     RetrievalEvalCallback,
     SparseReps,
     SparseRetrievalEvaluator,
     encode_texts,
     ndcg_at_k,
+    parse_measures,
+    prune_reps,
     recall_at_k,
     reciprocal_rank_at_k,
     retrieval_metrics,
     retrieve,
+    write_trec_run,
 )
 from gradcache_sparton.modeling import SpladeEncoder
 
@@ -81,7 +86,7 @@ def test_metrics_average_over_queries_with_a_relevant_doc() -> None:
     """The mean is over queries with relevance > 0 only: an all-zero query is left out, not counted as 0."""
     rankings = {"q1": ["a", "b"], "q2": ["b", "a"], "q3": ["a", "b"]}
     qrels = {"q1": {"a": 1}, "q2": {"a": 1}, "q3": {"a": 0, "b": 0}}
-    metrics = retrieval_metrics(rankings, qrels, ndcg_k=10, mrr_k=10, recall_k=1)
+    metrics = retrieval_metrics(rankings, qrels, measures=["nDCG@10", "RR@10", "R@1"])
     assert set(metrics) == {"ndcg_at_10", "mrr_at_10", "recall_at_1"}
     assert metrics["mrr_at_10"] == pytest.approx((1 + 1 / 2) / 2)
     assert metrics["ndcg_at_10"] == pytest.approx((1 + 1 / math.log2(3)) / 2)
@@ -98,6 +103,54 @@ def test_metric_errors() -> None:
         retrieval_metrics({"q1": ["a"]}, {"q1": {"a": 1}, "q2": {"a": 1}})
     with pytest.raises(ValueError, match="no query with a relevant document"):
         retrieval_metrics({"q1": ["a"]}, {"q1": {"a": 0}})
+
+
+def reference_metrics(
+    ranking: list[str], relevance: dict[str, int], k_ndcg: int, k_rr: int, k_r: int
+) -> list[float]:
+    """The hand-written nDCG / RR / recall this package used before ir_measures, as a reference."""
+    gains = [relevance.get(doc, 0) for doc in ranking]
+    dcg = sum(g / math.log2(rank + 1) for rank, g in enumerate(gains[:k_ndcg], start=1) if g > 0)
+    ideal = sorted((r for r in relevance.values() if r > 0), reverse=True)[:k_ndcg]
+    idcg = sum(r / math.log2(rank + 1) for rank, r in enumerate(ideal, start=1))
+    rr = next((1.0 / rank for rank, g in enumerate(gains[:k_rr], start=1) if g > 0), 0.0)
+    relevant = {doc for doc, r in relevance.items() if r > 0}
+    return [dcg / idcg, rr, len(relevant.intersection(ranking[:k_r])) / len(relevant)]
+
+
+def test_default_metrics_equal_the_previous_hand_written_values() -> None:
+    """On a fixed random run (graded and negative relevance, relevant docs never retrieved, queries
+    without a relevant doc), ir_measures' nDCG@10 / RR@10 / R@20 equal the former hand-written ones."""
+    rng = random.Random(0)
+    docs = [f"d{i}" for i in range(60)]
+    rankings, qrels, expected = {}, {}, []
+    for q in range(25):
+        rankings[f"q{q}"] = rng.sample(docs, 30)
+        qrels[f"q{q}"] = {doc: rng.choice([-1, 0, 0, 1, 1, 2, 3]) for doc in rng.sample(docs, 6)}
+        if any(r > 0 for r in qrels[f"q{q}"].values()):
+            expected.append(reference_metrics(rankings[f"q{q}"], qrels[f"q{q}"], 10, 10, 20))
+    assert 5 < len(expected) < 25
+    metrics = retrieval_metrics(rankings, qrels, measures=["nDCG@10", "RR@10", "R@20"])
+    means = [sum(column) / len(expected) for column in zip(*expected, strict=True)]
+    assert list(metrics) == ["ndcg_at_10", "mrr_at_10", "recall_at_20"]
+    assert list(metrics.values()) == pytest.approx(means, abs=1e-12)
+
+
+def test_any_ir_measures_measure_and_the_deprecated_cutoffs() -> None:
+    """AP, P@k and parametrised measures are computed by ir_measures under stable keys; the old
+    ndcg_k/mrr_k/recall_k keywords still work, with a DeprecationWarning."""
+    rankings = {"q1": ["a", "b", "c", "d"], "q2": ["d", "c", "b", "a"]}
+    qrels = {"q1": {"b": 1, "d": 2}, "q2": {"a": 1}}
+    metrics = retrieval_metrics(rankings, qrels, measures=["AP", "P@2", "R(rel=2)@10"])
+    assert list(metrics) == ["map", "precision_at_2", "recall_rel_2_at_10"]
+    assert metrics["map"] == pytest.approx(((1 / 2 + 2 / 4) / 2 + 1 / 4) / 2)
+    assert metrics["precision_at_2"] == pytest.approx((1 / 2 + 0) / 2)
+    assert metrics["recall_rel_2_at_10"] == pytest.approx((1 + 0) / 2)  # q2 has no doc of relevance >= 2
+    with pytest.warns(DeprecationWarning, match="measures="):
+        old = retrieval_metrics(rankings, qrels, ndcg_k=3, mrr_k=1, recall_k=2)
+    assert old == retrieval_metrics(rankings, qrels, measures=["nDCG@3", "RR@1", "R@2"])
+    with pytest.raises(ValueError, match="name one measure twice"):
+        retrieval_metrics(rankings, qrels, measures=["AP", "AP"])
 
 
 # ------------------------------------------------------------------------------ sparse reps, retrieval
@@ -158,6 +211,65 @@ def test_retrieve_accepts_sparse_reps_and_rejects_mismatch() -> None:
         retrieve(q, torch.rand(3, 21), top_k=5)
     with pytest.raises(ValueError, match="top_k must be >= 1"):
         retrieve(q, d, top_k=0)
+
+
+def dense_prune(dense: Tensor, top_k: int | None, threshold: float | None) -> Tensor:
+    """Reference: per row, zero the weights <= threshold, then keep the top_k by (weight desc, id asc)."""
+    out = dense.clone()
+    if threshold is not None:
+        out[out <= threshold] = 0
+    if top_k is not None:
+        for row in out:
+            order = sorted(range(row.numel()), key=lambda j, row=row: (-row[j].item(), j))
+            row[[j for j in order[top_k:]]] = 0
+    return out
+
+
+@pytest.mark.parametrize(
+    ("top_k", "threshold"), [(None, None), (1, None), (3, None), (50, None), (None, 1.0), (2, 0.5)]
+)
+def test_prune_reps_matches_dense_reference(top_k: int | None, threshold: float | None) -> None:
+    """Top-k per rep and a weight threshold keep exactly the entries a dense per-row sort keeps
+    (ties at the cut: lower vocabulary id), rows with fewer entries untouched, empty rows kept empty."""
+    torch.manual_seed(3)
+    # Weights from {1, 2, 3} with ~40% density: many ties at every cut.
+    dense = torch.randint(1, 4, (12, 15)).float() * (torch.rand(12, 15) < 0.4)
+    dense[5] = 0
+    pruned = prune_reps(SparseReps.from_dense(dense), top_k=top_k, threshold=threshold)
+    assert torch.equal(pruned.to_dense(), dense_prune(dense, top_k, threshold))
+    assert pruned.num_rows == 12
+
+
+def test_pruning_budgets_parse_name_and_refuse_bad_values() -> None:
+    """Q:D[:T] budgets parse to separate query/document top-k and a threshold; bad values are refused."""
+    assert PruningBudget.parse("full") == PruningBudget()
+    assert PruningBudget.parse("32:128") == PruningBudget(32, 128)
+    assert PruningBudget.parse("all:64:0.5") == PruningBudget(None, 64, 0.5)
+    assert [PruningBudget(32, 128).name, PruningBudget(None, 64, 0.5).name] == ["q32-d128", "qall-d64-t0.5"]
+    for text in ("32", "0:5", "a:b", "1:2:x", "1:2:3:4"):
+        with pytest.raises(ValueError, match=r"budget|must be a positive int"):
+            PruningBudget.parse(text)
+    with pytest.raises(ValueError, match="top_k must be a positive int"):
+        prune_reps(SparseReps.from_dense(torch.ones(1, 3)), top_k=0)
+
+
+def test_trec_run_file_reproduces_the_metrics(tmp_path: Path) -> None:
+    """A written TREC run, read back by ir_measures, gives the metrics computed from the run in memory
+    (scores here are distinct, so no tool-specific tie-break applies)."""
+    import ir_measures
+
+    run = {"q1": [("d3", 2.5), ("d1", 1.25), ("d2", 0.5)], "q2": [("d2", 3.0), ("d1", 0.75)]}
+    qrels = {"q1": {"d1": 2, "d2": 1}, "q2": {"d1": 1}}
+    path = write_trec_run(tmp_path / "run.trec", run, tag="test")
+    assert path.read_text().splitlines()[:2] == ["q1 Q0 d3 1 2.5 test", "q1 Q0 d1 2 1.25 test"]
+    measures = parse_measures(["nDCG@10", "RR@10", "AP"])
+    from_file = ir_measures.calc_aggregate(measures, qrels, ir_measures.read_trec_run(str(path)))
+    in_memory = retrieval_metrics(
+        {q: [d for d, _ in hits] for q, hits in run.items()}, qrels, measures=["nDCG@10", "RR@10", "AP"]
+    )
+    assert list(in_memory.values()) == pytest.approx([from_file[m] for m in measures], abs=1e-12)
+    with pytest.raises(ValueError, match="query id 'q 1' is empty or holds whitespace"):
+        write_trec_run(tmp_path / "bad.trec", {"q 1": [("d1", 1.0)]}, tag="test")
 
 
 # ----------------------------------------------------------------------------------------- encoding
@@ -227,6 +339,7 @@ def test_evaluator_matches_hand_computed_metrics(tmp_path: Path, tokenizer, bag_
             "recall_at_10": 1.0,
             "query_nonzeros": 1.0,
             "doc_nonzeros": 1.5,
+            "postings": 6.0,  # 2 + 1 + 1 + 2 terms
         }
     )
 
@@ -249,7 +362,14 @@ def test_evaluator_runs_tiny_splade_on_shipped_dev_subset(tokenizer, tiny_bert_m
     kwargs = {"tokenizer": tokenizer, "document_max_length": 64, "batch_size": 8, "show_progress": False}
     first = SparseRetrievalEvaluator(subset, **kwargs)(encoder)
     assert first == SparseRetrievalEvaluator(subset, **kwargs)(encoder)
-    assert set(first) == {"ndcg_at_10", "mrr_at_10", "recall_at_100", "query_nonzeros", "doc_nonzeros"}
+    assert set(first) == {
+        "ndcg_at_10",
+        "mrr_at_10",
+        "recall_at_100",
+        "query_nonzeros",
+        "doc_nonzeros",
+        "postings",
+    }
     assert all(0.0 <= first[k] <= 1.0 for k in ("ndcg_at_10", "mrr_at_10", "recall_at_100"))
     assert first["recall_at_100"] == 1.0  # 20 docs < 100: everything is retrieved
     assert 0 < first["query_nonzeros"] <= len(tokenizer) and 0 < first["doc_nonzeros"] <= len(tokenizer)
@@ -262,6 +382,10 @@ def test_evaluator_rejects_bad_settings(tmp_path: Path, tokenizer) -> None:
     data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
     with pytest.raises(ValueError, match="top_k must be >= 10"):
         SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=5)
+    with pytest.raises(ValueError, match=r"top_k must be >= 1000 \(the largest cutoff"):
+        SparseRetrievalEvaluator(data, tokenizer=tokenizer, measures=["nDCG@10", "R@1000"])
+    with pytest.raises(ValueError, match=r"measure 'Foo@10' is not an ir_measures measure"):
+        SparseRetrievalEvaluator(data, tokenizer=tokenizer, measures=["Foo@10"])
     with pytest.raises(ValueError, match="document_max_length must be a positive multiple of 8"):
         SparseRetrievalEvaluator(data, tokenizer=tokenizer, document_max_length=100)
     with pytest.raises(TypeError, match="data must be a BeirData"):
@@ -306,6 +430,83 @@ def test_evaluate_refuses_unwritable_output_before_any_work(tmp_path: Path, caps
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "--output_file" in err and "Traceback" not in err and "model" not in err
+
+
+def test_evaluate_at_budgets_reports_metrics_and_index_size(
+    tmp_path: Path, tokenizer, bag_of_words: BagOfWords
+) -> None:
+    """One encoding, several budgets: the full budget equals a plain call; a top-1 document budget keeps
+    one posting per document and ranks by the kept term only (hand-computed)."""
+    data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
+    evaluator = SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=10, show_progress=False)
+    with torch.no_grad():
+        bag_of_words.weight[tokenizer.convert_tokens_to_ids("banana")] = 2.0
+    full, top1 = evaluator.evaluate(bag_of_words, budgets=[PruningBudget(), PruningBudget(doc_top_k=1)])
+    assert full.metrics == evaluator(bag_of_words) and full.budget.name == "full"
+    assert top1.metrics["postings"] == 4.0 and top1.metrics["doc_nonzeros"] == 1.0
+    assert full.metrics["postings"] == 6.0
+    # Top-1 per doc: d1 "apple banana" and d4 "banana cherry" keep "banana" (weight 2), d2 "cherry",
+    # d3 "apple". q1 "apple" -> [d3, d1, d2, d4] (d3: 1, d1 now 0): DCG = 1 + 2/log2 3 over IDCG =
+    # 2 + 1/log2 3, RR 1. q2 "cherry" -> [d2, d1, d3, d4]: relevant d1 at rank 2: nDCG 1/log2 3, RR 1/2.
+    assert [d for d, _ in top1.run["q1"]] == ["d3", "d1", "d2", "d4"]
+    assert [d for d, _ in top1.run["q2"]] == ["d2", "d1", "d3", "d4"]
+    ndcg_q1 = (1 + 2 / math.log2(3)) / (2 + 1 / math.log2(3))
+    assert top1.metrics["ndcg_at_10"] == pytest.approx((ndcg_q1 + 1 / math.log2(3)) / 2)
+    assert top1.metrics["mrr_at_10"] == pytest.approx((1 + 1 / 2) / 2)
+    assert (full.metrics["ndcg_at_10"], full.metrics["mrr_at_10"]) == pytest.approx((0.75, 2 / 3))
+
+
+def test_evaluate_several_folders_budgets_and_runs(tmp_path: Path, tiny_checkpoint: Path, capsys) -> None:
+    """`evaluate` on two BEIR folders at two budgets: one row per (dataset, budget), the mean per budget,
+    a table on stderr, the JSON on stdout and in --output_file, and one TREC run per row beside it."""
+    first = write_fruit_beir(tmp_path / "fruit")
+    second = write_fruit_beir(tmp_path / "more" / "veg")
+    output = tmp_path / "out" / "metrics.json"
+    argv = evaluate_argv(tiny_checkpoint, first, "--output_file", str(output), "--measures", "nDCG@10", "AP")
+    argv[argv.index("--beir_path") + 1 : argv.index("--beir_path") + 2] = [str(first), str(second)]
+    assert main([*argv, "--budgets", "full", "8:8", "--top_k", "10"]) == 0
+    captured = capsys.readouterr()
+    table = json.loads(captured.out)
+    rows = ["fruit full", "fruit q8-d8", "veg full", "veg q8-d8", "mean full", "mean q8-d8"]
+    assert list(table) == rows and json.loads(output.read_text()) == table
+    assert list(table["fruit full"]) == ["ndcg_at_10", "map", "query_nonzeros", "doc_nonzeros", "postings"]
+    assert table["fruit full"] == table["veg full"]  # the same data twice
+    assert table["mean q8-d8"] == pytest.approx(table["fruit q8-d8"])
+    assert table["fruit q8-d8"]["doc_nonzeros"] <= 8 < table["fruit full"]["doc_nonzeros"]
+    assert "fruit q8-d8" in captured.err and "postings" in captured.err
+    runs = sorted(p.name for p in output.parent.glob("*.trec"))
+    assert runs == [f"metrics.{d}.{b}.trec" for d in ("fruit", "veg") for b in ("full", "q8-d8")]
+    assert (
+        len((output.parent / "metrics.fruit.full.trec").read_text().splitlines()) == 2 * 4
+    )  # 2 queries x 4 docs
+
+
+def test_evaluate_refuses_bad_measures_budgets_and_missing_cuda(tmp_path: Path, capsys) -> None:
+    """An unknown measure, a malformed or repeated budget, --device cuda without CUDA and (with an
+    --output_file for the runs) an id that cannot go into a TREC run are one clear line each, before
+    the model (which does not exist here) is read."""
+    beir = write_fruit_beir(tmp_path / "fruit")
+    spaced = write_fruit_beir(tmp_path / "spaced")
+    (spaced / "corpus.jsonl").write_text((spaced / "corpus.jsonl").read_text().replace('"d4"', '"d 4"'))
+    (spaced / "qrels" / "test.tsv").write_text("q1\td1\t1\n")
+    for extra, message in (
+        (["--measures", "Foo@10"], "is not an ir_measures measure"),
+        (["--budgets", "32"], "must be 'full' or Q:D"),
+        (["--budgets", "full", "full"], "budgets must be distinct"),
+        (["--device", "cuda"], "CUDA is not available"),
+        (
+            ["--output_file", str(tmp_path / "m.json"), "--beir_path", str(spaced)],
+            "cannot go into a TREC run",
+        ),
+    ):
+        if extra[0] == "--device" and torch.cuda.is_available():
+            continue
+        argv = evaluate_argv(tmp_path / "no_model", beir, *extra)
+        if extra[0] == "--device":
+            argv = argv[: argv.index("--device")] + argv[argv.index("--device") + 2 :] + extra
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
 
 
 # ----------------------------------------------------------------------------------- Trainer callback

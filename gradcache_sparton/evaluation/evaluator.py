@@ -5,15 +5,35 @@ Legend: Q queries, N documents, K top-k.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from gradcache_sparton.data import BeirData
 from gradcache_sparton.evaluation.encoding import PAD_TO_MULTIPLE_OF, Encoder, encode_texts, encoder_device
-from gradcache_sparton.evaluation.metrics import retrieval_metrics
+from gradcache_sparton.evaluation.metrics import (
+    DEFAULT_MEASURES,
+    measure_cutoff,
+    parse_measures,
+    retrieval_metrics,
+)
+from gradcache_sparton.evaluation.pruning import PruningBudget
 from gradcache_sparton.evaluation.retrieval import retrieve
+from gradcache_sparton.evaluation.runs import Run
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
-__all__ = ["SparseRetrievalEvaluator"]
+__all__ = ["EvaluationResult", "SparseRetrievalEvaluator"]
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """One evaluation at one pruning budget: its metrics and its run (query id -> [(doc id, score)])."""
+
+    budget: PruningBudget
+    metrics: dict[str, float]
+    run: Run
 
 
 class SparseRetrievalEvaluator:
@@ -22,9 +42,12 @@ class SparseRetrievalEvaluator:
     Each call encodes the judged queries (those with a relevant doc) and the whole corpus with
     :func:`encode_texts`, retrieves the top ``top_k`` docs per query with :func:`retrieve` and returns
 
-    - ``ndcg_at_10``, ``mrr_at_10``, ``recall_at_{top_k}`` (:func:`retrieval_metrics`), and
-    - ``query_nonzeros``, ``doc_nonzeros``: average number of non-zero entries per query / doc rep.
+    - one metric per measure (:func:`retrieval_metrics`; default ``nDCG@10``, ``RR@10`` and
+      ``R@{top_k}``, keys ``ndcg_at_10``, ``mrr_at_10``, ``recall_at_{top_k}``), and
+    - ``query_nonzeros``, ``doc_nonzeros``: average number of non-zero entries per query / doc rep,
+      and ``postings``: the corpus's non-zero entries in all (the size of its inverted index).
 
+    :meth:`evaluate` encodes once and evaluates at several :class:`PruningBudget` s, keeping the runs.
     Texts are truncated to ``query_max_length`` / ``document_max_length`` tokens, as in training.
     """
 
@@ -37,6 +60,7 @@ class SparseRetrievalEvaluator:
         document_max_length: int = 256,
         batch_size: int = 64,
         top_k: int = 100,
+        measures: Sequence[str] | None = None,
         device: torch.device | str | None = None,
         autocast_dtype: torch.dtype | None = None,
         show_progress: bool = True,
@@ -45,8 +69,6 @@ class SparseRetrievalEvaluator:
             raise TypeError(f"data must be a BeirData (see load_beir), got {type(data).__name__}")
         if not isinstance(tokenizer, PreTrainedTokenizerBase):
             raise TypeError(f"tokenizer must be a PreTrainedTokenizerBase, got {type(tokenizer).__name__}")
-        if top_k < 10:
-            raise ValueError(f"top_k must be >= 10 (nDCG@10 and MRR@10 need the top 10), got {top_k}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         for name, value in (
@@ -55,12 +77,19 @@ class SparseRetrievalEvaluator:
         ):
             if value < 1 or value % PAD_TO_MULTIPLE_OF:
                 raise ValueError(f"{name} must be a positive multiple of {PAD_TO_MULTIPLE_OF}, got {value}")
+        measures = tuple(measures) if measures is not None else (*DEFAULT_MEASURES[:2], f"R@{top_k}")
+        cutoffs = [c for c in (measure_cutoff(m) for m in parse_measures(measures)) if c is not None]
+        if top_k < max(cutoffs, default=1):
+            raise ValueError(
+                f"top_k must be >= {max(cutoffs)} (the largest cutoff of measures {list(measures)}), got {top_k}"
+            )
         self.data = data
         self.tokenizer = tokenizer
         self.query_max_length = query_max_length
         self.document_max_length = document_max_length
         self.batch_size = batch_size
         self.top_k = top_k
+        self.measures = measures
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.show_progress = show_progress
@@ -69,7 +98,8 @@ class SparseRetrievalEvaluator:
             raise ValueError("data.qrels has no query with a relevant document (relevance > 0)")
         self.doc_ids = list(data.corpus)
 
-    def __call__(self, encoder: Encoder) -> dict[str, float]:
+    def encode(self, encoder: Encoder) -> tuple[SparseReps, SparseReps]:
+        """The reps of the judged queries ([Q, V], in ``query_ids`` order) and of the corpus ([N, V])."""
         common = {
             "tokenizer": self.tokenizer,
             "batch_size": self.batch_size,
@@ -91,13 +121,42 @@ class SparseRetrievalEvaluator:
             desc="Encoding corpus",
             **common,
         )
-        device = encoder_device(encoder) if self.device is None else torch.device(self.device)
-        _, doc_index = retrieve(q_reps, d_reps, top_k=self.top_k, device=device)  # [Q, K]
-        rankings = {
-            query_id: [self.doc_ids[i] for i in row]
-            for query_id, row in zip(self.query_ids, doc_index.tolist(), strict=True)
+        return q_reps, d_reps
+
+    def search(self, q_reps: SparseReps, d_reps: SparseReps, *, device: torch.device | str) -> Run:
+        """The top ``top_k`` (doc id, score) of every judged query, best first (ties: earlier doc)."""
+        scores, doc_index = retrieve(q_reps, d_reps, top_k=self.top_k, device=device)  # [Q, K] each
+        return {
+            query_id: [(self.doc_ids[i], s) for i, s in zip(indices, row_scores, strict=True)]
+            for query_id, indices, row_scores in zip(
+                self.query_ids, doc_index.tolist(), scores.tolist(), strict=True
+            )
         }
-        metrics = retrieval_metrics(rankings, self.data.qrels, ndcg_k=10, mrr_k=10, recall_k=self.top_k)
-        metrics["query_nonzeros"] = q_reps.nonzeros_per_row().double().mean().item()
-        metrics["doc_nonzeros"] = d_reps.nonzeros_per_row().double().mean().item()
-        return metrics
+
+    def score(self, run: Run) -> dict[str, float]:
+        """The metrics of ``run`` against the qrels."""
+        rankings = {query_id: [doc_id for doc_id, _ in hits] for query_id, hits in run.items()}
+        return retrieval_metrics(rankings, self.data.qrels, measures=self.measures)
+
+    def evaluate(
+        self, encoder: Encoder, *, budgets: Sequence[PruningBudget] = (PruningBudget(),)
+    ) -> list[EvaluationResult]:
+        """Encode once, then prune, retrieve and score at each budget (in order)."""
+        if not budgets or not all(isinstance(b, PruningBudget) for b in budgets):
+            raise ValueError(f"budgets must be a non-empty list of PruningBudget, got {budgets!r}")
+        device = encoder_device(encoder) if self.device is None else torch.device(self.device)
+        q_full, d_full = self.encode(encoder)
+        results = []
+        for budget in budgets:
+            q_reps, d_reps = budget.apply(q_full, d_full)
+            run = self.search(q_reps, d_reps, device=device)
+            metrics = self.score(run)
+            metrics["query_nonzeros"] = q_reps.nonzeros_per_row().double().mean().item()
+            metrics["doc_nonzeros"] = d_reps.nonzeros_per_row().double().mean().item()
+            metrics["postings"] = float(d_reps.weights.numel())
+            results.append(EvaluationResult(budget, metrics, run))
+        return results
+
+    def __call__(self, encoder: Encoder) -> dict[str, float]:
+        """The metrics of the unpruned reps (what :class:`RetrievalEvalCallback` logs)."""
+        return self.evaluate(encoder)[0].metrics
