@@ -90,6 +90,19 @@ def test_calibrated_bias_gives_the_target_density(bench: ModuleType, tokenizer) 
         assert nnz / len(tokenizer) == pytest.approx(target, abs=2e-3)
 
 
+def test_missing_pretrained_model_skips_it_unless_named(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without SPLADE-tiny (no package copy, no ../shared) the default run goes on without it; a
+    --model_path that was given but holds no model is refused before any work."""
+    missing = tmp_path / "missing"
+    monkeypatch.setattr(bench, "default_model_path", lambda: missing)
+    args = bench.parse_args(["--output_dir", str(tmp_path), "--models", "tiny,base"])
+    assert args.models == ["base"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--output_dir", str(tmp_path), f"--model_path={missing}"])
+
+
 def _row(
     provider: str, pairs_per_s: float, peak: float, mini_batch: int | None = 32, batch: int = 64
 ) -> dict:
