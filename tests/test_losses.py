@@ -609,6 +609,8 @@ def test_bad_steps_and_loss_kwargs_are_rejected() -> None:
         loss_fn(reps, step=1.0)
     with pytest.raises(TypeError, match="teacher_scores"):
         loss_fn(reps, teacher_scores=torch.zeros(2, 2))
+    with pytest.raises(TypeError, match=r"kl_div_loss needs teacher_scores.*teacher_scores column"):
+        SpladeLoss(SpladeLossConfig(contrastive="kl_div"))(reps)
     with pytest.raises(ValueError, match="final_weight"):
         WarmupSchedule(final_weight=-0.1)
     with pytest.raises(ValueError, match="temperature"):

@@ -115,11 +115,16 @@ def margin_mse_loss(reps: Mapping[str, Tensor], *, teacher_scores: Tensor) -> Te
     return _margin_mse(columns, teacher_scores=teacher_scores)
 
 
-def check_teacher_scores(columns: ContrastiveColumns, *, teacher_scores: object, loss: str) -> None:
+def check_teacher_scores(columns: ContrastiveColumns, *, teacher_scores: object = None, loss: str) -> None:
     """Raise unless ``teacher_scores`` is a floating [B, 1+k] tensor for k >= 1 hard-negative columns.
 
     ``loss`` names the distillation loss in the error (both need hard negatives to compare against).
     """
+    if teacher_scores is None:
+        raise TypeError(
+            f"{loss} needs teacher_scores, a [B, 1+k] tensor of teacher scores (the positive, then each hard "
+            "negative), in the loss kwargs; in training, a numeric teacher_scores column of the data"
+        )
     B, k = columns.q_reps.shape[0], len(columns.neg_reps)
     if k == 0:
         raise ValueError(
