@@ -232,8 +232,8 @@ class SpladeLoss:
 
     Follows the loss contract: ``loss(reps, *, step=None, **loss_kwargs) -> (loss, components)``, where
     ``reps`` maps column names to [B, V] tensors (queries, positives, then hard-negative columns) and
-    ``loss_kwargs`` go to the contrastive loss (``teacher_scores`` for MarginMSE). ``components`` holds
-    detached 0-d fp32 tensors for logging:
+    ``loss_kwargs`` go to the contrastive loss (``teacher_scores`` for MarginMSE and listwise KL).
+    ``components`` holds detached 0-d fp32 tensors for logging:
 
     - ``contrastive``: the ranking loss;
     - ``reg_query``, ``reg_doc``: the unweighted regularizer values;
@@ -241,8 +241,8 @@ class SpladeLoss:
     - ``nnz_query``, ``nnz_doc``: mean non-zeros per query rep and per document rep;
     - ``flops``: expected multiply-adds per (query, document) score, ``sum_v p_q(v) · p_d(v)``.
 
-    Memory: that of the contrastive loss (InfoNCE: ~12·(1+k)·B² bytes for scores), the regularizers
-    add O(V).
+    Memory: that of the contrastive loss (InfoNCE: ~12·(1+k)·B² bytes for scores while they fit 1 GiB,
+    a few score blocks beyond, see ``score_block_size``); the regularizers add O(V).
     """
 
     def __init__(self, config: SpladeLossConfig) -> None:
