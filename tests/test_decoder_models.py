@@ -264,6 +264,11 @@ def _with_lora(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
+def _checkpointed(encoder: SpladeEncoder) -> SpladeEncoder:
+    encoder.gradient_checkpointing_enable()
+    return encoder.train()  # transformers checkpoints only in training mode (dropout is 0 here)
+
+
 CASES = {
     "modernbert": lambda: SpladeEncoder(tiny_modernbert(torch.float64)),
     "llama": lambda: SpladeEncoder(tiny_decoder("llama", dtype=torch.float64)),
@@ -273,6 +278,9 @@ CASES = {
     "llama-lora": lambda: SpladeEncoder(_with_lora(tiny_decoder("llama", dtype=torch.float64))),
     "qwen2-lora-bidirectional": lambda: SpladeEncoder(
         _with_lora(tiny_decoder("qwen2", dtype=torch.float64)), bidirectional=True
+    ),
+    "llama-lora-checkpointing": lambda: _checkpointed(
+        SpladeEncoder(_with_lora(tiny_decoder("llama", dtype=torch.float64)))
     ),
 }
 
