@@ -78,14 +78,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import gzip
 import inspect
 import json
 import math
 import os
-import platform
 import random
 import re
 import statistics
@@ -99,7 +97,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
+from common import run_stamp  # benchmarks/common.py, beside this script
 from torch import Tensor
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 
@@ -800,24 +798,11 @@ def plot(rows: list[dict], path: Path) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
-def run_stamp(device: torch.device, args: argparse.Namespace) -> dict[str, Any]:
-    """Device, versions, date and command of this run."""
-    try:
-        import triton
-
-        triton_version: str | None = triton.__version__
-    except ImportError:
-        triton_version = None
+def metadata(device: torch.device, args: argparse.Namespace) -> dict[str, Any]:
+    """The run stamp (device, versions, date) and this run's command and settings."""
     meta: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": triton_version,
-        "transformers": transformers.__version__,
+        **run_stamp(device),
         "sentence_transformers": sentence_transformers_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "dtype": "bfloat16 autocast" if device.type == "cuda" else "float32",
@@ -969,7 +954,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     scale = SMOKE if args.smoke else FULL
     out = Path(args.output_dir)
-    meta = run_stamp(device, args)
+    meta = metadata(device, args)
     with_st = "st" in args.providers and meta["sentence_transformers"] is not None
     if "st" in args.providers and not with_st:
         print("sentence-transformers is not installed: its rows are skipped", flush=True)
