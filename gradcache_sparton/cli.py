@@ -262,6 +262,7 @@ def _mine(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="gradcache-sparton mine",
         description=COMMANDS["mine"] + " (docs/mining.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     source = parser.add_argument_group("input (at least one)")
     source.add_argument(
@@ -297,7 +298,7 @@ def _mine(argv: Sequence[str]) -> int:
         default="random",
         help="random: k drawn (seeded) from the window; top: the k best ranked.",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of --sampling random.")
     parser.add_argument(
         "--bm25_stemmer", default=BM25_STEMMER, help="PyStemmer algorithm for BM25 tokens, or none."
     )
