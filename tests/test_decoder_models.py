@@ -338,3 +338,33 @@ def test_registered_masked_lm_is_supported() -> None:
         _lm_transforms().pop(CustomBertForMaskedLM, None)
     with pytest.raises(TypeError, match="must be a PreTrainedModel subclass"):
         register_masked_lm(torch.nn.Linear, transform)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(DECODERS))
+def test_cuda_decoder_reps_and_grads_match_materialized_logits(family: str) -> None:
+    """On CUDA (Triton head, no bias): fp32 reps and grads, and bf16-autocast reps, equal the plain computation."""
+    model = tiny_decoder(family).cuda()
+    encoder = SpladeEncoder(model, bidirectional=family == "qwen3")
+    features = {k: v.cuda() for k, v in batch(model.config.vocab_size).items()}
+    reps = encoder(**features)  # [B, V]
+    weights = torch.randn_like(reps)
+    (reps * weights).sum().backward()
+    ours = grads(model)
+    reference = SpladeEncoder(model, bidirectional=family == "qwen3")
+    hidden = reference.token_hidden_states(**features)  # the same backbone pass, logits materialised below
+    logits = hidden @ model.lm_head.weight.T  # [B, S, D] @ [D, V] -> [B, S, V]
+    expected = (torch.log1p(torch.relu(logits)) * features["attention_mask"][:, :, None]).max(dim=1).values
+    torch.testing.assert_close(reps, expected, **REP_TOL)
+    (expected * weights).sum().backward()
+    theirs = grads(model)
+    # As for the masked LMs (test_modeling): 1e-5 of the largest gradient, far below a misplaced one.
+    scale = max(g.abs().max().item() for g in theirs.values())
+    for name, grad in theirs.items():
+        torch.testing.assert_close(ours[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        reps16 = encoder(**features)
+        expected16 = materialized(model, features) if family != "qwen3" else None
+    assert reps16.dtype == torch.bfloat16
+    if expected16 is not None:  # bf16 logits round at 2**-8 relative: ~0.01 absolute at worst
+        torch.testing.assert_close(reps16.float(), expected16.float(), rtol=0, atol=1.5e-2)

@@ -405,3 +405,24 @@ def test_run_model_card_names_base_model_data_settings_and_metrics(tokenizer) ->
     assert "| global batch (rows per loss) | 16 |" in card and "| precision | bf16 |" in card
     assert "Maximum sequence length: 48 tokens" in card
     assert "| eval_ndcg_at_10 | 0.5000 |" in card and "eval_runtime" not in card
+
+
+@pytest.mark.gpu
+def test_cuda_converted_model_gives_sentence_transformers_reps(backbone_dir) -> None:
+    """On CUDA (Triton head): fp32 and bf16-autocast reps of the converted model equal ST's own forward."""
+    reference = sparse_encoder(backbone_dir).to(device="cuda", dtype=torch.float32)
+    model = use_sparton_head(copy.deepcopy(reference))
+    batch = {
+        k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in features(reference, QUERIES).items()
+    }
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(dict(batch))["sentence_embedding"],
+            reference(dict(batch))["sentence_embedding"],
+            rtol=1e-5,
+            atol=1e-5,
+        )
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ours, theirs = (m(dict(batch))["sentence_embedding"] for m in (model, reference))
+    # ST rounds the logits to bf16 (2**-8 relative, ~0.01 absolute at worst); the head keeps them in fp32.
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=0, atol=1.5e-2)
