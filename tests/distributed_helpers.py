@@ -25,7 +25,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-from engine_helpers import contrastive_flops_loss, grads_of, make_columns, make_encoder, pairwise_mse_loss
+from engine_helpers import (
+    FailingEncoder,
+    contrastive_flops_loss,
+    grads_of,
+    make_columns,
+    make_encoder,
+    pairwise_mse_loss,
+)
 from torch import Tensor
 from torch.utils.data import SequentialSampler
 from transformers import BertConfig
@@ -300,6 +307,41 @@ def _run_engine_scenarios(rank: int) -> dict[str, object]:
     return results
 
 
+def _run_failure_scenario(rank: int) -> dict[str, object]:
+    """A replay failing midway under DDP with gradient_as_bucket_view (the same mini-batch on every rank,
+    before the synchronising one), between two synchronised steps, against the same two steps alone."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rows = rank_rows(tuple([GLOBAL_BATCH // WORLD_SIZE] * WORLD_SIZE), rank)
+    (first, first_targets), (second, second_targets) = (
+        global_batch(seed=seed) for seed in ACCUMULATION_SEEDS
+    )
+    results: dict[str, object] = {}
+    final_grads = []
+    for fail in (False, True):
+        encoder = make_encoder(dropout_free_config(), seed=0)
+        failing = FailingEncoder(encoder, fail_on=0, error=RuntimeError("replay failed"))
+        ddp = DistributedDataParallel(failing, gradient_as_bucket_view=True)
+        _cached_step(ddp, first, first_targets, rows)  # .grad now holds bucket views
+        if fail:
+            before = {name: (p.grad.data_ptr(), p.grad.clone()) for name, p in encoder.named_parameters()}
+            failing.replays, failing.fail_on = 0, 2
+            try:
+                _cached_step(ddp, second, second_targets, rows)
+            except RuntimeError as error:
+                results["error"] = str(error)
+            failing.fail_on = 0
+            results["restored_in_place"] = all(
+                p.grad.data_ptr() == before[name][0] and torch.equal(p.grad, before[name][1])
+                for name, p in encoder.named_parameters()
+            )
+        _cached_step(ddp, second, second_targets, rows)
+        final_grads.append(grads_of(encoder))
+    without, with_failure = final_grads
+    results["bitwise_equal_after"] = all(torch.equal(without[name], with_failure[name]) for name in without)
+    return results
+
+
 def _zero_job_rep_grads(reps: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Fixed random rep gradients (the same on every rank) for rank 0's direct replay."""
     generator = torch.Generator().manual_seed(3)
@@ -337,6 +379,7 @@ def _worker(out_dir: Path) -> None:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     results = _run_engine_scenarios(rank)
+    results["failure"] = _run_failure_scenario(rank)
     # accelerate finds the process group initialized and uses it (gloo, MULTI_CPU).
     results["trainer"] = _run_trainer_scenario(out_dir)
     torch.save(results, out_dir / f"rank{rank}.pt")

@@ -33,6 +33,7 @@ __all__ = [
     "per_mini_batch_loss",
     "saved_grads",
     "small_config",
+    "token_budget_groups",
     "uncached_loss",
 ]
 
@@ -160,22 +161,50 @@ def per_mini_batch_loss(
     columns: Mapping[str, Mapping[str, Tensor]],
     loss_fn,
     mini_batch_size: int,
+    *,
+    mini_batch_tokens: int | None = None,
     **loss_kwargs,
 ):
     """The dropout reference: mini-batches encoded in the engine's order, with a graph, then the loss.
 
     Each mini-batch is cut to its longest row (right padding), so it draws the same dropout masks from
-    the global stream as the engine's Step (1) does.
+    the global stream as the engine's Step (1) does. With ``mini_batch_tokens`` the mini-batches are
+    the engine's length groups (:func:`token_budget_groups`), and the reps are put back in row order.
     """
     reps = {}
     for name, features in columns.items():
+        mask = features["attention_mask"]
+        batch = mask.shape[0]
+        if mini_batch_tokens is None:
+            groups = [
+                list(range(start, min(start + mini_batch_size, batch)))
+                for start in range(0, batch, mini_batch_size)
+            ]
+        else:
+            groups = token_budget_groups(mask, mini_batch_tokens, mini_batch_size)
         chunks = []
-        for start in range(0, features["input_ids"].shape[0], mini_batch_size):
-            mb = {k: v[start : start + mini_batch_size] for k, v in features.items()}
-            keep = int(mb["attention_mask"].sum(dim=1).max())
+        for group in groups:
+            mb = {k: v[group] for k, v in features.items()}
+            keep = max(int(mb["attention_mask"].sum(dim=1).max()), 1)
             chunks.append(encoder(**{k: v[:, :keep] for k, v in mb.items()}))
-        reps[name] = torch.cat(chunks)
+        order = torch.tensor([row for group in groups for row in group])
+        reps[name] = torch.cat(chunks)[torch.argsort(order)]  # grouped order -> row order
     return loss_fn(reps, **loss_kwargs)
+
+
+def token_budget_groups(mask: Tensor, tokens: int, max_rows: int) -> list[list[int]]:
+    """The rows of each token-budget mini-batch, written plainly: rows longest first (ties in row order),
+    each group as many as fit ``len(group) x its longest <= tokens`` and ``max_rows`` (at least one)."""
+    lengths = [int(row.sum()) for row in mask]  # right padding: a row's length is its mask's sum
+    order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
+    groups: list[list[int]] = []
+    for row in order:
+        group = groups[-1] if groups else None
+        if group and len(group) < max_rows and (len(group) + 1) * max(lengths[group[0]], 1) <= tokens:
+            group.append(row)
+        else:
+            groups.append([row])
+    return groups
 
 
 def grads_of(module: nn.Module) -> dict[str, Tensor]:

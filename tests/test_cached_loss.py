@@ -361,3 +361,59 @@ def test_backward_failing_midway_restores_grads(config, kind: str, accumulated: 
     assert caught.value is encoder.error and encoder.replays == 4
     assert any("mini-batch 4 of 6" in note and "restored" in note for note in caught.value.__notes__)
     assert_grads_unchanged(encoder, before)
+
+
+def test_mode_change_between_forward_and_backward_is_detected(config) -> None:
+    """model.eval() between the cached forward and its backward (dropout then replays off) raises naming the
+    likely causes, and leaves .grad as it was (None); with check_replay=False it goes through silently."""
+    encoder = make_encoder(config, train=True)
+    columns = make_columns(BATCH, 2)
+    loss = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)(columns)
+    encoder.eval()
+    with pytest.raises(RuntimeError, match=r"did not reproduce Step \(1\).*train/eval mode"):
+        loss.backward()
+    assert all(p.grad is None for p in encoder.parameters())
+
+    encoder.train()
+    unchecked = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3, check_replay=False)(columns)
+    encoder.eval()
+    unchecked.backward()  # the switch: wrong gradients, no error (what the check exists to prevent)
+    assert all(p.grad is not None for p in encoder.parameters())
+
+
+def test_parameters_modified_between_forward_and_backward_are_detected(config) -> None:
+    """An optimizer step between the cached forward and its backward (replay on other weights) raises, and the
+    accumulated gradients are restored bitwise."""
+    encoder = make_encoder(config)
+    accumulate_earlier_micro_step(encoder)
+    before = saved_grads(encoder)
+    loss = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)(make_columns(BATCH, 2))
+    torch.optim.SGD(encoder.parameters(), lr=1e-3).step()  # in place, between forward and backward
+    with pytest.raises(RuntimeError, match=r"did not reproduce Step \(1\).*modified in place"):
+        loss.backward()
+    assert_grads_unchanged(encoder, before)
+
+
+def test_engine_options_go_to_the_engine(config) -> None:
+    """Keywords beyond mini_batch_size reach GradCache unchanged; an unknown one is refused, naming it."""
+    encoder = make_encoder(config)
+    cached = CachedLoss(
+        encoder, contrastive_flops_loss, mini_batch_size=2, mini_batch_tokens=50, check_replay=False
+    )
+    assert (cached.engine.mini_batch_tokens, cached.engine.check_replay) == (50, False)
+    assert cached.engine.encoder is encoder and cached.engine.mini_batch_size == 2
+    with pytest.raises(TypeError, match="mini_batch_chunks"):
+        CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=2, mini_batch_chunks=3)
+
+
+def test_token_budget_cached_loss_matches_full_batch(config) -> None:
+    """The drop-in with token-budget mini-batches gives the uncached loss and every uncached gradient."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 3)
+    ref_loss, ref_grads = _reference_grads(encoder, columns, contrastive_flops_loss)
+
+    loss = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=8, mini_batch_tokens=25)(columns)
+    loss.backward()
+
+    torch.testing.assert_close(loss.detach(), ref_loss, rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)

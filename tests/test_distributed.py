@@ -153,3 +153,14 @@ def test_gather_across_ranks_needs_a_process_group() -> None:
         GradCache(torch.nn.Identity(), mini_batch_size=2, gather_across_ranks=True)
     with pytest.raises(TypeError, match="gather_across_ranks must be a bool or None"):
         GradCache(torch.nn.Identity(), mini_batch_size=2, gather_across_ranks="yes")  # type: ignore[arg-type]
+
+
+def test_replay_failing_midway_under_ddp_restores_bucket_view_grads(ranks) -> None:
+    """Under DDP with gradient_as_bucket_view, a replay failing in the same non-final mini-batch on every
+    rank restores the accumulated .grad bitwise in its bucket views (no hang), and the next step's
+    gradients are bitwise those of a run without the failed step."""
+    for rank in ranks:
+        result = rank["failure"]
+        assert result["error"] == "replay failed"
+        assert result["restored_in_place"]
+        assert result["bitwise_equal_after"]

@@ -11,10 +11,12 @@ doubled or mis-scaled mini-batch is an O(1) error.
 from __future__ import annotations
 
 import contextlib
+import random
 
 import pytest
 import torch
 from engine_helpers import (
+    SMALL_VOCAB,
     RecordingEncoder,
     accumulate_earlier_micro_step,
     assert_grads_close,
@@ -30,7 +32,14 @@ from engine_helpers import (
     uncached_loss,
 )
 
-from gradcache_sparton.engine import AutocastState, GradCache, RngState, iter_mini_batches, row_slices
+from gradcache_sparton.engine import (
+    AutocastState,
+    CachedLoss,
+    GradCache,
+    RngState,
+    iter_mini_batches,
+    row_slices,
+)
 
 RTOL_FP32 = 1e-5  # see the module docstring
 BATCH = 8
@@ -280,6 +289,15 @@ def test_bad_engine_arguments_raise(config) -> None:
         GradCache(encoder, mini_batch_size={"query": 0})
     with pytest.raises(ValueError, match=r"one entry per column: missing \['positive'\]"):
         GradCache(encoder, mini_batch_size={"query": 2}).encode(make_columns(4, 2))
+    with pytest.raises(ValueError, match="mini_batch_tokens must be >= 1, got 0"):
+        GradCache(encoder, mini_batch_size=2, mini_batch_tokens=0)
+    with pytest.raises(TypeError, match="mini_batch_tokens must be an int, got float"):
+        GradCache(encoder, mini_batch_size=2, mini_batch_tokens=64.0)
+    maskless = {name: {"input_ids": f["input_ids"]} for name, f in make_columns(4, 2).items()}
+    with pytest.raises(
+        ValueError, match=r"mini_batch_tokens needs an attention_mask .* column 'query' has none"
+    ):
+        GradCache(encoder, mini_batch_size=2, mini_batch_tokens=64).encode(maskless)
     with pytest.raises(ValueError, match="loss keyword 'targets' has 3 rows but the columns have 4"):
         GradCache(encoder, mini_batch_size=2).step(
             make_columns(4, 2), contrastive_flops_loss, targets=torch.ones(3)
@@ -382,3 +400,149 @@ def test_step_failing_midway_restores_grads(config, kind: str, accumulated: bool
     assert caught.value is encoder.error and encoder.replays == 4
     assert any("mini-batch 4 of 6" in note and "restored" in note for note in caught.value.__notes__)
     assert_grads_unchanged(encoder, before)
+
+
+class PythonRandomEncoder(torch.nn.Module):
+    """Replaces one random token of each row, drawn from Python's ``random`` (which the engine does not replay)."""
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: torch.Tensor, **features: torch.Tensor) -> torch.Tensor:
+        input_ids = input_ids.clone()
+        for row in range(input_ids.shape[0]):
+            input_ids[row, random.randrange(input_ids.shape[1])] = random.randrange(1, SMALL_VOCAB)
+        return self.encoder(input_ids=input_ids, **features)
+
+
+def test_python_random_in_encoder_is_detected(config) -> None:
+    """An encoder drawing from Python's `random` replays other reps: the step raises naming the likely
+    causes, after restoring .grad (None here)."""
+    random.seed(0)
+    encoder = PythonRandomEncoder(make_encoder(config))
+    with pytest.raises(RuntimeError, match=r"did not reproduce Step \(1\).*Python's `random`") as caught:
+        GradCache(encoder, mini_batch_size=3).step(make_columns(BATCH, 2), contrastive_flops_loss)
+    assert any("after replaying all 6 mini-batches" in note for note in caught.value.__notes__)
+    assert all(p.grad is None for p in encoder.parameters())
+
+
+def test_dropout_replay_passes_the_replay_check(config) -> None:
+    """With dropout on, every mini-batch carries a Step (1) fingerprint and the checked replay matches it
+    (the check is on by default); with check_replay=False no fingerprint is kept."""
+    encoder = make_encoder(config, train=True)
+    columns = make_columns(BATCH, 3)
+    engine = GradCache(encoder, mini_batch_size=3)
+    reps, replay_state = engine.encode(columns)
+    _, rep_grads = engine.rep_gradients(reps, contrastive_flops_loss)
+    fingerprints = [mb.fingerprint for mbs in replay_state.mini_batches.values() for mb in mbs]
+    assert len(fingerprints) == 9 and all(f is not None and f.dtype == torch.float32 for f in fingerprints)
+    engine.replay(replay_state, rep_grads)  # raises if any replayed mini-batch differs
+    assert all(p.grad is not None for p in encoder.parameters())
+
+    unchecked = GradCache(encoder, mini_batch_size=3, check_replay=False).encode(columns).replay_state
+    assert all(mb.fingerprint is None for mbs in unchecked.mini_batches.values() for mb in mbs)
+
+
+def test_token_budget_mini_batches_group_rows_by_length() -> None:
+    """mini_batch_tokens: rows longest first (ties in row order), each mini-batch within the token budget
+    (rows x its longest row) and mini_batch_size, cut to its longest row; a row over the budget alone."""
+    lengths = torch.tensor([2, 5, 3, 5, 1, 4])
+    mask = (torch.arange(6).unsqueeze(0) < lengths.unsqueeze(1)).long()  # [6, 6], right padded
+    features = {
+        "input_ids": torch.arange(36).view(6, 6) * mask,
+        "attention_mask": mask,
+        "labels": torch.arange(6),
+    }
+
+    got = list(iter_mini_batches(features, 6, 3, mini_batch_tokens=10))
+    assert [rows.tolist() for rows, _ in got] == [[1, 3], [5, 2], [0, 4]]
+    assert [f["attention_mask"].shape for _, f in got] == [(2, 5), (2, 4), (2, 2)]
+    (_, first), (_, second), _ = got
+    assert torch.equal(second["input_ids"], features["input_ids"][[5, 2], :4])
+    assert torch.equal(second["labels"], torch.tensor([5, 2]))
+    assert torch.equal(first["attention_mask"], mask[[1, 3], :5])
+
+    over_budget = [rows.tolist() for rows, _ in iter_mini_batches(features, 6, 3, mini_batch_tokens=4)]
+    assert over_budget == [[1], [3], [5], [2], [0, 4]]
+    by_rows = [rows.tolist() for rows, _ in iter_mini_batches(features, 6, 2, mini_batch_tokens=100)]
+    assert by_rows == [[1, 3], [5, 2], [0, 4]]
+
+
+@pytest.mark.parametrize("mini_batch_tokens", [7, 20, 30, 1000], ids=["tok7", "tok20", "tok30", "tok1000"])
+def test_token_budget_step_matches_full_batch(config, mini_batch_tokens: int) -> None:
+    """Length-grouped, token-budget mini-batches (budgets splitting unevenly, one row per mini-batch at 7,
+    rows bounded by mini_batch_size at 1000) give the loss and every gradient of one uncached step."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 3)
+    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+
+    engine = GradCache(encoder, mini_batch_size=3, mini_batch_tokens=mini_batch_tokens)
+    loss, _ = engine.step(columns, contrastive_flops_loss)
+
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+@pytest.mark.parametrize("mini_batch_tokens", [20, 33], ids=["tok20", "tok33"])
+def test_token_budget_with_dropout_matches_grouped_reference(config, mini_batch_tokens: int) -> None:
+    """With dropout, token-budget mini-batches give the gradients of the same length groups encoded with a
+    graph from the same seed, reps put back in row order (and the same global RNG state afterwards)."""
+    encoder = make_encoder(config, train=True)
+    columns = make_columns(BATCH, 3)
+    torch.manual_seed(99)
+    ref_loss, _ = per_mini_batch_loss(
+        encoder, columns, contrastive_flops_loss, 4, mini_batch_tokens=mini_batch_tokens
+    )
+    ref_loss.backward()
+    ref_grads, ref_rng = grads_of(encoder), torch.get_rng_state()
+    encoder.zero_grad()
+
+    torch.manual_seed(99)
+    engine = GradCache(encoder, mini_batch_size=4, mini_batch_tokens=mini_batch_tokens)
+    loss, _ = engine.step(columns, contrastive_flops_loss)
+
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+    assert torch.equal(torch.get_rng_state(), ref_rng)
+
+
+def test_inputs_are_checked_once_per_step(config, monkeypatch) -> None:
+    """GradCache.step and CachedLoss check the columns once, at the public entry, not once per stage."""
+    calls: list[int] = []
+    check_columns = GradCache.check_columns
+
+    def counting(self, columns):
+        calls.append(1)
+        check_columns(self, columns)
+
+    monkeypatch.setattr(GradCache, "check_columns", counting)
+    encoder = make_encoder(config)
+    GradCache(encoder, mini_batch_size=4).step(make_columns(4, 2), contrastive_flops_loss)
+    assert len(calls) == 1
+    CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=4)(make_columns(4, 2)).backward()
+    assert len(calls) == 2
+
+
+def test_reps_of_another_width_or_dtype_in_one_column_raise(config) -> None:
+    """An encoder whose mini-batches of one column return reps of different widths or dtypes is refused
+    (naming the column and rows) instead of being cast into the column's reps."""
+    widths = iter([5, 6])
+    dtypes = iter([torch.float32, torch.float64])
+
+    def wider(input_ids, **_):
+        return torch.zeros(input_ids.shape[0], next(widths))
+
+    def other_dtype(input_ids, **_):
+        return torch.zeros(input_ids.shape[0], 5, dtype=next(dtypes))
+
+    columns = make_columns(4, 1)
+    with pytest.raises(
+        ValueError, match=r"\[6\] torch.float32 on cpu for rows 2:4 of column 'query' but \[5\]"
+    ):
+        GradCache(wider, mini_batch_size=2).encode(columns)
+    with pytest.raises(ValueError, match=r"torch.float64 .* column 'query' but \[5\] torch.float32"):
+        GradCache(other_dtype, mini_batch_size=2).encode(columns)

@@ -2,13 +2,17 @@
 
 - :class:`CachedLoss`: drop-in, ``loss = cached(columns); loss.backward()``.
 - :class:`GradCache`: the engine, Steps (1)-(3) as methods, :meth:`GradCache.step` for one call.
-- :class:`RngState`, :class:`AutocastState`: what Step (1) captures and Step (3) replays.
+- :class:`RngState`, :class:`AutocastState`: what Step (1) captures and Step (3) replays;
+  :class:`GradState`: the gradients Step (3) restores when it fails midway.
+- :func:`iter_mini_batches`: a column cut into mini-batches (consecutive rows, or grouped by length
+  under a token budget), each trimmed of its trailing padding.
 - :func:`gather_global_batch`, :func:`ddp_no_sync_context`: the data-parallel pieces both use under DDP.
 """
 
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.cached_loss import CachedLoss
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, gather_global_batch
+from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.gradcache import (
     Columns,
     EncodedBatch,
@@ -20,7 +24,7 @@ from gradcache_sparton.engine.gradcache import (
     MiniBatchContext,
     ReplayState,
 )
-from gradcache_sparton.engine.mini_batch import iter_mini_batches, row_slices
+from gradcache_sparton.engine.mini_batch import Rows, iter_mini_batches, row_slices
 from gradcache_sparton.engine.rng_state import RngState
 
 __all__ = [
@@ -30,12 +34,14 @@ __all__ = [
     "EncodedBatch",
     "Features",
     "GradCache",
+    "GradState",
     "LossFn",
     "LossOutput",
     "MiniBatch",
     "MiniBatchContext",
     "ReplayState",
     "RngState",
+    "Rows",
     "ddp_no_sync_context",
     "gather_global_batch",
     "iter_mini_batches",

@@ -22,7 +22,7 @@ Legend: B batch (rows of a column), V rep width.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
@@ -33,7 +33,6 @@ from gradcache_sparton.engine.gradcache import (
     GradCache,
     LossFn,
     LossOutput,
-    MiniBatchContext,
     ReplayState,
 )
 
@@ -47,13 +46,11 @@ class CachedLoss:
         encoder: ``encoder(**features) -> Tensor [B, V]``.
         loss_fn: ``loss_fn(reps: dict[str, Tensor], **loss_kwargs)`` -> scalar Tensor, or
             (scalar Tensor, dict of component Tensors for logging).
-        mini_batch_size, same_batch_size, allow_non_finite, show_progress: as for
-            :class:`~gradcache_sparton.engine.GradCache` (set ``allow_non_finite=True`` under an
-            fp16 ``GradScaler``, which then skips non-finite steps as usual).
-        gather_across_ranks, mini_batch_context: data parallelism, as for
-            :class:`~gradcache_sparton.engine.GradCache`. By default, under an initialized process
-            group with several ranks the loss sees every rank's rows, and with a DDP-wrapped
-            ``encoder`` only the last replayed mini-batch synchronises gradients.
+        mini_batch_size, mini_batch_tokens, **engine_options: the engine's settings, passed on as
+            ``GradCache(encoder, mini_batch_size=..., mini_batch_tokens=..., **engine_options)``
+            (documented there; the two that cut the batch are named here), e.g.
+            ``allow_non_finite=True`` under an fp16 ``GradScaler``, which then skips non-finite steps
+            as usual, or ``check_replay=False``. The engine is the ``engine`` attribute.
 
     Calling it returns the full-batch loss as a tensor whose ``.backward()`` runs Step (3); with
     ``return_components=True`` it returns :class:`LossOutput` ``(loss, components)``, the
@@ -67,24 +64,15 @@ class CachedLoss:
         loss_fn: LossFn,
         *,
         mini_batch_size: int | Mapping[str, int],
-        same_batch_size: bool = True,
-        allow_non_finite: bool = False,
-        show_progress: bool = False,
-        gather_across_ranks: bool | None = None,
-        mini_batch_context: MiniBatchContext | None = None,
+        mini_batch_tokens: int | None = None,
+        **engine_options: Any,
     ) -> None:
         if not callable(loss_fn):
             raise TypeError(
                 f"loss_fn must be callable as loss_fn(reps, **loss_kwargs), got {type(loss_fn).__name__}"
             )
         self.engine = GradCache(
-            encoder,
-            mini_batch_size=mini_batch_size,
-            same_batch_size=same_batch_size,
-            allow_non_finite=allow_non_finite,
-            show_progress=show_progress,
-            gather_across_ranks=gather_across_ranks,
-            mini_batch_context=mini_batch_context,
+            encoder, mini_batch_size=mini_batch_size, mini_batch_tokens=mini_batch_tokens, **engine_options
         )
         self.loss_fn = loss_fn
 
@@ -102,8 +90,7 @@ class CachedLoss:
         self, columns: Columns, *, return_components: bool = False, **loss_kwargs: object
     ) -> Tensor | LossOutput:
         """The full-batch loss over ``columns``; its ``.backward()`` fills the encoder's gradients."""
-        self.engine.check_loss_kwargs(columns, loss_kwargs)
-        reps, replay_state = self.engine.encode(columns)  # Step (1)
+        reps, replay_state = self.engine.encode(columns, loss_kwargs=loss_kwargs)  # Step (1), inputs checked
         if torch.is_grad_enabled():
             reps = _ReplayOnBackward.attach(self.engine, replay_state, reps)
         output = self.engine.compute_loss(reps, self.loss_fn, loss_kwargs)  # Step (2), forward half

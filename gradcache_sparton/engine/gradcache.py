@@ -25,6 +25,7 @@ Legend: B batch (rows of a column), S sequence, V rep width (the vocabulary for 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -44,7 +45,7 @@ from gradcache_sparton.engine.distributed import (
     gather_global_batch,
 )
 from gradcache_sparton.engine.grad_state import GradState
-from gradcache_sparton.engine.mini_batch import iter_mini_batches
+from gradcache_sparton.engine.mini_batch import Rows, describe_rows, iter_mini_batches
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 
 __all__ = [
@@ -82,11 +83,14 @@ class LossOutput(NamedTuple):
 
 @dataclass(frozen=True)
 class MiniBatch:
-    """One mini-batch of one column: its rows, its (trimmed) features and the RNG state it ran with."""
+    """One mini-batch of one column: its rows (a slice, or an index tensor when grouped by length),
+    its (trimmed) features, the RNG state it ran with and the fingerprint of its Step (1) reps (fp32
+    row sums [mb]; None when the replay is not checked)."""
 
-    rows: slice
+    rows: Rows
     features: dict[str, Tensor]
     rng: RngState
+    fingerprint: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,13 @@ class GradCache:
         mini_batch_size: rows encoded at once; an int for every column or a mapping with one entry
             per column (e.g. short queries in larger mini-batches than long passages). Memory for
             activations is that of one mini-batch; larger is faster until it no longer fits.
+        mini_batch_tokens: length-grouped, token-budget mini-batches: each column's rows are taken
+            longest first and packed into mini-batches of at most this many padded tokens (rows x
+            the mini-batch's longest row, which it is cut to) and at most ``mini_batch_size`` rows;
+            the reps are put back in the column's order before the loss, so the result is the same
+            as without grouping (up to fp32 summation order). Bounds activation memory by tokens
+            rather than rows, and saves the padding of mixed lengths. Every column needs a 2-D
+            ``attention_mask``. None (default): consecutive rows, ``mini_batch_size`` at a time.
         same_batch_size: require every column, and every batch-first tensor in ``loss_kwargs``, to
             have the same number of rows, checked before any encoding (what contrastive losses over
             query/positive/negative columns need). Set False for losses whose columns differ.
@@ -127,6 +138,13 @@ class GradCache:
         mini_batch_context: default for :meth:`replay`'s ``mini_batch_context``. None: when the encoder
             is ``DistributedDataParallel`` (also under ``torch.compile``), every replayed mini-batch
             but the last runs under its ``no_sync()``; otherwise no context.
+        check_replay: prove on every step that Step (3) reproduced Step (1): each mini-batch's reps
+            are fingerprinted (fp32 row sums, compared bitwise on the device, read back once at the
+            end of Step (3)); a mismatch raises ``RuntimeError`` naming the likely causes (train/eval
+            mode or parameters changed between forward and backward, randomness that is not
+            replayed) after restoring ``.grad``. Set False for an encoder that is legitimately not
+            deterministic (e.g. a compiled encoder whose graph-less and graph-recording programs
+            round differently).
 
     Attributes:
         world_size: how many ranks' batches the loss sees (1 when not gathering).
@@ -137,23 +155,30 @@ class GradCache:
         encoder: Callable[..., Tensor],
         *,
         mini_batch_size: int | Mapping[str, int],
+        mini_batch_tokens: int | None = None,
         same_batch_size: bool = True,
         allow_non_finite: bool = False,
         show_progress: bool = False,
         gather_across_ranks: bool | None = None,
         mini_batch_context: MiniBatchContext | None = None,
+        check_replay: bool = True,
     ) -> None:
         if not callable(encoder):
             raise TypeError(f"encoder must be callable as encoder(**features), got {type(encoder).__name__}")
         sizes = mini_batch_size.items() if isinstance(mini_batch_size, Mapping) else [("", mini_batch_size)]
-        for column, size in sizes:
-            where = f"mini_batch_size[{column!r}]" if column else "mini_batch_size"
+        named = [
+            (f"mini_batch_size[{column!r}]" if column else "mini_batch_size", size) for column, size in sizes
+        ]
+        if mini_batch_tokens is not None:
+            named.append(("mini_batch_tokens", mini_batch_tokens))
+        for where, size in named:
             if isinstance(size, bool) or not isinstance(size, int):
                 raise TypeError(f"{where} must be an int, got {type(size).__name__}")
             if size < 1:
                 raise ValueError(f"{where} must be >= 1, got {size}")
         self.encoder = encoder
         self.mini_batch_size = mini_batch_size
+        self.mini_batch_tokens = mini_batch_tokens
         self.same_batch_size = same_batch_size
         self.allow_non_finite = allow_non_finite
         self.show_progress = show_progress
@@ -162,6 +187,7 @@ class GradCache:
         if mini_batch_context is None and ddp is not None:
             mini_batch_context = ddp_no_sync_context(ddp)
         self.mini_batch_context = mini_batch_context
+        self.check_replay = check_replay
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
         self._data_parallel = self.world_size > 1 or ddp is not None
@@ -176,45 +202,69 @@ class GradCache:
         Returns:
             The detached loss and its detached components.
         """
-        self.check_loss_kwargs(columns, loss_kwargs)
-        reps, replay_state = self.encode(columns)  # Step (1)
+        reps, replay_state = self.encode(columns, loss_kwargs=loss_kwargs)  # Step (1)
         output, rep_grads = self.rep_gradients(reps, loss_fn, **loss_kwargs)  # Step (2)
         del reps  # Step (3) needs only the gradients: free the [B, V] reps before re-encoding
         self.replay(replay_state, rep_grads)  # Step (3)
         return output
 
-    def encode(self, columns: Columns) -> EncodedBatch:
+    def encode(self, columns: Columns, *, loss_kwargs: Mapping[str, object] | None = None) -> EncodedBatch:
         """Step (1): encode every mini-batch of every column without a graph.
+
+        The inputs are checked once, here, before any encoding: the columns (:meth:`check_columns`)
+        and, when given, the batch-first tensors among the loss's keyword arguments
+        (:meth:`check_loss_kwargs`); later steps trust them.
 
         Before each mini-batch the CPU generator and the generators of every CUDA device its inputs
         (and the encoder's parameters) live on are captured; the autocast state is captured once.
-        Each mini-batch's trailing padding is trimmed first (see :func:`iter_mini_batches`).
+        Each mini-batch's trailing padding is trimmed first (see :func:`iter_mini_batches`); with
+        ``mini_batch_tokens`` the rows are grouped by length, and each column's reps are still
+        returned in its row order. Every column is cut into mini-batches before the first is
+        encoded, so reading the row lengths back waits for no encoder work.
         """
         self.check_columns(columns)
+        if loss_kwargs:
+            self.check_loss_kwargs(columns, loss_kwargs)
         sizes = self._mini_batch_sizes(columns)
         encoder_devices = _cuda_devices_of_encoder(self.encoder)
         input_device_types = {t.device.type for features in columns.values() for t in features.values()}
         autocast = AutocastState.capture(input_device_types)
         reps: dict[str, Tensor] = {}
         mini_batches: dict[str, tuple[MiniBatch, ...]] = {}
-        total = sum(-(-_rows(features) // sizes[column]) for column, features in columns.items())
+        plans = {
+            column: list(
+                iter_mini_batches(
+                    features, _rows(features), sizes[column], mini_batch_tokens=self.mini_batch_tokens
+                )
+            )
+            for column, features in columns.items()
+        }
         with (
             torch.no_grad(),
             _quiet_reentrant_checkpoint(),
-            self._progress(total, "GradCache Step (1) encode") as bar,
+            self._progress(sum(map(len, plans.values())), "GradCache Step (1) encode") as bar,
         ):
-            for column, features in columns.items():
-                column_reps: list[Tensor] = []
+            for column, plan in plans.items():
+                batch_size = _rows(columns[column])
+                column_reps: Tensor | None = None  # [B, V], rows in the column's order
                 column_mini_batches: list[MiniBatch] = []
-                for rows, mb_features in iter_mini_batches(features, _rows(features), sizes[column]):
+                for rows, mb_features in plan:
                     rng = RngState.capture((*cuda_devices_of(mb_features.values()), *encoder_devices))
                     rep = self.encoder(**mb_features)  # [mb, V]
-                    _check_rep(rep, column, rows)
-                    column_reps.append(rep)
-                    column_mini_batches.append(MiniBatch(rows=rows, features=mb_features, rng=rng))
+                    _check_rep(rep, column, rows, column_reps)
+                    if isinstance(rows, slice) and rows == slice(0, batch_size):
+                        column_reps = rep  # one mini-batch of every row, in order: no copy
+                    else:
+                        if column_reps is None:
+                            column_reps = rep.new_empty((batch_size, *rep.shape[1:]))
+                        column_reps[rows] = rep  # [mb, V] -> its rows of [B, V]
+                    fingerprint = _fingerprint(rep) if self.check_replay else None
+                    column_mini_batches.append(
+                        MiniBatch(rows=rows, features=mb_features, rng=rng, fingerprint=fingerprint)
+                    )
                     bar.update()
-                # [mb, V] per mini-batch -> [B, V]
-                reps[column] = column_reps[0] if len(column_reps) == 1 else torch.cat(column_reps)
+                assert column_reps is not None  # a column has at least one row (check_columns)
+                reps[column] = column_reps
                 mini_batches[column] = tuple(column_mini_batches)
         return EncodedBatch(reps, ReplayState(mini_batches=mini_batches, autocast=autocast))
 
@@ -269,7 +319,8 @@ class GradCache:
             FloatingPointError: a column's gradient is not finite (before any re-encoding), unless
                 ``allow_non_finite``; under data parallelism on every rank when it is so on any.
             RuntimeError: a replayed rep does not require grad, or differs in shape or dtype from
-                Step (1)'s.
+                Step (1)'s; with ``check_replay``, after the last mini-batch, when a replayed
+                mini-batch's reps are not bitwise Step (1)'s (the message names the likely causes).
 
         Whatever fails once re-encoding has begun (one of the errors above, the encoder's own, an
         out-of-memory error in any mini-batch's forward or backward), the encoder's parameter
@@ -297,7 +348,7 @@ class GradCache:
         parameters = _parameters_of(self.encoder)
         # A failure in mini-batch k must not leave mini-batches 1..k-1 in .grad: put it back as it was.
         grad_state = GradState.capture(parameters or ())
-        index = 0
+        index, checked, differs = 0, [], []
         try:
             with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
                 for index, (column, mb) in enumerate(jobs):
@@ -311,19 +362,17 @@ class GradCache:
                         else:  # W · dL/dr: DDP's average then gives single-process gradients (_ReplayOnBackward)
                             grad = grads[column][mb.rows] * self.world_size
                         _check_replayed_rep(rep, grad, column, mb.rows)
+                        if self.check_replay and mb.fingerprint is not None:
+                            # Compared on the device; read back once, after the last mini-batch.
+                            checked.append((column, mb))
+                            differs.append(_fingerprints_differ(_fingerprint(rep), mb.fingerprint))
                         rep.backward(grad)
                     bar.update()
+            index = len(jobs)
+            _raise_if_not_reproduced(checked, differs)
         except BaseException as error:
             grad_state.restore()
-            column, mb = jobs[index]
-            where = f"GradCache Step (3) failed in replayed mini-batch {index + 1} of {len(jobs)} (column {column!r}, rows {mb.rows.start}:{mb.rows.stop})"
-            if parameters is None:
-                error.add_note(
-                    f"{where}; the encoder is not an nn.Module, so its gradients could not be restored: "
-                    ".grad may hold the mini-batches replayed before the failure (zero it before retrying)"
-                )
-            else:
-                error.add_note(f"{where}; the encoder's .grad was restored to what it was before the step")
+            error.add_note(_failure_note(jobs, index, restored=parameters is not None))
             raise
 
     def compute_loss(
@@ -393,6 +442,12 @@ class GradCache:
             batch_sizes[column] = _rows(features)
             if batch_sizes[column] == 0:
                 raise ValueError(f"column {column!r} is an empty batch (0 rows)")
+            mask = features.get("attention_mask")
+            if self.mini_batch_tokens is not None and (mask is None or mask.ndim != 2):
+                raise ValueError(
+                    f"mini_batch_tokens needs an attention_mask [B, S] in every column to measure row "
+                    f"lengths; column {column!r} has {'none' if mask is None else f'one of shape {list(mask.shape)}'}"
+                )
         if self.same_batch_size and len(set(batch_sizes.values())) != 1:
             raise ValueError(
                 f"columns have different batch sizes {batch_sizes}; the loss needs them equal "
@@ -406,8 +461,8 @@ class GradCache:
             )
 
     def check_loss_kwargs(self, columns: Columns, loss_kwargs: Mapping[str, object]) -> None:
-        """With ``same_batch_size``, batch-first tensors in ``loss_kwargs`` must match the columns' rows."""
-        self.check_columns(columns)
+        """With ``same_batch_size``, batch-first tensors in ``loss_kwargs`` must match the rows of ``columns``
+        (already checked by :meth:`check_columns`)."""
         if not self.same_batch_size:
             return
         batch_size = _rows(next(iter(columns.values())))
@@ -460,27 +515,97 @@ def _parameters_of(encoder: Callable[..., Tensor]) -> list[nn.Parameter] | None:
     return None
 
 
-def _check_rep(rep: object, column: str, rows: slice) -> None:
+def _check_rep(rep: object, column: str, rows: Rows, column_reps: Tensor | None) -> None:
+    # column_reps: the column's [B, V] reps so far, which every mini-batch must match in shape and dtype.
     if not isinstance(rep, Tensor):
         raise TypeError(f"encoder must return a Tensor [B, V], got {type(rep).__name__} (column {column!r})")
-    expected = rows.stop - rows.start
+    expected = rows.stop - rows.start if isinstance(rows, slice) else len(rows)
     if rep.ndim < 1 or rep.shape[0] != expected:
         raise ValueError(
             f"encoder returned shape {tuple(rep.shape)} for {expected} rows of column {column!r}; "
             "expected the batch dimension first"
         )
+    if column_reps is not None and (
+        rep.shape[1:] != column_reps.shape[1:]
+        or rep.dtype != column_reps.dtype
+        or rep.device != column_reps.device
+    ):
+        raise ValueError(
+            f"encoder returned {list(rep.shape[1:])} {rep.dtype} on {rep.device} for {describe_rows(rows)} of "
+            f"column {column!r} but {list(column_reps.shape[1:])} {column_reps.dtype} on {column_reps.device} "
+            "for its earlier rows: every mini-batch of a column must give reps of one width, dtype and device"
+        )
 
 
-def _check_replayed_rep(rep: Tensor, grad: Tensor, column: str, rows: slice) -> None:
-    where = f"column {column!r}, rows {rows.start}:{rows.stop}"
+def _fingerprint(rep: Tensor) -> Tensor:
+    """[mb, ...] -> [mb]: each row's fp32 sum, a cheap digest equal bit for bit for bitwise-equal reps.
+
+    Computed the same way in Step (1) and Step (3): one layout (so one summation order), no graph,
+    and outside autocast (CUDA autocast would cast the input to fp32 first, another kernel).
+    """
+    rows = rep.detach().contiguous().view(rep.shape[0], math.prod(rep.shape[1:]))  # [mb, ...] -> [mb, V]
+    with torch.no_grad(), torch.autocast(rep.device.type, enabled=False):
+        return rows.sum(dim=1, dtype=torch.float32)  # [mb, V] -> [mb]
+
+
+def _fingerprints_differ(replayed: Tensor, first: Tensor) -> Tensor:
+    # Compared as bits: NaN (allow_non_finite) equals itself, and -0.0 differs from 0.0.
+    return (replayed.view(torch.int32) != first.view(torch.int32)).any()
+
+
+def _raise_if_not_reproduced(checked: list[tuple[str, MiniBatch]], differs: list[Tensor]) -> None:
+    if not differs:
+        return
+    # One device sync for every mini-batch's comparison.
+    flags = torch.stack([flag.to(differs[0].device) for flag in differs]).tolist()
+    bad = [
+        f"column {column!r} {describe_rows(mb.rows)}"
+        for (column, mb), flag in zip(checked, flags, strict=True)
+        if flag
+    ]
+    if not bad:
+        return
+    raise RuntimeError(
+        f"GradCache Step (3) did not reproduce Step (1): the replayed reps of {len(bad)} of {len(checked)} "
+        f"mini-batches differ from the reps the loss saw ({'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}), "
+        "so their gradients would belong to another function. Likely causes: the encoder's train/eval "
+        "mode changed between the forward and the backward (model.eval() or model.train() in between); "
+        "parameters were modified in place between the forward and the backward (e.g. optimizer.step() "
+        "before loss.backward()); randomness the engine does not replay (Python's `random`, NumPy, a "
+        "torch.Generator of the encoder's own: only torch's default CPU generator and the default "
+        "generators of the CUDA devices in use are replayed). For an encoder that is legitimately not "
+        "deterministic, pass check_replay=False."
+    )
+
+
+def _failure_note(jobs: list[tuple[str, MiniBatch]], index: int, *, restored: bool) -> str:
+    if index < len(jobs):
+        column, mb = jobs[index]
+        where = (
+            f"in replayed mini-batch {index + 1} of {len(jobs)} (column {column!r}, {describe_rows(mb.rows)})"
+        )
+    else:
+        where = f"after replaying all {len(jobs)} mini-batches"
+    if not restored:
+        return (
+            f"GradCache Step (3) failed {where}; the encoder is not an nn.Module, so its gradients could not "
+            "be restored: .grad may hold the mini-batches replayed before the failure (zero it before retrying)"
+        )
+    return (
+        f"GradCache Step (3) failed {where}; the encoder's .grad was restored to what it was before the step"
+    )
+
+
+def _check_replayed_rep(rep: Tensor, grad: Tensor, column: str, rows: Rows) -> None:
     if not isinstance(rep, Tensor) or not rep.requires_grad:
         raise RuntimeError(
-            f"the replayed rep ({where}) does not require grad: the encoder ran without autograd "
-            "(is it left under torch.no_grad(), or are all its parameters frozen?)"
+            f"the replayed rep (column {column!r}, {describe_rows(rows)}) does not require grad: the encoder "
+            "ran without autograd (is it left under torch.no_grad(), or are all its parameters frozen?)"
         )
     if rep.shape != grad.shape or rep.dtype != grad.dtype:
         raise RuntimeError(
-            f"the replayed rep ({where}) is {tuple(rep.shape)} {rep.dtype} but Step (1) produced "
+            f"the replayed rep (column {column!r}, {describe_rows(rows)}) is {tuple(rep.shape)} {rep.dtype} "
+            "but Step (1) produced "
             f"{tuple(grad.shape)} {grad.dtype}: the encoder is not deterministic given RNG and autocast state"
         )
 
