@@ -456,6 +456,7 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, monke
 # ------------------------------------------------------------------------------------------ end to end
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch and transformers: most of its ~10-30 s
 def test_cli_mines_the_shipped_scifact_sample(tmp_path: Path) -> None:
     """`python -m gradcache_sparton.cli mine` on the shipped SciFact dev sample writes one row per
     relevant judgement with 2 negatives that train reads, none a positive of its query; a second run
