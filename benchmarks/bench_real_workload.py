@@ -887,7 +887,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def tiny_random_model(scale: Scale, vocab: int, seed: int) -> BertForMaskedLM:
+def random_model(scale: Scale, vocab: int, seed: int) -> BertForMaskedLM:
+    """The base-width masked LM (a tiny one with ``SMOKE``), random weights from ``seed``."""
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=vocab,
@@ -914,7 +915,7 @@ def prepare_models(
             info["source"] = str(path)
         else:
             # base width (or, with --smoke, a tiny stand-in for both): random init, calibrated bias
-            model = tiny_random_model(scale, len(tokenizer), args.seed).to(device).eval()
+            model = random_model(scale, len(tokenizer), args.seed).to(device).eval()
             flat = [sample[c] for sample in samples for c in COLUMNS]
             info["decoder_bias"] = calibrate_decoder_bias(model, flat, args.target_density)
             info["source"] = f"random init D{scale.base_hidden} L{scale.base_layers}, calibrated bias"
