@@ -408,10 +408,12 @@ def test_short_window_after_skipping_positives_is_an_error() -> None:
 
 
 def test_run_mining_checks_paths_before_loading(tmp_path: Path) -> None:
-    """Missing files, a bad output suffix, an existing output without overwrite, a missing input and
-    splade without a checkpoint are clear errors; the existing file is left as it was."""
+    """Missing files, a bad output suffix, an existing output without overwrite, a missing input, a pairs file
+    that is not jsonl and splade without a checkpoint are clear errors; the existing file is left as it was."""
     existing = tmp_path / "out.jsonl"
     existing.write_text("keep\n")
+    csv_pairs = tmp_path / "pairs.csv"
+    csv_pairs.write_text("query,positive\nq,p\n")
     dev = str(default_dev_beir_path())
     cases = [
         (dict(output_file=existing, beir_path=dev, split="dev"), "exists: pass overwrite=True"),
@@ -425,12 +427,13 @@ def test_run_mining_checks_paths_before_loading(tmp_path: Path) -> None:
             "corpus='beir' needs beir_path",
         ),
         (dict(output_file=tmp_path / "o.jsonl", beir_path=dev, rank_start=5, rank_end=5), "rank window 5..5"),
+        (dict(output_file=tmp_path / "o.jsonl", train_data=csv_pairs), r"mining reads \['.jsonl', '.json'\]"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             run_mining(show_progress=False, **kwargs)
     assert existing.read_text() == "keep\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "pairs.csv"]
 
 
 def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch) -> None:
