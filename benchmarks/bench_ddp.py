@@ -46,9 +46,7 @@ for _name, _value in (
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import datetime  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Mapping  # noqa: E402
@@ -56,7 +54,7 @@ from datetime import timedelta  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import transformers  # noqa: E402
+from common import run_stamp  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from transformers import BertConfig  # noqa: E402
@@ -238,25 +236,6 @@ def _synchronize(device: torch.device) -> None:
 # ---------------------------------------------------------------------------------------------- main
 
 
-def _stamp(device: torch.device) -> dict:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "transformers": transformers.__version__,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
-        "date": datetime.date.today().isoformat(),
-    }
-
-
 def _table(report: dict) -> str:
     lines = ["| check | result |", "|---|---|"]
     for row in report["equality"]:
@@ -315,7 +294,7 @@ def main() -> None:
             **({} if args.smoke else {"device_id": device}),
         )
     rank = dist.get_rank() if launched else 0
-    report: dict = {"stamp": _stamp(device), "equality": [], "throughput": []}
+    report: dict = {"stamp": run_stamp(device), "equality": [], "throughput": []}
     if launched:
         report["equality"] = equality_check(device, smoke=args.smoke)
         dist.barrier()

@@ -3,8 +3,8 @@
 Legend: B batch, S sequence, D hidden, V vocabulary.
 
 Providers, timed in one process on one GPU:
-  eager     the head as usually written: logits = H @ E^T + bias materialised as [B, S, V],
-            log1p(relu(.)) * mask, max over S;
+  eager     the head as usually written (gradcache_sparton.kernels.splade_head_materialized):
+            logits = F.linear(H, E, bias) materialised as [B, S, V], masked, log1p(relu(.)), max over S;
   compile   the same function under torch.compile (inductor fuses the epilogue; logits still exist);
   reference gradcache_sparton.kernels.sparton_head_reference (vocabulary-chunked, fp32 matmuls);
   sparton   gradcache_sparton.kernels.SpartonHead (fused Triton forward, sparse backward);
@@ -28,7 +28,6 @@ Run on the GPU machine from the repository root (prints a table, writes JSON):
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import sys
@@ -36,9 +35,10 @@ from collections.abc import Callable
 
 import torch
 import triton
+from common import run_stamp
 from torch import Tensor
 
-from gradcache_sparton.kernels import sparton_head, sparton_head_reference
+from gradcache_sparton.kernels import sparton_head, sparton_head_reference, splade_head_materialized
 
 STANDARD = (128, 512, 768, 30522)  # (B, S, D, V): BERT-base vocabulary, a 512-token batch of 128
 SWEEPS = {
@@ -49,18 +49,12 @@ SWEEPS = {
 PROVIDERS = ("eager", "compile", "reference", "sparton")
 
 
-def head_eager(h: Tensor, e: Tensor, bias: Tensor, mask: Tensor) -> Tensor:
-    logits = h @ e.T + bias  # [B, S, D] @ [D, V] -> [B, S, V]
-    act = torch.log1p(torch.relu(logits)) * mask[:, :, None]  # [B, S, V]
-    return act.max(dim=1).values  # [B, V]
-
-
-head_compiled = torch.compile(head_eager, dynamic=False)
+head_compiled = torch.compile(splade_head_materialized, dynamic=False)
 
 
 def _provider(name: str) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
     return {
-        "eager": head_eager,
+        "eager": splade_head_materialized,
         "compile": head_compiled,
         "reference": sparton_head_reference,
         "sparton": sparton_head,
@@ -132,7 +126,7 @@ def bench_shape(B: int, S: int, D: int, V: int, providers: list[str], bias_mean:
     # it sits up to one bf16 ulp of the logit away from Sparton's fp32 max; compare at 2 ulps).
     try:
         with torch.no_grad():
-            want = head_eager(h, e, bias, mask).float()
+            want = splade_head_materialized(h, e, bias, mask).float()
             got = sparton_head(h, e, bias, mask).float()
         row["check_max_abs_diff_vs_eager"] = (got - want).abs().max().item()
         row["y_nonzero_frac"] = (got > 0).float().mean().item()
@@ -203,11 +197,7 @@ def main() -> int:
     tc = cublas_tflops()
     rows = []
     meta = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.date.today().isoformat(),
+        **run_stamp(),
         "cublas_bf16_8192_tflops": tc,
         "command": " ".join(sys.argv),
     }

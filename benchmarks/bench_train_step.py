@@ -62,12 +62,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import json
 import math
 import os
-import platform
 import re
 import statistics
 import sys
@@ -79,11 +77,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
+from common import run_stamp
 from torch import Tensor, nn
 from transformers import BertConfig
 
 from gradcache_sparton import CachedLoss, GradCache, SpladeEncoder, SpladeLoss, SpladeLossConfig
+from gradcache_sparton.kernels import splade_max_pool
 
 GiB = 2**30
 COLUMNS = ("query", "positive", "negative_1")
@@ -251,12 +250,6 @@ def select_plans(spec: str, scale: Scale) -> list[Plan]:
 # ---------------------------------------------------------------------------------------------------
 # Model, heads, data
 # ---------------------------------------------------------------------------------------------------
-
-
-def splade_max_pool(logits: Tensor, attention_mask: Tensor) -> Tensor:
-    """The SPLADE head as usually written, on materialised logits: [B, S, V] -> [B, V]."""
-    act = torch.log1p(torch.relu(logits)) * attention_mask[:, :, None]  # [B, S, V]
-    return act.max(dim=1).values  # [B, V]
 
 
 class TorchHeadEncoder(nn.Module):
@@ -690,14 +683,7 @@ def print_table(rows: list[dict], targets: list[dict]) -> None:
 
 def metadata(device: torch.device, scale: Scale, args: argparse.Namespace) -> dict:
     meta = {
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "triton": _triton_version(),
-        "transformers": transformers.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.date.today().isoformat(),
+        **run_stamp(device),
         "command": " ".join(sys.argv),
         "smoke": args.smoke,
         "dtype": "bfloat16 autocast" if device.type == "cuda" else "float32",
@@ -709,14 +695,6 @@ def metadata(device: torch.device, scale: Scale, args: argparse.Namespace) -> di
     if device.type == "cuda":
         meta["gpu_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / GiB
     return meta
-
-
-def _triton_version() -> str | None:
-    try:
-        import triton
-    except ImportError:  # CPU machines without triton: the head uses its PyTorch reference there
-        return None
-    return triton.__version__
 
 
 def write_outputs(out: Path, meta: dict, rows: list[dict], scale: Scale) -> list[dict]:

@@ -23,6 +23,7 @@ import json
 import sys
 
 import torch
+from common import run_stamp
 
 from gradcache_sparton.kernels import sparton_head, sparton_head_reference
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference
@@ -115,11 +116,7 @@ def main() -> int:
     for i, (B, S, D, V, dtype) in enumerate(CASES):
         rows.append(check(B, S, D, V, dtype, seed=i))
         print(json.dumps(rows[-1]), flush=True)
-    meta = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-    }
+    meta = run_stamp()
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

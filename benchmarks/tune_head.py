@@ -18,6 +18,7 @@ import sys
 
 import torch
 import triton
+from common import run_stamp
 
 from gradcache_sparton.kernels.sparton import (
     BackwardBlocks,
@@ -112,9 +113,7 @@ def main() -> int:
     print(rows[-1])
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(
-                {"shape": [B, S, D, V], "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1
-            )
+            json.dump({"shape": [B, S, D, V], **run_stamp(), "rows": rows}, f, indent=1)
     return 0
 
 

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
     """benchmarks/bench_train_step.py imported as a module (benchmarks/ is not a package)."""
+    if str(ROOT / "benchmarks") not in sys.path:  # its ``from common import run_stamp``, as when run
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(
         "bench_train_step", ROOT / "benchmarks" / "bench_train_step.py"
     )

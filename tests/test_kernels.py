@@ -15,7 +15,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from gradcache_sparton.kernels import SpartonHead, sparton_head, sparton_head_reference
+from gradcache_sparton.kernels import (
+    SpartonHead,
+    sparton_head,
+    sparton_head_reference,
+    splade_head_materialized,
+    splade_max_pool,
+)
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference
 
 pytestmark = pytest.mark.kernel
@@ -86,12 +92,6 @@ def _launch_backward(
     return sparton_backward(g, h, e, mx, arg)
 
 
-def _naive_head(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> Tensor:
-    """The definition, with the full [B, S, V] logits and max over S of the masked activations."""
-    logits = h @ e.T + (b if b is not None else 0)  # [B, S, D] @ [D, V] -> [B, S, V]
-    return (torch.log1p(torch.relu(logits)) * m[:, :, None]).amax(dim=1)
-
-
 def _top2_gap(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> Tensor:
     """[B, V] fp64 gap between the largest and second-largest masked logit (ties and near-ties: small)."""
     logits = h.double() @ e.double().T + (b.double() if b is not None else 0)
@@ -106,19 +106,40 @@ def _top2_gap(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> Tensor:
 
 
 def test_reference_matches_naive_full_logits_fp64() -> None:
-    """The chunked reference equals the full-logits definition, forward and all gradients, in fp64."""
+    """The chunked reference equals the full-logits head (splade_head_materialized), forward and all
+    gradients, in fp64."""
     h, e, b, m = _inputs(3, 29, 24, 41, True, torch.float64, torch.device("cpu"), seed=1)
     h, e, b = (t.requires_grad_() for t in (h, e, b))
     g = torch.randn(3, 41, dtype=torch.float64)
     # chunk_elements forces ~6 vocabulary chunks, so chunk boundaries are exercised.
     y = sparton_head_reference(h, e, b, m, chunk_elements=3 * 29 * 7)
-    y_naive = _naive_head(h, e, b, m)
+    y_naive = splade_head_materialized(h, e, b, m)
     torch.testing.assert_close(y, y_naive, rtol=1e-12, atol=1e-12)
     assert (y[0] == 0).all() and (y[:, :3] == 0).all()  # fully masked row, all-negative columns
     grads = torch.autograd.grad(y, (h, e, b), g)
     grads_naive = torch.autograd.grad(y_naive, (h, e, b), g)
     for got, want in zip(grads, grads_naive, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_materialized_head_is_the_usual_splade_pooling() -> None:
+    """splade_max_pool equals log1p(relu(logits)) · mask max-pooled (as SPLADE code writes it), values and
+    gradients, and sends a tie's whole gradient to its first position (the kernels' rule, not amax's)."""
+    g = torch.Generator().manual_seed(14)
+    logits = torch.randn(3, 9, 7, generator=g, dtype=torch.float64)
+    logits[:, 2] = logits[:, 2].abs() + 3.0
+    logits[:, 6] = logits[:, 2]  # positions 2 and 6 tie for the max everywhere
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[0] = 0
+    mask[1, 5:] = 0
+    x = logits.clone().requires_grad_()
+    y = splade_max_pool(x, mask)
+    usual = (torch.log1p(torch.relu(x)) * mask[:, :, None]).max(dim=1).values
+    torch.testing.assert_close(y, usual, rtol=0, atol=0)
+    grad = torch.randn(3, 7, generator=g, dtype=torch.float64)
+    (got,) = torch.autograd.grad(y, x, grad)
+    (want,) = torch.autograd.grad(usual, x, grad)
+    assert torch.equal(got, want) and (got[2, 2] != 0).all() and (got[:, 6] == 0).all()
 
 
 def test_reference_and_cpu_op_pass_gradcheck() -> None:

@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
@@ -57,6 +58,8 @@ __all__ = [
     "non_finite_columns",
     "sparton_head_backward_reference",
     "sparton_head_reference",
+    "splade_head_materialized",
+    "splade_max_pool",
 ]
 
 # 2**25 fp32 elements = 128 MiB per logits chunk: large enough that the chunked matmuls run at full
@@ -146,6 +149,30 @@ def _reference(
     if return_argmax:
         return y, torch.cat(maxes, dim=1), torch.cat(argmaxes, dim=1)
     return y
+
+
+def splade_max_pool(logits: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B, S, V] materialised logits -> [B, V] = max_s log1p(relu(logits)) · M, in the logits' dtype.
+
+    The plain SPLADE pooling, as a masked-LM's own logits feed it. Masked positions are filled with -inf
+    before the activation, as in :func:`sparton_head_reference` (same values as multiplying by the mask
+    for finite logits, and a non-finite logit at a masked position is ignored, as in the fused head);
+    ``Tensor.max(dim)`` sends the whole gradient to the first maximal position, the kernels' tie rule.
+    """
+    masked = logits.masked_fill(attention_mask[:, :, None] == 0, float("-inf"))  # [B, S, V]
+    return torch.log1p(torch.relu(masked)).max(dim=1).values  # [B, S, V] -> [B, V]
+
+
+def splade_head_materialized(
+    hidden_states: Tensor, weight: Tensor, bias: Tensor | None, attention_mask: Tensor
+) -> Tensor:
+    """The SPLADE head as usually written: the full [B, S, V] logits, then :func:`splade_max_pool`.
+
+    The eager baseline of the benchmarks (and, under ``torch.compile``, the compiled one) and the
+    definition the tests check the chunked reference against. Runs in the inputs' dtype (autocast
+    applies as to any ``F.linear``); memory grows with B·S·V, which is what the fused head avoids.
+    """
+    return splade_max_pool(F.linear(hidden_states, weight, bias), attention_mask)  # [B, S, D] @ [D, V]
 
 
 def backward_coefficients(grad_y: Tensor, max_logits: Tensor) -> Tensor:

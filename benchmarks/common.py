@@ -1,0 +1,42 @@
+"""What every benchmark records about where it ran: one run stamp for all of benchmarks/.
+
+Imported by the benchmark scripts as ``from common import run_stamp`` (a script's own folder is first
+on ``sys.path``; benchmarks/ is not a package).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import platform
+
+import torch
+
+__all__ = ["run_stamp"]
+
+
+def run_stamp(device: torch.device | None = None) -> dict[str, str | None]:
+    """Device name, torch / CUDA / triton / transformers / NCCL versions and the UTC date of this run.
+
+    ``device`` defaults to the current CUDA device when there is one, else the CPU. Versions of packages
+    that are not installed (triton on a CPU machine) and NCCL off CUDA are None.
+    """
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    return {
+        "device": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
