@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 from transformers import BertConfig, BertForMaskedLM
 
+from gradcache_sparton.kernels import splade_max_pool
+
 __all__ = [
     "COLUMN_LENGTHS",
     "SMALL_VOCAB",
@@ -68,8 +70,7 @@ class SpladeLikeEncoder(nn.Module):
         logits = self.mlm(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         ).logits  # [B, S, V]
-        weights = torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1)  # [B, S, V]
-        return weights.max(dim=1).values  # [B, S, V] -> [B, V]
+        return splade_max_pool(logits, attention_mask)  # [B, S, V] -> [B, V]
 
 
 def make_encoder(config: BertConfig, *, seed: int = 0, train: bool = False) -> SpladeLikeEncoder:

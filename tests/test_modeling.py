@@ -32,7 +32,7 @@ from transformers import (
     XLMRobertaConfig,
 )
 
-from gradcache_sparton.kernels import sparton_head_reference
+from gradcache_sparton.kernels import sparton_head_reference, splade_max_pool
 from gradcache_sparton.modeling import SPLADE_CONFIG_NAME, SpladeEncoder, supported_masked_lm_classes
 
 # V is prime and different per family, so no size coincidence (or multiple of a tile) hides a bug.
@@ -125,7 +125,7 @@ def plain_splade(model: PreTrainedModel, features: dict[str, Tensor], mask: Tens
     """The plain SPLADE computation: the masked-LM's own full logits, log1p(relu(.)), mask, max over S."""
     logits = model(**features).logits  # [B, S, V]
     mask = features["attention_mask"] if mask is None else mask  # [B, S]
-    return (torch.log1p(torch.relu(logits)) * mask[:, :, None]).max(dim=1).values  # [B, V]
+    return splade_max_pool(logits, mask)  # [B, S, V] -> [B, V]
 
 
 def param_grads(model: torch.nn.Module) -> dict[str, Tensor]:
