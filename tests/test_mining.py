@@ -407,9 +407,11 @@ def test_short_window_after_skipping_positives_is_an_error() -> None:
         )
 
 
-def test_run_mining_checks_paths_before_loading(tmp_path: Path) -> None:
+def test_run_mining_checks_paths_before_loading(tmp_path: Path, monkeypatch) -> None:
     """Missing files, a bad output suffix, an existing output without overwrite, a missing input, a pairs file
-    that is not jsonl and splade without a checkpoint are clear errors; the existing file is left as it was."""
+    that is not jsonl, splade without a checkpoint or with one that does not load are clear errors; the
+    existing file is left as it was."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a name that is no folder is never looked up on a hub
     existing = tmp_path / "out.jsonl"
     existing.write_text("keep\n")
     csv_pairs = tmp_path / "pairs.csv"
@@ -428,6 +430,15 @@ def test_run_mining_checks_paths_before_loading(tmp_path: Path) -> None:
         ),
         (dict(output_file=tmp_path / "o.jsonl", beir_path=dev, rank_start=5, rank_end=5), "rank window 5..5"),
         (dict(output_file=tmp_path / "o.jsonl", train_data=csv_pairs), r"mining reads \['.jsonl', '.json'\]"),
+        (  # the checkpoint is loaded (and fails) before the pairs file is read
+            dict(
+                output_file=tmp_path / "o.jsonl",
+                train_data=csv_pairs,
+                method="splade",
+                model_name_or_path="no/such",
+            ),
+            "model_name_or_path 'no/such' is not a local folder",
+        ),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):

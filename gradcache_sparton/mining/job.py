@@ -50,11 +50,12 @@ def run_mining(
     or, without it, from the judgements with relevance > 0 of the BEIR folder ``beir_path`` (qrels
     ``split``). The corpus mined from is ``corpus="beir"`` (the BEIR folder's corpus; the default when
     ``beir_path`` is given) or ``"positives"`` (the distinct positives of the pairs). ``method="splade"``
-    ranks with the checkpoint ``model_name_or_path`` (its own tokenizer, on ``device``: default cuda
-    when available). The other settings are :func:`~gradcache_sparton.mining.mine_hard_negatives`'s.
+    ranks with the checkpoint ``model_name_or_path``, loaded as ``evaluate`` loads it (its own
+    tokenizer), on ``device`` (default: cuda when available). The other settings are :func:`~gradcache_sparton.mining.mine_hard_negatives`'s.
 
     Every setting, the output path (``.jsonl`` / ``.jsonl.gz``; an existing file needs ``overwrite``)
-    and the input paths are checked before anything is loaded.
+    and the input paths are checked before anything is loaded; a checkpoint that does not load fails
+    before the data is read.
     """
     check_mining_settings(
         num_negatives=num_negatives,
@@ -79,20 +80,15 @@ def run_mining(
         )
     if method == "splade":
         if model_name_or_path is None:
-            raise ValueError("method='splade' needs model_name_or_path (a checkpoint folder)")
-        if not Path(model_name_or_path).is_dir():
-            raise ValueError(f"model_name_or_path {model_name_or_path!r} is not a local folder")
+            raise ValueError("method='splade' needs model_name_or_path (a checkpoint)")
     elif model_name_or_path is not None:
         raise ValueError("model_name_or_path is only used by method='splade' (method is 'bm25')")
     else:
         check_bm25_installed(bm25_stemmer)
 
     start = time.perf_counter()
-    needs_beir = beir_path is not None and (train_data is None or corpus == "beir")
-    beir = load_beir(beir_path, split=split) if needs_beir else None
-    pairs = load_mining_pairs(train_data) if train_data is not None else beir_mining_pairs(beir)
     encoder = tokenizer = None
-    if method == "splade":
+    if method == "splade":  # first: a checkpoint that does not load fails before the data is read
         from gradcache_sparton.arguments import ModelArguments
         from gradcache_sparton.pipeline import build_encoder, build_tokenizer
 
@@ -101,6 +97,9 @@ def run_mining(
         encoder = build_encoder(model_args, tokenizer)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         encoder.to(device).eval()
+    needs_beir = beir_path is not None and (train_data is None or corpus == "beir")
+    beir = load_beir(beir_path, split=split) if needs_beir else None
+    pairs = load_mining_pairs(train_data) if train_data is not None else beir_mining_pairs(beir)
     mined = mine_hard_negatives(
         pairs,
         corpus=beir.corpus if corpus == "beir" else None,
