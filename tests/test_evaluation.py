@@ -20,6 +20,7 @@ from gradcache_sparton.evaluation import (
     SparseReps,
     SparseRetrievalEvaluator,
     encode_texts,
+    export_corpus,
     ndcg_at_k,
     parse_measures,
     prune_reps,
@@ -27,6 +28,8 @@ from gradcache_sparton.evaluation import (
     reciprocal_rank_at_k,
     retrieval_metrics,
     retrieve,
+    retrieve_seismic,
+    seismic_available,
     write_trec_run,
 )
 from gradcache_sparton.modeling import SpladeEncoder
@@ -481,10 +484,17 @@ def test_evaluate_several_folders_budgets_and_runs(tmp_path: Path, tiny_checkpoi
     )  # 2 queries x 4 docs
 
 
-def test_evaluate_refuses_bad_measures_budgets_and_missing_cuda(tmp_path: Path, capsys) -> None:
+def test_evaluate_refuses_bad_measures_budgets_and_missing_cuda(
+    tmp_path: Path, tiny_checkpoint: Path, capsys, monkeypatch
+) -> None:
     """An unknown measure, a malformed or repeated budget, --device cuda without CUDA and (with an
     --output_file for the runs) an id that cannot go into a TREC run are one clear line each, before
-    the model (which does not exist here) is read."""
+    the model is built (building it fails the test here)."""
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was built before the arguments were checked")
+
+    monkeypatch.setattr("gradcache_sparton.pipeline.build_encoder", no_model)
     beir = write_fruit_beir(tmp_path / "fruit")
     spaced = write_fruit_beir(tmp_path / "spaced")
     (spaced / "corpus.jsonl").write_text((spaced / "corpus.jsonl").read_text().replace('"d4"', '"d 4"'))
@@ -501,12 +511,132 @@ def test_evaluate_refuses_bad_measures_budgets_and_missing_cuda(tmp_path: Path, 
     ):
         if extra[0] == "--device" and torch.cuda.is_available():
             continue
-        argv = evaluate_argv(tmp_path / "no_model", beir, *extra)
+        argv = evaluate_argv(tiny_checkpoint, beir, *extra)
         if extra[0] == "--device":
             argv = argv[: argv.index("--device")] + argv[argv.index("--device") + 2 :] + extra
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------------------ export, seismic index
+
+needs_seismic = pytest.mark.skipif(
+    not seismic_available(), reason="pyseismic-lsr (the seismic extra) is not installed"
+)
+
+
+def random_sparse(rows: int, vocab: int, per_row: int, seed: int) -> Tensor:
+    """[rows, vocab] with per_row continuous positive weights per row: no two scores tie."""
+    generator = torch.Generator().manual_seed(seed)
+    dense = torch.zeros(rows, vocab)
+    for row in dense:
+        row[torch.randperm(vocab, generator=generator)[:per_row]] = (
+            torch.rand(per_row, generator=generator) + 0.05
+        )
+    return dense
+
+
+@needs_seismic
+def test_seismic_index_agrees_with_exhaustive_search() -> None:
+    """With the exact defaults, the seismic index returns the documents exhaustive search ranks above
+    zero, in the same order, with scores equal up to seismic's value rounding (~1e-3 relative)."""
+    q, d = random_sparse(6, 40, 5, seed=4), random_sparse(300, 40, 6, seed=5)
+    scores, index = retrieve(q, d, top_k=20)
+    found = retrieve_seismic(SparseReps.from_dense(q), SparseReps.from_dense(d), top_k=20, num_threads=1)
+    for row_scores, row_index, hits in zip(scores.tolist(), index.tolist(), found, strict=True):
+        expected = [(i, s) for i, s in zip(row_index, row_scores, strict=True) if s > 0]
+        assert [i for i, _ in hits] == [i for i, _ in expected]
+        assert [s for _, s in hits] == pytest.approx([s for _, s in expected], rel=5e-3)
+
+
+@needs_seismic
+def test_evaluator_through_seismic_equals_exhaustive(
+    tmp_path: Path, tokenizer, bag_of_words: BagOfWords
+) -> None:
+    """The evaluator's seismic path gives the exhaustive path's metrics on a folder without ties."""
+    data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
+    with torch.no_grad():  # distinct term weights: apple 1, banana 2, cherry 3 -> no tied documents
+        for weight, token in enumerate(("apple", "banana", "cherry"), start=1):
+            bag_of_words.weight[tokenizer.convert_tokens_to_ids(token)] = float(weight)
+    data = BeirData(corpus=data.corpus, queries={"q1": "apple banana"}, qrels={"q1": data.qrels["q1"]})
+    kwargs = {"tokenizer": tokenizer, "top_k": 10, "show_progress": False}
+    exhaustive = SparseRetrievalEvaluator(data, **kwargs)(bag_of_words)
+    seismic = SparseRetrievalEvaluator(data, retrieval="seismic", **kwargs)(bag_of_words)
+    assert seismic == pytest.approx(exhaustive, rel=1e-6)
+    with pytest.raises(ValueError, match="retrieval must be one of"):
+        SparseRetrievalEvaluator(data, retrieval="faiss", **kwargs)
+
+
+def test_export_corpus_streams_both_formats(tmp_path: Path, tokenizer, bag_of_words: BagOfWords) -> None:
+    """Exported lines hold each document's rep by term: float weights for seismic, round(w * scale)
+    integers (zeros left out) for Anserini; chunking does not change the file; an encoder failing
+    midway leaves no file under the final name."""
+    docs = [
+        ("d1", "apple banana"),
+        ("d2", "cherry"),
+        ("d3", "apple"),
+        ("d4", "banana cherry"),
+        ("d5", "grape"),
+    ]
+    with torch.no_grad():
+        bag_of_words.weight[tokenizer.convert_tokens_to_ids("banana")] = 0.004  # quantizes to 0 at scale 100
+        bag_of_words.weight[tokenizer.convert_tokens_to_ids("cherry")] = 1.236
+    common = {"tokenizer": tokenizer, "max_length": 16, "show_progress": False}
+    seismic_path = tmp_path / "corpus.seismic.jsonl"
+    assert (
+        export_corpus(bag_of_words, docs, seismic_path, export_format="seismic", chunk_size=2, **common) == 5
+    )
+    lines = [json.loads(line) for line in seismic_path.read_text().splitlines()]
+    assert lines[0] == {"id": "d1", "content": "", "vector": {"apple": 1.0, "banana": pytest.approx(0.004)}}
+    assert lines[3]["vector"] == {"banana": pytest.approx(0.004), "cherry": pytest.approx(1.236)}
+    anserini_path = tmp_path / "corpus.anserini.jsonl"
+    export_corpus(
+        bag_of_words, iter(docs), anserini_path, export_format="anserini", chunk_size=100, total=5, **common
+    )
+    lines = [json.loads(line) for line in anserini_path.read_text().splitlines()]
+    assert [line["vector"] for line in lines] == [
+        {"apple": 100},
+        {"cherry": 124},
+        {"apple": 100},
+        {"cherry": 124},
+        {"grape": 100},
+    ]
+    assert lines[0]["id"] == "d1" and lines[0]["contents"] == ""
+    again = tmp_path / "again.jsonl"
+    export_corpus(bag_of_words, docs, again, export_format="seismic", chunk_size=100, **common)
+    assert again.read_text() == seismic_path.read_text()
+
+    def failing(**features: Tensor) -> Tensor:
+        if features["input_ids"].shape[0] < 2:
+            raise RuntimeError("device lost")
+        return bag_of_words(**features)
+
+    with pytest.raises(RuntimeError, match="device lost"):
+        export_corpus(failing, docs, tmp_path / "lost.jsonl", export_format="seismic", chunk_size=2, **common)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("lost")) == []
+    with pytest.raises(ValueError, match="export_format must be one of"):
+        export_corpus(bag_of_words, docs, tmp_path / "x.jsonl", export_format="trec", **common)
+
+
+@needs_seismic
+def test_seismic_reads_the_exported_corpus(tmp_path: Path, tokenizer, bag_of_words: BagOfWords) -> None:
+    """seismic's own builder reads the exported file: every document and every weight arrive."""
+    from seismic import SeismicIndex
+
+    docs = [("d1", "apple banana"), ("d2", "cherry"), ("d3", "apple grape")]
+    path = tmp_path / "corpus.jsonl"
+    export_corpus(
+        bag_of_words,
+        docs,
+        path,
+        tokenizer=tokenizer,
+        export_format="seismic",
+        max_length=16,
+        show_progress=False,
+    )
+    index = SeismicIndex.build(str(path), n_postings=10, num_threads=1)
+    assert (index.len, index.nnz) == (3, 5)
 
 
 # ----------------------------------------------------------------------------------- Trainer callback

@@ -14,6 +14,8 @@ One job per module:
   nothing of size Q × N × V (nor Q × N) is ever built. Ties rank the earlier doc first.
 - :mod:`.metrics`: any ``ir_measures`` measure (default nDCG@10, RR@10, R@100), averaged over the
   queries with at least one relevant document.
+- :mod:`.seismic_index`: :func:`retrieve_seismic`, retrieval through a seismic inverted index.
+- :mod:`.export`: :func:`export_corpus` streams encoded corpora to seismic's and Anserini's formats.
 - :mod:`.runs`: runs (query id -> ranked (doc id, score)) and TREC run files.
 - :mod:`.evaluator`: :class:`SparseRetrievalEvaluator`, the pipeline on a BEIR dataset.
 - :mod:`.report`: the mean over datasets and a plain-text table of results.
@@ -23,7 +25,8 @@ One job per module:
 
 from gradcache_sparton.evaluation.callback import RetrievalEvalCallback
 from gradcache_sparton.evaluation.encoding import encode_texts
-from gradcache_sparton.evaluation.evaluator import EvaluationResult, SparseRetrievalEvaluator
+from gradcache_sparton.evaluation.evaluator import RETRIEVALS, EvaluationResult, SparseRetrievalEvaluator
+from gradcache_sparton.evaluation.export import EXPORT_FORMATS, export_corpus, write_vectors
 from gradcache_sparton.evaluation.metrics import (
     DEFAULT_MEASURES,
     measure_key,
@@ -37,10 +40,13 @@ from gradcache_sparton.evaluation.pruning import PruningBudget, prune_reps
 from gradcache_sparton.evaluation.report import format_table, mean_metrics
 from gradcache_sparton.evaluation.retrieval import retrieve
 from gradcache_sparton.evaluation.runs import Run, check_trec_ids, write_trec_run
+from gradcache_sparton.evaluation.seismic_index import retrieve_seismic, seismic_available
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
 __all__ = [
     "DEFAULT_MEASURES",
+    "EXPORT_FORMATS",
+    "RETRIEVALS",
     "EvaluationResult",
     "PruningBudget",
     "RetrievalEvalCallback",
@@ -49,6 +55,7 @@ __all__ = [
     "SparseRetrievalEvaluator",
     "check_trec_ids",
     "encode_texts",
+    "export_corpus",
     "format_table",
     "mean_metrics",
     "measure_key",
@@ -59,5 +66,8 @@ __all__ = [
     "reciprocal_rank_at_k",
     "retrieval_metrics",
     "retrieve",
+    "retrieve_seismic",
+    "seismic_available",
     "write_trec_run",
+    "write_vectors",
 ]

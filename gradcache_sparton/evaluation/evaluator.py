@@ -22,9 +22,13 @@ from gradcache_sparton.evaluation.metrics import (
 from gradcache_sparton.evaluation.pruning import PruningBudget
 from gradcache_sparton.evaluation.retrieval import retrieve
 from gradcache_sparton.evaluation.runs import Run
+from gradcache_sparton.evaluation.seismic_index import retrieve_seismic, seismic_available
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
-__all__ = ["EvaluationResult", "SparseRetrievalEvaluator"]
+__all__ = ["RETRIEVALS", "EvaluationResult", "SparseRetrievalEvaluator"]
+
+# Exhaustive chunked search (:func:`retrieve`) or a seismic inverted index (:func:`retrieve_seismic`).
+RETRIEVALS = ("exhaustive", "seismic")
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class SparseRetrievalEvaluator:
       and ``postings``: the corpus's non-zero entries in all (the size of its inverted index).
 
     :meth:`evaluate` encodes once and evaluates at several :class:`PruningBudget` s, keeping the runs.
+    ``retrieval`` picks exhaustive search or a seismic index (see :meth:`search`).
     Texts are truncated to ``query_max_length`` / ``document_max_length`` tokens, as in training.
     """
 
@@ -61,6 +66,7 @@ class SparseRetrievalEvaluator:
         batch_size: int = 64,
         top_k: int = 100,
         measures: Sequence[str] | None = None,
+        retrieval: str = "exhaustive",
         device: torch.device | str | None = None,
         autocast_dtype: torch.dtype | None = None,
         show_progress: bool = True,
@@ -77,6 +83,12 @@ class SparseRetrievalEvaluator:
         ):
             if value < 1 or value % PAD_TO_MULTIPLE_OF:
                 raise ValueError(f"{name} must be a positive multiple of {PAD_TO_MULTIPLE_OF}, got {value}")
+        if retrieval not in RETRIEVALS:
+            raise ValueError(f"retrieval must be one of {RETRIEVALS}, got {retrieval!r}")
+        if retrieval == "seismic" and not seismic_available():
+            raise ValueError(
+                "retrieval='seismic' needs pyseismic-lsr: pip install 'gradcache_sparton[seismic]'"
+            )
         measures = tuple(measures) if measures is not None else (*DEFAULT_MEASURES[:2], f"R@{top_k}")
         cutoffs = [c for c in (measure_cutoff(m) for m in parse_measures(measures)) if c is not None]
         if top_k < max(cutoffs, default=1):
@@ -90,6 +102,7 @@ class SparseRetrievalEvaluator:
         self.batch_size = batch_size
         self.top_k = top_k
         self.measures = measures
+        self.retrieval = retrieval
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.show_progress = show_progress
@@ -124,7 +137,17 @@ class SparseRetrievalEvaluator:
         return q_reps, d_reps
 
     def search(self, q_reps: SparseReps, d_reps: SparseReps, *, device: torch.device | str) -> Run:
-        """The top ``top_k`` (doc id, score) of every judged query, best first (ties: earlier doc)."""
+        """The top ``top_k`` (doc id, score) of every judged query, best first (ties: earlier doc).
+
+        ``retrieval="seismic"`` searches a seismic index instead (:func:`retrieve_seismic`, exact by
+        default; documents sharing no term with the query are not returned, ties in seismic's order).
+        """
+        if self.retrieval == "seismic":
+            found = retrieve_seismic(q_reps, d_reps, top_k=self.top_k)
+            return {
+                query_id: [(self.doc_ids[i], s) for i, s in hits]
+                for query_id, hits in zip(self.query_ids, found, strict=True)
+            }
         scores, doc_index = retrieve(q_reps, d_reps, top_k=self.top_k, device=device)  # [Q, K] each
         return {
             query_id: [(self.doc_ids[i], s) for i, s in zip(indices, row_scores, strict=True)]

@@ -1,0 +1,137 @@
+"""Export encoded corpora for inverted-index engines: seismic's and Anserini's JSON-lines formats.
+
+Legend: N documents, V vocabulary.
+
+One line per document, the rep as a ``{term: weight}`` map keyed by the tokenizer's vocabulary
+(``"protein"``, ``"##s"``; a term is its token string):
+
+- ``seismic``: ``{"id": ..., "content": "", "vector": {term: float weight}}`` (``SeismicIndex.build``);
+- ``anserini``: Anserini's ``JsonVectorCollection``, ``{"id": ..., "contents": "", "vector": {term:
+  int}}``, with quantized impact weights ``round(weight * scale)`` (entries that round to 0 are left out).
+
+:func:`export_corpus` streams: documents are read, encoded and written a chunk at a time, so memory is
+one chunk's texts and reps whatever the corpus size; a tqdm bar counts documents. The file is written
+under a temporary name and renamed when complete, so an interrupted export never leaves a partial file
+under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from itertools import islice
+from pathlib import Path
+from typing import TextIO
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from gradcache_sparton.evaluation.encoding import Encoder, encode_texts
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
+
+__all__ = ["EXPORT_FORMATS", "export_corpus", "write_vectors"]
+
+EXPORT_FORMATS = ("seismic", "anserini")
+
+
+def write_vectors(
+    handle: TextIO,
+    ids: Sequence[str],
+    reps: SparseReps,
+    *,
+    terms: Sequence[str],
+    export_format: str,
+    scale: float = 100.0,
+) -> int:
+    """Write one JSON line per rep (row i is document ``ids[i]``); returns the number of entries written.
+
+    ``terms[v]`` names vocabulary id v. ``scale`` quantizes the ``anserini`` weights.
+    """
+    if export_format not in EXPORT_FORMATS:
+        raise ValueError(f"export_format must be one of {EXPORT_FORMATS}, got {export_format!r}")
+    if len(ids) != reps.num_rows:
+        raise ValueError(f"ids has {len(ids)} entries but reps has {reps.num_rows} rows")
+    if len(terms) != reps.vocab_size:
+        raise ValueError(f"terms has {len(terms)} entries but the reps have V={reps.vocab_size}")
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale!r}")
+    offsets, token_ids, weights = reps.offsets.tolist(), reps.token_ids.tolist(), reps.weights.tolist()
+    written = 0
+    for row, doc_id in enumerate(ids):
+        entries = zip(
+            token_ids[offsets[row] : offsets[row + 1]], weights[offsets[row] : offsets[row + 1]], strict=True
+        )
+        if export_format == "seismic":
+            vector = {terms[v]: w for v, w in entries}
+            line = {"id": doc_id, "content": "", "vector": vector}
+        else:
+            vector = {terms[v]: q for v, w in entries if (q := round(w * scale)) > 0}
+            line = {"id": doc_id, "contents": "", "vector": vector}
+        written += len(vector)
+        handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return written
+
+
+def export_corpus(
+    encoder: Encoder,
+    documents: Iterable[tuple[str, str]],
+    path: str | Path,
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    export_format: str,
+    max_length: int = 256,
+    batch_size: int = 64,
+    chunk_size: int = 4096,
+    scale: float = 100.0,
+    device: torch.device | str | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    total: int | None = None,
+    show_progress: bool = True,
+) -> int:
+    """Encode ``documents`` ((doc id, text) pairs, e.g. from :func:`~gradcache_sparton.data.read_corpus`)
+    and write them to ``path`` in ``export_format``; returns the number of documents written.
+
+    Streams ``chunk_size`` documents at a time (encoded with :func:`encode_texts` in batches of
+    ``batch_size``); ``total`` sizes the progress bar. The folder of ``path`` must exist.
+    """
+    if export_format not in EXPORT_FORMATS:
+        raise ValueError(f"export_format must be one of {EXPORT_FORMATS}, got {export_format!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"path {str(path)!r}: its folder does not exist")
+    terms = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    partial = path.with_name(path.name + ".partial")
+    count = 0
+    documents = iter(documents)
+    try:
+        with (
+            partial.open("w", encoding="utf-8") as handle,
+            tqdm(
+                total=total, desc=f"Exporting ({export_format})", unit="doc", disable=not show_progress
+            ) as bar,
+        ):
+            while chunk := list(islice(documents, chunk_size)):
+                ids = [doc_id for doc_id, _ in chunk]
+                reps = encode_texts(
+                    encoder,
+                    [text for _, text in chunk],
+                    tokenizer=tokenizer,
+                    max_length=max_length,
+                    batch_size=batch_size,
+                    device=device,
+                    autocast_dtype=autocast_dtype,
+                    show_progress=False,
+                )
+                write_vectors(handle, ids, reps, terms=terms, export_format=export_format, scale=scale)
+                count += len(chunk)
+                bar.update(len(chunk))
+        if count == 0:
+            raise ValueError("documents is empty: nothing to export")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return count
