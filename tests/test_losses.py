@@ -291,6 +291,21 @@ def test_blocked_info_nce_bf16_reps() -> None:
         torch.testing.assert_close(blocked_in[name].grad, expected, rtol=2**-8, atol=1e-6)
 
 
+@pytest.mark.parametrize("block_size", [None, 3])
+def test_scores_stay_fp32_under_a_callers_autocast(block_size: int | None) -> None:
+    """Inside a bf16 autocast region InfoNCE (dense and blocked) still scores in fp32: loss and gradients."""
+    reps = _batch(7, 64, 1, seed=12)
+    plain_in, autocast_in = _leaf_copies(reps), _leaf_copies(reps)
+    plain = info_nce_loss(plain_in, block_size=block_size)
+    plain.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 products would be ~1e-2 off at these scores
+        loss = info_nce_loss(autocast_in, block_size=block_size)
+    loss.backward()  # outside the region, as PyTorch's autocast guidance has it
+    torch.testing.assert_close(loss, plain, **FP32_TOL)
+    for name in reps:
+        torch.testing.assert_close(autocast_in[name].grad, plain_in[name].grad, **FP32_TOL)
+
+
 @pytest.mark.parametrize("block_size", [2, 5])
 def test_blocked_in_batch_kl_div_matches_dense(block_size: int) -> None:
     """Listwise KL with in-batch negatives over score blocks equals its dense form, loss and every gradient."""

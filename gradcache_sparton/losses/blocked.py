@@ -25,7 +25,7 @@ blocks of :data:`AUTO_BLOCK_SIZE` beyond; an explicit block size always blocks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -83,27 +83,73 @@ def blocked_logsumexp(
     return _BlockedLogSumExp.apply(q_reps, temperature, block_size, *d_reps)
 
 
+def _blocked_lse_forward(
+    q_reps: Tensor, d_reps: Sequence[Tensor], temperature: float, block_size: int
+) -> Tensor:
+    """Forward: per query block, an online log-sum-exp over every document block -> lse [B]."""
+    dtype = accumulation_dtype(q_reps, *d_reps)
+    lse = torch.empty(q_reps.shape[0], dtype=dtype, device=q_reps.device)  # [B]
+    for i0 in range(0, q_reps.shape[0], block_size):
+        q_block = q_reps[i0 : i0 + block_size].to(dtype)  # [bq, V]
+        running_max = torch.full((q_block.shape[0],), -torch.inf, dtype=dtype, device=q_reps.device)
+        running_sum = torch.zeros_like(running_max)  # sum_j exp(s[:, j] - running_max), [bq]
+        for scores, _, _, _ in _score_blocks(q_block, d_reps, temperature, block_size):  # [bq, bd]
+            new_max = torch.maximum(running_max, scores.amax(dim=1))  # [bq]
+            rescale = torch.exp(running_max - new_max)  # [bq]: the old sum at the new max
+            running_sum = running_sum * rescale + torch.exp(scores - new_max[:, None]).sum(dim=1)
+            running_max = new_max
+        lse[i0 : i0 + block_size] = running_max + torch.log(running_sum)
+    return lse
+
+
+def _blocked_lse_backward(
+    grad_lse: Tensor,
+    lse: Tensor,
+    q_reps: Tensor,
+    d_reps: Sequence[Tensor],
+    temperature: float,
+    block_size: int,
+    *,
+    needs_q: bool,
+    needs_d: Sequence[bool],
+) -> tuple[Tensor | None, list[Tensor | None]]:
+    """Backward: recompute each block, ``p = exp(s - lse)``; accumulate the q and d gradients (input dtypes)."""
+    dtype = lse.dtype
+    grad_q = torch.zeros(q_reps.shape, dtype=dtype, device=q_reps.device) if needs_q else None  # [B, V]
+    grad_d = [
+        torch.zeros(d.shape, dtype=dtype, device=d.device) if needs else None
+        for d, needs in zip(d_reps, needs_d, strict=True)
+    ]
+    # d lse[i] / d s[i, j] = softmax_j(s[i]) = exp(s[i, j] - lse[i]), and d s / d q = d / temperature.
+    row_scale = grad_lse.to(dtype) / temperature  # [B]
+    for i0 in range(0, q_reps.shape[0], block_size):
+        rows = slice(i0, i0 + block_size)
+        q_block = q_reps[rows].to(dtype)  # [bq, V]
+        for scores, c, j0, d_block in _score_blocks(q_block, d_reps, temperature, block_size):
+            weights = torch.exp(scores - lse[rows, None]) * row_scale[rows, None]  # [bq, bd]
+            if grad_q is not None:
+                grad_q[rows] += weights @ d_block  # [bq, bd] @ [bd, V] -> [bq, V]
+            if grad_d[c] is not None:
+                grad_d[c][j0 : j0 + block_size] += weights.T @ q_block  # [bd, bq] @ [bq, V] -> [bd, V]
+    return (
+        None if grad_q is None else grad_q.to(q_reps.dtype),
+        [None if g is None else g.to(d.dtype) for g, d in zip(grad_d, d_reps, strict=True)],
+    )
+
+
 class _BlockedLogSumExp(torch.autograd.Function):
-    """Row log-sum-exp of the scaled scores of ``q`` against every document, one [bq, bd] block at a time."""
+    """Row log-sum-exp of the scaled scores of ``q`` against every document, one [bq, bd] block at a time.
+
+    Both passes run with autocast disabled: a caller's ``torch.autocast`` region would otherwise turn
+    the fp32 block products into bf16/fp16 ones.
+    """
 
     @staticmethod
     def forward(
         ctx: FunctionCtx, q_reps: Tensor, temperature: float, block_size: int, *d_reps: Tensor
     ) -> Tensor:
-        dtype = accumulation_dtype(q_reps, *d_reps)
-        B = q_reps.shape[0]
-        lse = torch.empty(B, dtype=dtype, device=q_reps.device)  # [B]
-        for i0 in range(0, B, block_size):
-            q_block = q_reps[i0 : i0 + block_size].to(dtype)  # [bq, V]
-            running_max = torch.full((q_block.shape[0],), -torch.inf, dtype=dtype, device=q_reps.device)
-            running_sum = torch.zeros_like(running_max)  # sum_j exp(s[:, j] - running_max), [bq]
-            for scores in _score_blocks(q_block, d_reps, temperature, block_size, dtype):  # [bq, bd]
-                new_max = torch.maximum(running_max, scores.amax(dim=1))  # [bq]
-                running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(
-                    scores - new_max[:, None]
-                ).sum(dim=1)
-                running_max = new_max
-            lse[i0 : i0 + block_size] = running_max + torch.log(running_sum)
+        with torch.autocast(q_reps.device.type, enabled=False):
+            lse = _blocked_lse_forward(q_reps, d_reps, temperature, block_size)
         ctx.save_for_backward(q_reps, lse, *d_reps)
         ctx.temperature = temperature
         ctx.block_size = block_size
@@ -113,49 +159,28 @@ class _BlockedLogSumExp(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
         q_reps, lse, *d_reps = ctx.saved_tensors
-        temperature, block_size, dtype = ctx.temperature, ctx.block_size, lse.dtype
-        needs_q, needs_d = ctx.needs_input_grad[0], ctx.needs_input_grad[3:]
-        grad_q = torch.zeros(q_reps.shape, dtype=dtype, device=q_reps.device) if needs_q else None  # [B, V]
-        grad_d = [
-            torch.zeros(d.shape, dtype=dtype, device=d.device) if needs else None
-            for d, needs in zip(d_reps, needs_d, strict=True)
-        ]
-        # d lse[i] / d s[i, j] = softmax_j(s[i]) = exp(s[i, j] - lse[i]); s = q·d / temperature.
-        row_scale = grad_lse.to(dtype) / temperature  # [B]
-        for i0 in range(0, q_reps.shape[0], block_size):
-            rows = slice(i0, i0 + block_size)
-            q_block = q_reps[rows].to(dtype)  # [bq, V]
-            blocks = _score_blocks(q_block, d_reps, temperature, block_size, dtype, with_position=True)
-            for scores, c, j0, d_block in blocks:
-                weights = torch.exp(scores - lse[rows, None]) * row_scale[rows, None]  # [bq, bd]
-                if grad_q is not None:
-                    grad_q[rows] += weights @ d_block  # [bq, bd] @ [bd, V] -> [bq, V]
-                if grad_d[c] is not None:
-                    grad_d[c][j0 : j0 + block_size] += weights.T @ q_block  # [bd, bq] @ [bq, V] -> [bd, V]
-        return (
-            None if grad_q is None else grad_q.to(q_reps.dtype),
-            None,
-            None,
-            *(None if g is None else g.to(d.dtype) for g, d in zip(grad_d, d_reps, strict=True)),
-        )
+        with torch.autocast(q_reps.device.type, enabled=False):
+            grad_q, grad_d = _blocked_lse_backward(
+                grad_lse,
+                lse,
+                q_reps,
+                d_reps,
+                ctx.temperature,
+                ctx.block_size,
+                needs_q=ctx.needs_input_grad[0],
+                needs_d=ctx.needs_input_grad[3:],
+            )
+        return grad_q, None, None, *grad_d  # q_reps, temperature, block_size, *d_reps
 
 
 def _score_blocks(
-    q_block: Tensor,
-    d_reps: Sequence[Tensor],
-    temperature: float,
-    block_size: int,
-    dtype: torch.dtype,
-    *,
-    with_position: bool = False,
-):
-    """Yield the [bq, bd] scaled score blocks of ``q_block`` against every document block, in one order.
-
-    With ``with_position``: (scores, column index, first row in the column, the document block).
-    Forward and backward both go through here, so their blocks are computed identically.
+    q_block: Tensor, d_reps: Sequence[Tensor], temperature: float, block_size: int
+) -> Iterator[tuple[Tensor, int, int, Tensor]]:
+    """Yield (scores [bq, bd], column index, first row in that column, document block [bd, V]) for every
+    document block, in one fixed order: forward and backward compute their blocks identically.
     """
     for c, d in enumerate(d_reps):
         for j0 in range(0, d.shape[0], block_size):
-            d_block = d[j0 : j0 + block_size].to(dtype)  # [bd, V]
+            d_block = d[j0 : j0 + block_size].to(q_block.dtype)  # [bd, V]
             scores = q_block @ d_block.T / temperature  # [bq, V] @ [V, bd] -> [bq, bd]
-            yield (scores, c, j0, d_block) if with_position else scores
+            yield scores, c, j0, d_block

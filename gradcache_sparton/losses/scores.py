@@ -6,11 +6,13 @@ SPLADE scores a (query, document) pair by the plain dot product of their vocabul
 the quantity an inverted index computes. Scores are accumulated and returned in fp32 even for bf16/fp16
 reps: SPLADE scores are unnormalised sums of tens of terms (typically 10–40), where a bf16 result
 (8 bits of mantissa) would be off by up to ~0.1, enough to reorder close candidates and to bias a
-softmax over them. fp64 reps stay fp64.
+softmax over them. fp64 reps stay fp64. The matmul runs with autocast disabled, so a caller's
+``torch.autocast`` region does not turn it into a bf16 product.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from gradcache_sparton.losses.columns import accumulation_dtype, check_reps
@@ -57,7 +59,9 @@ def paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
 def _dot_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
     """:func:`dot_scores` on checked inputs."""
     dtype = accumulation_dtype(q_reps, d_reps)
-    return q_reps.to(dtype) @ d_reps.to(dtype).T  # [B, V] @ [V, N] -> [B, N]
+    # An ambient autocast (a caller's own loop) would run this matmul in bf16/fp16: keep it in fp32.
+    with torch.autocast(q_reps.device.type, enabled=False):
+        return q_reps.to(dtype) @ d_reps.to(dtype).T  # [B, V] @ [V, N] -> [B, N]
 
 
 def _paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
