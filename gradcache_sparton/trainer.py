@@ -116,6 +116,15 @@ class CachedSpladeTrainer(Trainer):
             train_dataset = from_sentence_transformers_columns(train_dataset, positional=self._sparse_encoder)
             validate_training_dataset(train_dataset)
         validate_run(args, num_train_rows=None if train_dataset is None else len(train_dataset))
+        if isinstance(kwargs.get("eval_dataset"), Mapping):  # several named evaluation sets
+            kwargs["eval_dataset"] = {
+                name: from_sentence_transformers_columns(dataset, positional=self._sparse_encoder)
+                for name, dataset in kwargs["eval_dataset"].items()
+            }
+        elif kwargs.get("eval_dataset") is not None:
+            kwargs["eval_dataset"] = from_sentence_transformers_columns(
+                kwargs["eval_dataset"], positional=self._sparse_encoder
+            )
         if data_collator is None:
             data_collator = TrainingCollator(
                 processing_class,
@@ -131,6 +140,8 @@ class CachedSpladeTrainer(Trainer):
             **kwargs,
         )
         self.loss = SpladeLoss(args.splade_loss_config()) if loss is None else loss
+        # The loss needs no labels: without this, evaluation calls model(**inputs) instead of compute_loss.
+        self.can_return_loss = True
         self._component_sums: dict[str, Tensor] = {}
         self._component_calls = 0
         self._sequences_since_log = 0

@@ -258,6 +258,7 @@ def test_trainer_trains_a_sparse_encoder_and_saves_its_format(backbone_dir, tmp_
     args = CachedSpladeTrainingArguments(
         output_dir=str(tmp_path / "run"),
         per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
         mini_batch_size=2,
         max_steps=2,
         learning_rate=1e-3,
@@ -270,7 +271,10 @@ def test_trainer_trains_a_sparse_encoder_and_saves_its_format(backbone_dir, tmp_
         query_max_length=16,
         document_max_length=32,
     )
-    trainer = CachedSpladeTrainer(model, args, train_dataset=rows, processing_class=model.tokenizer)
+    trainer = CachedSpladeTrainer(
+        model, args, train_dataset=rows, eval_dataset=rows, processing_class=model.tokenizer
+    )
+    assert trainer.eval_dataset.column_names == ["query", "positive", "negative_1"]
     ids = [str(i) for i in range(len(QUERIES))]
     evaluator = SparseInformationRetrievalEvaluator(
         queries=dict(zip(ids, QUERIES, strict=True)),
@@ -287,6 +291,14 @@ def test_trainer_trains_a_sparse_encoder_and_saves_its_format(backbone_dir, tmp_
     assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())
     trainer.save_model(str(tmp_path / "final"))
 
+    assert "eval_loss" in trainer.evaluate()  # the loss on sentence-transformers' columns
+    trained = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    trainer._load_from_checkpoint(str(tmp_path / "final"))  # what resuming and load_best_model_at_end run
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p, trained[name], rtol=0, atol=0, msg=name)
     loaded = SparseEncoder(str(tmp_path / "final"), device="cpu", local_files_only=True)
     assert type(loaded[0]) is type(model[0]) and type(loaded[1]) is SpladePooling
     model.eval()
