@@ -763,9 +763,16 @@ def plot(rows: list[dict], path: Path) -> str:
         return "no rows with peak memory (CPU run or nothing finished): no plot"
     groups = list(dict.fromkeys((r["model"], r["workload"]) for r in done))
     fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.5), squeeze=False)
-    styles = {"ours-mb": "o-", "ours-tok": "s-", "st-mb": "o--", "st-tok": "s--", "ours-uncached": "D"}
+    # ours blue, sentence-transformers red; circles: rows per mini-batch, squares: tokens per mini-batch.
+    styles = {
+        "ours-mb": ("o-", "tab:blue"),
+        "ours-tok": ("s-", "tab:blue"),
+        "st-mb": ("o--", "tab:red"),
+        "st-tok": ("s--", "tab:red"),
+        "ours-uncached": ("D", "tab:gray"),
+    }
     for ax, (model, workload) in zip(axes[0], groups, strict=True):
-        for family, style in styles.items():
+        for family, (style, color) in styles.items():
             series = sorted(
                 (
                     r
@@ -777,7 +784,7 @@ def plot(rows: list[dict], path: Path) -> str:
             if not series:
                 continue
             xs = [r["peak_allocated_gib"] for r in series]
-            ax.plot(xs, [r["pairs_per_s"] for r in series], style, label=family)
+            ax.plot(xs, [r["pairs_per_s"] for r in series], style, color=color, label=family)
             for r in series:
                 ax.annotate(str(r["mini_batch"] or r["tokens"] or r["batch"]), (r["peak_allocated_gib"], r["pairs_per_s"]),
                             fontsize=7, textcoords="offset points", xytext=(3, 3))  # fmt: skip

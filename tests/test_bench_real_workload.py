@@ -136,6 +136,24 @@ def test_targets_compare_the_best_rows_within_each_memory_budget(bench: ModuleTy
     assert {t["status"] for t in none_fit if "4 GiB" in t["target"] and "vs" in t["target"]} == {"n/a"}
 
 
+def test_plot_draws_or_says_why_not(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plot is a PNG when matplotlib is importable, else a message (never an error); OOM rows are left out."""
+    rows = [
+        {**_row(provider, 100.0 * k, 2.0 * k, mini_batch=16 * k), "family": f"{provider}-mb"}
+        for provider in ("ours", "st")
+        for k in (1, 2)
+    ]
+    rows.append({**rows[0], "status": "OOM"})
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert bench.plot(rows, tmp_path / "a.png").startswith("plot:")
+        assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    assert "matplotlib is not installed" in bench.plot(rows, tmp_path / "b.png")
+    assert not (tmp_path / "b.png").exists()
+
+
 def _smoke(bench: ModuleType, out: Path, providers: str) -> dict:
     argv = [
         "--smoke", "--output_dir", str(out), "--models", "base", "--workloads", "short", "--providers", providers,
