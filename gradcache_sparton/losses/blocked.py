@@ -4,7 +4,7 @@ Legend: B batch (queries), N = (1+k)·B documents of the batch, V vocabulary, bq
 
 InfoNCE (and listwise KL with in-batch negatives) needs, per query i, ``lse[i] = logsumexp_j s[i, j]``
 over every document of the batch, ``s = q @ docs^T / temperature``. Built whole, the fp32 scores and
-their softmax take ~12·N·B bytes at peak, which grows with B²: 48 GiB at B = 65,536, k = 1. Here the
+their softmax take ~12·N·B bytes at peak, which grows with B²: 96 GiB at B = 65,536, k = 1. Here the
 scores exist one [bq, bd] block at a time:
 
 - forward: an online log-sum-exp over the document blocks of each query block (running max m and
@@ -15,7 +15,8 @@ scores exist one [bq, bd] block at a time:
 
 The result equals the dense computation up to fp32 summation order (the blocks add up the same terms
 in another order). Memory: the [B, V] rep gradients the dense path also returns, plus a few [bq, bd]
-blocks and fp32 copies of one query and one document block of half-precision reps. Time: the forward
+blocks and, for half-precision reps, fp32 copies of one query block and one document block (callers
+upcast once the columns they also use elsewhere, so their gradients are rounded once). Time: the forward
 matmuls run twice (once more in the backward), so a blocked step costs one extra [B, V] x [V, N]
 product over the dense one.
 
