@@ -86,8 +86,10 @@ class ModelArguments:
     model_name_or_path: str | None = field(
         default=None,
         metadata={
-            "help": "Local folder of a masked-LM checkpoint (ours or any standard BERT/DistilBERT/RoBERTa/"
-            "XLM-R one). Wins over config_name. Nothing is downloaded."
+            "help": "A masked-LM checkpoint (ours or any standard BERT/DistilBERT/RoBERTa/XLM-R one): a local "
+            "folder, 'splade-tiny-msmarco' (the pretrained SPLADE model shipped with the package, the embedded "
+            "run's start) or a hub id (downloaded where the network allows; HF_HUB_OFFLINE=1 forbids it). "
+            "Wins over config_name."
         },
     )
     config_name: str = field(
@@ -114,7 +116,7 @@ class ModelArguments:
     tokenizer_name: str | None = field(
         default=None,
         metadata={
-            "help": "Local tokenizer folder. Default: the checkpoint's own tokenizer if it has one, else the "
+            "help": "Tokenizer folder or hub id. Default: the checkpoint's own tokenizer if it has one, else the "
             "bert-base-uncased tokenizer shipped with the package."
         },
     )
@@ -127,8 +129,7 @@ class ModelArguments:
         if self.model_name_or_path is None and self.config_name not in BACKBONE_PRESETS:
             raise ValueError(
                 f"config_name must be one of {sorted(BACKBONE_PRESETS)} (shapes built with random weights; "
-                f"hub models cannot be downloaded here: give a local folder as model_name_or_path), got "
-                f"{self.config_name!r}"
+                f"to start from a pretrained checkpoint give it as model_name_or_path), got {self.config_name!r}"
             )
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             _positive(getattr(self, name), name, allow_none=True)
@@ -185,6 +186,13 @@ class DataArguments:
     )
     eval_beir_split: str = field(default="dev", metadata={"help": "qrels split of eval_beir."})
     eval_batch_size: int = field(default=64, metadata={"help": "Texts encoded at once during evaluation."})
+    eval_before_training: bool = field(
+        default=False,
+        metadata={
+            "help": "Also evaluate the starting model before training (not when resuming), to report the gain: "
+            "logged and in the summary as eval_before_* (the embedded run does)."
+        },
+    )
     retrieval_eval_steps: int | None = field(
         default=None,
         metadata={

@@ -46,7 +46,14 @@ from gradcache_sparton.kernels import SpartonHead
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["SPLADE_CONFIG_NAME", "SpladeEncoder", "register_masked_lm", "supported_masked_lm_classes"]
+__all__ = [
+    "SPLADE_CONFIG_NAME",
+    "TRAINING_OPTIONS",
+    "SpladeEncoder",
+    "read_splade_config",
+    "register_masked_lm",
+    "supported_masked_lm_classes",
+]
 
 #: File written next to the backbone's checkpoint holding the SPLADE options (pooling, masked ids).
 SPLADE_CONFIG_NAME = "splade_config.json"
@@ -56,6 +63,9 @@ _POOLINGS = ("max",)
 
 # Options beyond pooling and masked ids, saved in splade_config.json only when set.
 _DECODER_OPTIONS = ("prefix_length", "bidirectional", "echo")
+#: How the checkpoint was trained (tokens kept per text), saved in splade_config.json when known; readers
+#: such as ``evaluate`` use them as their defaults, so a checkpoint is scored as it was trained.
+TRAINING_OPTIONS = ("query_max_length", "document_max_length")
 
 # Hub-location arguments of ``from_pretrained`` that also apply to reading the config alone.
 _CONFIG_LOCATION_KWARGS = ("cache_dir", "revision", "subfolder", "token", "local_files_only")
@@ -326,6 +336,9 @@ class SpladeEncoder(nn.Module):
         self.echo = echo
         self.head = SpartonHead.from_decoder(decoder)
         self.pooling = pooling
+        # Max lengths it was trained with (None: unknown): the trainer sets them, splade_config.json keeps them.
+        self.query_max_length: int | None = None
+        self.document_max_length: int | None = None
         # Not persistent: the ids live in splade_config.json, the state dict stays the backbone's.
         self.register_buffer(
             "_special_token_ids",
@@ -375,14 +388,18 @@ class SpladeEncoder(nn.Module):
     ) -> SpladeEncoder:
         """Load a masked-LM (or supported decoder-only LM) checkpoint, ours or any standard one, and wrap it.
 
-        ``model_kwargs`` go to ``AutoModelForMaskedLM.from_pretrained``; ``local_files_only`` defaults
-        to True (training runs never reach the hub; pass False to allow a download). ``pooling`` and
-        ``special_token_ids`` default to the directory's ``splade_config.json`` if it has one, else to
-        ``"max"`` and no masked ids. The config is read and the family checked before any weights load.
+        ``pretrained_model_name_or_path`` is a local folder or a hub id (downloaded where the network
+        allows, as ``from_pretrained`` does: ``HF_HUB_OFFLINE=1`` or ``local_files_only=True`` forbid
+        it). ``model_kwargs`` go to ``AutoModelForMaskedLM.from_pretrained``. ``pooling`` and
+        ``special_token_ids`` default to the checkpoint's ``splade_config.json`` if it has one, else to
+        ``"max"`` and no masked ids; the max lengths it was trained with (``query_max_length``,
+        ``document_max_length``) come from there too. The config is read and the family checked before
+        any weights load.
         """
         path = os.fspath(pretrained_model_name_or_path)
-        model_kwargs.setdefault("local_files_only", True)
-        options = _read_splade_config(path)
+        location = {k: model_kwargs[k] for k in _CONFIG_LOCATION_KWARGS if k in model_kwargs}
+        options = read_splade_config(path, **location)
+        trained = {name: options.pop(name) for name in TRAINING_OPTIONS if name in options}
         if pooling is not None:
             options["pooling"] = pooling
         if special_token_ids is not None:
@@ -396,11 +413,13 @@ class SpladeEncoder(nn.Module):
                 options[name] = value
         config = model_kwargs.get("config")
         if not isinstance(config, PreTrainedConfig):
-            location = {k: model_kwargs[k] for k in _CONFIG_LOCATION_KWARGS if k in model_kwargs}
             config = AutoConfig.from_pretrained(path, **location)
         model_class = _masked_lm_class_for(config)
         model = _auto_class(model_class).from_pretrained(path, **model_kwargs)
-        return cls(model, **options)
+        encoder = cls(model, **options)
+        for name, value in trained.items():
+            setattr(encoder, name, value)
+        return encoder
 
     # ------------------------------------------------------------------ interface
 
@@ -554,6 +573,9 @@ class SpladeEncoder(nn.Module):
         options = {"pooling": self.pooling, "special_token_ids": list(self.special_token_ids)}
         # The decoder-only options only when set, so other checkpoints keep the two-key file.
         options.update({name: value for name, value in self._pooling_options().items() if value})
+        options.update(
+            {name: getattr(self, name) for name in TRAINING_OPTIONS if getattr(self, name) is not None}
+        )
         with open(os.path.join(save_directory, SPLADE_CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(options, f, indent=2)
             f.write("\n")
@@ -582,16 +604,40 @@ def _backbone_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return backbone
 
 
-def _read_splade_config(path: str) -> dict[str, Any]:
-    """Options from ``path/splade_config.json`` if ``path`` is a directory holding one, else ``{}``."""
-    file = os.path.join(path, SPLADE_CONFIG_NAME)
-    if not os.path.isfile(file):
+def read_splade_config(path: str, **location: Any) -> dict[str, Any]:
+    """The options of a checkpoint's ``splade_config.json`` (``{}`` if it has none), checked.
+
+    ``path`` is a local folder or a hub id; ``location`` are ``from_pretrained``'s hub arguments
+    (``revision``, ``cache_dir``, ``token``, ``subfolder``, ``local_files_only``).
+    """
+    file = os.path.join(path, location.get("subfolder") or "", SPLADE_CONFIG_NAME)
+    if not os.path.isdir(path):
+        file = _hub_file(path, **location)
+    if file is None or not os.path.isfile(file):
         return {}
     with open(file, encoding="utf-8") as f:
         options = json.load(f)
-    if not isinstance(options, dict) or set(options) - {"pooling", "special_token_ids", *_DECODER_OPTIONS}:
+    allowed = {"pooling", "special_token_ids", *_DECODER_OPTIONS, *TRAINING_OPTIONS}
+    if not isinstance(options, dict) or set(options) - allowed:
         raise ValueError(
             f"{file} must hold a JSON object with pooling and special_token_ids (and optionally "
-            f"{', '.join(_DECODER_OPTIONS)}), got {options!r}"
+            f"{', '.join([*_DECODER_OPTIONS, *TRAINING_OPTIONS])}), got {options!r}"
         )
+    for name in TRAINING_OPTIONS:
+        value = options.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{file}: {name} must be a positive int, got {value!r}")
     return options
+
+
+def _hub_file(repo_id: str, **location: Any) -> str | None:
+    """``splade_config.json`` of a hub checkpoint (cached or downloaded), None if the repo has none."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        return hf_hub_download(repo_id, SPLADE_CONFIG_NAME, **location)
+    except (EntryNotFoundError, LocalEntryNotFoundError):
+        # No such file, or offline and not cached: the default options. (A repo or network that is not
+        # there fails clearly in AutoConfig.from_pretrained right after.)
+        return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,8 @@ from gradcache_sparton.evaluation import (
     mean_metrics,
     write_trec_run,
 )
-from gradcache_sparton.modeling import SpladeEncoder
-from gradcache_sparton.resources import default_tokenizer_path
+from gradcache_sparton.modeling import SpladeEncoder, read_splade_config
+from gradcache_sparton.resources import SHIPPED_MODELS, default_tokenizer_path, shipped_model_path
 from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
     "build_evaluator",
     "build_tokenizer",
     "build_train_dataset",
+    "checkpoint_max_lengths",
+    "resolve_model_location",
     "run_evaluation",
     "run_training",
 ]
@@ -57,29 +60,59 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RETRIEVAL_METRICS_FILE = "retrieval_metrics.json"
+# Max lengths for a checkpoint that does not say what it was trained with (SPLADE's usual query length;
+# most BEIR documents fit in 256 tokens).
+DEFAULT_MAX_LENGTHS = {"query_max_length": 32, "document_max_length": 256}
+# Files whose presence in a checkpoint folder means it carries its own tokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+
+
+def resolve_model_location(name: str) -> str:
+    """Where ``model_name_or_path`` / ``tokenizer_name`` points: a local folder as given, a shipped model's
+    name (:data:`~gradcache_sparton.resources.SHIPPED_MODELS`) as its folder in the package, anything else
+    as a hub id (downloaded where the network allows; ``HF_HUB_OFFLINE=1`` forbids it)."""
+    if Path(name).is_dir():
+        return name
+    shipped = shipped_model_path(name)
+    return str(shipped) if shipped is not None else name
+
+
+def _load_error(argument: str, name: str, exc: Exception) -> ValueError:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ValueError(
+        f"{argument} {name!r} is not a local folder, not a shipped model {list(SHIPPED_MODELS)} and could not be "
+        f"loaded from the hub{' (HF_HUB_OFFLINE is set)' if os.environ.get('HF_HUB_OFFLINE') else ''}: {first_line}"
+    )
 
 
 def build_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
     """The tokenizer named by ``tokenizer_name``, else the checkpoint's own, else the shipped one."""
-    if model_args.tokenizer_name is not None:
-        return AutoTokenizer.from_pretrained(model_args.tokenizer_name, local_files_only=True)
-    if model_args.model_name_or_path is not None:
-        folder = Path(model_args.model_name_or_path)
-        if any((folder / name).exists() for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
-            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return AutoTokenizer.from_pretrained(default_tokenizer_path())
+    named = model_args.tokenizer_name or model_args.model_name_or_path
+    argument = "tokenizer_name" if model_args.tokenizer_name is not None else "model_name_or_path"
+    if named is None:
+        return AutoTokenizer.from_pretrained(default_tokenizer_path())
+    location = resolve_model_location(named)
+    folder = Path(location)
+    if argument == "model_name_or_path" and folder.is_dir():
+        has_tokenizer = any((folder / name).exists() for name in _TOKENIZER_FILES)
+        location = location if has_tokenizer else str(default_tokenizer_path())
+    try:
+        return AutoTokenizer.from_pretrained(location)
+    except OSError as exc:
+        raise _load_error(argument, named, exc) from None
 
 
 def build_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> SpladeEncoder:
-    """Load the local checkpoint, or build the named BERT shape with random weights over the tokenizer's vocab."""
+    """Load the checkpoint (local folder, shipped name or hub id), or build the named BERT shape with random
+    weights over the tokenizer's vocab. A checkpoint keeps the options it was saved with (splade_config.json)
+    unless ``mask_special_tokens`` asks for masking."""
     special = list(tokenizer.all_special_ids) if model_args.mask_special_tokens else None
     if model_args.model_name_or_path is not None:
-        if not Path(model_args.model_name_or_path).is_dir():
-            raise ValueError(
-                f"model_name_or_path {model_args.model_name_or_path!r} is not a local folder (no hub access): "
-                "give a checkpoint folder, or leave it unset and pick a config_name"
-            )
-        encoder = SpladeEncoder.from_pretrained(model_args.model_name_or_path, special_token_ids=special)
+        location = resolve_model_location(model_args.model_name_or_path)
+        try:
+            encoder = SpladeEncoder.from_pretrained(location, special_token_ids=special)
+        except OSError as exc:
+            raise _load_error("model_name_or_path", model_args.model_name_or_path, exc) from None
     else:
         config = BertConfig(
             vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **model_args.backbone_shape()
@@ -153,6 +186,7 @@ def _beir_evaluator(
     batch_size: int,
     top_k: int = 100,
     measures: Sequence[str] | None = None,
+    retrieval: str = "exhaustive",
 ) -> SparseRetrievalEvaluator:
     """A :class:`SparseRetrievalEvaluator` on a BEIR folder; ``"default"`` is the shipped dev sample (split dev)."""
     if folder == "default":
@@ -165,13 +199,32 @@ def _beir_evaluator(
         batch_size=batch_size,
         top_k=top_k,
         measures=measures,
+        retrieval=retrieval,
     )
+
+
+def checkpoint_max_lengths(
+    model_name_or_path: str, *, query_max_length: int | None = None, document_max_length: int | None = None
+) -> tuple[int, int]:
+    """(query, document) max lengths to encode a checkpoint's texts with: the given ones, else those it was
+    trained with (its ``splade_config.json``), else :data:`DEFAULT_MAX_LENGTHS`."""
+    trained = read_splade_config(resolve_model_location(model_name_or_path))
+    lengths = []
+    for name, given in (("query_max_length", query_max_length), ("document_max_length", document_max_length)):
+        value = given if given is not None else trained.get(name) or DEFAULT_MAX_LENGTHS[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        lengths.append(value)
+    if query_max_length is None or document_max_length is None:
+        logger.info("Encoding at query/document max lengths %d/%d tokens.", *lengths)
+    return lengths[0], lengths[1]
 
 
 def run_training(
     model_args: ModelArguments, data_args: DataArguments, training_args: CachedSpladeTrainingArguments
 ) -> dict[str, float]:
-    """Train, save the final checkpoint to ``output_dir`` and return the training + retrieval metrics."""
+    """Train, save the final checkpoint to ``output_dir`` and return the training + retrieval metrics
+    (``eval_*``; with ``eval_before_training`` also the starting model's, ``eval_before_*``)."""
     # Data, run checks and evaluator first: a bad argument stops the run before the model is built.
     train_dataset = build_train_dataset(data_args, seed=training_args.seed)
     validate_run(training_args, num_train_rows=len(train_dataset))
@@ -193,11 +246,15 @@ def run_training(
         trainer.add_callback(
             RetrievalEvalCallback(evaluator, trainer=trainer, eval_steps=data_args.retrieval_eval_steps)
         )
+    before: dict[str, float] = {}
+    if evaluator is not None and data_args.eval_before_training and not training_args.resume_from_checkpoint:
+        before = {f"eval_before_{k}": v for k, v in evaluator(trainer.model).items()}  # the starting model
+        trainer.log(dict(before))
     result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model()
     metrics = dict(result.metrics)
     if evaluator is not None:
-        retrieval = {f"eval_{k}": v for k, v in evaluator(trainer.model).items()}
+        retrieval = {**before, **{f"eval_{k}": v for k, v in evaluator(trainer.model).items()}}
         trainer.log(dict(retrieval))
         metrics.update(retrieval)
         if trainer.args.should_save:
@@ -211,13 +268,14 @@ def run_evaluation(
     *,
     beir_path: str | Sequence[str] | None = None,
     split: str = "dev",
-    query_max_length: int = 32,
-    document_max_length: int = 256,
+    query_max_length: int | None = None,
+    document_max_length: int | None = None,
     batch_size: int = 64,
     device: str | None = None,
     measures: Sequence[str] | None = None,
     top_k: int = 100,
     budgets: Sequence[PruningBudget] = (PruningBudget(),),
+    retrieval: str = "exhaustive",
     run_prefix: str | Path | None = None,
 ) -> dict[str, Any]:
     """Retrieval metrics of a saved checkpoint on one or several BEIR folders (default: the shipped
@@ -228,7 +286,12 @@ def run_evaluation(
     ``mean <budget>``) over the folders when there are several. A dataset is named by its folder.
     Every folder is loaded and checked, and every measure parsed, before the model is loaded. With
     ``run_prefix``, each row's TREC run is written to ``{run_prefix}.{dataset}.{budget}.trec``.
+    ``retrieval``: ``"exhaustive"`` or ``"seismic"`` (an inverted index, exact by default).
+    Max lengths left None are those the checkpoint was trained with (:func:`checkpoint_max_lengths`).
     """
+    query_max_length, document_max_length = checkpoint_max_lengths(
+        model_name_or_path, query_max_length=query_max_length, document_max_length=document_max_length
+    )
     folders = [beir_path or "default"] if beir_path is None or isinstance(beir_path, str) else list(beir_path)
     if not folders:
         raise ValueError("beir_path is an empty list: give at least one BEIR folder")
@@ -252,6 +315,7 @@ def run_evaluation(
             batch_size=batch_size,
             top_k=top_k,
             measures=measures,
+            retrieval=retrieval,
         )
         if run_prefix is not None:
             check_trec_ids(evaluators[name].query_ids, name=f"{folder}: query")

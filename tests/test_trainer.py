@@ -16,7 +16,7 @@ from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArgum
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import default_train_data_path, load_training_data
 from gradcache_sparton.modeling import SpladeEncoder
-from gradcache_sparton.pipeline import build_encoder
+from gradcache_sparton.pipeline import build_encoder, checkpoint_max_lengths
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
 
@@ -429,3 +429,76 @@ def test_embedded_default_applies_only_when_no_model_or_data_is_named(tmp_path, 
             assert main(["train", *out, *argv]) == 0
             _, _, args = seen.pop()
             assert (args.max_steps == demo["max_steps"]) == ("default" in argv), argv
+
+
+def _tiny_beir(folder: Path) -> Path:
+    """A 3-document BEIR folder (split test) whose texts are longer than 8 tokens."""
+    (folder / "qrels").mkdir(parents=True)
+    docs = [
+        ("d1", "Proteins fold quickly into their native structure inside living cells of many organisms."),
+        ("d2", "Stars emit light because nuclear fusion in their cores releases a great deal of energy."),
+        ("d3", "Cells divide by mitosis, copying their chromosomes before the cell splits in two parts."),
+    ]
+    (folder / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for i, t in docs)
+    )
+    queries = [("q1", "how do proteins fold in living cells"), ("q2", "why do stars emit light")]
+    (folder / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in queries)
+    )
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n")
+    return folder
+
+
+def test_embedded_run_fine_tunes_the_shipped_model_and_reports_before_and_after(tmp_path, capsys) -> None:
+    """The embedded run starts from the shipped pretrained SPLADE-tiny (not random weights), evaluates before
+    and after training, and prints both; the checkpoint remembers its training lengths and evaluate uses them."""
+    beir = _tiny_beir(tmp_path / "beir")
+    out = tmp_path / "run"
+    argv = [
+        "train", "--max_steps", "1", "--per_device_train_batch_size", "8", "--mini_batch_size", "8",
+        "--document_max_length", "48", "--eval_beir", str(beir), "--eval_beir_split", "test",
+        "--output_dir", str(out), "--use_cpu", "--disable_tqdm", "True",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    summary = json.loads(stdout[stdout.rindex('{\n  "output_dir"') : stdout.rindex("}") + 1])
+    # The pretrained model ranks the two relevant documents first before any training (random init does not).
+    assert summary["eval_before_ndcg_at_10"] == pytest.approx(1.0)
+    assert f"dev nDCG@10: before training {summary['eval_before_ndcg_at_10']:.4f}" in stdout
+    saved = json.loads((out / "splade_config.json").read_text())
+    assert saved["query_max_length"] == 32 and saved["document_max_length"] == 48  # demo's 32, the flag's 48
+    assert checkpoint_max_lengths(str(out)) == (32, 48)
+    assert checkpoint_max_lengths(str(out), document_max_length=24) == (32, 24)  # an explicit value wins
+    assert checkpoint_max_lengths("splade-tiny-msmarco") == (32, 256)  # not recorded: the defaults
+    reloaded = SpladeEncoder.from_pretrained(out)
+    assert (reloaded.query_max_length, reloaded.document_max_length) == (32, 48)
+
+
+def test_model_name_that_is_no_folder_shipped_model_or_reachable_hub_id_is_one_clear_error(tokenizer) -> None:
+    """A model_name_or_path that is neither a folder, a shipped name nor loadable from the hub (offline here,
+    or no such repo online) raises ValueError naming the argument, not a hub traceback."""
+    with pytest.raises(
+        ValueError, match=r"model_name_or_path 'no-such-org-x1/no-such-model' is not a local folder"
+    ):
+        build_encoder(ModelArguments(model_name_or_path="no-such-org-x1/no-such-model"), tokenizer)
+
+
+def test_saved_training_lengths_round_trip_and_bad_values_are_refused(tmp_path, tokenizer) -> None:
+    """splade_config.json keeps query/document max lengths next to pooling and masked ids; a value that is
+    not a positive int is refused when the checkpoint is read, naming the file and the key."""
+    encoder = _encoder(tokenizer, dropout=0.0)
+    encoder.query_max_length, encoder.document_max_length = 24, 96
+    encoder.save_pretrained(tmp_path / "ckpt", tokenizer=tokenizer)
+    saved = json.loads((tmp_path / "ckpt" / "splade_config.json").read_text())
+    assert saved == {
+        "pooling": "max",
+        "special_token_ids": [],
+        "query_max_length": 24,
+        "document_max_length": 96,
+    }
+    reloaded = SpladeEncoder.from_pretrained(tmp_path / "ckpt")
+    assert (reloaded.query_max_length, reloaded.document_max_length) == (24, 96)
+    (tmp_path / "ckpt" / "splade_config.json").write_text(json.dumps({**saved, "document_max_length": 0}))
+    with pytest.raises(ValueError, match="document_max_length must be a positive int"):
+        SpladeEncoder.from_pretrained(tmp_path / "ckpt")
