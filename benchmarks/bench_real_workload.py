@@ -27,9 +27,10 @@ Token budgets T are the row budgets N times the workload's mean tokens per passa
 padded tensors; both trim each mini-batch's trailing padding.
 
 Workloads (``--workloads``), built from the shipped SciFact sample
-(``gradcache_sparton/resources/scifact_sample/train.jsonl.gz``, 3,204 claim -> abstract pairs):
+(``gradcache_sparton/resources/scifact_sample/train.jsonl.gz``, 3,204 pairs: a claim or a sentence of
+an abstract -> the abstract; 231 tokens per abstract and 33 per query on average, [CLS] and [SEP] included):
 
-  scifact   query = the claim, positive = its abstract (title + text), negative_1 = another row's
+  scifact   query -> positive as shipped (abstract: title + text), negative_1 = another row's
             abstract (a fixed permutation of the rows; never the row's own positive);
   short     MS MARCO-like passages of 40-120 tokens: each positive and negative is a window of
             uniform-random length in [40, 120] tokens of an abstract, starting at a sentence start.
@@ -37,7 +38,8 @@ Workloads (``--workloads``), built from the shipped SciFact sample
 Models (``--models``):
 
   tiny      the pretrained SPLADE-tiny (BERT-tiny shape: D 128, 2 layers, V 30,522; reps ~99% zeros),
-            from ``--model_path``;
+            from ``--model_path`` (default: the package's copy, else ../shared's; the model is skipped
+            with a message when neither exists);
   base      BERT-base width (D 768, 12 heads, FFN 3,072, 6 layers, V 30,522), random init, with the
             decoder bias set so that the reps of real text have ``--target_density`` non-zeros (2%:
             trained SPLADE models have 1-3%). Calibrated in the script: with the bias at 0 the max over
@@ -54,7 +56,8 @@ Measurement per configuration: a fresh model from the same initial weights and a
 Triton compilation, AdamW state); then up to ``--steps`` timed steps, each on a different batch,
 wall time between two ``torch.cuda.synchronize`` calls. A row reports the median's pairs/s (pairs per
 step = effective batch), the peak ``torch.cuda.max_memory_allocated`` over all its steps (weights,
-gradients and AdamW state included), the mean non-zeros per row of each column, and with
+gradients and AdamW state included), for ours the mean non-zeros per row of each column (64 rows,
+after its steps), and with
 ``--busy_fraction`` (default on CUDA) the device-busy fraction of one more step run under
 ``torch.profiler`` (sum of its kernel times over the median wall time). A configuration that runs out
 of memory is a row with status "OOM"; one not started within ``--time_budget_s`` is "skipped".
