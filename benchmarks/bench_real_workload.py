@@ -28,7 +28,8 @@ padded tensors; both trim each mini-batch's trailing padding.
 
 Workloads (``--workloads``), built from the shipped SciFact sample
 (``gradcache_sparton/resources/scifact_sample/train.jsonl.gz``, 3,204 pairs: a claim or a sentence of
-an abstract -> the abstract; 231 tokens per abstract and 33 per query on average, [CLS] and [SEP] included):
+an abstract -> the abstract; on average 231 tokens per abstract and 33 per query, [CLS] and [SEP]
+included):
 
   scifact   query -> positive as shipped (abstract: title + text), negative_1 = another row's
             abstract (a fixed permutation of the rows; never the row's own positive);
