@@ -27,17 +27,6 @@ from gradcache_sparton.kernels.reference import sparton_head_backward_reference
 pytestmark = pytest.mark.kernel
 
 
-@pytest.fixture(autouse=True)
-def _exact_fp32_matmul():
-    """Exact fp32 matmuls in every test: autograd through the reference runs its matmul backward after
-    the reference returns, and other tests of the session (accelerate under torch.compile) may have
-    switched TF32 on process-wide, which rounds fp32 operands to 10 mantissa bits."""
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
-
-
 # (dtype, rtol of one rounding to the dtype). Kernel and reference form the same exact products (16-bit
 # products are exact in fp32) and sum them in fp32 in different orders, so fp32 results agree to ~1e-6
 # relative; a 16-bit output is that fp32 value rounded once, so the two may land one unit in the last
@@ -148,6 +137,17 @@ def test_reference_and_cpu_op_pass_gradcheck() -> None:
     h, e, b = (t.requires_grad_() for t in (h, e, b))
     assert torch.autograd.gradcheck(lambda *a: sparton_head_reference(*a, m), (h, e, b))
     assert torch.autograd.gradcheck(lambda *a: sparton_head(*a, m), (h, e, b))
+
+
+def test_reference_is_exact_under_tf32_without_touching_it(monkeypatch) -> None:
+    """With the process asking for reduced fp32 matmul precision, the fp32 reference is computed in fp64
+    (exact products) and leaves the switch as it found it: no global state, no fixture needed."""
+    h, e, b, m = _inputs(2, 9, 24, 11, True, torch.float64, torch.device("cpu"), seed=15)
+    want = sparton_head_reference(h, e, b, m).float()
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    got = sparton_head_reference(h.float(), e.float(), b.float(), m)
+    torch.testing.assert_close(got, want, rtol=2.0**-24, atol=0)  # one fp32 rounding of the fp64 value
+    assert torch.get_float32_matmul_precision() == "high" and not torch.backends.cuda.matmul.allow_tf32
 
 
 def test_reference_ties_send_gradient_to_first_position() -> None:

@@ -45,9 +45,6 @@ Memory: the logits are materialised one vocabulary chunk at a time ([B, S, C], a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -92,30 +89,28 @@ def sparton_head_reference(
         inputs: the Triton kernels' saved state, Y = log1p(max)) and ``argmax`` the [B, V] int64 first
         sequence position attaining it (meaningful only where max > 0).
 
-    Matmuls run in fp32 on the given values (fp64 inputs stay fp64), like the kernels: 16-bit inputs give
-    exact products accumulated in fp32. Autocast is switched off inside, so the result does not depend on
-    the caller's autocast state; callers that want autocast's dtype cast the inputs first (``sparton_head``
-    does).
+    Matmuls are exact products accumulated in fp32 or better, like the kernels, whatever the process-wide
+    matmul precision says: 16-bit inputs are multiplied in fp32 (their products are exact there, and
+    TF32 leaves 16-bit operands unchanged); fp32 inputs in fp64 per vocabulary chunk on CUDA, where
+    accelerate or ``torch.set_float32_matmul_precision`` may have switched TF32 on (it rounds fp32
+    operands to 10 mantissa bits: measured 1e-3 absolute error on the max at D = 24 on the H100), and
+    on CPU only when the process lowered its fp32 matmul precision; fp64 stays fp64. No global switch
+    is touched, so the reference is thread-safe and needs no fixture. Autocast is switched off inside,
+    so the result does not depend on the caller's autocast state; callers that want autocast's dtype
+    cast the inputs first (``sparton_head`` does).
     """
-    with torch.autocast(device_type=hidden_states.device.type, enabled=False), _ieee_fp32_matmul():
+    with torch.autocast(device_type=hidden_states.device.type, enabled=False):
         return _reference(hidden_states, weight, bias, attention_mask, chunk_elements, return_argmax)
 
 
-@contextmanager
-def _ieee_fp32_matmul() -> Iterator[None]:
-    """Exact fp32 matmuls on CUDA for the duration, whatever the process-wide TF32 switch says.
-
-    The reference is the ground truth: accelerate turns ``torch.backends.cuda.matmul.allow_tf32`` on
-    for the whole process (e.g. under torch.compile without mixed precision), and TF32 rounds fp32
-    operands to 10 mantissa bits (~1e-3 relative): measured 1e-3 absolute error on the max at D=24 on
-    the H100 against the kernel's exact ``ieee`` dots.
-    """
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+def _exact_dtype(t: Tensor) -> torch.dtype:
+    """The dtype in which products of ``t``'s values are exact and summed in fp32 or better, under any
+    process-wide fp32 matmul precision (reading it is thread-safe; it is never set here)."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    if t.dtype == torch.float32 and (t.is_cuda or torch.get_float32_matmul_precision() != "highest"):
+        return torch.float64  # fp32 · fp32 products are exact in fp64 (24 + 24 < 53 bits)
+    return t.dtype
 
 
 def _reference(
@@ -128,7 +123,8 @@ def _reference(
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     B, S, _ = hidden_states.shape
     V = weight.shape[0]
-    compute_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+    max_dtype = torch.promote_types(hidden_states.dtype, torch.float32)  # of the saved max
+    compute_dtype = _exact_dtype(hidden_states)
     h = hidden_states.to(compute_dtype)  # [B, S, D]
     keep = attention_mask.to(torch.bool)  # [B, S]
     C = max(1, min(V, chunk_elements // max(1, B * S)))
@@ -143,7 +139,7 @@ def _reference(
         act = torch.relu(mx)  # [B, C]; -inf (fully masked) -> 0, zero gradient at <= 0
         ys.append(torch.log1p(act))
         if return_argmax:
-            maxes.append(act.detach())
+            maxes.append(act.detach().to(max_dtype))
             argmaxes.append(idx)
     y = torch.cat(ys, dim=1).to(hidden_states.dtype)  # [B, V]
     if return_argmax:
@@ -227,10 +223,9 @@ def sparton_head_backward_reference(
         (grad_H [B, S, D] in the dtype of H, grad_E [V, D] in the dtype of E, grad_bias [V] in the
         compute dtype: fp32, or fp64 for fp64 inputs), each None where not needed.
     """
-    with _ieee_fp32_matmul():
-        return _backward_reference(
-            grad_y, hidden_states, weight, max_logits, argmax, needs_input_grad, chunk_elements
-        )
+    return _backward_reference(
+        grad_y, hidden_states, weight, max_logits, argmax, needs_input_grad, chunk_elements
+    )
 
 
 def _backward_reference(
@@ -245,7 +240,8 @@ def _backward_reference(
     need_h, need_e, need_bias = needs_input_grad
     B, S, D = hidden_states.shape
     V = weight.shape[0]
-    compute_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+    bias_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+    compute_dtype = _exact_dtype(hidden_states)  # as in the forward: exact under any TF32 setting
     h = hidden_states.to(compute_dtype)  # [B, S, D]
     coef = backward_coefficients(grad_y, max_logits.to(compute_dtype))  # [B, V]
     grad_h = grad_e = None
@@ -269,5 +265,5 @@ def _backward_reference(
     return (
         grad_h.view(B, S, D).to(hidden_states.dtype) if need_h else None,
         grad_e.to(weight.dtype) if need_e else None,
-        coef.sum(dim=0) if need_bias else None,
+        coef.sum(dim=0).to(bias_dtype) if need_bias else None,
     )
