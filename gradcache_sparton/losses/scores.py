@@ -1,4 +1,4 @@
-"""Relevance scores of sparse reps: dot products computed in fp32, shared by the losses and evaluation.
+"""Relevance scores of sparse reps: dot products computed in fp32, shared by the losses (and public).
 
 Legend: B batch (queries), N documents, V vocabulary.
 
