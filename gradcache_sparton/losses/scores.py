@@ -1,4 +1,4 @@
-"""Relevance scores of sparse reps: dot products computed in fp32, shared by the losses (and public).
+"""Relevance scores of sparse reps: the dot products the losses rank by, computed in fp32.
 
 Legend: B batch (queries), N documents, V vocabulary.
 
