@@ -30,6 +30,7 @@ from gradcache_sparton.mining import (
     load_mining_pairs,
     mine_hard_negatives,
     run_mining,
+    splade_rankings,
     write_training_file,
 )
 from gradcache_sparton.modeling import SpladeEncoder
@@ -334,17 +335,28 @@ def _write_beir(folder: Path, beir: BeirData, split: str = "train") -> None:
     (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(lines))
 
 
-def test_cli_mines_with_a_splade_checkpoint(tmp_path: Path, tokenizer, tiny_bert_config) -> None:
-    """`mine --method splade` loads a saved checkpoint and writes k negatives per pair that train reads."""
+def test_cli_mines_with_a_splade_checkpoint(tmp_path: Path, tokenizer, tiny_bert_config, monkeypatch) -> None:
+    """`mine --method splade` loads a saved checkpoint, encodes at the max lengths it was trained with
+    (no length flag given) and writes k negatives per pair that train reads."""
     torch.manual_seed(0)
-    SpladeEncoder.from_config(tiny_bert_config).save_pretrained(tmp_path / "ckpt", tokenizer=tokenizer)
+    encoder = SpladeEncoder.from_config(tiny_bert_config)
+    encoder.query_max_length, encoder.document_max_length = 8, 16  # saved in splade_config.json
+    encoder.save_pretrained(tmp_path / "ckpt", tokenizer=tokenizer)
+    seen = {}
+
+    def recording_rankings(*args, **kwargs):
+        seen.update(kwargs)
+        return splade_rankings(*args, **kwargs)
+
+    monkeypatch.setattr(negatives_module, "splade_rankings", recording_rankings)
     beir, _ = _random_corpus()
     _write_beir(tmp_path / "beir", beir)
     out = tmp_path / "mined.jsonl"
     argv = ["mine", "--beir_path", str(tmp_path / "beir"), "--method", "splade"]
     argv += ["--model_name_or_path", str(tmp_path / "ckpt"), "--device", "cpu", "--output_file", str(out)]
-    argv += ["--num_negatives", "2", "--rank_start", "2", "--rank_end", "20", "--document_max_length", "16"]
+    argv += ["--num_negatives", "2", "--rank_start", "2", "--rank_end", "20"]
     assert main(argv) == 0
+    assert (seen["query_max_length"], seen["document_max_length"]) == (8, 16)
     loaded = load_training_data(out)
     assert len(loaded) == sum(len(j) for j in beir.qrels.values())
     assert loaded.column_names == ["query", "positive", "negative_1", "negative_2"]

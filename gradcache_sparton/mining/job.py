@@ -36,8 +36,8 @@ def run_mining(
     rank_end: int = 100,
     sampling: Literal["random", "top"] = "random",
     seed: int = 0,
-    query_max_length: int = 32,
-    document_max_length: int = 256,
+    query_max_length: int | None = None,
+    document_max_length: int | None = None,
     batch_size: int = 64,
     device: str | None = None,
     bm25_stemmer: str | None = BM25_STEMMER,
@@ -50,8 +50,9 @@ def run_mining(
     or, without it, from the judgements with relevance > 0 of the BEIR folder ``beir_path`` (qrels
     ``split``). The corpus mined from is ``corpus="beir"`` (the BEIR folder's corpus; the default when
     ``beir_path`` is given) or ``"positives"`` (the distinct positives of the pairs). ``method="splade"``
-    ranks with the checkpoint ``model_name_or_path``, loaded as ``evaluate`` loads it (its own
-    tokenizer), on ``device`` (default: cuda when available). The other settings are :func:`~gradcache_sparton.mining.mine_hard_negatives`'s.
+    ranks with the checkpoint ``model_name_or_path`` (a folder, a shipped model's name or a hub id),
+    loaded as ``evaluate`` loads it (its own tokenizer), on ``device`` (default: cuda when available),
+    at the max lengths given, else those it was trained with, else 32 / 256 tokens. The other settings are :func:`~gradcache_sparton.mining.mine_hard_negatives`'s.
 
     Every setting, the output path (``.jsonl`` / ``.jsonl.gz``; an existing file needs ``overwrite``)
     and the input paths are checked before anything is loaded; a checkpoint that does not load fails
@@ -87,16 +88,25 @@ def run_mining(
         check_bm25_installed(bm25_stemmer)
 
     start = time.perf_counter()
-    encoder = tokenizer = None
+    encoder_settings: dict[str, Any] = {}
     if method == "splade":  # first: a checkpoint that does not load fails before the data is read
         from gradcache_sparton.arguments import ModelArguments
-        from gradcache_sparton.pipeline import build_encoder, build_tokenizer
+        from gradcache_sparton.pipeline import build_encoder, build_tokenizer, checkpoint_max_lengths
 
+        query_max_length, document_max_length = checkpoint_max_lengths(
+            model_name_or_path, query_max_length=query_max_length, document_max_length=document_max_length
+        )
         model_args = ModelArguments(model_name_or_path=model_name_or_path)
         tokenizer = build_tokenizer(model_args)
-        encoder = build_encoder(model_args, tokenizer)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        encoder.to(device).eval()
+        encoder_settings = {
+            "encoder": build_encoder(model_args, tokenizer).to(device).eval(),
+            "tokenizer": tokenizer,
+            "query_max_length": query_max_length,
+            "document_max_length": document_max_length,
+            "batch_size": batch_size,
+            "device": device,
+        }
     needs_beir = beir_path is not None and (train_data is None or corpus == "beir")
     beir = load_beir(beir_path, split=split) if needs_beir else None
     pairs = load_mining_pairs(train_data) if train_data is not None else beir_mining_pairs(beir)
@@ -109,14 +119,9 @@ def run_mining(
         rank_end=rank_end,
         sampling=sampling,
         seed=seed,
-        encoder=encoder,
-        tokenizer=tokenizer,
-        query_max_length=query_max_length,
-        document_max_length=document_max_length,
-        batch_size=batch_size,
-        device=device if method == "splade" else None,
         bm25_stemmer=bm25_stemmer,
         show_progress=show_progress,
+        **encoder_settings,
     )
     write_training_file(mined, output, overwrite=overwrite)
     seconds = time.perf_counter() - start
