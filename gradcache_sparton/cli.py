@@ -161,6 +161,8 @@ def _train(argv: Sequence[str]) -> int:
     unknown = sorted(set(config) - known)
     if unknown:
         raise ValueError(f"--config {str(config_path)!r} has unknown argument(s) {unknown}")
+    if "config_name" in named and "model_name_or_path" not in named:
+        config.pop("model_name_or_path", None)  # a shape named by flag replaces the config's checkpoint
     parser.set_defaults(**config)
     model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(args=list(argv))
     del rest  # only --config, already read
@@ -174,11 +176,14 @@ def _train(argv: Sequence[str]) -> int:
     metrics = run_training(model_args, data_args, training_args)
     if training_args.process_index == 0:  # under DDP, one summary rather than one per process
         print(json.dumps({"output_dir": training_args.output_dir, **metrics}, indent=2))
+        if "eval_before_ndcg_at_10" in metrics and "eval_ndcg_at_10" in metrics:
+            before, after = metrics["eval_before_ndcg_at_10"], metrics["eval_ndcg_at_10"]
+            print(f"dev nDCG@10: before training {before:.4f}, after {after:.4f} ({after - before:+.4f})")
     return 0
 
 
 def _evaluate(argv: Sequence[str]) -> int:
-    from gradcache_sparton.evaluation import DEFAULT_MEASURES, PruningBudget, format_table
+    from gradcache_sparton.evaluation import DEFAULT_MEASURES, RETRIEVALS, PruningBudget, format_table
     from gradcache_sparton.pipeline import run_evaluation
 
     parser = argparse.ArgumentParser(
@@ -193,8 +198,18 @@ def _evaluate(argv: Sequence[str]) -> int:
         help="One or more BEIR folders (a per-dataset table and the mean); default: the shipped SciFact dev sample.",
     )
     parser.add_argument("--split", default="dev", help="qrels split (qrels/<split>.tsv).")
-    parser.add_argument("--query_max_length", type=int, default=32)
-    parser.add_argument("--document_max_length", type=int, default=256)
+    parser.add_argument(
+        "--query_max_length",
+        type=int,
+        default=None,
+        help="Default: the checkpoint's training length, else 32.",
+    )
+    parser.add_argument(
+        "--document_max_length",
+        type=int,
+        default=None,
+        help="Default: the checkpoint's training length, else 256.",
+    )
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
     parser.add_argument(
@@ -205,6 +220,12 @@ def _evaluate(argv: Sequence[str]) -> int:
         "the recall cutoff following --top_k).",
     )
     parser.add_argument("--top_k", type=int, default=100, help="Documents retrieved per query.")
+    parser.add_argument(
+        "--retrieval",
+        choices=RETRIEVALS,
+        default="exhaustive",
+        help="Exhaustive search, or a seismic inverted index (exact by default; needs pyseismic-lsr).",
+    )
     parser.add_argument(
         "--budgets",
         nargs="+",
@@ -233,6 +254,7 @@ def _evaluate(argv: Sequence[str]) -> int:
         measures=args.measures,
         top_k=args.top_k,
         budgets=budgets,
+        retrieval=args.retrieval,
         run_prefix=None if args.output_file is None else args.output_file.with_suffix(""),
     )
     if all(isinstance(row, dict) for row in result.values()):  # a table: one row per dataset / budget
@@ -283,7 +305,11 @@ def _mine(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--method", choices=METHODS, default="bm25", help="bm25, or splade: a checkpoint's own ranking."
     )
-    parser.add_argument("--model_name_or_path", default=None, help="checkpoint folder for --method splade.")
+    parser.add_argument(
+        "--model_name_or_path",
+        default=None,
+        help="--method splade: checkpoint folder, shipped name or hub id.",
+    )
     parser.add_argument("--num_negatives", type=int, default=2, help="k: negative_1..k per pair.")
     parser.add_argument(
         "--rank_start",
@@ -302,9 +328,17 @@ def _mine(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--bm25_stemmer", default=BM25_STEMMER, help="PyStemmer algorithm for BM25 tokens, or none."
     )
-    parser.add_argument("--query_max_length", type=int, default=32, help="--method splade: query tokens.")
     parser.add_argument(
-        "--document_max_length", type=int, default=256, help="--method splade: document tokens."
+        "--query_max_length",
+        type=int,
+        default=None,
+        help="--method splade: query tokens (None: the checkpoint's training length, else 32).",
+    )
+    parser.add_argument(
+        "--document_max_length",
+        type=int,
+        default=None,
+        help="--method splade: document tokens (None: the checkpoint's training length, else 256).",
     )
     parser.add_argument("--batch_size", type=int, default=64, help="--method splade: encoding batch.")
     parser.add_argument(

@@ -427,8 +427,13 @@ def test_embedded_default_applies_only_when_no_model_or_data_is_named(tmp_path, 
         assert "--train_data given: the embedded default run" in caplog.text
         for argv in (["--config_name", "bert-mini"], ["--train_data", data, "--config", "default"]):
             assert main(["train", *out, *argv]) == 0
-            _, _, args = seen.pop()
+            model_args, _, args = seen.pop()
             assert (args.max_steps == demo["max_steps"]) == ("default" in argv), argv
+        # The demo's settings on a random-init shape: the flag's shape replaces the demo's checkpoint.
+        assert main(["train", *out, "--config", "default", "--config_name", "bert-mini"]) == 0
+        model_args, _, args = seen.pop()
+        assert model_args.model_name_or_path is None and model_args.config_name == "bert-mini"
+        assert args.max_steps == demo["max_steps"]
 
 
 def _tiny_beir(folder: Path) -> Path:
