@@ -15,6 +15,11 @@ model loads as a plain ``SparseEncoder`` anywhere, with equal reps.
 - :func:`splade_loss_config_from` maps a sentence-transformers ``SpladeLoss`` (with
   ``SparseMultipleNegativesRankingLoss`` and FLOPS regularizers) onto our
   :class:`~gradcache_sparton.losses.SpladeLossConfig`: same loss, same gradients.
+- :func:`from_sentence_transformers_columns` reads its datasets' columns (``anchor``, ``negative``,
+  or by position).
+- The other way: :func:`write_sentence_transformers_files` makes one of our checkpoints a
+  ``SparseEncoder`` folder too (modules, ``max_seq_length`` as trained, a model card from
+  :func:`model_card` / :func:`run_model_card`), so ``SparseEncoder(path)`` gives exactly our reps.
 
 sentence-transformers is an optional extra (``pip install gradcache_sparton[sentence-transformers]``);
 this module imports it only inside the functions that need it, so the trainer can recognise a
@@ -368,16 +373,11 @@ def _write_json(path: str, value: object) -> None:
 def sentence_transformers_can_load(encoder: SpladeEncoder) -> bool:
     """Whether :func:`write_sentence_transformers_files` can describe ``encoder``: a masked LM whose
     positions all pool (special tokens aside); not a decoder-only LM, nor echo or prefix options."""
-    masked_lm = (
-        not (encoder.bidirectional or encoder.echo) and encoder.config.model_type in _fill_mask_model_types()
-    )
-    return masked_lm and encoder.prefix_length == 0
+    from transformers import MODEL_FOR_MASKED_LM_MAPPING
 
-
-def _fill_mask_model_types() -> set[str]:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-    return set(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    # sentence-transformers builds the backbone with AutoModelForMaskedLM from the saved config.
+    auto_masked_lm = MODEL_FOR_MASKED_LM_MAPPING.get(type(encoder.config), None) is type(encoder.model)
+    return auto_masked_lm and not (encoder.bidirectional or encoder.echo or encoder.prefix_length)
 
 
 def write_sentence_transformers_files(
