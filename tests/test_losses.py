@@ -228,9 +228,19 @@ def test_kl_div_is_zero_when_student_agrees_and_teacher_gets_no_gradient() -> No
     assert all(float(r.grad.abs().max()) < 1e-6 for r in reps.values())
 
 
-@pytest.mark.parametrize(("in_batch", "score_block_size"), [(False, None), (True, None), (True, 3)])
-def test_splade_kl_div_is_exact_under_cached_loss(tiny_bert_config, in_batch: bool, score_block_size) -> None:
-    """SpladeLoss with kl_div through CachedLoss equals the uncached loss and every parameter gradient."""
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"contrastive": "kl_div"},
+        {"contrastive": "kl_div", "kl_in_batch": True},
+        {"contrastive": "kl_div", "kl_in_batch": True, "score_block_size": 3},
+        {"contrastive": "infonce", "score_block_size": 3},
+    ],
+)
+def test_splade_kl_div_and_blocked_scores_are_exact_under_cached_loss(
+    tiny_bert_config, settings: dict
+) -> None:
+    """SpladeLoss (listwise KL; scores in blocks) through CachedLoss equals the uncached loss and every grad."""
     from engine_helpers import assert_grads_close, grads_of, make_columns, make_encoder, small_config
 
     from gradcache_sparton.engine import CachedLoss
@@ -238,16 +248,15 @@ def test_splade_kl_div_is_exact_under_cached_loss(tiny_bert_config, in_batch: bo
     encoder = make_encoder(small_config(tiny_bert_config))
     columns = make_columns(8, 3)
     teacher = torch.randn(8, 2, generator=torch.Generator().manual_seed(0)) * 5
+    loss_kwargs = {"teacher_scores": teacher} if settings["contrastive"] == "kl_div" else {}
     # Random-init reps score ~10-40: temperature 20 keeps the student's softmax neither flat nor saturated.
-    config = SpladeLossConfig(
-        contrastive="kl_div", temperature=20.0, kl_in_batch=in_batch, doc_reg_weight=0.1
-    )
+    config = SpladeLossConfig(temperature=20.0, doc_reg_weight=0.1, **settings)
     loss_fn = SpladeLoss(config)
-    ref_loss, _ = loss_fn({name: encoder(**f) for name, f in columns.items()}, teacher_scores=teacher)
+    ref_loss, _ = loss_fn({name: encoder(**f) for name, f in columns.items()}, **loss_kwargs)
     ref_loss.backward()
     ref_grads = grads_of(encoder)
     encoder.zero_grad()
-    loss = CachedLoss(encoder, loss_fn, mini_batch_size=3)(columns, teacher_scores=teacher)
+    loss = CachedLoss(encoder, loss_fn, mini_batch_size=3)(columns, **loss_kwargs)
     loss.backward()
     # As in tests/test_cached_loss.py: mini-batch summation order moves fp32 results by <= 1e-6; a lost,
     # doubled or mis-scaled mini-batch is an O(1) error.
