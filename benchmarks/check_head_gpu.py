@@ -37,6 +37,7 @@ CASES = [
     (8, 512, 768, 250002, torch.bfloat16),
     (4, 8192, 768, 30522, torch.bfloat16),
     (4, 256, 4096, 30522, torch.bfloat16),
+    (4, 256, 4096, 151936, torch.bfloat16),  # Qwen's vocabulary at D = 4,096: V·D = 6.2e8 elements
 ]
 ULP = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
@@ -104,6 +105,17 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, seed: int) -> dict
     row["workspace_mib_beyond_grads"] = (peak - grads_bytes) / 2**20
     row["logits_mib"] = logits_bytes / 2**20
     ok &= peak - grads_bytes < 0.1 * logits_bytes
+    # a frozen weight (LoRA): its [V, D] gradient must be neither computed nor allocated
+    hp.grad = bp.grad = None
+    ep.requires_grad_(False)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    sparton_head(hp, ep, bp, mask).backward(g)
+    torch.cuda.synchronize()
+    peak_frozen = torch.cuda.max_memory_allocated() - base
+    row["peak_mib_frozen_weight"] = peak_frozen / 2**20
+    ok &= ep.grad is None and peak_frozen < peak - ep.numel() * ep.element_size() * 0.9
     row["ok"] = bool(ok)
     return row
 

@@ -421,6 +421,48 @@ def test_module_cuda_matches_reference(dtype, rtol) -> None:
     _module_matches_reference(torch.device("cuda"), dtype, rtol)
 
 
+@pytest.mark.parametrize("path", ["triton", "reference"])
+@pytest.mark.parametrize("frozen", ["weight", "hidden_states", "bias"])
+def test_backward_skips_gradients_nobody_needs(kernel_device, monkeypatch, path, frozen) -> None:
+    """A frozen weight gets no [V, D] gradient (the grad_E launcher never runs: nothing computed or
+    allocated), hidden states without grad no [B, S, D] one, a frozen bias none; the gradients still
+    needed equal those of the full backward."""
+    from gradcache_sparton.kernels import head as head_module
+    from gradcache_sparton.kernels import sparton
+
+    device = kernel_device if path == "triton" else torch.device("cpu")
+    monkeypatch.setattr(head_module, "_use_triton", lambda hidden_states: path == "triton")
+    calls = []
+    for name in ("_grad_e", "_grad_h"):  # the launchers that allocate grad_E / grad_H
+        launcher = getattr(sparton, name)
+        monkeypatch.setattr(sparton, name, lambda *a, _l=launcher, _n=name: calls.append(_n) or _l(*a))
+    cpu_backward = head_module.sparton_head_backward_reference
+    needs = []  # what the CPU path was asked to compute
+    monkeypatch.setattr(
+        head_module,
+        "sparton_head_backward_reference",
+        lambda *a, **k: needs.append(k.get("needs_input_grad")) or cpu_backward(*a, **k),
+    )
+    h, e, b, m = _inputs(3, 21, 24, 37, True, torch.float32, device, seed=16)
+    g = torch.randn(3, 37, generator=torch.Generator().manual_seed(17)).to(device)
+    inputs = {"hidden_states": h, "weight": e, "bias": b}
+    everything = [t.detach().clone().requires_grad_() for t in inputs.values()]
+    full = dict(zip(inputs, torch.autograd.grad(sparton_head(*everything, m), everything, g), strict=True))
+    calls.clear()
+    needs.clear()
+    leaves = {name: t.detach().clone().requires_grad_(name != frozen) for name, t in inputs.items()}
+    sparton_head(*leaves.values(), m).backward(g)
+    assert leaves[frozen].grad is None
+    for name, leaf in leaves.items():
+        if name != frozen:
+            assert torch.equal(leaf.grad, full[name]), name
+    if path == "triton":
+        skipped = {"weight": "_grad_e", "hidden_states": "_grad_h"}.get(frozen)
+        assert sorted(calls) == sorted({"_grad_e", "_grad_h"} - {skipped})
+    else:
+        assert needs == [tuple(name != frozen for name in inputs)]
+
+
 def test_tie_weights_keeps_a_plain_masked_lm_checkpoint(tiny_bert_mlm) -> None:
     """A head tied to a BERT decoder adds no tensors to the model's state dict and follows its updates."""
     keys = set(tiny_bert_mlm.state_dict())

@@ -130,28 +130,49 @@ def _forward_fake(
 @torch.library.custom_op(
     "gradcache_sparton::sparton_head_backward",
     mutates_args=(),
-    schema="(Tensor grad_y, Tensor hidden_states, Tensor weight, Tensor max_logits, Tensor argmax) "
-    "-> (Tensor, Tensor, Tensor)",
+    schema="(Tensor grad_y, Tensor hidden_states, Tensor weight, Tensor max_logits, Tensor argmax, "
+    "bool need_grad_hidden, bool need_grad_weight, bool need_grad_bias) -> (Tensor, Tensor, Tensor)",
 )
 def _backward_op(
-    grad_y: Tensor, hidden_states: Tensor, weight: Tensor, max_logits: Tensor, argmax: Tensor
+    grad_y: Tensor,
+    hidden_states: Tensor,
+    weight: Tensor,
+    max_logits: Tensor,
+    argmax: Tensor,
+    need_grad_hidden: bool,
+    need_grad_weight: bool,
+    need_grad_bias: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(grad_H [B, S, D], grad_E [V, D], grad_bias [V] in the dtype of max)."""
+    """(grad_H [B, S, D], grad_E [V, D], grad_bias [V] in the dtype of max); a gradient not needed is
+    neither computed nor allocated, and comes back as an empty tensor (custom ops return tensors)."""
+    needs = (need_grad_hidden, need_grad_weight, need_grad_bias)
     if _use_triton(hidden_states):
         from gradcache_sparton.kernels.sparton import sparton_backward  # imports triton
 
-        return sparton_backward(grad_y, hidden_states, weight, max_logits, argmax)
-    return sparton_head_backward_reference(grad_y, hidden_states, weight, max_logits, argmax)
+        grads = sparton_backward(grad_y, hidden_states, weight, max_logits, argmax, needs_input_grad=needs)
+    else:
+        grads = sparton_head_backward_reference(
+            grad_y, hidden_states, weight, max_logits, argmax, needs_input_grad=needs
+        )
+    like = (hidden_states, weight, max_logits)
+    return tuple(g if g is not None else t.new_empty(0) for g, t in zip(grads, like, strict=True))
 
 
 @_backward_op.register_fake
 def _backward_fake(
-    grad_y: Tensor, hidden_states: Tensor, weight: Tensor, max_logits: Tensor, argmax: Tensor
+    grad_y: Tensor,
+    hidden_states: Tensor,
+    weight: Tensor,
+    max_logits: Tensor,
+    argmax: Tensor,
+    need_grad_hidden: bool,
+    need_grad_weight: bool,
+    need_grad_bias: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return (
-        torch.empty_like(hidden_states),
-        torch.empty_like(weight),
-        max_logits.new_empty(weight.shape[0]),
+        torch.empty_like(hidden_states) if need_grad_hidden else hidden_states.new_empty(0),
+        torch.empty_like(weight) if need_grad_weight else weight.new_empty(0),
+        max_logits.new_empty(weight.shape[0] if need_grad_bias else 0),
     )
 
 
@@ -164,9 +185,18 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_y: Tensor, _grad_max: Tensor, _grad_argmax: Tensor):
     hidden_states, weight, mx, arg = ctx.saved_tensors
-    grad_h, grad_e, grad_bias = _backward_op(grad_y, hidden_states, weight, mx, arg)
-    grad_bias = None if ctx.bias_dtype is None else grad_bias.to(ctx.bias_dtype)
-    return grad_h, grad_e, grad_bias, None  # the mask gets no gradient
+    # A frozen weight (LoRA, a frozen decoder) gets no [V, D] gradient: at V = 152k, D = 4,096 that is
+    # 1.2 GB in bf16 never allocated; likewise grad_H and grad_bias when nothing needs them.
+    need_h, need_e, need_bias, _ = ctx.needs_input_grad
+    grad_h, grad_e, grad_bias = _backward_op(
+        grad_y, hidden_states, weight, mx, arg, need_h, need_e, need_bias
+    )
+    return (
+        grad_h if need_h else None,
+        grad_e if need_e else None,
+        grad_bias.to(ctx.bias_dtype) if need_bias else None,
+        None,  # the mask gets no gradient
+    )
 
 
 torch.library.register_autograd(

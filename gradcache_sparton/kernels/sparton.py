@@ -314,6 +314,16 @@ def _sparton_bwd_grad_h_kernel(
 # Launchers
 # ---------------------------------------------------------------------------------------------------
 
+# Index widths (V up to 250,002, D up to 4,096, any B): every offset that can pass 2^31 is int64 in the
+# kernels: b·S·D into H (`b.to(tl.int64) * stride_hb`, or a 64-bit pointer advanced by stride_hb),
+# v·D into E and grad_E (`offs_v.to(tl.int64)`; 151,936 × 4,096 = 6.2e8 already needs 30 bits), b·V
+# into max/argmax/coef (`b.to(tl.int64) * V`, 64-bit pointers advanced by V; B·V passes 2^31 from
+# B = 14,125 at V = 151,936) and the CSR offsets (int64 from searchsorted). What stays int32 is bounded
+# far below: s·D within one row (S·D <= 8,192 × 4,096 = 2^25), b·S + s (the mask, CSR row keys; B·S
+# tokens < 2^31 whenever H fits in memory), grid sizes (B·cdiv(V, BLOCK_V), B·S). A test crossing 2^31
+# would need tensors of more than 8 GB, so this is reasoned here and exercised at V = 151,936, D = 4,096
+# by benchmarks/check_head_gpu.py.
+
 
 def _default_forward_blocks(dtype: torch.dtype, seq_len: int) -> ForwardBlocks:
     if _interpreting():
