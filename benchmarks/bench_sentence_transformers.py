@@ -17,7 +17,7 @@ so every step sees the same weights): the row reports the median step time, sequ
 (3 B per step), peak memory over the timed steps, and, for the bridge, the largest difference of
 its gradients from sentence-transformers', over the largest gradient (fp32 gradients of
 bf16-autocast steps: rounding the logits to bf16 in ST's path moves near-equal maxima, so expect up
-to ~1e-2, far below a wrong gradient's O(1); fp32 on CPU agrees to ~1e-7).
+to ~1e-2, far below a wrong gradient's O(1); a tiny fp32 CPU run agrees to 2e-5).
 
     python benchmarks/bench_sentence_transformers.py --batch 1024 --mini-batch 64 --out st_bridge.json
     python benchmarks/bench_sentence_transformers.py --batch 1024 --mini-batch 32 --vocab 250002
