@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModelForMaskedLM, PreTrainedTokenizerBase, Trainer
+from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
@@ -272,13 +272,14 @@ class CachedSpladeTrainer(Trainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        """Load the backbone weights of one of our (standard masked-LM) checkpoints into the encoder."""
+        """Load the backbone weights of one of our (standard masked- or causal-LM) checkpoints into the encoder."""
         encoder = self.accelerator.unwrap_model(model if model is not None else self.model)
         if self._sparse_encoder:
             loaded = type(encoder)(resume_from_checkpoint, device="cpu", local_files_only=True)
             encoder.load_state_dict(loaded.state_dict(), strict=True)
             return
-        loaded = AutoModelForMaskedLM.from_pretrained(resume_from_checkpoint, local_files_only=True)
+        # The backbone's own class: a masked LM, or a decoder-only LM's causal-LM class.
+        loaded = type(encoder.model).from_pretrained(resume_from_checkpoint, local_files_only=True)
         # strict: every backbone tensor (tied decoder included) must be in the checkpoint.
         encoder.model.load_state_dict(loaded.state_dict(), strict=True)
 

@@ -368,3 +368,33 @@ def test_cuda_decoder_reps_and_grads_match_materialized_logits(family: str) -> N
     assert reps16.dtype == torch.bfloat16
     if expected16 is not None:  # bf16 logits round at 2**-8 relative: ~0.01 absolute at worst
         torch.testing.assert_close(reps16.float(), expected16.float(), rtol=0, atol=1.5e-2)
+
+
+def test_trainer_reloads_a_decoder_checkpoint(tmp_path, tokenizer) -> None:
+    """Resuming (and load_best_model_at_end) loads a decoder-only checkpoint through its causal-LM class."""
+    from transformers import BertTokenizer
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+    from gradcache_sparton.trainer import CachedSpladeTrainer
+
+    model = tiny_decoder("llama")
+    vocab = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)[: model.config.vocab_size]
+    small = BertTokenizer(vocab={token: i for i, token in enumerate(vocab)})
+    encoder = SpladeEncoder(model, echo=True)
+    args = CachedSpladeTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        query_reg_weight=1e-3,
+        doc_reg_weight=1e-3,
+        use_cpu=True,
+        report_to="none",
+    )
+    trainer = CachedSpladeTrainer(encoder, args, processing_class=small)
+    trainer.save_model(str(tmp_path / "ckpt"))
+    assert not (tmp_path / "ckpt" / "modules.json").exists()  # no sentence-transformers equivalent
+    saved = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    trainer._load_from_checkpoint(str(tmp_path / "ckpt"))
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p, saved[name], rtol=0, atol=0, msg=name)
