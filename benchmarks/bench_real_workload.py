@@ -59,7 +59,7 @@ wall time between two ``torch.cuda.synchronize`` calls. A row reports the median
 step = effective batch), the peak ``torch.cuda.max_memory_allocated`` over all its steps (weights,
 gradients and AdamW state included), for ours the mean non-zeros per row of each column (64 rows,
 after its steps), and with
-``--busy_fraction`` (default on CUDA) the device-busy fraction of one more step run under
+``--busy_fraction`` (CUDA; off by default) the device-busy fraction of one more step run under
 ``torch.profiler`` (sum of its kernel times over the median wall time). A configuration that runs out
 of memory is a row with status "OOM"; one not started within ``--time_budget_s`` is "skipped".
 
@@ -67,10 +67,19 @@ The targets of issue 15 are computed within each (model, workload): for memory b
 8 GiB and unlimited, our best pairs/s and sentence-transformers' best among the rows that fit, and
 their ratio; our best at 4 GiB over our best at 8 GiB; our best cached over our best uncached.
 
-Run on the GPU machine from the repository root (about 8 minutes on an H100):
+Run on the GPU machine from the repository root. One (model, workload) with the default four budgets
+(17 configurations, 2 timed steps each) takes about 5 minutes on an H100 for base/scifact, less for
+the others, so a session of 10-minute calls runs them one or two per call and merges the JSON files:
 
     export PYTHONPATH=$PWD:$PYTHONPATH PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True HF_HUB_OFFLINE=1
-    python benchmarks/bench_real_workload.py --output_dir $OUT/real_workload --time_budget_s 420
+    python benchmarks/bench_real_workload.py --models base --workloads scifact --output_dir $OUT/rw1
+    python benchmarks/bench_real_workload.py --models base --workloads short --output_dir $OUT/rw2
+    python benchmarks/bench_real_workload.py --models tiny --output_dir $OUT/rw3
+    python benchmarks/bench_real_workload.py --merge rw1/real_workload.json rw2/real_workload.json \
+        rw3/real_workload.json --output_dir rw        # one table, targets and plot (no GPU needed)
+
+``--time_budget_s`` (420) records every configuration not started by then as skipped, so a call ends
+in about 8 minutes whatever it was given.
 
 It writes ``real_workload.json`` (rows, targets, calibration, device, versions, date; rewritten after
 every configuration), ``real_workload.md`` and, when matplotlib is importable, ``real_workload.png``
@@ -863,19 +872,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mini_batches", type=int_list, default=[16, 32, 64, 128],
                         help="rows per mini-batch; token budgets are these times the mean passage length")  # fmt: skip
     parser.add_argument(
-        "--steps", type=int, default=3, help="at most this many timed steps per configuration"
+        "--steps", type=int, default=2, help="at most this many timed steps per configuration"
     )
     parser.add_argument(
-        "--seconds_per_config", type=float, default=8.0, help="timed steps are cut to fit about this long"
+        "--seconds_per_config", type=float, default=5.0, help="timed steps are cut to fit about this long"
     )
     parser.add_argument("--time_budget_s", type=float, default=420.0,
                         help="configurations not started by then are recorded as skipped")  # fmt: skip
     parser.add_argument(
         "--target_density", type=float, default=0.02, help="rep non-zeros of the base-width start"
     )
-    parser.add_argument("--busy_fraction", action=argparse.BooleanOptionalAction, default=True,
+    parser.add_argument("--busy_fraction", action=argparse.BooleanOptionalAction, default=False,
                         help="profile one more step per configuration for the device-busy fraction (CUDA)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                        help="merge real_workload.json files of several runs into --output_dir (no GPU work)")  # fmt: skip
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes (tiny random models) for a CPU check"
     )
@@ -958,6 +969,8 @@ def uncached_configs(model: str, workload: str, batch: int) -> Iterator[Config]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.output_dir))
     start = time.monotonic()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.smoke:
@@ -1019,13 +1032,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 break
                         continue
                     report(rows, bench.run(config, path, workload), out, meta, start)
-    targets = write_outputs(out, meta, rows)
     print(f"\n{meta['device']}, torch {meta['torch']}, {meta['dtype']}; {time.monotonic() - start:.0f} s\n")
+    return finish(out, meta, rows)
+
+
+def finish(out: Path, meta: dict, rows: list[dict]) -> int:
+    """Final outputs, tables and plot; exit status 1 when a configuration failed other than by OOM."""
+    targets = write_outputs(out, meta, rows)
     show(TABLE_HEAD, table_rows(rows))
     print()
     show(TARGET_HEAD, target_rows(targets))
     print(plot(rows, out / "real_workload.png"), flush=True)
     return 1 if any(r["status"].startswith("error") for r in rows) else 0
+
+
+def merge(paths: Sequence[Path], out: Path) -> int:
+    """The rows of several runs (e.g. one device call per model or workload) in one table and plot."""
+    payloads = [json.loads(Path(p).read_text()) for p in paths]
+    devices = {p["meta"]["device"] for p in payloads}
+    if len(devices) > 1:
+        print(f"warning: merging runs from different devices {sorted(devices)}: ratios mix them", flush=True)
+    meta = {**payloads[0]["meta"], "command": " ".join(sys.argv), "merged_from": [str(p) for p in paths]}
+    meta["models"] = {k: v for p in payloads for k, v in p["meta"].get("models", {}).items()}
+    return finish(out, meta, [row for p in payloads for row in p["rows"]])
 
 
 def report(rows: list[dict], row: dict, out: Path, meta: dict, start: float) -> None:

@@ -154,6 +154,26 @@ def test_plot_draws_or_says_why_not(
     assert not (tmp_path / "b.png").exists()
 
 
+def test_merge_puts_several_runs_in_one_table(bench: ModuleType, tmp_path: Path) -> None:
+    """--merge joins the rows of separate calls (one per model or workload) and computes the targets
+    over them, without any model work."""
+    paths = []
+    for i, provider in enumerate(("ours", "st")):
+        meta = {"device": "X", "command": "c", "models": {f"m{i}": {"source": "s"}}}
+        rows = [{**_row(provider, 100.0 * (i + 1), 3.0), "name": provider, "family": f"{provider}-mb"}]
+        paths.append(tmp_path / f"{provider}.json")
+        paths[-1].write_text(json.dumps({"meta": meta, "rows": rows, "targets": []}))
+    out = tmp_path / "merged"
+    assert bench.main(["--merge", *map(str, paths), "--output_dir", str(out)]) == 0
+    merged = json.loads((out / "real_workload.json").read_text())
+    assert [r["provider"] for r in merged["rows"]] == ["ours", "st"]
+    assert set(merged["meta"]["models"]) == {"m0", "m1"}
+    speedup = {t["target"]: t["value"] for t in merged["targets"]}[
+        "ours vs sentence-transformers at <= 4 GiB"
+    ]
+    assert speedup == pytest.approx(0.5)
+
+
 def _smoke(bench: ModuleType, out: Path, providers: str) -> dict:
     argv = [
         "--smoke", "--output_dir", str(out), "--models", "base", "--workloads", "short", "--providers", providers,
