@@ -1,0 +1,94 @@
+"""The SciFact fine-tuning experiment script runs end to end on a tiny prepared folder (CPU, --smoke)."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from gradcache_sparton.data import (
+    default_dev_beir_path,
+    default_train_data_path,
+    load_beir,
+    load_training_data,
+)
+from gradcache_sparton.mining import write_training_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str) -> ModuleType:
+    """scripts/<name>.py imported as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_prepared_folder(folder: Path) -> None:
+    """What prepare_finetune_data.py writes, at toy size, from the shipped SciFact sample."""
+    dev = load_beir(default_dev_beir_path(), split="dev")
+    qrels = dict(list(dev.qrels.items())[:2])
+    judged = {doc for judgements in qrels.values() for doc in judgements}
+    docs = [*judged, *[doc for doc in dev.corpus if doc not in judged][:6]]
+    (folder / "dev" / "qrels").mkdir(parents=True)
+    with gzip.open(folder / "dev" / "corpus.jsonl.gz", "wt", encoding="utf-8") as handle:
+        for doc in docs:
+            handle.write(json.dumps({"_id": doc, "title": "", "text": dev.corpus[doc]}) + "\n")
+    (folder / "dev" / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": dev.queries[q]}) + "\n" for q in qrels)
+    )
+    (folder / "dev" / "qrels" / "dev.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n"
+        + "".join(f"{q}\t{d}\t{r}\n" for q, judgements in qrels.items() for d, r in judgements.items())
+    )
+    rows = load_training_data(default_train_data_path()).select(range(8))
+    negatives = rows.select(range(4, 8))["positive"]
+    for name, part in (("labelled", rows.select(range(2))), ("selfsup", rows.select(range(2, 4)))):
+        write_training_file(part, folder / f"{name}.jsonl.gz")
+        with_negatives = part.add_column("negative_1", negatives[:2]).add_column("negative_2", negatives[2:])
+        write_training_file(with_negatives, folder / f"{name}_bm25.jsonl.gz")
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_every_planned_row_with_its_metrics(tmp_path: Path) -> None:
+    """--smoke trains every planned configuration (bm25 negatives, both schedules, the reference batch run
+    once) and results.json holds zero-shot plus one row per configuration with every metric; the table
+    names every row."""
+    experiment = _script("finetune_experiment")
+    _write_prepared_folder(tmp_path / "data")
+    out = tmp_path / "out"
+    argv = ["--smoke", "--data_dir", str(tmp_path / "data"), "--output_dir", str(out), "--negatives", "bm25"]
+    assert experiment.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    names = [row["name"] for row in results["rows"]]
+    assert names == ["zero-shot", "bm25-b2-epochs", "bm25-b4-epochs=steps", "bm25-b2-steps"]
+    assert results["planned"] == names[1:] and results["skipped"] == []
+    assert results["pairs"] == {"pairs": 4, "labelled": 2, "selfsup": 2}
+    for row in results["rows"]:
+        for key in experiment.METRICS:
+            assert isinstance(row[key], float), (row["name"], key)
+        assert 0.0 <= row["ndcg_at_10"] <= 1.0 and row["query_nonzeros"] > 0
+    trained = results["rows"][1:]
+    assert [row["steps"] for row in trained] == [2, 1, 1]  # 4 pairs: 1 epoch at 2 and 4; steps of batch 4
+    assert not any(row["stopped_by_time_budget"] for row in trained)
+    table = (out / "results.md").read_text()
+    assert all(f"| {name} |" in table for name in names)
+
+
+def test_bad_arguments_and_missing_data_are_refused_before_any_work(tmp_path: Path) -> None:
+    """A batch that does not divide the pair multiple, an unknown negatives name and a data folder without
+    the prepared files each raise one ValueError naming the argument."""
+    experiment = _script("finetune_experiment")
+    with pytest.raises(ValueError, match="--batch_sizes"):
+        experiment.parse_args(["--output_dir", str(tmp_path), "--batch_sizes", "3"])
+    with pytest.raises(ValueError, match="--negatives"):
+        experiment.parse_args(["--output_dir", str(tmp_path), "--negatives", "splade"])
+    with pytest.raises(ValueError, match="--data_dir"):
+        experiment.check_data_dir(tmp_path)
