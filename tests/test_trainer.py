@@ -225,8 +225,8 @@ def test_cli_train_and_evaluate_on_tiny_config(tmp_path, capsys) -> None:
         main(["evaluate", "--model_name_or_path", str(out), "--beir_path", str(beir), "--split", "test"]) == 0
     )
     evaluated = json.loads(capsys.readouterr().out)
-    # The same checkpoint and data (eval at the collator's lengths 16/32 vs evaluate's defaults 32/256,
-    # all texts here are shorter than 16 tokens): the same metrics.
+    # The same checkpoint, data and lengths (evaluate reads the training lengths 16/32 the checkpoint
+    # saved): the same metrics.
     assert evaluated["ndcg_at_10"] == pytest.approx(metrics["eval_ndcg_at_10"])
     # A second train into the same output_dir is refused with a one-line error (exit code 2).
     assert main(argv) == 2
