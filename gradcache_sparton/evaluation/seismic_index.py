@@ -79,7 +79,6 @@ def retrieve_seismic(
         centroid_fraction=centroid_fraction,
         summary_energy=summary_energy,
         max_fraction=1.0,
-        doc_cut=d_reps.vocab_size,
         num_threads=num_threads,
     )
     string_type = seismic.get_seismic_string()
