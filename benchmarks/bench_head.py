@@ -8,6 +8,8 @@ Providers, timed in one process on one GPU:
   compile   the same function under torch.compile (inductor fuses the epilogue; logits still exist);
   reference gradcache_sparton.kernels.sparton_head_reference (vocabulary-chunked, fp32 matmuls);
   sparton   gradcache_sparton.kernels.SpartonHead (fused Triton forward, sparse backward);
+  sparton-dense  the same forward with the dense backward (sparton_backward(dense=True): one-hot
+            tiles through tensor cores, meant for short sequences with dense reps); only on request;
   cublas    a bf16 8192^3 torch.matmul: the tensor-core rate the forward's FLOPs are compared with.
 
 For every shape: Sparton's output is checked against eager before any timing (same Y to one bf16 ulp),
@@ -23,6 +25,11 @@ Run on the GPU machine from the repository root (prints a table, writes JSON):
     export PYTHONPATH=$PWD:$PYTHONPATH
     python benchmarks/bench_head.py --out $OUT/head.json                 # standard shape only
     python benchmarks/bench_head.py --sweep batch,seq,vocab --out $OUT/head_sweeps.json
+    # short sequences, with the dense backward, dense reps and trained-like sparsity (~2% of Y > 0):
+    python benchmarks/bench_head.py --no-standard --sweep short \\
+        --providers eager,compile,sparton,sparton-dense --bias-mean -2.0 --out $OUT/head_short_dense.json
+    python benchmarks/bench_head.py --no-standard --sweep short \\
+        --providers eager,compile,sparton,sparton-dense --bias-mean -3.2 --out $OUT/head_short_sparse.json
 """
 
 from __future__ import annotations
@@ -39,17 +46,37 @@ from common import run_stamp
 from torch import Tensor
 
 from gradcache_sparton.kernels import sparton_head, sparton_head_reference, splade_head_materialized
+from gradcache_sparton.kernels.sparton import sparton_backward, sparton_forward
 
 STANDARD = (128, 512, 768, 30522)  # (B, S, D, V): BERT-base vocabulary, a 512-token batch of 128
 SWEEPS = {
     "batch": [(b, 512, 768, 30522) for b in (32, 64, 256, 512)],
     "seq": [(128, s, 768, 30522) for s in (1024, 2048, 4096, 8192)],
     "vocab": [(64, 512, 768, v) for v in (50265, 128256, 250002)],  # RoBERTa, Llama-3, XLM-R
+    "short": [(512, 32, 768, 30522), (128, 32, 768, 30522), (512, 64, 768, 30522)],  # queries (issue 15)
 }
 PROVIDERS = ("eager", "compile", "reference", "sparton")
+EXTRA_PROVIDERS = ("sparton-dense",)  # only when named in --providers
 
 
 head_compiled = torch.compile(splade_head_materialized, dynamic=False)
+
+
+class _DenseBackwardHead(torch.autograd.Function):
+    """Sparton's forward with the dense (tensor-core, one-hot tile) backward: provider "sparton-dense"."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, e: Tensor, bias: Tensor, mask: Tensor) -> Tensor:
+        y, mx, arg = sparton_forward(h, e, bias, mask)
+        ctx.save_for_backward(h, e, mx, arg)
+        ctx.bias_dtype = bias.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        h, e, mx, arg = ctx.saved_tensors
+        grad_h, grad_e, grad_bias = sparton_backward(grad_y, h, e, mx, arg, dense=True)
+        return grad_h, grad_e, grad_bias.to(ctx.bias_dtype), None
 
 
 def _provider(name: str) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
@@ -58,6 +85,7 @@ def _provider(name: str) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
         "compile": head_compiled,
         "reference": sparton_head_reference,
         "sparton": sparton_head,
+        "sparton-dense": _DenseBackwardHead.apply,
     }[name]
 
 
@@ -176,7 +204,9 @@ def print_table(rows: list[dict], providers: list[str], tc_tflops: float) -> Non
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", default="", help="comma list among batch, seq, vocab (default: none)")
+    parser.add_argument(
+        "--sweep", default="", help="comma list among batch, seq, vocab, short (default: none)"
+    )
     parser.add_argument("--no-standard", action="store_true", help="skip the standard shape")
     parser.add_argument("--shape", action="append", default=[], help="extra B,S,D,V shape (repeatable)")
     parser.add_argument("--providers", default=",".join(PROVIDERS), help="comma list of providers")

@@ -8,6 +8,10 @@ BackwardBlocks, and the backward's parts (the CSR sort alone), with do_bench med
 
     export PYTHONPATH=$PWD:$PYTHONPATH
     python benchmarks/tune_head.py --out $OUT/tune.json
+    # short queries, sparse vs dense backward, dense reps (~50% of Y > 0 at S = 32 with bias -2.0) and
+    # trained-like sparsity (~2% with bias -3.2):
+    python benchmarks/tune_head.py --shape 512,32,768,30522 --skip-fwd --dense --bias-mean -2.0
+    python benchmarks/tune_head.py --shape 512,32,768,30522 --skip-fwd --dense --bias-mean -3.2
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from common import run_stamp
 
 from gradcache_sparton.kernels.sparton import (
     BackwardBlocks,
+    DenseBackwardBlocks,
     ForwardBlocks,
     _grad_e,
+    _grad_e_dense,
     _grad_h,
+    _grad_h_dense,
     sparton_backward,
     sparton_forward,
 )
@@ -58,12 +65,25 @@ BWD_CANDIDATES = [
     BackwardBlocks(8, 128, 1, 64, 32, 1),
 ]
 
+# DenseBackwardBlocks(e_block_v, e_block_s, e_block_d, e_num_warps, h_block_s, h_block_v, h_block_d,
+# h_num_warps): the tensor-core backward for short sequences with dense reps (--dense); the first is
+# the committed default. grad_E is [V, S] @ [S, D] per batch row (M = e_block_v, K = e_block_s), grad_H
+# [S, V] @ [V, D] (M = h_block_s, K = h_block_v).
+DENSE_BWD_CANDIDATES = [
+    DenseBackwardBlocks(128, 32, 128, 8, 32, 64, 128, 4),
+    DenseBackwardBlocks(128, 32, 64, 4, 32, 64, 64, 4),
+    DenseBackwardBlocks(64, 32, 128, 4, 32, 128, 128, 8),
+    DenseBackwardBlocks(128, 16, 128, 8, 16, 64, 128, 4),
+    DenseBackwardBlocks(256, 32, 64, 8, 64, 64, 128, 8),
+]
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="128,512,768,30522", help="B,S,D,V")
     parser.add_argument("--skip-fwd", action="store_true")
     parser.add_argument("--bias-mean", type=float, default=-2.9, help="shifts the density of Y")
+    parser.add_argument("--dense", action="store_true", help="also time the dense (tensor-core) backward")
     parser.add_argument("--out")
     args = parser.parse_args()
     B, S, D, V = map(int, args.shape.split(","))
@@ -107,6 +127,25 @@ def main() -> int:
             rows.append({**row, "ok": same})
         except Exception as exc:
             rows.append({"kind": "bwd", "blocks": blk.__dict__, "error": repr(exc)[:200]})
+        print(rows[-1], flush=True)
+    for blk in DENSE_BWD_CANDIDATES if args.dense else []:
+        try:
+            got = sparton_backward(g, h, e, mx, arg, dense=True, blocks=blk)
+            pairs = zip(got, want, strict=True)
+            same = all(torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3) for a, b in pairs)
+            ms = bench(lambda blk=blk: sparton_backward(g, h, e, mx, arg, dense=True, blocks=blk))
+            ms_e = bench(lambda blk=blk: _grad_e_dense(h, coef, arg32, V, e.dtype, blk))
+            ms_h = bench(lambda blk=blk: _grad_h_dense(e, coef, arg32, S, h.dtype, blk))
+            row = {
+                "kind": "bwd_dense",
+                "blocks": blk.__dict__,
+                "ms": ms,
+                "grad_e_ms": ms_e,
+                "grad_h_ms": ms_h,
+            }
+            rows.append({**row, "tflops": 2 * flop / ms / 1e9, "ok": same})
+        except Exception as exc:
+            rows.append({"kind": "bwd_dense", "blocks": blk.__dict__, "error": repr(exc)[:200]})
         print(rows[-1], flush=True)
     keys = torch.randint(0, B * S, (B * V,), device="cuda", dtype=torch.int32)
     rows.append({"kind": "sort_BV_int32", "ms": bench(lambda: torch.sort(keys, stable=True))})

@@ -235,6 +235,31 @@ def test_triton_backward_matches_reference_autograd(kernel_device, dtype, rtol, 
         torch.testing.assert_close(got, ref.to(got.dtype), rtol=rtol, atol=1e-5 * ref.abs().max().item())
 
 
+@pytest.mark.parametrize(("dtype", "rtol"), DTYPES)
+def test_triton_dense_backward_matches_reference_autograd(kernel_device, dtype, rtol) -> None:
+    """The dense (tensor-core, one-hot tile) backward equals autograd through the reference, like the
+    sparse one: bf16 coefficients as a hi + lo pair keep 16 bits, far inside one output rounding."""
+    B, S, D, V, bias = SHAPES[2].values
+    h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=25)
+    _, mx, arg = _launch_forward(h, e, b, m)
+    g = torch.randn(B, V, generator=torch.Generator().manual_seed(26)).to(kernel_device, dtype)
+    from gradcache_sparton.kernels.sparton import sparton_backward
+
+    grads = sparton_backward(g, h, e, mx, arg, dense=True)
+    inputs = [t.detach().clone().requires_grad_() for t in (h, e, b)]
+    want = torch.autograd.grad(sparton_head_reference(*inputs, m), inputs, g)
+    assert (grads[0][m == 0] == 0).all() and (grads[1][:3] == 0).all()  # masked positions, zero columns
+    if dtype == torch.bfloat16:
+        # coef kept to 16 bits (hi + lo) moves a sum by ~2^-16, so the bf16 results rarely round other
+        # than the sparse backward's (measured 0.2%); coef rounded to bf16 alone (2^-9 per term) flips
+        # 28-51% of them.
+        sparse = sparton_backward(g, h, e, mx, arg)
+        for got, ref in zip(grads[:2], sparse[:2], strict=True):
+            assert (got != ref).float().mean() < 0.05
+    for got, ref in zip(grads, want, strict=True):
+        torch.testing.assert_close(got, ref.to(got.dtype), rtol=rtol, atol=1e-5 * ref.abs().max().item())
+
+
 def test_triton_backward_zero_where_output_zero_or_masked(kernel_device) -> None:
     """Masked positions, fully masked rows and all-negative columns get exactly zero gradient."""
     h, e, b, m = _inputs(3, 37, 24, 53, True, torch.float32, kernel_device, seed=6)
@@ -382,6 +407,26 @@ def test_triton_forward_nan_beats_inf_and_first_nan_wins(kernel_device) -> None:
     assert (arg[0] == 3).all() and (arg[1] == 20).all()
     assert torch.equal(arg[:2].long(), arg_ref[:2])
     torch.testing.assert_close(mx, mx_ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.parametrize(
+    ("value", "site"), [(NAN, "hidden-unmasked"), (INF, "weight"), (NAN, "hidden-masked")]
+)
+def test_triton_dense_backward_non_finite_matches_sparse(kernel_device, value, site) -> None:
+    """With a NaN/inf planted, the dense backward puts NaN/inf at exactly the sparse backward's entries
+    (which match autograd through the reference: test_triton_non_finite_matches_reference)."""
+    from gradcache_sparton.kernels.sparton import sparton_backward
+
+    h, e, b, m = _inputs(*NON_FINITE_SHAPE, True, torch.bfloat16, kernel_device, seed=35)
+    g = torch.randn(3, 37, generator=torch.Generator().manual_seed(36)).to(kernel_device, torch.bfloat16)
+    _plant(site, value, h, e, b, g)
+    _, mx, arg = _launch_forward(h, e, b, m)
+    sparse = sparton_backward(g, h, e, mx, arg)
+    dense = sparton_backward(g, h, e, mx, arg, dense=True)
+    for got, want in zip(dense, sparse, strict=True):
+        scale = want.float().nan_to_num(0.0, 0.0, 0.0).abs().max().item()
+        _assert_same_non_finite(got, want, rtol=2.0**-7, atol=1e-5 * scale)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from gradcache_sparton.kernels.reference import backward_coefficients, non_finit
 
 __all__ = [
     "BackwardBlocks",
+    "DenseBackwardBlocks",
     "ForwardBlocks",
     "sparton_backward",
     "sparton_forward",
@@ -117,6 +118,45 @@ _BWD_GPU = BackwardBlocks(
 )
 _BWD_INTERPRET = BackwardBlocks(
     e_block_v=16, e_block_d=16, e_num_warps=1, h_block_n=16, h_block_d=16, h_num_warps=1
+)
+
+
+@dataclass(frozen=True)
+class DenseBackwardBlocks:
+    """Tile sizes of the dense (tensor-core) backward kernels."""
+
+    e_block_v: int  # grad_E: vocabulary rows per program (the M of [V, S] @ [S, D])
+    e_block_s: int  # grad_E: positions per step (the K)
+    e_block_d: int  # grad_E: hidden columns per program (the N)
+    e_num_warps: int
+    h_block_s: int  # grad_H: positions per program (the M of [S, V] @ [V, D])
+    h_block_v: int  # grad_H: vocabulary rows per step (the K)
+    h_block_d: int  # grad_H: hidden columns per program (the N)
+    h_num_warps: int
+
+
+# Dense backward (short sequences, dense reps): not measured yet. A first guess in the forward's
+# image: 128-wide M and N tiles, a 32-deep K step (S <= 32 in one step); benchmarks/tune_head.py
+# --dense times the candidates.
+_DENSE_BWD_GPU = DenseBackwardBlocks(
+    e_block_v=128,
+    e_block_s=32,
+    e_block_d=128,
+    e_num_warps=8,
+    h_block_s=32,
+    h_block_v=64,
+    h_block_d=128,
+    h_num_warps=4,
+)
+_DENSE_BWD_INTERPRET = DenseBackwardBlocks(
+    e_block_v=16,
+    e_block_s=16,
+    e_block_d=16,
+    e_num_warps=1,
+    h_block_s=16,
+    h_block_v=16,
+    h_block_d=16,
+    h_num_warps=1,
 )
 
 
@@ -310,6 +350,119 @@ def _sparton_bwd_grad_h_kernel(
         tl.store(out_row + offs_d, acc.to(grad_h_ptr.dtype.element_ty), mask=d_ok)
 
 
+@triton.jit(do_not_specialize=["B", "S"])
+def _sparton_bwd_dense_grad_e_kernel(
+    h_ptr,  # [B, S, D] hidden states
+    coef_ptr,  # [B, V] fp32
+    arg_ptr,  # [B, V] int32
+    poison_ptr,  # [D] fp32: NaN where column d of H holds a non-finite value, else 0
+    grad_e_ptr,  # [V, D] out, dtype of E
+    B,
+    S,
+    V,
+    D,
+    stride_hb,
+    stride_hs,
+    SPLIT: tl.constexpr,  # bf16: coef as a hi + lo pair of bf16 values (two exact products)
+    UPCAST_DOT: tl.constexpr,  # the interpreter's bf16 tl.dot is wrong: same values in fp32
+    BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_t = tl.arange(0, BLOCK_S)
+    v_ok = offs_v < V
+    d_ok = offs_d < D
+    acc = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
+    acc += tl.load(poison_ptr + offs_d, mask=d_ok, other=0.0)[None, :]
+    coef_ptrs = coef_ptr + offs_v  # row b = 0 of [B, V]; advanced by V per batch row (64-bit pointers)
+    arg_ptrs = arg_ptr + offs_v
+    h_row = h_ptr + offs_d[None, :]  # H[0, 0, d]; advanced by stride_hb per batch row
+    for _ in range(B):
+        coef = tl.load(coef_ptrs, mask=v_ok, other=0.0)  # [BLOCK_V]
+        s_arg = tl.load(arg_ptrs, mask=v_ok, other=-1)
+        for s0 in range(0, S, BLOCK_S):
+            offs_s = s0 + offs_t
+            # [BLOCK_V, BLOCK_S]: coef at each column's argmax position, 0 elsewhere (built, never stored)
+            p = tl.where(s_arg[:, None] == offs_s[None, :], coef[:, None], 0.0)
+            h = tl.load(
+                h_row + offs_s[:, None] * stride_hs, mask=(offs_s < S)[:, None] & d_ok[None, :], other=0.0
+            )  # [BLOCK_S, BLOCK_D]
+            if SPLIT:
+                hi = p.to(h.dtype)
+                lo = (p - hi.to(tl.float32)).to(h.dtype)
+                if UPCAST_DOT:
+                    hi, lo, h = hi.to(tl.float32), lo.to(tl.float32), h.to(tl.float32)
+                acc = tl.dot(hi, h, acc)  # [BLOCK_V, BLOCK_S] @ [BLOCK_S, BLOCK_D] -> [BLOCK_V, BLOCK_D]
+                acc = tl.dot(lo, h, acc)
+            else:
+                acc = tl.dot(p, h.to(tl.float32), acc, input_precision="ieee")
+        coef_ptrs += V
+        arg_ptrs += V
+        h_row += stride_hb
+    out = offs_v.to(tl.int64)[:, None] * D + offs_d[None, :]
+    tl.store(grad_e_ptr + out, acc.to(grad_e_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["B", "S"])
+def _sparton_bwd_dense_grad_h_kernel(
+    e_ptr,  # [V, D] vocabulary embeddings
+    coef_ptr,  # [B, V] fp32
+    arg_ptr,  # [B, V] int32
+    poison_ptr,  # [D] fp32: NaN where column d of E holds a non-finite value, else 0
+    grad_h_ptr,  # [B, S, D] out, dtype of H
+    B,
+    S,
+    V,
+    D,
+    stride_ev,
+    SPLIT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)  # (b, S tile)
+    pid_d = tl.program_id(1)
+    num_s_tiles = tl.cdiv(S, BLOCK_S)
+    b = pid // num_s_tiles
+    offs_s = (pid % num_s_tiles) * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_u = tl.arange(0, BLOCK_V)
+    d_ok = offs_d < D
+    acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
+    acc += tl.load(poison_ptr + offs_d, mask=d_ok, other=0.0)[None, :]
+    row = b.to(tl.int64) * V
+    for v0 in range(0, V, BLOCK_V):
+        offs_v = v0 + offs_u
+        v_ok = offs_v < V
+        coef = tl.load(coef_ptr + row + offs_v, mask=v_ok, other=0.0)  # [BLOCK_V]
+        s_arg = tl.load(arg_ptr + row + offs_v, mask=v_ok, other=-1)
+        # [BLOCK_S, BLOCK_V]: the transposed one-hot-times-coef tile of this V tile
+        p = tl.where(offs_s[:, None] == s_arg[None, :], coef[None, :], 0.0)
+        e = tl.load(
+            e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev + offs_d[None, :],
+            mask=v_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_V, BLOCK_D]
+        if SPLIT:
+            hi = p.to(e.dtype)
+            lo = (p - hi.to(tl.float32)).to(e.dtype)
+            if UPCAST_DOT:
+                hi, lo, e = hi.to(tl.float32), lo.to(tl.float32), e.to(tl.float32)
+            acc = tl.dot(hi, e, acc)  # [BLOCK_S, BLOCK_V] @ [BLOCK_V, BLOCK_D] -> [BLOCK_S, BLOCK_D]
+            acc = tl.dot(lo, e, acc)
+        else:
+            acc = tl.dot(p, e.to(tl.float32), acc, input_precision="ieee")
+    out = (b.to(tl.int64) * S + offs_s)[:, None] * D + offs_d[None, :]
+    tl.store(
+        grad_h_ptr + out, acc.to(grad_h_ptr.dtype.element_ty), mask=(offs_s < S)[:, None] & d_ok[None, :]
+    )
+
+
 # ---------------------------------------------------------------------------------------------------
 # Launchers
 # ---------------------------------------------------------------------------------------------------
@@ -455,6 +608,72 @@ def _grad_h(
     return grad_h
 
 
+def _dot_mode(dtype: torch.dtype) -> dict[str, object]:
+    """How the dense kernels multiply the fp32 one-hot-times-coef tile by 16-bit or fp32 operands:
+    bf16 as a hi + lo pair of bf16 tiles (coef to 16 bits, products exact, fp32 sums); fp32 and fp16
+    (whose range would flush the lo part of small coefficients) in IEEE fp32."""
+    split = dtype == torch.bfloat16
+    return {"SPLIT": split, "UPCAST_DOT": _interpreting() and split}
+
+
+def _grad_e_dense(
+    h: Tensor, coef: Tensor, arg: Tensor, V: int, dtype: torch.dtype, blocks: DenseBackwardBlocks
+) -> Tensor:
+    """grad_E [V, D] = Σ_b P_b @ H[b], P_b [V, S] = coef[b, v] at (v, argmax[b, v]): tensor-core products."""
+    B, S, D = h.shape
+    poison = non_finite_columns(h, dim=(0, 1))  # [D]
+    grad_e = torch.empty(V, D, device=h.device, dtype=dtype)
+    grid = (triton.cdiv(V, blocks.e_block_v), triton.cdiv(D, blocks.e_block_d))
+    _sparton_bwd_dense_grad_e_kernel[grid](
+        h,
+        coef,
+        arg,
+        poison,
+        grad_e,
+        B,
+        S,
+        V,
+        D,
+        h.stride(0),
+        h.stride(1),
+        **_dot_mode(h.dtype),
+        BLOCK_V=blocks.e_block_v,
+        BLOCK_S=blocks.e_block_s,
+        BLOCK_D=blocks.e_block_d,
+        num_warps=blocks.e_num_warps,
+    )
+    return grad_e
+
+
+def _grad_h_dense(
+    e: Tensor, coef: Tensor, arg: Tensor, S: int, dtype: torch.dtype, blocks: DenseBackwardBlocks
+) -> Tensor:
+    """grad_H [B, S, D] = P_b^T @ E per batch row, P_b^T [S, V] built tile by tile from (coef, argmax)."""
+    B, V = coef.shape
+    D = e.shape[1]
+    poison = non_finite_columns(e, dim=0)  # [D]
+    grad_h = torch.empty(B, S, D, device=e.device, dtype=dtype)
+    grid = (B * triton.cdiv(S, blocks.h_block_s), triton.cdiv(D, blocks.h_block_d))
+    _sparton_bwd_dense_grad_h_kernel[grid](
+        e,
+        coef,
+        arg,
+        poison,
+        grad_h,
+        B,
+        S,
+        V,
+        D,
+        e.stride(0),
+        **_dot_mode(e.dtype),
+        BLOCK_V=blocks.h_block_v,
+        BLOCK_S=blocks.h_block_s,
+        BLOCK_D=blocks.h_block_d,
+        num_warps=blocks.h_num_warps,
+    )
+    return grad_h
+
+
 def sparton_backward(
     grad_y: Tensor,
     hidden_states: Tensor,
@@ -463,22 +682,32 @@ def sparton_backward(
     argmax: Tensor,
     *,
     needs_input_grad: tuple[bool, bool, bool] = (True, True, True),
-    blocks: BackwardBlocks | None = None,
+    dense: bool = False,
+    blocks: BackwardBlocks | DenseBackwardBlocks | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """Sparse backward from the saved (max, argmax): (grad_H [B, S, D], grad_E [V, D], fp32 grad_bias [V]).
+    """Backward from the saved (max, argmax): (grad_H [B, S, D], grad_E [V, D], fp32 grad_bias [V]).
 
-    Work and traffic are proportional to the non-zeros of Y; gradients of masked positions and of
-    outputs equal to 0 are exactly 0. Deterministic (no atomics). Non-finite values propagate as
-    autograd through :func:`sparton_head_reference` propagates them (see its docstring).
-    ``needs_input_grad`` (H, E, bias): a gradient not needed is neither computed nor allocated (None).
+    Sparse (default): work and traffic proportional to the non-zeros of Y. ``dense``: the [V, S] tile
+    of coef-at-the-argmax is built on the fly from (coef, argmax) and multiplied with tensor cores
+    (grad_E = P @ H, grad_H = P^T @ E per batch row): work proportional to B·S·V·D whatever the
+    sparsity, meant for short sequences with dense reps; not chosen automatically (not yet measured).
+    Both: gradients of masked positions and of outputs equal to 0 are exactly 0, deterministic (no
+    atomics), and non-finite values propagate as autograd through :func:`sparton_head_reference`
+    propagates them (see its docstring). ``needs_input_grad`` (H, E, bias): a gradient not needed is
+    neither computed nor allocated (None).
     """
     need_h, need_e, need_bias = needs_input_grad
     S = hidden_states.shape[1]
     V = weight.shape[0]
-    blocks = blocks or (_BWD_INTERPRET if _interpreting() else _BWD_GPU)
+    if dense:
+        blocks = blocks or (_DENSE_BWD_INTERPRET if _interpreting() else _DENSE_BWD_GPU)
+        grad_e_of, grad_h_of = _grad_e_dense, _grad_h_dense
+    else:
+        blocks = blocks or (_BWD_INTERPRET if _interpreting() else _BWD_GPU)
+        grad_e_of, grad_h_of = _grad_e, _grad_h
     arg = argmax.to(torch.int32).contiguous()
     coef = backward_coefficients(grad_y, max_logits).contiguous()  # [B, V] fp32
     grad_bias = coef.sum(dim=0) if need_bias else None  # [B, V] -> [V]
-    grad_e = _grad_e(hidden_states.contiguous(), coef, arg, V, weight.dtype, blocks) if need_e else None
-    grad_h = _grad_h(weight.contiguous(), coef, arg, S, hidden_states.dtype, blocks) if need_h else None
+    grad_e = grad_e_of(hidden_states.contiguous(), coef, arg, V, weight.dtype, blocks) if need_e else None
+    grad_h = grad_h_of(weight.contiguous(), coef, arg, S, hidden_states.dtype, blocks) if need_h else None
     return grad_h, grad_e, grad_bias
