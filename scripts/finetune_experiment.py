@@ -249,6 +249,7 @@ def train_and_evaluate(
             report_to="none",
             disable_tqdm=True,
             dataloader_num_workers=args.dataloader_num_workers if cuda else 0,
+            dataloader_pin_memory=cuda,
         )
         trainer = CachedSpladeTrainer(encoder, training_args, train_dataset=pairs, processing_class=tokenizer)
         stop = _Deadline(deadline)
@@ -412,7 +413,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--time_budget_s", type=float, default=300.0, help="stop and skip runs past this (seconds)"
     )
-    p.add_argument("--batch_sizes", default=",".join(map(str, BATCH_SIZES)), help="comma list")
+    p.add_argument(
+        "--batch_sizes", help=f"comma list (default {BATCH_SIZES}; --smoke: {SMOKE['batch_sizes']})"
+    )
     p.add_argument("--negatives", default=",".join(NEGATIVES), help=f"comma list of {NEGATIVES}")
     p.add_argument("--schedules", default=",".join(SCHEDULES), help=f"comma list of {SCHEDULES}")
     p.add_argument("--num_train_epochs", type=int, default=3, help="epochs of the equal-epochs runs")
@@ -433,14 +436,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="CPU-sized check: 4 rows, batches 2 and 4")
     args = p.parse_args(argv)
     if args.smoke:
-        args.batch_sizes = ",".join(map(str, SMOKE["batch_sizes"]))
         args.pair_multiple = SMOKE["pair_multiple"]
         args.steps_reference_batch = SMOKE["steps_reference_batch"]
         args.num_train_epochs = 1
         args.mini_batch_size = min(args.mini_batch_size, 2)
         args.query_max_length = args.document_max_length = args.eval_document_max_length = SMOKE["max_length"]
         args.eval_batch_size = 8
-    args.batch_sizes = _choices(args.batch_sizes, (), "--batch_sizes", int)
+    default_batches = SMOKE["batch_sizes"] if args.smoke else BATCH_SIZES
+    args.batch_sizes = _choices(
+        args.batch_sizes or ",".join(map(str, default_batches)), (), "--batch_sizes", int
+    )
     args.negatives = _choices(args.negatives, NEGATIVES, "--negatives")
     args.schedules = _choices(args.schedules, SCHEDULES, "--schedules")
     too_big = [b for b in args.batch_sizes if b < 1 or args.pair_multiple % b]
