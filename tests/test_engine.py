@@ -37,6 +37,7 @@ from gradcache_sparton.engine import (
     CachedLoss,
     GradCache,
     RngState,
+    SparseRepGrad,
     iter_mini_batches,
     row_slices,
 )
@@ -546,3 +547,72 @@ def test_reps_of_another_width_or_dtype_in_one_column_raise(config) -> None:
         GradCache(wider, mini_batch_size=2).encode(columns)
     with pytest.raises(ValueError, match=r"torch.float64 .* column 'query' but \[5\] torch.float32"):
         GradCache(other_dtype, mini_batch_size=2).encode(columns)
+
+
+def _sparse_encoder(config, bias_shift: float):
+    """The tiny encoder with its output bias lowered: reps ~93% (0.0), ~21% (0.2) or ~3% (0.3) non-zero."""
+    encoder = make_encoder(config, train=True)
+    with torch.no_grad():
+        encoder.mlm.cls.predictions.bias -= bias_shift
+    return encoder
+
+
+@pytest.mark.parametrize("mini_batch_tokens", [None, 25], ids=["rows", "tok25"])
+@pytest.mark.parametrize("bias_shift", [0.0, 0.2, 0.3], ids=["dense", "21pct", "3pct"])
+def test_sparse_rep_grads_step_equals_dense_step(config, bias_shift: float, mini_batch_tokens) -> None:
+    """sparse_rep_grads=True (rep gradients kept only at the reps' non-zeros) gives bitwise the loss and
+    every parameter gradient of the dense cache, with dropout, at several densities, with an all-zero
+    row (a fully masked one), for consecutive and length-grouped mini-batches."""
+    columns = make_columns(BATCH, 3)
+    columns["positive"]["attention_mask"][5] = 0  # an all-zero rep row
+    results = []
+    for sparse in (False, True):
+        encoder = _sparse_encoder(config, bias_shift)
+        torch.manual_seed(3)
+        engine = GradCache(
+            encoder, mini_batch_size=3, mini_batch_tokens=mini_batch_tokens, sparse_rep_grads=sparse
+        )
+        loss, _ = engine.step(columns, contrastive_flops_loss)
+        results.append((loss, grads_of(encoder)))
+    (dense_loss, dense_grads), (sparse_loss, sparse_grads) = results
+    assert torch.equal(sparse_loss, dense_loss)
+    assert max(float(g.abs().max()) for g in dense_grads.values()) > 0
+    for name, grad in dense_grads.items():
+        assert torch.equal(sparse_grads[name], grad), name
+
+
+def test_sparse_rep_grad_keeps_the_gradient_at_the_nonzeros(config) -> None:
+    """Each mini-batch's rebuilt gradient is the dense one where the rep is non-zero and 0 elsewhere
+    (consecutive and length-grouped rows); "auto" keeps a 3%-dense column sparse, a 93%-dense one dense."""
+    generator = torch.Generator().manual_seed(0)
+    reps = torch.rand(7, 11, generator=generator).masked_fill(
+        torch.rand(7, 11, generator=generator) < 0.7, 0.0
+    )
+    reps[2] = 0.0  # an all-zero row
+    grad = torch.randn(7, 11, generator=generator)
+    for rows in (
+        [slice(0, 3), slice(3, 6), slice(6, 7)],
+        [torch.tensor([4, 0, 6]), torch.tensor([2, 5, 1, 3])],
+    ):
+        sparse = SparseRepGrad.at_nonzeros(reps, grad, rows)
+        assert sparse.values.numel() == int(reps.ne(0).sum())
+        for k, mb_rows in enumerate(rows):
+            assert torch.equal(sparse.mini_batch(k), (grad * reps.ne(0))[mb_rows])
+
+    encoder = _sparse_encoder(config, 0.3)
+    engine = GradCache(encoder, mini_batch_size=4, sparse_rep_grads="auto")
+    columns = make_columns(BATCH, 2)
+    reps, replay_state = engine.encode(columns)
+    _, rep_grads = engine.rep_gradients(reps, contrastive_flops_loss)
+    reps["query"] = reps["query"] + 1.0  # fully dense
+    kept = engine._keep_at_nonzeros(reps, rep_grads, replay_state)
+    assert isinstance(kept["positive"], SparseRepGrad) and isinstance(kept["query"], torch.Tensor)
+
+
+def test_sparse_rep_grads_bad_settings_raise(config) -> None:
+    """A sparse_rep_grads other than False/True/"auto", or one given to CachedLoss (where it saves nothing), is refused."""
+    encoder = make_encoder(config)
+    with pytest.raises(ValueError, match="sparse_rep_grads must be False, True or 'auto', got 'yes'"):
+        GradCache(encoder, mini_batch_size=2, sparse_rep_grads="yes")
+    with pytest.raises(ValueError, match=r"sparse_rep_grads applies to GradCache\.step only"):
+        CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=2, sparse_rep_grads=True)

@@ -3,7 +3,8 @@
 - :class:`CachedLoss`: drop-in, ``loss = cached(columns); loss.backward()``.
 - :class:`GradCache`: the engine, Steps (1)-(3) as methods, :meth:`GradCache.step` for one call.
 - :class:`RngState`, :class:`AutocastState`: what Step (1) captures and Step (3) replays;
-  :class:`GradState`: the gradients Step (3) restores when it fails midway.
+  :class:`GradState`: the gradients Step (3) restores when it fails midway; :class:`SparseRepGrad`:
+  rep gradients kept at the reps' non-zeros between Step (2) and Step (3) (``sparse_rep_grads``).
 - :func:`iter_mini_batches`: a column cut into mini-batches (consecutive rows, or grouped by length
   under a token budget), each trimmed of its trailing padding.
 - :func:`gather_global_batch`, :func:`ddp_no_sync_context`: the data-parallel pieces both use under DDP.
@@ -26,6 +27,7 @@ from gradcache_sparton.engine.gradcache import (
 )
 from gradcache_sparton.engine.mini_batch import Rows, iter_mini_batches, row_slices
 from gradcache_sparton.engine.rng_state import RngState
+from gradcache_sparton.engine.sparse_grads import SparseRepGrad
 
 __all__ = [
     "AutocastState",
@@ -42,6 +44,7 @@ __all__ = [
     "ReplayState",
     "RngState",
     "Rows",
+    "SparseRepGrad",
     "ddp_no_sync_context",
     "gather_global_batch",
     "iter_mini_batches",

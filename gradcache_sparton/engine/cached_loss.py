@@ -74,6 +74,11 @@ class CachedLoss:
         self.engine = GradCache(
             encoder, mini_batch_size=mini_batch_size, mini_batch_tokens=mini_batch_tokens, **engine_options
         )
+        if self.engine.sparse_rep_grads:
+            raise ValueError(
+                "sparse_rep_grads applies to GradCache.step only: inside loss.backward() autograd holds the "
+                "dense rep gradients for the whole replay, so a sparse copy would save nothing"
+            )
         self.loss_fn = loss_fn
 
     @overload

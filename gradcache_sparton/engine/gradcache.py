@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,7 @@ from gradcache_sparton.engine.distributed import (
 from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.mini_batch import Rows, describe_rows, iter_mini_batches
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
+from gradcache_sparton.engine.sparse_grads import SparseRepGrad
 
 __all__ = [
     "Columns",
@@ -145,6 +146,12 @@ class GradCache:
             replayed) after restoring ``.grad``. Set False for an encoder that is legitimately not
             deterministic (e.g. a compiled encoder whose graph-less and graph-recording programs
             round differently).
+        sparse_rep_grads: in :meth:`step`, keep each column's rep gradient between Step (2) and
+            Step (3) only at the non-zeros of its reps (see :mod:`~gradcache_sparton.engine.sparse_grads`).
+            Exact only for encoders whose gradient is zero wherever a rep is zero (a SPLADE head's
+            relu: the fused Sparton head and the plain one); not checked. True: always; "auto": per
+            column, when it takes fewer bytes than the dense [B, V] gradient (measured density);
+            False (default): dense. Two device syncs per column when on.
 
     Attributes:
         world_size: how many ranks' batches the loss sees (1 when not gathering).
@@ -162,6 +169,7 @@ class GradCache:
         gather_across_ranks: bool | None = None,
         mini_batch_context: MiniBatchContext | None = None,
         check_replay: bool = True,
+        sparse_rep_grads: bool | Literal["auto"] = False,
     ) -> None:
         if not callable(encoder):
             raise TypeError(f"encoder must be callable as encoder(**features), got {type(encoder).__name__}")
@@ -188,6 +196,9 @@ class GradCache:
             mini_batch_context = ddp_no_sync_context(ddp)
         self.mini_batch_context = mini_batch_context
         self.check_replay = check_replay
+        if sparse_rep_grads not in (False, True, "auto"):
+            raise ValueError(f"sparse_rep_grads must be False, True or 'auto', got {sparse_rep_grads!r}")
+        self.sparse_rep_grads = sparse_rep_grads
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
         self._data_parallel = self.world_size > 1 or ddp is not None
@@ -204,6 +215,8 @@ class GradCache:
         """
         reps, replay_state = self.encode(columns, loss_kwargs=loss_kwargs)  # Step (1)
         output, rep_grads = self.rep_gradients(reps, loss_fn, **loss_kwargs)  # Step (2)
+        if self.sparse_rep_grads:
+            rep_grads = self._keep_at_nonzeros(reps, rep_grads, replay_state)
         del reps  # Step (3) needs only the gradients: free the [B, V] reps before re-encoding
         self.replay(replay_state, rep_grads)  # Step (3)
         return output
@@ -291,7 +304,7 @@ class GradCache:
     def replay(
         self,
         replay_state: ReplayState,
-        rep_grads: Mapping[str, Tensor | None],
+        rep_grads: Mapping[str, Tensor | SparseRepGrad | None],
         *,
         mini_batch_context: MiniBatchContext | None = None,
     ) -> None:
@@ -309,8 +322,9 @@ class GradCache:
 
         Args:
             replay_state: from :meth:`encode`.
-            rep_grads: per column dL/dr [B, V], as from :meth:`rep_gradients`; a column whose
-                gradient is None is skipped (the loss does not depend on it).
+            rep_grads: per column dL/dr [B, V], as from :meth:`rep_gradients` (or kept at the reps'
+                non-zeros, :class:`SparseRepGrad`); a column whose gradient is None is skipped (the
+                loss does not depend on it).
             mini_batch_context: factory called with ``is_last`` for each mini-batch; its context
                 wraps that mini-batch's re-encode and backward (the hook through which data-parallel
                 training skips gradient synchronisation on all but the last). Default: the engine's.
@@ -333,17 +347,20 @@ class GradCache:
         if unknown:
             raise ValueError(f"rep_grads has columns {sorted(unknown)} that Step (1) did not encode")
         if not self.allow_non_finite:
-            named = {f"the gradient of column {column!r}": g for column, g in grads.items()}
+            named = {
+                f"the gradient of column {column!r}": g.values if isinstance(g, SparseRepGrad) else g
+                for column, g in grads.items()
+            }
             if self._data_parallel:
                 _raise_if_non_finite_on_any_rank(named, _replay_device(replay_state))
             else:
                 _raise_if_non_finite(named)
-        jobs = [(column, mb) for column in grads for mb in replay_state.mini_batches[column]]
+        jobs = [(column, k, mb) for column in grads for k, mb in enumerate(replay_state.mini_batches[column])]
         if not jobs and self._data_parallel:
             # The other ranks' last backward waits for this rank's gradients: replay one mini-batch
             # with a zero gradient rather than none (the loss ignores every column on this rank).
             column, mini_batches = next(iter(replay_state.mini_batches.items()))
-            jobs = [(column, mini_batches[0])]
+            jobs = [(column, 0, mini_batches[0])]
         context = mini_batch_context or self.mini_batch_context or (lambda is_last: nullcontext())
         parameters = _parameters_of(self.encoder)
         # A failure in mini-batch k must not leave mini-batches 1..k-1 in .grad: put it back as it was.
@@ -351,16 +368,19 @@ class GradCache:
         index, checked, differs = 0, [], []
         try:
             with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
-                for index, (column, mb) in enumerate(jobs):
+                for index, (column, k, mb) in enumerate(jobs):
                     with context(index == len(jobs) - 1), mb.rng.replay():
                         with replay_state.autocast.replay(), torch.enable_grad():
                             rep = self.encoder(**mb.features)  # [mb, V]
                         if column not in grads:  # the zero-gradient replay above
                             grad = torch.zeros_like(rep)
-                        elif self.world_size == 1:
+                        elif isinstance(grads[column], SparseRepGrad):
+                            grad = grads[column].mini_batch(k)  # kept non-zeros -> [mb, V]
+                        else:
                             grad = grads[column][mb.rows]  # [B, V] -> [mb, V]
-                        else:  # W · dL/dr: DDP's average then gives single-process gradients (_ReplayOnBackward)
-                            grad = grads[column][mb.rows] * self.world_size
+                        if self.world_size > 1:
+                            # W · dL/dr: DDP's average then gives single-process gradients (_ReplayOnBackward)
+                            grad = grad * self.world_size
                         _check_replayed_rep(rep, grad, column, mb.rows)
                         if self.check_replay and mb.fingerprint is not None:
                             # Compared on the device; read back once, after the last mini-batch.
@@ -374,6 +394,21 @@ class GradCache:
             grad_state.restore()
             error.add_note(_failure_note(jobs, index, restored=parameters is not None))
             raise
+
+    def _keep_at_nonzeros(
+        self, reps: Mapping[str, Tensor], rep_grads: Mapping[str, Tensor | None], replay_state: ReplayState
+    ) -> dict[str, Tensor | SparseRepGrad | None]:
+        """Each column's dL/dr kept only where its reps are non-zero (``sparse_rep_grads``)."""
+        kept: dict[str, Tensor | SparseRepGrad | None] = {}
+        for column, grad in rep_grads.items():
+            if grad is None or grad.ndim != 2:
+                kept[column] = grad  # unused column, or reps that are not [B, V]: dense
+                continue
+            rows = [mb.rows for mb in replay_state.mini_batches[column]]
+            sparse = SparseRepGrad.at_nonzeros(reps[column], grad, rows)
+            dense_bytes = grad.numel() * grad.element_size()
+            kept[column] = sparse if self.sparse_rep_grads is True or sparse.nbytes < dense_bytes else grad
+        return kept
 
     def compute_loss(
         self, reps: Mapping[str, Tensor], loss_fn: LossFn, loss_kwargs: Mapping[str, object]
@@ -578,9 +613,9 @@ def _raise_if_not_reproduced(checked: list[tuple[str, MiniBatch]], differs: list
     )
 
 
-def _failure_note(jobs: list[tuple[str, MiniBatch]], index: int, *, restored: bool) -> str:
+def _failure_note(jobs: list[tuple[str, int, MiniBatch]], index: int, *, restored: bool) -> str:
     if index < len(jobs):
-        column, mb = jobs[index]
+        column, _, mb = jobs[index]
         where = (
             f"in replayed mini-batch {index + 1} of {len(jobs)} (column {column!r}, {describe_rows(mb.rows)})"
         )

@@ -1,0 +1,82 @@
+"""Rep gradients kept only at the non-zeros of the reps: a sparse cache between Step (2) and Step (3).
+
+A SPLADE head's reps are relu'd: wherever a rep is 0 its gradient reaches no parameter (the head's
+backward multiplies it by 1[y > 0]), so Step (3) needs dL/dr only at the non-zeros of Step (1)'s
+reps. Trained SPLADE reps are more than 98% zeros: keeping (row, column, value) per non-zero instead
+of the dense [B, V] gradient frees most of that memory for the replay, and each replayed mini-batch
+gets back exactly the dense gradient at the non-zeros (zeros elsewhere, which such an encoder
+ignores). The engine cannot check that property of the encoder: it is opt-in.
+
+Layout: the non-zeros of one column in the order of Step (1)'s mini-batches (row-major within each),
+with per-mini-batch offsets read back once, so Step (3) slices its entries without a device sync.
+
+Legend: B batch (rows of a column), V rep width, nnz non-zeros of a column's reps, mb mini-batch rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gradcache_sparton.engine.mini_batch import Rows
+
+__all__ = ["SparseRepGrad"]
+
+
+@dataclass(frozen=True)
+class SparseRepGrad:
+    """One column's dL/dr at the non-zeros of its reps, grouped by Step (1)'s mini-batches."""
+
+    rows: Tensor  # [nnz] int32: row in mini-batch order
+    cols: Tensor  # [nnz] int32: position in V
+    values: Tensor  # [nnz]: dL/dr there
+    starts: tuple[int, ...]  # mini-batch k's rows are [starts[k], starts[k + 1]) in mini-batch order
+    offsets: tuple[int, ...]  # mini-batch k's entries are [offsets[k], offsets[k + 1])
+    width: int  # V
+
+    @classmethod
+    def at_nonzeros(cls, reps: Tensor, grad: Tensor, mini_batch_rows: Sequence[Rows]) -> SparseRepGrad:
+        """``grad`` [B, V] kept where ``reps`` [B, V] is non-zero, in the order of ``mini_batch_rows``.
+
+        Two device syncs per column: the running count of non-zeros per row, and ``nonzero``'s size.
+        """
+        if not all(isinstance(rows, slice) for rows in mini_batch_rows):
+            # Grouped by length: each mini-batch's rows together, in its order.
+            order = torch.cat([_row_index(rows, reps.device) for rows in mini_batch_rows])  # [B]
+            reps, grad = reps[order], grad[order]  # [B, V] in mini-batch order
+        nonzero = reps.ne(0)  # [B, V]
+        running = nonzero.sum(dim=1).cumsum(dim=0).tolist()  # [B]: non-zeros up to and including each row
+        entries = nonzero.nonzero()  # [nnz, 2] (row, column), row-major
+        starts = [0]
+        for rows in mini_batch_rows:
+            starts.append(starts[-1] + (rows.stop - rows.start if isinstance(rows, slice) else len(rows)))
+        return cls(
+            rows=entries[:, 0].to(torch.int32),
+            cols=entries[:, 1].to(torch.int32),
+            values=grad[entries[:, 0], entries[:, 1]],  # [nnz]
+            starts=tuple(starts),
+            offsets=tuple(running[start - 1] if start else 0 for start in starts),
+            width=reps.shape[1],
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: indices and values."""
+        return sum(t.numel() * t.element_size() for t in (self.rows, self.cols, self.values))
+
+    def mini_batch(self, index: int) -> Tensor:
+        """Mini-batch ``index``'s dense gradient [mb, V]: the kept values, zeros elsewhere."""
+        lo, hi = self.offsets[index], self.offsets[index + 1]
+        start, stop = self.starts[index], self.starts[index + 1]
+        dense = self.values.new_zeros((stop - start, self.width))  # [mb, V]
+        dense[self.rows[lo:hi].long() - start, self.cols[lo:hi].long()] = self.values[lo:hi]
+        return dense
+
+
+def _row_index(rows: Rows, device: torch.device) -> Tensor:
+    if isinstance(rows, slice):
+        return torch.arange(rows.start, rows.stop, device=device)
+    return rows
