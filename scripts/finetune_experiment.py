@@ -250,6 +250,7 @@ def train_and_evaluate(
             disable_tqdm=True,
             dataloader_num_workers=args.dataloader_num_workers if cuda else 0,
             dataloader_pin_memory=cuda,
+            dataloader_persistent_workers=cuda and args.dataloader_num_workers > 0,  # no re-fork per epoch
         )
         trainer = CachedSpladeTrainer(encoder, training_args, train_dataset=pairs, processing_class=tokenizer)
         stop = _Deadline(deadline)
@@ -363,7 +364,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
             if bm25:
                 ax.axhline(bm25[key], linestyle="--", color="C3", label="BM25")
             ax.set(xscale="log", xlabel="effective batch", ylabel=f"dev {label}", title=f"equal {schedule}")
-            ax.set_xticks(BATCH_SIZES, [str(b) for b in BATCH_SIZES])
+            batches = sorted({r["batch_size"] for r in rows})
+            ax.set_xticks(batches, [str(b) for b in batches])
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
