@@ -257,6 +257,22 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         default=None,
         metadata={"help": "Mini-batch size for the (short) query column; default: mini_batch_size."},
     )
+    mini_batch_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Also bound each mini-batch by padded tokens (rows x its longest row), grouping rows of "
+            "similar length: saves padding on text of mixed lengths, never changes the loss or gradients. "
+            "Default: rows only (mini_batch_size)."
+        },
+    )
+    check_replay: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Prove on every step that the replay reproduced the first pass (a bitwise fingerprint of "
+            "each mini-batch's reps) and stop with an error if not. Default: on, except under torch_compile, "
+            "whose graph-less and graph-recording programs may round differently."
+        },
+    )
     show_mini_batch_progress: bool = field(
         default=False, metadata={"help": "Show a tqdm bar over the mini-batches of each step."}
     )
@@ -279,6 +295,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         TrainingArguments.__post_init__(self)
         _positive(self.mini_batch_size, "mini_batch_size")
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
+        _positive(self.mini_batch_tokens, "mini_batch_tokens", allow_none=True)
         _positive(self.query_max_length, "query_max_length")
         _positive(self.document_max_length, "document_max_length")
         if self.per_device_train_batch_size < self.mini_batch_size:

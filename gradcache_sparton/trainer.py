@@ -202,6 +202,12 @@ class CachedSpladeTrainer(Trainer):
             # Under fp16 the GradScaler skips non-finite steps; elsewhere a non-finite loss is an error.
             allow_non_finite=bool(self.args.fp16),
             show_progress=self.args.show_mini_batch_progress,
+            mini_batch_tokens=self.args.mini_batch_tokens,
+            # A compiled encoder's graph-less (Step 1) and graph-recording (Step 3) programs may fuse and
+            # round differently, so its replay is not bitwise Step (1)'s: the check is off by default there.
+            check_replay=(
+                not self.args.torch_compile if self.args.check_replay is None else self.args.check_replay
+            ),
         )
         loss, components = cached(columns, return_components=True, step=self.state.global_step, **loss_kwargs)
         if model.training:
