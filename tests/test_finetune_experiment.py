@@ -16,6 +16,7 @@ from gradcache_sparton.data import (
     default_train_data_path,
     load_beir,
     load_training_data,
+    split_sentences,
 )
 from gradcache_sparton.mining import write_training_file
 
@@ -109,3 +110,48 @@ def test_bad_arguments_and_missing_data_are_refused_before_any_work(tmp_path: Pa
         experiment.parse_args(["--output_dir", str(tmp_path), "--negatives", "splade"])
     with pytest.raises(ValueError, match="--data_dir"):
         experiment.check_data_dir(tmp_path)
+
+
+def test_prepared_data_holds_out_the_dev_claims_and_their_abstracts(tmp_path: Path) -> None:
+    """prepare_finetune_data.py on a small BEIR folder: dev and training claims are disjoint and cover
+    every claim, the dev folder keeps the whole corpus, no self-supervised pair comes from a judged
+    abstract, every mined row has k negatives none of which is its positive, and BM25 dev metrics exist."""
+    pytest.importorskip("bm25s")
+    pytest.importorskip("Stemmer")
+    prepare = _script("prepare_finetune_data")
+    source = load_beir(default_dev_beir_path(), split="dev")
+    judged = {doc for judgements in source.qrels.values() for doc in judgements}
+    docs = [*judged, *[doc for doc in source.corpus if doc not in judged][:80]]
+    scifact = tmp_path / "scifact"
+    (scifact / "qrels").mkdir(parents=True)
+    (scifact / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": d, "title": "", "text": source.corpus[d]}) + "\n" for d in docs)
+    )
+    (scifact / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in source.queries.items())
+    )
+    (scifact / "qrels" / "train.tsv").write_text(
+        "".join(f"{q}\t{d}\t{r}\n" for q, judgements in source.qrels.items() for d, r in judgements.items())
+    )
+    out = tmp_path / "prepared"
+    assert prepare.main(["--scifact", str(scifact), "--out", str(out), "--rank_end", "60"]) == 0
+
+    dev = load_beir(out / "dev", split="dev")
+    assert list(dev.corpus) == docs  # the full corpus, in order
+    assert len(dev.queries) == round(0.2 * len(source.queries))
+    labelled = load_training_data(out / "labelled_bm25.jsonl.gz")
+    train_claims = set(labelled["query"])
+    assert not train_claims & set(dev.queries.values())
+    assert len(train_claims) + len(dev.queries) == len(source.queries)
+    selfsup = load_training_data(out / "selfsup_bm25.jsonl.gz")
+    judged_sentences = {s for doc in judged for s in split_sentences(source.corpus[doc])}
+    assert len(selfsup) > 0 and not set(selfsup["query"]) & judged_sentences
+    for rows in (labelled, selfsup):
+        for row in rows:
+            assert row["negative_1"] != row["positive"] != row["negative_2"] != row["negative_1"]
+    assert load_training_data(out / "labelled.jsonl.gz")["query"] == labelled["query"]
+    assert set(json.loads((out / "bm25_dev.json").read_text())) == {
+        "ndcg_at_10",
+        "mrr_at_10",
+        "recall_at_100",
+    }
