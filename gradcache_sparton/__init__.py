@@ -24,7 +24,7 @@ from gradcache_sparton.data import (
     self_supervised_pairs,
 )
 from gradcache_sparton.engine import CachedLoss, GradCache, LossOutput
-from gradcache_sparton.evaluation import RetrievalEvalCallback, SparseRetrievalEvaluator
+from gradcache_sparton.evaluation import SparseRetrievalEvaluator
 from gradcache_sparton.kernels import SpartonHead, sparton_head, sparton_head_reference
 from gradcache_sparton.losses import (
     SpladeLoss,
@@ -33,14 +33,18 @@ from gradcache_sparton.losses import (
     dot_scores,
     flops_regularizer,
     info_nce_loss,
+    kl_div_loss,
     l1_regularizer,
     margin_mse_loss,
 )
-from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.mining import mine_hard_negatives
+from gradcache_sparton.modeling import SpladeEncoder, register_masked_lm
 from gradcache_sparton.resources import default_tokenizer_path
 
 if TYPE_CHECKING:
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+    from gradcache_sparton.evaluation.callback import RetrievalEvalCallback
+    from gradcache_sparton.integrations.sentence_transformers import use_sparton_head
     from gradcache_sparton.pipeline import run_evaluation, run_training
     from gradcache_sparton.trainer import CachedSpladeTrainer
 
@@ -51,8 +55,10 @@ _LAZY = {
     "CachedSpladeTrainingArguments": "gradcache_sparton.arguments",
     "DataArguments": "gradcache_sparton.arguments",
     "ModelArguments": "gradcache_sparton.arguments",
+    "RetrievalEvalCallback": "gradcache_sparton.evaluation.callback",
     "run_evaluation": "gradcache_sparton.pipeline",
     "run_training": "gradcache_sparton.pipeline",
+    "use_sparton_head": "gradcache_sparton.integrations.sentence_transformers",
 }
 
 __all__ = [
@@ -78,15 +84,19 @@ __all__ = [
     "dot_scores",
     "flops_regularizer",
     "info_nce_loss",
+    "kl_div_loss",
     "l1_regularizer",
     "load_beir",
     "load_training_data",
     "margin_mse_loss",
+    "mine_hard_negatives",
+    "register_masked_lm",
     "run_evaluation",
     "run_training",
     "self_supervised_pairs",
     "sparton_head",
     "sparton_head_reference",
+    "use_sparton_head",
 ]
 
 

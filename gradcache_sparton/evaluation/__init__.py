@@ -20,10 +20,14 @@ One job per module:
 - :mod:`.evaluator`: :class:`SparseRetrievalEvaluator`, the pipeline on a BEIR dataset.
 - :mod:`.report`: the mean over datasets and a plain-text table of results.
 - :mod:`.callback`: :class:`RetrievalEvalCallback` runs the evaluator from a ``transformers.Trainer``
-  and logs through ``trainer.log``.
+  and logs through ``trainer.log``. It loads on first use of its name: ``transformers``' trainer
+  utilities import torch's compiler stack (and triton) when peft is installed, which a plain
+  ``import gradcache_sparton`` must not pay for.
 """
 
-from gradcache_sparton.evaluation.callback import RetrievalEvalCallback
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from gradcache_sparton.evaluation.encoding import encode_texts
 from gradcache_sparton.evaluation.evaluator import RETRIEVALS, EvaluationResult, SparseRetrievalEvaluator
 from gradcache_sparton.evaluation.export import EXPORT_FORMATS, export_corpus, write_vectors
@@ -42,6 +46,9 @@ from gradcache_sparton.evaluation.retrieval import retrieve
 from gradcache_sparton.evaluation.runs import Run, check_trec_ids, write_trec_run
 from gradcache_sparton.evaluation.seismic_index import retrieve_seismic, seismic_available
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
+
+if TYPE_CHECKING:
+    from gradcache_sparton.evaluation.callback import RetrievalEvalCallback
 
 __all__ = [
     "DEFAULT_MEASURES",
@@ -71,3 +78,9 @@ __all__ = [
     "write_trec_run",
     "write_vectors",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RetrievalEvalCallback":
+        return importlib.import_module("gradcache_sparton.evaluation.callback").RetrievalEvalCallback
+    raise AttributeError(f"module 'gradcache_sparton.evaluation' has no attribute {name!r}")
