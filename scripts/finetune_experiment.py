@@ -255,11 +255,14 @@ def train_and_evaluate(
         trainer = CachedSpladeTrainer(encoder, training_args, train_dataset=pairs, processing_class=tokenizer)
         stop = _Deadline(deadline)
         trainer.add_callback(stop)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         result = trainer.train()
         if cuda:
             torch.cuda.synchronize()
         train_wall = time.perf_counter() - start
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
         start = time.perf_counter()
         metrics = evaluator(trainer.model)
         eval_wall = time.perf_counter() - start
@@ -275,6 +278,7 @@ def train_and_evaluate(
         "learning_rate": lr,
         "mini_batch_size": mini_batch_size,
         "train_wall_s": train_wall,
+        "peak_memory_gib": peak,
         "eval_wall_s": eval_wall,
         "train_loss": result.training_loss,
         **{key: metrics[key] for key in METRICS},
@@ -305,14 +309,14 @@ def _num(value: Any, spec: str) -> str:
 def table(results: dict[str, Any]) -> str:
     """A markdown table: BM25 and zero-shot first, then every run with its gain over zero-shot."""
     head = ["run", "negatives", "batch", "schedule", "steps", "epochs", "lr", "nDCG@10", "Δ zero-shot",
-            "MRR@10", "R@100", "query nnz", "doc nnz", "train s"]  # fmt: skip
+            "MRR@10", "R@100", "query nnz", "doc nnz", "train s", "peak GiB"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     zero = next((r for r in results["rows"] if r["name"] == "zero-shot"), None)
     bm25 = results.get("bm25")
     if bm25:
         lines.append(f"| BM25 (bm25s) | - | - | - | - | - | - | {bm25['ndcg_at_10']:.4f} | "
                      f"{_num(zero and bm25['ndcg_at_10'] - zero['ndcg_at_10'], '+.4f')} | {bm25['mrr_at_10']:.4f} | "
-                     f"{bm25['recall_at_100']:.4f} | - | - | - |")  # fmt: skip
+                     f"{bm25['recall_at_100']:.4f} | - | - | - | - |")  # fmt: skip
     for r in results["rows"]:
         delta = None if zero is None else r["ndcg_at_10"] - zero["ndcg_at_10"]
         steps = f"{r['steps']}" + (
@@ -322,7 +326,8 @@ def table(results: dict[str, Any]) -> str:
             f"| {r['name']} | {r['negatives']} | {_num(r['batch_size'], 'd')} | {r['schedule']} | {steps} | "
             f"{_num(r.get('epochs'), '.2f')} | {_num(r.get('learning_rate'), '.1e')} | {r['ndcg_at_10']:.4f} | "
             f"{_num(delta, '+.4f')} | {r['mrr_at_10']:.4f} | {r['recall_at_100']:.4f} | "
-            f"{r['query_nonzeros']:.0f} | {r['doc_nonzeros']:.0f} | {_num(r.get('train_wall_s'), '.0f')} |"
+            f"{r['query_nonzeros']:.0f} | {r['doc_nonzeros']:.0f} | {_num(r.get('train_wall_s'), '.0f')} | "
+            f"{_num(r.get('peak_memory_gib'), '.2f')} |"
         )
     meta = results["meta"]
     return (
