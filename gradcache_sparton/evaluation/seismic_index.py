@@ -6,9 +6,9 @@ Legend: Q queries, N documents, K top-k.
 components) and searches it with the query reps. Its defaults make the index exact — no posting list
 is pruned (``n_postings`` = N), summaries keep all their energy (``summary_energy=1``), every query
 term is used and ``heap_factor=1`` skips only blocks whose bound is below the current k-th score — so
-the ranking equals :func:`~gradcache_sparton.evaluation.retrieve` on documents that share a term
-with the query (seismic never returns a document with no shared term; its scores carry its own
-rounding, about 1e-3 relative). Smaller ``n_postings``, ``summary_energy`` or ``heap_factor`` trade
+it returns the documents :func:`~gradcache_sparton.evaluation.retrieve` ranks above zero (seismic
+never returns a document with no shared term). Its scores carry its half-precision value rounding
+(about 1e-3 relative), so two documents whose scores are that close may swap places. Smaller ``n_postings``, ``summary_energy`` or ``heap_factor`` trade
 exactness for speed, as in seismic's guidelines.
 """
 
@@ -58,7 +58,8 @@ def retrieve_seismic(
     """Per query, up to ``top_k`` (doc index, score) by score descending, from a seismic index.
 
     ``n_postings`` defaults to N, ``query_cut`` to the longest query rep (see the module docstring
-    for exactness). ``num_threads=0`` lets seismic choose.
+    for exactness). ``num_threads`` is for building the index (0 lets seismic choose); queries are
+    searched one at a time.
     """
     seismic = _seismic()
     if top_k < 1:
@@ -83,20 +84,21 @@ def retrieve_seismic(
     )
     string_type = seismic.get_seismic_string()
     offsets, token_ids, weights = q_reps.offsets.tolist(), q_reps.token_ids.numpy(), q_reps.weights.numpy()
-    # A query with no term retrieves nothing; seismic is asked only about the others.
-    asked = [i for i in range(q_reps.num_rows) if offsets[i + 1] > offsets[i]]
+    cut = query_cut or max(q_reps.nonzeros_per_row().tolist(), default=0)
     hits: list[list[tuple[int, float]]] = [[] for _ in range(q_reps.num_rows)]
-    if not asked:
-        return hits
-    results = index.batch_search(
-        np.array([str(i) for i in asked], dtype=string_type),
-        [token_ids[offsets[i] : offsets[i + 1]].astype(str).astype(string_type) for i in asked],
-        [weights[offsets[i] : offsets[i + 1]].astype(np.float32) for i in asked],
-        k=min(top_k, num_docs),
-        query_cut=query_cut or int(q_reps.nonzeros_per_row().max()),
-        heap_factor=heap_factor,
-        num_threads=num_threads,
-    )
-    for i, found in zip(asked, results, strict=True):
+    # One search per query: pyseismic-lsr 0.5.4's batch_search returned, now and then, wrong documents
+    # for every query after the first of a batch (same index, same call, different answers).
+    for i in range(q_reps.num_rows):
+        start, end = offsets[i], offsets[i + 1]
+        if start == end:  # a query with no term retrieves nothing
+            continue
+        found = index.search(
+            str(i),
+            token_ids[start:end].astype(str).astype(string_type),
+            weights[start:end].astype(np.float32),
+            k=min(top_k, num_docs),
+            query_cut=cut,
+            heap_factor=heap_factor,
+        )
         hits[i] = [(int(doc_id), float(score)) for _, score, doc_id in found]
     return hits
