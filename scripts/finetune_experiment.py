@@ -340,7 +340,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """nDCG@10 and Recall@100 against the batch, one panel per schedule, zero-shot and BM25 as lines."""
+    """nDCG@10 and Recall@100 against the batch, one panel per schedule run, zero-shot and BM25 as lines."""
     try:
         import matplotlib
     except ImportError:
@@ -352,8 +352,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
     rows = [r for r in results["rows"] if r["batch_size"] is not None]
     zero = next((r for r in results["rows"] if r["name"] == "zero-shot"), None)
     bm25 = results.get("bm25")
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), squeeze=False)
-    for col, schedule in enumerate(SCHEDULES):
+    # One panel column per schedule that has runs (a call may run only part of the grid).
+    schedules = [s for s in SCHEDULES if any(s in r["schedule"].split("=") for r in rows)] or list(SCHEDULES)
+    fig, axes = plt.subplots(2, len(schedules), figsize=(5 * len(schedules), 7), squeeze=False)
+    for col, schedule in enumerate(schedules):
         for row, (key, label) in enumerate((("ndcg_at_10", "nDCG@10"), ("recall_at_100", "Recall@100"))):
             ax = axes[row][col]
             for i, negatives in enumerate(NEGATIVES):
