@@ -124,6 +124,27 @@ class ModelArguments:
         default=False,
         metadata={"help": "Drop [CLS]/[SEP]/[PAD] positions from the max-pooling (reps ignore them)."},
     )
+    prefix_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "The first k attended tokens of every text (e.g. an instruction prefix) are read but not "
+            "pooled. Default: the checkpoint's value (0 for a new model)."
+        },
+    )
+    bidirectional: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Decoder-only backbones (Llama, Qwen2/3, Mistral): every token attends to later tokens "
+            "too (docs/llm.md). Default: the checkpoint's value (off for a new model)."
+        },
+    )
+    echo: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Decoder-only backbones: read each text twice and pool only the second copy (echo "
+            "embeddings; 2x the tokens). Default: the checkpoint's value (off for a new model)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.model_name_or_path is None and self.config_name not in BACKBONE_PRESETS:
@@ -133,6 +154,13 @@ class ModelArguments:
             )
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             _positive(getattr(self, name), name, allow_none=True)
+        if self.prefix_length is not None and self.prefix_length < 0:
+            raise ValueError(f"prefix_length must be >= 0, got {self.prefix_length}")
+
+    def encoder_options(self) -> dict[str, Any]:
+        """The pooling options given explicitly (``prefix_length``, ``bidirectional``, ``echo``)."""
+        names = ("prefix_length", "bidirectional", "echo")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def backbone_shape(self) -> dict[str, int]:
         """The preset's shape with the explicit overrides applied."""

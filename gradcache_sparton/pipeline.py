@@ -105,19 +105,24 @@ def build_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
 def build_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> SpladeEncoder:
     """Load the checkpoint (local folder, shipped name or hub id), or build the named BERT shape with random
     weights over the tokenizer's vocab. A checkpoint keeps the options it was saved with (splade_config.json)
-    unless ``mask_special_tokens`` asks for masking."""
+    unless ``mask_special_tokens`` asks for masking or ``prefix_length`` / ``bidirectional`` / ``echo``
+    are given."""
     special = list(tokenizer.all_special_ids) if model_args.mask_special_tokens else None
     if model_args.model_name_or_path is not None:
         location = resolve_model_location(model_args.model_name_or_path)
         try:
-            encoder = SpladeEncoder.from_pretrained(location, special_token_ids=special)
+            encoder = SpladeEncoder.from_pretrained(
+                location, special_token_ids=special, **model_args.encoder_options()
+            )
         except OSError as exc:
             raise _load_error("model_name_or_path", model_args.model_name_or_path, exc) from None
     else:
         config = BertConfig(
             vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **model_args.backbone_shape()
         )
-        encoder = SpladeEncoder.from_config(config, special_token_ids=special or ())
+        encoder = SpladeEncoder.from_config(
+            config, special_token_ids=special or (), **model_args.encoder_options()
+        )
         bias = model_args.init_decoder_bias
         if bias is None:  # logits ~ N(0, sqrt(D) x init std) at init: start k of those below zero
             bias = -INIT_DECODER_BIAS_SIGMAS * math.sqrt(config.hidden_size) * config.initializer_range

@@ -398,3 +398,33 @@ def test_trainer_reloads_a_decoder_checkpoint(tmp_path, tokenizer) -> None:
     trainer._load_from_checkpoint(str(tmp_path / "ckpt"))
     for name, p in model.named_parameters():
         torch.testing.assert_close(p, saved[name], rtol=0, atol=0, msg=name)
+
+
+def test_cli_applies_decoder_options_and_saves_them(tmp_path, tokenizer, capsys) -> None:
+    """`train --bidirectional True --prefix_length 1` loads a decoder checkpoint with those options and the
+    trained checkpoint keeps them; `--echo True` on a masked LM is one clear error naming echo (exit 2)."""
+    import json
+
+    from transformers import BertTokenizer
+
+    from gradcache_sparton.cli import main
+
+    model = tiny_decoder("llama")
+    vocab = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)[: model.config.vocab_size]
+    SpladeEncoder(model).save_pretrained(
+        tmp_path / "start", tokenizer=BertTokenizer(vocab={token: i for i, token in enumerate(vocab)})
+    )
+    common = [
+        "--per_device_train_batch_size", "4", "--mini_batch_size", "2", "--query_max_length", "16",
+        "--document_max_length", "16", "--max_steps", "1", "--max_train_samples", "4", "--eval_beir", "none",
+        "--use_cpu", "--disable_tqdm", "True", "--report_to", "none",
+    ]  # fmt: skip
+    argv = ["train", "--model_name_or_path", str(tmp_path / "start"), "--bidirectional", "True"]
+    assert main([*argv, "--prefix_length", "1", "--output_dir", str(tmp_path / "run"), *common]) == 0
+    saved = json.loads((tmp_path / "run" / "splade_config.json").read_text())
+    assert saved["bidirectional"] is True and saved["prefix_length"] == 1
+    assert SpladeEncoder.from_pretrained(tmp_path / "run").bidirectional
+    capsys.readouterr()
+    argv = ["train", "--config_name", "bert-tiny", "--echo", "True", "--output_dir", str(tmp_path / "bad")]
+    assert main([*argv, *common]) == 2
+    assert "echo" in capsys.readouterr().err
