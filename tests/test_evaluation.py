@@ -542,21 +542,32 @@ def random_sparse(rows: int, vocab: int, per_row: int, seed: int) -> Tensor:
 @pytest.mark.parametrize("seed", [4, 10, 22])
 def test_seismic_index_agrees_with_exhaustive_search(seed: int) -> None:
     """With the exact defaults, the seismic index returns, for every query of the batch (not only the
-    first), the documents exhaustive search ranks above zero, each with its exact score up to seismic's
-    value rounding, in an order that differs only between scores equal within that rounding.
+    first), the top 20 documents of exhaustive search, each with its exact score up to seismic's value
+    rounding, in an order that differs only between scores equal within that rounding.
 
     Seismic stores values in half precision (relative error 2**-11 each); a score of at most 6
-    positive products then errs by less than ~1.5e-3 relative, bounded here by 5e-3."""
-    q, d = random_sparse(6, 40, 5, seed=seed), random_sparse(300, 40, 6, seed=seed + 1)
-    scores, index = retrieve(q, d, top_k=20)
+    positive products then errs by less than ~1.5e-3 relative, bounded here by 5e-3 per score, so 1e-2
+    between two scores: documents that close may swap places, also across the 20th rank."""
+    q, d = random_sparse(12, 40, 5, seed=seed), random_sparse(300, 40, 6, seed=seed + 1)
     exact = q @ d.T
-    found = retrieve_seismic(SparseReps.from_dense(q), SparseReps.from_dense(d), top_k=20, num_threads=1)
-    for row, (row_scores, row_index, hits) in enumerate(
-        zip(scores.tolist(), index.tolist(), found, strict=True)
-    ):
-        expected = {i for i, s in zip(row_index, row_scores, strict=True) if s > 0}
-        assert {i for i, _ in hits} == expected
+    # Three calls: pyseismic-lsr's batch_search went wrong on some calls only.
+    found = [
+        hits
+        for _ in range(3)
+        for hits in retrieve_seismic(
+            SparseReps.from_dense(q), SparseReps.from_dense(d), top_k=20, num_threads=1
+        )
+    ]
+    for row, hits in zip([*range(12)] * 3, found, strict=True):
+        ranked = exact[row].sort(descending=True)
+        kth = ranked.values[19].item()  # every row has > 20 documents sharing a term
+        assert kth > 0 and len(hits) == 20
+        clear = {
+            i for i, s in zip(ranked.indices.tolist(), ranked.values.tolist(), strict=True) if s > kth * 1.01
+        }
+        assert clear <= {i for i, _ in hits}
         true_scores = [exact[row, i].item() for i, _ in hits]
+        assert min(true_scores) >= kth * (1 - 1e-2)
         assert [s for _, s in hits] == pytest.approx(true_scores, rel=5e-3)
         for before, after in itertools.pairwise(true_scores):
             assert after <= before * (1 + 1e-2)

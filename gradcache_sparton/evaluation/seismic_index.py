@@ -8,8 +8,9 @@ is pruned (``n_postings`` = N), summaries keep all their energy (``summary_energ
 term is used and ``heap_factor=1`` skips only blocks whose bound is below the current k-th score — so
 it returns the documents :func:`~gradcache_sparton.evaluation.retrieve` ranks above zero (seismic
 never returns a document with no shared term). Its scores carry its half-precision value rounding
-(about 1e-3 relative), so two documents whose scores are that close may swap places. Smaller ``n_postings``, ``summary_energy`` or ``heap_factor`` trade
-exactness for speed, as in seismic's guidelines.
+(about 1e-3 relative), so two documents whose scores are that close may swap places. Smaller
+``n_postings``, ``summary_energy`` or ``heap_factor`` trade exactness for speed, as in seismic's
+guidelines.
 """
 
 from __future__ import annotations
