@@ -1,4 +1,4 @@
-"""Console entry point ``gradcache-sparton``: ``train``, ``evaluate`` and ``mine``.
+"""Console entry point ``gradcache-sparton``: ``train``, ``evaluate``, ``mine`` and ``export``.
 
 ``train`` parses :class:`~gradcache_sparton.arguments.ModelArguments`,
 :class:`~gradcache_sparton.arguments.DataArguments` and
@@ -29,6 +29,7 @@ COMMANDS = {
     "train": "train a SPLADE model with GradCache (default: the embedded SciFact run)",
     "evaluate": "retrieval metrics (nDCG@10, MRR@10, Recall@100) of a checkpoint on a BEIR folder",
     "mine": "hard negatives (BM25 or a checkpoint's own ranking) written as a training file",
+    "export": "encode a BEIR corpus with a checkpoint into a seismic or Anserini index file",
 }
 
 
@@ -369,6 +370,63 @@ def _mine(argv: Sequence[str]) -> int:
     return 0
 
 
+def _export(argv: Sequence[str]) -> int:
+    from gradcache_sparton.evaluation import EXPORT_FORMATS
+    from gradcache_sparton.pipeline import run_export
+
+    parser = argparse.ArgumentParser(
+        prog="gradcache-sparton export",
+        description=COMMANDS["export"] + " (docs/evaluation.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--model_name_or_path",
+        required=True,
+        help="checkpoint folder (from `train`), shipped name or hub id.",
+    )
+    parser.add_argument("--beir_path", required=True, help="BEIR folder whose corpus.jsonl[.gz] is encoded.")
+    parser.add_argument("--output_file", type=Path, required=True, help="the JSON-lines file to write.")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_file.")
+    parser.add_argument(
+        "--format",
+        choices=EXPORT_FORMATS,
+        default="seismic",
+        help="seismic: float weights (SeismicIndex.build); anserini: JsonVectorCollection, int impacts.",
+    )
+    parser.add_argument(
+        "--scale", type=float, default=100.0, help="anserini: impact = round(weight x scale); 0s left out."
+    )
+    parser.add_argument(
+        "--document_max_length",
+        type=int,
+        default=None,
+        help="document tokens (None: the checkpoint's training length, else 256).",
+    )
+    parser.add_argument("--batch_size", type=int, default=64, help="documents encoded at once.")
+    parser.add_argument(
+        "--chunk_size",
+        type=int,
+        default=4096,
+        help="documents encoded and written per chunk (bounds memory).",
+    )
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if any).")
+    args = parser.parse_args(argv)
+    summary = run_export(
+        args.model_name_or_path,
+        beir_path=args.beir_path,
+        output_file=args.output_file,
+        export_format=args.format,
+        document_max_length=args.document_max_length,
+        batch_size=args.batch_size,
+        chunk_size=args.chunk_size,
+        scale=args.scale,
+        device=args.device,
+        overwrite=args.overwrite,
+    )
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     parser = build_parser()
@@ -377,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    run = {"train": _train, "evaluate": _evaluate, "mine": _mine}[args.command]
+    run = {"train": _train, "evaluate": _evaluate, "mine": _mine, "export": _export}[args.command]
     try:
         return run(args.args)
     except ValueError as exc:  # bad arguments or data: one clear line, no traceback

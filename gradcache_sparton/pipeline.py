@@ -3,7 +3,8 @@
 ``run_training(model_args, data_args, training_args)`` builds the tokenizer, the encoder, the training
 rows and the retrieval evaluator from the argument dataclasses, trains with
 :class:`~gradcache_sparton.trainer.CachedSpladeTrainer`, saves a standard masked-LM checkpoint and
-evaluates it. ``run_evaluation`` evaluates a saved checkpoint on a BEIR folder.
+evaluates it. ``run_evaluation`` evaluates a saved checkpoint on a BEIR folder; ``run_export`` encodes a
+BEIR corpus with it into a seismic or Anserini file.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,12 @@ from gradcache_sparton.data import (
     self_supervised_pairs,
 )
 from gradcache_sparton.evaluation import (
+    EXPORT_FORMATS,
     PruningBudget,
     RetrievalEvalCallback,
     SparseRetrievalEvaluator,
     check_trec_ids,
+    export_corpus,
     mean_metrics,
     write_trec_run,
 )
@@ -54,6 +58,7 @@ __all__ = [
     "checkpoint_max_lengths",
     "resolve_model_location",
     "run_evaluation",
+    "run_export",
     "run_training",
 ]
 
@@ -302,9 +307,7 @@ def run_evaluation(
         raise ValueError("beir_path is an empty list: give at least one BEIR folder")
     if not budgets or len({b.name for b in budgets}) != len(budgets):
         raise ValueError(f"budgets must be distinct and at least one, got {[b.name for b in budgets]}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available here: use --device cpu")
+    device = _check_device(device)
     model_args = ModelArguments(model_name_or_path=model_name_or_path)
     tokenizer = build_tokenizer(model_args)
     evaluators: dict[str, SparseRetrievalEvaluator] = {}
@@ -342,3 +345,86 @@ def run_evaluation(
         for budget, rows in by_budget.items():
             table["mean" if len(budgets) == 1 else f"mean {budget}"] = mean_metrics(rows)
     return table
+
+
+def _check_device(device: str | None) -> str:
+    """``device``, or cuda where available, else cpu; ``ValueError`` for cuda on a machine without it."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here: use --device cpu")
+    return device
+
+
+def run_export(
+    model_name_or_path: str,
+    *,
+    beir_path: str | Path,
+    output_file: str | Path,
+    export_format: str = "seismic",
+    document_max_length: int | None = None,
+    batch_size: int = 64,
+    chunk_size: int = 4096,
+    scale: float = 100.0,
+    device: str | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Encode the corpus of a BEIR folder with a saved checkpoint and write it for an inverted index
+    (:func:`~gradcache_sparton.evaluation.export_corpus`: ``seismic`` or ``anserini`` JSON lines); returns
+    a summary (file, documents, format, max length, seconds).
+
+    Everything is checked before the model is loaded: the format, the corpus (every line), that
+    ``output_file`` does not exist (unless ``overwrite``) and that its folder can be created. The document
+    max length defaults to the one the checkpoint was trained with.
+    """
+    if export_format not in EXPORT_FORMATS:
+        raise ValueError(f"export_format must be one of {EXPORT_FORMATS}, got {export_format!r}")
+    for name, value in (("batch_size", batch_size), ("chunk_size", chunk_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale!r}")
+    output_file = Path(output_file)
+    if output_file.is_dir():
+        raise ValueError(f"output_file {str(output_file)!r} is a directory; give a file path")
+    if output_file.exists() and not overwrite:
+        raise ValueError(
+            f"output_file {str(output_file)!r} exists; pass overwrite=True (--overwrite) to replace it"
+        )
+    _, document_max_length = checkpoint_max_lengths(
+        model_name_or_path, document_max_length=document_max_length
+    )
+    device = _check_device(device)
+    documents = read_corpus(beir_path)
+    try:
+        output_file.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"output_file {str(output_file)!r}: cannot create its folder ({exc})") from None
+    model_args = ModelArguments(model_name_or_path=model_name_or_path)
+    tokenizer = build_tokenizer(model_args)
+    encoder = build_encoder(model_args, tokenizer)
+    encoder.to(device).eval()
+    began = time.monotonic()
+    count = export_corpus(
+        encoder,
+        ((document.doc_id, document.full_text) for document in documents),
+        output_file,
+        tokenizer=tokenizer,
+        export_format=export_format,
+        max_length=document_max_length,
+        batch_size=batch_size,
+        chunk_size=chunk_size,
+        scale=scale,
+        device=device,
+        total=len(documents),
+    )
+    seconds = time.monotonic() - began
+    logger.info(
+        "Exported %d documents to %s in %.1f s (%.0f docs/s).", count, output_file, seconds, count / seconds
+    )
+    return {
+        "output_file": str(output_file),
+        "documents": count,
+        "format": export_format,
+        "document_max_length": document_max_length,
+        "seconds": round(seconds, 2),
+    }

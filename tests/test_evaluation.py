@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 from transformers import BertForMaskedLM, Trainer, TrainingArguments
 
+from gradcache_sparton.arguments import ModelArguments
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import BeirData, TrainingCollator, load_beir
 from gradcache_sparton.evaluation import (
@@ -746,3 +747,46 @@ def test_callback_rejects_bad_arguments(tokenizer) -> None:
         RetrievalEvalCallback(lambda encoder: {}, trainer=object())
     with pytest.raises(ValueError, match="eval_steps must be a positive int"):
         RetrievalEvalCallback(lambda encoder: {}, trainer=Trainer.__new__(Trainer), eval_steps=0)
+
+
+def test_cli_export_writes_every_document_and_refuses_bad_input_first(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """`gradcache-sparton export` encodes every corpus document with the checkpoint at its training length
+    (the shipped SPLADE-tiny's reps, as `encode_texts` gives them) into a new folder; an existing file
+    (without --overwrite), a bad --scale or a missing corpus is one error line (exit 2) before any model
+    is loaded."""
+    import gradcache_sparton.pipeline as pipeline
+
+    beir = write_fruit_beir(tmp_path / "fruit")
+    out = tmp_path / "new" / "fruit.anserini.jsonl"
+    argv = ["export", "--model_name_or_path", "splade-tiny-msmarco", "--beir_path", str(beir)]
+    assert main([*argv, "--output_file", str(out), "--format", "anserini", "--device", "cpu"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["documents"] == 4 and summary["format"] == "anserini"
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["d1", "d2", "d3", "d4"]
+    encoder = SpladeEncoder.from_pretrained(pipeline.resolve_model_location("splade-tiny-msmarco")).eval()
+    tokenizer = pipeline.build_tokenizer(ModelArguments(model_name_or_path="splade-tiny-msmarco"))
+    reps = encode_texts(
+        encoder, ["apple banana"], tokenizer=tokenizer, max_length=summary["document_max_length"]
+    )
+    terms = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    expected = {
+        terms[v]: round(w * 100) for v, w in zip(reps.token_ids.tolist(), reps.weights.tolist(), strict=True)
+    }
+    assert lines[0]["vector"] == {t: q for t, q in expected.items() if q > 0}
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(pipeline, "build_encoder", no_model)
+    for extra, message in (
+        (["--output_file", str(out)], "exists"),
+        (["--output_file", str(tmp_path / "x.jsonl"), "--scale", "0"], "scale"),
+    ):
+        assert main([*argv, *extra]) == 2
+        assert message in capsys.readouterr().err
+    missing = ["export", "--model_name_or_path", "splade-tiny-msmarco", "--beir_path", str(tmp_path / "none")]
+    assert main([*missing, "--output_file", str(tmp_path / "y.jsonl")]) == 2
+    assert "gradcache-sparton export: error:" in capsys.readouterr().err
