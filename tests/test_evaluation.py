@@ -21,6 +21,7 @@ from gradcache_sparton.evaluation import (
     RetrievalEvalCallback,
     SparseReps,
     SparseRetrievalEvaluator,
+    build_seismic_index,
     encode_texts,
     export_corpus,
     ndcg_at_k,
@@ -31,6 +32,7 @@ from gradcache_sparton.evaluation import (
     retrieval_metrics,
     retrieve,
     retrieve_seismic,
+    search_seismic,
     seismic_available,
     write_trec_run,
 )
@@ -572,6 +574,19 @@ def test_seismic_index_agrees_with_exhaustive_search(seed: int) -> None:
         assert [s for _, s in hits] == pytest.approx(true_scores, rel=5e-3)
         for before, after in itertools.pairwise(true_scores):
             assert after <= before * (1 + 1e-2)
+
+
+@needs_seismic
+def test_one_seismic_index_answers_several_searches() -> None:
+    """An index built once answers repeated searches with retrieve_seismic's hits, and a query without
+    terms retrieves nothing."""
+    q, d = random_sparse(5, 40, 5, seed=30), random_sparse(200, 40, 6, seed=31)
+    q[2] = 0
+    q_reps, d_reps = SparseReps.from_dense(q), SparseReps.from_dense(d)
+    index = build_seismic_index(d_reps, num_threads=1)
+    first = search_seismic(index, q_reps, top_k=10)
+    assert first == search_seismic(index, q_reps, top_k=10) == retrieve_seismic(q_reps, d_reps, top_k=10)
+    assert first[2] == [] and all(len(hits) == 10 for i, hits in enumerate(first) if i != 2)
 
 
 @needs_seismic

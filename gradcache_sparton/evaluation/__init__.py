@@ -14,7 +14,8 @@ One job per module:
   nothing of size Q × N × V (nor Q × N) is ever built. Ties rank the earlier doc first.
 - :mod:`.metrics`: any ``ir_measures`` measure (default nDCG@10, RR@10, R@100), averaged over the
   queries with at least one relevant document.
-- :mod:`.seismic_index`: :func:`retrieve_seismic`, retrieval through a seismic inverted index.
+- :mod:`.seismic_index`: :func:`retrieve_seismic`, retrieval through a seismic inverted index
+  (:func:`build_seismic_index` once, :func:`search_seismic` many times).
 - :mod:`.export`: :func:`export_corpus` streams encoded corpora to seismic's and Anserini's formats.
 - :mod:`.runs`: runs (query id -> ranked (doc id, score)) and TREC run files.
 - :mod:`.evaluator`: :class:`SparseRetrievalEvaluator`, the pipeline on a BEIR dataset.
@@ -44,7 +45,12 @@ from gradcache_sparton.evaluation.pruning import PruningBudget, prune_reps
 from gradcache_sparton.evaluation.report import format_table, mean_metrics
 from gradcache_sparton.evaluation.retrieval import retrieve
 from gradcache_sparton.evaluation.runs import Run, check_trec_ids, write_trec_run
-from gradcache_sparton.evaluation.seismic_index import retrieve_seismic, seismic_available
+from gradcache_sparton.evaluation.seismic_index import (
+    build_seismic_index,
+    retrieve_seismic,
+    search_seismic,
+    seismic_available,
+)
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
 if TYPE_CHECKING:
@@ -60,6 +66,7 @@ __all__ = [
     "Run",
     "SparseReps",
     "SparseRetrievalEvaluator",
+    "build_seismic_index",
     "check_trec_ids",
     "encode_texts",
     "export_corpus",
@@ -74,6 +81,7 @@ __all__ = [
     "retrieval_metrics",
     "retrieve",
     "retrieve_seismic",
+    "search_seismic",
     "seismic_available",
     "write_trec_run",
     "write_vectors",

@@ -3,7 +3,7 @@
 Legend: Q queries, N documents, K top-k.
 
 :func:`retrieve_seismic` builds a ``seismic.SeismicIndex`` over the document reps (vocabulary ids as
-components) and searches it with the query reps. Its defaults make the index exact — no posting list
+components, :func:`build_seismic_index`) and searches it with the query reps (:func:`search_seismic`). Its defaults make the index exact — no posting list
 is pruned (``n_postings`` = N), summaries keep all their energy (``summary_energy=1``), every query
 term is used and ``heap_factor=1`` skips only blocks whose bound is below the current k-th score — so
 it returns the documents :func:`~gradcache_sparton.evaluation.retrieve` ranks above zero (seismic
@@ -22,7 +22,7 @@ import torch
 
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
-__all__ = ["retrieve_seismic", "seismic_available"]
+__all__ = ["build_seismic_index", "retrieve_seismic", "search_seismic", "seismic_available"]
 
 
 def seismic_available() -> bool:
@@ -44,46 +44,52 @@ def _seismic() -> Any:
     return seismic
 
 
-def retrieve_seismic(
-    q_reps: SparseReps,
+def build_seismic_index(
     d_reps: SparseReps,
     *,
-    top_k: int = 100,
     n_postings: int | None = None,
     centroid_fraction: float = 0.1,
     summary_energy: float = 1.0,
-    heap_factor: float = 1.0,
-    query_cut: int | None = None,
     num_threads: int = 0,
-) -> list[list[tuple[int, float]]]:
-    """Per query, up to ``top_k`` (doc index, score) by score descending, from a seismic index.
+) -> Any:
+    """A ``seismic.SeismicIndex`` over the document reps; document i is named ``str(i)``.
 
-    ``n_postings`` defaults to N, ``query_cut`` to the longest query rep (see the module docstring
-    for exactness). ``num_threads`` is for building the index (0 lets seismic choose); queries are
-    searched one at a time.
+    ``n_postings`` defaults to N (no posting list pruned); ``num_threads=0`` lets seismic choose.
+    Search it with :func:`search_seismic`, as many times as needed.
     """
     seismic = _seismic()
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if q_reps.vocab_size != d_reps.vocab_size:
-        raise ValueError(f"q_reps has V={q_reps.vocab_size} but d_reps has V={d_reps.vocab_size}")
-    num_docs = d_reps.num_rows
+    if d_reps.num_rows == 0:
+        raise ValueError("d_reps has no rows")
     dataset = seismic.SeismicDataset()
     dataset.add_documents_by_id(
-        [str(i) for i in range(num_docs)],
+        [str(i) for i in range(d_reps.num_rows)],
         d_reps.token_ids.to(torch.int64).numpy(),
         d_reps.weights.numpy().astype(np.float32),
         d_reps.offsets.numpy().astype(np.int64),
     )
-    index = seismic.SeismicIndex.build_from_dataset(
+    return seismic.SeismicIndex.build_from_dataset(
         dataset,
-        n_postings=n_postings or num_docs,
+        n_postings=n_postings or d_reps.num_rows,
         centroid_fraction=centroid_fraction,
         summary_energy=summary_energy,
         max_fraction=1.0,
         num_threads=num_threads,
     )
-    string_type = seismic.get_seismic_string()
+
+
+def search_seismic(
+    index: Any,
+    q_reps: SparseReps,
+    *,
+    top_k: int = 100,
+    heap_factor: float = 1.0,
+    query_cut: int | None = None,
+) -> list[list[tuple[int, float]]]:
+    """Per query, up to ``top_k`` (doc index, score) by score descending, from an index of
+    :func:`build_seismic_index`. ``query_cut`` defaults to the longest query rep (every term used)."""
+    string_type = _seismic().get_seismic_string()
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
     offsets, token_ids, weights = q_reps.offsets.tolist(), q_reps.token_ids.numpy(), q_reps.weights.numpy()
     cut = query_cut or max(q_reps.nonzeros_per_row().tolist(), default=0)
     hits: list[list[tuple[int, float]]] = [[] for _ in range(q_reps.num_rows)]
@@ -97,9 +103,38 @@ def retrieve_seismic(
             str(i),
             token_ids[start:end].astype(str).astype(string_type),
             weights[start:end].astype(np.float32),
-            k=min(top_k, num_docs),
+            k=min(top_k, index.len),
             query_cut=cut,
             heap_factor=heap_factor,
         )
         hits[i] = [(int(doc_id), float(score)) for _, score, doc_id in found]
     return hits
+
+
+def retrieve_seismic(
+    q_reps: SparseReps,
+    d_reps: SparseReps,
+    *,
+    top_k: int = 100,
+    n_postings: int | None = None,
+    centroid_fraction: float = 0.1,
+    summary_energy: float = 1.0,
+    heap_factor: float = 1.0,
+    query_cut: int | None = None,
+    num_threads: int = 0,
+) -> list[list[tuple[int, float]]]:
+    """Per query, up to ``top_k`` (doc index, score) by score descending, from a seismic index:
+    :func:`build_seismic_index` then :func:`search_seismic` (see the module docstring for exactness)."""
+    _seismic()
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if q_reps.vocab_size != d_reps.vocab_size:
+        raise ValueError(f"q_reps has V={q_reps.vocab_size} but d_reps has V={d_reps.vocab_size}")
+    index = build_seismic_index(
+        d_reps,
+        n_postings=n_postings,
+        centroid_fraction=centroid_fraction,
+        summary_energy=summary_energy,
+        num_threads=num_threads,
+    )
+    return search_seismic(index, q_reps, top_k=top_k, heap_factor=heap_factor, query_cut=query_cut)
