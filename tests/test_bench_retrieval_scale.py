@@ -1,0 +1,76 @@
+"""The corpus-scale retrieval benchmark: its synthetic reps follow the measured statistics, and a CPU smoke run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from gradcache_sparton.evaluation import SparseReps, seismic_available
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    """benchmarks/bench_retrieval_scale.py imported as a module (benchmarks/ is not a package)."""
+    if str(ROOT / "benchmarks") not in sys.path:  # its ``from common import run_stamp``, as when run
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_retrieval_scale", ROOT / "benchmarks" / "bench_retrieval_scale.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_synthetic_reps_follow_the_measured_statistics(bench: ModuleType) -> None:
+    """Each synthetic rep has a measured non-zero count, distinct terms drawn by document frequency (a
+    term no measured rep holds is rare) and measured weights."""
+    generator = torch.Generator().manual_seed(0)
+    vocab, nnz_choices = 200, torch.tensor([3, 5, 8])
+    measured = torch.zeros(40, vocab)
+    for i, row in enumerate(measured):  # terms 0..49 only, 3 to 8 per row, weights in {0.5, 1.5}
+        count = int(nnz_choices[i % 3])
+        row[torch.randperm(50, generator=generator)[:count]] = torch.tensor([0.5, 1.5])[i % 2]
+    stats = bench.measured_statistics(SparseReps.from_dense(measured))
+    reps = bench.synthesize(stats, 3000, device=torch.device("cpu"), seed=0)
+    counts = reps.nonzeros_per_row()
+    assert reps.num_rows == 3000 and set(counts.tolist()) == {3, 5, 8}
+    assert set(reps.weights.unique().tolist()) == {0.5, 1.5}
+    # 150 unseen terms weigh 0.1 each (15) against the seen terms' df + 0.1 (211 + 5): ~7% of draws.
+    unseen = (reps.token_ids >= 50).float().mean().item()
+    assert unseen < 0.1
+    dense = reps.to_dense()
+    assert torch.equal((dense > 0).sum(dim=1), counts)  # terms within a rep are distinct
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not seismic_available(), reason="needs pyseismic-lsr (pip install -e '.[dev]')")
+def test_smoke_run_writes_every_table(tmp_path: Path) -> None:
+    """`--smoke` measures every step on a CPU and writes the JSON and markdown; the exact seismic index
+    finds the exhaustive top 10 (recall 1 up to half-precision near-ties)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_retrieval_scale.py"),
+            "--smoke",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "retrieval_scale.json").read_text())
+    assert results["corpus"]["documents"] == 500 and results["encoding"]["docs"] == 32
+    assert [row["settings"] for row in results["seismic"]] == ["exact", "fast"]
+    assert results["seismic"][0]["recall_at_10_vs_exhaustive"] >= 0.9
+    assert "| seismic exact |" in (tmp_path / "retrieval_scale.md").read_text()
