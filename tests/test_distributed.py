@@ -68,6 +68,18 @@ def test_two_ranks_match_single_process_global_batch(ranks, rows: str) -> None:
         assert torch.equal(grad, ranks[1][rows]["grads"][name]), name
 
 
+def test_sparse_rep_grads_under_ddp_equal_the_dense_cache(ranks) -> None:
+    """On 2 DDP ranks (6+4 rows, reps gathered for the loss), GradCache.step with sparse_rep_grads=True
+    gives bitwise the loss and every parameter gradient of the dense rep-gradient cache."""
+    for rank in ranks:
+        dense, sparse = rank["sparse_rep_grads"][False], rank["sparse_rep_grads"][True]
+        assert 0.05 < dense["density"] < 0.5  # sparse reps: the sparse cache drops most entries
+        assert torch.equal(sparse["loss"], dense["loss"])
+        assert max(float(g.abs().max()) for g in dense["grads"].values()) > 0
+        for name, grad in dense["grads"].items():
+            assert torch.equal(sparse["grads"][name], grad), name
+
+
 def test_gradient_accumulation_under_ddp_matches_single_process(ranks) -> None:
     """Two accumulation micro-steps (the first under the Trainer's outer no_sync, each loss / 2) on 2 ranks
     give the gradients of the same two micro-steps on the global batches in one process."""
