@@ -31,6 +31,7 @@ from gradcache_sparton.data import (
     beir_training_pairs,
     default_dev_beir_path,
     default_train_data_path,
+    iter_corpus,
     load_beir,
     load_training_data,
     read_corpus,
@@ -394,7 +395,11 @@ def run_export(
         model_name_or_path, document_max_length=document_max_length
     )
     device = _check_device(device)
-    documents = read_corpus(beir_path)
+    # A first streaming pass checks every line and counts the documents; the export streams a second one:
+    # memory stays one chunk of texts and reps whatever the corpus size.
+    num_documents = sum(1 for _ in iter_corpus(beir_path))
+    if num_documents == 0:
+        raise ValueError(f"beir_path {str(beir_path)!r}: its corpus holds no documents")
     try:
         output_file.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -406,7 +411,7 @@ def run_export(
     began = time.monotonic()
     count = export_corpus(
         encoder,
-        ((document.doc_id, document.full_text) for document in documents),
+        ((document.doc_id, document.full_text) for document in iter_corpus(beir_path)),
         output_file,
         tokenizer=tokenizer,
         export_format=export_format,
@@ -415,7 +420,7 @@ def run_export(
         chunk_size=chunk_size,
         scale=scale,
         device=device,
-        total=len(documents),
+        total=num_documents,
     )
     seconds = time.monotonic() - began
     logger.info(

@@ -21,6 +21,7 @@ from gradcache_sparton.data import (
     beir_training_pairs,
     default_dev_beir_path,
     default_train_data_path,
+    iter_corpus,
     load_beir,
     load_training_data,
     read_corpus,
@@ -165,6 +166,19 @@ def test_read_corpus_reads_gzip_and_keeps_title_and_text(tmp_path: Path) -> None
     ]
     assert [d.full_text for d in docs][:2] == ["Proteins Proteins fold.", "Cells divide."]
     assert len(read_corpus(default_dev_beir_path())) == 1108  # the shipped corpus.jsonl.gz
+
+
+def test_iter_corpus_streams_and_checks_each_line_as_it_comes(tmp_path: Path) -> None:
+    """iter_corpus yields read_corpus's documents one at a time: a bad line is reported (file and line)
+    when reached, after the documents before it."""
+    folder = write_beir(tmp_path / "beir")
+    assert list(iter_corpus(folder)) == read_corpus(folder)
+    with (folder / "corpus.jsonl").open("a") as handle:
+        handle.write('{"_id": "d9", "text": null}\n')
+    documents = iter_corpus(folder)
+    assert [next(documents).doc_id for _ in range(4)] == ["d1", "d2", "d3", "d4"]
+    with pytest.raises(ValueError, match=r"corpus\.jsonl:5: 'text' must be a string"):
+        next(documents)
 
 
 # ------------------------------------------------------------------------------- self-supervised pairs

@@ -30,7 +30,14 @@ Training rows
 the BEIR loader and evaluation work on a machine that has torch and transformers but not ``datasets``.
 """
 
-from gradcache_sparton.data.beir import BeirData, CorpusDocument, beir_training_pairs, load_beir, read_corpus
+from gradcache_sparton.data.beir import (
+    BeirData,
+    CorpusDocument,
+    beir_training_pairs,
+    iter_corpus,
+    load_beir,
+    read_corpus,
+)
 from gradcache_sparton.data.collator import TrainingBatch, TrainingCollator
 from gradcache_sparton.data.columns import NEGATIVE_PREFIX, NEGATIVES_COLUMN, POSITIVE_COLUMN, QUERY_COLUMN
 from gradcache_sparton.data.loading import load_training_data
@@ -50,6 +57,7 @@ __all__ = [
     "beir_training_pairs",
     "default_dev_beir_path",
     "default_train_data_path",
+    "iter_corpus",
     "load_beir",
     "load_training_data",
     "read_corpus",

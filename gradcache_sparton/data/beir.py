@@ -22,7 +22,7 @@ from gradcache_sparton.data.files import open_text
 if TYPE_CHECKING:
     import datasets
 
-__all__ = ["BeirData", "CorpusDocument", "beir_training_pairs", "load_beir", "read_corpus"]
+__all__ = ["BeirData", "CorpusDocument", "beir_training_pairs", "iter_corpus", "load_beir", "read_corpus"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,14 @@ def _folder(path: str | Path) -> Path:
     return folder
 
 
+def iter_corpus(path: str | Path) -> Iterator[CorpusDocument]:
+    """The documents of a BEIR folder's ``corpus.jsonl`` (or ``corpus.jsonl.gz``), in file order, read one
+    line at a time (memory: the ids seen so far, for the duplicate check), checked as in :func:`read_corpus`."""
+    corpus_path = _find_jsonl(_folder(path), "corpus")
+    for _, doc_id, record in _read_jsonl(corpus_path, text_fields=("title", "text")):
+        yield CorpusDocument(doc_id, record.get("title", ""), record["text"])
+
+
 def read_corpus(path: str | Path) -> list[CorpusDocument]:
     """The documents of a BEIR folder's ``corpus.jsonl`` (or ``corpus.jsonl.gz``), in file order.
 
@@ -116,13 +124,9 @@ def read_corpus(path: str | Path) -> list[CorpusDocument]:
     a ``text`` or ``title`` that is not a string (null, a number), or a duplicate doc id, and for an
     empty corpus.
     """
-    corpus_path = _find_jsonl(_folder(path), "corpus")
-    documents = [
-        CorpusDocument(doc_id, record.get("title", ""), record["text"])
-        for _, doc_id, record in _read_jsonl(corpus_path, text_fields=("title", "text"))
-    ]
+    documents = list(iter_corpus(path))
     if not documents:
-        raise ValueError(f"{corpus_path} holds no documents")
+        raise ValueError(f"{_find_jsonl(_folder(path), 'corpus')} holds no documents")
     return documents
 
 
