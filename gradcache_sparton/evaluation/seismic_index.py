@@ -6,11 +6,11 @@ Legend: Q queries, N documents, K top-k.
 components, :func:`build_seismic_index`) and searches it with the query reps (:func:`search_seismic`).
 Its defaults make the index exact — no posting list is pruned (``n_postings`` = N), summaries keep
 all their energy (``summary_energy=1``), every query term is used and ``heap_factor=1`` skips only
-blocks whose bound is below the current k-th score — so it returns the documents :func:`~gradcache_sparton.evaluation.retrieve` ranks above zero (seismic
-never returns a document with no shared term). Its scores carry its half-precision value rounding
-(about 1e-3 relative), so two documents whose scores are that close may swap places. Smaller
-``n_postings``, ``summary_energy`` or ``heap_factor`` trade exactness for speed, as in seismic's
-guidelines.
+blocks whose bound is below the current k-th score — so it returns the documents
+:func:`~gradcache_sparton.evaluation.retrieve` ranks above zero (seismic never returns a document with
+no shared term). Its scores carry its half-precision value rounding (about 1e-3 relative), so two
+documents whose scores are that close may swap places. Smaller ``n_postings``, ``summary_energy`` or
+``heap_factor`` trade exactness for speed, as in seismic's guidelines.
 """
 
 from __future__ import annotations
