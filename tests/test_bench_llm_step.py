@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,19 +10,13 @@ from types import ModuleType
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_helpers import ROOT, import_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
     """benchmarks/bench_llm_step.py imported as a module (benchmarks/ is not a package)."""
-    if str(ROOT / "benchmarks") not in sys.path:  # its ``from common import run_stamp``, as when run
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_llm_step", ROOT / "benchmarks" / "bench_llm_step.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_script("benchmarks", "bench_llm_step")
 
 
 def test_materializing_head_equals_the_fused_head(bench: ModuleType) -> None:

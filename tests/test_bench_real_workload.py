@@ -10,26 +10,17 @@ from types import ModuleType
 
 import pytest
 import torch
+from script_helpers import import_script
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from gradcache_sparton import SpladeEncoder
 from gradcache_sparton.resources import default_tokenizer_path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
     """benchmarks/bench_real_workload.py imported as a module (benchmarks/ is not a package)."""
-    if str(ROOT / "benchmarks") not in sys.path:  # its ``from common import run_stamp``, as when run
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "bench_real_workload", ROOT / "benchmarks" / "bench_real_workload.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_real_workload"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return import_script("benchmarks", "bench_real_workload")
 
 
 @pytest.fixture(scope="module")

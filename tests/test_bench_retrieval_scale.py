@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,23 +10,15 @@ from types import ModuleType
 
 import pytest
 import torch
+from script_helpers import ROOT, import_script
 
 from gradcache_sparton.evaluation import SparseReps, seismic_available
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
     """benchmarks/bench_retrieval_scale.py imported as a module (benchmarks/ is not a package)."""
-    if str(ROOT / "benchmarks") not in sys.path:  # its ``from common import run_stamp``, as when run
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "bench_retrieval_scale", ROOT / "benchmarks" / "bench_retrieval_scale.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_script("benchmarks", "bench_retrieval_scale")
 
 
 def test_synthetic_reps_follow_the_measured_statistics(bench: ModuleType) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -10,25 +9,16 @@ from types import ModuleType
 
 import pytest
 import torch
+from script_helpers import import_script
 from transformers import BertConfig
 
 from gradcache_sparton import SpladeEncoder
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
     """benchmarks/bench_train_step.py imported as a module (benchmarks/ is not a package)."""
-    if str(ROOT / "benchmarks") not in sys.path:  # its ``from common import run_stamp``, as when run
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "bench_train_step", ROOT / "benchmarks" / "bench_train_step.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_train_step"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return import_script("benchmarks", "bench_train_step")
 
 
 def test_torch_head_encoder_matches_sparton_reps_and_grads(bench: ModuleType) -> None:

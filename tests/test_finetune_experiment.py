@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from script_helpers import import_script
 
 from gradcache_sparton.data import (
     default_dev_beir_path,
@@ -19,17 +17,6 @@ from gradcache_sparton.data import (
     split_sentences,
 )
 from gradcache_sparton.mining import write_training_file
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script(name: str) -> ModuleType:
-    """scripts/<name>.py imported as a module."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write_prepared_folder(folder: Path) -> None:
@@ -60,7 +47,7 @@ def _write_prepared_folder(folder: Path) -> None:
 def test_plan_equal_epochs_then_equal_steps_without_running_the_reference_twice() -> None:
     """At the real sizes (4,096 pairs, 3 epochs, reference batch 1,024): equal epochs give N / B x 3 steps,
     equal steps give batch 1,024's 12 at every batch, and batch 1,024's run is planned once, for both."""
-    experiment = _script("finetune_experiment")
+    experiment = import_script("scripts", "finetune_experiment")
     args = experiment.parse_args(["--output_dir", "unused"])
     configs = experiment.plan(4096, args)
     assert [(c.name, c.steps) for c in configs] == [
@@ -78,7 +65,7 @@ def test_smoke_run_writes_every_planned_row_with_its_metrics(tmp_path: Path) -> 
     """--smoke with BM25 negatives trains the planned run (batch 4: its equal-epochs run is the equal-steps
     reference) and results.json holds zero-shot plus that row with every metric; the table names both.
     One training step only: the CPU reference head is slow on a shared 2-core machine."""
-    experiment = _script("finetune_experiment")
+    experiment = import_script("scripts", "finetune_experiment")
     _write_prepared_folder(tmp_path / "data")
     out = tmp_path / "out"
     argv = ["--smoke", "--data_dir", str(tmp_path / "data"), "--output_dir", str(out), "--negatives", "bm25",
@@ -103,7 +90,7 @@ def test_smoke_run_writes_every_planned_row_with_its_metrics(tmp_path: Path) -> 
 def test_bad_arguments_and_missing_data_are_refused_before_any_work(tmp_path: Path) -> None:
     """A batch that does not divide the pair multiple, an unknown negatives name and a data folder without
     the prepared files each raise one ValueError naming the argument."""
-    experiment = _script("finetune_experiment")
+    experiment = import_script("scripts", "finetune_experiment")
     with pytest.raises(ValueError, match="--batch_sizes"):
         experiment.parse_args(["--output_dir", str(tmp_path), "--batch_sizes", "3"])
     with pytest.raises(ValueError, match="--negatives"):
@@ -118,7 +105,7 @@ def test_prepared_data_holds_out_the_dev_claims_and_their_abstracts(tmp_path: Pa
     abstract, every mined row has k negatives none of which is its positive, and BM25 dev metrics exist."""
     pytest.importorskip("bm25s")
     pytest.importorskip("Stemmer")
-    prepare = _script("prepare_finetune_data")
+    prepare = import_script("scripts", "prepare_finetune_data")
     source = load_beir(default_dev_beir_path(), split="dev")
     judged = {doc for judgements in source.qrels.values() for doc in judgements}
     docs = [*judged, *[doc for doc in source.corpus if doc not in judged][:80]]

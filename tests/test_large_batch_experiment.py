@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_helpers import import_script
 
 from gradcache_sparton.data import default_dev_beir_path, load_beir, split_sentences
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def experiment() -> ModuleType:
     """scripts/large_batch_experiment.py imported as a module."""
-    path = ROOT / "scripts" / "large_batch_experiment.py"
-    spec = importlib.util.spec_from_file_location("large_batch_experiment", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["large_batch_experiment"] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_script("scripts", "large_batch_experiment")
 
 
 def test_passages_of_merges_a_lone_last_sentence(experiment: ModuleType) -> None:
