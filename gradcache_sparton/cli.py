@@ -385,7 +385,9 @@ def _export(argv: Sequence[str]) -> int:
         help="checkpoint folder (from `train`), shipped name or hub id.",
     )
     parser.add_argument("--beir_path", required=True, help="BEIR folder whose corpus.jsonl[.gz] is encoded.")
-    parser.add_argument("--output_file", type=Path, required=True, help="the JSON-lines file to write.")
+    parser.add_argument(
+        "--output_file", type=Path, required=True, help="the JSON-lines file to write (.jsonl or .json)."
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_file.")
     parser.add_argument(
         "--format",

@@ -47,6 +47,7 @@ from gradcache_sparton.evaluation import (
     mean_metrics,
     write_trec_run,
 )
+from gradcache_sparton.mining import check_output_path
 from gradcache_sparton.modeling import SpladeEncoder, read_splade_config
 from gradcache_sparton.resources import SHIPPED_MODELS, default_tokenizer_path, shipped_model_path
 from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
@@ -374,8 +375,9 @@ def run_export(
     a summary (file, documents, format, max length, seconds).
 
     Everything is checked before the model is loaded: the format, the corpus (every line), that
-    ``output_file`` does not exist (unless ``overwrite``) and that its folder can be created. The document
-    max length defaults to the one the checkpoint was trained with.
+    ``output_file`` ends in ``.jsonl`` or ``.json`` and does not exist (unless ``overwrite``), and that
+    its folder can be created. The document max length defaults to the one the checkpoint was trained
+    with.
     """
     if export_format not in EXPORT_FORMATS:
         raise ValueError(f"export_format must be one of {EXPORT_FORMATS}, got {export_format!r}")
@@ -384,13 +386,8 @@ def run_export(
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale!r}")
-    output_file = Path(output_file)
-    if output_file.is_dir():
-        raise ValueError(f"output_file {str(output_file)!r} is a directory; give a file path")
-    if output_file.exists() and not overwrite:
-        raise ValueError(
-            f"output_file {str(output_file)!r} exists; pass overwrite=True (--overwrite) to replace it"
-        )
+    # JSON lines, uncompressed: what export_corpus writes, and what seismic and Anserini read.
+    output_file = check_output_path(output_file, overwrite=overwrite, suffixes=(".jsonl", ".json"))
     _, document_max_length = checkpoint_max_lengths(
         model_name_or_path, document_max_length=document_max_length
     )

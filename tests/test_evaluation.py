@@ -769,8 +769,8 @@ def test_cli_export_writes_every_document_and_refuses_bad_input_first(
 ) -> None:
     """`gradcache-sparton export` encodes every corpus document with the checkpoint at its training length
     (the shipped SPLADE-tiny's reps, as `encode_texts` gives them) into a new folder; an existing file
-    (without --overwrite), a bad --scale or a missing corpus is one error line (exit 2) before any model
-    is loaded."""
+    (without --overwrite), a bad --scale, a name other than .jsonl/.json or a missing corpus is one error
+    line (exit 2) before any model is loaded."""
     import gradcache_sparton.pipeline as pipeline
 
     beir = write_fruit_beir(tmp_path / "fruit")
@@ -799,6 +799,7 @@ def test_cli_export_writes_every_document_and_refuses_bad_input_first(
     for extra, message in (
         (["--output_file", str(out)], "exists"),
         (["--output_file", str(tmp_path / "x.jsonl"), "--scale", "0"], "scale"),
+        (["--output_file", str(tmp_path / "x.jsonl.gz")], "must end in one of"),  # written uncompressed
     ):
         assert main([*argv, *extra]) == 2
         assert message in capsys.readouterr().err

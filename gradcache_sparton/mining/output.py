@@ -19,12 +19,15 @@ __all__ = ["check_output_path", "write_training_file"]
 _OUTPUT_SUFFIXES = (".jsonl", ".jsonl.gz")
 
 
-def check_output_path(path: str | Path, *, overwrite: bool) -> Path:
-    """Raise ``ValueError`` unless ``path`` ends in ``.jsonl`` / ``.jsonl.gz``, is not a directory, and
-    does not exist (or ``overwrite``); cheap, so callers run it before any work. Returns the Path."""
+def check_output_path(
+    path: str | Path, *, overwrite: bool, suffixes: tuple[str, ...] = _OUTPUT_SUFFIXES
+) -> Path:
+    """Raise ``ValueError`` unless ``path`` ends in one of ``suffixes`` (default ``.jsonl`` /
+    ``.jsonl.gz``, what :func:`write_training_file` writes), is not a directory, and does not exist (or
+    ``overwrite``); cheap, so callers run it before any work. Returns the Path."""
     path = Path(path)
-    if not path.name.lower().endswith(_OUTPUT_SUFFIXES):
-        raise ValueError(f"output file must end in one of {list(_OUTPUT_SUFFIXES)}, got {str(path)!r}")
+    if not path.name.lower().endswith(suffixes):
+        raise ValueError(f"output file must end in one of {list(suffixes)}, got {str(path)!r}")
     if path.is_dir():
         raise ValueError(f"output file {str(path)!r} is a directory")
     if path.exists() and not overwrite:
