@@ -2,7 +2,7 @@
 
 Three groups, one concept each:
 - :class:`ModelArguments`: which backbone (a local checkpoint, or a named shape built with random
-  weights) and which tokenizer.
+  weights), which tokenizer, the pooling options and LoRA (peft) adapters.
 - :class:`DataArguments`: where training pairs and the retrieval dev set come from.
 - :class:`CachedSpladeTrainingArguments`: ``transformers.TrainingArguments`` plus the GradCache and
   SPLADE-loss knobs. ``per_device_train_batch_size`` is the *effective* batch per device (what the
@@ -13,6 +13,7 @@ Every ``__post_init__`` raises ``ValueError`` naming the field, before any model
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -145,6 +146,37 @@ class ModelArguments:
             "embeddings; 2x the tokens). Default: the checkpoint's value (off for a new model)."
         },
     )
+    lora_r: int = field(
+        default=0,
+        metadata={
+            "help": "LoRA rank (peft): > 0 trains low-rank adapters on lora_target_modules instead of every "
+            "weight; the embeddings and the decoder the SPLADE head shares stay frozen, so the head's backward "
+            "skips their [V, D] gradient. Higher: more capacity, more trainable weights. 0: off (full "
+            "fine-tuning). The saved model has the adapters merged in; OUTPUT_DIR/adapter holds them alone. "
+            "Needs the peft extra."
+        },
+    )
+    lora_alpha: int | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA scale: the adapters' update is multiplied by lora_alpha / lora_r. Default: 2 x lora_r."
+        },
+    )
+    lora_dropout: float = field(
+        default=0.0,
+        metadata={
+            "help": "Dropout on the adapters' input, in [0, 1): regularizes small training sets. 0: none."
+        },
+    )
+    lora_target_modules: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma list of the modules that get adapters, by name or name suffix (e.g. "
+            "q_proj,k_proj,v_proj,o_proj): more modules, more capacity and memory. Default: peft's choice for "
+            "the architecture (q_proj,v_proj for Llama/Qwen/Mistral, query,value for BERT/RoBERTa); an "
+            "architecture peft has none for needs it given."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.model_name_or_path is None and self.config_name not in BACKBONE_PRESETS:
@@ -156,6 +188,45 @@ class ModelArguments:
             _positive(getattr(self, name), name, allow_none=True)
         if self.prefix_length is not None and self.prefix_length < 0:
             raise ValueError(f"prefix_length must be >= 0, got {self.prefix_length}")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if isinstance(self.lora_r, bool) or not isinstance(self.lora_r, int) or self.lora_r < 0:
+            raise ValueError(f"lora_r must be an int >= 0 (0: LoRA off), got {self.lora_r!r}")
+        _positive(self.lora_alpha, "lora_alpha", allow_none=True)
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+        self.lora_target_module_names()  # a malformed list is an error even with LoRA off
+        if self.lora_r == 0:
+            given = [
+                name
+                for name, is_set in (
+                    ("lora_alpha", self.lora_alpha is not None),
+                    ("lora_dropout", self.lora_dropout != 0),
+                    ("lora_target_modules", self.lora_target_modules is not None),
+                )
+                if is_set
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} set but lora_r is 0 (LoRA off): give lora_r > 0 to train adapters, or "
+                    f"drop {', '.join(given)}"
+                )
+        elif importlib.util.find_spec("peft") is None:
+            raise ValueError(f"lora_r={self.lora_r} needs peft: pip install 'gradcache_sparton[peft]'")
+
+    def lora_target_module_names(self) -> list[str] | None:
+        """``lora_target_modules`` as a list of names (None: peft's default for the architecture)."""
+        value = self.lora_target_modules
+        if value is None:
+            return None
+        names = [name.strip() for name in value.split(",")] if isinstance(value, str) else []
+        if not names or not all(names):
+            raise ValueError(
+                f"lora_target_modules must be a comma list of module names such as 'q_proj,v_proj' (no empty "
+                f"entry), got {value!r}"
+            )
+        return names
 
     def encoder_options(self) -> dict[str, Any]:
         """The pooling options given explicitly (``prefix_length``, ``bidirectional``, ``echo``)."""

@@ -63,9 +63,14 @@ _POOLINGS = ("max",)
 
 # Options beyond pooling and masked ids, saved in splade_config.json only when set.
 _DECODER_OPTIONS = ("prefix_length", "bidirectional", "echo")
-#: How the checkpoint was trained (tokens kept per text), saved in splade_config.json when known; readers
-#: such as ``evaluate`` use them as their defaults, so a checkpoint is scored as it was trained.
-TRAINING_OPTIONS = ("query_max_length", "document_max_length")
+# Tokens kept per text in training: readers such as ``evaluate`` use them as their defaults, so a checkpoint
+# is scored as it was trained.
+_MAX_LENGTHS = ("query_max_length", "document_max_length")
+# The keys of the ``lora`` record: the LoRA settings (the CLI's flags) whose adapters were merged into the
+# weights. A record only: the checkpoint is a plain model and loads without peft.
+_LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+#: How the checkpoint was trained (max lengths, ``lora``), saved in splade_config.json when known.
+TRAINING_OPTIONS = (*_MAX_LENGTHS, "lora")
 
 # Hub-location arguments of ``from_pretrained`` that also apply to reading the config alone.
 _CONFIG_LOCATION_KWARGS = ("cache_dir", "revision", "subfolder", "token", "local_files_only")
@@ -339,6 +344,8 @@ class SpladeEncoder(nn.Module):
         # Max lengths it was trained with (None: unknown): the trainer sets them, splade_config.json keeps them.
         self.query_max_length: int | None = None
         self.document_max_length: int | None = None
+        # LoRA settings of the adapters merged into the weights (None: none); the training pipeline sets them.
+        self.lora: dict[str, Any] | None = None
         # Not persistent: the ids live in splade_config.json, the state dict stays the backbone's.
         self.register_buffer(
             "_special_token_ids",
@@ -392,8 +399,8 @@ class SpladeEncoder(nn.Module):
         allows, as ``from_pretrained`` does: ``HF_HUB_OFFLINE=1`` or ``local_files_only=True`` forbid
         it). ``model_kwargs`` go to ``AutoModelForMaskedLM.from_pretrained``. ``pooling`` and
         ``special_token_ids`` default to the checkpoint's ``splade_config.json`` if it has one, else to
-        ``"max"`` and no masked ids; the max lengths it was trained with (``query_max_length``,
-        ``document_max_length``) come from there too. The config is read and the family checked before
+        ``"max"`` and no masked ids; how it was trained (``query_max_length``, ``document_max_length``,
+        ``lora``) comes from there too. The config is read and the family checked before
         any weights load.
         """
         path = os.fspath(pretrained_model_name_or_path)
@@ -623,11 +630,39 @@ def read_splade_config(path: str, **location: Any) -> dict[str, Any]:
             f"{file} must hold a JSON object with pooling and special_token_ids (and optionally "
             f"{', '.join([*_DECODER_OPTIONS, *TRAINING_OPTIONS])}), got {options!r}"
         )
-    for name in TRAINING_OPTIONS:
+    for name in _MAX_LENGTHS:
         value = options.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and not _is_positive_int(value):
             raise ValueError(f"{file}: {name} must be a positive int, got {value!r}")
+    if "lora" in options:
+        _check_lora_record(options["lora"], file)
     return options
+
+
+def _is_positive_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
+def _check_lora_record(lora: Any, file: str) -> None:
+    """``ValueError`` naming the file unless ``lora`` is a record of the LoRA settings (``_LORA_KEYS``)."""
+    record = lora if isinstance(lora, dict) and set(lora) == set(_LORA_KEYS) else None
+    dropout = None if record is None else record["lora_dropout"]
+    targets = None if record is None else record["lora_target_modules"]
+    if not (
+        record is not None
+        and _is_positive_int(record["lora_r"])
+        and _is_positive_int(record["lora_alpha"])
+        and isinstance(dropout, (int, float))
+        and not isinstance(dropout, bool)
+        and 0 <= dropout < 1
+        and isinstance(targets, list)
+        and len(targets) > 0
+        and all(isinstance(name, str) and name for name in targets)
+    ):
+        raise ValueError(
+            f"{file}: lora must be an object of {', '.join(_LORA_KEYS)} (positive ints, a dropout in [0, 1), a "
+            f"non-empty list of module names), got {lora!r}"
+        )
 
 
 def _hub_file(repo_id: str, **location: Any) -> str | None:

@@ -2,9 +2,10 @@
 
 ``run_training(model_args, data_args, training_args)`` builds the tokenizer, the encoder, the training
 rows and the retrieval evaluator from the argument dataclasses, trains with
-:class:`~gradcache_sparton.trainer.CachedSpladeTrainer`, saves a standard masked-LM checkpoint and
-evaluates it. ``run_evaluation`` evaluates a saved checkpoint on a BEIR folder; ``run_export`` encodes a
-BEIR corpus with it into a seismic or Anserini file.
+:class:`~gradcache_sparton.trainer.CachedSpladeTrainer` (the whole backbone, or LoRA adapters only:
+:func:`add_lora_adapters`), saves a standard masked-LM checkpoint and evaluates it. ``run_evaluation``
+evaluates a saved checkpoint on a BEIR folder; ``run_export`` encodes a BEIR corpus with it into a seismic
+or Anserini file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase, set_seed
@@ -52,7 +53,11 @@ from gradcache_sparton.modeling import SpladeEncoder, read_splade_config
 from gradcache_sparton.resources import SHIPPED_MODELS, default_tokenizer_path, shipped_model_path
 from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 __all__ = [
+    "add_lora_adapters",
     "build_encoder",
     "build_evaluator",
     "build_tokenizer",
@@ -67,6 +72,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RETRIEVAL_METRICS_FILE = "retrieval_metrics.json"
+# Sub-folder of output_dir where a LoRA run also saves its adapters alone (peft's format).
+LORA_ADAPTER_DIR = "adapter"
 # Max lengths for a checkpoint that does not say what it was trained with (SPLADE's usual query length;
 # most BEIR documents fit in 256 tokens).
 DEFAULT_MAX_LENGTHS = {"query_max_length": 32, "document_max_length": 256}
@@ -137,6 +144,87 @@ def build_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase
             encoder.model.get_output_embeddings().bias.fill_(bias)
     encoder.check_tokenizer(tokenizer)
     return encoder
+
+
+def add_lora_adapters(encoder: SpladeEncoder, model_args: ModelArguments) -> Any:
+    """Inject LoRA adapters (``model_args.lora_*``) into the encoder's backbone, in place, as
+    ``peft.get_peft_model`` does; every other weight is frozen, the decoder the SPLADE head shares and the
+    embeddings included, so the head's backward computes no [V, D] weight gradient.
+
+    Returns the ``PeftModel`` (for ``save_pretrained`` and ``merge_and_unload``) and records the settings in
+    ``encoder.lora`` (saved in ``splade_config.json``). ``ValueError`` naming ``lora_target_modules`` if it
+    matches no module, names the embeddings or the decoder, or is not given for an architecture peft has
+    no default for; nothing is changed then.
+    """
+    import peft
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+
+    if model_args.lora_r < 1:
+        raise ValueError(f"lora_r must be > 0 to add LoRA adapters, got {model_args.lora_r}")
+    model = encoder.model
+    targets = model_args.lora_target_module_names()
+    if targets is None:
+        targets = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model.config.model_type)
+        if targets is None:
+            raise ValueError(
+                f"lora_target_modules: peft has no default for {type(model).__name__} (model type "
+                f"{model.config.model_type!r}): give them; its linear layers are named {_linear_names(model)}"
+            )
+    # peft matches a module whose name is a target or ends with "." + a target.
+    matched = {
+        module
+        for name, module in model.named_modules()
+        if any(name == target or name.endswith(f".{target}") for target in targets)
+    }
+    if not matched:
+        raise ValueError(
+            f"lora_target_modules {targets} match no module of {type(model).__name__}; its linear layers are "
+            f"named {_linear_names(model)}"
+        )
+    shared = {model.get_input_embeddings(), model.get_output_embeddings()}
+    if matched & shared:
+        raise ValueError(
+            f"lora_target_modules {targets} name the embeddings or the decoder: the SPLADE head shares them "
+            "and they stay frozen; target the attention or MLP layers (e.g. q_proj,v_proj)"
+        )
+    alpha = model_args.lora_alpha or 2 * model_args.lora_r
+    config = peft.LoraConfig(
+        r=model_args.lora_r,
+        lora_alpha=alpha,
+        lora_dropout=model_args.lora_dropout,
+        target_modules=list(targets),
+    )
+    peft_model = peft.get_peft_model(model, config)  # in place: encoder.model now holds the adapters
+    trainable, total = peft_model.get_nb_trainable_parameters()
+    logger.info(
+        "LoRA r=%d, alpha=%d, dropout=%g on %s: %d of %d parameters trainable (%.3f%%).",
+        model_args.lora_r,
+        alpha,
+        model_args.lora_dropout,
+        ",".join(targets),
+        trainable,
+        total,
+        100 * trainable / total,
+    )
+    encoder.lora = {
+        "lora_r": model_args.lora_r,
+        "lora_alpha": alpha,
+        "lora_dropout": model_args.lora_dropout,
+        "lora_target_modules": list(targets),
+    }
+    return peft_model
+
+
+def _linear_names(model: PreTrainedModel) -> list[str]:
+    """The distinct last name parts of the model's ``nn.Linear`` layers but the decoder, sorted."""
+    decoder = model.get_output_embeddings()
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not decoder
+        }
+    )
 
 
 def build_train_dataset(data_args: DataArguments, *, seed: int) -> Any:
@@ -240,6 +328,12 @@ def run_training(
     # Data, run checks and evaluator first: a bad argument stops the run before the model is built.
     train_dataset = build_train_dataset(data_args, seed=training_args.seed)
     validate_run(training_args, num_train_rows=len(train_dataset))
+    if model_args.lora_r and (training_args.resume_from_checkpoint or training_args.load_best_model_at_end):
+        raise ValueError(
+            "resume_from_checkpoint and load_best_model_at_end are not supported with lora_r > 0: the Trainer's "
+            "checkpoints hold the unmerged adapters under peft's tensor names, which are not loaded back; "
+            "start a new run from a finished run's merged output_dir instead"
+        )
     tokenizer = build_tokenizer(model_args)
     evaluator = build_evaluator(
         data_args,
@@ -249,6 +343,8 @@ def run_training(
     )
     set_seed(training_args.seed)  # the random init too, not only what the Trainer seeds later
     encoder = build_encoder(model_args, tokenizer)
+    encoder.lora = None  # this run's record, not a loaded checkpoint's
+    peft_model = add_lora_adapters(encoder, model_args) if model_args.lora_r else None
     if evaluator is not None and torch.cuda.is_available() and training_args.bf16:
         evaluator.autocast_dtype = torch.bfloat16
     trainer = CachedSpladeTrainer(
@@ -263,6 +359,10 @@ def run_training(
         before = {f"eval_before_{k}": v for k, v in evaluator(trainer.model).items()}  # the starting model
         trainer.log(dict(before))
     result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if peft_model is not None:
+        if trainer.args.should_save:
+            peft_model.save_pretrained(Path(training_args.output_dir) / LORA_ADAPTER_DIR)  # adapters alone
+        peft_model.merge_and_unload()  # into the backbone's weights, in place: the checkpoint is a plain model
     trainer.save_model()
     metrics = dict(result.metrics)
     if evaluator is not None:

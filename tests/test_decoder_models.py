@@ -9,6 +9,9 @@ Legend: B batch, S sequence, D hidden, V vocabulary.
 
 from __future__ import annotations
 
+import re
+import sys
+
 import pytest
 import torch
 from torch import Tensor
@@ -428,3 +431,219 @@ def test_cli_applies_decoder_options_and_saves_them(tmp_path, tokenizer, capsys)
     argv = ["train", "--config_name", "bert-tiny", "--echo", "True", "--output_dir", str(tmp_path / "bad")]
     assert main([*argv, *common]) == 2
     assert "echo" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- LoRA from the CLI
+
+# A 1-2 step CPU run of the tiny decoder: 4 rows, mini-batches of 2, no retrieval evaluation.
+_RUN_FLAGS = [
+    "--per_device_train_batch_size", "4", "--mini_batch_size", "2", "--query_max_length", "16",
+    "--document_max_length", "16", "--max_train_samples", "4", "--eval_beir", "none", "--use_cpu",
+    "--disable_tqdm", "True", "--report_to", "none",
+]  # fmt: skip
+
+
+def _saved_decoder(folder, tokenizer) -> str:
+    """The tiny Llama saved as a start checkpoint, with a WordPiece tokenizer cut to its V tokens."""
+    from transformers import BertTokenizer
+
+    model = tiny_decoder("llama")
+    vocab = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)[: model.config.vocab_size]
+    SpladeEncoder(model).save_pretrained(
+        folder, tokenizer=BertTokenizer(vocab={token: i for i, token in enumerate(vocab)})
+    )
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], (4, 8, 0.0, ["q_proj", "v_proj"])),  # alpha 2 x r, peft's Llama targets
+        (
+            [
+                "--lora_alpha",
+                "16",
+                "--lora_dropout",
+                "0.1",
+                "--lora_target_modules",
+                "k_proj, o_proj,gate_proj",
+            ],
+            (4, 16, 0.1, ["k_proj", "o_proj", "gate_proj"]),
+        ),
+    ],
+)
+def test_lora_flags_reach_peft_and_only_adapters_get_gradients(flags: list[str], expected: tuple) -> None:
+    """`--lora_*` flags become peft's LoraConfig (default alpha 2 x r and peft's targets); in a cached training
+    step only lora_* tensors of every target get gradients, all others (lm_head, embeddings) keep .grad None."""
+    pytest.importorskip("peft", reason="LoRA needs the peft extra")
+    from gradcache_sparton.cli import _train_parser
+    from gradcache_sparton.pipeline import add_lora_adapters
+
+    model_args, *_ = _train_parser().parse_args_into_dataclasses(["--lora_r", "4", *flags])
+    encoder = SpladeEncoder(tiny_decoder("llama")).train()
+    config = add_lora_adapters(encoder, model_args).peft_config["default"]
+    r, alpha, dropout, targets = expected
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (r, alpha, dropout)
+    assert set(config.target_modules) == set(targets)
+    assert encoder.lora == {
+        "lora_r": r,
+        "lora_alpha": alpha,
+        "lora_dropout": dropout,
+        "lora_target_modules": targets,
+    }
+    CachedLoss(encoder, _loss(), mini_batch_size=3)(_columns(encoder.vocab_size)).backward()
+    trainable = {name for name, p in encoder.named_parameters() if p.requires_grad}
+    with_grad = {name for name, p in encoder.named_parameters() if p.grad is not None}
+    assert trainable and with_grad == trainable and all("lora_" in name for name in trainable)
+    assert {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in trainable} == set(targets)
+    assert encoder.head.weight.grad is None and encoder.model.get_input_embeddings().weight.grad is None
+
+
+def test_cli_lora_run_saves_a_plain_merged_checkpoint_and_the_adapter(
+    tmp_path, tokenizer, monkeypatch
+) -> None:
+    """`train --lora_r 4` saves a checkpoint that plain `SpladeEncoder.from_pretrained` loads (no peft tensor
+    names) with the merged in-memory model's reps, which training moved away from the start's; `adapter/`
+    holds the trained adapters alone (start + adapter = the checkpoint) and splade_config.json records them.
+
+    Tolerances (fp32, CPU): the reloaded checkpoint equals the in-memory merged model bitwise (safetensors
+    round-trips fp32 exactly, same ops on the same weights). Against start + adapter unmerged (x·Wᵀ + s·(x·Aᵀ)·Bᵀ,
+    not x·(W + s·B·A)ᵀ) REP_TOL, ~100x fp32 rounding over D = 32; the trained reps differ from the start's by
+    more than 1e-3.
+    """
+    peft = pytest.importorskip("peft", reason="LoRA needs the peft extra")
+    import json
+
+    from safetensors.torch import load_file
+
+    from gradcache_sparton import pipeline
+    from gradcache_sparton.cli import main
+
+    start, run = _saved_decoder(tmp_path / "start", tokenizer), tmp_path / "run"
+    encoders = []
+    real_add = pipeline.add_lora_adapters
+
+    def add_and_keep(encoder: SpladeEncoder, model_args: object) -> object:
+        encoders.append(encoder)
+        return real_add(encoder, model_args)
+
+    monkeypatch.setattr(pipeline, "add_lora_adapters", add_and_keep)
+    argv = ["train", "--model_name_or_path", start, "--lora_r", "4", "--learning_rate", "1e-2"]
+    assert main([*argv, "--max_steps", "2", "--output_dir", str(run), *_RUN_FLAGS]) == 0
+    record = {"lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "lora_target_modules": ["q_proj", "v_proj"]}
+    assert json.loads((run / "splade_config.json").read_text())["lora"] == record
+    assert not [key for key in load_file(run / "model.safetensors") if "lora_" in key or "base_layer" in key]
+    adapter = load_file(run / "adapter" / "adapter_model.safetensors")
+    lora_b = [value for key, value in adapter.items() if "lora_B" in key]
+    assert lora_b and all(value.abs().max() > 0 for value in lora_b)  # B starts at 0: training moved it
+    trained = SpladeEncoder.from_pretrained(run).eval()
+    assert trained.lora == record
+    features = batch(trained.vocab_size)
+    with torch.no_grad():
+        reps = trained(**features)
+        torch.testing.assert_close(reps, encoders[0].eval()(**features), rtol=0, atol=0)
+        base = SpladeEncoder.from_pretrained(start).eval()
+        before = base(**features)
+        peft.PeftModel.from_pretrained(base.model, run / "adapter")  # injects the adapters into base.model
+        torch.testing.assert_close(reps, base(**features), **REP_TOL)
+    assert (reps - before).abs().max() > 1e-3
+
+
+def _train_without_a_model(argv: list[str], monkeypatch) -> int:
+    """``main(["train", *argv, ...])`` with model building replaced by an error: the exit code."""
+    from gradcache_sparton import pipeline
+    from gradcache_sparton.cli import main
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was built before the arguments were checked")
+
+    monkeypatch.setattr(pipeline, "build_encoder", no_model)
+    return main(["train", "--config_name", "bert-tiny", *argv, "--max_steps", "1", *_RUN_FLAGS])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lora_r", "-1"], r"lora_r must be an int >= 0"),
+        (["--lora_r", "4", "--lora_alpha", "0"], r"lora_alpha must be a positive int"),
+        (["--lora_r", "4", "--lora_dropout", "1.0"], r"lora_dropout must be in \[0, 1\)"),
+        (["--lora_r", "4", "--lora_dropout", "-0.1"], r"lora_dropout must be in \[0, 1\)"),
+        (["--lora_target_modules", "q_proj"], r"lora_target_modules set but lora_r is 0"),
+        (["--lora_alpha", "8", "--lora_dropout", "0.1"], r"lora_alpha, lora_dropout set but lora_r is 0"),
+        (
+            ["--lora_r", "4", "--lora_target_modules", "q_proj,,v_proj"],
+            r"lora_target_modules must be a comma",
+        ),
+        (
+            ["--lora_r", "4", "--resume_from_checkpoint", "{tmp}/checkpoint-1"],
+            r"resume_from_checkpoint and load_best_model_at_end are not supported with lora_r > 0",
+        ),
+    ],
+)
+def test_bad_lora_flags_are_one_clear_error_before_the_model_loads(
+    flags: list[str], message: str, tmp_path, capsys, monkeypatch
+) -> None:
+    """A bad --lora_* value (or resuming a LoRA run) is one error line naming the argument and what was
+    expected (exit 2), before any model is built or anything written."""
+    (tmp_path / "checkpoint-1").mkdir()  # a Trainer checkpoint folder, for the resume case
+    (tmp_path / "checkpoint-1" / "trainer_state.json").write_text("{}")
+    flags = [flag.format(tmp=tmp_path) for flag in flags]
+    assert _train_without_a_model([*flags, "--output_dir", str(tmp_path / "run")], monkeypatch) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_lora_without_peft_says_how_to_install_it(tmp_path, capsys, monkeypatch) -> None:
+    """--lora_r > 0 without peft installed is one error line with the pip command, before any model is built."""
+    monkeypatch.setitem(sys.modules, "peft", None)  # importlib.util.find_spec("peft") is None: not installed
+    argv = ["--lora_r", "4", "--output_dir", str(tmp_path / "run")]
+    assert _train_without_a_model(argv, monkeypatch) == 2
+    assert "lora_r=4 needs peft: pip install 'gradcache_sparton[peft]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        ("lm_head", "name the embeddings or the decoder"),
+        ("embed_tokens,q_proj", "name the embeddings or the decoder"),
+        ("no_such_proj", "match no module of LlamaForCausalLM"),
+        (None, "peft has no default for ModernBertForMaskedLM"),
+    ],
+)
+def test_bad_lora_targets_are_refused_naming_the_argument(targets: str | None, message: str) -> None:
+    """lora_target_modules naming the decoder or embeddings (the SPLADE head shares them), matching nothing, or
+    left to a default peft does not have: ValueError naming lora_target_modules; the model is left unchanged."""
+    pytest.importorskip("peft", reason="LoRA needs the peft extra")
+    from gradcache_sparton.arguments import ModelArguments
+    from gradcache_sparton.pipeline import add_lora_adapters
+
+    model = tiny_modernbert() if targets is None else tiny_decoder("llama")
+    encoder = SpladeEncoder(model)
+    with pytest.raises(ValueError, match="lora_target_modules") as raised:
+        add_lora_adapters(encoder, ModelArguments(lora_r=4, lora_target_modules=targets))
+    assert message in str(raised.value)
+    assert encoder.lora is None and not hasattr(model, "peft_config")
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_lora_record_round_trips_and_a_malformed_one_is_refused(tmp_path) -> None:
+    """splade_config.json's lora record is read back by from_pretrained; a malformed one is a ValueError naming
+    the file and the key."""
+    import json
+
+    encoder = SpladeEncoder(tiny_decoder("llama"))
+    record = {
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "lora_dropout": 0.05,
+        "lora_target_modules": ["q_proj", "v_proj"],
+    }
+    encoder.lora = record
+    encoder.save_pretrained(tmp_path / "ckpt")
+    assert SpladeEncoder.from_pretrained(tmp_path / "ckpt").lora == record
+    file = tmp_path / "ckpt" / "splade_config.json"
+    saved = json.loads(file.read_text())
+    for bad in ({**record, "lora_r": 0}, {**record, "lora_target_modules": []}, {"lora_r": 8}):
+        file.write_text(json.dumps({**saved, "lora": bad}))
+        with pytest.raises(ValueError, match=r"splade_config\.json: lora must be an object of lora_r"):
+            SpladeEncoder.from_pretrained(tmp_path / "ckpt")
