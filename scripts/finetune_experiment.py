@@ -31,7 +31,8 @@ to 256. Each run starts from the same weights and seed. Metrics on the dev folde
 
 Output (``--output_dir``): ``results.json`` (rewritten after every run, so a timeout keeps what finished),
 ``results.md`` (table) and ``results.png`` (plot, if matplotlib imports); a progress line per run.
-``--report DIR [DIR ...]`` rebuilds the table and plot from the results.json of several calls.
+``--report DIR [DIR ...]`` rebuilds the table and plot from the results.json of several calls (a run in two:
+the complete one over one the time budget stopped, else the later folder's; ``calls``: every call's meta).
 
 GPU machine (no bm25s, no internet; the datasets wheels of ../shared/device-wheels in ``.whl`` and the
 ir_measures / pytrec_eval wheels in ``.exp_data/wheels``), carry ``.whl`` and ``.exp_data``, from the
@@ -329,10 +330,15 @@ def table(results: dict[str, Any]) -> str:
             f"{r['query_nonzeros']:.0f} | {r['doc_nonzeros']:.0f} | {_num(r.get('train_wall_s'), '.0f')} | "
             f"{_num(r.get('peak_memory_gib'), '.2f')} |"
         )
-    meta = results["meta"]
+    calls = results.get("calls", [results["meta"]])  # merge() lists every call's meta
+
+    def joined(key: str) -> str:
+        return " / ".join(dict.fromkeys(str(call[key]) for call in calls))
+
     return (
-        f"SciFact fine-tuning of {MODEL} ({meta['device']}, torch {meta['torch']}, transformers "
-        f"{meta['transformers']}, {meta['date']}): {results['pairs']}, dev {results['dev']}\n\n"
+        f"SciFact fine-tuning of {MODEL} ({joined('device')}, torch {joined('torch')}, transformers "
+        f"{joined('transformers')}, {joined('date')}{f', {len(calls)} calls' if len(calls) > 1 else ''}): "
+        f"{results['pairs']}, dev {results['dev']}\n\n"
         + "\n".join(lines)
         + (f"\n\nskipped (time budget): {', '.join(results['skipped'])}" if results.get("skipped") else "")
         + "\n"
@@ -387,16 +393,43 @@ def write_results(results: dict[str, Any], out: Path, *, with_plot: bool) -> Non
         plot(results, out / "results.png")
 
 
+def _row_order(row: dict[str, Any]) -> tuple:
+    """Zero-shot, then equal epochs, then equal steps; without negatives before BM25; by batch."""
+    if row["batch_size"] is None:
+        return (0,)
+    negatives = NEGATIVES.index(row["negatives"]) if row["negatives"] in NEGATIVES else len(NEGATIVES)
+    return (1, "epochs" not in row["schedule"].split("="), negatives, row["batch_size"], row["name"])
+
+
 def merge(folders: list[Path]) -> dict[str, Any]:
-    """The results.json of several calls as one (a run named twice: the later folder's)."""
+    """The results.json of several calls as one, its ``calls`` the meta of each (``meta``: the last's).
+
+    A run named in two folders: a complete one supersedes one the time budget stopped, whatever the
+    folder order; between two complete (or two stopped) ones, the later folder's. ``planned`` and
+    ``skipped`` are the union over the calls (``skipped`` less the runs some call ran). Rows are sorted:
+    zero-shot, equal epochs, equal steps; without negatives first; by batch."""
     merged: dict[str, Any] = {}
     rows: dict[str, dict] = {}
+    calls: list[dict] = []
+    planned: list[str] = []
+    skipped: list[str] = []
     for folder in folders:
         results = json.loads((folder / "results.json").read_text())
-        rows.update({r["name"]: r for r in results["rows"]})
-        merged = {**results, "skipped": [s for s in results.get("skipped", []) if s not in rows]}
-    merged["rows"] = list(rows.values())
-    return merged
+        for row in results["rows"]:
+            kept = rows.get(row["name"])
+            if kept is None or not row.get("stopped_by_time_budget") or kept.get("stopped_by_time_budget"):
+                rows[row["name"]] = row  # never a stopped run over a complete one
+        calls.extend(results.get("calls", [results["meta"]]))
+        planned.extend(n for n in results.get("planned", []) if n not in planned)
+        skipped.extend(n for n in results.get("skipped", []) if n not in skipped)
+        merged = results
+    return {
+        **merged,
+        "calls": calls,
+        "planned": planned,
+        "skipped": [name for name in skipped if name not in rows],
+        "rows": sorted(rows.values(), key=_row_order),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -470,8 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
     if args.report:
-        write_results(merge(args.report), out, with_plot=True)
-        print(table(merge(args.report)), flush=True)
+        merged = merge(args.report)
+        write_results(merged, out, with_plot=True)
+        print(table(merged), flush=True)
         return 0
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:

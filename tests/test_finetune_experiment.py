@@ -60,6 +60,56 @@ def test_plan_equal_epochs_then_equal_steps_without_running_the_reference_twice(
     ]  # fmt: skip
 
 
+def _write_call(folder: Path, runs: list[tuple[str, float, bool]], skipped: list[str]) -> Path:
+    """A results.json as one call writes it (meta command: the folder's name): zero-shot, then each
+    (name, nDCG@10, stopped by the time budget) of ``runs``."""
+    metrics = {"mrr_at_10": 0.5, "recall_at_100": 0.9, "query_nonzeros": 40.0, "doc_nonzeros": 200.0}
+    rows = [{"name": "zero-shot", "negatives": "-", "batch_size": None, "schedule": "-", "ndcg_at_10": 0.6}]
+    for name, ndcg, stopped in runs:
+        negatives, batch, schedule = name.split("-")
+        rows.append(
+            {"name": name, "negatives": negatives, "batch_size": int(batch[1:]), "schedule": schedule,
+             "steps": 1, "planned_steps": 2 if stopped else 1, "stopped_by_time_budget": stopped,
+             "ndcg_at_10": ndcg}
+        )  # fmt: skip
+    meta = {"device": "GPU", "torch": "2", "transformers": "5", "date": "2026-11-23", "command": folder.name}
+    folder.mkdir()
+    (folder / "results.json").write_text(
+        json.dumps(
+            {"meta": meta, "pairs": {"pairs": 4096}, "dev": {"queries": 2}, "bm25": None,
+             "planned": [run[0] for run in runs] + skipped, "skipped": skipped,
+             "rows": [{**metrics, "steps": 0, **row} for row in rows]}
+        )
+    )  # fmt: skip
+    return folder
+
+
+def test_merge_keeps_a_complete_run_over_one_the_time_budget_stopped_in_either_order(tmp_path: Path) -> None:
+    """Invariant of --report: a run named in two calls' results is the complete one when the other was
+    stopped by the time budget, whatever the folder order (between two complete runs, the later folder's);
+    each run appears once, runs a later call ran leave ``skipped``, and ``calls`` keeps every call's meta."""
+    experiment = import_script("scripts", "finetune_experiment")
+    old = _write_call(
+        tmp_path / "old",
+        [("bm25-b32-epochs", 0.72, False), ("none-b32-epochs", 0.70, True)],
+        ["none-b256-epochs"],
+    )
+    new = _write_call(
+        tmp_path / "new", [("none-b32-epochs", 0.71, False), ("none-b256-epochs", 0.73, False)], []
+    )
+    cut = _write_call(tmp_path / "cut", [("none-b32-epochs", 0.69, True)], ["none-b256-epochs"])
+    for folders in ([old, new], [new, old], [old, new, cut]):
+        merged = experiment.merge(folders)
+        names = ["zero-shot", "none-b32-epochs", "none-b256-epochs", "bm25-b32-epochs"]
+        assert [row["name"] for row in merged["rows"]] == names
+        assert merged["rows"][1]["ndcg_at_10"] == 0.71 and not merged["rows"][1]["stopped_by_time_budget"]
+        assert merged["skipped"] == []
+        assert [call["command"] for call in merged["calls"]] == [folder.name for folder in folders]
+    redone = _write_call(tmp_path / "redone", [("bm25-b32-epochs", 0.74, False)], [])
+    assert experiment.merge([old, redone])["rows"][-1]["ndcg_at_10"] == 0.74
+    assert "3 calls" in experiment.table(experiment.merge([old, new, cut]))
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_every_planned_row_with_its_metrics(tmp_path: Path) -> None:
     """--smoke with BM25 negatives trains the planned run (batch 4: its equal-epochs run is the equal-steps
