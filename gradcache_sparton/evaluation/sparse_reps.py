@@ -37,6 +37,11 @@ class SparseReps:
     def num_rows(self) -> int:
         return self.offsets.numel() - 1
 
+    @property
+    def shape(self) -> torch.Size:
+        """[N, V], the shape of the dense reps."""
+        return torch.Size((self.num_rows, self.vocab_size))
+
     def nonzeros_per_row(self) -> Tensor:
         """[N] int64 number of non-zero entries of each rep."""
         return self.offsets[1:] - self.offsets[:-1]

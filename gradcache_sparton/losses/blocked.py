@@ -14,7 +14,7 @@ scores exist one [bq, bd] block at a time:
   ``grad_q += p @ d_block``, ``grad_d += p^T @ q_block``.
 
 The loops run on any :class:`RowBlocks` layout of a column: dense reps here, sparse reps (a block
-densified at a time, gradients gathered at its non-zeros) in :mod:`.sparse_reps`.
+densified at a time, gradients gathered at its non-zeros) in :mod:`.sparse`.
 
 The result equals the dense computation up to fp32 summation order (the blocks add up the same terms
 in another order). Memory: the [B, V] rep gradients the dense path also returns, plus a few [bq, bd]
@@ -94,7 +94,7 @@ class RowBlocks(Protocol):
     """A column of reps read, and differentiated, one block of rows at a time.
 
     The blocked loops below run on any layout: dense [B, V] reps (:class:`_DenseRows`, slices) or
-    sparse ones (:mod:`.sparse_reps`, a block densified at a time). ``tensor`` is the differentiable
+    sparse ones (:mod:`.sparse`, a block densified at a time). ``tensor`` is the differentiable
     input the layout is built on; its gradient has ``tensor``'s shape.
     """
 
