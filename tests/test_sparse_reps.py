@@ -1,12 +1,14 @@
 """Sparse reps through Steps (1) and (2) (``GradCache(sparse_reps=...)``, ``SpladeLoss`` on ``SparseReps``).
 
-The invariant: the sparse path gives the dense path's loss and every parameter gradient, its memory
-holds the non-zeros only. Tolerances: the sparse loss adds the same fp32 terms in another order
-(scores summed over the non-zeros by ``index_add`` instead of over V; blocked log-sum-exp instead of
-one cross-entropy), which moves values by a few fp32 ulps; measured differences are <= 3e-7 relative
-(loss) and <= 2e-7 of the largest gradient. rtol 1e-5 (as tests/test_engine.py) and a loss rtol of
-1e-6 leave >= 3x room, while a dropped, doubled or misplaced non-zero, block or mini-batch is an O(1e-2)
-or larger error.
+The invariant: the sparse path gives the dense path's loss and every parameter gradient, and its
+memory holds the non-zeros only. Tolerances: the sparse loss adds the same fp32 terms in another order
+(scores summed over the non-zeros by ``index_add`` instead of over V, a blocked log-sum-exp instead
+of one cross-entropy), which moves values by a few fp32 ulps. Measured: loss and components <= 3.1e-7
+relative; parameter gradients <= 2.7e-6 relative to each parameter's largest gradient (as in
+tests/test_engine.py); rep gradients <= 2e-6 of the largest one. rtol 1e-5 for gradients and 1e-6
+for losses leave >= 3x room, while a dropped, doubled or misplaced non-zero, block or mini-batch is an
+O(1e-2) or larger error (checked by mutation: accumulating a block's gradient with ``=`` instead of
+``+=``, or skipping the reorder of length-grouped mini-batches, fails these tests).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from engine_helpers import assert_grads_close, grads_of, make_columns, make_encoder, small_config
 
 from gradcache_sparton.engine import CachedLoss, GradCache, SparseRepGrad
+from gradcache_sparton.engine.mini_batch import Rows
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 
@@ -144,6 +147,56 @@ def test_sparse_splade_loss_matches_dense(settings, density: float) -> None:
         expected = leaf.grad[nonzero]  # row-major, as the SparseReps entries
         grad = weights[name].grad if weights[name].grad is not None else torch.zeros_like(expected)
         torch.testing.assert_close(grad, expected, rtol=RTOL_GRADS, atol=RTOL_GRADS * largest, msg=name)
+
+
+def test_sparse_rep_grad_at_sparse_reps_equals_at_nonzeros() -> None:
+    """A gradient given at the weights of SparseReps becomes the same SparseRepGrad (rows, ids, values and
+    per-mini-batch offsets) as the dense gradient kept at the non-zeros, for consecutive and
+    length-grouped mini-batches, with an all-zero row."""
+    reps = _random_sparse(7, 11, 0.3, seed=0)
+    reps[2] = 0.0  # an all-zero row
+    grad = torch.randn(7, 11, generator=torch.Generator().manual_seed(1))
+    sparse = SparseReps.from_dense(reps)
+    mini_batches: list[list[Rows]] = [
+        [slice(0, 3), slice(3, 6), slice(6, 7)],
+        [torch.tensor([4, 0, 6]), torch.tensor([2, 5, 1, 3])],
+    ]
+    for rows in mini_batches:
+        expected = SparseRepGrad.at_nonzeros(reps, grad, rows)
+        actual = SparseRepGrad.at_sparse_reps(sparse, grad[reps.ne(0)], rows)
+        assert (actual.starts, actual.offsets, actual.width) == (
+            expected.starts,
+            expected.offsets,
+            expected.width,
+        )
+        for name in ("rows", "cols", "values"):
+            assert torch.equal(getattr(actual, name), getattr(expected, name)), name
+
+
+def test_sparse_splade_loss_rounds_half_precision_gradients_once() -> None:
+    """On bf16 reps the sparse SpladeLoss upcasts the weights once, as the dense loss upcasts the reps:
+    its bf16 gradient at the non-zeros is the dense one to within one bf16 rounding (fp32 gradients
+    that differ by a few ulps may round to neighbouring bf16 values)."""
+    B, V = 6, 17
+    reps = {
+        name: _random_sparse(B, V, 0.4, seed).to(torch.bfloat16) for seed, name in enumerate(("q", "pos"))
+    }
+    loss_fn = _loss()
+    dense_leaves = {name: rep.clone().requires_grad_() for name, rep in reps.items()}
+    loss_fn(dense_leaves)[0].backward()
+    sparse = {name: SparseReps.from_dense(rep, dtype=None) for name, rep in reps.items()}
+    weights = {name: s.weights.clone().requires_grad_() for name, s in sparse.items()}
+    loss_fn({name: SparseReps(s.offsets, s.token_ids, weights[name], V) for name, s in sparse.items()})[
+        0
+    ].backward()
+    largest = max(float(leaf.grad.abs().max()) for leaf in dense_leaves.values())
+    for name, leaf in dense_leaves.items():
+        assert weights[name].grad.dtype == torch.bfloat16
+        expected = leaf.grad[reps[name].ne(0)].float()
+        bf16_ulp = 2.0**-8  # one bf16 rounding, relative
+        torch.testing.assert_close(
+            weights[name].grad.float(), expected, rtol=bf16_ulp, atol=bf16_ulp * largest, msg=name
+        )
 
 
 def test_sparse_reps_auto_picks_by_density(config) -> None:

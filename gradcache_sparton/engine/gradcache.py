@@ -12,7 +12,8 @@ dL/dθ = Σ_i (dL/dr_i) · (dr_i/dθ). So:
   replayed (the same function the loss saw, dropout included) and backprop its slice of dL/dr.
 
 The parameter gradients equal uncached training's; the activation memory is that of one
-mini-batch, plus the [B, V] reps and their gradients. Nothing here knows about SPLADE: any encoder
+mini-batch, plus the [B, V] reps and their gradients (with ``sparse_reps``, their non-zeros only).
+Nothing here knows about SPLADE: any encoder
 ``encoder(**features) -> [B, V]`` and any loss over reps. No cache is kept on the engine: what
 Step (1) produces is returned, and lives only as long as the caller keeps it (one step).
 
