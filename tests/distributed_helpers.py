@@ -189,6 +189,10 @@ def launch_ranks(out_dir: Path, *, timeout_s: float) -> list[dict]:
             "GLOO_SOCKET_IFNAME": "lo",
             "OMP_NUM_THREADS": "1",
             "TOKENIZERS_PARALLELISM": "false",
+            # The ranks import the package of this checkout (e.g. a git worktree), not the installed one.
+            "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
         }
         log = open(out_dir / f"rank{rank}.log", "w")  # noqa: SIM115 (closed below)
         processes.append(
@@ -323,6 +327,16 @@ def _run_engine_scenarios(rank: int) -> dict[str, object]:
             "grads": grads_of(sparse_encoder),
             "density": float(torch.cat([r.ne(0).float().flatten() for r in reps.values()]).mean()),
         }
+    # Sparse reps are not gathered across ranks yet: refused when the engine is built.
+    try:
+        GradCache(
+            DistributedDataParallel(make_encoder(config, seed=0)),
+            mini_batch_size=MINI_BATCH,
+            sparse_reps=True,
+        )
+        results["sparse_reps_error"] = None
+    except NotImplementedError as error:
+        results["sparse_reps_error"] = str(error)
     return results
 
 

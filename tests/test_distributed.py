@@ -80,6 +80,13 @@ def test_sparse_rep_grads_under_ddp_equal_the_dense_cache(ranks) -> None:
             assert torch.equal(sparse["grads"][name], grad), name
 
 
+def test_sparse_reps_with_gathered_reps_raise_not_implemented(ranks) -> None:
+    """On 2 DDP ranks (reps gathered for the loss), GradCache(sparse_reps=True) is refused when it is
+    built, on every rank, naming the option (the sparse gather is not implemented)."""
+    for rank in ranks:
+        assert "sparse_reps does not gather reps across ranks yet" in rank["sparse_reps_error"]
+
+
 def test_gradient_accumulation_under_ddp_matches_single_process(ranks) -> None:
     """Two accumulation micro-steps (the first under the Trainer's outer no_sync, each loss / 2) on 2 ranks
     give the gradients of the same two micro-steps on the global batches in one process."""

@@ -79,6 +79,11 @@ class CachedLoss:
                 "sparse_rep_grads applies to GradCache.step only: inside loss.backward() autograd holds the "
                 "dense rep gradients for the whole replay, so a sparse copy would save nothing"
             )
+        if self.engine.sparse_reps:
+            raise ValueError(
+                "sparse_reps applies to GradCache.step only: CachedLoss hands the loss's dense rep gradients "
+                "to the replay through autograd"
+            )
         self.loss_fn = loss_fn
 
     @overload

@@ -12,7 +12,8 @@ dL/dθ = Σ_i (dL/dr_i) · (dr_i/dθ). So:
   replayed (the same function the loss saw, dropout included) and backprop its slice of dL/dr.
 
 The parameter gradients equal uncached training's; the activation memory is that of one
-mini-batch, plus the [B, V] reps and their gradients. Nothing here knows about SPLADE: any encoder
+mini-batch, plus the [B, V] reps and their gradients (with ``sparse_reps``, their non-zeros only).
+Nothing here knows about SPLADE: any encoder
 ``encoder(**features) -> [B, V]`` and any loss over reps. No cache is kept on the engine: what
 Step (1) produces is returned, and lives only as long as the caller keeps it (one step).
 
@@ -47,7 +48,8 @@ from gradcache_sparton.engine.distributed import (
 from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.mini_batch import Rows, describe_rows, iter_mini_batches
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
-from gradcache_sparton.engine.sparse_grads import SparseRepGrad
+from gradcache_sparton.engine.sparse_grads import SparseRepGrad, _row_index
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
 __all__ = [
     "Columns",
@@ -105,7 +107,7 @@ class ReplayState:
 class EncodedBatch(NamedTuple):
     """Step (1)'s result: the reps without a graph, and the state to replay them with a graph."""
 
-    reps: dict[str, Tensor]  # column -> [B, V]
+    reps: dict[str, Tensor | SparseReps]  # column -> [B, V], or its non-zeros with ``sparse_reps``
     replay_state: ReplayState
 
 
@@ -152,6 +154,15 @@ class GradCache:
             relu: the fused Sparton head and the plain one); not checked. True: always; "auto": per
             column, when it takes fewer bytes than the dense [B, V] gradient (measured density);
             False (default): dense. Two device syncs per column when on.
+        sparse_reps: keep the reps themselves sparse from Step (1) on: each mini-batch's [mb, V] reps
+            become a :class:`~gradcache_sparton.evaluation.sparse_reps.SparseReps` (vocabulary ids and
+            weights of its non-zeros) right after encoding, Step (2)'s loss receives every column as
+            one (``loss_fn`` must accept them: :class:`~gradcache_sparton.losses.SpladeLoss` does) and
+            returns gradients w.r.t. their weights, which go to Step (3) as :class:`SparseRepGrad`.
+            Memory grows with the non-zeros, not with B x V. Exact under the same condition as
+            ``sparse_rep_grads`` (not checked). True: always; "auto": for the whole step, when the
+            first mini-batch's non-zeros take fewer bytes than its dense reps; False (default): dense.
+            :meth:`step` only (not under ``gather_across_ranks``).
 
     Attributes:
         world_size: how many ranks' batches the loss sees (1 when not gathering).
@@ -170,6 +181,7 @@ class GradCache:
         mini_batch_context: MiniBatchContext | None = None,
         check_replay: bool = True,
         sparse_rep_grads: bool | Literal["auto"] = False,
+        sparse_reps: bool | Literal["auto"] = False,
     ) -> None:
         if not callable(encoder):
             raise TypeError(f"encoder must be callable as encoder(**features), got {type(encoder).__name__}")
@@ -199,6 +211,14 @@ class GradCache:
         if sparse_rep_grads not in (False, True, "auto"):
             raise ValueError(f"sparse_rep_grads must be False, True or 'auto', got {sparse_rep_grads!r}")
         self.sparse_rep_grads = sparse_rep_grads
+        if sparse_reps not in (False, True, "auto"):
+            raise ValueError(f"sparse_reps must be False, True or 'auto', got {sparse_reps!r}")
+        if sparse_reps and self.world_size > 1:
+            raise NotImplementedError(
+                "sparse_reps does not gather reps across ranks yet: pass sparse_reps=False (or "
+                "gather_across_ranks=False for a loss over each rank's own rows)"
+            )
+        self.sparse_reps = sparse_reps
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
         self._data_parallel = self.world_size > 1 or ddp is not None
@@ -215,9 +235,9 @@ class GradCache:
         """
         reps, replay_state = self.encode(columns, loss_kwargs=loss_kwargs)  # Step (1)
         output, rep_grads = self.rep_gradients(reps, loss_fn, **loss_kwargs)  # Step (2)
-        if self.sparse_rep_grads:
+        if self.sparse_rep_grads or self.sparse_reps:
             rep_grads = self._keep_at_nonzeros(reps, rep_grads, replay_state)
-        del reps  # Step (3) needs only the gradients: free the [B, V] reps before re-encoding
+        del reps  # Step (3) needs only the gradients: free the reps before re-encoding
         self.replay(replay_state, rep_grads)  # Step (3)
         return output
 
@@ -233,7 +253,9 @@ class GradCache:
         Each mini-batch's trailing padding is trimmed first (see :func:`iter_mini_batches`); with
         ``mini_batch_tokens`` the rows are grouped by length, and each column's reps are still
         returned in its row order. Every column is cut into mini-batches before the first is
-        encoded, so reading the row lengths back waits for no encoder work.
+        encoded, so reading the row lengths back waits for no encoder work. With ``sparse_reps`` each
+        mini-batch's reps are kept as their non-zeros (one device sync each) and the column is a
+        :class:`~gradcache_sparton.evaluation.sparse_reps.SparseReps` in its row order.
         """
         self.check_columns(columns)
         if loss_kwargs:
@@ -242,8 +264,9 @@ class GradCache:
         encoder_devices = _cuda_devices_of_encoder(self.encoder)
         input_device_types = {t.device.type for features in columns.values() for t in features.values()}
         autocast = AutocastState.capture(input_device_types)
-        reps: dict[str, Tensor] = {}
+        reps: dict[str, Tensor | SparseReps] = {}
         mini_batches: dict[str, tuple[MiniBatch, ...]] = {}
+        keep_sparse: bool | None = None if self.sparse_reps == "auto" else bool(self.sparse_reps)
         plans = {
             column: list(
                 iter_mini_batches(
@@ -260,12 +283,19 @@ class GradCache:
             for column, plan in plans.items():
                 batch_size = _rows(columns[column])
                 column_reps: Tensor | None = None  # [B, V], rows in the column's order
+                sparse_parts: list[SparseReps] = []  # with sparse_reps: each mini-batch's non-zeros
+                reference: Tensor | None = None  # [0, V]: the width, dtype and device every rep must have
                 column_mini_batches: list[MiniBatch] = []
                 for rows, mb_features in plan:
                     rng = RngState.capture((*cuda_devices_of(mb_features.values()), *encoder_devices))
                     rep = self.encoder(**mb_features)  # [mb, V]
-                    _check_rep(rep, column, rows, column_reps)
-                    if isinstance(rows, slice) and rows == slice(0, batch_size):
+                    _check_rep(rep, column, rows, reference)
+                    reference = rep.new_empty((0, *rep.shape[1:]))
+                    if keep_sparse is None:
+                        keep_sparse = _sparse_is_smaller(rep)
+                    if keep_sparse and rep.ndim == 2:
+                        sparse_parts.append(SparseReps.from_dense(rep, dtype=None))  # [mb, V] -> non-zeros
+                    elif isinstance(rows, slice) and rows == slice(0, batch_size):
                         column_reps = rep  # one mini-batch of every row, in order: no copy
                     else:
                         if column_reps is None:
@@ -276,13 +306,16 @@ class GradCache:
                         MiniBatch(rows=rows, features=mb_features, rng=rng, fingerprint=fingerprint)
                     )
                     bar.update()
+                mini_batches[column] = tuple(column_mini_batches)
+                if sparse_parts:
+                    reps[column] = _in_column_order(SparseReps.concat(sparse_parts), mini_batches[column])
+                    continue
                 assert column_reps is not None  # a column has at least one row (check_columns)
                 reps[column] = column_reps
-                mini_batches[column] = tuple(column_mini_batches)
         return EncodedBatch(reps, ReplayState(mini_batches=mini_batches, autocast=autocast))
 
     def rep_gradients(
-        self, reps: Mapping[str, Tensor], loss_fn: LossFn, **loss_kwargs: object
+        self, reps: Mapping[str, Tensor | SparseReps], loss_fn: LossFn, **loss_kwargs: object
     ) -> tuple[LossOutput, dict[str, Tensor | None]]:
         """Step (2): the loss on the full batch of reps, backpropagated to the reps only.
 
@@ -293,13 +326,15 @@ class GradCache:
 
         Returns:
             The detached loss with its components, and per column dL/dr [B, V] (None for a column
-            the loss does not use).
+            the loss does not use); for a :class:`SparseReps` column, dL/d weights [nnz] (the
+            gradient at its non-zeros, in its entries' order).
         """
-        leaves = {column: rep.detach().requires_grad_() for column, rep in reps.items()}
+        leaves = {column: _leaf(rep) for column, rep in reps.items()}
         with torch.enable_grad():
             loss, components = self.compute_loss(leaves, loss_fn, loss_kwargs)
         loss.backward()
-        return LossOutput(loss.detach(), components), {column: leaf.grad for column, leaf in leaves.items()}
+        grads = {column: _differentiable(leaf).grad for column, leaf in leaves.items()}
+        return LossOutput(loss.detach(), components), grads
 
     def replay(
         self,
@@ -396,16 +431,25 @@ class GradCache:
             raise
 
     def _keep_at_nonzeros(
-        self, reps: Mapping[str, Tensor], rep_grads: Mapping[str, Tensor | None], replay_state: ReplayState
+        self,
+        reps: Mapping[str, Tensor | SparseReps],
+        rep_grads: Mapping[str, Tensor | None],
+        replay_state: ReplayState,
     ) -> dict[str, Tensor | SparseRepGrad | None]:
-        """Each column's dL/dr kept only where its reps are non-zero (``sparse_rep_grads``)."""
+        """Each column's dL/dr kept only where its reps are non-zero (``sparse_rep_grads``), or, for
+        sparse reps (``sparse_reps``), its gradient at their weights in Step (1)'s mini-batch order."""
         kept: dict[str, Tensor | SparseRepGrad | None] = {}
         for column, grad in rep_grads.items():
-            if grad is None or grad.ndim != 2:
+            column_reps = reps[column]
+            if grad is not None and isinstance(column_reps, SparseReps):
+                rows = [mb.rows for mb in replay_state.mini_batches[column]]
+                kept[column] = SparseRepGrad.at_sparse_reps(column_reps, grad, rows)
+                continue
+            if grad is None or grad.ndim != 2 or not self.sparse_rep_grads:
                 kept[column] = grad  # unused column, or reps that are not [B, V]: dense
                 continue
             rows = [mb.rows for mb in replay_state.mini_batches[column]]
-            sparse = SparseRepGrad.at_nonzeros(reps[column], grad, rows)
+            sparse = SparseRepGrad.at_nonzeros(column_reps, grad, rows)
             dense_bytes = grad.numel() * grad.element_size()
             kept[column] = sparse if self.sparse_rep_grads is True or sparse.nbytes < dense_bytes else grad
         return kept
@@ -550,8 +594,37 @@ def _parameters_of(encoder: Callable[..., Tensor]) -> list[nn.Parameter] | None:
     return None
 
 
+def _sparse_is_smaller(rep: Tensor) -> bool:
+    """``sparse_reps="auto"``: whether [mb, V] reps take fewer bytes as SparseReps (an int32 id and a
+    value per non-zero, an int64 offset per row) than dense (one device sync)."""
+    if rep.ndim != 2:
+        return False
+    sparse_bytes = int(torch.count_nonzero(rep)) * (4 + rep.element_size()) + 8 * (rep.shape[0] + 1)
+    return sparse_bytes < rep.numel() * rep.element_size()
+
+
+def _in_column_order(reps: SparseReps, mini_batches: tuple[MiniBatch, ...]) -> SparseReps:
+    # reps: the column's rows in Step (1)'s mini-batch order; length-grouped mini-batches are put back.
+    if all(isinstance(mb.rows, slice) for mb in mini_batches):
+        return reps  # consecutive mini-batches: already in the column's order
+    order = torch.cat([_row_index(mb.rows, reps.offsets.device) for mb in mini_batches])  # [B]
+    return reps.select(torch.argsort(order))  # [B]: column row -> its mini-batch position
+
+
+def _leaf(rep: Tensor | SparseReps) -> Tensor | SparseReps:
+    # Step (2)'s leaves: the dense reps, or the weights of sparse reps (their ids and offsets are fixed).
+    if isinstance(rep, SparseReps):
+        weights = rep.weights.detach().requires_grad_()
+        return SparseReps(rep.offsets, rep.token_ids, weights, rep.vocab_size)
+    return rep.detach().requires_grad_()
+
+
+def _differentiable(leaf: Tensor | SparseReps) -> Tensor:
+    return leaf.weights if isinstance(leaf, SparseReps) else leaf
+
+
 def _check_rep(rep: object, column: str, rows: Rows, column_reps: Tensor | None) -> None:
-    # column_reps: the column's [B, V] reps so far, which every mini-batch must match in shape and dtype.
+    # column_reps: [0, V] like the column's earlier reps, which every mini-batch must match in width and dtype.
     if not isinstance(rep, Tensor):
         raise TypeError(f"encoder must return a Tensor [B, V], got {type(rep).__name__} (column {column!r})")
     expected = rows.stop - rows.start if isinstance(rows, slice) else len(rows)

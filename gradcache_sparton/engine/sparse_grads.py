@@ -7,6 +7,9 @@ of the dense [B, V] gradient frees most of that memory for the replay, and each 
 gets back exactly the dense gradient at the non-zeros (zeros elsewhere, which such an encoder
 ignores). The engine cannot check that property of the encoder: it is opt-in.
 
+The same layout carries the gradient of sparse reps (``sparse_reps``: Step (2) differentiates the
+weights of a :class:`~gradcache_sparton.evaluation.sparse_reps.SparseReps`), see :meth:`SparseRepGrad.at_sparse_reps`.
+
 Layout: the non-zeros of one column in the order of Step (1)'s mini-batches (row-major within each),
 with per-mini-batch offsets read back once, so Step (3) slices its entries without a device sync.
 
@@ -22,6 +25,7 @@ import torch
 from torch import Tensor
 
 from gradcache_sparton.engine.mini_batch import Rows
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
 __all__ = ["SparseRepGrad"]
 
@@ -60,6 +64,34 @@ class SparseRepGrad:
             starts=tuple(starts),
             offsets=tuple(running[start - 1] if start else 0 for start in starts),
             width=reps.shape[1],
+        )
+
+    @classmethod
+    def at_sparse_reps(cls, reps: SparseReps, grad: Tensor, mini_batch_rows: Sequence[Rows]) -> SparseRepGrad:
+        """``grad`` [nnz], dL/d ``reps.weights`` (rows in the column's order), in the order of ``mini_batch_rows``.
+
+        What Step (2) gives for sparse reps (``sparse_reps``): the gradient is already at the
+        non-zeros, only reordered for length-grouped mini-batches. One device sync per column (the
+        mini-batch offsets).
+        """
+        offsets, cols, values = reps.offsets, reps.token_ids, grad
+        if not all(isinstance(rows, slice) for rows in mini_batch_rows):
+            # Grouped by length: each mini-batch's rows together, in its order.
+            order = torch.cat([_row_index(rows, offsets.device) for rows in mini_batch_rows])  # [B]
+            offsets, source = reps.entries_of(order)  # [B + 1], [nnz]
+            cols, values = cols[source], grad[source]
+        starts = [0]
+        for rows in mini_batch_rows:
+            starts.append(starts[-1] + (rows.stop - rows.start if isinstance(rows, slice) else len(rows)))
+        counts = offsets[1:] - offsets[:-1]  # [B]
+        positions = torch.arange(reps.num_rows, dtype=torch.int32, device=offsets.device)
+        return cls(
+            rows=torch.repeat_interleave(positions, counts, output_size=values.numel()),  # [nnz]
+            cols=cols,
+            values=values,
+            starts=tuple(starts),
+            offsets=tuple(offsets[starts].tolist()),
+            width=reps.vocab_size,
         )
 
     @property

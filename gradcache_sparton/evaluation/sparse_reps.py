@@ -21,7 +21,8 @@ class SparseReps:
     - ``offsets`` [N + 1] int64: row i's entries are ``[offsets[i], offsets[i + 1])``,
     - ``token_ids`` [nnz] int32 vocabulary ids, ascending within a row (int32: V < 2**31, and the
       ids are most of the memory next to the weights),
-    - ``weights`` [nnz] float32, all non-zero.
+    - ``weights`` [nnz] float32, all non-zero (the reps' own dtype when built with
+      ``from_dense(reps, dtype=None)``, as the GradCache engine's ``sparse_reps`` does).
 
     Our own three tensors rather than ``torch.sparse_csr_tensor``: CSR is still beta in torch (it warns
     on construction), and retrieval only needs row slices densified into a chunk.
@@ -36,6 +37,11 @@ class SparseReps:
     def num_rows(self) -> int:
         return self.offsets.numel() - 1
 
+    @property
+    def shape(self) -> torch.Size:
+        """[N, V], the shape of the dense reps."""
+        return torch.Size((self.num_rows, self.vocab_size))
+
     def nonzeros_per_row(self) -> Tensor:
         """[N] int64 number of non-zero entries of each rep."""
         return self.offsets[1:] - self.offsets[:-1]
@@ -43,26 +49,27 @@ class SparseReps:
     def to_dense(
         self, start: int = 0, end: int | None = None, *, device: torch.device | None = None
     ) -> Tensor:
-        """Rows ``start:end`` as a dense float32 [end - start, V] tensor on ``device``."""
+        """Rows ``start:end`` as a dense float32 [end - start, V] tensor on ``device`` (fp64 weights stay fp64)."""
         end = self.num_rows if end is None else end
         lo, hi = int(self.offsets[start]), int(self.offsets[end])
         device = self.weights.device if device is None else device
         counts = (self.offsets[start + 1 : end + 1] - self.offsets[start:end]).to(device)
         rows = torch.repeat_interleave(torch.arange(end - start, device=device), counts)  # [nnz_slice]
-        dense = torch.zeros(end - start, self.vocab_size, dtype=torch.float32, device=device)
-        dense[rows, self.token_ids[lo:hi].to(device, torch.int64)] = self.weights[lo:hi].to(device)
+        dtype = torch.promote_types(self.weights.dtype, torch.float32)
+        dense = torch.zeros(end - start, self.vocab_size, dtype=dtype, device=device)
+        dense[rows, self.token_ids[lo:hi].to(device, torch.int64)] = self.weights[lo:hi].to(device, dtype)
         return dense
 
     @staticmethod
-    def from_dense(reps: Tensor) -> SparseReps:
-        """Keep the non-zeros of a dense [N, V] tensor (on its device, as float32)."""
+    def from_dense(reps: Tensor, *, dtype: torch.dtype | None = torch.float32) -> SparseReps:
+        """Keep the non-zeros of a dense [N, V] tensor (on its device, as ``dtype``; None: the reps' dtype)."""
         if reps.dim() != 2:
             raise ValueError(f"reps must be 2-D [N, V], got shape {tuple(reps.shape)}")
         rows, token_ids = reps.nonzero(as_tuple=True)  # row-major order: rows ascending, ids ascending
         counts = torch.bincount(rows, minlength=reps.shape[0])
         offsets = torch.zeros(reps.shape[0] + 1, dtype=torch.int64, device=reps.device)
         offsets[1:] = torch.cumsum(counts, 0)
-        weights = reps[rows, token_ids].float()
+        weights = reps[rows, token_ids].to(reps.dtype if dtype is None else dtype)
         return SparseReps(offsets, token_ids.to(torch.int32), weights, reps.shape[1])
 
     @staticmethod
@@ -92,6 +99,16 @@ class SparseReps:
 
     def select(self, order: Tensor) -> SparseReps:
         """The rows in the given order ([M] int64 row indices)."""
+        offsets, source = self.entries_of(order)
+        return SparseReps(offsets, self.token_ids[source], self.weights[source], self.vocab_size)
+
+    def entries_of(self, order: Tensor) -> tuple[Tensor, Tensor]:
+        """Where the rows ``order`` ([M] int64 row indices) take their entries from.
+
+        Returns:
+            offsets [M + 1] int64 of the selected rows, and source [nnz_selected] int64: the position
+            in this object's entries of each selected entry (rows in ``order``, ids ascending).
+        """
         order = order.to(self.offsets.device)
         counts = self.nonzeros_per_row()[order]
         starts = self.offsets[:-1][order]
@@ -101,5 +118,9 @@ class SparseReps:
         within = torch.arange(int(offsets[-1]), device=order.device) - torch.repeat_interleave(
             offsets[:-1], counts
         )
-        source = torch.repeat_interleave(starts, counts) + within
-        return SparseReps(offsets, self.token_ids[source], self.weights[source], self.vocab_size)
+        return offsets, torch.repeat_interleave(starts, counts) + within
+
+    def row_ids(self) -> Tensor:
+        """[nnz] int64: the row of each entry."""
+        rows = torch.arange(self.num_rows, device=self.offsets.device)
+        return torch.repeat_interleave(rows, self.nonzeros_per_row(), output_size=self.weights.numel())

@@ -13,6 +13,9 @@ scores exist one [bq, bd] block at a time:
   are bitwise the forward's), turned into ``p = exp(s - lse)`` (d lse[i] / d s[i, j]), and
   ``grad_q += p @ d_block``, ``grad_d += p^T @ q_block``.
 
+The loops run on any :class:`RowBlocks` layout of a column: dense reps here, sparse reps (a block
+densified at a time, gradients gathered at its non-zeros) in :mod:`.sparse`.
+
 The result equals the dense computation up to fp32 summation order (the blocks add up the same terms
 in another order). Memory: the [B, V] rep gradients the dense path also returns, plus a few [bq, bd]
 blocks and, for half-precision reps, fp32 copies of one query block and one document block (callers
@@ -26,7 +29,8 @@ blocks of :data:`AUTO_BLOCK_SIZE` beyond; an explicit block size always blocks.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -37,6 +41,8 @@ from gradcache_sparton.losses.columns import accumulation_dtype
 __all__ = [
     "AUTO_BLOCK_SIZE",
     "DENSE_SCORES_MAX_BYTES",
+    "RowBlocks",
+    "RowsOf",
     "blocked_logsumexp",
     "check_block_size",
     "score_block_size",
@@ -81,33 +87,81 @@ def blocked_logsumexp(
     tensors on one device with one V, ``temperature > 0``, ``block_size >= 1``. Computed in fp32 (fp64
     for fp64 reps); differentiable in ``q_reps`` and every column of ``d_reps``.
     """
-    return _BlockedLogSumExp.apply(q_reps, temperature, block_size, *d_reps)
+    return _BlockedLogSumExp.apply(_dense_rows, temperature, block_size, q_reps, *d_reps)
+
+
+class RowBlocks(Protocol):
+    """A column of reps read, and differentiated, one block of rows at a time.
+
+    The blocked loops below run on any layout: dense [B, V] reps (:class:`_DenseRows`, slices) or
+    sparse ones (:mod:`.sparse`, a block densified at a time). ``tensor`` is the differentiable
+    input the layout is built on; its gradient has ``tensor``'s shape.
+    """
+
+    tensor: Tensor
+
+    @property
+    def num_rows(self) -> int: ...
+
+    def block(self, start: int, stop: int, dtype: torch.dtype) -> Tensor:
+        """Rows ``start:stop`` as a dense [b, V] tensor of ``dtype``."""
+        ...
+
+    def add_to_grad(self, grad: Tensor, start: int, stop: int, block_grad: Tensor) -> None:
+        """Add ``block_grad`` [b, V], the gradient of rows ``start:stop``, into ``grad`` (``tensor``'s shape)."""
+        ...
+
+
+RowsOf = Callable[[int, Tensor], RowBlocks]
+"""``rows_of(position, tensor)``: the layout of the differentiable input at ``position`` (0: the queries)."""
+
+
+class _DenseRows:
+    """Dense [B, V] reps: blocks are slices, gradients add into a [B, V] buffer."""
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.tensor = tensor
+
+    @property
+    def num_rows(self) -> int:
+        return self.tensor.shape[0]
+
+    def block(self, start: int, stop: int, dtype: torch.dtype) -> Tensor:
+        return self.tensor[start:stop].to(dtype)  # [b, V]
+
+    def add_to_grad(self, grad: Tensor, start: int, stop: int, block_grad: Tensor) -> None:
+        grad[start:stop] += block_grad  # [b, V]
+
+
+def _dense_rows(position: int, tensor: Tensor) -> RowBlocks:
+    return _DenseRows(tensor)
 
 
 def _blocked_lse_forward(
-    q_reps: Tensor, d_reps: Sequence[Tensor], temperature: float, block_size: int
+    q_rows: RowBlocks, d_rows: Sequence[RowBlocks], temperature: float, block_size: int, dtype: torch.dtype
 ) -> Tensor:
     """Forward: per query block, an online log-sum-exp over every document block -> lse [B]."""
-    dtype = accumulation_dtype(q_reps, *d_reps)
-    lse = torch.empty(q_reps.shape[0], dtype=dtype, device=q_reps.device)  # [B]
-    for i0 in range(0, q_reps.shape[0], block_size):
-        q_block = q_reps[i0 : i0 + block_size].to(dtype)  # [bq, V]
-        running_max = torch.full((q_block.shape[0],), -torch.inf, dtype=dtype, device=q_reps.device)
+    device = q_rows.tensor.device
+    lse = torch.empty(q_rows.num_rows, dtype=dtype, device=device)  # [B]
+    for i0 in range(0, q_rows.num_rows, block_size):
+        i1 = min(i0 + block_size, q_rows.num_rows)
+        q_block = q_rows.block(i0, i1, dtype)  # [bq, V]
+        running_max = torch.full((q_block.shape[0],), -torch.inf, dtype=dtype, device=device)
         running_sum = torch.zeros_like(running_max)  # sum_j exp(s[:, j] - running_max), [bq]
-        for scores, _, _, _ in _score_blocks(q_block, d_reps, temperature, block_size):  # [bq, bd]
+        for scores, _, _, _ in _score_blocks(q_block, d_rows, temperature, block_size):  # [bq, bd]
             new_max = torch.maximum(running_max, scores.amax(dim=1))  # [bq]
             rescale = torch.exp(running_max - new_max)  # [bq]: the old sum at the new max
             running_sum = running_sum * rescale + torch.exp(scores - new_max[:, None]).sum(dim=1)
             running_max = new_max
-        lse[i0 : i0 + block_size] = running_max + torch.log(running_sum)
+        lse[i0:i1] = running_max + torch.log(running_sum)
     return lse
 
 
 def _blocked_lse_backward(
     grad_lse: Tensor,
     lse: Tensor,
-    q_reps: Tensor,
-    d_reps: Sequence[Tensor],
+    q_rows: RowBlocks,
+    d_rows: Sequence[RowBlocks],
     temperature: float,
     block_size: int,
     *,
@@ -116,42 +170,49 @@ def _blocked_lse_backward(
 ) -> tuple[Tensor | None, list[Tensor | None]]:
     """Backward: recompute each block, ``p = exp(s - lse)``; accumulate the q and d gradients (input dtypes)."""
     dtype = lse.dtype
-    grad_q = torch.zeros(q_reps.shape, dtype=dtype, device=q_reps.device) if needs_q else None  # [B, V]
+    # Shaped as each input: [B, V] for dense reps, [nnz] for sparse ones.
+    grad_q = q_rows.tensor.new_zeros(q_rows.tensor.shape, dtype=dtype) if needs_q else None
     grad_d = [
-        torch.zeros(d.shape, dtype=dtype, device=d.device) if needs else None
-        for d, needs in zip(d_reps, needs_d, strict=True)
+        d.tensor.new_zeros(d.tensor.shape, dtype=dtype) if needs else None
+        for d, needs in zip(d_rows, needs_d, strict=True)
     ]
     # d lse[i] / d s[i, j] = softmax_j(s[i]) = exp(s[i, j] - lse[i]), and d s / d q = d / temperature.
     row_scale = grad_lse.to(dtype) / temperature  # [B]
-    for i0 in range(0, q_reps.shape[0], block_size):
-        rows = slice(i0, i0 + block_size)
-        q_block = q_reps[rows].to(dtype)  # [bq, V]
-        for scores, c, j0, d_block in _score_blocks(q_block, d_reps, temperature, block_size):
-            weights = torch.exp(scores - lse[rows, None]) * row_scale[rows, None]  # [bq, bd]
+    for i0 in range(0, q_rows.num_rows, block_size):
+        i1 = min(i0 + block_size, q_rows.num_rows)
+        q_block = q_rows.block(i0, i1, dtype)  # [bq, V]
+        for scores, c, j0, d_block in _score_blocks(q_block, d_rows, temperature, block_size):
+            weights = torch.exp(scores - lse[i0:i1, None]) * row_scale[i0:i1, None]  # [bq, bd]
             if grad_q is not None:
-                grad_q[rows] += weights @ d_block  # [bq, bd] @ [bd, V] -> [bq, V]
+                q_rows.add_to_grad(grad_q, i0, i1, weights @ d_block)  # [bq, bd] @ [bd, V] -> [bq, V]
             if grad_d[c] is not None:
-                grad_d[c][j0 : j0 + block_size] += weights.T @ q_block  # [bd, bq] @ [bq, V] -> [bd, V]
+                j1 = j0 + d_block.shape[0]
+                d_rows[c].add_to_grad(grad_d[c], j0, j1, weights.T @ q_block)  # [bd, bq] @ [bq, V] -> [bd, V]
     return (
-        None if grad_q is None else grad_q.to(q_reps.dtype),
-        [None if g is None else g.to(d.dtype) for g, d in zip(grad_d, d_reps, strict=True)],
+        None if grad_q is None else grad_q.to(q_rows.tensor.dtype),
+        [None if g is None else g.to(d.tensor.dtype) for g, d in zip(grad_d, d_rows, strict=True)],
     )
 
 
 class _BlockedLogSumExp(torch.autograd.Function):
     """Row log-sum-exp of the scaled scores of ``q`` against every document, one [bq, bd] block at a time.
 
-    Both passes run with autocast disabled: a caller's ``torch.autocast`` region would otherwise turn
-    the fp32 block products into bf16/fp16 ones.
+    The inputs are the differentiable tensors of each column (dense reps, or sparse reps' weights);
+    ``rows_of`` gives their layout. Both passes run with autocast disabled: a caller's
+    ``torch.autocast`` region would otherwise turn the fp32 block products into bf16/fp16 ones.
     """
 
     @staticmethod
     def forward(
-        ctx: FunctionCtx, q_reps: Tensor, temperature: float, block_size: int, *d_reps: Tensor
+        ctx: FunctionCtx, rows_of: RowsOf, temperature: float, block_size: int, q: Tensor, *d: Tensor
     ) -> Tensor:
-        with torch.autocast(q_reps.device.type, enabled=False):
-            lse = _blocked_lse_forward(q_reps, d_reps, temperature, block_size)
-        ctx.save_for_backward(q_reps, lse, *d_reps)
+        q_rows = rows_of(0, q)
+        d_rows = [rows_of(1 + c, tensor) for c, tensor in enumerate(d)]
+        with torch.autocast(q.device.type, enabled=False):
+            dtype = accumulation_dtype(q, *d)
+            lse = _blocked_lse_forward(q_rows, d_rows, temperature, block_size, dtype)
+        ctx.save_for_backward(q, lse, *d)
+        ctx.rows_of = rows_of
         ctx.temperature = temperature
         ctx.block_size = block_size
         return lse
@@ -159,29 +220,29 @@ class _BlockedLogSumExp(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-        q_reps, lse, *d_reps = ctx.saved_tensors
-        with torch.autocast(q_reps.device.type, enabled=False):
+        q, lse, *d = ctx.saved_tensors
+        with torch.autocast(q.device.type, enabled=False):
             grad_q, grad_d = _blocked_lse_backward(
                 grad_lse,
                 lse,
-                q_reps,
-                d_reps,
+                ctx.rows_of(0, q),
+                [ctx.rows_of(1 + c, tensor) for c, tensor in enumerate(d)],
                 ctx.temperature,
                 ctx.block_size,
-                needs_q=ctx.needs_input_grad[0],
-                needs_d=ctx.needs_input_grad[3:],
+                needs_q=ctx.needs_input_grad[3],
+                needs_d=ctx.needs_input_grad[4:],
             )
-        return grad_q, None, None, *grad_d  # q_reps, temperature, block_size, *d_reps
+        return None, None, None, grad_q, *grad_d  # rows_of, temperature, block_size, q, *d
 
 
 def _score_blocks(
-    q_block: Tensor, d_reps: Sequence[Tensor], temperature: float, block_size: int
+    q_block: Tensor, d_rows: Sequence[RowBlocks], temperature: float, block_size: int
 ) -> Iterator[tuple[Tensor, int, int, Tensor]]:
     """Yield (scores [bq, bd], column index, first row in that column, document block [bd, V]) for every
     document block, in one fixed order: forward and backward compute their blocks identically.
     """
-    for c, d in enumerate(d_reps):
-        for j0 in range(0, d.shape[0], block_size):
-            d_block = d[j0 : j0 + block_size].to(q_block.dtype)  # [bd, V]
+    for c, d in enumerate(d_rows):
+        for j0 in range(0, d.num_rows, block_size):
+            d_block = d.block(j0, min(j0 + block_size, d.num_rows), q_block.dtype)  # [bd, V]
             scores = q_block @ d_block.T / temperature  # [bq, V] @ [V, bd] -> [bq, bd]
             yield scores, c, j0, d_block

@@ -147,6 +147,11 @@ def _margin_mse(columns: ContrastiveColumns, *, teacher_scores: Tensor) -> Tenso
     q_reps, pos_reps, neg_reps = columns
     pos = _paired_scores(q_reps, pos_reps)  # [B]
     negs = torch.stack([_paired_scores(q_reps, n) for n in neg_reps], dim=1)  # k x [B] -> [B, k]
+    return _margin_mse_of_scores(pos, negs, teacher_scores=teacher_scores)
+
+
+def _margin_mse_of_scores(pos: Tensor, negs: Tensor, *, teacher_scores: Tensor) -> Tensor:
+    """MarginMSE of the student's positive scores [B] and hard-negative scores [B, k] (any rep layout)."""
     student_margin = pos[:, None] - negs  # [B, k]
     teacher = teacher_scores.detach().to(device=pos.device, dtype=pos.dtype)  # [B, 1+k]
     teacher_margin = teacher[:, :1] - teacher[:, 1:]  # [B, k]
@@ -237,7 +242,16 @@ def _kl_div(
     else:
         scores = torch.stack([_paired_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
         log_student = F.log_softmax(scores / temperature, dim=1)  # [B, 1+k]
-    teacher = teacher_scores.detach().to(device=scores.device, dtype=scores.dtype)  # [B, 1+k]
+    return _kl_div_of_log_student(
+        log_student, teacher_scores=teacher_scores, teacher_temperature=teacher_temperature
+    )
+
+
+def _kl_div_of_log_student(
+    log_student: Tensor, *, teacher_scores: Tensor, teacher_temperature: float
+) -> Tensor:
+    """Listwise KL of the student's log-probabilities [B, 1+k] of each query's own candidates (any layout)."""
+    teacher = teacher_scores.detach().to(device=log_student.device, dtype=log_student.dtype)  # [B, 1+k]
     log_teacher = F.log_softmax(teacher / teacher_temperature, dim=1)  # [B, 1+k]
     # sum_j p_t · (log p_t - log p_s), summed over the list, averaged over the B queries.
     return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True)

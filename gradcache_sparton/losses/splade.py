@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
 from gradcache_sparton.losses.blocked import check_block_size
 from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
 from gradcache_sparton.losses.contrastive import (
@@ -42,6 +43,17 @@ from gradcache_sparton.losses.contrastive import (
 )
 from gradcache_sparton.losses.regularizers import _REGULARIZER_CORES, get_regularizer
 from gradcache_sparton.losses.schedule import WarmupSchedule, _check_step, check_warmup, check_weight
+from gradcache_sparton.losses.sparse import (
+    sparse_expected_flops,
+    sparse_flops,
+    sparse_info_nce,
+    sparse_kl_div,
+    sparse_l1,
+    sparse_margin_mse,
+    sparse_mean_nonzeros,
+    split_sparse_columns,
+    upcast_sparse,
+)
 from gradcache_sparton.losses.sparsity import _expected_flops, _mean_nonzeros
 
 __all__ = ["CONTRASTIVE_LOSSES", "SpladeLoss", "SpladeLossConfig"]
@@ -65,6 +77,14 @@ _CONTRASTIVE_CORES: dict[str, tuple[Callable[..., None], Callable[..., Tensor]]]
     "margin_mse": (functools.partial(check_teacher_scores, loss="margin_mse_loss"), _margin_mse),
     "kl_div": (functools.partial(check_teacher_scores, loss="kl_div_loss"), _kl_div),
 }
+
+# The same cores on sparse reps (:mod:`.sparse`), called with the same settings and loss kwargs.
+_SPARSE_CONTRASTIVE_CORES: dict[str, Callable[..., Tensor]] = {
+    "infonce": sparse_info_nce,
+    "margin_mse": sparse_margin_mse,
+    "kl_div": sparse_kl_div,
+}
+_SPARSE_REGULARIZER_CORES: dict[str, Callable[..., Tensor]] = {"flops": sparse_flops, "l1": sparse_l1}
 
 
 @dataclass
@@ -243,6 +263,12 @@ class SpladeLoss:
 
     Memory: that of the contrastive loss (InfoNCE: ~12·(1+k)·B² bytes for scores while they fit 1 GiB,
     a few score blocks beyond, see ``score_block_size``); the regularizers add O(V).
+
+    Sparse reps: ``reps`` may map every column to a
+    :class:`~gradcache_sparton.evaluation.sparse_reps.SparseReps` instead (what the GradCache engine's
+    ``sparse_reps`` passes); the same loss and components are then computed on the non-zeros, with
+    gradients w.r.t. each column's ``weights`` (:mod:`.sparse`): memory O(nnz) plus a few [block, V]
+    buffers (``score_block_size``, default 4,096 rows), the scores always in blocks.
     """
 
     def __init__(self, config: SpladeLossConfig) -> None:
@@ -289,6 +315,8 @@ class SpladeLoss:
         The one check of this step's input: the columns and ``loss_kwargs`` are validated here, before
         any work; the contrastive loss, the regularizers and the statistics then trust them.
         """
+        if isinstance(reps, Mapping) and any(isinstance(column, SparseReps) for column in reps.values()):
+            return self._sparse_call(reps, step, loss_kwargs)
         columns = split_columns(reps)
         self._check_loss_kwargs(columns, **loss_kwargs)
         query_weight, doc_weight = self.weights(step)
@@ -313,6 +341,36 @@ class SpladeLoss:
             "nnz_query": _mean_nonzeros([q_reps]),
             "nnz_doc": _mean_nonzeros(d_reps),
             "flops": _expected_flops([q_reps], d_reps),
+        }
+        return loss, {name: value.detach().to(torch.float32) for name, value in components.items()}
+
+    def _sparse_call(
+        self, reps: Mapping[str, object], step: int | None, loss_kwargs: Mapping[str, Tensor]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`__call__` on sparse reps: the same terms and components, on the non-zeros (:mod:`.sparse`)."""
+        columns = split_sparse_columns(reps)
+        self._check_loss_kwargs(columns, **loss_kwargs)
+        query_weight, doc_weight = self.weights(step)
+        # One fp32 copy of half-precision weights, shared by every term: their gradients are rounded once.
+        q_reps, pos_reps = upcast_sparse(columns.q_reps), upcast_sparse(columns.pos_reps)
+        neg_reps = [upcast_sparse(column) for column in columns.neg_reps]
+        columns = type(columns)(q_reps, pos_reps, neg_reps)
+        d_reps = [pos_reps, *neg_reps]
+        contrastive_core = _SPARSE_CONTRASTIVE_CORES[self.config.contrastive]
+        contrastive = contrastive_core(columns, **self._contrastive_kwargs, **loss_kwargs)
+        reg_query = _SPARSE_REGULARIZER_CORES[self.config.query_regularizer]([q_reps])
+        reg_doc = _SPARSE_REGULARIZER_CORES[self.config.doc_regularizer](d_reps)
+        loss = contrastive + query_weight * reg_query + doc_weight * reg_doc
+        device = contrastive.device
+        components = {
+            "contrastive": contrastive,
+            "reg_query": reg_query,
+            "reg_doc": reg_doc,
+            "reg_weight_query": torch.tensor(query_weight, device=device),
+            "reg_weight_doc": torch.tensor(doc_weight, device=device),
+            "nnz_query": sparse_mean_nonzeros([q_reps]),
+            "nnz_doc": sparse_mean_nonzeros(d_reps),
+            "flops": sparse_expected_flops([q_reps], d_reps),
         }
         return loss, {name: value.detach().to(torch.float32) for name, value in components.items()}
 
