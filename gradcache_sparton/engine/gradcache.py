@@ -13,8 +13,7 @@ dL/dθ = Σ_i (dL/dr_i) · (dr_i/dθ). So:
 
 The parameter gradients equal uncached training's; the activation memory is that of one
 mini-batch, plus the [B, V] reps and their gradients (with ``sparse_reps``, their non-zeros only).
-Nothing here knows about SPLADE: any encoder
-``encoder(**features) -> [B, V]`` and any loss over reps. No cache is kept on the engine: what
+Nothing here knows about SPLADE: any encoder ``encoder(**features) -> [B, V]`` and any loss over reps. No cache is kept on the engine: what
 Step (1) produces is returned, and lives only as long as the caller keeps it (one step).
 
 Under data parallelism (DDP, see :mod:`gradcache_sparton.engine.distributed`) Step (2) sees every
@@ -623,8 +622,8 @@ def _differentiable(leaf: Tensor | SparseReps) -> Tensor:
     return leaf.weights if isinstance(leaf, SparseReps) else leaf
 
 
-def _check_rep(rep: object, column: str, rows: Rows, column_reps: Tensor | None) -> None:
-    # column_reps: [0, V] like the column's earlier reps, which every mini-batch must match in width and dtype.
+def _check_rep(rep: object, column: str, rows: Rows, reference: Tensor | None) -> None:
+    # reference: [0, V] like the column's earlier reps, which every mini-batch must match in width and dtype.
     if not isinstance(rep, Tensor):
         raise TypeError(f"encoder must return a Tensor [B, V], got {type(rep).__name__} (column {column!r})")
     expected = rows.stop - rows.start if isinstance(rows, slice) else len(rows)
@@ -633,14 +632,12 @@ def _check_rep(rep: object, column: str, rows: Rows, column_reps: Tensor | None)
             f"encoder returned shape {tuple(rep.shape)} for {expected} rows of column {column!r}; "
             "expected the batch dimension first"
         )
-    if column_reps is not None and (
-        rep.shape[1:] != column_reps.shape[1:]
-        or rep.dtype != column_reps.dtype
-        or rep.device != column_reps.device
+    if reference is not None and (
+        rep.shape[1:] != reference.shape[1:] or rep.dtype != reference.dtype or rep.device != reference.device
     ):
         raise ValueError(
             f"encoder returned {list(rep.shape[1:])} {rep.dtype} on {rep.device} for {describe_rows(rows)} of "
-            f"column {column!r} but {list(column_reps.shape[1:])} {column_reps.dtype} on {column_reps.device} "
+            f"column {column!r} but {list(reference.shape[1:])} {reference.dtype} on {reference.device} "
             "for its earlier rows: every mini-batch of a column must give reps of one width, dtype and device"
         )
 
