@@ -45,9 +45,15 @@ from gradcache_sparton.engine.distributed import (
     gather_global_batch,
 )
 from gradcache_sparton.engine.grad_state import GradState
-from gradcache_sparton.engine.mini_batch import Rows, describe_rows, iter_mini_batches
+from gradcache_sparton.engine.mini_batch import (
+    Rows,
+    describe_rows,
+    iter_mini_batches,
+    mini_batch_order,
+    row_count,
+)
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
-from gradcache_sparton.engine.sparse_grads import SparseRepGrad, _row_index
+from gradcache_sparton.engine.sparse_grads import SparseRepGrad
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
 __all__ = [
@@ -604,9 +610,9 @@ def _sparse_is_smaller(rep: Tensor) -> bool:
 
 def _in_column_order(reps: SparseReps, mini_batches: tuple[MiniBatch, ...]) -> SparseReps:
     # reps: the column's rows in Step (1)'s mini-batch order; length-grouped mini-batches are put back.
-    if all(isinstance(mb.rows, slice) for mb in mini_batches):
+    order = mini_batch_order([mb.rows for mb in mini_batches], reps.offsets.device)  # [B]
+    if order is None:
         return reps  # consecutive mini-batches: already in the column's order
-    order = torch.cat([_row_index(mb.rows, reps.offsets.device) for mb in mini_batches])  # [B]
     return reps.select(torch.argsort(order))  # [B]: column row -> its mini-batch position
 
 
@@ -626,7 +632,7 @@ def _check_rep(rep: object, column: str, rows: Rows, reference: Tensor | None) -
     # reference: [0, V] like the column's earlier reps, which every mini-batch must match in width and dtype.
     if not isinstance(rep, Tensor):
         raise TypeError(f"encoder must return a Tensor [B, V], got {type(rep).__name__} (column {column!r})")
-    expected = rows.stop - rows.start if isinstance(rows, slice) else len(rows)
+    expected = row_count(rows)
     if rep.ndim < 1 or rep.shape[0] != expected:
         raise ValueError(
             f"encoder returned shape {tuple(rep.shape)} for {expected} rows of column {column!r}; "

@@ -8,12 +8,20 @@ Legend: B batch (rows of a column), S sequence, mb rows of a mini-batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["Rows", "describe_rows", "iter_mini_batches", "row_slices"]
+__all__ = [
+    "Rows",
+    "describe_rows",
+    "iter_mini_batches",
+    "mini_batch_order",
+    "mini_batch_starts",
+    "row_count",
+    "row_slices",
+]
 
 Rows = slice | Tensor
 """A mini-batch's rows in its column: consecutive rows (a slice), or a [mb] index tensor (grouped by length)."""
@@ -75,6 +83,29 @@ def iter_mini_batches(
         rows = order[start : start + count]  # [mb], a view: no transfer
         yield rows, _cut(features, rows, count, longest)
         start += count
+
+
+def row_count(rows: Rows) -> int:
+    """How many rows a mini-batch has."""
+    return rows.stop - rows.start if isinstance(rows, slice) else len(rows)
+
+
+def mini_batch_starts(mini_batch_rows: Sequence[Rows]) -> tuple[int, ...]:
+    """Where each mini-batch begins with the mini-batches laid end to end: (0, mb_0, mb_0 + mb_1, ..., B)."""
+    starts = [0]
+    for rows in mini_batch_rows:
+        starts.append(starts[-1] + row_count(rows))
+    return tuple(starts)
+
+
+def mini_batch_order(mini_batch_rows: Sequence[Rows], device: torch.device) -> Tensor | None:
+    """[B] int64: the column's row at each position of the mini-batches laid end to end; None when
+    they are consecutive slices (that order is the column's own)."""
+    if all(isinstance(rows, slice) for rows in mini_batch_rows):
+        return None
+    return torch.cat(
+        [torch.arange(r.start, r.stop, device=device) if isinstance(r, slice) else r for r in mini_batch_rows]
+    )
 
 
 def describe_rows(rows: Rows) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gradcache_sparton.engine.mini_batch import Rows
+from gradcache_sparton.engine.mini_batch import Rows, mini_batch_order, mini_batch_starts
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
 __all__ = ["SparseRepGrad"]
@@ -47,21 +47,18 @@ class SparseRepGrad:
 
         Two device syncs per column: the running count of non-zeros per row, and ``nonzero``'s size.
         """
-        if not all(isinstance(rows, slice) for rows in mini_batch_rows):
-            # Grouped by length: each mini-batch's rows together, in its order.
-            order = torch.cat([_row_index(rows, reps.device) for rows in mini_batch_rows])  # [B]
+        order = mini_batch_order(mini_batch_rows, reps.device)  # [B], None: already in that order
+        if order is not None:  # grouped by length: each mini-batch's rows together, in its order
             reps, grad = reps[order], grad[order]  # [B, V] in mini-batch order
         nonzero = reps.ne(0)  # [B, V]
         running = nonzero.sum(dim=1).cumsum(dim=0).tolist()  # [B]: non-zeros up to and including each row
         entries = nonzero.nonzero()  # [nnz, 2] (row, column), row-major
-        starts = [0]
-        for rows in mini_batch_rows:
-            starts.append(starts[-1] + (rows.stop - rows.start if isinstance(rows, slice) else len(rows)))
+        starts = mini_batch_starts(mini_batch_rows)
         return cls(
             rows=entries[:, 0].to(torch.int32),
             cols=entries[:, 1].to(torch.int32),
             values=grad[entries[:, 0], entries[:, 1]],  # [nnz]
-            starts=tuple(starts),
+            starts=starts,
             offsets=tuple(running[start - 1] if start else 0 for start in starts),
             width=reps.shape[1],
         )
@@ -75,22 +72,19 @@ class SparseRepGrad:
         mini-batch offsets).
         """
         offsets, cols, values = reps.offsets, reps.token_ids, grad
-        if not all(isinstance(rows, slice) for rows in mini_batch_rows):
-            # Grouped by length: each mini-batch's rows together, in its order.
-            order = torch.cat([_row_index(rows, offsets.device) for rows in mini_batch_rows])  # [B]
+        order = mini_batch_order(mini_batch_rows, offsets.device)  # [B], None: already in that order
+        if order is not None:  # grouped by length: each mini-batch's rows together, in its order
             offsets, source = reps.entries_of(order)  # [B + 1], [nnz]
             cols, values = cols[source], grad[source]
-        starts = [0]
-        for rows in mini_batch_rows:
-            starts.append(starts[-1] + (rows.stop - rows.start if isinstance(rows, slice) else len(rows)))
+        starts = mini_batch_starts(mini_batch_rows)
         counts = offsets[1:] - offsets[:-1]  # [B]
         positions = torch.arange(reps.num_rows, dtype=torch.int32, device=offsets.device)
         return cls(
             rows=torch.repeat_interleave(positions, counts, output_size=values.numel()),  # [nnz]
             cols=cols,
             values=values,
-            starts=tuple(starts),
-            offsets=tuple(offsets[starts].tolist()),
+            starts=starts,
+            offsets=tuple(offsets[list(starts)].tolist()),
             width=reps.vocab_size,
         )
 
@@ -106,9 +100,3 @@ class SparseRepGrad:
         dense = self.values.new_zeros((stop - start, self.width))  # [mb, V]
         dense[self.rows[lo:hi].long() - start, self.cols[lo:hi].long()] = self.values[lo:hi]
         return dense
-
-
-def _row_index(rows: Rows, device: torch.device) -> Tensor:
-    if isinstance(rows, slice):
-        return torch.arange(rows.start, rows.stop, device=device)
-    return rows

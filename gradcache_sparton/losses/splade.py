@@ -23,7 +23,7 @@ import functools
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -85,6 +85,40 @@ _SPARSE_CONTRASTIVE_CORES: dict[str, Callable[..., Tensor]] = {
     "kl_div": sparse_kl_div,
 }
 _SPARSE_REGULARIZER_CORES: dict[str, Callable[..., Tensor]] = {"flops": sparse_flops, "l1": sparse_l1}
+
+
+class _Layout(NamedTuple):
+    """The pieces of the loss for one rep layout (dense [B, V] tensors, or :class:`SparseReps`)."""
+
+    split: Callable[[Mapping[str, Any]], Any]  # reps -> checked (q_reps, pos_reps, neg_reps)
+    upcast: Callable[[Any], Any]  # one fp32 copy of a half-precision column
+    contrastive: Mapping[str, Callable[..., Tensor]]  # name -> unchecked core
+    regularizers: Mapping[str, Callable[..., Tensor]]  # name -> core over a list of columns
+    mean_nonzeros: Callable[..., Tensor]
+    expected_flops: Callable[..., Tensor]
+
+
+def _upcast(reps: Tensor) -> Tensor:
+    """fp32 copy of half-precision reps (fp32 and fp64 pass unchanged)."""
+    return reps.to(torch.promote_types(reps.dtype, torch.float32))
+
+
+_DENSE = _Layout(
+    split_columns,
+    _upcast,
+    {name: core for name, (_, core) in _CONTRASTIVE_CORES.items()},
+    _REGULARIZER_CORES,
+    _mean_nonzeros,
+    _expected_flops,
+)
+_SPARSE = _Layout(
+    split_sparse_columns,
+    upcast_sparse,
+    _SPARSE_CONTRASTIVE_CORES,
+    _SPARSE_REGULARIZER_CORES,
+    sparse_mean_nonzeros,
+    sparse_expected_flops,
+)
 
 
 @dataclass
@@ -275,10 +309,8 @@ class SpladeLoss:
         if not isinstance(config, SpladeLossConfig):
             raise TypeError(f"config must be a SpladeLossConfig, got {type(config).__name__}")
         self.config = config
-        self._check_loss_kwargs, self._contrastive = _CONTRASTIVE_CORES[config.contrastive]
+        self._check_loss_kwargs = _CONTRASTIVE_CORES[config.contrastive][0]
         self._contrastive_kwargs = _contrastive_settings(config)
-        self._query_regularizer = _REGULARIZER_CORES[config.query_regularizer]
-        self._doc_regularizer = _REGULARIZER_CORES[config.doc_regularizer]
         self._query_schedule = WarmupSchedule(
             final_weight=config.query_reg_weight,
             warmup_steps=config.reg_warmup_steps,
@@ -315,51 +347,23 @@ class SpladeLoss:
         The one check of this step's input: the columns and ``loss_kwargs`` are validated here, before
         any work; the contrastive loss, the regularizers and the statistics then trust them.
         """
-        if isinstance(reps, Mapping) and any(isinstance(column, SparseReps) for column in reps.values()):
-            return self._sparse_call(reps, step, loss_kwargs)
-        columns = split_columns(reps)
+        sparse = isinstance(reps, Mapping) and any(isinstance(column, SparseReps) for column in reps.values())
+        layout = _SPARSE if sparse else _DENSE
+        columns = layout.split(reps)
         self._check_loss_kwargs(columns, **loss_kwargs)
         query_weight, doc_weight = self.weights(step)
         # Upcast half-precision reps once: scoring needs fp32 copies anyway, and sharing them lets the
         # contrastive and regularizer gradients accumulate in one fp32 buffer per column, cast back once
         # (separately, the bf16 regularizer gradients cost another [B, V] per column at peak).
-        q_reps, pos_reps = _upcast(columns.q_reps), _upcast(columns.pos_reps)
-        neg_reps = [_upcast(column) for column in columns.neg_reps]
-        columns = ContrastiveColumns(q_reps, pos_reps, neg_reps)
-        d_reps = [pos_reps, *neg_reps]
-        contrastive = self._contrastive(columns, **self._contrastive_kwargs, **loss_kwargs)
-        reg_query = self._query_regularizer([q_reps])
-        reg_doc = self._doc_regularizer(d_reps)
-        loss = contrastive + query_weight * reg_query + doc_weight * reg_doc
-        device = contrastive.device
-        components = {
-            "contrastive": contrastive,
-            "reg_query": reg_query,
-            "reg_doc": reg_doc,
-            "reg_weight_query": torch.tensor(query_weight, device=device),
-            "reg_weight_doc": torch.tensor(doc_weight, device=device),
-            "nnz_query": _mean_nonzeros([q_reps]),
-            "nnz_doc": _mean_nonzeros(d_reps),
-            "flops": _expected_flops([q_reps], d_reps),
-        }
-        return loss, {name: value.detach().to(torch.float32) for name, value in components.items()}
-
-    def _sparse_call(
-        self, reps: Mapping[str, object], step: int | None, loss_kwargs: Mapping[str, Tensor]
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """:meth:`__call__` on sparse reps: the same terms and components, on the non-zeros (:mod:`.sparse`)."""
-        columns = split_sparse_columns(reps)
-        self._check_loss_kwargs(columns, **loss_kwargs)
-        query_weight, doc_weight = self.weights(step)
-        # One fp32 copy of half-precision weights, shared by every term: their gradients are rounded once.
-        q_reps, pos_reps = upcast_sparse(columns.q_reps), upcast_sparse(columns.pos_reps)
-        neg_reps = [upcast_sparse(column) for column in columns.neg_reps]
+        q_reps, pos_reps = layout.upcast(columns.q_reps), layout.upcast(columns.pos_reps)
+        neg_reps = [layout.upcast(column) for column in columns.neg_reps]
         columns = type(columns)(q_reps, pos_reps, neg_reps)
         d_reps = [pos_reps, *neg_reps]
-        contrastive_core = _SPARSE_CONTRASTIVE_CORES[self.config.contrastive]
-        contrastive = contrastive_core(columns, **self._contrastive_kwargs, **loss_kwargs)
-        reg_query = _SPARSE_REGULARIZER_CORES[self.config.query_regularizer]([q_reps])
-        reg_doc = _SPARSE_REGULARIZER_CORES[self.config.doc_regularizer](d_reps)
+        contrastive = layout.contrastive[self.config.contrastive](
+            columns, **self._contrastive_kwargs, **loss_kwargs
+        )
+        reg_query = layout.regularizers[self.config.query_regularizer]([q_reps])
+        reg_doc = layout.regularizers[self.config.doc_regularizer](d_reps)
         loss = contrastive + query_weight * reg_query + doc_weight * reg_doc
         device = contrastive.device
         components = {
@@ -368,9 +372,9 @@ class SpladeLoss:
             "reg_doc": reg_doc,
             "reg_weight_query": torch.tensor(query_weight, device=device),
             "reg_weight_doc": torch.tensor(doc_weight, device=device),
-            "nnz_query": sparse_mean_nonzeros([q_reps]),
-            "nnz_doc": sparse_mean_nonzeros(d_reps),
-            "flops": sparse_expected_flops([q_reps], d_reps),
+            "nnz_query": layout.mean_nonzeros([q_reps]),
+            "nnz_doc": layout.mean_nonzeros(d_reps),
+            "flops": layout.expected_flops([q_reps], d_reps),
         }
         return loss, {name: value.detach().to(torch.float32) for name, value in components.items()}
 
@@ -384,11 +388,6 @@ class SpladeLoss:
             f"doc={c.doc_reg_weight} * {c.doc_regularizer}, "
             f"warmup={c.reg_warmup_shape} over {c.reg_warmup_steps} steps, step={self._step})"
         )
-
-
-def _upcast(reps: Tensor) -> Tensor:
-    """fp32 copy of half-precision reps (fp32 and fp64 pass unchanged)."""
-    return reps.to(torch.promote_types(reps.dtype, torch.float32))
 
 
 def _contrastive_settings(config: SpladeLossConfig) -> dict[str, Any]:
