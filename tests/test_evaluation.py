@@ -590,6 +590,45 @@ def test_one_seismic_index_answers_several_searches() -> None:
 
 
 @needs_seismic
+def test_seismic_index_from_one_document_at_a_time_equals_the_batched_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyseismic-lsr before 0.5.4 has no ``add_documents_by_id``: the index then built through
+    ``add_document`` (string components) answers every query with the batched index's hits, also with
+    an empty document and a query whose terms only it lacks."""
+    q, d = random_sparse(6, 40, 5, seed=40), random_sparse(120, 40, 6, seed=41)
+    d[7] = 0
+    q_reps, d_reps = SparseReps.from_dense(q), SparseReps.from_dense(d)
+    batched = search_seismic(build_seismic_index(d_reps, num_threads=1), q_reps, top_k=15)
+    import seismic
+
+    calls = []
+    real_dataset = seismic.SeismicDataset
+
+    class OldDataset:  # 0.5.2's surface: add_document only
+        def __init__(self) -> None:
+            self.wrapped = real_dataset()
+
+        def add_document(self, *args: object) -> None:
+            calls.append(args[0])
+            self.wrapped.add_document(*args)
+
+    real_build = seismic.SeismicIndex.build_from_dataset
+    monkeypatch.setattr(seismic, "SeismicDataset", OldDataset)
+    monkeypatch.setattr(
+        seismic.SeismicIndex, "build_from_dataset", lambda dataset, **kw: real_build(dataset.wrapped, **kw)
+    )
+    one_by_one = search_seismic(build_seismic_index(d_reps, num_threads=1), q_reps, top_k=15)
+    assert calls == [str(i) for i in range(120)]
+    assert all(len(hits) == 15 for hits in batched)
+    assert [[i for i, _ in hits] for hits in one_by_one] == [[i for i, _ in hits] for hits in batched]
+    # The components are numbered differently, so the (at most 5) positive products of a score are
+    # summed in another order: fp32 reordering moves a sum of positive terms by < 5 * 2**-24 relative.
+    for found, expected in zip(one_by_one, batched, strict=True):
+        assert [s for _, s in found] == pytest.approx([s for _, s in expected], rel=5 * 2**-24, abs=0)
+
+
+@needs_seismic
 def test_evaluator_through_seismic_equals_exhaustive(
     tmp_path: Path, tokenizer, bag_of_words: BagOfWords
 ) -> None:

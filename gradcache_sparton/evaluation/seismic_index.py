@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
@@ -61,12 +62,15 @@ def build_seismic_index(
     if d_reps.num_rows == 0:
         raise ValueError("d_reps has no rows")
     dataset = seismic.SeismicDataset()
-    dataset.add_documents_by_id(
-        [str(i) for i in range(d_reps.num_rows)],
-        d_reps.token_ids.to(torch.int64).numpy(),
-        d_reps.weights.numpy().astype(np.float32),
-        d_reps.offsets.numpy().astype(np.int64),
-    )
+    if hasattr(dataset, "add_documents_by_id"):  # pyseismic-lsr >= 0.5.4: all documents in one call
+        dataset.add_documents_by_id(
+            [str(i) for i in range(d_reps.num_rows)],
+            d_reps.token_ids.to(torch.int64).numpy(),
+            d_reps.weights.numpy().astype(np.float32),
+            d_reps.offsets.numpy().astype(np.int64),
+        )
+    else:
+        _add_documents_one_by_one(dataset, d_reps, string_type=seismic.get_seismic_string())
     return seismic.SeismicIndex.build_from_dataset(
         dataset,
         n_postings=n_postings or d_reps.num_rows,
@@ -75,6 +79,21 @@ def build_seismic_index(
         max_fraction=1.0,
         num_threads=num_threads,
     )
+
+
+def _add_documents_one_by_one(dataset: Any, d_reps: SparseReps, *, string_type: Any) -> None:
+    """Add the documents through ``add_document`` one at a time (pyseismic-lsr 0.5.2 and 0.5.3 have
+    no batched call), the vocabulary ids as strings, as :func:`search_seismic` writes the queries'.
+
+    Seismic numbers string components in order of first appearance, so the index is the one the
+    batched call builds up to that numbering. A progress bar: a million documents take minutes.
+    """
+    offsets = d_reps.offsets.tolist()
+    tokens = d_reps.token_ids.numpy().astype(str).astype(string_type)  # [nnz]
+    weights = d_reps.weights.numpy().astype(np.float32)  # [nnz]
+    for i in tqdm(range(d_reps.num_rows), desc="seismic: adding documents", unit="doc", mininterval=5.0):
+        start, end = offsets[i], offsets[i + 1]
+        dataset.add_document(str(i), tokens[start:end], weights[start:end])
 
 
 def search_seismic(
