@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from engine_helpers import (
     FailingEncoder,
+    SpladeLikeEncoder,
     contrastive_flops_loss,
     grads_of,
     make_columns,
@@ -40,6 +41,7 @@ from transformers import BertConfig
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import default_train_data_path, load_training_data
 from gradcache_sparton.engine import CachedLoss, GradCache
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.modeling import SpladeEncoder
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
@@ -47,6 +49,8 @@ __all__ = [
     "ACCUMULATION_SEEDS",
     "GLOBAL_BATCH",
     "MINI_BATCH",
+    "SPARSE_MINI_BATCH",
+    "SPARSE_ZERO_ROW",
     "TRAINER_ROWS",
     "UNEVEN_ROWS",
     "WORLD_SIZE",
@@ -56,6 +60,9 @@ __all__ = [
     "launch_ranks",
     "rank_rows",
     "scored_loss",
+    "sparse_global_batch",
+    "sparse_start_encoder",
+    "splade_loss",
     "trainer_args",
     "trainer_model",
     "trainer_rows",
@@ -67,6 +74,10 @@ MINI_BATCH = 2  # 3 mini-batches per column and rank, the last one short
 UNEVEN_ROWS = (6, 4)  # rank 0 replays 3 mini-batches per column, rank 1 two
 ACCUMULATION_SEEDS = (1, 2)  # the global batches of the two accumulation micro-steps
 TRAINER_ROWS = 64  # 2 optimizer steps x 2 accumulation micro-steps x 2 ranks x 8 rows
+SPARSE_MINI_BATCH = (
+    4  # sparse reps on UNEVEN_ROWS: rank 0 encodes 4 + 2 rows, rank 1 4; one process 4 + 4 + 2
+)
+SPARSE_ZERO_ROW = 7  # global row of the fully masked positive (an all-zero rep), held by rank 1
 
 
 def dropout_free_config() -> BertConfig:
@@ -100,6 +111,27 @@ def scored_loss(reps: Mapping[str, Tensor], *, targets: Tensor) -> tuple[Tensor,
     """InfoNCE + FLOPS (batch-coupled) plus a per-example term that reads a batch-first loss keyword."""
     loss, components = contrastive_flops_loss(reps)
     return loss + pairwise_mse_loss(reps, targets=targets), components
+
+
+def sparse_start_encoder() -> SpladeLikeEncoder:
+    """The dropout-free encoder with its output bias lowered by 0.3: reps ~3% non-zero, as trained ones."""
+    encoder = make_encoder(dropout_free_config(), seed=0)
+    with torch.no_grad():
+        encoder.mlm.cls.predictions.bias -= 0.3
+    return encoder
+
+
+def sparse_global_batch() -> dict[str, dict[str, Tensor]]:
+    """The global batch of the sparse-reps scenario: three columns, positive row SPARSE_ZERO_ROW fully masked."""
+    columns, _ = global_batch(seed=ACCUMULATION_SEEDS[0])
+    columns["positive"]["attention_mask"][SPARSE_ZERO_ROW] = 0
+    return columns
+
+
+def splade_loss() -> SpladeLoss:
+    """InfoNCE (in-batch + hard negatives) and FLOPS on both sides, the scores in blocks of 4 rows, so that
+    a block straddles the ranks' rows (6 + 4)."""
+    return SpladeLoss(SpladeLossConfig(query_reg_weight=0.3, doc_reg_weight=0.2, score_block_size=4))
 
 
 def _select(columns: Mapping[str, Mapping[str, Tensor]], rows: slice) -> dict[str, dict[str, Tensor]]:
@@ -327,16 +359,34 @@ def _run_engine_scenarios(rank: int) -> dict[str, object]:
             "grads": grads_of(sparse_encoder),
             "density": float(torch.cat([r.ne(0).float().flatten() for r in reps.values()]).mean()),
         }
-    # Sparse reps are not gathered across ranks yet: refused when the engine is built.
-    try:
-        GradCache(
-            DistributedDataParallel(make_encoder(config, seed=0)),
-            mini_batch_size=MINI_BATCH,
-            sparse_reps=True,
+    # Sparse reps gathered across ranks: GradCache.step with sparse_reps off and on, from the same ~3%
+    # non-zero start, SpladeLoss, uneven rows in mini-batches of 4 that do not divide rank 0's 6.
+    results["sparse_reps"] = {}
+    sparse_columns = sparse_global_batch()
+    rows = rank_rows(UNEVEN_ROWS, rank)
+    for sparse in (False, True):
+        sparse_encoder = sparse_start_encoder()
+        engine = GradCache(
+            DistributedDataParallel(sparse_encoder), mini_batch_size=SPARSE_MINI_BATCH, sparse_reps=sparse
         )
-        results["sparse_reps_error"] = None
-    except NotImplementedError as error:
-        results["sparse_reps_error"] = str(error)
+        reps, _ = engine.encode(_select(sparse_columns, rows))
+        loss, components = engine.step(_select(sparse_columns, rows), splade_loss())
+        results["sparse_reps"][sparse] = {
+            "loss": loss,
+            "components": components,
+            "grads": grads_of(sparse_encoder),
+            "layouts": {name: type(rep).__name__ for name, rep in reps.items()},
+        }
+    # sparse_reps="auto" when only rank 0's first mini-batch is sparse (its queries fully masked, all-zero
+    # reps) and rank 1's ~93% dense: every rank must take the dense layout, or the gather cannot agree.
+    auto_columns = _select(columns, rank_rows(even, rank))
+    if rank == 0:
+        auto_columns["query"]["attention_mask"] = torch.zeros_like(auto_columns["query"]["attention_mask"])
+    results["auto_layouts"] = {}
+    for gather in (False, True):  # each rank alone, then agreeing
+        engine = GradCache(ddp, mini_batch_size=MINI_BATCH, sparse_reps="auto", gather_across_ranks=gather)
+        reps, _ = engine.encode(auto_columns)
+        results["auto_layouts"][gather] = {name: type(rep).__name__ for name, rep in reps.items()}
     return results
 
 

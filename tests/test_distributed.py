@@ -18,6 +18,9 @@ from distributed_helpers import (
     ACCUMULATION_SEEDS,
     GLOBAL_BATCH,
     MINI_BATCH,
+    SPARSE_MINI_BATCH,
+    SPARSE_ZERO_ROW,
+    UNEVEN_ROWS,
     WORLD_SIZE,
     SequentialTrainer,
     dropout_free_config,
@@ -25,6 +28,9 @@ from distributed_helpers import (
     launch_ranks,
     rank_rows,
     scored_loss,
+    sparse_global_batch,
+    sparse_start_encoder,
+    splade_loss,
     trainer_args,
     trainer_model,
     trainer_rows,
@@ -33,8 +39,14 @@ from engine_helpers import assert_grads_close, grads_of, make_encoder
 
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import data_parallel_world_size
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
 RTOL_FP32 = 1e-5  # see the module docstring
+# Sparse against dense reps under the gather: the same fp32 terms, possibly summed in another order
+# (scores over the non-zeros by index_add instead of over V, a blocked log-sum-exp): tests/test_sparse_reps.py
+# measures <= 3.1e-7 relative on losses (here bitwise equal); 1e-6 leaves room, while a misplaced row of the
+# gathered non-zeros or a doubled local gradient is an O(1e-2) error (checked by mutation). Gradients: RTOL_FP32.
+RTOL_SPARSE_LOSS = 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +92,44 @@ def test_sparse_rep_grads_under_ddp_equal_the_dense_cache(ranks) -> None:
             assert torch.equal(sparse["grads"][name], grad), name
 
 
-def test_sparse_reps_with_gathered_reps_raise_not_implemented(ranks) -> None:
-    """On 2 DDP ranks (reps gathered for the loss), GradCache(sparse_reps=True) is refused when it is
-    built, on every rank, naming the option (the sparse gather is not implemented)."""
+def test_sparse_reps_gathered_across_ranks_match_dense_and_single_process(ranks) -> None:
+    """On 2 DDP ranks (6+4 rows, mini-batches of 4: 4+2 and 4), GradCache.step with sparse_reps=True gathers
+    every rank's non-zeros for SpladeLoss (InfoNCE in score blocks straddling the ranks, FLOPS) and gives
+    the loss, its components and every parameter gradient of the dense reps gathered, and of one process
+    on the global batch of 10; the ranks hold different numbers of non-zeros and rank 1 an all-zero row."""
+    encoder = sparse_start_encoder()
+    columns = sparse_global_batch()
+    reference = GradCache(encoder, mini_batch_size=SPARSE_MINI_BATCH).step(columns, splade_loss())
+    ref_grads = grads_of(encoder)
+    # The premises: ~3% non-zero reps, different non-zero counts per rank, the all-zero row on rank 1.
+    global_reps, _ = GradCache(encoder, mini_batch_size=SPARSE_MINI_BATCH, sparse_reps=True).encode(columns)
+    per_row = {name: rep.nonzeros_per_row() for name, rep in global_reps.items()}
+    entries = sum(rep.num_rows * rep.vocab_size for rep in global_reps.values())
+    assert 0.01 < sum(int(n.sum()) for n in per_row.values()) / entries < 0.1
+    assert int(per_row["positive"][SPARSE_ZERO_ROW]) == 0 and UNEVEN_ROWS[0] <= SPARSE_ZERO_ROW
+    assert all(int(n[: UNEVEN_ROWS[0]].sum()) != int(n[UNEVEN_ROWS[0] :].sum()) for n in per_row.values())
+    assert max(float(g.abs().max()) for g in ref_grads.values()) > 0
     for rank in ranks:
-        assert "sparse_reps does not gather reps across ranks yet" in rank["sparse_reps_error"]
+        dense, sparse = rank["sparse_reps"][False], rank["sparse_reps"][True]
+        assert set(sparse["layouts"].values()) == {SparseReps.__name__}
+        assert set(dense["layouts"].values()) == {torch.Tensor.__name__}
+        for expected_loss, expected_parts, expected_grads in (
+            (dense["loss"], dense["components"], dense["grads"]),
+            (reference.loss, reference.components, ref_grads),
+        ):
+            torch.testing.assert_close(sparse["loss"], expected_loss, rtol=RTOL_SPARSE_LOSS, atol=0)
+            for name, value in expected_parts.items():
+                torch.testing.assert_close(sparse["components"][name], value, rtol=RTOL_SPARSE_LOSS, atol=0)
+            assert_grads_close(sparse["grads"], expected_grads, rtol=RTOL_FP32)
+
+
+def test_sparse_reps_auto_takes_one_layout_on_every_rank(ranks) -> None:
+    """sparse_reps="auto" under the gather takes the dense layout on every rank when rank 0 alone would
+    keep its (all-zero) reps sparse and rank 1 alone its ~93% non-zero reps dense."""
+    alone = [rank["auto_layouts"][False] for rank in ranks]
+    assert set(alone[0].values()) == {SparseReps.__name__} and set(alone[1].values()) == {"Tensor"}
+    for rank in ranks:
+        assert set(rank["auto_layouts"][True].values()) == {"Tensor"}
 
 
 def test_gradient_accumulation_under_ddp_matches_single_process(ranks) -> None:

@@ -8,7 +8,9 @@ B = Σ_r B_r rows to equal single-process training on that batch. Three pieces m
   among the loss's keyword arguments, are concatenated in rank order. This rank's slice is its own
   tensor, graph included; the other slices are constants. Every rank computes the same global loss L,
   and backprop gives each rank dL/dr for exactly its own rows: the single-process rep gradient,
-  restricted to the local rows.
+  restricted to the local rows. Sparse reps (:class:`SparseReps`, the engine's ``sparse_reps``) are
+  gathered as their non-zeros, padded to the largest rank's count: memory O(W · max_r nnz_r), never
+  [B, V]; the local slice is this rank's ``weights`` itself, so backprop gives dL/d weights_local.
 - **Scale** (in Step (3)): DDP averages parameter gradients over ranks, i.e. divides their sum by W.
   Each rank replays W · dL/dr_local, so the average is Σ_r (dL/dr_r)(dr_r/dθ) = dL/dθ, the
   single-process gradient. The loss value itself is L, the same on every rank.
@@ -19,7 +21,7 @@ B = Σ_r B_r rows to equal single-process training on that batch. Three pieces m
   of unequal size); each rank must run exactly one synchronising backward, which the engine ensures
   (a rank with nothing to replay runs one zero-gradient replay).
 
-Legend: B batch (rows), W world size (ranks), V rep width.
+Legend: B batch (rows), W world size (ranks), V rep width, nnz non-zeros of a column's sparse reps.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["data_parallel_world_size", "ddp_no_sync_context", "find_ddp", "gather_global_batch"]
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
+
+__all__ = [
+    "data_parallel_world_size",
+    "ddp_no_sync_context",
+    "find_ddp",
+    "gather_global_batch",
+    "holds_on_every_rank",
+]
 
 
 def data_parallel_world_size(gather_across_ranks: bool | None) -> int:
@@ -78,46 +88,65 @@ def ddp_no_sync_context(ddp: DistributedDataParallel) -> Callable[[bool], Abstra
     return lambda is_last: nullcontext() if is_last else ddp.no_sync()
 
 
+def holds_on_every_rank(flag: bool | Tensor, device: torch.device) -> bool:
+    """Whether ``flag`` holds on every rank (one 1-element all-reduce on ``device``, which the process
+    group's backend must serve: CPU for gloo, CUDA for nccl); ``flag`` itself when no group is initialized.
+
+    Every rank must call it, so that they all take the same branch afterwards (a rank deciding alone
+    leaves the others waiting in a collective, or gathering a different layout).
+    """
+    here = torch.as_tensor(flag, device=device).to(torch.int32).reshape(1)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(here, op=dist.ReduceOp.MIN)
+    return bool(here.item())
+
+
 def gather_global_batch(
-    reps: Mapping[str, Tensor], loss_kwargs: Mapping[str, object]
-) -> tuple[dict[str, Tensor], dict[str, object]]:
+    reps: Mapping[str, Tensor | SparseReps], loss_kwargs: Mapping[str, object]
+) -> tuple[dict[str, Tensor | SparseReps], dict[str, object]]:
     """Every rank's reps and batch-first loss tensors, concatenated in rank order; the local slice keeps its graph.
 
     Every tensor in ``loss_kwargs`` with a dimension is batch-first and is gathered like the reps (e.g.
     teacher scores [B, 1+k]); 0-dim tensors and other values pass unchanged and must agree across ranks.
-    Ranks may hold different numbers of rows. Every rank must call this with the same column names,
+    A :class:`SparseReps` column is gathered as its non-zeros (:func:`_gather_sparse`); its local slice
+    is this rank's ``weights`` tensor itself. Ranks may hold different numbers of rows (and non-zeros).
+    Every rank must call this with the same column names, the same layout per column (dense or sparse),
     the same keyword names and the same trailing shapes and dtypes: that is checked first, with one
     small collective, and a mismatch raises the same ``ValueError`` on every rank (never a hang).
 
     Returns:
-        ``(reps, loss_kwargs)`` over the global batch: each column [Σ_r B_r, V].
+        ``(reps, loss_kwargs)`` over the global batch: each column [Σ_r B_r, V] (dense or sparse).
     """
     kwargs_to_gather = {
         name: value for name, value in loss_kwargs.items() if isinstance(value, Tensor) and value.ndim >= 1
     }
-    local = {f"rep {name!r}": rep for name, rep in reps.items()}
+    local: dict[str, Tensor | SparseReps] = {f"rep {name!r}": rep for name, rep in reps.items()}
     local.update({f"loss keyword {name!r}": value for name, value in kwargs_to_gather.items()})
-    layout = [(key, tuple(t.shape[1:]), str(t.dtype)) for key, t in local.items()]
-    rows = [t.shape[0] for t in local.values()]
-    # One object collective: every rank learns every rank's layout and row counts, so all raise together.
+    layout = [(key, _layout_of(value)) for key, value in local.items()]
+    sizes = [_sizes_of(value) for value in local.values()]
+    # One object collective: every rank learns every rank's layout and sizes, so all raise together.
     everyone: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (layout, rows))
+    dist.all_gather_object(everyone, (layout, sizes))
     layouts = [entry[0] for entry in everyone]  # type: ignore[index]
     if any(other != layout for other in layouts):
         described = "; ".join(
-            f"rank {rank}: " + ", ".join(f"{key} {list(shape)} {dtype}" for key, shape, dtype in other)
+            f"rank {rank}: " + ", ".join(f"{key} {kind}" for key, kind in other)
             for rank, other in enumerate(layouts)
         )
         raise ValueError(
-            "gather_across_ranks: ranks passed different columns, loss keywords, trailing shapes or dtypes "
-            f"(each rank must call the loss with the same layout; rows may differ): {described}"
+            "gather_across_ranks: ranks passed different columns, loss keywords, trailing shapes, dtypes or "
+            "rep layouts (dense or sparse) (each rank must call the loss with the same layout; rows may "
+            f"differ): {described}"
         )
     rank = dist.get_rank()
-    row_counts = [entry[1] for entry in everyone]  # type: ignore[index]
-    gathered = {
-        key: _gather_rows(tensor, [counts[i] for counts in row_counts], rank)
-        for i, (key, tensor) in enumerate(local.items())
-    }
+    rank_sizes = [entry[1] for entry in everyone]  # type: ignore[index]
+    gathered: dict[str, Tensor | SparseReps] = {}
+    for i, (key, value) in enumerate(local.items()):
+        per_rank = [size[i] for size in rank_sizes]  # (rows,) or (rows, nnz) of each rank
+        if isinstance(value, SparseReps):
+            gathered[key] = _gather_sparse(value, per_rank, rank)
+        else:
+            gathered[key] = _gather_rows(value, [rows for rows, *_ in per_rank], rank)
     global_reps = {name: gathered[f"rep {name!r}"] for name in reps}
     global_kwargs = {
         name: gathered[f"loss keyword {name!r}"] if name in kwargs_to_gather else value
@@ -126,11 +155,45 @@ def gather_global_batch(
     return global_reps, global_kwargs
 
 
+def _layout_of(value: Tensor | SparseReps) -> str:
+    """What every rank's column must agree on: dense trailing shape and dtype, or sparse V and dtypes."""
+    if isinstance(value, SparseReps):
+        return f"sparse over {value.vocab_size} ({value.token_ids.dtype} ids, {value.weights.dtype} weights)"
+    return f"{list(value.shape[1:])} {value.dtype}"
+
+
+def _sizes_of(value: Tensor | SparseReps) -> tuple[int, ...]:
+    """What may differ across ranks: the rows, and for sparse reps the non-zeros (no device sync)."""
+    if isinstance(value, SparseReps):
+        return (value.num_rows, value.weights.numel())
+    return (value.shape[0],)
+
+
+def _gather_sparse(local: SparseReps, sizes: list[tuple[int, ...]], rank: int) -> SparseReps:
+    """All ranks' sparse reps in rank order (rows of rank 0 first); this rank's weights are ``local.weights``
+    itself (with its graph), so the gradient w.r.t. the gathered weights reaches them at their entries.
+
+    ``sizes``: each rank's (rows, nnz). Three all-gathers, each padded to the largest rank's size and
+    trimmed after: the non-zeros per row [B_r] (the global offsets are their running sum), the ids and
+    the weights [nnz_r]. Rows stay row-major with ascending ids, as in every rank's own reps.
+    """
+    rows = [size[0] for size in sizes]
+    nnz = [size[1] for size in sizes]
+    counts = _gather_rows(local.nonzeros_per_row(), rows, rank)  # W x [B_r] -> [Σ_r B_r]
+    offsets = counts.new_zeros(counts.numel() + 1)  # [Σ_r B_r + 1]
+    offsets[1:] = torch.cumsum(counts, 0)
+    token_ids = _gather_rows(local.token_ids, nnz, rank)  # W x [nnz_r] -> [Σ_r nnz_r]
+    weights = _gather_rows(local.weights, nnz, rank)  # W x [nnz_r] -> [Σ_r nnz_r], local slice with its graph
+    return SparseReps(offsets, token_ids, weights, local.vocab_size)
+
+
 def _gather_rows(local: Tensor, rows: list[int], rank: int) -> Tensor:
     """All ranks' rows of one tensor in rank order, this rank's slice being ``local`` itself (with its graph)."""
+    most = max(rows)
+    if most == 0:
+        return local  # nothing on any rank (sparse reps without non-zeros): no collective on any rank
     # all_gather needs one shape on every rank: pad to the largest row count, trim after.
     send = local.detach()
-    most = max(rows)
     if send.shape[0] < most:
         send = torch.cat([send, send.new_zeros((most - send.shape[0], *send.shape[1:]))])
     send = send.contiguous()

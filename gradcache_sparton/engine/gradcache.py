@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -43,6 +42,7 @@ from gradcache_sparton.engine.distributed import (
     ddp_no_sync_context,
     find_ddp,
     gather_global_batch,
+    holds_on_every_rank,
 )
 from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.mini_batch import (
@@ -166,8 +166,10 @@ class GradCache:
             returns gradients w.r.t. their weights, which go to Step (3) as :class:`SparseRepGrad`.
             Memory grows with the non-zeros, not with B x V. Exact under the same condition as
             ``sparse_rep_grads`` (not checked). True: always; "auto": for the whole step, when the
-            first mini-batch's non-zeros take fewer bytes than its dense reps; False (default): dense.
-            :meth:`step` only (not under ``gather_across_ranks``).
+            first mini-batch's non-zeros take fewer bytes than its dense reps (on every rank when
+            gathering across ranks, so that all gather one layout); False (default): dense.
+            :meth:`step` only. When gathering across ranks, the loss gets every rank's non-zeros
+            (padded to the largest rank's count for the collective, never [B, V]).
 
     Attributes:
         world_size: how many ranks' batches the loss sees (1 when not gathering).
@@ -218,11 +220,6 @@ class GradCache:
         self.sparse_rep_grads = sparse_rep_grads
         if sparse_reps not in (False, True, "auto"):
             raise ValueError(f"sparse_reps must be False, True or 'auto', got {sparse_reps!r}")
-        if sparse_reps and self.world_size > 1:
-            raise NotImplementedError(
-                "sparse_reps does not gather reps across ranks yet: pass sparse_reps=False (or "
-                "gather_across_ranks=False for a loss over each rank's own rows)"
-            )
         self.sparse_reps = sparse_reps
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
@@ -298,6 +295,8 @@ class GradCache:
                     reference = rep.new_empty((0, *rep.shape[1:]))
                     if keep_sparse is None:
                         keep_sparse = _sparse_is_smaller(rep)
+                        if self.world_size > 1:  # the gathered columns take one layout on every rank
+                            keep_sparse = holds_on_every_rank(keep_sparse, rep.device)
                     if keep_sparse and rep.ndim == 2:
                         sparse_parts.append(SparseReps.from_dense(rep, dtype=None))  # [mb, V] -> non-zeros
                     elif isinstance(rows, slice) and rows == slice(0, batch_size):
@@ -460,7 +459,7 @@ class GradCache:
         return kept
 
     def compute_loss(
-        self, reps: Mapping[str, Tensor], loss_fn: LossFn, loss_kwargs: Mapping[str, object]
+        self, reps: Mapping[str, Tensor | SparseReps], loss_fn: LossFn, loss_kwargs: Mapping[str, object]
     ) -> LossOutput:
         """Step (2), forward half: ``loss_fn(reps, **loss_kwargs)``, checked.
 
@@ -474,7 +473,7 @@ class GradCache:
                 depend on the reps while gradients are enabled.
             FloatingPointError: the loss is not finite, unless ``allow_non_finite``.
             ValueError: when gathering across ranks, ranks passed different columns, keywords,
-                trailing shapes or dtypes (raised on every rank).
+                trailing shapes, dtypes or rep layouts (dense or sparse) (raised on every rank).
         """
         if self.world_size > 1:
             # Every rank's rows in rank order; only this rank's slice carries a graph (to ``reps``).
@@ -731,10 +730,7 @@ def _raise_if_non_finite_on_any_rank(tensors: Mapping[str, Tensor], device: torc
     # (one 1-element all-reduce on the inputs' device, which the process group's backend serves).
     flags = [torch.isfinite(t).all().to(device) for t in tensors.values()]
     finite_here = torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
-    finite_everywhere = finite_here.to(torch.int32).reshape(1)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(finite_everywhere, op=dist.ReduceOp.MIN)
-    if bool(finite_everywhere.item()):
+    if holds_on_every_rank(finite_here, device):
         return
     if not bool(finite_here):
         _raise_if_non_finite(tensors)
