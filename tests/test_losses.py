@@ -360,6 +360,32 @@ def test_scores_are_blocked_automatically_beyond_the_memory_bound(monkeypatch: p
     assert SpladeLoss(SpladeLossConfig(score_block_size=5))(reps)[0] is not None and used == [4, 5]
 
 
+def test_sparse_score_blocks_bound_their_bytes_at_large_vocabularies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sparse path's automatic block keeps each densified fp32 [block, V] buffer within
+    SPARSE_BLOCK_MAX_BYTES (AUTO_BLOCK_SIZE rows at BERT's V, 536 at XLM-R's 250,002 where 4,096 rows
+    would take 3.8 GiB each), and the sparse InfoNCE uses it when no block size is given."""
+    import gradcache_sparton.losses.sparse as sparse_module
+    from gradcache_sparton.evaluation import SparseReps
+
+    assert sparse_module.sparse_block_size(30522) == sparse_module.AUTO_BLOCK_SIZE == 4096
+    assert sparse_module.sparse_block_size(250_002) == 536
+    for vocab in (30522, 128_256, 250_002, 10**9):
+        rows = sparse_module.sparse_block_size(vocab)
+        assert rows >= 1 and (rows == 1 or 4 * rows * vocab <= sparse_module.SPARSE_BLOCK_MAX_BYTES)
+    used: list[int] = []
+    blocked = sparse_module.sparse_blocked_logsumexp
+
+    def recording(*args, block_size: int, **kwargs):
+        used.append(block_size)
+        return blocked(*args, block_size=block_size, **kwargs)
+
+    monkeypatch.setattr(sparse_module, "sparse_blocked_logsumexp", recording)
+    monkeypatch.setattr(sparse_module, "SPARSE_BLOCK_MAX_BYTES", 4 * 30 * 3)  # 3 rows of V = 30
+    reps = {name: SparseReps.from_dense(rep) for name, rep in _batch(6, 30, 1, seed=9).items()}
+    sparse_module.sparse_info_nce(sparse_module.split_sparse_columns(reps), temperature=1.0)
+    assert used == [3]
+
+
 # ----------------------------------------------------------------------------------------------- regularizers
 
 

@@ -18,7 +18,8 @@ Step (3). Against the dense [B, V] loss the value is the same up to fp32 summati
 
 Memory: the weights' fp32 copy and gradient (4 + 4 bytes per non-zero), the [V] column sums, and at
 most four fp32 [block, V] buffers at once (a query block, a document block and, in the backward,
-the gradient of each), never [B, V].
+the gradient of each), never [B, V]. The automatic block (:func:`sparse_block_size`) keeps each of
+them within :data:`SPARSE_BLOCK_MAX_BYTES`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from gradcache_sparton.losses.columns import accumulation_dtype
 from gradcache_sparton.losses.contrastive import _kl_div_of_log_student, _margin_mse_of_scores
 
 __all__ = [
+    "SPARSE_BLOCK_MAX_BYTES",
     "SparseColumns",
+    "sparse_block_size",
     "sparse_blocked_logsumexp",
     "sparse_expected_flops",
     "sparse_flops",
@@ -48,6 +51,18 @@ __all__ = [
     "split_sparse_columns",
     "upcast_sparse",
 ]
+
+
+# Bytes of one densified fp32 [block, V] buffer under the automatic block size. Four live at once, so
+# 2 GiB in all: at V = 30,522 the block is AUTO_BLOCK_SIZE rows (4,096; 477 MiB each), at V = 250,002
+# it is 536 rows, where 4,096 rows would take 3.8 GiB each, 15 GiB for the four (issue 18's V = 250,002
+# target is a whole step in 16 GiB).
+SPARSE_BLOCK_MAX_BYTES = 512 << 20
+
+
+def sparse_block_size(vocab_size: int) -> int:
+    """Rows per score block of the sparse path when none is given: AUTO_BLOCK_SIZE, fewer at large V."""
+    return max(1, min(AUTO_BLOCK_SIZE, SPARSE_BLOCK_MAX_BYTES // (4 * vocab_size)))
 
 
 class SparseColumns(NamedTuple):
@@ -212,7 +227,7 @@ def sparse_expected_flops(q_columns: Sequence[SparseReps], d_columns: Sequence[S
 def sparse_info_nce(columns: SparseColumns, *, temperature: float, block_size: int | None = None) -> Tensor:
     """InfoNCE with in-batch and hard negatives (:func:`~.contrastive.info_nce_loss`) on sparse reps, in blocks."""
     q_reps, pos_reps, neg_reps = columns
-    block = AUTO_BLOCK_SIZE if block_size is None else block_size
+    block = sparse_block_size(q_reps.vocab_size) if block_size is None else block_size
     lse = sparse_blocked_logsumexp(q_reps, [pos_reps, *neg_reps], temperature=temperature, block_size=block)
     return (lse - sparse_paired_scores(q_reps, pos_reps) / temperature).mean()  # [B] -> []
 
@@ -239,7 +254,7 @@ def sparse_kl_div(
     d_columns = [pos_reps, *neg_reps]
     scores = torch.stack([sparse_paired_scores(q_reps, d) for d in d_columns], dim=1)  # [B, 1+k]
     if in_batch:  # normalised over the batch's documents: log p = s / t - lse
-        block = AUTO_BLOCK_SIZE if block_size is None else block_size
+        block = sparse_block_size(q_reps.vocab_size) if block_size is None else block_size
         lse = sparse_blocked_logsumexp(q_reps, d_columns, temperature=temperature, block_size=block)  # [B]
         log_student = scores / temperature - lse[:, None]  # [B, 1+k]
     else:

@@ -302,7 +302,8 @@ class SpladeLoss:
     :class:`~gradcache_sparton.evaluation.sparse_reps.SparseReps` instead (what the GradCache engine's
     ``sparse_reps`` passes); the same loss and components are then computed on the non-zeros, with
     gradients w.r.t. each column's ``weights`` (:mod:`.sparse`): memory O(nnz) plus a few [block, V]
-    buffers (``score_block_size``, default 4,096 rows), the scores always in blocks.
+    buffers (``score_block_size``; by default 4,096 rows, fewer at large V: each buffer within
+    512 MiB, :func:`~.sparse.sparse_block_size`), the scores always in blocks.
     """
 
     def __init__(self, config: SpladeLossConfig) -> None:
