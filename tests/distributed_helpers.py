@@ -41,6 +41,8 @@ from transformers import BertConfig
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import default_train_data_path, load_training_data
 from gradcache_sparton.engine import CachedLoss, GradCache
+from gradcache_sparton.engine.distributed import gather_global_batch
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.modeling import SpladeEncoder
 from gradcache_sparton.trainer import CachedSpladeTrainer
@@ -340,6 +342,13 @@ def _run_engine_scenarios(rank: int) -> dict[str, object]:
         results["layout_error"] = None
     except ValueError as error:
         results["layout_error"] = str(error)
+    # A column dense on rank 0 and sparse on rank 1 cannot be concatenated: the same clear error on each rank.
+    dense_column = torch.rand(3, 5)
+    try:
+        gather_global_batch({"query": dense_column if rank == 0 else SparseReps.from_dense(dense_column)}, {})
+        results["layout_mix_error"] = None
+    except ValueError as error:
+        results["layout_mix_error"] = str(error)
 
     # The sparse rep-gradient cache under the gather: GradCache.step with sparse_rep_grads off and on, each
     # from the same sparse start (output bias lowered: ~21% of the reps non-zero), on uneven rows.

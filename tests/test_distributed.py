@@ -174,10 +174,14 @@ def test_non_finite_gradient_on_one_rank_stops_every_rank(ranks) -> None:
 
 
 def test_ranks_with_different_columns_raise_the_same_clear_error(ranks) -> None:
-    """Rank 0 passing 3 columns and rank 1 two raises the same ValueError naming both layouts on each rank."""
+    """Rank 0 passing 3 columns and rank 1 two, or a column dense on rank 0 and sparse on rank 1, raises the
+    same ValueError naming both layouts on each rank."""
     errors = [rank["layout_error"] for rank in ranks]
     assert errors[0] is not None and errors[0] == errors[1]
     assert "rank 0: rep 'query'" in errors[0] and "rep 'negative'" in errors[0] and "rank 1:" in errors[0]
+    errors = [rank["layout_mix_error"] for rank in ranks]
+    assert errors[0] is not None and errors[0] == errors[1]
+    assert "rank 0: rep 'query' [5] torch.float32; rank 1: rep 'query' sparse over 5" in errors[0]
 
 
 def test_trainer_on_two_ranks_matches_single_process_global_batch(ranks, tmp_path, tokenizer) -> None:
