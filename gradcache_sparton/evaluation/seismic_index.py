@@ -89,11 +89,14 @@ def _add_documents_one_by_one(dataset: Any, d_reps: SparseReps, *, string_type: 
     batched call builds up to that numbering. A progress bar: a million documents take minutes.
     """
     offsets = d_reps.offsets.tolist()
-    tokens = d_reps.token_ids.numpy().astype(str).astype(string_type)  # [nnz]
+    # One string per vocabulary id, looked up per document: seismic's strings are wide (U100, 400 bytes),
+    # so converting all the postings at once would take 400 bytes per non-zero.
+    names = np.arange(d_reps.vocab_size).astype(str).astype(string_type)  # [V]
+    token_ids = d_reps.token_ids.to(torch.int64).numpy()  # [nnz]
     weights = d_reps.weights.numpy().astype(np.float32)  # [nnz]
     for i in tqdm(range(d_reps.num_rows), desc="seismic: adding documents", unit="doc", mininterval=5.0):
         start, end = offsets[i], offsets[i + 1]
-        dataset.add_document(str(i), tokens[start:end], weights[start:end])
+        dataset.add_document(str(i), names[token_ids[start:end]], weights[start:end])
 
 
 def search_seismic(
