@@ -63,6 +63,7 @@ __all__ = [
     "rank_rows",
     "scored_loss",
     "sparse_global_batch",
+    "sparse_rank_reps",
     "sparse_start_encoder",
     "splade_loss",
     "trainer_args",
@@ -128,6 +129,15 @@ def sparse_global_batch() -> dict[str, dict[str, Tensor]]:
     columns, _ = global_batch(seed=ACCUMULATION_SEEDS[0])
     columns["positive"]["attention_mask"][SPARSE_ZERO_ROW] = 0
     return columns
+
+
+def sparse_rank_reps(rank: int) -> SparseReps:
+    """Rank ``rank``'s reps for the sparse gather: 3 + rank rows over V = 11, ~40% non-zero, last row empty."""
+    generator = torch.Generator().manual_seed(rank)
+    dense = torch.rand(3 + rank, 11, generator=generator)  # [B_r, V]
+    dense = dense.masked_fill(torch.rand(dense.shape, generator=generator) > 0.4, 0.0)
+    dense[-1] = 0.0
+    return SparseReps.from_dense(dense)
 
 
 def splade_loss() -> SpladeLoss:
@@ -342,6 +352,18 @@ def _run_engine_scenarios(rank: int) -> dict[str, object]:
         results["layout_error"] = None
     except ValueError as error:
         results["layout_error"] = str(error)
+    # The sparse gather itself: each rank's weights get the gradient of the gathered weights at their entries
+    # (the gathered weight at global entry j is weighted by j + 1). Then a column without non-zeros anywhere.
+    local_sparse = sparse_rank_reps(rank)
+    weights = local_sparse.weights.clone().requires_grad_()
+    gathered, _ = gather_global_batch(
+        {"query": SparseReps(local_sparse.offsets, local_sparse.token_ids, weights, local_sparse.vocab_size)},
+        {},
+    )
+    entries = gathered["query"].weights
+    (entries * torch.arange(1, entries.numel() + 1)).sum().backward()
+    empty, _ = gather_global_batch({"query": SparseReps.from_dense(torch.zeros(rank + 1, 11))}, {})
+    results["sparse_gather"] = {"reps": gathered["query"], "grad": weights.grad, "empty": empty["query"]}
     # A column dense on rank 0 and sparse on rank 1 cannot be concatenated: the same clear error on each rank.
     dense_column = torch.rand(3, 5)
     try:

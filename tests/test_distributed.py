@@ -29,6 +29,7 @@ from distributed_helpers import (
     rank_rows,
     scored_loss,
     sparse_global_batch,
+    sparse_rank_reps,
     sparse_start_encoder,
     splade_loss,
     trainer_args,
@@ -121,6 +122,28 @@ def test_sparse_reps_gathered_across_ranks_match_dense_and_single_process(ranks)
             for name, value in expected_parts.items():
                 torch.testing.assert_close(sparse["components"][name], value, rtol=RTOL_SPARSE_LOSS, atol=0)
             assert_grads_close(sparse["grads"], expected_grads, rtol=RTOL_FP32)
+
+
+def test_sparse_gather_concatenates_ranks_and_routes_gradients_to_local_weights(ranks) -> None:
+    """Gathering SparseReps of 3 and 4 rows with different non-zero counts (each rank's last row empty) gives,
+    on every rank, bitwise the rows of rank 0 then rank 1, and each rank's weights receive exactly the
+    gradient of the gathered weights at their own entries (no world-size factor: that is Step (3)'s);
+    a column without non-zeros on any rank gathers to 3 empty rows."""
+    parts = [sparse_rank_reps(rank) for rank in range(WORLD_SIZE)]
+    expected = SparseReps.concat(parts)
+    nnz = [part.weights.numel() for part in parts]
+    assert nnz[0] != nnz[1] and all(int(part.nonzeros_per_row()[-1]) == 0 for part in parts)
+    for rank, result in enumerate(ranks):
+        gathered = result["sparse_gather"]["reps"]
+        for name in ("offsets", "token_ids", "weights"):
+            assert torch.equal(getattr(gathered, name), getattr(expected, name)), name
+        assert gathered.vocab_size == expected.vocab_size
+        first = sum(nnz[:rank])
+        assert torch.equal(
+            result["sparse_gather"]["grad"], torch.arange(first + 1, first + nnz[rank] + 1).float()
+        )
+        empty = result["sparse_gather"]["empty"]
+        assert empty.num_rows == 3 and empty.weights.numel() == 0 and not empty.offsets.any()
 
 
 def test_sparse_reps_auto_takes_one_layout_on_every_rank(ranks) -> None:
