@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 from transformers import TrainingArguments
 
@@ -71,6 +71,19 @@ BACKBONE_PRESETS: dict[str, dict[str, int]] = {
 # at -0.5 and bert-small (sigma 0.45) at -1.0 both start with ~5k active terms per query and the best or
 # near-best nDCG@10 of their scans (0.157, 0.207); with bias 0 about 30k terms are active.
 INIT_DECODER_BIAS_SIGMAS = 2.2
+
+
+# ``sparse_reps`` as written in flags and config files -> as the engine takes it.
+_SPARSE_REPS_CHOICES: dict[str, bool | Literal["auto"]] = {"false": False, "true": True, "auto": "auto"}
+
+
+def _sparse_reps_choice(value: Any) -> str:
+    """``sparse_reps`` normalised to "false", "true" or "auto" (a YAML/JSON config may give a bool)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str) and value.lower() in _SPARSE_REPS_CHOICES:
+        return value.lower()
+    raise ValueError(f"sparse_reps must be one of false, true, auto, got {value!r}")
 
 
 def _positive(value: Any, name: str, *, allow_none: bool = False) -> None:
@@ -372,6 +385,18 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
             "whose graph-less and graph-recording programs may round differently."
         },
     )
+    sparse_reps: str = field(
+        default="false",
+        metadata={
+            "help": "Keep each step's reps as their non-zeros (ids and weights) from the first pass to the "
+            "replay, instead of dense [batch, vocabulary] reps and gradients: memory grows with the non-zeros "
+            "rather than batch x vocabulary, which lets trained (sparse) models take far larger batches; the "
+            "loss and gradients are the dense path's up to fp32 summation order. 'true': always; 'auto': each "
+            "step, when the first mini-batch's non-zeros take fewer bytes than its dense reps (below ~1/2 "
+            "density in fp32); 'false' (default): dense reps. A custom loss must accept sparse reps (SpladeLoss "
+            "does). Costs one device sync per mini-batch."
+        },
+    )
     show_mini_batch_progress: bool = field(
         default=False, metadata={"help": "Show a tqdm bar over the mini-batches of each step."}
     )
@@ -391,6 +416,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         if self.output_dir is None:
             self.output_dir = time.strftime("outputs/splade-%Y%m%d-%H%M%S")
         SpladeLossConfig.__post_init__(self)  # the loss settings, checked now, not at the first step
+        self.sparse_reps = _sparse_reps_choice(self.sparse_reps)
         TrainingArguments.__post_init__(self)
         _positive(self.mini_batch_size, "mini_batch_size")
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
@@ -404,6 +430,10 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
             )
         if self.remove_unused_columns:
             raise ValueError("remove_unused_columns must be False: the collator reads the text columns")
+
+    def engine_sparse_reps(self) -> bool | Literal["auto"]:
+        """``sparse_reps`` as the GradCache engine takes it: False, True or "auto"."""
+        return _SPARSE_REPS_CHOICES[self.sparse_reps]
 
     def splade_loss_config(self) -> SpladeLossConfig:
         """The :class:`SpladeLossConfig` these arguments describe: a copy of the inherited fields."""

@@ -17,7 +17,7 @@ import pytest
 import torch
 from engine_helpers import assert_grads_close, grads_of, make_columns, make_encoder, small_config
 
-from gradcache_sparton.engine import CachedLoss, GradCache, SparseRepGrad
+from gradcache_sparton.engine import GradCache, SparseRepGrad
 from gradcache_sparton.engine.mini_batch import Rows
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
@@ -210,13 +210,11 @@ def test_sparse_reps_auto_picks_by_density(config) -> None:
 
 
 def test_sparse_reps_bad_settings_raise(config) -> None:
-    """A sparse_reps other than False/True/"auto", one given to CachedLoss, or a loss call mixing dense and
-    sparse columns is refused with an error naming it."""
+    """A sparse_reps other than False/True/"auto", or a loss call mixing dense and sparse columns, is
+    refused with an error naming it (CachedLoss takes sparse_reps: tests/test_sparse_reps_training.py)."""
     encoder = make_encoder(config)
     with pytest.raises(ValueError, match="sparse_reps must be False, True or 'auto', got 'yes'"):
         GradCache(encoder, mini_batch_size=2, sparse_reps="yes")
-    with pytest.raises(ValueError, match=r"sparse_reps applies to GradCache\.step only"):
-        CachedLoss(encoder, _loss(), mini_batch_size=2, sparse_reps=True)
     dense = torch.rand(3, 5)
     with pytest.raises(TypeError, match=r"reps\['positive'\] is a Tensor but other columns are SparseReps"):
         _loss()({"query": SparseReps.from_dense(dense), "positive": dense})

@@ -12,11 +12,18 @@ across the two calls: its forward here, its backward inside ``loss.backward()``.
 step needs lives in that autograd node (freed with the graph), never on ``self``: several forwards
 before one backward each replay their own mini-batches.
 
+With ``sparse_reps`` (the engine's option, see :class:`~gradcache_sparton.engine.GradCache`) Step (1)
+keeps each column as its non-zeros, a :class:`~gradcache_sparton.evaluation.sparse_reps.SparseReps`;
+the loss receives it with its ``weights`` routed through the same node, so ``loss.backward()`` brings
+the node dL/d weights [nnz], the gradient at the non-zeros only, and Step (3) replays it as a
+:class:`~gradcache_sparton.engine.sparse_grads.SparseRepGrad`, as :meth:`GradCache.step` does. Nothing of
+size B x V is held from Step (1) to Step (3).
+
 Under DDP (``accelerate launch``, ``torchrun``) the loss is the global batch's, the same on every
 rank, and the gradients after DDP's averaging equal single-process training on the global batch
 (see :mod:`gradcache_sparton.engine.distributed`).
 
-Legend: B batch (rows of a column), V rep width.
+Legend: B batch (rows of a column), V rep width, nnz non-zeros of a column's reps.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from gradcache_sparton.engine.gradcache import (
     LossOutput,
     ReplayState,
 )
+from gradcache_sparton.engine.sparse_grads import SparseRepGrad
+from gradcache_sparton.evaluation.sparse_reps import SparseReps
 
 __all__ = ["CachedLoss"]
 
@@ -45,12 +54,17 @@ class CachedLoss:
     Args:
         encoder: ``encoder(**features) -> Tensor [B, V]``.
         loss_fn: ``loss_fn(reps: dict[str, Tensor], **loss_kwargs)`` -> scalar Tensor, or
-            (scalar Tensor, dict of component Tensors for logging).
+            (scalar Tensor, dict of component Tensors for logging). With ``sparse_reps`` the reps are
+            :class:`~gradcache_sparton.evaluation.sparse_reps.SparseReps` (``weights`` differentiable,
+            ``offsets`` and ``token_ids`` fixed), which :class:`~gradcache_sparton.losses.SpladeLoss`
+            accepts.
         mini_batch_size, mini_batch_tokens, **engine_options: the engine's settings, passed on as
             ``GradCache(encoder, mini_batch_size=..., mini_batch_tokens=..., **engine_options)``
             (documented there; the two that cut the batch are named here), e.g.
             ``allow_non_finite=True`` under an fp16 ``GradScaler``, which then skips non-finite steps
-            as usual, or ``check_replay=False``. The engine is the ``engine`` attribute.
+            as usual, ``check_replay=False``, or ``sparse_reps=True`` / ``"auto"`` (reps kept as their
+            non-zeros from Step (1) to Step (3); ``"auto"`` decides per call, from the first
+            mini-batch, as the engine does). The engine is the ``engine`` attribute.
 
     Calling it returns the full-batch loss as a tensor whose ``.backward()`` runs Step (3); with
     ``return_components=True`` it returns :class:`LossOutput` ``(loss, components)``, the
@@ -79,11 +93,6 @@ class CachedLoss:
                 "sparse_rep_grads applies to GradCache.step only: inside loss.backward() autograd holds the "
                 "dense rep gradients for the whole replay, so a sparse copy would save nothing"
             )
-        if self.engine.sparse_reps:
-            raise ValueError(
-                "sparse_reps applies to GradCache.step only: CachedLoss hands the loss's dense rep gradients "
-                "to the replay through autograd"
-            )
         self.loss_fn = loss_fn
 
     @overload
@@ -99,7 +108,10 @@ class CachedLoss:
     def __call__(
         self, columns: Columns, *, return_components: bool = False, **loss_kwargs: object
     ) -> Tensor | LossOutput:
-        """The full-batch loss over ``columns``; its ``.backward()`` fills the encoder's gradients."""
+        """The full-batch loss over ``columns``; its ``.backward()`` fills the encoder's gradients.
+
+        The loss sees each column as a [B, V] tensor, or with ``sparse_reps`` as a :class:`SparseReps`.
+        """
         reps, replay_state = self.engine.encode(columns, loss_kwargs=loss_kwargs)  # Step (1), inputs checked
         if torch.is_grad_enabled():
             reps = _ReplayOnBackward.attach(self.engine, replay_state, reps)
@@ -109,6 +121,10 @@ class CachedLoss:
 
 class _ReplayOnBackward(torch.autograd.Function):
     """Identity on the reps forward; backward runs GradCache Step (3) with the reps' gradients.
+
+    A column kept sparse (``sparse_reps``) passes its ``weights`` [nnz] through instead of [B, V]
+    reps; the gradient it receives, dL/d weights, is the rep gradient at its non-zeros, and goes to
+    Step (3) as a :class:`SparseRepGrad`. Everything below holds for both layouts.
 
     Loss scaling convention (the one place it is decided): the gradients reaching this node are
     d(g · L)/dr, where g is whatever gradient ``backward()`` brings to the loss: 1 for a plain
@@ -123,28 +139,52 @@ class _ReplayOnBackward(torch.autograd.Function):
     """
 
     @staticmethod
-    def attach(engine: GradCache, replay_state: ReplayState, reps: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """Route ``reps`` (no graph) through a node that replays them on backward."""
+    def attach(
+        engine: GradCache, replay_state: ReplayState, reps: Mapping[str, Tensor | SparseReps]
+    ) -> dict[str, Tensor | SparseReps]:
+        """Route ``reps`` (no graph; [B, V] tensors, or SparseReps by their weights) through a node that
+        replays them on backward."""
         # Step (1)'s reps carry no graph; a requires-grad anchor makes this node's outputs part of one.
         anchor = torch.empty(0, requires_grad=True)
-        outputs = _ReplayOnBackward.apply(anchor, engine, replay_state, *reps.values())
-        return dict(zip(reps, outputs, strict=True))
+        sparse = {column: rep for column, rep in reps.items() if isinstance(rep, SparseReps)}
+        tensors = [rep.weights if isinstance(rep, SparseReps) else rep for rep in reps.values()]
+        outputs = _ReplayOnBackward.apply(anchor, engine, replay_state, sparse, *tensors)
+        return {
+            column: SparseReps(rep.offsets, rep.token_ids, output, rep.vocab_size)
+            if isinstance(rep, SparseReps)
+            else output
+            for (column, rep), output in zip(reps.items(), outputs, strict=True)
+        }
 
     @staticmethod
     def forward(
-        ctx: FunctionCtx, anchor: Tensor, engine: GradCache, replay_state: ReplayState, *reps: Tensor
+        ctx: FunctionCtx,
+        anchor: Tensor,
+        engine: GradCache,
+        replay_state: ReplayState,
+        sparse: Mapping[str, SparseReps],
+        *reps: Tensor,
     ) -> tuple[Tensor, ...]:
-        # Only the replay state is kept (inputs and RNG states, small), never the [B, V] reps.
+        # Only the replay state is kept (inputs and RNG states, small), never the [B, V] reps; for a
+        # sparse column its ids and offsets too (Step (3) needs them to place the gradient; its weights
+        # are the storage this node's output views, which the loss holds anyway).
         ctx.engine = engine
         ctx.replay_state = replay_state
+        ctx.sparse = sparse
         # A column the loss does not use gets None, not zeros, so its replay is skipped.
         ctx.set_materialize_grads(False)
         return tuple(rep.view_as(rep) for rep in reps)
 
     @staticmethod
     def backward(ctx: FunctionCtx, *rep_grads: Tensor | None) -> tuple[None, ...]:
-        columns = ctx.replay_state.mini_batches
-        ctx.engine.replay(ctx.replay_state, dict(zip(columns, rep_grads, strict=True)))  # Step (3)
+        mini_batches = ctx.replay_state.mini_batches
+        grads: dict[str, Tensor | SparseRepGrad | None] = dict(zip(mini_batches, rep_grads, strict=True))
+        for column, reps in ctx.sparse.items():
+            grad = grads[column]
+            if grad is not None:  # dL/d weights [nnz] -> placed by Step (1)'s mini-batches
+                rows = [mb.rows for mb in mini_batches[column]]
+                grads[column] = SparseRepGrad.at_sparse_reps(reps, grad, rows)
+        ctx.engine.replay(ctx.replay_state, grads)  # Step (3)
         # Step (3) delivered the gradient to the encoder's parameters itself: nothing flows on to the
-        # anchor, the engine, the replay state or the graph-less reps.
-        return (None, None, None, *(None for _ in rep_grads))
+        # anchor, the engine, the replay state, the sparse layouts or the graph-less reps.
+        return (None, None, None, None, *(None for _ in rep_grads))
