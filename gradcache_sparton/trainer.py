@@ -38,7 +38,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import QUERY_COLUMN, TrainingCollator, validate_training_dataset
-from gradcache_sparton.engine import CachedLoss, GradCache
+from gradcache_sparton.engine import CachedLoss
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
@@ -304,8 +304,7 @@ def validate_run(args: CachedSpladeTrainingArguments, *, num_train_rows: int | N
 
     Cheap checks for before the model is built (``run_training`` calls it first, the trainer again):
     a ``report_to`` integration whose package is missing, a ``resume_from_checkpoint`` that is not a
-    checkpoint folder, ``sparse_reps`` where the engine does not support it (several processes whose reps
-    are gathered), no optimizer step at all (``num_train_epochs`` 0 without ``max_steps``, or fewer
+    checkpoint folder, no optimizer step at all (``num_train_epochs`` 0 without ``max_steps``, or fewer
     ``num_train_rows`` than one global batch while ``dataloader_drop_last`` drops it).
     """
     from transformers.integrations import get_available_reporting_integrations
@@ -324,8 +323,6 @@ def validate_run(args: CachedSpladeTrainingArguments, *, num_train_rows: int | N
             f"num_train_epochs must be > 0 when max_steps is not set, got {args.num_train_epochs}: nothing "
             "would train"
         )
-    if args.sparse_reps != "false":
-        _check_engine_takes_sparse_reps(args)
     global_batch = args.per_device_train_batch_size * max(1, args.world_size)
     if num_train_rows is not None and args.dataloader_drop_last and num_train_rows < global_batch:
         raise ValueError(
@@ -333,25 +330,6 @@ def validate_run(args: CachedSpladeTrainingArguments, *, num_train_rows: int | N
             "(per_device_train_batch_size x processes): with dataloader_drop_last nothing would train; lower "
             "per_device_train_batch_size or add rows"
         )
-
-
-def _check_engine_takes_sparse_reps(args: CachedSpladeTrainingArguments) -> None:
-    """Raise ``ValueError`` naming ``sparse_reps`` if the engine would refuse it at the first step.
-
-    The engine alone decides (today: not with reps gathered across processes), so it is asked, with the
-    process group as training will see it, rather than the rule being copied here.
-    """
-    try:
-        GradCache(_no_encoder, mini_batch_size=1, sparse_reps=args.engine_sparse_reps())
-    except NotImplementedError as error:
-        raise ValueError(
-            f"sparse_reps={args.sparse_reps} is not supported with {max(1, args.world_size)} processes yet (the "
-            f"GradCache engine: {error}); train with sparse_reps false"
-        ) from None
-
-
-def _no_encoder(**features: Tensor) -> Tensor:
-    raise AssertionError("never called: only the engine's settings are checked")
 
 
 def _check_resume_checkpoint(path: str) -> None:

@@ -38,10 +38,10 @@ from engine_helpers import (
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import default_train_data_path, load_training_data
-from gradcache_sparton.engine import CachedLoss, GradCache
+from gradcache_sparton.engine import CachedLoss
 from gradcache_sparton.evaluation.sparse_reps import SparseReps
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
-from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
+from gradcache_sparton.trainer import CachedSpladeTrainer
 
 RTOL = 1e-5  # see the module docstring
 BATCH = 8
@@ -308,23 +308,3 @@ def test_bad_sparse_reps_values_are_refused(tmp_path, capsys, monkeypatch, confi
 
     with pytest.raises(ValueError, match="sparse_reps must be False, True or 'auto', got 'yes'"):
         CachedLoss(make_encoder(config), _splade_loss(), mini_batch_size=2, sparse_reps="yes")
-
-
-def test_sparse_reps_with_several_processes_is_checked_before_training(tmp_path, monkeypatch) -> None:
-    """validate_run refuses sparse_reps exactly where the engine would at the first step (reps gathered
-    across processes, while the engine does not support that): a ValueError naming sparse_reps before any
-    model is built; where the engine accepts it, so does validate_run."""
-    monkeypatch.setattr("gradcache_sparton.engine.gradcache.data_parallel_world_size", lambda gather: 2)
-    try:
-        GradCache(lambda **features: features, mini_batch_size=1, sparse_reps=True)
-    except NotImplementedError:
-        engine_refuses = True
-    else:
-        engine_refuses = False
-    args = _args(tmp_path, sparse_reps="true")
-    if engine_refuses:
-        with pytest.raises(ValueError, match=r"sparse_reps=true is not supported with \d+ processes"):
-            validate_run(args, num_train_rows=None)
-    else:
-        validate_run(args, num_train_rows=None)
-    validate_run(_args(tmp_path, sparse_reps="false"), num_train_rows=None)  # the dense path: unaffected
