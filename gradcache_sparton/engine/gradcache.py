@@ -168,7 +168,7 @@ class GradCache:
             ``sparse_rep_grads`` (not checked). True: always; "auto": for the whole step, when the
             first mini-batch's non-zeros take fewer bytes than its dense reps (on every rank when
             gathering across ranks, so that all gather one layout); False (default): dense.
-            :meth:`step` only. When gathering across ranks, the loss gets every rank's non-zeros
+            :meth:`step` and :class:`~gradcache_sparton.engine.CachedLoss`. When gathering across ranks, the loss gets every rank's non-zeros
             (padded to the largest rank's count for the collective, never [B, V]).
 
     Attributes:
