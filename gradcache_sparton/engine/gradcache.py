@@ -168,8 +168,9 @@ class GradCache:
             ``sparse_rep_grads`` (not checked). True: always; "auto": for the whole step, when the
             first mini-batch's non-zeros take fewer bytes than its dense reps (on every rank when
             gathering across ranks, so that all gather one layout); False (default): dense.
-            :meth:`step` and :class:`~gradcache_sparton.engine.CachedLoss`. When gathering across ranks, the loss gets every rank's non-zeros
-            (padded to the largest rank's count for the collective, never [B, V]).
+            :meth:`step` and :class:`~gradcache_sparton.engine.CachedLoss`. When gathering across ranks,
+            the loss gets every rank's non-zeros (padded to the largest rank's count for the collective,
+            never [B, V]).
 
     Attributes:
         world_size: how many ranks' batches the loss sees (1 when not gathering).
