@@ -43,6 +43,18 @@ SHAPES = [
     pytest.param(4, 45, 40, 70, False, id="B4-S45-D40-V70-nobias"),
     pytest.param(5, 29, 24, 53, True, id="B5-S29-D24-V53-bias-short"),  # the GPU's short-sequence tiles
 ]
+# Forward-only shapes for the packed-rows kernel: S = 1 (a 1-wide segment per row), S = 5 and 17 (just
+# past a power of two), S = 64 (the largest packed length, exactly a power of two); under the
+# interpreter's N = 128 a program packs 128, 16, 4 and 2 rows, so B is never a multiple of G.
+SHORT_SHAPES = [
+    pytest.param(7, 1, 24, 37, True, id="B7-S1-D24-V37-bias"),
+    pytest.param(6, 5, 40, 37, False, id="B6-S5-D40-V37-nobias"),
+    pytest.param(5, 17, 24, 53, True, id="B5-S17-D24-V53-bias"),
+    pytest.param(3, 64, 24, 37, True, id="B3-S64-D24-V37-bias"),
+]
+# The two forward kernels: one program per (batch row, V tile) walking S tiles, and the packed-rows
+# kernel (G whole rows per product, meant for S <= 64), which the GPU picks for short 16-bit inputs.
+FORWARDS = ["one-row", "packed"]
 
 
 def _inputs(
@@ -67,10 +79,14 @@ def _inputs(
     return cast(h), cast(e), cast(b), mask.to(device)
 
 
-def _launch_forward(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    from gradcache_sparton.kernels.sparton import sparton_forward
+def _launch_forward(
+    h: Tensor, e: Tensor, b: Tensor | None, m: Tensor, forward: str = "one-row"
+) -> tuple[Tensor, Tensor, Tensor]:
+    from gradcache_sparton.kernels import sparton
 
-    return sparton_forward(h, e, b, m)
+    # on a GPU the interpreter's small tiles are valid too (N = 128, 16-wide K): same kernels, same code
+    blocks = {"one-row": sparton._FWD_INTERPRET, "packed": sparton._FWD_PACKED_INTERPRET}[forward]
+    return sparton.sparton_forward(h, e, b, m, blocks=blocks)
 
 
 def _launch_backward(
@@ -85,6 +101,7 @@ def _top2_gap(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> Tensor:
     """[B, V] fp64 gap between the largest and second-largest masked logit (ties and near-ties: small)."""
     logits = h.double() @ e.double().T + (b.double() if b is not None else 0)
     logits = logits.masked_fill(~m.bool()[:, :, None], float("-inf"))
+    logits = torch.cat([logits, torch.full_like(logits[:, :1], float("-inf"))], dim=1)  # S = 1 has no second
     top = logits.topk(2, dim=1).values  # [B, 2, V]
     return (top[:, 0] - top[:, 1]).nan_to_num(0.0)
 
@@ -170,12 +187,18 @@ def test_reference_ties_send_gradient_to_first_position() -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
+def _forward_cases() -> list:
+    """Every SHAPES entry through both forward kernels; the short shapes through the packed one."""
+    cases = [pytest.param(f, *shape.values, id=f"{f}-{shape.id}") for f in FORWARDS for shape in SHAPES]
+    return cases + [pytest.param("packed", *shape.values, id=f"packed-{shape.id}") for shape in SHORT_SHAPES]
+
+
 @pytest.mark.parametrize(("dtype", "rtol"), DTYPES)
-@pytest.mark.parametrize(("B", "S", "D", "V", "bias"), SHAPES)
-def test_triton_forward_matches_reference(kernel_device, dtype, rtol, B, S, D, V, bias) -> None:
+@pytest.mark.parametrize(("forward", "B", "S", "D", "V", "bias"), _forward_cases())
+def test_triton_forward_matches_reference(kernel_device, dtype, rtol, forward, B, S, D, V, bias) -> None:
     """Kernel Y and fp32 max equal the reference's; argmax equals wherever the top two are not tied."""
-    h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=10 + B)
-    y, mx, arg = _launch_forward(h, e, b, m)
+    h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=10 + B + S)
+    y, mx, arg = _launch_forward(h, e, b, m, forward)
     y_ref, mx_ref, arg_ref = sparton_head_reference(h, e, b, m, return_argmax=True)
     assert y.dtype == dtype and mx.dtype == torch.float32 and arg.dtype == torch.int32
     # the fp32 max: same exact products, different summation order (~1e-6 relative at |x| ~ 3).
@@ -183,25 +206,31 @@ def test_triton_forward_matches_reference(kernel_device, dtype, rtol, B, S, D, V
     torch.testing.assert_close(y, y_ref, rtol=rtol, atol=1e-6)
     assert (mx[0] == 0).all() and (mx[:, :3] == 0).all()  # fully masked row, all-negative columns
     clear = (mx_ref > 0) & (_top2_gap(h, e, b, m) > 1e-4)
-    assert clear.float().mean() > 0.5  # most columns are checked: the test cannot pass vacuously
+    # most columns are checked, so the test cannot pass vacuously (one position: a logit is > 0 with
+    # probability ~1/2, and at S = 1 two of the 7 rows are fully masked)
+    assert clear.float().mean() > (0.25 if S == 1 else 0.5)
     assert torch.equal(arg[clear].long(), arg_ref[clear])
 
 
-def test_forward_tiles_follow_sequence_length(monkeypatch) -> None:
-    """On a GPU, 16-bit sequences of up to 32 positions get the short tile, longer ones the 256-wide one."""
+def test_forward_kernel_follows_sequence_length(monkeypatch) -> None:
+    """On a GPU, 16-bit sequences of up to 64 positions get the packed-rows kernel, longer ones the
+    one-row kernel's 256-wide tile; fp32 the one-row kernel's FMA tile whatever S."""
     from gradcache_sparton.kernels import sparton
 
     monkeypatch.setattr(sparton, "_interpreting", lambda: False)
-    for S in (1, 29, 32):
-        blocks = sparton._default_forward_blocks(torch.bfloat16, S)
-        assert blocks.block_s == 32 and blocks.block_s >= S
-    assert sparton._default_forward_blocks(torch.float16, 33).block_s == 256
-    assert sparton._default_forward_blocks(torch.bfloat16, 512).block_s == 256
-    assert sparton._default_forward_blocks(torch.float32, 16).block_s == 64  # fp32: FMA tiles, any S
+    for dtype in (torch.bfloat16, torch.float16):
+        for S in (1, 29, 32, 33, 64):
+            assert sparton._default_forward_blocks(dtype, S) == sparton._FWD_GPU_16BIT_PACKED
+        for S in (65, 512):
+            assert sparton._default_forward_blocks(dtype, S).block_s == 256
+    for S in (16, 512):
+        assert sparton._default_forward_blocks(torch.float32, S).block_s == 64
 
 
-def test_triton_forward_ties_pick_first_position(kernel_device) -> None:
-    """Exactly tied logits, within one S tile and across tiles, resolve to the first position."""
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_triton_forward_ties_pick_first_position(kernel_device, forward) -> None:
+    """Exactly tied logits, within one S tile and across tiles (one-row kernel) or within a row's
+    segment of the packed tile, resolve to the first position."""
     h, e, b, m = _inputs(2, 37, 24, 53, True, torch.bfloat16, kernel_device, seed=4)
     # positions 3, 5 (same 16-row tile) and 21, 35 (later tiles) carry the same dominant row
     winner = h[:, 3].clone()
@@ -209,7 +238,7 @@ def test_triton_forward_ties_pick_first_position(kernel_device) -> None:
     for s in (3, 5, 21, 35):
         h[:, s] = winner
     m[:] = 1
-    _, mx, arg = _launch_forward(h, e, b, m)
+    _, mx, arg = _launch_forward(h, e, b, m, forward)
     _, mx_ref, arg_ref = sparton_head_reference(h, e, b, m, return_argmax=True)
     at_winner = (mx > 0) & (_top2_gap(h, e, b, m) == 0)  # columns where the four copies tie for max
     assert at_winner.sum() > 10
@@ -236,16 +265,20 @@ def test_triton_backward_matches_reference_autograd(kernel_device, dtype, rtol, 
 
 
 @pytest.mark.parametrize(("dtype", "rtol"), DTYPES)
-def test_triton_dense_backward_matches_reference_autograd(kernel_device, dtype, rtol) -> None:
+@pytest.mark.parametrize("positions", [64, 16], ids=["whole-rows", "s-tiles"])
+def test_triton_dense_backward_matches_reference_autograd(kernel_device, dtype, rtol, positions) -> None:
     """The dense (tensor-core, one-hot tile) backward equals autograd through the reference, like the
-    sparse one: bf16 coefficients as a hi + lo pair keep 16 bits, far inside one output rounding."""
+    sparse one: bf16 coefficients as a hi + lo pair keep 16 bits, far inside one output rounding. With
+    64-position products two whole rows of S = 29 share each product (B = 5: a partial last group);
+    with 16, each row's S is split into two tiles."""
+    from gradcache_sparton.kernels.sparton import DenseBackwardBlocks, sparton_backward
+
     B, S, D, V, bias = SHAPES[2].values
     h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=25)
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(B, V, generator=torch.Generator().manual_seed(26)).to(kernel_device, dtype)
-    from gradcache_sparton.kernels.sparton import sparton_backward
-
-    grads = sparton_backward(g, h, e, mx, arg, dense=True)
+    blocks = DenseBackwardBlocks(16, positions, 16, 1, positions, 16, 16, 1)
+    grads = sparton_backward(g, h, e, mx, arg, dense=True, blocks=blocks)
     inputs = [t.detach().clone().requires_grad_() for t in (h, e, b)]
     want = torch.autograd.grad(sparton_head_reference(*inputs, m), inputs, g)
     assert (grads[0][m == 0] == 0).all() and (grads[1][:3] == 0).all()  # masked positions, zero columns
@@ -287,15 +320,16 @@ def test_triton_replay_is_bitwise_deterministic(kernel_device) -> None:
         assert torch.equal(x, y)
 
 
-def test_triton_accepts_non_contiguous_inputs_and_any_mask_dtype(kernel_device) -> None:
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_triton_accepts_non_contiguous_inputs_and_any_mask_dtype(kernel_device, forward) -> None:
     """Strided H/E views and bool/int32 masks give exactly the results of contiguous int64 inputs."""
     h, e, b, m = _inputs(3, 37, 24, 53, True, torch.float32, kernel_device, seed=8)
     h_view = h.transpose(0, 1).contiguous().transpose(0, 1)  # [B, S, D] with S-major strides
     e_view = e.T.contiguous().T  # [V, D] column-major
     assert not h_view.is_contiguous() and not e_view.is_contiguous()
-    want = _launch_forward(h, e, b, m)
+    want = _launch_forward(h, e, b, m, forward)
     for mask in (m.bool(), m.int()):
-        got = _launch_forward(h_view, e_view, b, mask)
+        got = _launch_forward(h_view, e_view, b, mask, forward)
         for x, y in zip(got, want, strict=True):
             assert torch.equal(x, y)
 
@@ -351,29 +385,40 @@ def test_reference_backward_non_finite_matches_autograd(site, value) -> None:
 
 
 def _kernel_non_finite_cases() -> list:
-    """Every site and value in fp32 (a fully masked row only with NaN: the kernel skips such rows whatever
-    they hold); bf16, whose tensor-core products are the other path, for a few."""
+    """Every site and value in fp32 (a fully masked row only with NaN: the one-row kernel skips such rows
+    whatever they hold); bf16, whose tensor-core products are the other path, for a few. The packed
+    kernel (all three rows in one tile, the fully masked one computed and masked) for NaN and +inf at
+    every site the forward reads."""
     fp32, bf16 = DTYPES[0].values, DTYPES[1].values
     cases = [
-        pytest.param(value, site, *fp32, id=f"{name}-{site}-fp32")
+        pytest.param(value, site, *fp32, "one-row", id=f"{name}-{site}-fp32")
         for value, name in ((NAN, "nan"), (INF, "+inf"), (-INF, "-inf"))
         for site in NON_FINITE_SITES
         if site != "hidden-masked-row" or name == "nan"
     ]
     bf16_cases = [(NAN, "nan", "hidden-unmasked"), (INF, "+inf", "hidden-unmasked"), (NAN, "nan", "weight")]
-    cases += [pytest.param(v, site, *bf16, id=f"{name}-{site}-bf16") for v, name, site in bf16_cases]
-    return cases
+    cases += [
+        pytest.param(v, site, *bf16, "one-row", id=f"{name}-{site}-bf16") for v, name, site in bf16_cases
+    ]
+    cases += [
+        pytest.param(value, site, *fp32, "packed", id=f"packed-{name}-{site}-fp32")
+        for value, name in ((NAN, "nan"), (INF, "+inf"))
+        for site in NON_FINITE_SITES
+        if site != "grad_y"
+    ]
+    packed_bf16 = pytest.param(NAN, "hidden-unmasked", *bf16, "packed", id="packed-nan-hidden-unmasked-bf16")
+    return [*cases, packed_bf16]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
-@pytest.mark.parametrize(("value", "site", "dtype", "rtol"), _kernel_non_finite_cases())
-def test_triton_non_finite_matches_reference(kernel_device, value, site, dtype, rtol) -> None:
+@pytest.mark.parametrize(("value", "site", "dtype", "rtol", "forward"), _kernel_non_finite_cases())
+def test_triton_non_finite_matches_reference(kernel_device, value, site, dtype, rtol, forward) -> None:
     """A NaN/±inf in H (unmasked, masked, fully masked row), E, bias or grad_y: kernel Y, max, argmax and
     every gradient are NaN/inf at exactly the reference's entries (autograd for the gradients)."""
     h, e, b, m = _inputs(*NON_FINITE_SHAPE, True, dtype, kernel_device, seed=32)
     g = torch.randn(3, 37, generator=torch.Generator().manual_seed(33)).to(kernel_device, dtype)
     _plant(site, value, h, e, b, g)
-    y, mx, arg = _launch_forward(h, e, b, m)
+    y, mx, arg = _launch_forward(h, e, b, m, forward)
     y_ref, mx_ref, arg_ref = sparton_head_reference(h, e, b, m, return_argmax=True)
     _assert_same_non_finite(mx, mx_ref, rtol=1e-5, atol=1e-5)
     _assert_same_non_finite(y, y_ref, rtol=rtol, atol=1e-6)
@@ -393,15 +438,17 @@ def test_triton_non_finite_matches_reference(kernel_device, value, site, dtype, 
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
-def test_triton_forward_nan_beats_inf_and_first_nan_wins(kernel_device) -> None:
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_triton_forward_nan_beats_inf_and_first_nan_wins(kernel_device, forward) -> None:
     """Max/argmax order is Tensor.max(dim)'s: a NaN beats an earlier +inf, the first NaN wins within a
-    tile and across tiles, and a later NaN does not replace an earlier one."""
+    tile and across tiles, and a later NaN does not replace an earlier one; in the packed kernel rows 0
+    and 1 share a tile and keep their own first NaN, and row 2's finite maxima stay finite."""
     h, e, b, m = _inputs(3, 37, 24, 37, False, torch.float32, kernel_device, seed=34)
     m[:] = 1
     h[:2, 1, 0] = INF  # +inf logits at s = 1 wherever E[v, 0] > 0 (and inf · 0 = NaN in columns 0..2)
     h[0, (9, 3, 20), 7] = NAN  # row 0: NaNs at 3 and 9 (tile 0) and 20 (tile 1): argmax 3
     h[1, (33, 20), 7] = NAN  # row 1: NaNs in tiles 1 and 2 only: argmax 20
-    y, mx, arg = _launch_forward(h, e, b, m)
+    y, mx, arg = _launch_forward(h, e, b, m, forward)
     _, mx_ref, arg_ref = sparton_head_reference(h, e, b, m, return_argmax=True)
     assert mx[:2].isnan().all() and y[:2].isnan().all() and mx[2].isfinite().all()
     assert (arg[0] == 3).all() and (arg[1] == 20).all()

@@ -17,15 +17,24 @@ position wins ties (``tl.max`` breaks ties left inside a tile, ``>`` across tile
 (see ``reference.py``). Only the fp32 max [B, V] and int32 argmax [B, V] are written: the [B, S, V]
 logits never exist.
 
+Packed forward, for short sequences (SPLADE queries, S <= 64): one program per (group of G batch rows,
+vocabulary tile). The G rows' positions, each row padded to S_pad (the next power of two >= S), sit
+side by side in the product's N: [BLOCK_V, D] @ [D, G·S_pad], so each E tile loaded serves G rows
+instead of one. The epilogue views the fp32 tile as [BLOCK_V, G, S_pad] (a relabelling of registers, no
+data movement) and takes each row's max and leftmost argmax over its own segment, with the same
+masking, NaN order and clamp at 0 as above; a whole row fits in one tile, so there is no running max.
+
 Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0 or max
 is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and passes NaN):
 - grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]]: one program per (V tile, D tile), looping over b so
-  that all programs read the same H[b] at about the same time (it stays in L2); rows with coef = 0
-  are masked off the gather, so the traffic is proportional to N.
+  that all programs read the same H[b] at about the same time (it stays in L2), BLOCK_B rows per step
+  (one [BLOCK_B, BLOCK_V] load of (coef, argmax), one gather, their sum added to the accumulator: a
+  fixed order); rows with coef = 0 are masked off the gather, so the traffic is proportional to N.
 - grad_H[b, s] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v]: the non-zeros are sorted by destination row
-  (b·S + s) into CSR form (``torch.sort``, stable), and one program per row gathers and sums its own
-  entries, D tile by D tile. No atomics: the sum order is fixed, so the backward is deterministic, and rows without
-  entries (masked positions, never an argmax) are written as exact zeros.
+  (b·S + s) into CSR form (``torch.sort``, stable; int16 keys where B·S < 2^15), and one program per
+  row gathers and sums its own entries, D tile by D tile. No atomics: the sum order is fixed, so the
+  backward is deterministic, and rows without entries (masked positions, never an argmax) are written
+  as exact zeros.
 - grad_bias[v] = Σ_b coef[b, v] (a [B, V] reduction, done by torch).
 - Non-finite inputs: as autograd through the dense reference, grad_E[:, d] is NaN wherever column d of H
   holds a NaN or ±inf (0 · inf in the dense product), grad_H[:, :, d] wherever column d of E does: each
@@ -49,6 +58,7 @@ __all__ = [
     "BackwardBlocks",
     "DenseBackwardBlocks",
     "ForwardBlocks",
+    "PackedForwardBlocks",
     "sparton_backward",
     "sparton_forward",
 ]
@@ -75,6 +85,7 @@ class ForwardBlocks:
 class BackwardBlocks:
     """Tile sizes of the two backward kernels."""
 
+    e_block_b: int  # grad_E: batch rows gathered per step of the b loop
     e_block_v: int  # grad_E: vocabulary rows per program
     e_block_d: int  # grad_E: hidden columns per program
     e_num_warps: int
@@ -91,20 +102,47 @@ class BackwardBlocks:
 # the tile) per product and fewer re-reads of the E tile; 3 stages of (128 + 256) x 64 bf16 = 144 KiB of
 # shared memory, within the H100's 227 KiB.
 _FWD_GPU_16BIT = ForwardBlocks(block_s=256, block_v=128, block_d=64, group_b=8, num_warps=8, num_stages=3)
-# Queries are short (SPLADE truncates them to ~32 tokens): a 256-wide sequence tile would spend 7/8 of
-# each product on positions past S. Sequences of up to 32 positions take a 32-wide tile. bf16,
-# B=128, S=32, D=768, V=30,522 on an H100 (benchmarks/tune_head.py --shape 128,32,768,30522,
-# 2026-11-22), ms: 32x256 (N x M), 8 warps, 3 stages 0.78; 32x128 4 warps 3 stages 0.84 (4 stages
-# 0.91); 32x64 0.96; 64x128 0.99; 64x256 1.33; the long-sequence 256x128 default 2.98.
-_FWD_GPU_16BIT_SHORT = ForwardBlocks(
-    block_s=32, block_v=256, block_d=64, group_b=8, num_warps=8, num_stages=3
-)
+# Short sequences (SPLADE queries: ~32 tokens) take the packed-rows kernel (``PackedForwardBlocks``).
+# Its forerunner, one batch row's 32 positions per product against a [256, D] tile of E (a 32 x 256
+# tile of this kernel), ran 0.78 ms at B=128, S=32 (8 warps, 3 stages; 32x128 0.84, 32x64 0.96, 64x128
+# 0.99, the 256x128 default 2.98) but only 223 TFLOP/s at B=512, S=32 (3.44 ms against the compiled
+# head's 2.19, docs/benchmarks.md): each E tile is re-read from L2 once per batch row, an arithmetic
+# intensity of ~28 FLOP per byte loaded per K step, too low for the tensor cores.
 # fp32 inputs use IEEE fp32 FMA dots (no TF32: the head must match the fp32 reference to 1e-5), so the
 # tensor-core tile gains nothing; a smaller tile keeps register pressure of the fp32 operands sane.
 _FWD_GPU_FP32 = ForwardBlocks(block_s=64, block_v=64, block_d=32, group_b=8, num_warps=4, num_stages=2)
 # Under the interpreter every program is numpy on the CPU: the smallest tiles that tl.dot accepts (16)
 # keep the awkward test shapes (S, V, D not multiples of the blocks) spread over several tiles.
 _FWD_INTERPRET = ForwardBlocks(block_s=16, block_v=16, block_d=16, group_b=2, num_warps=1, num_stages=1)
+
+
+@dataclass(frozen=True)
+class PackedForwardBlocks:
+    """Tile sizes and launch parameters of the packed-rows forward kernel (short sequences)."""
+
+    block_n: int  # G·S_pad: G batch rows' positions side by side (the N of the product), S_pad = 2^k >= S
+    block_v: int  # vocabulary rows per program (the M)
+    block_d: int  # hidden-dim step of the K loop
+    group_n: int  # row groups scheduled together, so their H rows and E tiles share L2
+    num_warps: int
+    num_stages: int
+
+
+# Sequences of up to this many positions take the packed kernel (16-bit inputs): one program holds
+# G = block_n // S_pad whole batch rows, so S_pad must stay well below block_n.
+_PACKED_MAX_S = 64
+# Not measured yet: first guess, benchmarks/tune_head.py times the candidates. The long-sequence
+# default's product shape (M = 128 vocabulary rows x N = 256 positions, 64-deep K, 8 warps, 3 stages,
+# 503 TFLOP/s at S=512), now filled with G = 256 / S_pad batch rows (8 rows at S=32): each K step
+# multiplies a [128, 64] tile of E by [64, 256] of H, ~85 FLOP per byte loaded, 3x the one-row tile's.
+_FWD_GPU_16BIT_PACKED = PackedForwardBlocks(
+    block_n=256, block_v=128, block_d=64, group_n=8, num_warps=8, num_stages=3
+)
+# Under the interpreter: N = 128 packs 2 to 128 rows of the awkward test shapes (S = 1 .. 64), so
+# groups straddle B and hold fully masked rows.
+_FWD_PACKED_INTERPRET = PackedForwardBlocks(
+    block_n=128, block_v=16, block_d=16, group_n=2, num_warps=1, num_stages=1
+)
 
 # The backward kernels are gathers (no tensor cores; the bytes gathered from L2 bound them): small
 # programs, many of them in flight, won. Same shape, 61% of Y non-zero (benchmarks/tune_head.py
@@ -113,11 +151,17 @@ _FWD_INTERPRET = ForwardBlocks(block_s=16, block_v=16, block_d=16, group_b=2, nu
 # 4 warps 0.85; 8x128, 1 warp 0.80); grad_H 32 non-zeros x 64 columns, 1 warp: 1.15 (64x64, 1 warp
 # 1.16; 64x64, 2 warps 1.52; 32x128, 2 warps 1.54; 128x64, 4 warps 3.11). Both gather ~3.7 GB at that
 # density, i.e. ~4.6 TB/s, about the L2's rate, so the block shape matters less from here on.
+# Those grad_E blocks stepped through b one row at a time. At B = 512, S = 32 (~2% of Y > 0) that loop
+# is latency-bound: each of its 512 steps waits for a [BLOCK_V] load of (coef, argmax), then for the
+# gather it addresses. e_block_b = 4 rows per step, with 4 warps to keep the [4, 16, 128] gather at 64
+# registers a thread: not measured yet, first guess; tune_head.py times the candidates (block_b 1 =
+# the measured blocks above).
 _BWD_GPU = BackwardBlocks(
-    e_block_v=16, e_block_d=128, e_num_warps=2, h_block_n=32, h_block_d=64, h_num_warps=1
+    e_block_b=4, e_block_v=16, e_block_d=128, e_num_warps=4, h_block_n=32, h_block_d=64, h_num_warps=1
 )
+# e_block_b = 2: B = 3 and 5 in the tests end on a partial step
 _BWD_INTERPRET = BackwardBlocks(
-    e_block_v=16, e_block_d=16, e_num_warps=1, h_block_n=16, h_block_d=16, h_num_warps=1
+    e_block_b=2, e_block_v=16, e_block_d=16, e_num_warps=1, h_block_n=16, h_block_d=16, h_num_warps=1
 )
 
 
@@ -126,34 +170,36 @@ class DenseBackwardBlocks:
     """Tile sizes of the dense (tensor-core) backward kernels."""
 
     e_block_v: int  # grad_E: vocabulary rows per program (the M of [V, S] @ [S, D])
-    e_block_s: int  # grad_E: positions per step (the K)
+    e_block_k: int  # grad_E: positions per step (the K): whole rows, e_block_k // S_pad of them, if S fits
     e_block_d: int  # grad_E: hidden columns per program (the N)
     e_num_warps: int
-    h_block_s: int  # grad_H: positions per program (the M of [S, V] @ [V, D])
+    h_block_m: int  # grad_H: positions per program (the M of [S, V] @ [V, D]); whole rows if S fits
     h_block_v: int  # grad_H: vocabulary rows per step (the K)
     h_block_d: int  # grad_H: hidden columns per program (the N)
     h_num_warps: int
 
 
 # Dense backward (short sequences, dense reps): not measured yet. A first guess in the forward's
-# image: 128-wide M and N tiles, a 32-deep K step (S <= 32 in one step); benchmarks/tune_head.py
-# --dense times the candidates.
+# image: 128-wide M and N tiles. Like the packed forward, several whole rows share a product where S
+# fits: grad_H's M = 128 positions (4 rows at S = 32, so each [64, 128] tile of E serves 4 rows, not
+# one), grad_E's K = 64 (2 rows per step). benchmarks/tune_head.py --dense times the candidates.
 _DENSE_BWD_GPU = DenseBackwardBlocks(
     e_block_v=128,
-    e_block_s=32,
+    e_block_k=64,
     e_block_d=128,
     e_num_warps=8,
-    h_block_s=32,
+    h_block_m=128,
     h_block_v=64,
     h_block_d=128,
-    h_num_warps=4,
+    h_num_warps=8,
 )
+# 64-position products: the tests' S = 21 and 29 pack 2 rows (B = 3 and 5 end on a partial group)
 _DENSE_BWD_INTERPRET = DenseBackwardBlocks(
     e_block_v=16,
-    e_block_s=16,
+    e_block_k=64,
     e_block_d=16,
     e_num_warps=1,
-    h_block_s=16,
+    h_block_m=64,
     h_block_v=16,
     h_block_d=16,
     h_num_warps=1,
@@ -275,6 +321,98 @@ def _sparton_fwd_kernel(
     tl.store(arg_ptr + out, run_arg, mask=v_ok)
 
 
+@triton.jit(do_not_specialize=["B", "S"])
+def _sparton_fwd_packed_kernel(
+    h_ptr,  # [B, S, D] hidden states
+    e_ptr,  # [V, D] vocabulary embeddings
+    bias_ptr,  # [V] or a dummy when HAS_BIAS is False
+    mask_ptr,  # [B, S] uint8 0/1 attention mask
+    max_ptr,  # [B, V] fp32 out: max_s of the masked logits, clamped at 0
+    arg_ptr,  # [B, V] int32 out: first s attaining it (0 where the max is 0)
+    B,
+    S,
+    V,
+    D,
+    stride_hb,
+    stride_hs,
+    stride_ev,
+    stride_mb,
+    HAS_BIAS: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    S_PAD: tl.constexpr,  # next power of two >= S: the N columns of one batch row
+    ROWS: tl.constexpr,  # G batch rows per program; the product's N is ROWS * S_PAD
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP_N: tl.constexpr,
+):
+    # Grouped launch order, as in _sparton_fwd_kernel, over groups of ROWS batch rows.
+    pid = tl.program_id(0)
+    num_v_tiles = tl.cdiv(V, BLOCK_V)
+    num_row_groups = tl.cdiv(B, ROWS)
+    per_band = GROUP_N * num_v_tiles
+    first_group = (pid // per_band) * GROUP_N
+    band_groups = tl.minimum(num_row_groups - first_group, GROUP_N)
+    row_group = first_group + (pid % per_band) % band_groups
+    v_tile = (pid % per_band) // band_groups
+
+    offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
+    v_ok = offs_v < V
+    offs_d = tl.arange(0, BLOCK_D)
+    # Column n of the product is position n % S_PAD of batch row first_row + n // S_PAD: [BLOCK_N]
+    offs_n = tl.arange(0, ROWS * S_PAD)
+    first_row = row_group * ROWS
+    rows = first_row + offs_n // S_PAD
+    pos = offs_n % S_PAD
+    n_ok = (rows < B) & (pos < S)
+    e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
+    h_cols = h_ptr + rows.to(tl.int64)[:, None] * stride_hb + pos[:, None] * stride_hs  # [BLOCK_N, 1]
+    acc = tl.zeros([BLOCK_V, ROWS * S_PAD], dtype=tl.float32)
+    for k in range(0, tl.cdiv(D, BLOCK_D)):
+        dd = k * BLOCK_D + offs_d
+        if EVEN_D:
+            e = tl.load(e_rows + dd[None, :], mask=v_ok[:, None], other=0.0)
+            h = tl.load(h_cols + dd[None, :], mask=n_ok[:, None], other=0.0)
+        else:
+            d_ok = dd < D
+            e = tl.load(e_rows + dd[None, :], mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+            h = tl.load(h_cols + dd[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST_DOT:
+            e = e.to(tl.float32)
+            h = h.to(tl.float32)
+        # [BLOCK_V, BLOCK_D] @ [BLOCK_D, G·S_PAD] -> [BLOCK_V, G·S_PAD]: G batch rows share each E tile
+        acc = tl.dot(e, tl.trans(h), acc, input_precision=DOT_PRECISION)
+    keep = tl.load(mask_ptr + rows * stride_mb + pos, mask=n_ok, other=0) != 0  # padding never wins
+    x = acc
+    if HAS_BIAS:
+        x = x + tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)[:, None]
+    x = tl.where(keep[None, :], x, float("-inf"))
+    # [BLOCK_V, G·S_PAD] -> [BLOCK_V, G, S_PAD] -> [BLOCK_V, G]: each row's max and first position, in
+    # Tensor.max(dim)'s order, as in _sparton_fwd_kernel: NaN read as +inf by tl.max, and only a tile
+    # holding NaN or +inf looks for the first NaN. Whole rows in one tile: no running max across tiles.
+    is_nan = x != x
+    row_max, row_arg = tl.max(
+        tl.reshape(tl.where(is_nan, float("inf"), x), [BLOCK_V, ROWS, S_PAD]),
+        axis=2,
+        return_indices=True,
+        return_indices_tie_break_left=True,
+    )
+    if tl.max(tl.max(row_max, axis=1), axis=0) == float("inf"):
+        nan_at = tl.where(is_nan, pos[None, :], S_PAD)  # [BLOCK_V, G·S_PAD]
+        first_nan = tl.min(tl.reshape(nan_at, [BLOCK_V, ROWS, S_PAD]), axis=2)  # [BLOCK_V, G]
+        has_nan = first_nan < S_PAD
+        row_max = tl.where(has_nan, float("nan"), row_max)
+        row_arg = tl.where(has_nan, first_nan, row_arg)
+    # relu: the max starts at 0 (a max <= 0, -inf for a fully masked row, gives (0, 0)); NaN passes
+    live = (row_max > 0) | (row_max != row_max)
+    out_rows = first_row + tl.arange(0, ROWS)  # [G]
+    out = out_rows.to(tl.int64)[None, :] * V + offs_v[:, None]  # [BLOCK_V, G]
+    out_ok = v_ok[:, None] & (out_rows < B)[None, :]
+    tl.store(max_ptr + out, tl.where(live, row_max, 0.0), mask=out_ok)
+    tl.store(arg_ptr + out, tl.where(live, row_arg, 0).to(tl.int32), mask=out_ok)
+
+
 @triton.jit(do_not_specialize=["B"])
 def _sparton_bwd_grad_e_kernel(
     h_ptr,  # [B, S, D] hidden states
@@ -287,33 +425,44 @@ def _sparton_bwd_grad_e_kernel(
     D,
     stride_hb,
     stride_hs,
+    BLOCK_B: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_d = tl.program_id(1)
+    offs_b = tl.arange(0, BLOCK_B)
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     v_ok = offs_v < V
     d_ok = offs_d < D
     poison = tl.load(poison_ptr + offs_d, mask=d_ok, other=0.0)
     acc = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32) + poison[None, :]
-    coef_ptrs = coef_ptr + offs_v  # row b = 0 of [B, V]; advanced by V per batch row (64-bit pointers)
-    arg_ptrs = arg_ptr + offs_v
-    h_row = h_ptr + offs_d[None, :]  # H[0, 0, d]; advanced by stride_hb per batch row
-    # b-major: every program reads H[b] in the same iteration, so the gathers hit L2.
-    for _ in range(B):
-        coef = tl.load(coef_ptrs, mask=v_ok, other=0.0)  # [BLOCK_V]
-        s = tl.load(arg_ptrs, mask=v_ok, other=0)
+    # rows 0..BLOCK_B-1 of [B, V]: [BLOCK_B, BLOCK_V]; advanced by BLOCK_B·V per step (64-bit pointers)
+    coef_ptrs = coef_ptr + offs_b.to(tl.int64)[:, None] * V + offs_v[None, :]
+    arg_ptrs = arg_ptr + offs_b.to(tl.int64)[:, None] * V + offs_v[None, :]
+    # H[b, 0, d] for the step's rows: [BLOCK_B, 1, BLOCK_D]; advanced by BLOCK_B·stride_hb per step
+    h_rows = h_ptr + offs_b.to(tl.int64)[:, None, None] * stride_hb + offs_d[None, None, :]
+    # b-major: every program reads the same BLOCK_B rows of H in the same step, so the gathers hit L2.
+    # BLOCK_B rows per step: one [BLOCK_B, BLOCK_V] load of (coef, argmax) and one gather of all their
+    # rows, so the chain of dependent loads (coef, then the gather) is paid B / BLOCK_B times, not B.
+    for b0 in range(0, B, BLOCK_B):
+        ok = (b0 + offs_b < B)[:, None] & v_ok[None, :]
+        coef = tl.load(coef_ptrs, mask=ok, other=0.0)  # [BLOCK_B, BLOCK_V]
+        s = tl.load(arg_ptrs, mask=ok, other=0)
         live = coef != 0.0  # zero outputs load nothing (NaN coefficients do)
-        # gather H[b, argmax[b, v], d]: [BLOCK_V, BLOCK_D]
+        # gather H[b, argmax[b, v], d]: [BLOCK_B, BLOCK_V, BLOCK_D]
         h = tl.load(
-            h_row + s.to(tl.int64)[:, None] * stride_hs, mask=live[:, None] & d_ok[None, :], other=0.0
+            h_rows + s.to(tl.int64)[:, :, None] * stride_hs,
+            mask=live[:, :, None] & d_ok[None, None, :],
+            other=0.0,
         )
-        acc += coef[:, None] * h.to(tl.float32)
-        coef_ptrs += V
-        arg_ptrs += V
-        h_row += stride_hb
+        # Summation order, fixed (deterministic): the step's BLOCK_B products are summed by one tl.sum
+        # (a reduction tree fixed by the compiled tile), and that partial sum is added to acc.
+        acc += tl.sum(coef[:, :, None] * h.to(tl.float32), axis=0)  # -> [BLOCK_V, BLOCK_D]
+        coef_ptrs += BLOCK_B * V
+        arg_ptrs += BLOCK_B * V
+        h_rows += BLOCK_B * stride_hb
     out = offs_v.to(tl.int64)[:, None] * D + offs_d[None, :]
     tl.store(grad_e_ptr + out, acc.to(grad_e_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
 
@@ -365,6 +514,7 @@ def _sparton_bwd_dense_grad_e_kernel(
     stride_hs,
     SPLIT: tl.constexpr,  # bf16: coef as a hi + lo pair of bf16 values (two exact products)
     UPCAST_DOT: tl.constexpr,  # the interpreter's bf16 tl.dot is wrong: same values in fp32
+    ROWS: tl.constexpr,  # batch rows per step; > 1 only where BLOCK_S >= S (whole rows)
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -373,36 +523,41 @@ def _sparton_bwd_dense_grad_e_kernel(
     pid_d = tl.program_id(1)
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_r = tl.arange(0, ROWS)
     offs_t = tl.arange(0, BLOCK_S)
+    # K index k of a step: position k % BLOCK_S of its row k // BLOCK_S: [ROWS·BLOCK_S]
+    offs_k = tl.arange(0, ROWS * BLOCK_S)
+    k_row = offs_k // BLOCK_S
+    k_pos = offs_k % BLOCK_S
     v_ok = offs_v < V
     d_ok = offs_d < D
     acc = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
     acc += tl.load(poison_ptr + offs_d, mask=d_ok, other=0.0)[None, :]
-    coef_ptrs = coef_ptr + offs_v  # row b = 0 of [B, V]; advanced by V per batch row (64-bit pointers)
-    arg_ptrs = arg_ptr + offs_v
-    h_row = h_ptr + offs_d[None, :]  # H[0, 0, d]; advanced by stride_hb per batch row
-    for _ in range(B):
-        coef = tl.load(coef_ptrs, mask=v_ok, other=0.0)  # [BLOCK_V]
-        s_arg = tl.load(arg_ptrs, mask=v_ok, other=-1)
+    for b0 in range(0, B, ROWS):
+        rows = b0 + offs_r  # [ROWS]
+        at = rows.to(tl.int64)[None, :] * V + offs_v[:, None]  # [BLOCK_V, ROWS] into [B, V]
+        ok = v_ok[:, None] & (rows < B)[None, :]
+        coef = tl.load(coef_ptr + at, mask=ok, other=0.0)  # [BLOCK_V, ROWS]
+        s_arg = tl.load(arg_ptr + at, mask=ok, other=-1)
+        h_rows = h_ptr + (b0 + k_row).to(tl.int64)[:, None] * stride_hb + offs_d[None, :]  # [K, BLOCK_D]
         for s0 in range(0, S, BLOCK_S):
-            offs_s = s0 + offs_t
-            # [BLOCK_V, BLOCK_S]: coef at each column's argmax position, 0 elsewhere (built, never stored)
-            p = tl.where(s_arg[:, None] == offs_s[None, :], coef[:, None], 0.0)
+            # [BLOCK_V, ROWS, BLOCK_S] -> [BLOCK_V, K]: coef at each column's argmax position, 0 elsewhere
+            # (built, never stored)
+            hit = s_arg[:, :, None] == (s0 + offs_t)[None, None, :]
+            p = tl.reshape(tl.where(hit, coef[:, :, None], 0.0), [BLOCK_V, ROWS * BLOCK_S])
+            h_ok = (b0 + k_row < B) & (s0 + k_pos < S)
             h = tl.load(
-                h_row + offs_s[:, None] * stride_hs, mask=(offs_s < S)[:, None] & d_ok[None, :], other=0.0
-            )  # [BLOCK_S, BLOCK_D]
+                h_rows + (s0 + k_pos)[:, None] * stride_hs, mask=h_ok[:, None] & d_ok[None, :], other=0.0
+            )  # [K, BLOCK_D]
             if SPLIT:
                 hi = p.to(h.dtype)
                 lo = (p - hi.to(tl.float32)).to(h.dtype)
                 if UPCAST_DOT:
                     hi, lo, h = hi.to(tl.float32), lo.to(tl.float32), h.to(tl.float32)
-                acc = tl.dot(hi, h, acc)  # [BLOCK_V, BLOCK_S] @ [BLOCK_S, BLOCK_D] -> [BLOCK_V, BLOCK_D]
+                acc = tl.dot(hi, h, acc)  # [BLOCK_V, K] @ [K, BLOCK_D] -> [BLOCK_V, BLOCK_D]
                 acc = tl.dot(lo, h, acc)
             else:
                 acc = tl.dot(p, h.to(tl.float32), acc, input_precision="ieee")
-        coef_ptrs += V
-        arg_ptrs += V
-        h_row += stride_hb
     out = offs_v.to(tl.int64)[:, None] * D + offs_d[None, :]
     tl.store(grad_e_ptr + out, acc.to(grad_e_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
 
@@ -421,46 +576,55 @@ def _sparton_bwd_dense_grad_h_kernel(
     stride_ev,
     SPLIT: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    ROWS: tl.constexpr,  # batch rows per program; > 1 only where BLOCK_S >= S (whole rows)
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    pid = tl.program_id(0)  # (b, S tile)
+    pid = tl.program_id(0)  # (group of ROWS batch rows, S tile)
     pid_d = tl.program_id(1)
     num_s_tiles = tl.cdiv(S, BLOCK_S)
-    b = pid // num_s_tiles
-    offs_s = (pid % num_s_tiles) * BLOCK_S + tl.arange(0, BLOCK_S)
+    b0 = (pid // num_s_tiles) * ROWS
+    s0 = (pid % num_s_tiles) * BLOCK_S
+    offs_r = tl.arange(0, ROWS)
+    offs_t = tl.arange(0, BLOCK_S)
+    # M index m: position s0 + m % BLOCK_S of batch row b0 + m // BLOCK_S: [ROWS·BLOCK_S]
+    offs_m = tl.arange(0, ROWS * BLOCK_S)
+    m_row = b0 + offs_m // BLOCK_S
+    m_pos = s0 + offs_m % BLOCK_S
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_u = tl.arange(0, BLOCK_V)
     d_ok = offs_d < D
-    acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
+    rows = b0 + offs_r  # [ROWS]
+    row_at = rows.to(tl.int64)[:, None] * V  # [ROWS, 1] starts of the rows of [B, V]
+    acc = tl.zeros([ROWS * BLOCK_S, BLOCK_D], dtype=tl.float32)
     acc += tl.load(poison_ptr + offs_d, mask=d_ok, other=0.0)[None, :]
-    row = b.to(tl.int64) * V
     for v0 in range(0, V, BLOCK_V):
         offs_v = v0 + offs_u
         v_ok = offs_v < V
-        coef = tl.load(coef_ptr + row + offs_v, mask=v_ok, other=0.0)  # [BLOCK_V]
-        s_arg = tl.load(arg_ptr + row + offs_v, mask=v_ok, other=-1)
-        # [BLOCK_S, BLOCK_V]: the transposed one-hot-times-coef tile of this V tile
-        p = tl.where(offs_s[:, None] == s_arg[None, :], coef[None, :], 0.0)
+        ok = (rows < B)[:, None] & v_ok[None, :]
+        coef = tl.load(coef_ptr + row_at + offs_v[None, :], mask=ok, other=0.0)  # [ROWS, BLOCK_V]
+        s_arg = tl.load(arg_ptr + row_at + offs_v[None, :], mask=ok, other=-1)
+        # [ROWS, BLOCK_S, BLOCK_V] -> [M, BLOCK_V]: the transposed one-hot-times-coef tile of this V tile
+        hit = (s0 + offs_t)[None, :, None] == s_arg[:, None, :]
+        p = tl.reshape(tl.where(hit, coef[:, None, :], 0.0), [ROWS * BLOCK_S, BLOCK_V])
         e = tl.load(
             e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev + offs_d[None, :],
             mask=v_ok[:, None] & d_ok[None, :],
             other=0.0,
-        )  # [BLOCK_V, BLOCK_D]
+        )  # [BLOCK_V, BLOCK_D]: one tile of E serves ROWS batch rows
         if SPLIT:
             hi = p.to(e.dtype)
             lo = (p - hi.to(tl.float32)).to(e.dtype)
             if UPCAST_DOT:
                 hi, lo, e = hi.to(tl.float32), lo.to(tl.float32), e.to(tl.float32)
-            acc = tl.dot(hi, e, acc)  # [BLOCK_S, BLOCK_V] @ [BLOCK_V, BLOCK_D] -> [BLOCK_S, BLOCK_D]
+            acc = tl.dot(hi, e, acc)  # [M, BLOCK_V] @ [BLOCK_V, BLOCK_D] -> [M, BLOCK_D]
             acc = tl.dot(lo, e, acc)
         else:
             acc = tl.dot(p, e.to(tl.float32), acc, input_precision="ieee")
-    out = (b.to(tl.int64) * S + offs_s)[:, None] * D + offs_d[None, :]
-    tl.store(
-        grad_h_ptr + out, acc.to(grad_h_ptr.dtype.element_ty), mask=(offs_s < S)[:, None] & d_ok[None, :]
-    )
+    out = (m_row.to(tl.int64) * S + m_pos)[:, None] * D + offs_d[None, :]
+    out_ok = (m_row < B) & (m_pos < S)
+    tl.store(grad_h_ptr + out, acc.to(grad_h_ptr.dtype.element_ty), mask=out_ok[:, None] & d_ok[None, :])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -478,14 +642,25 @@ def _sparton_bwd_dense_grad_h_kernel(
 # by benchmarks/check_head_gpu.py.
 
 
-def _default_forward_blocks(dtype: torch.dtype, seq_len: int) -> ForwardBlocks:
+def _default_forward_blocks(dtype: torch.dtype, seq_len: int) -> ForwardBlocks | PackedForwardBlocks:
     if _interpreting():
         return _FWD_INTERPRET
     if dtype == torch.float32:
         return _FWD_GPU_FP32
-    if seq_len <= _FWD_GPU_16BIT_SHORT.block_s:
-        return _FWD_GPU_16BIT_SHORT
+    if seq_len <= _PACKED_MAX_S:
+        return _FWD_GPU_16BIT_PACKED
     return _FWD_GPU_16BIT
+
+
+def _forward_dot_mode(dtype: torch.dtype) -> dict[str, object]:
+    """How the forward kernels call tl.dot: IEEE fp32 for fp32 inputs ("tf32" is ignored for 16-bit)."""
+    return {
+        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        # Triton 3.9's interpreter multiplies bf16 tl.dot operands wrongly (errors ~1e10); bf16 -> fp32 is
+        # exact and the GPU's bf16 MMA forms the same exact products, so upcasting there computes the
+        # same function. Never set on a GPU.
+        "UPCAST_DOT": _interpreting() and dtype == torch.bfloat16,
+    }
 
 
 def sparton_forward(
@@ -494,30 +669,44 @@ def sparton_forward(
     bias: Tensor | None,
     attention_mask: Tensor,
     *,
-    blocks: ForwardBlocks | None = None,
+    blocks: ForwardBlocks | PackedForwardBlocks | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fused forward: (Y [B, V] in the dtype of H, fp32 max [B, V], int32 argmax [B, V]).
 
     Expects validated inputs (``head.py`` checks them): H [B, S, D] and E [V, D] of one dtype among
     fp16/bf16/fp32 on one device, bias [V] or None, a 0/1 mask [B, S]. Y = log1p(max), computed from the
-    fp32 max and rounded once to the output dtype.
+    fp32 max and rounded once to the output dtype. ``blocks`` picks the kernel: ``ForwardBlocks`` the
+    one-row kernel (any S), ``PackedForwardBlocks`` the packed-rows one (short S); by default the
+    packed one for 16-bit inputs with S <= 64, the one-row one otherwise.
     """
-    B, S, D = hidden_states.shape
+    B, S, _ = hidden_states.shape
     V = weight.shape[0]
     blocks = blocks or _default_forward_blocks(hidden_states.dtype, S)
     h = hidden_states.contiguous()
     e = weight.contiguous()
     mask = attention_mask.to(torch.uint8).contiguous()
+    mx = torch.empty(B, V, device=h.device, dtype=torch.float32)
+    arg = torch.empty(B, V, device=h.device, dtype=torch.int32)
+    launch = _forward_packed if isinstance(blocks, PackedForwardBlocks) else _forward_one_row
+    launch(h, e, bias.contiguous() if bias is not None else None, mask, mx, arg, blocks)
+    y = torch.log1p(mx).to(hidden_states.dtype)  # [B, V]; relu already applied (max starts at 0)
+    return y, mx, arg
+
+
+def _forward_one_row(
+    h: Tensor, e: Tensor, bias: Tensor | None, mask: Tensor, mx: Tensor, arg: Tensor, blocks: ForwardBlocks
+) -> None:
+    """One program per (batch row, V tile), walking the row's S tiles (``_sparton_fwd_kernel``)."""
+    B, S, D = h.shape
+    V = e.shape[0]
     # [B, S] -> [B]: 1 + last unmasked position (0 if none), so right padding is never computed
     positions = torch.arange(1, S + 1, device=h.device, dtype=torch.int32)
     lengths = (mask * positions).amax(dim=1).to(torch.int32)
-    mx = torch.empty(B, V, device=h.device, dtype=torch.float32)
-    arg = torch.empty(B, V, device=h.device, dtype=torch.int32)
     grid = (B * triton.cdiv(V, blocks.block_v),)
     _sparton_fwd_kernel[grid](
         h,
         e,
-        bias.contiguous() if bias is not None else mx,  # dummy pointer, never read without bias
+        bias if bias is not None else mx,  # dummy pointer, never read without bias
         mask,
         lengths,
         mx,
@@ -532,11 +721,7 @@ def sparton_forward(
         mask.stride(0),
         HAS_BIAS=bias is not None,
         EVEN_D=D % blocks.block_d == 0,
-        DOT_PRECISION="ieee" if h.dtype == torch.float32 else "tf32",  # "tf32" is ignored for 16-bit
-        # Triton 3.9's interpreter multiplies bf16 tl.dot operands wrongly (errors ~1e10); bf16 -> fp32 is
-        # exact and the GPU's bf16 MMA forms the same exact products, so upcasting there computes the
-        # same function. Never set on a GPU.
-        UPCAST_DOT=_interpreting() and h.dtype == torch.bfloat16,
+        **_forward_dot_mode(h.dtype),
         BLOCK_S=blocks.block_s,
         BLOCK_V=blocks.block_v,
         BLOCK_D=blocks.block_d,
@@ -544,8 +729,53 @@ def sparton_forward(
         num_warps=blocks.num_warps,
         num_stages=blocks.num_stages,
     )
-    y = torch.log1p(mx).to(hidden_states.dtype)  # [B, V]; relu already applied (max starts at 0)
-    return y, mx, arg
+
+
+def _forward_packed(
+    h: Tensor,
+    e: Tensor,
+    bias: Tensor | None,
+    mask: Tensor,
+    mx: Tensor,
+    arg: Tensor,
+    blocks: PackedForwardBlocks,
+) -> None:
+    """One program per (G batch rows, V tile), G = block_n // S_pad (``_sparton_fwd_packed_kernel``).
+
+    S_pad is a compile-time constant, so each power of two up to S_pad recompiles once (7 variants up
+    to S = 64); B and S themselves do not.
+    """
+    B, S, D = h.shape
+    V = e.shape[0]
+    s_pad = triton.next_power_of_2(S)
+    rows = max(1, blocks.block_n // s_pad)
+    grid = (triton.cdiv(B, rows) * triton.cdiv(V, blocks.block_v),)
+    _sparton_fwd_packed_kernel[grid](
+        h,
+        e,
+        bias if bias is not None else mx,  # dummy pointer, never read without bias
+        mask,
+        mx,
+        arg,
+        B,
+        S,
+        V,
+        D,
+        h.stride(0),
+        h.stride(1),
+        e.stride(0),
+        mask.stride(0),
+        HAS_BIAS=bias is not None,
+        EVEN_D=D % blocks.block_d == 0,
+        **_forward_dot_mode(h.dtype),
+        S_PAD=s_pad,
+        ROWS=rows,
+        BLOCK_V=blocks.block_v,
+        BLOCK_D=blocks.block_d,
+        GROUP_N=blocks.group_n,
+        num_warps=blocks.num_warps,
+        num_stages=blocks.num_stages,
+    )
 
 
 def _grad_e(
@@ -567,6 +797,7 @@ def _grad_e(
         D,
         h.stride(0),
         h.stride(1),
+        BLOCK_B=blocks.e_block_b,
         BLOCK_V=blocks.e_block_v,
         BLOCK_D=blocks.e_block_d,
         num_warps=blocks.e_num_warps,
@@ -582,11 +813,14 @@ def _grad_h(
     B, V = coef.shape
     D = e.shape[1]
     # Non-zeros keyed by destination row b·S + argmax; zeros get the sentinel B·S and sort last. A stable
-    # sort keeps each row's entries in increasing v: a fixed summation order.
-    rows = torch.arange(B, device=e.device, dtype=torch.int32)[:, None] * S  # [B, 1]
-    keys = torch.where(coef != 0, rows + arg, B * S).reshape(-1)  # [B·V]
+    # sort keeps each row's entries in increasing v: a fixed summation order. The sort is a radix sort
+    # whose passes scale with the key's width: where B·S < 2^15 (queries: 512 x 32 = 16,384) int16 keys
+    # take half the passes of int32 ones, over all B·V keys (15.6M at B = 512, V = 30,522).
+    key_dtype = torch.int16 if B * S < 2**15 else torch.int32
+    rows = torch.arange(B, device=e.device, dtype=key_dtype)[:, None] * S  # [B, 1]
+    keys = torch.where(coef != 0, rows + arg.to(key_dtype), B * S).reshape(-1)  # [B·V]
     sorted_keys, order = torch.sort(keys, stable=True)
-    bounds = torch.arange(B * S + 1, device=e.device, dtype=torch.int32)
+    bounds = torch.arange(B * S + 1, device=e.device, dtype=key_dtype)
     row_offsets = torch.searchsorted(sorted_keys, bounds)  # [B·S + 1] int64
     cols = (order % V).to(torch.int32)  # [B·V]; only the first row_offsets[-1] entries are read
     vals = coef.reshape(-1)[order]
@@ -616,13 +850,23 @@ def _dot_mode(dtype: torch.dtype) -> dict[str, object]:
     return {"SPLIT": split, "UPCAST_DOT": _interpreting() and split}
 
 
+def _whole_rows(S: int, block: int) -> tuple[int, int]:
+    """(rows, BLOCK_S) filling a ``block``-position tile of a dense backward product: whole rows of
+    S_pad = the next power of two >= S, ``block // S_pad`` of them, where one fits; else S tiles of one
+    row. The products then stay ``block`` wide (tl.dot needs 16 or more) whatever S is."""
+    s_pad = triton.next_power_of_2(S)
+    return (block // s_pad, s_pad) if s_pad <= block else (1, block)
+
+
 def _grad_e_dense(
     h: Tensor, coef: Tensor, arg: Tensor, V: int, dtype: torch.dtype, blocks: DenseBackwardBlocks
 ) -> Tensor:
-    """grad_E [V, D] = Σ_b P_b @ H[b], P_b [V, S] = coef[b, v] at (v, argmax[b, v]): tensor-core products."""
+    """grad_E [V, D] = Σ_b P_b @ H[b], P_b [V, S] = coef[b, v] at (v, argmax[b, v]): tensor-core products,
+    K = e_block_k positions per step (whole rows side by side where S fits)."""
     B, S, D = h.shape
     poison = non_finite_columns(h, dim=(0, 1))  # [D]
     grad_e = torch.empty(V, D, device=h.device, dtype=dtype)
+    rows, block_s = _whole_rows(S, blocks.e_block_k)
     grid = (triton.cdiv(V, blocks.e_block_v), triton.cdiv(D, blocks.e_block_d))
     _sparton_bwd_dense_grad_e_kernel[grid](
         h,
@@ -637,8 +881,9 @@ def _grad_e_dense(
         h.stride(0),
         h.stride(1),
         **_dot_mode(h.dtype),
+        ROWS=rows,
         BLOCK_V=blocks.e_block_v,
-        BLOCK_S=blocks.e_block_s,
+        BLOCK_S=block_s,
         BLOCK_D=blocks.e_block_d,
         num_warps=blocks.e_num_warps,
     )
@@ -648,12 +893,14 @@ def _grad_e_dense(
 def _grad_h_dense(
     e: Tensor, coef: Tensor, arg: Tensor, S: int, dtype: torch.dtype, blocks: DenseBackwardBlocks
 ) -> Tensor:
-    """grad_H [B, S, D] = P_b^T @ E per batch row, P_b^T [S, V] built tile by tile from (coef, argmax)."""
+    """grad_H [B, S, D] = P_b^T @ E per batch row, P_b^T [S, V] built tile by tile from (coef, argmax);
+    M = h_block_m positions per program (whole rows stacked where S fits, sharing each E tile)."""
     B, V = coef.shape
     D = e.shape[1]
     poison = non_finite_columns(e, dim=0)  # [D]
     grad_h = torch.empty(B, S, D, device=e.device, dtype=dtype)
-    grid = (B * triton.cdiv(S, blocks.h_block_s), triton.cdiv(D, blocks.h_block_d))
+    rows, block_s = _whole_rows(S, blocks.h_block_m)
+    grid = (triton.cdiv(B, rows) * triton.cdiv(S, block_s), triton.cdiv(D, blocks.h_block_d))
     _sparton_bwd_dense_grad_h_kernel[grid](
         e,
         coef,
@@ -666,8 +913,9 @@ def _grad_h_dense(
         D,
         e.stride(0),
         **_dot_mode(e.dtype),
+        ROWS=rows,
         BLOCK_V=blocks.h_block_v,
-        BLOCK_S=blocks.h_block_s,
+        BLOCK_S=block_s,
         BLOCK_D=blocks.h_block_d,
         num_warps=blocks.h_num_warps,
     )
@@ -690,7 +938,8 @@ def sparton_backward(
     Sparse (default): work and traffic proportional to the non-zeros of Y. ``dense``: the [V, S] tile
     of coef-at-the-argmax is built on the fly from (coef, argmax) and multiplied with tensor cores
     (grad_E = P @ H, grad_H = P^T @ E per batch row): work proportional to B·S·V·D whatever the
-    sparsity, meant for short sequences with dense reps; not chosen automatically (not yet measured).
+    sparsity, meant for short sequences with dense reps; where S fits, several whole rows share one
+    product (one E tile serves them all); not chosen automatically (not yet measured).
     Both: gradients of masked positions and of outputs equal to 0 are exactly 0, deterministic (no
     atomics), and non-finite values propagate as autograd through :func:`sparton_head_reference`
     propagates them (see its docstring). ``needs_input_grad`` (H, E, bias): a gradient not needed is
