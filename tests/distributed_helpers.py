@@ -408,6 +408,21 @@ def _run_engine_scenarios(rank: int) -> dict[str, object]:
             "grads": grads_of(sparse_encoder),
             "layouts": {name: type(rep).__name__ for name, rep in reps.items()},
         }
+    # The same through CachedLoss (what the Trainer runs): loss.backward() replays the gathered sparse reps.
+    sparse_encoder = sparse_start_encoder()
+    cached = CachedLoss(
+        DistributedDataParallel(sparse_encoder),
+        splade_loss(),
+        mini_batch_size=SPARSE_MINI_BATCH,
+        sparse_reps=True,
+    )
+    loss, components = cached(_select(sparse_columns, rows), return_components=True)
+    loss.backward()
+    results["sparse_reps"]["cached_loss"] = {
+        "loss": loss.detach(),
+        "components": components,
+        "grads": grads_of(sparse_encoder),
+    }
     # sparse_reps="auto" when only rank 0's first mini-batch is sparse (its queries fully masked, all-zero
     # reps) and rank 1's ~93% dense: every rank must take the dense layout, or the gather cannot agree.
     auto_columns = _select(columns, rank_rows(even, rank))

@@ -94,10 +94,11 @@ def test_sparse_rep_grads_under_ddp_equal_the_dense_cache(ranks) -> None:
 
 
 def test_sparse_reps_gathered_across_ranks_match_dense_and_single_process(ranks) -> None:
-    """On 2 DDP ranks (6+4 rows, mini-batches of 4: 4+2 and 4), GradCache.step with sparse_reps=True gathers
-    every rank's non-zeros for SpladeLoss (InfoNCE in score blocks straddling the ranks, FLOPS) and gives
-    the loss, its components and every parameter gradient of the dense reps gathered, and of one process
-    on the global batch of 10; the ranks hold different numbers of non-zeros and rank 1 an all-zero row."""
+    """On 2 DDP ranks (6+4 rows, mini-batches of 4: 4+2 and 4), GradCache.step and CachedLoss with
+    sparse_reps=True gather every rank's non-zeros for SpladeLoss (InfoNCE in score blocks straddling the
+    ranks, FLOPS) and give the loss, its components and every parameter gradient of the dense reps gathered,
+    and of one process on the global batch of 10; the ranks hold different numbers of non-zeros and rank 1
+    an all-zero row."""
     encoder = sparse_start_encoder()
     columns = sparse_global_batch()
     reference = GradCache(encoder, mini_batch_size=SPARSE_MINI_BATCH).step(columns, splade_loss())
@@ -111,17 +112,20 @@ def test_sparse_reps_gathered_across_ranks_match_dense_and_single_process(ranks)
     assert all(int(n[: UNEVEN_ROWS[0]].sum()) != int(n[UNEVEN_ROWS[0] :].sum()) for n in per_row.values())
     assert max(float(g.abs().max()) for g in ref_grads.values()) > 0
     for rank in ranks:
-        dense, sparse = rank["sparse_reps"][False], rank["sparse_reps"][True]
-        assert set(sparse["layouts"].values()) == {SparseReps.__name__}
+        dense = rank["sparse_reps"][False]
+        assert set(rank["sparse_reps"][True]["layouts"].values()) == {SparseReps.__name__}
         assert set(dense["layouts"].values()) == {torch.Tensor.__name__}
-        for expected_loss, expected_parts, expected_grads in (
-            (dense["loss"], dense["components"], dense["grads"]),
-            (reference.loss, reference.components, ref_grads),
-        ):
-            torch.testing.assert_close(sparse["loss"], expected_loss, rtol=RTOL_SPARSE_LOSS, atol=0)
-            for name, value in expected_parts.items():
-                torch.testing.assert_close(sparse["components"][name], value, rtol=RTOL_SPARSE_LOSS, atol=0)
-            assert_grads_close(sparse["grads"], expected_grads, rtol=RTOL_FP32)
+        for sparse in (rank["sparse_reps"][True], rank["sparse_reps"]["cached_loss"]):
+            for expected_loss, expected_parts, expected_grads in (
+                (dense["loss"], dense["components"], dense["grads"]),
+                (reference.loss, reference.components, ref_grads),
+            ):
+                torch.testing.assert_close(sparse["loss"], expected_loss, rtol=RTOL_SPARSE_LOSS, atol=0)
+                for name, value in expected_parts.items():
+                    torch.testing.assert_close(
+                        sparse["components"][name], value, rtol=RTOL_SPARSE_LOSS, atol=0, msg=name
+                    )
+                assert_grads_close(sparse["grads"], expected_grads, rtol=RTOL_FP32)
 
 
 def test_sparse_gather_concatenates_ranks_and_routes_gradients_to_local_weights(ranks) -> None:
@@ -218,7 +222,7 @@ def test_trainer_on_two_ranks_matches_single_process_global_batch(ranks, tmp_pat
     logged = [log for log in trainer.state.log_history if "loss" in log]
     start_log = (
         "Effective batch: 8 per device x 2 process(es) = 16 rows per loss (reps gathered across processes) "
-        "(x 2 accumulation steps per optimizer step); mini_batch_size 3."
+        "(x 2 accumulation steps per optimizer step); mini_batch_size 3; sparse_reps false."
     )
     for index, rank in enumerate(ranks):
         result = rank["trainer"]
