@@ -283,6 +283,112 @@ def test_blocked_info_nce_matches_dense_loss_and_grads(k: int, block_size: int) 
         torch.testing.assert_close(blocked_in[name].grad, dense_in[name].grad, **FP32_TOL)
 
 
+def test_bf16_parts_sum_exactly_to_their_fp32_value() -> None:
+    """Three bf16 parts (8 + 8 + 8 significant bits) hold any normal fp32 value exactly: their fp32 sum
+    gives back every bit, across magnitudes from 1e-30 to 1e30 and both signs."""
+    from gradcache_sparton.losses.blocked import _bf16_parts
+
+    generator = torch.Generator().manual_seed(50)
+    x = torch.randn(4096, generator=generator) * 10.0 ** torch.randint(-30, 30, (4096,), generator=generator)
+    hi, mid, lo = _bf16_parts(x)
+    assert hi.dtype == mid.dtype == lo.dtype == torch.bfloat16
+    assert torch.equal((hi.float() + mid.float()) + lo.float(), x)
+    assert not torch.equal(hi.float(), x)  # the test needs values with more than 8 significant bits
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_blocked_scores_as_bf16_products_equal_the_fp32_products(
+    monkeypatch: pytest.MonkeyPatch, sparse: bool
+) -> None:
+    """With every rep a bf16 value (autocast reps, upcast), the blocked log-sum-exp multiplies its blocks
+    in bf16 with fp32 output (the GPU's tensor-core path, here forced on the CPU) and splits the backward's
+    fp32 softmax weights into three exact bf16 parts: loss and every gradient equal the fp32 block products
+    up to fp32 summation order. Reps with any value that is not a bf16 value keep the fp32 products."""
+    import gradcache_sparton.losses.blocked as blocked_module
+    from gradcache_sparton.evaluation import SparseReps
+    from gradcache_sparton.losses.sparse import sparse_blocked_logsumexp
+
+    reps = {name: rep.to(torch.bfloat16).float() for name, rep in _batch(10, 48, 1, seed=51).items()}
+    block_dtypes: list[torch.dtype] = []
+    block_of = blocked_module._blocked_lse_forward
+
+    def recording(*args):
+        block_dtypes.append(args[-1])
+        return block_of(*args)
+
+    monkeypatch.setattr(blocked_module, "_blocked_lse_forward", recording)
+
+    def lse_and_grads(columns: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        names = list(columns)
+        if sparse:
+            layouts = [SparseReps.from_dense(columns[name]) for name in names]
+            leaves = [layout.weights.clone().requires_grad_() for layout in layouts]
+            q, *d = (
+                SparseReps(x.offsets, x.token_ids, w, x.vocab_size)
+                for x, w in zip(layouts, leaves, strict=True)
+            )
+            lse = sparse_blocked_logsumexp(q, d, temperature=0.5, block_size=3)
+        else:
+            leaves = [columns[name].clone().requires_grad_() for name in names]
+            lse = blocked_module.blocked_logsumexp(leaves[0], leaves[1:], temperature=0.5, block_size=3)
+        (lse * torch.linspace(0.5, 1.5, lse.numel())).sum().backward()
+        return lse.detach(), [leaf.grad for leaf in leaves]
+
+    fp32_lse, fp32_grads = lse_and_grads(reps)
+    monkeypatch.setattr(blocked_module, "_BF16_PRODUCT_DEVICES", frozenset({"cpu"}))
+    bf16_lse, bf16_grads = lse_and_grads(reps)
+    assert block_dtypes == [torch.float32, torch.bfloat16]
+    torch.testing.assert_close(bf16_lse, fp32_lse, **FP32_TOL)
+    for got, expected in zip(bf16_grads, fp32_grads, strict=True):
+        torch.testing.assert_close(got, expected, **FP32_TOL)
+    reps["query"][0, 0] = 1.0 + 2.0**-12  # one value between two bf16 values: fp32 products
+    lse_and_grads(reps)
+    assert block_dtypes[-1] == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_blocked_scores_on_the_tensor_cores_equal_fp64(sparse: bool) -> None:
+    """On a GPU, bf16-valued reps take the tensor-core product path (``torch.mm(..., out_dtype=fp32)``,
+    three bf16 parts for the backward's weights) and the blocked log-sum-exp and its gradients equal an
+    fp64 computation of the same values. Bound: each score sums V = 512 exact products in fp32, so it errs
+    by at most e = 512 · 2**-24 · max score (all terms >= 0); lse then by e, each softmax weight by a
+    factor within exp(±2e), and each gradient entry, a sum of at most 600 positive terms, by 2e plus
+    600 · 2**-24 relative. A wrong product, block or row is an O(1) error."""
+    from gradcache_sparton.evaluation import SparseReps
+    from gradcache_sparton.losses.blocked import _products_in_bf16, blocked_logsumexp
+    from gradcache_sparton.losses.sparse import sparse_blocked_logsumexp
+
+    reps = {n: r.to(torch.bfloat16).float() for n, r in _batch(300, 512, 1, seed=52).items()}
+    assert _products_in_bf16([r.cuda() for r in reps.values()])
+    weights = torch.linspace(0.5, 1.5, 300, dtype=torch.float64)
+
+    def lse_and_grads(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        columns = [rep.to(device, dtype) for rep in reps.values()]
+        if sparse:
+            layouts = [SparseReps.from_dense(column) for column in columns]
+            leaves = [layout.weights.clone().requires_grad_() for layout in layouts]
+            q, *d = (
+                SparseReps(x.offsets, x.token_ids, w, x.vocab_size)
+                for x, w in zip(layouts, leaves, strict=True)
+            )
+            lse = sparse_blocked_logsumexp(q, d, temperature=1.0, block_size=128)
+        else:
+            leaves = [column.clone().requires_grad_() for column in columns]
+            lse = blocked_logsumexp(leaves[0], leaves[1:], temperature=1.0, block_size=128)
+        (lse * weights.to(device, lse.dtype)).sum().backward()
+        return lse.detach().cpu().double(), [leaf.grad.cpu().double() for leaf in leaves]
+
+    gpu_lse, gpu_grads = lse_and_grads("cuda", torch.float32)
+    ref_lse, ref_grads = lse_and_grads("cpu", torch.float64)
+    q, *docs = (rep.double() for rep in reps.values())
+    e = 512 * 2**-24 * max((q @ d.T).max().item() for d in docs)
+    torch.testing.assert_close(gpu_lse, ref_lse, rtol=0, atol=e)
+    for got, expected in zip(gpu_grads, ref_grads, strict=True):
+        rtol = math.expm1(2 * e) + 600 * 2**-24
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=rtol * expected.abs().max().item())
+
+
 def test_blocked_info_nce_bf16_reps() -> None:
     """Blocked InfoNCE on bf16 reps scores in fp32 and returns the fp32 gradient rounded once to bf16."""
     reps = _batch(9, 64, 1, seed=44, dtype=torch.bfloat16)

@@ -17,11 +17,24 @@ The loops run on any :class:`RowBlocks` layout of a column: dense reps here, spa
 densified at a time, gradients gathered at its non-zeros) in :mod:`.sparse`.
 
 The result equals the dense computation up to fp32 summation order (the blocks add up the same terms
-in another order). Memory: the [B, V] rep gradients the dense path also returns, plus a few [bq, bd]
-blocks and, for half-precision reps, fp32 copies of one query block and one document block (callers
-upcast once the columns they also use elsewhere, so their gradients are rounded once). Time: the forward
-matmuls run twice (once more in the backward), so a blocked step costs one extra [B, V] x [V, N]
-product over the dense one.
+in another order).
+
+Products on a GPU: without TF32 an fp32 matmul runs on the CUDA cores (an H100's datasheet peaks: 67
+TFLOP/s fp32 against 989 bf16 on the tensor cores), and the blocked products grow as B²: 4 · 2 · B ·
+(1+k)B · V flops a step. When every input holds bf16 values (reps made under bf16 autocast and upcast;
+checked once per call, :func:`_products_in_bf16`) the blocks are kept in bf16 and multiplied on the
+tensor cores with fp32 output (``torch.mm(..., out_dtype=torch.float32)``): the product of two bf16
+values is exact in fp32, so the scores are sums of the exact fp32 products, in another order. The
+backward's fp32 softmax weights are not bf16 values: each is split exactly into three bf16 parts (8 +
+8 + 8 significant bits, :func:`_bf16_parts`) multiplied one by one, so the gradients too are sums of
+exact products. A blocked step then does 8 bf16 products where it did 4 fp32 ones. On a CPU, and for
+other values, the products stay fp32 (fp64) matmuls.
+
+Memory: the [B, V] rep gradients the dense path also returns, plus a few [bq, bd] blocks and copies
+of one query block and one document block (bf16 in the product path above; fp32 for half-precision
+reps otherwise: callers upcast once the columns they also use elsewhere, so their gradients are rounded
+once). Time: the forward matmuls run twice (once more in the backward), so a blocked step costs one
+extra [B, V] x [V, N] product over the dense one.
 
 :func:`score_block_size` decides: dense while the fp32 score matrix fits :data:`DENSE_SCORES_MAX_BYTES`,
 blocks of :data:`AUTO_BLOCK_SIZE` beyond; an explicit block size always blocks.
@@ -137,15 +150,63 @@ def _dense_rows(position: int, tensor: Tensor) -> RowBlocks:
     return _DenseRows(tensor)
 
 
+# Device types whose block products run in bf16 with fp32 output when the values allow it (module doc).
+_BF16_PRODUCT_DEVICES = frozenset({"cuda"})
+
+
+def _products_in_bf16(tensors: Sequence[Tensor]) -> bool:
+    """True when the blocks can be multiplied as bf16 with exact products: fp32 inputs on a GPU whose
+    values are all bf16 values (one pass and one device sync per input). NaN compares unequal: False."""
+    return all(
+        t.dtype == torch.float32
+        and t.device.type in _BF16_PRODUCT_DEVICES
+        and torch.equal(t, t.to(torch.bfloat16).to(torch.float32))
+        for t in tensors
+    )
+
+
+def _bf16_parts(x: Tensor) -> list[Tensor]:
+    """fp32 ``x`` as three bf16 tensors whose fp32 sum is ``x`` exactly (8 + 8 + 8 significant bits)."""
+    hi = x.to(torch.bfloat16)
+    rest = x - hi.to(torch.float32)  # exact: x and hi agree in their leading bits
+    mid = rest.to(torch.bfloat16)
+    return [hi, mid, (rest - mid.to(torch.float32)).to(torch.bfloat16)]
+
+
+def _mm(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b``; for bf16 operands with exact products and fp32 sums and output."""
+    if a.dtype != torch.bfloat16:
+        return a @ b
+    if a.device.type == "cuda":
+        return torch.mm(a, b, out_dtype=torch.float32)  # tensor cores, fp32 accumulation
+    return a.to(torch.float32) @ b.to(torch.float32)  # the same exact products, summed in fp32
+
+
+def _mm_fp32_left(weights: Tensor, block: Tensor) -> Tensor:
+    """``weights @ block`` for fp32 ``weights`` and a ``block`` that may be bf16: part by part (module doc)."""
+    if block.dtype != torch.bfloat16:
+        return weights @ block
+    hi, mid, lo = _bf16_parts(weights)
+    out = _mm(hi, block)  # one [rows, V] fp32 buffer, the parts added into it in order
+    out += _mm(mid, block)
+    out += _mm(lo, block)
+    return out
+
+
 def _blocked_lse_forward(
-    q_rows: RowBlocks, d_rows: Sequence[RowBlocks], temperature: float, block_size: int, dtype: torch.dtype
+    q_rows: RowBlocks,
+    d_rows: Sequence[RowBlocks],
+    temperature: float,
+    block_size: int,
+    dtype: torch.dtype,
+    block_dtype: torch.dtype,
 ) -> Tensor:
     """Forward: per query block, an online log-sum-exp over every document block -> lse [B]."""
     device = q_rows.tensor.device
     lse = torch.empty(q_rows.num_rows, dtype=dtype, device=device)  # [B]
     for i0 in range(0, q_rows.num_rows, block_size):
         i1 = min(i0 + block_size, q_rows.num_rows)
-        q_block = q_rows.block(i0, i1, dtype)  # [bq, V]
+        q_block = q_rows.block(i0, i1, block_dtype)  # [bq, V]
         running_max = torch.full((q_block.shape[0],), -torch.inf, dtype=dtype, device=device)
         running_sum = torch.zeros_like(running_max)  # sum_j exp(s[:, j] - running_max), [bq]
         for scores, _, _, _ in _score_blocks(q_block, d_rows, temperature, block_size):  # [bq, bd]
@@ -164,6 +225,7 @@ def _blocked_lse_backward(
     d_rows: Sequence[RowBlocks],
     temperature: float,
     block_size: int,
+    block_dtype: torch.dtype,
     *,
     needs_q: bool,
     needs_d: Sequence[bool],
@@ -180,14 +242,16 @@ def _blocked_lse_backward(
     row_scale = grad_lse.to(dtype) / temperature  # [B]
     for i0 in range(0, q_rows.num_rows, block_size):
         i1 = min(i0 + block_size, q_rows.num_rows)
-        q_block = q_rows.block(i0, i1, dtype)  # [bq, V]
+        q_block = q_rows.block(i0, i1, block_dtype)  # [bq, V]
         for scores, c, j0, d_block in _score_blocks(q_block, d_rows, temperature, block_size):
             weights = torch.exp(scores - lse[i0:i1, None]) * row_scale[i0:i1, None]  # [bq, bd]
             if grad_q is not None:
-                q_rows.add_to_grad(grad_q, i0, i1, weights @ d_block)  # [bq, bd] @ [bd, V] -> [bq, V]
+                # [bq, bd] @ [bd, V] -> [bq, V]
+                q_rows.add_to_grad(grad_q, i0, i1, _mm_fp32_left(weights, d_block))
             if grad_d[c] is not None:
                 j1 = j0 + d_block.shape[0]
-                d_rows[c].add_to_grad(grad_d[c], j0, j1, weights.T @ q_block)  # [bd, bq] @ [bq, V] -> [bd, V]
+                # [bd, bq] @ [bq, V] -> [bd, V]
+                d_rows[c].add_to_grad(grad_d[c], j0, j1, _mm_fp32_left(weights.T, q_block))
     return (
         None if grad_q is None else grad_q.to(q_rows.tensor.dtype),
         [None if g is None else g.to(d.tensor.dtype) for g, d in zip(grad_d, d_rows, strict=True)],
@@ -210,11 +274,13 @@ class _BlockedLogSumExp(torch.autograd.Function):
         d_rows = [rows_of(1 + c, tensor) for c, tensor in enumerate(d)]
         with torch.autocast(q.device.type, enabled=False):
             dtype = accumulation_dtype(q, *d)
-            lse = _blocked_lse_forward(q_rows, d_rows, temperature, block_size, dtype)
+            block_dtype = torch.bfloat16 if _products_in_bf16([q, *d]) else dtype
+            lse = _blocked_lse_forward(q_rows, d_rows, temperature, block_size, dtype, block_dtype)
         ctx.save_for_backward(q, lse, *d)
         ctx.rows_of = rows_of
         ctx.temperature = temperature
         ctx.block_size = block_size
+        ctx.block_dtype = block_dtype
         return lse
 
     @staticmethod
@@ -229,6 +295,7 @@ class _BlockedLogSumExp(torch.autograd.Function):
                 [ctx.rows_of(1 + c, tensor) for c, tensor in enumerate(d)],
                 ctx.temperature,
                 ctx.block_size,
+                ctx.block_dtype,
                 needs_q=ctx.needs_input_grad[3],
                 needs_d=ctx.needs_input_grad[4:],
             )
@@ -244,5 +311,5 @@ def _score_blocks(
     for c, d in enumerate(d_rows):
         for j0 in range(0, d.num_rows, block_size):
             d_block = d.block(j0, min(j0 + block_size, d.num_rows), q_block.dtype)  # [bd, V]
-            scores = q_block @ d_block.T / temperature  # [bq, V] @ [V, bd] -> [bq, bd]
+            scores = _mm(q_block, d_block.T) / temperature  # [bq, V] @ [V, bd] -> [bq, bd], fp32 (fp64)
             yield scores, c, j0, d_block
