@@ -388,13 +388,14 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
     sparse_reps: str = field(
         default="false",
         metadata={
+            "metavar": "{false,true,auto}",
             "help": "Keep each step's reps as their non-zeros (ids and weights) from the first pass to the "
             "replay, instead of dense [batch, vocabulary] reps and gradients: memory grows with the non-zeros "
             "rather than batch x vocabulary, which lets trained (sparse) models take far larger batches; the "
             "loss and gradients are the dense path's up to fp32 summation order. 'true': always; 'auto': each "
             "step, when the first mini-batch's non-zeros take fewer bytes than its dense reps (below ~1/2 "
             "density in fp32); 'false' (default): dense reps. A custom loss must accept sparse reps (SpladeLoss "
-            "does). Costs one device sync per mini-batch."
+            "does). Costs one device sync per mini-batch.",
         },
     )
     show_mini_batch_progress: bool = field(

@@ -175,7 +175,7 @@ def test_sparse_cached_loss_gradient_accumulation_scaling(config) -> None:
             loss.backward()
             total += loss.detach()
         results[path] = (total, grads_of(encoder))
-    assert all(layouts == {SparseReps} for layouts in loss_fn.layouts[k:])
+    assert loss_fn.layouts[k:] == [{SparseReps}] * k  # the sparse path ran in every micro-step
     torch.testing.assert_close(results["sparse"][0], results["uncached"][0], rtol=RTOL, atol=0)
     assert_grads_close(results["sparse"][1], results["uncached"][1], rtol=RTOL)
 
@@ -308,3 +308,13 @@ def test_bad_sparse_reps_values_are_refused(tmp_path, capsys, monkeypatch, confi
 
     with pytest.raises(ValueError, match="sparse_reps must be False, True or 'auto', got 'yes'"):
         CachedLoss(make_encoder(config), _splade_loss(), mini_batch_size=2, sparse_reps="yes")
+
+
+def test_cli_help_documents_sparse_reps(capsys) -> None:
+    """`gradcache-sparton train --help` lists --sparse_reps with its three values and what it trades off."""
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # help lines re-wrapped to one
+    assert "--sparse_reps {false,true,auto}" in text
+    assert "memory grows with the non-zeros" in text
