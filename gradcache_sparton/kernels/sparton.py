@@ -103,8 +103,8 @@ class BackwardBlocks:
 # shared memory, within the H100's 227 KiB.
 _FWD_GPU_16BIT = ForwardBlocks(block_s=256, block_v=128, block_d=64, group_b=8, num_warps=8, num_stages=3)
 # Short sequences (SPLADE queries: ~32 tokens) take the packed-rows kernel (``PackedForwardBlocks``).
-# Its forerunner, one batch row's 32 positions per product against a [256, D] tile of E (a 32 x 256
-# tile of this kernel), ran 0.78 ms at B=128, S=32 (8 warps, 3 stages; 32x128 0.84, 32x64 0.96, 64x128
+# Its forerunner, the one-row kernel with a 32 x 256 tile (one batch row's 32 positions per product
+# against a [256, D] tile of E), ran 0.78 ms at B=128, S=32 (8 warps, 3 stages; 32x128 0.84, 32x64 0.96, 64x128
 # 0.99, the 256x128 default 2.98) but only 223 TFLOP/s at B=512, S=32 (3.44 ms against the compiled
 # head's 2.19, docs/benchmarks.md): each E tile is re-read from L2 once per batch row, an arithmetic
 # intensity of ~28 FLOP per byte loaded per K step, too low for the tensor cores.
@@ -128,8 +128,10 @@ class PackedForwardBlocks:
     num_stages: int
 
 
-# Sequences of up to this many positions take the packed kernel (16-bit inputs): one program holds
-# G = block_n // S_pad whole batch rows, so S_pad must stay well below block_n.
+# Sequences of up to this many positions take the packed kernel (16-bit inputs): queries, the bound
+# issue 15 sets. The kernel holds any S whole in one tile (N = max(block_n, S_pad)) and also packs
+# rows at S = 128 (G = 2 at block_n 256), where the one-row kernel's 256-wide tile is half padding; the
+# bound can move once measured (tune_head.py times packed candidates up to S_pad = 256).
 _PACKED_MAX_S = 64
 # Not measured yet: first guess, benchmarks/tune_head.py times the candidates. The long-sequence
 # default's product shape (M = 128 vocabulary rows x N = 256 positions, 64-deep K, 8 warps, 3 stages,
@@ -643,13 +645,13 @@ def _sparton_bwd_dense_grad_h_kernel(
 
 
 def _default_forward_blocks(dtype: torch.dtype, seq_len: int) -> ForwardBlocks | PackedForwardBlocks:
-    if _interpreting():
+    """The kernel and tiles for a dtype and S; the interpreter makes the same choice of kernel."""
+    interpreting = _interpreting()
+    if dtype != torch.float32 and seq_len <= _PACKED_MAX_S:
+        return _FWD_PACKED_INTERPRET if interpreting else _FWD_GPU_16BIT_PACKED
+    if interpreting:
         return _FWD_INTERPRET
-    if dtype == torch.float32:
-        return _FWD_GPU_FP32
-    if seq_len <= _PACKED_MAX_S:
-        return _FWD_GPU_16BIT_PACKED
-    return _FWD_GPU_16BIT
+    return _FWD_GPU_FP32 if dtype == torch.float32 else _FWD_GPU_16BIT
 
 
 def _forward_dot_mode(dtype: torch.dtype) -> dict[str, object]:
