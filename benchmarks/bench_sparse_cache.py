@@ -30,6 +30,10 @@ inputs and cache); the step time is the median of the steps after the first (the
 is the only one). Out of memory: a row with status "OOM". A configuration not started within
 ``--time_budget_s`` is "skipped".
 
+``--loss_only_batches``: Step (2) alone, SpladeLoss forward and backward on sparse reps of B triplets
+synthesized with the model's measured non-zeros per row (random sorted ids, random positive bf16
+weights), to time the loss, whose block products grow as B², apart from the encoder, which grows as B.
+
 Run on the GPU machine from the repository root:
 
     export PYTHONPATH=$PWD:$PYTHONPATH PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True HF_HUB_OFFLINE=1
@@ -78,6 +82,7 @@ from torch import Tensor
 from transformers import AutoTokenizer
 
 from gradcache_sparton import GradCache, SpladeEncoder
+from gradcache_sparton.evaluation import SparseReps
 from gradcache_sparton.resources import default_tokenizer_path
 
 GiB = 2**30
@@ -184,6 +189,53 @@ class Bench:
         free_memory(self.device)
         row["status"] = status
         return row
+
+
+def synthetic_sparse(rows: int, nnz: int, vocab: int, device: torch.device, seed: int) -> SparseReps:
+    """``rows`` sparse reps of ``nnz`` distinct random ids each (ascending) and random bf16 weights in [0.05, 2)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    ids = []
+    for start in range(0, rows, 4096):  # [4,096, V] random keys at a time
+        keys = torch.rand(min(4096, rows - start), vocab, device=device, generator=generator)
+        ids.append(keys.topk(nnz, dim=1).indices.sort(dim=1).values.to(torch.int32))
+    token_ids = torch.cat(ids).flatten()
+    weights = (torch.rand(token_ids.numel(), device=device, generator=generator) * 1.95 + 0.05).to(
+        torch.bfloat16
+    )
+    offsets = torch.arange(rows + 1, device=device, dtype=torch.int64) * nnz
+    return SparseReps(offsets, token_ids, weights, vocab)
+
+
+def time_loss_only(bench: Bench, vocab: int, batch: int, nnz: dict[str, float]) -> dict[str, Any]:
+    """Step (2) alone on synthetic sparse reps of ``batch`` triplets: SpladeLoss forward and backward."""
+    row: dict[str, Any] = {"vocab": vocab, "cache": "loss-only", "batch": batch, "mini_batch": None}
+    try:
+        columns = {
+            c: synthetic_sparse(batch, round(nnz[c]), vocab, bench.device, seed=i)
+            for i, c in enumerate(COLUMNS)
+        }
+        leaves = {c: x.weights.clone().requires_grad_() for c, x in columns.items()}
+        reps = {c: SparseReps(x.offsets, x.token_ids, leaves[c], vocab) for c, x in columns.items()}
+        if bench.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        bench.sync()
+        start = time.perf_counter()
+        with autocast(bench.device):
+            loss, _ = bench.loss_fn(reps)
+        loss.backward()
+        bench.sync()
+        seconds = time.perf_counter() - start
+        row.update(
+            {"step_s": [seconds], "step_s_median": seconds, "pairs_per_s": batch / seconds, "status": "ok"}
+        )
+        if bench.cuda:
+            row["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GiB
+    except Exception as exc:  # keep the other rows
+        row["status"] = "OOM" if is_oom(exc) else f"error: {type(exc).__name__}: {exc}"[:300]
+        if not is_oom(exc):
+            traceback.print_exc()
+    free_memory(bench.device)
+    return row
 
 
 def plan(args: argparse.Namespace) -> list[tuple[int, str, int]]:
@@ -307,6 +359,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense_max_batch", type=int, default=32768)
     parser.add_argument("--throughput_batches", type=int_list, default=[THROUGHPUT_BATCH])
     parser.add_argument("--timed_steps", type=int, default=2)
+    parser.add_argument("--loss_only_batches", type=int_list, default=[],
+                        help="also time SpladeLoss alone on synthetic sparse reps of these many triplets")  # fmt: skip
     parser.add_argument("--mini_batch", type=int, default=128)
     parser.add_argument("--target_density", type=float, default=0.02)
     parser.add_argument("--seed", type=int, default=0)
@@ -363,6 +417,16 @@ def main(argv: list[str] | None = None) -> int:
         row = bench.run(vocab, cache, batch, steps)
         if row["status"] == "OOM":
             oom_from[(vocab, cache)] = batch
+        results.append(row)
+        print(json.dumps(row), flush=True)
+        save()
+    for batch in args.loss_only_batches:
+        if not models or time.monotonic() - start > args.time_budget_s:
+            results.append(
+                {"vocab": args.vocabs[-1], "cache": "loss-only", "batch": batch, "status": "skipped"}
+            )
+            continue
+        row = time_loss_only(bench, models[-1]["vocab"], batch, models[-1]["nnz_per_row"])
         results.append(row)
         print(json.dumps(row), flush=True)
         save()
