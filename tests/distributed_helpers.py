@@ -42,9 +42,9 @@ from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import default_train_data_path, load_training_data
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import gather_global_batch
-from gradcache_sparton.evaluation.sparse_reps import SparseReps
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.sparse_reps import SparseReps
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
 __all__ = [

@@ -40,7 +40,7 @@ from engine_helpers import assert_grads_close, grads_of, make_encoder
 
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import data_parallel_world_size
-from gradcache_sparton.evaluation.sparse_reps import SparseReps
+from gradcache_sparton.sparse_reps import SparseReps
 
 RTOL_FP32 = 1e-5  # see the module docstring
 # Sparse against dense reps under the gather: the same fp32 terms, possibly summed in another order

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from gradcache_sparton.evaluation.sparse_reps import SparseReps
+from gradcache_sparton.sparse_reps import SparseReps
 
 __all__ = [
     "data_parallel_world_size",

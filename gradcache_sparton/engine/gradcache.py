@@ -54,7 +54,7 @@ from gradcache_sparton.engine.mini_batch import (
 )
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
-from gradcache_sparton.evaluation.sparse_reps import SparseReps
+from gradcache_sparton.sparse_reps import SparseReps
 
 __all__ = [
     "Columns",
@@ -160,7 +160,7 @@ class GradCache:
             column, when it takes fewer bytes than the dense [B, V] gradient (measured density);
             False (default): dense. Two device syncs per column when on.
         sparse_reps: keep the reps themselves sparse from Step (1) on: each mini-batch's [mb, V] reps
-            become a :class:`~gradcache_sparton.evaluation.sparse_reps.SparseReps` (vocabulary ids and
+            become a :class:`~gradcache_sparton.sparse_reps.SparseReps` (vocabulary ids and
             weights of its non-zeros) right after encoding, Step (2)'s loss receives every column as
             one (``loss_fn`` must accept them: :class:`~gradcache_sparton.losses.SpladeLoss` does) and
             returns gradients w.r.t. their weights, which go to Step (3) as :class:`SparseRepGrad`.
@@ -258,7 +258,7 @@ class GradCache:
         returned in its row order. Every column is cut into mini-batches before the first is
         encoded, so reading the row lengths back waits for no encoder work. With ``sparse_reps`` each
         mini-batch's reps are kept as their non-zeros (one device sync each) and the column is a
-        :class:`~gradcache_sparton.evaluation.sparse_reps.SparseReps` in its row order.
+        :class:`~gradcache_sparton.sparse_reps.SparseReps` in its row order.
         """
         self.check_columns(columns)
         if loss_kwargs:

@@ -1,6 +1,10 @@
 """Sparse reps in compressed-row layout (like CSR): offsets, vocabulary ids, weights.
 
 Legend: N reps, V vocabulary.
+
+One type shared by the GradCache engine (``sparse_reps``: reps kept as their non-zeros from Step (1)
+on), the losses (:mod:`gradcache_sparton.losses.sparse`) and evaluation (encoded corpora, retrieval,
+indexes, export), which re-exports it as ``gradcache_sparton.evaluation.SparseReps``.
 """
 
 from __future__ import annotations
