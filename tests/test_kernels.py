@@ -293,6 +293,22 @@ def test_triton_dense_backward_matches_reference_autograd(kernel_device, dtype, 
         torch.testing.assert_close(got, ref.to(got.dtype), rtol=rtol, atol=1e-5 * ref.abs().max().item())
 
 
+def test_triton_backward_same_with_int16_or_int32_sort_keys(kernel_device, monkeypatch) -> None:
+    """grad_H's CSR sort gives bitwise the same gradients with int16 keys (B·S < 2^15, what the tests'
+    shapes get) and int32 keys (larger B·S), NaN planted in a coefficient included."""
+    from gradcache_sparton.kernels import sparton
+
+    h, e, b, m = _inputs(4, 45, 24, 53, True, torch.float32, kernel_device, seed=27)  # B·S = 180 > 2^7
+    _, mx, arg = _launch_forward(h, e, b, m)
+    g = torch.randn(4, 53, generator=torch.Generator().manual_seed(28)).to(kernel_device)
+    g[2, 10] = float("nan")
+    narrow = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=(True, False, False))[0]
+    monkeypatch.setattr(sparton, "_INT16_KEYS_BELOW", 0)
+    wide = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=(True, False, False))[0]
+    assert torch.equal(narrow.isnan(), wide.isnan()) and narrow.isnan().any()
+    assert torch.equal(narrow.nan_to_num(), wide.nan_to_num()) and (narrow[m == 1] != 0).any()
+
+
 def test_triton_backward_zero_where_output_zero_or_masked(kernel_device) -> None:
     """Masked positions, fully masked rows and all-negative columns get exactly zero gradient."""
     h, e, b, m = _inputs(3, 37, 24, 53, True, torch.float32, kernel_device, seed=6)

@@ -161,6 +161,8 @@ _FWD_PACKED_INTERPRET = PackedForwardBlocks(
 _BWD_GPU = BackwardBlocks(
     e_block_b=4, e_block_v=16, e_block_d=128, e_num_warps=4, h_block_n=32, h_block_d=64, h_num_warps=1
 )
+# grad_H's CSR sort keys b·S + s (and the sentinel B·S) are int16 while B·S is below this, else int32
+_INT16_KEYS_BELOW = 2**15
 # e_block_b = 2: B = 3 and 5 in the tests end on a partial step
 _BWD_INTERPRET = BackwardBlocks(
     e_block_b=2, e_block_v=16, e_block_d=16, e_num_warps=1, h_block_n=16, h_block_d=16, h_num_warps=1
@@ -821,7 +823,7 @@ def _grad_h(
     # sort keeps each row's entries in increasing v: a fixed summation order. The sort is a radix sort
     # whose passes scale with the key's width: where B·S < 2^15 (queries: 512 x 32 = 16,384) int16 keys
     # take half the passes of int32 ones, over all B·V keys (15.6M at B = 512, V = 30,522).
-    key_dtype = torch.int16 if B * S < 2**15 else torch.int32
+    key_dtype = torch.int16 if B * S < _INT16_KEYS_BELOW else torch.int32
     rows = torch.arange(B, device=e.device, dtype=key_dtype)[:, None] * S  # [B, 1]
     keys = torch.where(coef != 0, rows + arg.to(key_dtype), B * S).reshape(-1)  # [B·V]
     sorted_keys, order = torch.sort(keys, stable=True)
