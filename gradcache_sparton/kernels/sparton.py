@@ -133,12 +133,13 @@ class PackedForwardBlocks:
 # rows at S = 128 (G = 2 at block_n 256), where the one-row kernel's 256-wide tile is half padding; the
 # bound can move once measured (tune_head.py times packed candidates up to S_pad = 256).
 _PACKED_MAX_S = 64
-# Not measured yet: first guess, benchmarks/tune_head.py times the candidates. The long-sequence
-# default's product shape (M = 128 vocabulary rows x N = 256 positions, 64-deep K, 8 warps, 3 stages,
-# 503 TFLOP/s at S=512), now filled with G = 256 / S_pad batch rows (8 rows at S=32): each K step
-# multiplies a [128, 64] tile of E by [64, 256] of H, ~85 FLOP per byte loaded, 3x the one-row tile's.
+# bf16, B=512, S=32, D=768, V=30,522 on an H100 (benchmarks/tune_head.py --shape 512,32,768,30522
+# --dense --bias-mean -2.0, 2026-11-23), ms: N = 128 (G = 4 rows at S = 32) x M = 128 vocabulary rows,
+# 64-deep K, 4 warps, 3 stages 1.80 (427 TFLOP/s); 4 stages 2.40; 128 x 256, 8 warps 1.87; 256 x 128,
+# 8 warps, 3 stages 1.94 (group 4: 1.95, group 16: 1.94; 4 stages 1.97; K = 32 2.26); 256 x 64
+# 2.52; 64 x 128 2.24. The one-row kernel's best short tile (32 x 256) ran 3.19 in the same run.
 _FWD_GPU_16BIT_PACKED = PackedForwardBlocks(
-    block_n=256, block_v=128, block_d=64, group_n=8, num_warps=8, num_stages=3
+    block_n=128, block_v=128, block_d=64, group_n=8, num_warps=4, num_stages=3
 )
 # Under the interpreter: N = 128 packs 2 to 128 rows of the awkward test shapes (S = 1 .. 64), so
 # groups straddle B and hold fully masked rows.
@@ -153,15 +154,17 @@ _FWD_PACKED_INTERPRET = PackedForwardBlocks(
 # 4 warps 0.85; 8x128, 1 warp 0.80); grad_H 32 non-zeros x 64 columns, 1 warp: 1.15 (64x64, 1 warp
 # 1.16; 64x64, 2 warps 1.52; 32x128, 2 warps 1.54; 128x64, 4 warps 3.11). Both gather ~3.7 GB at that
 # density, i.e. ~4.6 TB/s, about the L2's rate, so the block shape matters less from here on.
-# Those grad_E blocks stepped through b one row at a time. At B = 512, S = 32 (~2% of Y > 0) that loop
-# is latency-bound: each of its 512 steps waits for a [BLOCK_V] load of (coef, argmax), then for the
-# gather it addresses. e_block_b = 4 rows per step, with 4 warps to keep the [4, 16, 128] gather at 64
-# registers a thread: not measured yet, first guess; tune_head.py times the candidates (block_b 1 =
-# the measured blocks above).
+# Stepping grad_E's b loop e_block_b rows at a time (one [e_block_b, BLOCK_V] load of (coef, argmax),
+# one gather) lost everywhere it was timed (tune_head.py, H100, 2026-11-23), ms for the whole backward:
+# B=512, S=32, 2.3% of Y > 0: e_block_b 1 3.31 (grad_E 2.20), 2 6.08, 4 6.33-104 (by block shape and
+# warps), 8 19.4-58.0, 16 34.1; B=128, S=512, 61%: 1 2.16 (grad_E 0.87), 2 2.90, 4 2.88-28.0, 8
+# 6.10-16.5. So e_block_b = 1: the blocks above (6.40 at B=512, S=32 with 52% of Y > 0).
 _BWD_GPU = BackwardBlocks(
-    e_block_b=4, e_block_v=16, e_block_d=128, e_num_warps=4, h_block_n=32, h_block_d=64, h_num_warps=1
+    e_block_b=1, e_block_v=16, e_block_d=128, e_num_warps=2, h_block_n=32, h_block_d=64, h_num_warps=1
 )
-# grad_H's CSR sort keys b·S + s (and the sentinel B·S) are int16 while B·S is below this, else int32
+# grad_H's CSR sort keys b·S + s (and the sentinel B·S) are int16 while B·S is below this, else int32:
+# sorting B·V = 15.6M keys at B=512, V=30,522 took 0.43 ms as int16 against 0.80 ms as int32 (H100,
+# tune_head.py, 2026-11-23).
 _INT16_KEYS_BELOW = 2**15
 # e_block_b = 2: B = 3 and 5 in the tests end on a partial step
 _BWD_INTERPRET = BackwardBlocks(
@@ -183,10 +186,12 @@ class DenseBackwardBlocks:
     h_num_warps: int
 
 
-# Dense backward (short sequences, dense reps): not measured yet. A first guess in the forward's
-# image: 128-wide M and N tiles. Like the packed forward, several whole rows share a product where S
-# fits: grad_H's M = 128 positions (4 rows at S = 32, so each [64, 128] tile of E serves 4 rows, not
-# one), grad_E's K = 64 (2 rows per step). benchmarks/tune_head.py --dense times the candidates.
+# Dense backward (opt-in, ``sparton_backward(dense=True)``), bf16, B=512, S=32, 52% of Y > 0 (tune_head.py
+# --dense, H100, 2026-11-23), ms (grad_E + grad_H): grad_E 128 x 64 (K, 2 rows) x 128, 8 warps and grad_H
+# M = 128 (4 rows) x 64 x 128, 4 warps 11.23 (7.06 + 3.88, 137 TFLOP/s over the two products' flops);
+# grad_H with 8 warps 11.83; M = 256 x K 32 12.06; K = 32 for grad_E 13.06; 64-wide M for grad_E 12.93-
+# 13.21. The sparse backward ran the same inputs in 6.40 and 3.31 at 2.3% of Y > 0: it is the default
+# at every density measured, and the dense one is not chosen automatically.
 _DENSE_BWD_GPU = DenseBackwardBlocks(
     e_block_v=128,
     e_block_k=64,
@@ -195,7 +200,7 @@ _DENSE_BWD_GPU = DenseBackwardBlocks(
     h_block_m=128,
     h_block_v=64,
     h_block_d=128,
-    h_num_warps=8,
+    h_num_warps=4,
 )
 # 64-position products: the tests' S = 21 and 29 pack 2 rows (B = 3 and 5 end on a partial group)
 _DENSE_BWD_INTERPRET = DenseBackwardBlocks(
