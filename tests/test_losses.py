@@ -336,12 +336,13 @@ def test_blocked_scores_as_bf16_products_equal_the_fp32_products(
 
     fp32_lse, fp32_grads = lse_and_grads(reps)
     monkeypatch.setattr(blocked_module, "_BF16_PRODUCT_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(blocked_module, "_CHECK_CHUNK", 7)  # the value check runs over many chunks
     bf16_lse, bf16_grads = lse_and_grads(reps)
     assert block_dtypes == [torch.float32, torch.bfloat16]
     torch.testing.assert_close(bf16_lse, fp32_lse, **FP32_TOL)
     for got, expected in zip(bf16_grads, fp32_grads, strict=True):
         torch.testing.assert_close(got, expected, **FP32_TOL)
-    reps["query"][0, 0] = 1.0 + 2.0**-12  # one value between two bf16 values: fp32 products
+    reps["negative_1"][-1, -1] = 1.0 + 2.0**-12  # one value between two bf16 values, in the last chunk
     lse_and_grads(reps)
     assert block_dtypes[-1] == torch.float32
 

@@ -152,17 +152,20 @@ def _dense_rows(position: int, tensor: Tensor) -> RowBlocks:
 
 # Device types whose block products run in bf16 with fp32 output when the values allow it (module doc).
 _BF16_PRODUCT_DEVICES = frozenset({"cuda"})
+# Elements checked at a time by _products_in_bf16: its temporaries stay ~112 MiB whatever the [B, V].
+_CHECK_CHUNK = 1 << 24
 
 
 def _products_in_bf16(tensors: Sequence[Tensor]) -> bool:
     """True when the blocks can be multiplied as bf16 with exact products: fp32 inputs on a GPU whose
-    values are all bf16 values (one pass and one device sync per input). NaN compares unequal: False."""
-    return all(
-        t.dtype == torch.float32
-        and t.device.type in _BF16_PRODUCT_DEVICES
-        and torch.equal(t, t.to(torch.bfloat16).to(torch.float32))
-        for t in tensors
-    )
+    values are all bf16 values (one pass over them in chunks, one device sync). NaN compares unequal."""
+    if not all(t.dtype == torch.float32 and t.device.type in _BF16_PRODUCT_DEVICES for t in tensors):
+        return False
+    exact = torch.ones((), dtype=torch.bool, device=tensors[0].device)
+    for t in tensors:
+        for chunk in t.detach().reshape(-1).split(_CHECK_CHUNK):
+            exact &= (chunk == chunk.to(torch.bfloat16).to(torch.float32)).all()
+    return bool(exact)
 
 
 def _bf16_parts(x: Tensor) -> list[Tensor]:
