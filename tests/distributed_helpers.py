@@ -477,14 +477,14 @@ def _zero_job_rep_grads(reps: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {name: torch.randn(rep.shape, generator=generator) for name, rep in reps.items()}
 
 
-def _run_trainer_scenario(out_dir: Path) -> dict[str, object]:
+def _run_trainer_scenario(out_dir: Path, **overrides: object) -> dict[str, object]:
     from transformers import AutoTokenizer
 
     from gradcache_sparton.resources import default_tokenizer_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_tokenizer_path())
     model = trainer_model(tokenizer)
-    args = trainer_args(out_dir / "trainer", per_device_batch=8, ddp_backend="gloo", ddp_timeout=60)
+    args = trainer_args(out_dir, per_device_batch=8, ddp_backend="gloo", ddp_timeout=60, **overrides)
     trainer = SequentialTrainer(model, args, train_dataset=trainer_rows(), processing_class=tokenizer)
     messages: list[str] = []
     handler = logging.Handler(logging.INFO)
@@ -492,7 +492,10 @@ def _run_trainer_scenario(out_dir: Path) -> dict[str, object]:
     trainer_logger = logging.getLogger("gradcache_sparton.trainer")
     trainer_logger.addHandler(handler)
     trainer_logger.setLevel(logging.INFO)
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        trainer_logger.removeHandler(handler)
     return {
         "params": {name: p.detach().clone() for name, p in model.named_parameters()},
         "logs": trainer.state.log_history,
@@ -510,7 +513,8 @@ def _worker(out_dir: Path) -> None:
     results = _run_engine_scenarios(rank)
     results["failure"] = _run_failure_scenario(rank)
     # accelerate finds the process group initialized and uses it (gloo, MULTI_CPU).
-    results["trainer"] = _run_trainer_scenario(out_dir)
+    results["trainer"] = _run_trainer_scenario(out_dir / "trainer")
+    results["trainer sparse_reps"] = _run_trainer_scenario(out_dir / "trainer_sparse", sparse_reps="true")
     torch.save(results, out_dir / f"rank{rank}.pt")
     dist.destroy_process_group()
 
