@@ -110,7 +110,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import run_stamp  # benchmarks/common.py, beside this script
+from common import headless_pyplot, run_stamp  # benchmarks/common.py, beside this script
 from torch import Tensor
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 
@@ -764,12 +764,8 @@ def show(head: list[str], body: list[list[str]]) -> None:
 
 def plot(rows: list[dict], path: Path) -> str:
     """pairs/s against peak memory, one panel per (model, workload), one series per provider and budget kind."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = headless_pyplot()
+    if plt is None:
         return "matplotlib is not installed: no plot (pip install matplotlib)"
     done = [r for r in rows if r["status"] == "ok" and "peak_allocated_gib" in r]
     if not done:

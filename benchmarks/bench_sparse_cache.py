@@ -77,7 +77,7 @@ from bench_real_workload import (
     take_rows,
     tokenize_rows,
 )
-from common import run_stamp
+from common import headless_pyplot, run_stamp
 from torch import Tensor
 from transformers import AutoTokenizer
 
@@ -129,7 +129,8 @@ class Bench:
         sample = {c: {k: v.to(self.device) for k, v in f.items()} for c, f in sample.items()}
         bias = calibrate_decoder_bias(model, [sample[c] for c in COLUMNS], self.args.target_density)
         encoder = SpladeEncoder(model).to(self.device)
-        self.state = {k: v.detach().clone() for k, v in encoder.state_dict().items()}
+        # On the host: a device copy would count in every configuration's peak memory.
+        self.state = {k: v.detach().to("cpu", copy=True) for k, v in encoder.state_dict().items()}
         self.encoder = encoder
         nnz = nonzeros_per_row(encoder, sample)
         return {"vocab": vocab, "decoder_bias": bias, "nnz_per_row": nnz,
@@ -319,12 +320,8 @@ def markdown(meta: dict, models: list[dict], rows: list[dict], targets: list[dic
 
 def plot(rows: list[dict], path: Path) -> str:
     """Peak memory against effective batch, one series per (V, cache)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = headless_pyplot()
+    if plt is None:
         return "matplotlib is not installed: no plot"
     done = [r for r in rows if r["status"] == "ok" and "peak_allocated_gib" in r]
     if not done:

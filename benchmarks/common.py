@@ -9,10 +9,11 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import platform
+from typing import Any
 
 import torch
 
-__all__ = ["run_stamp"]
+__all__ = ["headless_pyplot", "run_stamp"]
 
 
 def run_stamp(device: torch.device | None = None) -> dict[str, str | None]:
@@ -40,3 +41,15 @@ def _version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def headless_pyplot() -> Any | None:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt

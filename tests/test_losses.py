@@ -296,6 +296,31 @@ def test_bf16_parts_sum_exactly_to_their_fp32_value() -> None:
     assert not torch.equal(hi.float(), x)  # the test needs values with more than 8 significant bits
 
 
+def _blocked_lse_and_grads(
+    columns: list[torch.Tensor], *, sparse: bool, block_size: int, temperature: float
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The blocked log-sum-exp of ``columns`` (queries first) as dense reps or, with ``sparse``, as
+    ``SparseReps`` whose weights are the leaves; backward through a weighted sum (row weights 0.5..1.5).
+    Returns (lse, the gradient of every column's leaf)."""
+    from gradcache_sparton.losses.blocked import blocked_logsumexp
+    from gradcache_sparton.losses.sparse import sparse_blocked_logsumexp
+    from gradcache_sparton.sparse_reps import SparseReps
+
+    if sparse:
+        layouts = [SparseReps.from_dense(column, dtype=column.dtype) for column in columns]
+        leaves = [layout.weights.clone().requires_grad_() for layout in layouts]
+        q, *d = (
+            SparseReps(x.offsets, x.token_ids, w, x.vocab_size) for x, w in zip(layouts, leaves, strict=True)
+        )
+        lse = sparse_blocked_logsumexp(q, d, temperature=temperature, block_size=block_size)
+    else:
+        leaves = [column.clone().requires_grad_() for column in columns]
+        lse = blocked_logsumexp(leaves[0], leaves[1:], temperature=temperature, block_size=block_size)
+    row_weights = torch.linspace(0.5, 1.5, lse.numel(), dtype=lse.dtype, device=lse.device)
+    (lse * row_weights).sum().backward()
+    return lse.detach(), [leaf.grad for leaf in leaves]
+
+
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 def test_blocked_scores_as_bf16_products_equal_the_fp32_products(
     monkeypatch: pytest.MonkeyPatch, sparse: bool
@@ -305,8 +330,6 @@ def test_blocked_scores_as_bf16_products_equal_the_fp32_products(
     fp32 softmax weights into three exact bf16 parts: loss and every gradient equal the fp32 block products
     up to fp32 summation order. Reps with any value that is not a bf16 value keep the fp32 products."""
     import gradcache_sparton.losses.blocked as blocked_module
-    from gradcache_sparton.evaluation import SparseReps
-    from gradcache_sparton.losses.sparse import sparse_blocked_logsumexp
 
     reps = {name: rep.to(torch.bfloat16).float() for name, rep in _batch(10, 48, 1, seed=51).items()}
     block_dtypes: list[torch.dtype] = []
@@ -319,20 +342,7 @@ def test_blocked_scores_as_bf16_products_equal_the_fp32_products(
     monkeypatch.setattr(blocked_module, "_blocked_lse_forward", recording)
 
     def lse_and_grads(columns: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        names = list(columns)
-        if sparse:
-            layouts = [SparseReps.from_dense(columns[name]) for name in names]
-            leaves = [layout.weights.clone().requires_grad_() for layout in layouts]
-            q, *d = (
-                SparseReps(x.offsets, x.token_ids, w, x.vocab_size)
-                for x, w in zip(layouts, leaves, strict=True)
-            )
-            lse = sparse_blocked_logsumexp(q, d, temperature=0.5, block_size=3)
-        else:
-            leaves = [columns[name].clone().requires_grad_() for name in names]
-            lse = blocked_module.blocked_logsumexp(leaves[0], leaves[1:], temperature=0.5, block_size=3)
-        (lse * torch.linspace(0.5, 1.5, lse.numel())).sum().backward()
-        return lse.detach(), [leaf.grad for leaf in leaves]
+        return _blocked_lse_and_grads(list(columns.values()), sparse=sparse, block_size=3, temperature=0.5)
 
     fp32_lse, fp32_grads = lse_and_grads(reps)
     monkeypatch.setattr(blocked_module, "_BF16_PRODUCT_DEVICES", frozenset({"cpu"}))
@@ -356,29 +366,15 @@ def test_blocked_scores_on_the_tensor_cores_equal_fp64(sparse: bool) -> None:
     by at most e = 512 · 2**-24 · max score (all terms >= 0); lse then by e, each softmax weight by a
     factor within exp(±2e), and each gradient entry, a sum of at most 600 positive terms, by 2e plus
     600 · 2**-24 relative. A wrong product, block or row is an O(1) error."""
-    from gradcache_sparton.evaluation import SparseReps
-    from gradcache_sparton.losses.blocked import _products_in_bf16, blocked_logsumexp
-    from gradcache_sparton.losses.sparse import sparse_blocked_logsumexp
+    from gradcache_sparton.losses.blocked import _products_in_bf16
 
     reps = {n: r.to(torch.bfloat16).float() for n, r in _batch(300, 512, 1, seed=52).items()}
     assert _products_in_bf16([r.cuda() for r in reps.values()])
-    weights = torch.linspace(0.5, 1.5, 300, dtype=torch.float64)
 
     def lse_and_grads(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
         columns = [rep.to(device, dtype) for rep in reps.values()]
-        if sparse:
-            layouts = [SparseReps.from_dense(column) for column in columns]
-            leaves = [layout.weights.clone().requires_grad_() for layout in layouts]
-            q, *d = (
-                SparseReps(x.offsets, x.token_ids, w, x.vocab_size)
-                for x, w in zip(layouts, leaves, strict=True)
-            )
-            lse = sparse_blocked_logsumexp(q, d, temperature=1.0, block_size=128)
-        else:
-            leaves = [column.clone().requires_grad_() for column in columns]
-            lse = blocked_logsumexp(leaves[0], leaves[1:], temperature=1.0, block_size=128)
-        (lse * weights.to(device, lse.dtype)).sum().backward()
-        return lse.detach().cpu().double(), [leaf.grad.cpu().double() for leaf in leaves]
+        lse, grads = _blocked_lse_and_grads(columns, sparse=sparse, block_size=128, temperature=1.0)
+        return lse.cpu().double(), [grad.cpu().double() for grad in grads]
 
     gpu_lse, gpu_grads = lse_and_grads("cuda", torch.float32)
     ref_lse, ref_grads = lse_and_grads("cpu", torch.float64)
@@ -439,6 +435,19 @@ def test_blocked_in_batch_kl_div_matches_dense(block_size: int) -> None:
         torch.testing.assert_close(blocked_in[name].grad, dense_in[name].grad, **FP32_TOL)
 
 
+def _record_block_sizes(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[int]:
+    """Wrap ``module.name`` (a blocked log-sum-exp) so each call appends its ``block_size`` to the list returned."""
+    used: list[int] = []
+    blocked = getattr(module, name)
+
+    def recording(*args, block_size: int, **kwargs):
+        used.append(block_size)
+        return blocked(*args, block_size=block_size, **kwargs)
+
+    monkeypatch.setattr(module, name, recording)
+    return used
+
+
 def test_scores_are_blocked_automatically_beyond_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dense below DENSE_SCORES_MAX_BYTES of fp32 scores, blocks of AUTO_BLOCK_SIZE above; SpladeLoss follows."""
     import gradcache_sparton.losses.blocked as blocked_module
@@ -447,14 +456,7 @@ def test_scores_are_blocked_automatically_beyond_the_memory_bound(monkeypatch: p
     assert blocked_module.score_block_size(8192, 2 * 8192, None) is None  # 512 MiB of fp32 scores
     assert blocked_module.score_block_size(16384, 2 * 16384, None) == blocked_module.AUTO_BLOCK_SIZE  # 2 GiB
     assert blocked_module.score_block_size(4, 8, 3) == 3  # an explicit block size always blocks
-    used: list[int] = []
-    blocked_logsumexp = contrastive_module.blocked_logsumexp
-
-    def recording(*args, block_size: int, **kwargs):
-        used.append(block_size)
-        return blocked_logsumexp(*args, block_size=block_size, **kwargs)
-
-    monkeypatch.setattr(contrastive_module, "blocked_logsumexp", recording)
+    used = _record_block_sizes(monkeypatch, contrastive_module, "blocked_logsumexp")
     reps = _batch(6, 30, 1, seed=9)
     loss_fn = SpladeLoss(SpladeLossConfig())
     dense, _ = loss_fn(reps)
@@ -479,14 +481,7 @@ def test_sparse_score_blocks_bound_their_bytes_at_large_vocabularies(monkeypatch
     for vocab in (30522, 128_256, 250_002, 10**9):
         rows = sparse_module.sparse_block_size(vocab)
         assert rows >= 1 and (rows == 1 or 4 * rows * vocab <= sparse_module.SPARSE_BLOCK_MAX_BYTES)
-    used: list[int] = []
-    blocked = sparse_module.sparse_blocked_logsumexp
-
-    def recording(*args, block_size: int, **kwargs):
-        used.append(block_size)
-        return blocked(*args, block_size=block_size, **kwargs)
-
-    monkeypatch.setattr(sparse_module, "sparse_blocked_logsumexp", recording)
+    used = _record_block_sizes(monkeypatch, sparse_module, "sparse_blocked_logsumexp")
     monkeypatch.setattr(sparse_module, "SPARSE_BLOCK_MAX_BYTES", 4 * 30 * 3)  # 3 rows of V = 30
     reps = {name: SparseReps.from_dense(rep) for name, rep in _batch(6, 30, 1, seed=9).items()}
     sparse_module.sparse_info_nce(sparse_module.split_sparse_columns(reps), temperature=1.0)

@@ -24,7 +24,7 @@ from typing import Any
 import datasets
 import pytest
 import torch
-from distributed_helpers import trainer_model
+from distributed_helpers import trainer_args, trainer_model
 from engine_helpers import (
     assert_grads_close,
     grads_of,
@@ -216,30 +216,21 @@ def sample_rows() -> datasets.Dataset:
 
 
 def _args(output_dir, **overrides: Any) -> CachedSpladeTrainingArguments:
+    """The trainer comparison's arguments (SGD, fp32 on the CPU; distributed_helpers.trainer_args) at 16
+    rows in mini-batches of 6, 6 and 4, one step per batch, without clipping: SGD without clipping moves
+    parameters by lr x gradient, so a mis-scaled gradient shows (clipping to max_grad_norm would divide
+    its scale out)."""
     values: dict[str, Any] = {
-        "output_dir": str(output_dir),
-        "per_device_train_batch_size": 16,
-        "mini_batch_size": 6,  # 16 rows: mini-batches of 6, 6 and 4
-        "query_max_length": 16,
+        "gradient_accumulation_steps": 1,
+        "mini_batch_size": 6,
         "document_max_length": 24,
-        "max_steps": 2,
-        # SGD without clipping moves parameters by lr x gradient: a mis-scaled gradient shows (Adam or
-        # clipping to max_grad_norm would divide its scale out).
-        "optim": "sgd",
         "max_grad_norm": 0.0,
-        "learning_rate": 1e-3,
         "query_reg_weight": 1e-2,
         "doc_reg_weight": 1e-2,
         "reg_warmup_steps": 0,
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": "none",
-        "use_cpu": True,
-        "seed": 7,
-        "disable_tqdm": True,
+        **overrides,
     }
-    values.update(overrides)
-    return CachedSpladeTrainingArguments(**values)
+    return trainer_args(output_dir, per_device_batch=16, **values)
 
 
 def test_trainer_with_sparse_reps_matches_dense(tmp_path, tokenizer, sample_rows) -> None:

@@ -13,8 +13,9 @@ dL/dθ = Σ_i (dL/dr_i) · (dr_i/dθ). So:
 
 The parameter gradients equal uncached training's; the activation memory is that of one
 mini-batch, plus the [B, V] reps and their gradients (with ``sparse_reps``, their non-zeros only).
-Nothing here knows about SPLADE: any encoder ``encoder(**features) -> [B, V]`` and any loss over reps. No cache is kept on the engine: what
-Step (1) produces is returned, and lives only as long as the caller keeps it (one step).
+Nothing here knows about SPLADE: any encoder ``encoder(**features) -> [B, V]`` and any loss over
+reps. No cache is kept on the engine: what Step (1) produces is returned, and lives only as long as
+the caller keeps it (one step).
 
 Under data parallelism (DDP, see :mod:`gradcache_sparton.engine.distributed`) Step (2) sees every
 rank's reps, Step (3) replays W times this rank's gradient slice, and only the last replayed
