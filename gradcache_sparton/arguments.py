@@ -398,6 +398,15 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
             "does). Costs one device sync per mini-batch.",
         },
     )
+    reuse_argmax: bool = field(
+        default=False,
+        metadata={
+            "help": "Skip the SPLADE head's forward in the replay: the first pass records the head's max and "
+            "argmax over the sequence where its gradient can be non-zero (12 bytes per such entry, about one per "
+            "non-zero rep entry), and the replay rebuilds the head's output and gradient from them, bit for bit. "
+            "Saves the head's hidden x vocabulary product once per step; costs one device sync per mini-batch.",
+        },
+    )
     show_mini_batch_progress: bool = field(
         default=False, metadata={"help": "Show a tqdm bar over the mini-batches of each step."}
     )

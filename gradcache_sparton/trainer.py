@@ -212,6 +212,7 @@ class CachedSpladeTrainer(Trainer):
             # Reps kept as their non-zeros: the loss (SpladeLoss) takes them and returns the same value and
             # components as on dense reps, so logging is unchanged.
             sparse_reps=self.args.engine_sparse_reps(),
+            reuse_argmax=self.args.reuse_argmax,
         )
         loss, components = cached(columns, return_components=True, step=self.state.global_step, **loss_kwargs)
         if model.training:

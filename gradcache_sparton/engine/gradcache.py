@@ -55,6 +55,7 @@ from gradcache_sparton.engine.mini_batch import (
 )
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
+from gradcache_sparton.forward_memo import ForwardMemo, recording, replaying
 from gradcache_sparton.sparse_reps import SparseReps
 
 __all__ = [
@@ -93,13 +94,15 @@ class LossOutput(NamedTuple):
 @dataclass(frozen=True)
 class MiniBatch:
     """One mini-batch of one column: its rows (a slice, or an index tensor when grouped by length),
-    its (trimmed) features, the RNG state it ran with and the fingerprint of its Step (1) reps (fp32
-    row sums [mb]; None when the replay is not checked)."""
+    its (trimmed) features, the RNG state it ran with, the fingerprint of its Step (1) reps (fp32
+    row sums [mb]; None when the replay is not checked) and, with ``reuse_argmax``, what its modules
+    recorded in Step (1) for the replay (None when nothing was recorded)."""
 
     rows: Rows
     features: dict[str, Tensor]
     rng: RngState
     fingerprint: Tensor | None = None
+    memo: ForwardMemo | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,17 @@ class GradCache:
             :meth:`step` and :class:`~gradcache_sparton.engine.CachedLoss`. When gathering across ranks,
             the loss gets every rank's non-zeros (padded to the largest rank's count for the collective,
             never [B, V]).
+        reuse_argmax: let Step (3) skip the SPLADE head's forward: in Step (1) every Sparton head in the
+            encoder (:class:`~gradcache_sparton.kernels.SpartonHead`, called eagerly) records its max
+            and argmax over the sequence where its gradient can be non-zero (12 bytes per such entry,
+            about a non-zero rep entry: 1-3% of B x V for trained SPLADE models, up to all of it for a
+            random head), and the replay rebuilds the head's output and backward from that record, bit
+            for bit the backward it would have run (see :mod:`~gradcache_sparton.forward_memo`). Saves
+            the head's [B, S, D] x [D, V] product once per step; costs one device sync per mini-batch
+            and the records' memory until their mini-batch is replayed. With ``check_replay``, the
+            replay of a recorded head is checked on its input (its hidden states, fingerprinted
+            alike), since its output is rebuilt, not recomputed. An encoder whose forward records
+            nothing (no Sparton head, or a compiled one) runs as without the option, with a warning.
 
     Attributes:
         world_size: how many ranks' batches the loss sees (1 when not gathering).
@@ -191,6 +205,7 @@ class GradCache:
         check_replay: bool = True,
         sparse_rep_grads: bool | Literal["auto"] = False,
         sparse_reps: bool | Literal["auto"] = False,
+        reuse_argmax: bool = False,
     ) -> None:
         if not callable(encoder):
             raise TypeError(f"encoder must be callable as encoder(**features), got {type(encoder).__name__}")
@@ -223,6 +238,9 @@ class GradCache:
         if sparse_reps not in (False, True, "auto"):
             raise ValueError(f"sparse_reps must be False, True or 'auto', got {sparse_reps!r}")
         self.sparse_reps = sparse_reps
+        if not isinstance(reuse_argmax, bool):
+            raise TypeError(f"reuse_argmax must be a bool, got {type(reuse_argmax).__name__}")
+        self.reuse_argmax = reuse_argmax
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
         self._data_parallel = self.world_size > 1 or ddp is not None
@@ -292,7 +310,16 @@ class GradCache:
                 column_mini_batches: list[MiniBatch] = []
                 for rows, mb_features in plan:
                     rng = RngState.capture((*cuda_devices_of(mb_features.values()), *encoder_devices))
-                    rep = self.encoder(**mb_features)  # [mb, V]
+                    memo = ForwardMemo() if self.reuse_argmax else None
+                    with recording(memo) if memo is not None else nullcontext():
+                        rep = self.encoder(**mb_features)  # [mb, V]
+                    if memo is not None and not memo:
+                        warnings.warn(
+                            "reuse_argmax=True, but the encoder's forward recorded nothing to reuse (it calls no "
+                            "SpartonHead eagerly: none, or compiled): Step (3) runs the full forward",
+                            stacklevel=2,
+                        )
+                        memo = None
                     _check_rep(rep, column, rows, reference)
                     reference = rep.new_empty((0, *rep.shape[1:]))
                     if keep_sparse is None:
@@ -309,7 +336,9 @@ class GradCache:
                         column_reps[rows] = rep  # [mb, V] -> its rows of [B, V]
                     fingerprint = _fingerprint(rep) if self.check_replay else None
                     column_mini_batches.append(
-                        MiniBatch(rows=rows, features=mb_features, rng=rng, fingerprint=fingerprint)
+                        MiniBatch(
+                            rows=rows, features=mb_features, rng=rng, fingerprint=fingerprint, memo=memo
+                        )
                     )
                     bar.update()
                 mini_batches[column] = tuple(column_mini_batches)
@@ -411,8 +440,18 @@ class GradCache:
             with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
                 for index, (column, k, mb) in enumerate(jobs):
                     with context(index == len(jobs) - 1), mb.rng.replay():
-                        with replay_state.autocast.replay(), torch.enable_grad():
+                        with (
+                            replay_state.autocast.replay(),
+                            torch.enable_grad(),
+                            replaying(mb.memo) if mb.memo is not None else nullcontext(),
+                        ):
                             rep = self.encoder(**mb.features)  # [mb, V]
+                        if mb.memo is not None and not mb.memo.fully_taken:
+                            raise RuntimeError(
+                                f"the replayed forward (column {column!r}, {describe_rows(mb.rows)}) took back "
+                                f"fewer of its {len(mb.memo)} Step (1) records: the encoder did not take the "
+                                "same path through its modules twice"
+                            )
                         if column not in grads:  # the zero-gradient replay above
                             grad = torch.zeros_like(rep)
                         elif isinstance(grads[column], SparseRepGrad):
@@ -424,9 +463,15 @@ class GradCache:
                             grad = grad * self.world_size
                         _check_replayed_rep(rep, grad, column, mb.rows)
                         if self.check_replay and mb.fingerprint is not None:
-                            # Compared on the device; read back once, after the last mini-batch.
+                            # Compared on the device; read back once, after the last mini-batch. A rep rebuilt
+                            # from records is checked on the recording modules' inputs instead.
                             checked.append((column, mb))
-                            differs.append(_fingerprints_differ(_fingerprint(rep), mb.fingerprint))
+                            memo_differs = None if mb.memo is None else mb.memo.differs()
+                            differs.append(
+                                _fingerprints_differ(_fingerprint(rep), mb.fingerprint)
+                                if memo_differs is None
+                                else memo_differs
+                            )
                         rep.backward(grad)
                     bar.update()
             index = len(jobs)

@@ -13,6 +13,12 @@ one opaque node with a fake (shape-only) implementation instead of tracing into 
 ``torch.library.register_autograd`` ties them together (the custom-op form of an
 ``autograd.Function``). Triton is imported only when a CUDA tensor arrives.
 
+Inside a GradCache step with ``reuse_argmax`` (see :mod:`gradcache_sparton.forward_memo`), Step (1)'s
+forward also records (max, argmax) at the entries whose gradient can be non-zero (max > 0 or NaN), 12
+bytes each with H's fingerprint, and the Step (3) replay skips the forward kernel: Y = log1p(max) is
+rebuilt from the record and the backward op runs on the record's (max, argmax), bit for bit the
+backward of an uncached step with the same H.
+
 Dtypes: H and E share one dtype among fp16, bf16, fp32 (fp64 too on CPU); bias may be any floating
 dtype (it is added in fp32). Under autocast for the inputs' device, H and E are cast to the autocast
 dtype first, as ``nn.Linear`` would, and bias is left as it is. Y has the dtype of the (cast) H; the
@@ -21,9 +27,12 @@ saved max stays fp32 so the backward does not inherit a 16-bit rounding of it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
+from gradcache_sparton.forward_memo import ForwardMemo, recording_memo, replaying_memo
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
 
 __all__ = ["SpartonHead", "sparton_head"]
@@ -183,11 +192,14 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def _backward(ctx, grad_y: Tensor, _grad_max: Tensor, _grad_argmax: Tensor):
+def _head_grads(
+    ctx, grad_y: Tensor, need_h: bool, need_e: bool, need_bias: bool
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(grad_H, grad_E, grad_bias) from ``ctx``'s saved (H, E, max, argmax): the backward of the forward op
+    and of its replay from a record."""
     hidden_states, weight, mx, arg = ctx.saved_tensors
     # A frozen weight (LoRA, a frozen decoder) gets no [V, D] gradient: at V = 152k, D = 4,096 that is
     # 1.2 GB in bf16 never allocated; likewise grad_H and grad_bias when nothing needs them.
-    need_h, need_e, need_bias, _ = ctx.needs_input_grad
     grad_h, grad_e, grad_bias = _backward_op(
         grad_y, hidden_states, weight, mx, arg, need_h, need_e, need_bias
     )
@@ -195,13 +207,112 @@ def _backward(ctx, grad_y: Tensor, _grad_max: Tensor, _grad_argmax: Tensor):
         grad_h if need_h else None,
         grad_e if need_e else None,
         grad_bias.to(ctx.bias_dtype) if need_bias else None,
-        None,  # the mask gets no gradient
     )
+
+
+def _backward(ctx, grad_y: Tensor, _grad_max: Tensor, _grad_argmax: Tensor):
+    need_h, need_e, need_bias, _ = ctx.needs_input_grad
+    return (*_head_grads(ctx, grad_y, need_h, need_e, need_bias), None)  # the mask gets no gradient
 
 
 torch.library.register_autograd(
     "gradcache_sparton::sparton_head_forward", _backward, setup_context=_setup_context
 )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Replay from Step (1)'s record (GradCache ``reuse_argmax``)
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _HeadRecord:
+    """Step (1)'s (max, argmax) at the live entries, where max > 0 or is NaN: elsewhere max is 0 (relu)
+    and the backward sends nothing whatever the argmax. Legend: n live entries of the [B, V] grid.
+
+    - ``positions`` [n] flat indices into [B, V] (int32 while B·V < 2**31, else int64),
+    - ``max_logits`` [n] in the saved max's dtype (fp32; fp64 for fp64 inputs),
+    - ``argmax`` [n] int32 sequence positions,
+    - ``fingerprint`` [B] fp32 row sums of H, to check that the replay's H is bitwise Step (1)'s.
+    """
+
+    hidden_shape: tuple[int, ...]
+    hidden_dtype: torch.dtype
+    vocab_size: int
+    positions: Tensor
+    max_logits: Tensor
+    argmax: Tensor
+    fingerprint: Tensor
+
+    @classmethod
+    def keep(cls, hidden_states: Tensor, max_logits: Tensor, argmax: Tensor) -> _HeadRecord:
+        """The live entries of the forward op's [B, V] (max, argmax) (one device sync, for their count)."""
+        flat_max = max_logits.detach().reshape(-1)  # [B, V] -> [B·V]; a record never holds a graph
+        live = (flat_max > 0) | flat_max.isnan()  # [B·V]
+        index_dtype = torch.int32 if flat_max.numel() < 2**31 else torch.int64
+        positions = live.nonzero().squeeze(1)  # [n] int64
+        return cls(
+            hidden_shape=tuple(hidden_states.shape),
+            hidden_dtype=hidden_states.dtype,
+            vocab_size=max_logits.shape[1],
+            positions=positions.to(index_dtype),
+            max_logits=flat_max[positions],
+            argmax=argmax.reshape(-1)[positions],
+            fingerprint=_row_sums(hidden_states),
+        )
+
+    def restore(self) -> tuple[Tensor, Tensor]:
+        """The forward op's [B, V] (max, argmax): the kept entries, 0 elsewhere (what relu left there)."""
+        B, V = self.hidden_shape[0], self.vocab_size
+        positions = self.positions.long()
+        mx = self.max_logits.new_zeros(B * V).index_copy_(0, positions, self.max_logits)
+        arg = self.argmax.new_zeros(B * V).index_copy_(0, positions, self.argmax)
+        return mx.view(B, V), arg.view(B, V)
+
+
+def _row_sums(hidden_states: Tensor) -> Tensor:
+    """[B, S, D] -> [B] fp32 sums, computed alike in Step (1) and Step (3) (no graph, no autocast)."""
+    with torch.no_grad(), torch.autocast(hidden_states.device.type, enabled=False):
+        return hidden_states.detach().sum(dim=(1, 2), dtype=torch.float32)
+
+
+class _ReplayedHead(torch.autograd.Function):
+    """Y = log1p(max) from a record (the forward op's own last step), with the forward op's backward."""
+
+    @staticmethod
+    def forward(ctx, hidden_states: Tensor, weight: Tensor, bias: Tensor | None, mx: Tensor, arg: Tensor):
+        ctx.save_for_backward(hidden_states, weight, mx, arg)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return torch.log1p(mx).to(hidden_states.dtype)  # [B, V], as the forward op computes it
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor):
+        need_h, need_e, need_bias = ctx.needs_input_grad[:3]
+        return (*_head_grads(ctx, grad_y, need_h, need_e, need_bias), None, None)
+
+
+def _replay(memo: ForwardMemo, hidden_states: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    record = memo.take()
+    if (
+        not isinstance(record, _HeadRecord)
+        or record.hidden_shape != tuple(hidden_states.shape)
+        or record.hidden_dtype != hidden_states.dtype
+        or record.vocab_size != weight.shape[0]
+    ):
+        seen = (
+            f"hidden states {list(record.hidden_shape)} {record.hidden_dtype} and V = {record.vocab_size}"
+            if isinstance(record, _HeadRecord)
+            else f"a {type(record).__name__} record"
+        )
+        raise RuntimeError(
+            f"the replayed Sparton head got hidden states {list(hidden_states.shape)} {hidden_states.dtype} and "
+            f"V = {weight.shape[0]}, but Step (1) recorded {seen} at this call: the encoder did not take the "
+            "same path twice"
+        )
+    replayed = _row_sums(hidden_states)
+    memo.report((replayed.view(torch.int32) != record.fingerprint.view(torch.int32)).any())
+    mx, arg = record.restore()  # [B, V] each
+    return _ReplayedHead.apply(hidden_states, weight, bias, mx, arg)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -234,7 +345,13 @@ def sparton_head(
             dtype = torch.get_autocast_dtype(device_type)
             hidden_states, weight = hidden_states.to(dtype), weight.to(dtype)
     _check_inputs(hidden_states, weight, bias, attention_mask)
-    y, _, _ = _forward_op(hidden_states, weight, bias, attention_mask)
+    memo = replaying_memo()
+    if memo is not None:  # GradCache Step (3) with reuse_argmax: no forward kernel
+        return _replay(memo, hidden_states, weight, bias)
+    y, mx, arg = _forward_op(hidden_states, weight, bias, attention_mask)
+    memo = recording_memo()
+    if memo is not None:  # GradCache Step (1) with reuse_argmax
+        memo.record(_HeadRecord.keep(hidden_states, mx, arg))
     return y
 
 

@@ -1,0 +1,266 @@
+"""``reuse_argmax``: Step (3) rebuilds the Sparton head from Step (1)'s record instead of running its forward.
+
+The invariant: the replayed head's output and its backward are those of the forward it skips, bit for
+bit. The record holds the forward op's own (max, argmax) at every entry whose gradient can be
+non-zero, and the backward op runs on them, so a step with ``reuse_argmax`` leaves the loss and every
+parameter gradient bitwise equal to the same step without it (same device, same mini-batches); the
+tests compare with ``torch.equal``. The comparison with the uncached step uses the engine tests'
+fp32 tolerance (rtol 1e-5 of each parameter's largest gradient, tests/test_engine.py says why).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from distributed_helpers import trainer_args, trainer_model, trainer_rows
+from engine_helpers import (
+    assert_grads_close,
+    assert_grads_unchanged,
+    grads_of,
+    make_columns,
+    make_encoder,
+    saved_grads,
+    small_config,
+    uncached_loss,
+)
+from torch import Tensor, nn
+
+from gradcache_sparton.engine import CachedLoss, GradCache
+from gradcache_sparton.forward_memo import ForwardMemo, recording, replaying
+from gradcache_sparton.kernels import sparton_head
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
+from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.trainer import CachedSpladeTrainer
+
+RTOL_FP32 = 1e-5  # see the module docstring
+BATCH = 8
+
+
+@pytest.fixture
+def config(tiny_bert_config):
+    return small_config(tiny_bert_config)
+
+
+def _loss() -> SpladeLoss:
+    return SpladeLoss(SpladeLossConfig(query_reg_weight=0.3, doc_reg_weight=0.2))
+
+
+def _encoder(config, *, dropout: bool = False, bias_shift: float = 0.0) -> SpladeEncoder:
+    """A seeded SpladeEncoder (Sparton head) of the tiny config; a lowered decoder bias makes reps sparser."""
+    config = small_config(config, dropout=0.1 if dropout else 0.0)
+    torch.manual_seed(0)
+    encoder = SpladeEncoder.from_config(config).train()
+    with torch.no_grad():
+        encoder.head.bias -= bias_shift
+    return encoder
+
+
+def _step(
+    encoder: nn.Module, columns, *, seed: int = 5, **engine_options
+) -> tuple[Tensor, dict[str, Tensor]]:
+    encoder.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    output = GradCache(encoder, **engine_options).step(columns, _loss())
+    return output.loss, grads_of(encoder)
+
+
+def _assert_bitwise_equal(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for name, grad in expected.items():
+        assert torch.equal(actual[name], grad), name
+
+
+@pytest.mark.parametrize("dropout", [False, True], ids=["no-dropout", "dropout"])
+@pytest.mark.parametrize(
+    "mini_batch_size", [1, 3, 4, 20], ids=["mb1", "mb3-short-last", "mb4-divides", "mb20"]
+)
+def test_reuse_argmax_step_equals_the_step_without_it_bitwise(
+    config, mini_batch_size: int, dropout: bool
+) -> None:
+    """With reuse_argmax the step's loss and every parameter gradient are bitwise those of the same step
+    without it, dropout on and off, mini-batches dividing the batch and not."""
+    encoder = _encoder(config, dropout=dropout)
+    columns = make_columns(BATCH, 3)
+    loss, grads = _step(encoder, columns, mini_batch_size=mini_batch_size)
+    reused_loss, reused_grads = _step(encoder, columns, mini_batch_size=mini_batch_size, reuse_argmax=True)
+    assert torch.equal(reused_loss, loss)
+    _assert_bitwise_equal(reused_grads, grads)
+    assert max(float(g.abs().max()) for g in grads.values()) > 0
+
+
+def test_reuse_argmax_step_matches_the_uncached_step(config) -> None:
+    """Cached with reuse_argmax against one uncached forward/backward of the whole batch (no dropout)."""
+    encoder = _encoder(config)
+    columns = make_columns(BATCH, 3)
+    ref_loss, _ = uncached_loss(encoder, columns, _loss())
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    loss, grads = _step(encoder, columns, mini_batch_size=3, reuse_argmax=True)
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads, ref_grads, rtol=RTOL_FP32)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"sparse_reps": True}, {"mini_batch_tokens": 25}, {"sparse_reps": True, "mini_batch_tokens": 25}],
+    ids=["sparse", "tok25", "sparse-tok25"],
+)
+def test_reuse_argmax_with_sparse_reps_and_token_budgets_is_bitwise(config, options) -> None:
+    """reuse_argmax composes with sparse reps and length-grouped mini-batches: bitwise the same step
+    without it (3% dense reps, dropout on)."""
+    encoder = _encoder(config, dropout=True, bias_shift=0.3)
+    columns = make_columns(BATCH, 3)
+    loss, grads = _step(encoder, columns, mini_batch_size=3, **options)
+    reused_loss, reused_grads = _step(encoder, columns, mini_batch_size=3, reuse_argmax=True, **options)
+    assert torch.equal(reused_loss, loss)
+    _assert_bitwise_equal(reused_grads, grads)
+
+
+def test_cached_loss_with_reuse_argmax_is_bitwise(config) -> None:
+    """CachedLoss (Step (3) inside loss.backward()) with reuse_argmax: bitwise the gradients without it."""
+    encoder = _encoder(config, dropout=True)
+    columns = make_columns(BATCH, 3)
+    results = []
+    for reuse in (False, True):
+        encoder.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        CachedLoss(encoder, _loss(), mini_batch_size=3, reuse_argmax=reuse)(columns).backward()
+        results.append(grads_of(encoder))
+    _assert_bitwise_equal(results[1], results[0])
+
+
+def test_record_keeps_only_the_entries_with_a_gradient(config) -> None:
+    """Step (1) records, per mini-batch, one head call holding (max, argmax) only where max > 0: as many
+    entries as the mini-batch's non-zero reps (12 bytes each), not B x V."""
+    encoder = _encoder(config, bias_shift=0.3)
+    columns = make_columns(BATCH, 2)
+    reps, replay_state = GradCache(encoder, mini_batch_size=3, reuse_argmax=True).encode(columns)
+    for column, mini_batches in replay_state.mini_batches.items():
+        assert len(mini_batches) == 3
+        for mb in mini_batches:
+            assert mb.memo is not None and len(mb.memo) == 1
+            record = mb.memo.take()
+            nonzeros = int(torch.count_nonzero(reps[column][mb.rows]))
+            assert 0 < nonzeros < 0.1 * reps[column][mb.rows].numel()  # sparse reps: the point of the record
+            assert record.positions.numel() == record.max_logits.numel() == record.argmax.numel() == nonzeros
+            assert (record.positions.dtype, record.argmax.dtype) == (torch.int32, torch.int32)
+            assert bool((record.max_logits > 0).all())
+
+
+def test_changed_backbone_between_steps_is_detected_and_grads_restored(config) -> None:
+    """A backbone weight changed between Step (1) and Step (3): the replayed head's input differs, so the
+    replay check raises (although the rebuilt reps equal Step (1)'s) and .grad is left as it was."""
+    encoder = _encoder(config)
+    engine = GradCache(encoder, mini_batch_size=3, reuse_argmax=True)
+    reps, replay_state = engine.encode(make_columns(BATCH, 2))
+    _, rep_grads = engine.rep_gradients(reps, _loss())
+    before = saved_grads(encoder)
+    with torch.no_grad():
+        encoder.model.bert.encoder.layer[0].output.dense.weight.mul_(1.5)
+    with pytest.raises(RuntimeError, match=r"did not reproduce Step \(1\)"):
+        engine.replay(replay_state, rep_grads)
+    assert_grads_unchanged(encoder, before)
+
+
+class _HeadCalls(nn.Module):
+    """A SpladeEncoder whose forward calls its head ``first`` times without a graph and ``replayed`` times
+    with one (their sum is returned), to test a replay that does not follow Step (1)'s path."""
+
+    def __init__(self, encoder: SpladeEncoder, first: int, replayed: int) -> None:
+        super().__init__()
+        self.encoder, self.first, self.replayed = encoder, first, replayed
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> Tensor:
+        hidden = self.encoder.token_hidden_states(input_ids, attention_mask, token_type_ids)
+        calls = self.replayed if torch.is_grad_enabled() else self.first
+        return sum(self.encoder.head(hidden, attention_mask.bool()) for _ in range(calls))
+
+
+@pytest.mark.parametrize(
+    ("first", "replayed", "match"), [(1, 2, "asked for record 2"), (2, 1, "fewer of its 2")]
+)
+def test_replay_taking_another_path_raises(config, first: int, replayed: int, match: str) -> None:
+    """A replay that calls the head more (or fewer) times than Step (1) raises naming it, .grad restored."""
+    encoder = _HeadCalls(_encoder(config), first, replayed)
+    before = saved_grads(encoder)
+    with pytest.raises(RuntimeError, match=match):
+        GradCache(encoder, mini_batch_size=4, reuse_argmax=True).step(make_columns(BATCH, 2), _loss())
+    assert_grads_unchanged(encoder, before)
+
+
+def test_encoder_without_a_sparton_head_warns_and_runs_as_without_the_option(config) -> None:
+    """An encoder with the plain SPLADE head records nothing: one warning, then the full replay, with the
+    gradients of the step without the option."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 2)
+    loss, grads = _step(encoder, columns, mini_batch_size=3)
+    with pytest.warns(UserWarning, match="recorded nothing to reuse"):
+        reused_loss, reused_grads = _step(encoder, columns, mini_batch_size=3, reuse_argmax=True)
+    assert torch.equal(reused_loss, loss)
+    _assert_bitwise_equal(reused_grads, grads)
+
+
+def test_reuse_argmax_must_be_a_bool(config) -> None:
+    """A non-bool reuse_argmax is refused when the engine is built, naming the argument."""
+    with pytest.raises(TypeError, match="reuse_argmax must be a bool"):
+        GradCache(_encoder(config), mini_batch_size=3, reuse_argmax="yes")
+
+
+@pytest.mark.parametrize("path", ["triton", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_replayed_head_equals_the_forward_op_bitwise(kernel_device, monkeypatch, path, dtype) -> None:
+    """The head replayed from its record returns the forward's Y and the same grad_H, grad_E, grad_bias bit
+    for bit, on the Triton path (interpreted on CPU) and the reference path; with a fully masked row, a
+    NaN logit column and entries whose max is <= 0."""
+    from gradcache_sparton.kernels import head as head_module
+
+    device = kernel_device if path == "triton" else torch.device("cpu")
+    monkeypatch.setattr(head_module, "_use_triton", lambda hidden_states: path == "triton")
+    generator = torch.Generator().manual_seed(3)
+    B, S, D, V = 3, 21, 24, 37
+    hidden = torch.randn(B, S, D, generator=generator).to(device, dtype)
+    weight = torch.randn(V, D, generator=generator).to(device, dtype)
+    bias = (torch.randn(V, generator=generator) - 1.0).to(device)
+    bias[5] = float("nan")  # column 5: NaN Y and NaN gradients
+    mask = torch.rand(B, S, generator=generator).to(device) > 0.3
+    mask[2] = False  # a fully masked row: Y = 0, no gradient
+    grad_y = torch.randn(B, V, generator=generator).to(device, dtype)
+
+    memo, results = ForwardMemo(), []
+    for context in (recording(memo), replaying(memo)):
+        leaves = [t.detach().clone().requires_grad_() for t in (hidden, weight, bias)]
+        with context:
+            y = sparton_head(leaves[0], leaves[1], leaves[2], mask)
+        y.backward(grad_y)
+        results.append((y.detach(), *(leaf.grad for leaf in leaves)))
+    assert memo.fully_taken and not bool(memo.differs())
+    for first, replayed in zip(*results, strict=True):
+        assert torch.equal(first.nan_to_num(), replayed.nan_to_num())
+        assert torch.equal(first.isnan(), replayed.isnan())
+    assert bool(results[0][0][2].eq(0).all()) and bool(results[0][0][:2, 5].isnan().all())  # masked row: 0
+
+
+def test_trainer_reuse_argmax_leaves_the_same_parameters(tokenizer, tmp_path, monkeypatch) -> None:
+    """CachedSpladeTrainer(reuse_argmax=True) records the head in every Step (1) mini-batch and takes every
+    record back, and after 2 SGD steps the parameters are bitwise those of the trainer without it."""
+    counts = {"record": 0, "take": 0}
+    for method in counts:
+        original = getattr(ForwardMemo, method)
+
+        def counted(self, *args, _original=original, _method=method):
+            counts[_method] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(ForwardMemo, method, counted)
+    results = []
+    for reuse in (False, True):
+        model = trainer_model(tokenizer, dropout=0.1)
+        args = trainer_args(tmp_path / str(reuse), per_device_batch=4, reuse_argmax=reuse)
+        trainer = CachedSpladeTrainer(model, args, train_dataset=trainer_rows(), processing_class=tokenizer)
+        trainer.train()
+        results.append({name: p.detach().clone() for name, p in model.named_parameters()})
+        if not reuse:
+            assert counts == {"record": 0, "take": 0}
+    # 2 optimizer steps x 2 accumulation steps x 2 columns (query, positive) x 2 mini-batches of 3 and 1 rows
+    assert counts == {"record": 16, "take": 16}
+    _assert_bitwise_equal(results[1], results[0])
