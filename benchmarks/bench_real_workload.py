@@ -10,6 +10,8 @@ AdamW (lr 1e-5, fused on CUDA), bf16 autocast around the loss and its backward (
 ``optimizer.step()`` and ``zero_grad``. Providers, side by side:
 
   ours-mb<N>        ``CachedLoss(SpladeEncoder, SpladeLoss, mini_batch_size=N)`` (the Sparton head);
+  ours+reuse-...    the same with ``reuse_argmax=True`` (``--reuse_argmax on`` or ``both``): the replay
+                    rebuilds the head from Step (1)'s max and argmax instead of running its forward;
   ours-tok<T>       the same with token-budget mini-batches of at most T tokens, when ``GradCache``
                     offers them (detected from its signature, ``mini_batch_tokens``; absent otherwise):
                     rows grouped by length, T bounds rows x the mini-batch's longest row;
@@ -375,17 +377,23 @@ class Config:
     mini_batch: int | None = None  # rows per mini-batch
     tokens: int | None = None  # tokens per mini-batch
     batch: int = 0  # pairs per step
+    reuse_argmax: bool = False  # ours: the replay rebuilds the head from Step (1)'s record
 
     @property
     def name(self) -> str:
         budget = f"-mb{self.mini_batch}" if self.mini_batch else f"-tok{self.tokens}" if self.tokens else ""
-        return f"{self.model}/{self.workload}/{self.provider}{budget}-b{self.batch}"
+        return f"{self.model}/{self.workload}/{self.variant}{budget}-b{self.batch}"
+
+    @property
+    def variant(self) -> str:
+        """The provider, with ``+reuse`` for ours with ``reuse_argmax``."""
+        return self.provider + ("+reuse" if self.reuse_argmax else "")
 
     @property
     def family(self) -> str:
-        """The plot series: provider and kind of budget."""
+        """The plot series: provider variant and kind of budget."""
         kind = "-mb" if self.mini_batch else "-tok" if self.tokens else ""
-        return self.provider + kind
+        return self.variant + kind
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
@@ -418,6 +426,8 @@ def make_ours(config: Config, path: Path, device: torch.device, token_param: str
                 kwargs["mini_batch_size"] = config.batch  # required: rows are then bounded by tokens only
         else:
             kwargs = {"mini_batch_size": config.mini_batch}
+        if config.reuse_argmax:
+            kwargs["reuse_argmax"] = True
         cached = CachedLoss(encoder, loss_fn, **kwargs)
 
     def step(columns: dict[str, dict[str, Tensor]]) -> None:
@@ -573,16 +583,26 @@ def plan(
     batch: int,
     token_param: str | None,
     with_st: bool,
+    reuse: Sequence[bool] = (False,),
+    token_budgets: bool = True,
 ) -> list[Config]:
-    """The configurations of one (model, workload), budget by budget, ours and theirs side by side."""
+    """The configurations of one (model, workload), budget by budget, ours (once per ``reuse`` setting)
+    and theirs side by side; by tokens too unless ``token_budgets`` is False."""
     configs: list[Config] = []
     for mb in mini_batches:
         tokens = token_budget(mb, workload)
-        configs.append(Config(model, workload.name, "ours", mini_batch=mb, batch=batch))
+        configs += [
+            Config(model, workload.name, "ours", mini_batch=mb, batch=batch, reuse_argmax=r) for r in reuse
+        ]
         if with_st:
             configs.append(Config(model, workload.name, "st", mini_batch=mb, batch=batch))
+        if not token_budgets:
+            continue
         if token_param is not None:
-            configs.append(Config(model, workload.name, "ours", tokens=tokens, batch=batch))
+            configs += [
+                Config(model, workload.name, "ours", tokens=tokens, batch=batch, reuse_argmax=r)
+                for r in reuse
+            ]
         if with_st:
             configs.append(Config(model, workload.name, "st", tokens=tokens, batch=batch))
     return configs
@@ -627,7 +647,8 @@ def _label(row: dict | None) -> str:
     peak = row.get("peak_allocated_gib")
     memory = f", {peak:.1f} GiB" if peak is not None else ""
     return (
-        f"{row['provider']}{'-mb' + str(row['mini_batch']) if row['mini_batch'] else ''}"
+        f"{row['provider']}{'+reuse' if row.get('reuse_argmax') else ''}"
+        f"{'-mb' + str(row['mini_batch']) if row['mini_batch'] else ''}"
         + (f"-tok{row['tokens']}" if row["tokens"] else "")
         + f" {row['pairs_per_s']:.0f} pairs/s{memory}"
     )
@@ -721,7 +742,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
     for r in rows:
         nnz = r.get("nnz_per_row")
         out.append([
-            r["model"], r["workload"], r["provider"], _cell(r["mini_batch"]), _cell(r["tokens"]), str(r["batch"]),
+            r["model"], r["workload"], r["provider"] + ("+reuse" if r.get("reuse_argmax") else ""), _cell(r["mini_batch"]), _cell(r["tokens"]), str(r["batch"]),
             r["status"], _cell(r.get("step_s_median"), "{:.3f}"), _cell(r.get("pairs_per_s"), "{:.0f}"),
             _cell(r.get("peak_allocated_gib")), _cell(r.get("busy_fraction")),
             f"{nnz['query']:.0f}/{nnz['positive']:.0f}" if nnz else "-",
@@ -776,6 +797,8 @@ def plot(rows: list[dict], path: Path) -> str:
     styles = {
         "ours-mb": ("o-", "tab:blue"),
         "ours-tok": ("s-", "tab:blue"),
+        "ours+reuse-mb": ("o-", "tab:green"),
+        "ours+reuse-tok": ("s-", "tab:green"),
         "st-mb": ("o--", "tab:red"),
         "st-tok": ("s--", "tab:red"),
         "ours-uncached": ("D", "tab:gray"),
@@ -864,6 +887,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", type=name_list(("base", "tiny")), default=["base", "tiny"])
     parser.add_argument("--workloads", type=name_list(("scifact", "short")), default=["scifact", "short"])
     parser.add_argument("--providers", type=name_list(("ours", "st", "ours-uncached")), default=["ours", "st", "ours-uncached"])  # fmt: skip
+    parser.add_argument("--reuse_argmax", choices=("off", "on", "both"), default="both",
+                        help="ours without / with reuse_argmax (the replay skips the head's forward), or both")  # fmt: skip
+    parser.add_argument("--token_budgets", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run every provider with token-budget mini-batches")  # fmt: skip
     parser.add_argument("--effective_batch", type=int, default=1024, help="pairs per step (every provider)")
     parser.add_argument("--mini_batches", type=int_list, default=[16, 32, 64, 128],
                         help="rows per mini-batch; token budgets are these times the mean passage length")  # fmt: skip
@@ -1008,8 +1035,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for workload in workloads:
                 configs: list[Config] = []
                 if {"ours", "st"} & set(args.providers):
+                    reuse = {"off": (False,), "on": (True,), "both": (False, True)}[args.reuse_argmax]
                     configs = plan(model_name, workload, args.mini_batches, args.effective_batch,
-                                   bench.token_param if "ours" in args.providers else None, with_st)  # fmt: skip
+                                   bench.token_param if "ours" in args.providers else None, with_st,
+                                   reuse, args.token_budgets)  # fmt: skip
                     if "ours" not in args.providers:
                         configs = [c for c in configs if c.provider != "ours"]
                 if "ours-uncached" in args.providers:

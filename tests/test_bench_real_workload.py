@@ -179,11 +179,14 @@ def _smoke(bench: ModuleType, out: Path, providers: str) -> dict:
 
 
 def test_smoke_run_of_our_providers(bench: ModuleType, tmp_path: Path) -> None:
-    """A tiny CPU run times every configuration of ours (cached, token budget if offered, uncached) and
-    records the calibrated start's density within 1-3% of the tokens, measured on the workload's text."""
+    """A tiny CPU run times every configuration of ours (cached with and without reuse_argmax, token budget
+    if offered, uncached) and records the calibrated start's density within 1-3% of the tokens, measured
+    on the workload's text."""
     payload = _smoke(bench, tmp_path, "ours,ours-uncached")
     families = {r["family"] for r in payload["rows"]}
-    expected = {"ours-mb", "ours-uncached"} | ({"ours-tok"} if bench.token_budget_parameter() else set())
+    expected = {"ours-mb", "ours+reuse-mb", "ours-uncached"}
+    if bench.token_budget_parameter():
+        expected |= {"ours-tok", "ours+reuse-tok"}
     assert families == expected
     density = payload["meta"]["models"]["base"]["density"]["short"]
     assert all(0.005 < d < 0.05 for d in density.values()), density

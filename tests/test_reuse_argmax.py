@@ -129,6 +129,21 @@ def test_cached_loss_with_reuse_argmax_is_bitwise(config) -> None:
     _assert_bitwise_equal(results[1], results[0])
 
 
+@pytest.mark.gpu
+def test_reuse_argmax_on_cuda_with_the_triton_head(config) -> None:
+    """On CUDA under bf16 autocast (the Triton head), reuse_argmax gives the loss bitwise and the gradients of
+    the step without it. Not bitwise there: the word-embedding backward (tied to the head's weight) adds
+    with atomics in no fixed order; its fp32 sums move by a few ulps, far inside rtol 1e-5."""
+    encoder = _encoder(config, dropout=True).cuda()
+    columns = {c: {k: v.cuda() for k, v in f.items()} for c, f in make_columns(BATCH, 3).items()}
+    results = []
+    for reuse in (False, True):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            results.append(_step(encoder, columns, mini_batch_size=3, reuse_argmax=reuse))
+    assert torch.equal(results[1][0], results[0][0])
+    assert_grads_close(results[1][1], results[0][1], rtol=RTOL_FP32)
+
+
 def test_record_keeps_only_the_entries_with_a_gradient(config) -> None:
     """Step (1) records, per mini-batch, one head call holding (max, argmax) only where max > 0: as many
     entries as the mini-batch's non-zero reps (12 bytes each), not B x V."""
