@@ -212,7 +212,10 @@ class CachedSpladeTrainer(Trainer):
             # Reps kept as their non-zeros: the loss (SpladeLoss) takes them and returns the same value and
             # components as on dense reps, so logging is unchanged.
             sparse_reps=self.args.engine_sparse_reps(),
-            reuse_argmax=self.args.reuse_argmax,
+            # The replay rebuilds the head from Step (1)'s record; a compiled head records nothing to reuse.
+            reuse_argmax=(
+                not self.args.torch_compile if self.args.reuse_argmax is None else self.args.reuse_argmax
+            ),
         )
         loss, components = cached(columns, return_components=True, step=self.state.global_step, **loss_kwargs)
         if model.training:

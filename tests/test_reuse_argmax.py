@@ -256,8 +256,9 @@ def test_replayed_head_equals_the_forward_op_bitwise(kernel_device, monkeypatch,
 
 
 def test_trainer_reuse_argmax_leaves_the_same_parameters(tokenizer, tmp_path, monkeypatch) -> None:
-    """CachedSpladeTrainer(reuse_argmax=True) records the head in every Step (1) mini-batch and takes every
-    record back, and after 2 SGD steps the parameters are bitwise those of the trainer without it."""
+    """CachedSpladeTrainer with reuse_argmax on (its default) records the head in every Step (1) mini-batch
+    and takes every record back, and after 2 SGD steps the parameters are bitwise those of the trainer with
+    it off."""
     counts = {"record": 0, "take": 0}
     for method in counts:
         original = getattr(ForwardMemo, method)
@@ -268,13 +269,13 @@ def test_trainer_reuse_argmax_leaves_the_same_parameters(tokenizer, tmp_path, mo
 
         monkeypatch.setattr(ForwardMemo, method, counted)
     results = []
-    for reuse in (False, True):
+    for reuse in (False, None):  # None, the default: on
         model = trainer_model(tokenizer, dropout=0.1)
         args = trainer_args(tmp_path / str(reuse), per_device_batch=4, reuse_argmax=reuse)
         trainer = CachedSpladeTrainer(model, args, train_dataset=trainer_rows(), processing_class=tokenizer)
         trainer.train()
         results.append({name: p.detach().clone() for name, p in model.named_parameters()})
-        if not reuse:
+        if reuse is False:
             assert counts == {"record": 0, "take": 0}
     # 2 optimizer steps x 2 accumulation steps x 2 columns (query, positive) x 2 mini-batches of 3 and 1 rows
     assert counts == {"record": 16, "take": 16}
