@@ -641,14 +641,18 @@ def _target(
     }
 
 
+def _variant(row: dict) -> str:
+    """A row's provider, with ``+reuse`` for ours with ``reuse_argmax`` (rows of older runs have no such key)."""
+    return row["provider"] + ("+reuse" if row.get("reuse_argmax") else "")
+
+
 def _label(row: dict | None) -> str:
     if row is None:
         return "none fits"
     peak = row.get("peak_allocated_gib")
     memory = f", {peak:.1f} GiB" if peak is not None else ""
     return (
-        f"{row['provider']}{'+reuse' if row.get('reuse_argmax') else ''}"
-        f"{'-mb' + str(row['mini_batch']) if row['mini_batch'] else ''}"
+        f"{_variant(row)}{'-mb' + str(row['mini_batch']) if row['mini_batch'] else ''}"
         + (f"-tok{row['tokens']}" if row["tokens"] else "")
         + f" {row['pairs_per_s']:.0f} pairs/s{memory}"
     )
@@ -742,7 +746,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
     for r in rows:
         nnz = r.get("nnz_per_row")
         out.append([
-            r["model"], r["workload"], r["provider"] + ("+reuse" if r.get("reuse_argmax") else ""), _cell(r["mini_batch"]), _cell(r["tokens"]), str(r["batch"]),
+            r["model"], r["workload"], _variant(r), _cell(r["mini_batch"]), _cell(r["tokens"]), str(r["batch"]),
             r["status"], _cell(r.get("step_s_median"), "{:.3f}"), _cell(r.get("pairs_per_s"), "{:.0f}"),
             _cell(r.get("peak_allocated_gib")), _cell(r.get("busy_fraction")),
             f"{nnz['query']:.0f}/{nnz['positive']:.0f}" if nnz else "-",
