@@ -87,7 +87,8 @@ def synthesize(stats: dict[str, Tensor], rows: int, *, device: torch.device, see
         values = weights[torch.randint(len(weights), terms.shape, generator=generator, device=device)]
         dense = torch.zeros(count, log_p.numel(), device=device)
         dense.scatter_(1, terms, values * keep)
-        parts.append(SparseReps.from_dense(dense.cpu()))
+        # Sparsified where it was drawn: only the non-zeros cross to the host (a dense chunk is 500 MB).
+        parts.append(SparseReps.from_dense(dense).to("cpu"))
     return SparseReps.concat(parts)
 
 
