@@ -116,6 +116,19 @@ def test_reuse_argmax_with_sparse_reps_and_token_budgets_is_bitwise(config, opti
     _assert_bitwise_equal(reused_grads, grads)
 
 
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+def test_reuse_argmax_with_gradient_checkpointing_is_bitwise(config, reentrant: bool) -> None:
+    """With activation checkpointing in the backbone (recomputed inside Step (3)'s backward), reuse_argmax
+    still gives bitwise the step without it (dropout on)."""
+    encoder = _encoder(config, dropout=True)
+    encoder.gradient_checkpointing_enable({"use_reentrant": reentrant})
+    columns = make_columns(BATCH, 3)
+    loss, grads = _step(encoder, columns, mini_batch_size=3)
+    reused_loss, reused_grads = _step(encoder, columns, mini_batch_size=3, reuse_argmax=True)
+    assert torch.equal(reused_loss, loss)
+    _assert_bitwise_equal(reused_grads, grads)
+
+
 def test_cached_loss_with_reuse_argmax_is_bitwise(config) -> None:
     """CachedLoss (Step (3) inside loss.backward()) with reuse_argmax: bitwise the gradients without it."""
     encoder = _encoder(config, dropout=True)
