@@ -26,7 +26,7 @@ reads no context variable, and the engine warns when a mini-batch recorded nothi
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Literal
 
@@ -96,20 +96,19 @@ _ACTIVE: ContextVar[tuple[ForwardMemo, Literal["record", "replay"]] | None] = Co
 )
 
 
-@contextmanager
-def recording(memo: ForwardMemo) -> Iterator[ForwardMemo]:
+def recording(memo: ForwardMemo) -> AbstractContextManager[ForwardMemo]:
     """Step (1): memo-aware modules called inside append their records to ``memo``."""
-    token = _ACTIVE.set((memo, "record"))
-    try:
-        yield memo
-    finally:
-        _ACTIVE.reset(token)
+    return _activated(memo, "record")
+
+
+def replaying(memo: ForwardMemo) -> AbstractContextManager[ForwardMemo]:
+    """Step (3): memo-aware modules called inside take their records back from ``memo``."""
+    return _activated(memo, "replay")
 
 
 @contextmanager
-def replaying(memo: ForwardMemo) -> Iterator[ForwardMemo]:
-    """Step (3): memo-aware modules called inside take their records back from ``memo``."""
-    token = _ACTIVE.set((memo, "replay"))
+def _activated(memo: ForwardMemo, mode: Literal["record", "replay"]) -> Iterator[ForwardMemo]:
+    token = _ACTIVE.set((memo, mode))
     try:
         yield memo
     finally:
