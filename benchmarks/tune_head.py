@@ -74,24 +74,25 @@ FWD_CANDIDATES = [
     PackedForwardBlocks(128, 128, 64, 8, 4, 4),
     PackedForwardBlocks(64, 128, 64, 8, 4, 3),
 ]
-# BackwardBlocks(e_block_b, e_block_v, e_block_d, e_num_warps, h_block_n, h_block_d, h_num_warps). The
-# second is the committed default (e_block_b = 1, the grad_E loop one row at a time: fastest at
-# B=128, S=512 and at B=512, S=32 on an H100); grad_E's step gathers a [e_block_b, e_block_v,
-# e_block_d] tile.
+# BackwardBlocks(e_block_b, e_block_v, e_block_d, e_num_warps, h_block_n, h_block_d, h_num_warps,
+# e_block_n). The first is the committed default. With e_block_n = 0, grad_E loops over b (a step
+# gathers an [e_block_b, e_block_v, e_block_d] tile; e_block_b = 1 was the fastest b loop at B=128,
+# S=512 and at B=512, S=32 on an H100, 2026-11-23); with e_block_n > 0 it sorts the non-zeros by
+# vocabulary column and each column's program gathers e_block_n of them per step, e_block_d wide.
 BWD_CANDIDATES = [
-    BackwardBlocks(4, 16, 128, 4, 32, 64, 1),
     BackwardBlocks(1, 16, 128, 2, 32, 64, 1),
     BackwardBlocks(1, 32, 64, 2, 64, 64, 2),
     BackwardBlocks(1, 8, 128, 1, 64, 32, 1),
     BackwardBlocks(2, 16, 128, 2, 32, 64, 1),
-    BackwardBlocks(4, 16, 128, 2, 32, 64, 1),
-    BackwardBlocks(4, 16, 64, 2, 32, 64, 1),
-    BackwardBlocks(8, 16, 64, 4, 32, 64, 1),
-    BackwardBlocks(8, 8, 128, 4, 32, 64, 1),
-    BackwardBlocks(4, 32, 64, 4, 64, 64, 2),
-    BackwardBlocks(8, 16, 128, 8, 32, 128, 2),
-    BackwardBlocks(16, 16, 64, 8, 32, 64, 1),
-    BackwardBlocks(4, 16, 256, 8, 64, 64, 2),
+    BackwardBlocks(1, 16, 128, 1, 32, 64, 1, 16),
+    BackwardBlocks(1, 16, 64, 1, 32, 64, 1, 16),
+    BackwardBlocks(1, 16, 128, 1, 32, 64, 1, 8),
+    BackwardBlocks(1, 16, 64, 1, 32, 64, 1, 32),
+    BackwardBlocks(1, 16, 128, 2, 32, 64, 1, 32),
+    BackwardBlocks(1, 16, 256, 2, 32, 64, 1, 16),
+    BackwardBlocks(1, 16, 256, 4, 32, 64, 1, 32),
+    BackwardBlocks(1, 16, 128, 4, 32, 64, 1, 64),
+    BackwardBlocks(1, 16, 256, 8, 32, 64, 1, 64),
 ]
 
 # DenseBackwardBlocks(e_block_v, e_block_k, e_block_d, e_num_warps, h_block_m, h_block_v, h_block_d,
@@ -118,7 +119,7 @@ def _best(rows: list[dict]) -> dict:
     best = {}
     for row in rows:
         if "ms" in row and "blocks" in row and row.get("ok", False):
-            key = f"{row['kind']}_{row['kernel']}" if row["kind"] == "fwd" else row["kind"]
+            key = f"{row['kind']}_{row['kernel']}" if "kernel" in row else row["kind"]
             if key not in best or row["ms"] < best[key]["ms"]:
                 best[key] = {"ms": row["ms"], "blocks": row["blocks"]}
     fwd = min((v["ms"] for k, v in best.items() if k.startswith("fwd")), default=None)
@@ -178,7 +179,15 @@ def main() -> int:
             ms = bench(lambda blk=blk: sparton_backward(g, h, e, mx, arg, blocks=blk))
             ms_e = bench(lambda blk=blk: _grad_e(h, coef, arg32, V, e.dtype, blk))
             ms_h = bench(lambda blk=blk: _grad_h(e, coef, arg32, S, h.dtype, blk))
-            row = {"kind": "bwd", "blocks": blk.__dict__, "ms": ms, "grad_e_ms": ms_e, "grad_h_ms": ms_h}
+            kernel = "by-column" if blk.e_block_n else "b-loop"
+            row = {
+                "kind": "bwd",
+                "kernel": kernel,
+                "blocks": blk.__dict__,
+                "ms": ms,
+                "grad_e_ms": ms_e,
+                "grad_h_ms": ms_h,
+            }
             rows.append({**row, "ok": same})
         except Exception as exc:
             rows.append({"kind": "bwd", "blocks": blk.__dict__, "error": repr(exc)[:200]})

@@ -85,13 +85,14 @@ class ForwardBlocks:
 class BackwardBlocks:
     """Tile sizes of the two backward kernels."""
 
-    e_block_b: int  # grad_E: batch rows gathered per step of the b loop
-    e_block_v: int  # grad_E: vocabulary rows per program
-    e_block_d: int  # grad_E: hidden columns per program
+    e_block_b: int  # grad_E, b loop: batch rows gathered per step
+    e_block_v: int  # grad_E, b loop: vocabulary rows per program
+    e_block_d: int  # grad_E: hidden columns per program (b loop) or per step (by column)
     e_num_warps: int
     h_block_n: int  # grad_H: non-zeros gathered per step of a row's CSR segment
     h_block_d: int  # grad_H: hidden columns per step (a program covers all of D)
     h_num_warps: int
+    e_block_n: int = 0  # grad_E by column: non-zeros per step of a column's segment; 0: the b loop
 
 
 # 16-bit inputs on an H100 (bf16, B=128, S=512, D=768, V=30,522, benchmarks/tune_head.py, 2026-11-22):
@@ -168,7 +169,14 @@ _BWD_GPU = BackwardBlocks(
 _INT16_KEYS_BELOW = 2**15
 # e_block_b = 2: B = 3 and 5 in the tests end on a partial step
 _BWD_INTERPRET = BackwardBlocks(
-    e_block_b=2, e_block_v=16, e_block_d=16, e_num_warps=1, h_block_n=16, h_block_d=16, h_num_warps=1
+    e_block_b=2,
+    e_block_v=16,
+    e_block_d=16,
+    e_num_warps=1,
+    h_block_n=16,
+    h_block_d=16,
+    h_num_warps=1,
+    e_block_n=4,
 )
 
 
@@ -474,6 +482,44 @@ def _sparton_bwd_grad_e_kernel(
         h_rows += BLOCK_B * stride_hb
     out = offs_v.to(tl.int64)[:, None] * D + offs_d[None, :]
     tl.store(grad_e_ptr + out, acc.to(grad_e_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _sparton_bwd_grad_e_by_column_kernel(
+    h_ptr,  # [B, S, D] hidden states
+    col_ptr,  # [V + 1] int64 offsets into the sorted non-zeros, one segment per vocabulary column
+    idx_ptr,  # [B·V] int64 flat index b·V + v of each non-zero, in column order (the first N are read)
+    coef_ptr,  # [B·V] fp32 coef, read at those indices
+    arg_ptr,  # [B·V] int32 argmax over S, read at those indices
+    poison_ptr,  # [D] fp32: NaN where column d of H holds a non-finite value, else 0
+    grad_e_ptr,  # [V, D] out, dtype of E
+    V,
+    D,
+    stride_hb,
+    stride_hs,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    v = tl.program_id(0)  # destination vocabulary row; one program covers all of D
+    start = tl.load(col_ptr + v)
+    end = tl.load(col_ptr + v + 1)
+    out_row = grad_e_ptr + v.to(tl.int64) * D
+    for d0 in range(0, D, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        acc = tl.load(poison_ptr + offs_d, mask=d_ok, other=0.0)  # [BLOCK_D], 0 or NaN
+        for i in range(start, end, BLOCK_N):
+            offs_n = i + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < end
+            # the entries' coef, argmax and H rows: coef and argmax wait only for idx [BLOCK_N]
+            idx = tl.load(idx_ptr + offs_n, mask=n_ok, other=0)
+            b = idx // V
+            coef = tl.load(coef_ptr + idx, mask=n_ok, other=0.0)
+            s = tl.load(arg_ptr + idx, mask=n_ok, other=0)
+            h_ptrs = h_ptr + b[:, None] * stride_hb + s.to(tl.int64)[:, None] * stride_hs + offs_d[None, :]
+            h = tl.load(h_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+            acc += tl.sum(coef[:, None] * h.to(tl.float32), axis=0)  # -> [BLOCK_D]
+        tl.store(out_row + offs_d, acc.to(grad_e_ptr.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -790,6 +836,14 @@ def _forward_packed(
     )
 
 
+def _sorted_segments(keys: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """(order [K] int64, offsets [count + 1] int64): the stable argsort of ``keys`` (values in
+    0..count, ``count`` the sentinel of entries to skip) and where each segment 0..count-1 starts."""
+    sorted_keys, order = torch.sort(keys, stable=True)
+    bounds = torch.arange(count + 1, device=keys.device, dtype=keys.dtype)
+    return order, torch.searchsorted(sorted_keys, bounds)
+
+
 def _grad_e(
     h: Tensor, coef: Tensor, arg: Tensor, V: int, dtype: torch.dtype, blocks: BackwardBlocks
 ) -> Tensor:
@@ -797,6 +851,29 @@ def _grad_e(
     B, _, D = h.shape
     poison = non_finite_columns(h, dim=(0, 1))  # [D]
     grad_e = torch.empty(V, D, device=h.device, dtype=dtype)
+    if blocks.e_block_n:
+        # Non-zeros keyed by vocabulary column; zeros get the sentinel V and sort last. The stable sort
+        # keeps each column's entries in increasing b: a fixed summation order.
+        key_dtype = torch.int16 if V < _INT16_KEYS_BELOW else torch.int32
+        columns = torch.arange(V, device=h.device, dtype=key_dtype)[None, :]  # [1, V]
+        order, col_offsets = _sorted_segments(torch.where(coef != 0, columns, V).reshape(-1), V)
+        _sparton_bwd_grad_e_by_column_kernel[(V,)](
+            h,
+            col_offsets,
+            order,
+            coef,
+            arg,
+            poison,
+            grad_e,
+            V,
+            D,
+            h.stride(0),
+            h.stride(1),
+            BLOCK_D=blocks.e_block_d,
+            BLOCK_N=blocks.e_block_n,
+            num_warps=blocks.e_num_warps,
+        )
+        return grad_e
     grid = (triton.cdiv(V, blocks.e_block_v), triton.cdiv(D, blocks.e_block_d))
     _sparton_bwd_grad_e_kernel[grid](
         h,
@@ -831,9 +908,7 @@ def _grad_h(
     key_dtype = torch.int16 if B * S < _INT16_KEYS_BELOW else torch.int32
     rows = torch.arange(B, device=e.device, dtype=key_dtype)[:, None] * S  # [B, 1]
     keys = torch.where(coef != 0, rows + arg.to(key_dtype), B * S).reshape(-1)  # [B·V]
-    sorted_keys, order = torch.sort(keys, stable=True)
-    bounds = torch.arange(B * S + 1, device=e.device, dtype=key_dtype)
-    row_offsets = torch.searchsorted(sorted_keys, bounds)  # [B·S + 1] int64
+    order, row_offsets = _sorted_segments(keys, B * S)  # [B·V], [B·S + 1]
     # The kernel reads v and coef through the sort's permutation itself, for the N non-zeros only: no
     # [B·V] gathers of columns and values here (two passes over 15.6M entries at B = 512).
     poison = non_finite_columns(e, dim=0)  # [D]
