@@ -75,18 +75,19 @@ FWD_CANDIDATES = [
     PackedForwardBlocks(64, 128, 64, 8, 4, 3),
 ]
 # BackwardBlocks(e_block_b, e_block_v, e_block_d, e_num_warps, h_block_n, h_block_d, h_num_warps,
-# e_block_n). The first is the committed default. With e_block_n = 0, grad_E loops over b (a step
-# gathers an [e_block_b, e_block_v, e_block_d] tile; e_block_b = 1 was the fastest b loop at B=128,
-# S=512 and at B=512, S=32 on an H100, 2026-11-23); with e_block_n > 0 it sorts the non-zeros by
-# vocabulary column and each column's program gathers e_block_n of them per step, e_block_d wide.
+# e_block_n). The first is the committed default (grad_E by column). With e_block_n = 0, grad_E loops
+# over b (a step gathers an [e_block_b, e_block_v, e_block_d] tile; e_block_b = 1 was the fastest b
+# loop at B=128, S=512 and at B=512, S=32 on an H100, 2026-11-23); with e_block_n > 0 it sorts the
+# non-zeros by vocabulary column and each column's program gathers e_block_n of them per step,
+# e_block_d wide.
 BWD_CANDIDATES = [
+    BackwardBlocks(1, 16, 128, 1, 32, 64, 1, 8),
     BackwardBlocks(1, 16, 128, 2, 32, 64, 1),
     BackwardBlocks(1, 32, 64, 2, 64, 64, 2),
     BackwardBlocks(1, 8, 128, 1, 64, 32, 1),
     BackwardBlocks(2, 16, 128, 2, 32, 64, 1),
     BackwardBlocks(1, 16, 128, 1, 32, 64, 1, 16),
     BackwardBlocks(1, 16, 64, 1, 32, 64, 1, 16),
-    BackwardBlocks(1, 16, 128, 1, 32, 64, 1, 8),
     BackwardBlocks(1, 16, 64, 1, 32, 64, 1, 32),
     BackwardBlocks(1, 16, 128, 2, 32, 64, 1, 32),
     BackwardBlocks(1, 16, 256, 2, 32, 64, 1, 16),

@@ -90,11 +90,18 @@ def _launch_forward(
 
 
 def _launch_backward(
-    g: Tensor, h: Tensor, e: Tensor, mx: Tensor, arg: Tensor
+    g: Tensor, h: Tensor, e: Tensor, mx: Tensor, arg: Tensor, grad_e_kernel: str = "by-column"
 ) -> tuple[Tensor, Tensor, Tensor]:
-    from gradcache_sparton.kernels.sparton import sparton_backward
+    from gradcache_sparton.kernels.sparton import BackwardBlocks, sparton_backward
 
-    return sparton_backward(g, h, e, mx, arg)
+    # the default blocks (grad_E by column), or the b loop: 2 rows per step (B = 3 and 5 end on a
+    # partial step), tiles as small as the interpreter's
+    blocks = BackwardBlocks(2, 16, 16, 1, 16, 16, 1) if grad_e_kernel == "b-loop" else None
+    return sparton_backward(g, h, e, mx, arg, blocks=blocks)
+
+
+# grad_E's two kernels: by vocabulary column (the default) and the loop over b
+GRAD_E_KERNELS = ["by-column", "b-loop"]
 
 
 def _top2_gap(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> Tensor:
@@ -246,14 +253,18 @@ def test_triton_forward_ties_pick_first_position(kernel_device, forward) -> None
     torch.testing.assert_close(mx, mx_ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("grad_e_kernel", GRAD_E_KERNELS)
 @pytest.mark.parametrize(("dtype", "rtol"), DTYPES)
 @pytest.mark.parametrize(("B", "S", "D", "V", "bias"), SHAPES)
-def test_triton_backward_matches_reference_autograd(kernel_device, dtype, rtol, B, S, D, V, bias) -> None:
-    """grad_H, grad_E and grad_bias from (max, argmax) equal autograd through the reference."""
+def test_triton_backward_matches_reference_autograd(
+    kernel_device, dtype, rtol, B, S, D, V, bias, grad_e_kernel
+) -> None:
+    """grad_H, grad_E and grad_bias from (max, argmax) equal autograd through the reference, with
+    either grad_E kernel."""
     h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=20 + B)
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(B, V, generator=torch.Generator().manual_seed(5)).to(kernel_device, dtype)
-    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg)
+    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg, grad_e_kernel)
     inputs = [t.detach().clone().requires_grad_() for t in (h, e, b) if t is not None]
     y_ref = sparton_head_reference(inputs[0], inputs[1], inputs[2] if bias else None, m)
     want = torch.autograd.grad(y_ref, inputs, g)
@@ -294,27 +305,30 @@ def test_triton_dense_backward_matches_reference_autograd(kernel_device, dtype, 
 
 
 def test_triton_backward_same_with_int16_or_int32_sort_keys(kernel_device, monkeypatch) -> None:
-    """grad_H's CSR sort gives bitwise the same gradients with int16 keys (B·S < 2^15, what the tests'
-    shapes get) and int32 keys (larger B·S), NaN planted in a coefficient included."""
+    """The CSR sorts (grad_H by row, grad_E by column) give bitwise the same gradients with int16 keys
+    (B·S and V < 2^15, what the tests' shapes get) and int32 keys (larger B·S or V), NaN planted in a
+    coefficient included."""
     from gradcache_sparton.kernels import sparton
 
     h, e, b, m = _inputs(4, 45, 24, 53, True, torch.float32, kernel_device, seed=27)  # B·S = 180 > 2^7
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(4, 53, generator=torch.Generator().manual_seed(28)).to(kernel_device)
     g[2, 10] = float("nan")
-    narrow = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=(True, False, False))[0]
+    narrow = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=(True, True, False))[:2]
     monkeypatch.setattr(sparton, "_INT16_KEYS_BELOW", 0)
-    wide = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=(True, False, False))[0]
-    assert torch.equal(narrow.isnan(), wide.isnan()) and narrow.isnan().any()
-    assert torch.equal(narrow.nan_to_num(), wide.nan_to_num()) and (narrow[m == 1] != 0).any()
+    wide = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=(True, True, False))[:2]
+    for x, y in zip(narrow, wide, strict=True):
+        assert torch.equal(x.isnan(), y.isnan()) and x.isnan().any()
+        assert torch.equal(x.nan_to_num(), y.nan_to_num()) and (x.nan_to_num() != 0).any()
 
 
-def test_triton_backward_zero_where_output_zero_or_masked(kernel_device) -> None:
+@pytest.mark.parametrize("grad_e_kernel", GRAD_E_KERNELS)
+def test_triton_backward_zero_where_output_zero_or_masked(kernel_device, grad_e_kernel) -> None:
     """Masked positions, fully masked rows and all-negative columns get exactly zero gradient."""
     h, e, b, m = _inputs(3, 37, 24, 53, True, torch.float32, kernel_device, seed=6)
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(3, 53).to(kernel_device)
-    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg)
+    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg, grad_e_kernel)
     assert (grad_h[m == 0] == 0).all()  # includes the fully masked row 0
     assert (grad_e[:3] == 0).all() and (grad_b[:3] == 0).all()
     assert (grad_h[m == 1] != 0).any() and (grad_e[3:] != 0).any()
@@ -430,7 +444,8 @@ def _kernel_non_finite_cases() -> list:
 @pytest.mark.parametrize(("value", "site", "dtype", "rtol", "forward"), _kernel_non_finite_cases())
 def test_triton_non_finite_matches_reference(kernel_device, value, site, dtype, rtol, forward) -> None:
     """A NaN/±inf in H (unmasked, masked, fully masked row), E, bias or grad_y: kernel Y, max, argmax and
-    every gradient are NaN/inf at exactly the reference's entries (autograd for the gradients)."""
+    every gradient (with either grad_E kernel) are NaN/inf at exactly the reference's entries (autograd
+    for the gradients)."""
     h, e, b, m = _inputs(*NON_FINITE_SHAPE, True, dtype, kernel_device, seed=32)
     g = torch.randn(3, 37, generator=torch.Generator().manual_seed(33)).to(kernel_device, dtype)
     _plant(site, value, h, e, b, g)
@@ -445,12 +460,13 @@ def test_triton_non_finite_matches_reference(kernel_device, value, site, dtype, 
     # the first NaN / first +inf wins exactly; finite maxima wherever the top two are not near-tied
     clear = ~mx_ref.isfinite() | ((mx_ref > 0) & (_top2_gap(h, e, b, m) > 1e-4))
     assert torch.equal(arg[clear].long(), arg_ref[clear])
-    grads = _launch_backward(g, h, e, mx, arg)
     inputs = [t.detach().clone().requires_grad_() for t in (h, e, b)]
     want = torch.autograd.grad(sparton_head_reference(*inputs, m), inputs, g)
-    for got, ref in zip(grads, want, strict=True):
-        scale = ref.nan_to_num(0.0, 0.0, 0.0).abs().max().item()  # of the finite entries
-        _assert_same_non_finite(got, ref, rtol=rtol, atol=1e-5 * scale)
+    for grad_e_kernel in GRAD_E_KERNELS:
+        grads = _launch_backward(g, h, e, mx, arg, grad_e_kernel)
+        for got, ref in zip(grads, want, strict=True):
+            scale = ref.nan_to_num(0.0, 0.0, 0.0).abs().max().item()  # of the finite entries
+            _assert_same_non_finite(got, ref, rtol=rtol, atol=1e-5 * scale)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy

@@ -26,10 +26,13 @@ masking, NaN order and clamp at 0 as above; a whole row fits in one tile, so the
 
 Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0 or max
 is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and passes NaN):
-- grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]]: one program per (V tile, D tile), looping over b so
-  that all programs read the same H[b] at about the same time (it stays in L2), BLOCK_B rows per step
-  (one [BLOCK_B, BLOCK_V] load of (coef, argmax), one gather, their sum added to the accumulator: a
-  fixed order); rows with coef = 0 are masked off the gather, so the traffic is proportional to N.
+- grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], by column (the default): the non-zeros are sorted by
+  vocabulary column (``torch.sort``, stable, so b increases within a column; int16 keys where
+  V < 2^15) and one program per column gathers and sums its own entries, D tile by D tile. Or the b
+  loop (``BackwardBlocks.e_block_n = 0``, faster where about half of Y is non-zero): one program per
+  (V tile, D tile), looping over b so that all programs read the same H[b] at about the same time (it
+  stays in L2), BLOCK_B rows per step (one [BLOCK_B, BLOCK_V] load of (coef, argmax), one gather, their
+  sum added to the accumulator: a fixed order); rows with coef = 0 are masked off the gather.
 - grad_H[b, s] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v]: the non-zeros are sorted by destination row
   (b·S + s) into CSR form (``torch.sort``, stable; int16 keys where B·S < 2^15), and one program per
   row gathers and sums its own entries, D tile by D tile. No atomics: the sum order is fixed, so the
@@ -159,15 +162,35 @@ _FWD_PACKED_INTERPRET = PackedForwardBlocks(
 # one gather) lost everywhere it was timed (tune_head.py, H100, 2026-11-23), ms for the whole backward:
 # B=512, S=32, 2.3% of Y > 0: e_block_b 1 3.31 (grad_E 2.20), 2 6.08, 4 6.33-104 (by block shape and
 # warps), 8 19.4-58.0, 16 34.1; B=128, S=512, 61%: 1 2.16 (grad_E 0.87), 2 2.90, 4 2.88-28.0, 8
-# 6.10-16.5. So e_block_b = 1: the blocks above (6.40 at B=512, S=32 with 52% of Y > 0).
+# 6.10-16.5. The b loop's 512 dependent steps of (coef, argmax) loads at B = 512 are its cost where
+# Y is sparse; grad_E by column (e_block_n > 0: the non-zeros sorted by vocabulary column, one program
+# per column over its own entries) pays a sort instead. tune_head.py --skip-fwd, H100, 2026-11-25,
+# whole backward / grad_E (sort included) in ms, by column at its best (8 non-zeros x 128 columns,
+# 1 warp; 16 x 128 and 32 x 64 within 0.06 ms where Y is sparse) against the b loop at its best:
+#   B=512, S=32,  2.3% of Y > 0: 1.86 / 0.75 against 3.31 / 2.20
+#   B=128, S=256, 4.4%:          1.05 / 0.38 against 1.29 / 0.62
+#   B=512, S=32,  52%:           7.25 / 3.43 against 6.39 / 2.56 (by column 7.73 / 3.90 at 8 x 128)
+#   B=128, S=512, 61%:           2.61 / 1.33 against 2.16 / 0.87 (by column 2.71 / 1.43 at 8 x 128)
+# By column wins where reps are as sparse as a trained SPLADE model's (1-3% non-zeros) and loses
+# 13-20% of the backward where half of Y is non-zero (random heads); the density is known only on the
+# device, so the choice is static: by column, the regime users train in. BackwardBlocks(1, 16, 128, 2,
+# 32, 64, 1) (e_block_n = 0) runs the b loop.
 _BWD_GPU = BackwardBlocks(
-    e_block_b=1, e_block_v=16, e_block_d=128, e_num_warps=2, h_block_n=32, h_block_d=64, h_num_warps=1
+    e_block_b=1,
+    e_block_v=16,
+    e_block_d=128,
+    e_num_warps=1,
+    h_block_n=32,
+    h_block_d=64,
+    h_num_warps=1,
+    e_block_n=8,
 )
-# grad_H's CSR sort keys b·S + s (and the sentinel B·S) are int16 while B·S is below this, else int32:
-# sorting B·V = 15.6M keys at B=512, V=30,522 took 0.43 ms as int16 against 0.80 ms as int32 (H100,
-# tune_head.py, 2026-11-23).
+# The CSR sorts' keys (grad_H: b·S + s and the sentinel B·S; grad_E by column: v and the sentinel V) are
+# int16 while below this, else int32: sorting B·V = 15.6M keys at B=512, V=30,522 took 0.43 ms as int16
+# against 0.80 ms as int32 (H100, tune_head.py, 2026-11-23).
 _INT16_KEYS_BELOW = 2**15
-# e_block_b = 2: B = 3 and 5 in the tests end on a partial step
+# grad_E by column, 4 non-zeros per step: the tests' columns end on partial steps (e_block_b = 2 for the
+# b loop, which the tests run through explicit blocks: B = 3 and 5 end on a partial step)
 _BWD_INTERPRET = BackwardBlocks(
     e_block_b=2,
     e_block_v=16,
@@ -847,7 +870,8 @@ def _sorted_segments(keys: Tensor, count: int) -> tuple[Tensor, Tensor]:
 def _grad_e(
     h: Tensor, coef: Tensor, arg: Tensor, V: int, dtype: torch.dtype, blocks: BackwardBlocks
 ) -> Tensor:
-    """grad_E [V, D] = Σ_b coef[b, v] · H[b, argmax[b, v]] (b-major gathers), NaN in H's non-finite columns."""
+    """grad_E [V, D] = Σ_b coef[b, v] · H[b, argmax[b, v]] (by column, or the b loop where
+    ``blocks.e_block_n`` is 0), NaN in H's non-finite columns."""
     B, _, D = h.shape
     poison = non_finite_columns(h, dim=(0, 1))  # [D]
     grad_e = torch.empty(V, D, device=h.device, dtype=dtype)
