@@ -75,25 +75,23 @@ FWD_CANDIDATES = [
     PackedForwardBlocks(64, 128, 64, 8, 4, 3),
 ]
 # BackwardBlocks(e_block_b, e_block_v, e_block_d, e_num_warps, h_block_n, h_block_d, h_num_warps,
-# e_block_n). The first is the committed default (grad_E by column). With e_block_n = 0, grad_E loops
-# over b (a step gathers an [e_block_b, e_block_v, e_block_d] tile; e_block_b = 1 was the fastest b
-# loop at B=128, S=512 and at B=512, S=32 on an H100, 2026-11-23); with e_block_n > 0 it sorts the
-# non-zeros by vocabulary column and each column's program gathers e_block_n of them per step,
-# e_block_d wide.
+# c_block_n, c_block_d, c_num_warps, by_column_below). The first is the committed default (grad_E by
+# column below 25% of Y non-zero, else the b loop). The others force one grad_E kernel: the b loop
+# (by_column_below 0; a step gathers an [e_block_b, e_block_v, e_block_d] tile; e_block_b = 1 was its
+# fastest at B=128, S=512 and at B=512, S=32 on an H100, 2026-11-23) or by column (by_column_below 2;
+# each column's program gathers c_block_n non-zeros per step, c_block_d wide).
+_B_LOOP = (1, 16, 128, 2)  # the default b-loop blocks
+_GRAD_H = (32, 64, 1)  # the default grad_H blocks
 BWD_CANDIDATES = [
-    BackwardBlocks(1, 16, 128, 1, 32, 64, 1, 8),
-    BackwardBlocks(1, 16, 128, 2, 32, 64, 1),
-    BackwardBlocks(1, 32, 64, 2, 64, 64, 2),
-    BackwardBlocks(1, 8, 128, 1, 64, 32, 1),
-    BackwardBlocks(2, 16, 128, 2, 32, 64, 1),
-    BackwardBlocks(1, 16, 128, 1, 32, 64, 1, 16),
-    BackwardBlocks(1, 16, 64, 1, 32, 64, 1, 16),
-    BackwardBlocks(1, 16, 64, 1, 32, 64, 1, 32),
-    BackwardBlocks(1, 16, 128, 2, 32, 64, 1, 32),
-    BackwardBlocks(1, 16, 256, 2, 32, 64, 1, 16),
-    BackwardBlocks(1, 16, 256, 4, 32, 64, 1, 32),
-    BackwardBlocks(1, 16, 128, 4, 32, 64, 1, 64),
-    BackwardBlocks(1, 16, 256, 8, 32, 64, 1, 64),
+    BackwardBlocks(*_B_LOOP, *_GRAD_H, 8, 128, 1, 0.25),
+    BackwardBlocks(*_B_LOOP, *_GRAD_H, 8, 128, 1, 0.0),
+    BackwardBlocks(1, 32, 64, 2, 64, 64, 2, 8, 128, 1, 0.0),
+    BackwardBlocks(1, 8, 128, 1, 64, 32, 1, 8, 128, 1, 0.0),
+    BackwardBlocks(*_B_LOOP, *_GRAD_H, 8, 128, 1, 2.0),
+    BackwardBlocks(*_B_LOOP, *_GRAD_H, 16, 128, 1, 2.0),
+    BackwardBlocks(*_B_LOOP, *_GRAD_H, 16, 64, 1, 2.0),
+    BackwardBlocks(*_B_LOOP, *_GRAD_H, 32, 64, 1, 2.0),
+    BackwardBlocks(*_B_LOOP, *_GRAD_H, 32, 128, 2, 2.0),
 ]
 
 # DenseBackwardBlocks(e_block_v, e_block_k, e_block_d, e_num_warps, h_block_m, h_block_v, h_block_d,
@@ -180,7 +178,7 @@ def main() -> int:
             ms = bench(lambda blk=blk: sparton_backward(g, h, e, mx, arg, blocks=blk))
             ms_e = bench(lambda blk=blk: _grad_e(h, coef, arg32, V, e.dtype, blk))
             ms_h = bench(lambda blk=blk: _grad_h(e, coef, arg32, S, h.dtype, blk))
-            kernel = "by-column" if blk.e_block_n else "b-loop"
+            kernel = {0.0: "b-loop", 2.0: "by-column"}.get(blk.by_column_below, "by-density")
             row = {
                 "kind": "bwd",
                 "kernel": kernel,

@@ -90,17 +90,18 @@ def _launch_forward(
 
 
 def _launch_backward(
-    g: Tensor, h: Tensor, e: Tensor, mx: Tensor, arg: Tensor, grad_e_kernel: str = "by-column"
+    g: Tensor, h: Tensor, e: Tensor, mx: Tensor, arg: Tensor, grad_e_kernel: str = "by-density"
 ) -> tuple[Tensor, Tensor, Tensor]:
     from gradcache_sparton.kernels.sparton import BackwardBlocks, sparton_backward
 
-    # the default blocks (grad_E by column), or the b loop: 2 rows per step (B = 3 and 5 end on a
-    # partial step), tiles as small as the interpreter's
-    blocks = BackwardBlocks(2, 16, 16, 1, 16, 16, 1) if grad_e_kernel == "b-loop" else None
+    # grad_E's kernel forced (the b loop: 2 rows per step, so B = 3 and 5 end on a partial step; by
+    # column: 4 non-zeros per step) or chosen by the density of Y (the default blocks' rule)
+    below = {"b-loop": 0.0, "by-column": 2.0, "by-density": 0.25}[grad_e_kernel]
+    blocks = BackwardBlocks(2, 16, 16, 1, 16, 16, 1, 4, 16, 1, below)
     return sparton_backward(g, h, e, mx, arg, blocks=blocks)
 
 
-# grad_E's two kernels: by vocabulary column (the default) and the loop over b
+# grad_E's two kernels: by vocabulary column and the loop over b
 GRAD_E_KERNELS = ["by-column", "b-loop"]
 
 
@@ -320,6 +321,23 @@ def test_triton_backward_same_with_int16_or_int32_sort_keys(kernel_device, monke
     for x, y in zip(narrow, wide, strict=True):
         assert torch.equal(x.isnan(), y.isnan()) and x.isnan().any()
         assert torch.equal(x.nan_to_num(), y.nan_to_num()) and (x.nan_to_num() != 0).any()
+
+
+def test_triton_grad_e_kernel_follows_the_density_of_y(kernel_device) -> None:
+    """By default grad_E runs by column where under 25% of Y's entries have a non-zero coefficient and
+    by the b loop elsewhere, chosen on the device: bitwise the forced kernel's result either way (the
+    two kernels sum in different orders, and differ on these inputs)."""
+    h, e, b, m = _inputs(5, 29, 24, 67, True, torch.float32, kernel_device, seed=29)
+    _, mx, arg = _launch_forward(h, e, b, m)
+    g = torch.randn(5, 67, generator=torch.Generator().manual_seed(30)).to(kernel_device)
+    sparse = g * (torch.rand(5, 67, generator=torch.Generator().manual_seed(31)) < 0.2).to(kernel_device)
+    for grad_y, expected in ((g, "b-loop"), (sparse, "by-column")):
+        density = ((mx > 0) & (grad_y != 0)).float().mean().item()
+        assert (density >= 0.25) == (expected == "b-loop"), density
+        chosen = _launch_backward(grad_y, h, e, mx, arg, "by-density")[1]
+        forced = {k: _launch_backward(grad_y, h, e, mx, arg, k)[1] for k in GRAD_E_KERNELS}
+        assert not torch.equal(forced["by-column"], forced["b-loop"])
+        assert torch.equal(chosen, forced[expected])
 
 
 @pytest.mark.parametrize("grad_e_kernel", GRAD_E_KERNELS)

@@ -26,13 +26,15 @@ masking, NaN order and clamp at 0 as above; a whole row fits in one tile, so the
 
 Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0 or max
 is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and passes NaN):
-- grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], by column (the default): the non-zeros are sorted by
-  vocabulary column (``torch.sort``, stable, so b increases within a column; int16 keys where
-  V < 2^15) and one program per column gathers and sums its own entries, D tile by D tile. Or the b
-  loop (``BackwardBlocks.e_block_n = 0``, faster where about half of Y is non-zero): one program per
+- grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], by one of two kernels, chosen on the device by the
+  count of non-zeros (``BackwardBlocks.by_column_below``; no sync: both are launched and the other
+  returns at once). Sparse Y, by column: the non-zeros are sorted by vocabulary column
+  (``torch.sort``, stable, so b increases within a column; int16 keys where V < 2^15) and one program
+  per column gathers and sums its own entries, D tile by D tile. Dense Y, the b loop: one program per
   (V tile, D tile), looping over b so that all programs read the same H[b] at about the same time (it
   stays in L2), BLOCK_B rows per step (one [BLOCK_B, BLOCK_V] load of (coef, argmax), one gather, their
-  sum added to the accumulator: a fixed order); rows with coef = 0 are masked off the gather.
+  sum added to the accumulator: a fixed order); rows with coef = 0 are masked off the gather. Each
+  kernel's summation order is fixed, and the same input picks the same kernel: deterministic.
 - grad_H[b, s] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v]: the non-zeros are sorted by destination row
   (b·S + s) into CSR form (``torch.sort``, stable; int16 keys where B·S < 2^15), and one program per
   row gathers and sums its own entries, D tile by D tile. No atomics: the sum order is fixed, so the
@@ -90,12 +92,17 @@ class BackwardBlocks:
 
     e_block_b: int  # grad_E, b loop: batch rows gathered per step
     e_block_v: int  # grad_E, b loop: vocabulary rows per program
-    e_block_d: int  # grad_E: hidden columns per program (b loop) or per step (by column)
-    e_num_warps: int
+    e_block_d: int  # grad_E, b loop: hidden columns per program
+    e_num_warps: int  # grad_E, b loop
     h_block_n: int  # grad_H: non-zeros gathered per step of a row's CSR segment
     h_block_d: int  # grad_H: hidden columns per step (a program covers all of D)
     h_num_warps: int
-    e_block_n: int = 0  # grad_E by column: non-zeros per step of a column's segment; 0: the b loop
+    c_block_n: int  # grad_E by column: non-zeros gathered per step of a column's segment
+    c_block_d: int  # grad_E by column: hidden columns per step (a program covers all of D)
+    c_num_warps: int  # grad_E by column
+    # grad_E runs by column where fewer than this fraction of Y's B·V entries are non-zero, else the b
+    # loop; decided on the device (no sync). 0: always the b loop; above 1: always by column.
+    by_column_below: float
 
 
 # 16-bit inputs on an H100 (bf16, B=128, S=512, D=768, V=30,522, benchmarks/tune_head.py, 2026-11-22):
@@ -163,34 +170,39 @@ _FWD_PACKED_INTERPRET = PackedForwardBlocks(
 # B=512, S=32, 2.3% of Y > 0: e_block_b 1 3.31 (grad_E 2.20), 2 6.08, 4 6.33-104 (by block shape and
 # warps), 8 19.4-58.0, 16 34.1; B=128, S=512, 61%: 1 2.16 (grad_E 0.87), 2 2.90, 4 2.88-28.0, 8
 # 6.10-16.5. The b loop's 512 dependent steps of (coef, argmax) loads at B = 512 are its cost where
-# Y is sparse; grad_E by column (e_block_n > 0: the non-zeros sorted by vocabulary column, one program
-# per column over its own entries) pays a sort instead. tune_head.py --skip-fwd, H100, 2026-11-25,
-# whole backward / grad_E (sort included) in ms, by column at its best (8 non-zeros x 128 columns,
-# 1 warp; 16 x 128 and 32 x 64 within 0.06 ms where Y is sparse) against the b loop at its best:
+# Y is sparse; grad_E by column (the non-zeros sorted by vocabulary column, one program per column over
+# its own entries) pays a sort instead. tune_head.py --skip-fwd, H100, 2026-11-25, whole backward /
+# grad_E (sort included) in ms, by column at its best (8 non-zeros x 128 columns, 1 warp; 16 x 128 and
+# 32 x 64 within 0.06 ms where Y is sparse) against the b loop at its best:
 #   B=512, S=32,  2.3% of Y > 0: 1.86 / 0.75 against 3.31 / 2.20
 #   B=128, S=256, 4.4%:          1.05 / 0.38 against 1.29 / 0.62
 #   B=512, S=32,  52%:           7.25 / 3.43 against 6.39 / 2.56 (by column 7.73 / 3.90 at 8 x 128)
 #   B=128, S=512, 61%:           2.61 / 1.33 against 2.16 / 0.87 (by column 2.71 / 1.43 at 8 x 128)
-# By column wins where reps are as sparse as a trained SPLADE model's (1-3% non-zeros) and loses
-# 13-20% of the backward where half of Y is non-zero (random heads); the density is known only on the
-# device, so the choice is static: by column, the regime users train in. BackwardBlocks(1, 16, 128, 2,
-# 32, 64, 1) (e_block_n = 0) runs the b loop.
+# and through bench_head.py at B=512, S=32 with ~100% of Y > 0, fwd+bwd 13.62 ms by column against
+# 10.55 with the b loop. By column wins where reps are as sparse as a trained SPLADE model's (1-3%) and
+# loses where half or more of Y is non-zero (random heads). Its grad_E cost grows ~5.4 ms per unit of
+# density at B=512, S=32 (0.75 at 2.3%, 3.43 at 52%) against the b loop's ~0.7 (2.20, 2.56): equal near
+# 33%, so below 25% of Y non-zero it runs by column. Both kernels are launched, each returning at once
+# unless the device-side count of non-zeros selects it; the column sort runs either way (0.43 ms here).
 _BWD_GPU = BackwardBlocks(
     e_block_b=1,
     e_block_v=16,
     e_block_d=128,
-    e_num_warps=1,
+    e_num_warps=2,
     h_block_n=32,
     h_block_d=64,
     h_num_warps=1,
-    e_block_n=8,
+    c_block_n=8,
+    c_block_d=128,
+    c_num_warps=1,
+    by_column_below=0.25,
 )
 # The CSR sorts' keys (grad_H: b·S + s and the sentinel B·S; grad_E by column: v and the sentinel V) are
 # int16 while below this, else int32: sorting B·V = 15.6M keys at B=512, V=30,522 took 0.43 ms as int16
 # against 0.80 ms as int32 (H100, tune_head.py, 2026-11-23).
 _INT16_KEYS_BELOW = 2**15
-# grad_E by column, 4 non-zeros per step: the tests' columns end on partial steps (e_block_b = 2 for the
-# b loop, which the tests run through explicit blocks: B = 3 and 5 end on a partial step)
+# e_block_b = 2: B = 3 and 5 in the tests end on a partial step; by column, 4 non-zeros per step: the
+# tests' columns end on partial steps. The tests pick either kernel through by_column_below.
 _BWD_INTERPRET = BackwardBlocks(
     e_block_b=2,
     e_block_v=16,
@@ -199,7 +211,10 @@ _BWD_INTERPRET = BackwardBlocks(
     h_block_n=16,
     h_block_d=16,
     h_num_warps=1,
-    e_block_n=4,
+    c_block_n=4,
+    c_block_d=16,
+    c_num_warps=1,
+    by_column_below=0.25,
 )
 
 
@@ -453,13 +468,15 @@ def _sparton_fwd_packed_kernel(
     tl.store(arg_ptr + out, tl.where(live, row_arg, 0).to(tl.int32), mask=out_ok)
 
 
-@triton.jit(do_not_specialize=["B"])
+@triton.jit(do_not_specialize=["limit", "B"])
 def _sparton_bwd_grad_e_kernel(
     h_ptr,  # [B, S, D] hidden states
     coef_ptr,  # [B, V] fp32: grad_y / (1 + max) where max > 0 or NaN, else 0
     arg_ptr,  # [B, V] int32 argmax over S
     poison_ptr,  # [D] fp32: NaN where column d of H holds a non-finite value, else 0
     grad_e_ptr,  # [V, D] out, dtype of E
+    live_ptr,  # [] int64: the number of non-zero coef
+    limit,  # this kernel runs only if live >= limit (else grad_E goes by column)
     B,
     V,
     D,
@@ -469,6 +486,8 @@ def _sparton_bwd_grad_e_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    if tl.load(live_ptr) < limit:
+        return
     pid_v = tl.program_id(0)
     pid_d = tl.program_id(1)
     offs_b = tl.arange(0, BLOCK_B)
@@ -507,7 +526,7 @@ def _sparton_bwd_grad_e_kernel(
     tl.store(grad_e_ptr + out, acc.to(grad_e_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["limit"])
 def _sparton_bwd_grad_e_by_column_kernel(
     h_ptr,  # [B, S, D] hidden states
     col_ptr,  # [V + 1] int64 offsets into the sorted non-zeros, one segment per vocabulary column
@@ -516,6 +535,8 @@ def _sparton_bwd_grad_e_by_column_kernel(
     arg_ptr,  # [B·V] int32 argmax over S, read at those indices
     poison_ptr,  # [D] fp32: NaN where column d of H holds a non-finite value, else 0
     grad_e_ptr,  # [V, D] out, dtype of E
+    live_ptr,  # [] int64: the number of non-zero coef
+    limit,  # this kernel runs only if live < limit (else grad_E goes by the b loop)
     V,
     D,
     stride_hb,
@@ -523,6 +544,8 @@ def _sparton_bwd_grad_e_by_column_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    if tl.load(live_ptr) >= limit:
+        return
     v = tl.program_id(0)  # destination vocabulary row; one program covers all of D
     start = tl.load(col_ptr + v)
     end = tl.load(col_ptr + v + 1)
@@ -870,12 +893,15 @@ def _sorted_segments(keys: Tensor, count: int) -> tuple[Tensor, Tensor]:
 def _grad_e(
     h: Tensor, coef: Tensor, arg: Tensor, V: int, dtype: torch.dtype, blocks: BackwardBlocks
 ) -> Tensor:
-    """grad_E [V, D] = Σ_b coef[b, v] · H[b, argmax[b, v]] (by column, or the b loop where
-    ``blocks.e_block_n`` is 0), NaN in H's non-finite columns."""
+    """grad_E [V, D] = Σ_b coef[b, v] · H[b, argmax[b, v]], by column or by the b loop as the count of
+    non-zeros selects on the device (``blocks.by_column_below``), NaN in H's non-finite columns."""
     B, _, D = h.shape
     poison = non_finite_columns(h, dim=(0, 1))  # [D]
-    grad_e = torch.empty(V, D, device=h.device, dtype=dtype)
-    if blocks.e_block_n:
+    grad_e = torch.empty(V, D, device=h.device, dtype=dtype)  # every entry written by the kernel that runs
+    live = torch.count_nonzero(coef)  # [] int64, read by both kernels on the device
+    # by column where live < limit; clamped so that 0 means never and anything above 1 always
+    limit = min(max(int(blocks.by_column_below * B * V), 0), B * V + 1)
+    if limit > 0:
         # Non-zeros keyed by vocabulary column; zeros get the sentinel V and sort last. The stable sort
         # keeps each column's entries in increasing b: a fixed summation order.
         key_dtype = torch.int16 if V < _INT16_KEYS_BELOW else torch.int32
@@ -889,32 +915,36 @@ def _grad_e(
             arg,
             poison,
             grad_e,
+            live,
+            limit,
             V,
             D,
             h.stride(0),
             h.stride(1),
+            BLOCK_D=blocks.c_block_d,
+            BLOCK_N=blocks.c_block_n,
+            num_warps=blocks.c_num_warps,
+        )
+    if limit <= B * V:
+        grid = (triton.cdiv(V, blocks.e_block_v), triton.cdiv(D, blocks.e_block_d))
+        _sparton_bwd_grad_e_kernel[grid](
+            h,
+            coef,
+            arg,
+            poison,
+            grad_e,
+            live,
+            limit,
+            B,
+            V,
+            D,
+            h.stride(0),
+            h.stride(1),
+            BLOCK_B=blocks.e_block_b,
+            BLOCK_V=blocks.e_block_v,
             BLOCK_D=blocks.e_block_d,
-            BLOCK_N=blocks.e_block_n,
             num_warps=blocks.e_num_warps,
         )
-        return grad_e
-    grid = (triton.cdiv(V, blocks.e_block_v), triton.cdiv(D, blocks.e_block_d))
-    _sparton_bwd_grad_e_kernel[grid](
-        h,
-        coef,
-        arg,
-        poison,
-        grad_e,
-        B,
-        V,
-        D,
-        h.stride(0),
-        h.stride(1),
-        BLOCK_B=blocks.e_block_b,
-        BLOCK_V=blocks.e_block_v,
-        BLOCK_D=blocks.e_block_d,
-        num_warps=blocks.e_num_warps,
-    )
     return grad_e
 
 
