@@ -653,6 +653,31 @@ def test_cpu_backward_from_argmax_matches_autograd() -> None:
         torch.testing.assert_close(x, ref, rtol=1e-12, atol=1e-12)
 
 
+def test_cpu_backward_work_follows_the_nonzeros(monkeypatch) -> None:
+    """The CPU backward visits only the non-zero coefficients: with one gathered row per chunk it adds
+    exactly one row per non-zero into grad_E and one into grad_H (zero outputs and zero upstream
+    gradients cost nothing), and the chunking does not change the gradients."""
+    h, e, b, m = _inputs(3, 17, 24, 29, True, torch.float64, torch.device("cpu"), seed=14)
+    _, mx, arg = sparton_head_reference(h, e, b, m, return_argmax=True)
+    g = torch.randn(3, 29, dtype=torch.float64)
+    g[:, ::2] = 0
+    live = int(((mx > 0) & (g != 0)).sum())
+    assert 0 < live < 3 * 29 / 2
+    rows_added = []
+    index_add = torch.Tensor.index_add_
+
+    def counting_index_add(self: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
+        rows_added.append(index.numel())
+        return index_add(self, dim, index, source)
+
+    monkeypatch.setattr(torch.Tensor, "index_add_", counting_index_add)
+    one_at_a_time = sparton_head_backward_reference(g, h, e, mx, arg, chunk_elements=24)
+    monkeypatch.undo()
+    assert rows_added == [1] * (2 * live)
+    for x, y in zip(one_at_a_time, sparton_head_backward_reference(g, h, e, mx, arg), strict=True):
+        assert torch.equal(x, y)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------------

@@ -204,12 +204,14 @@ def sparton_head_backward_reference(
     needs_input_grad: tuple[bool, bool, bool] = (True, True, True),
     chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """Gradients of the head from its saved (max, argmax) alone, in plain PyTorch, chunked over V.
+    """Gradients of the head from its saved (max, argmax) alone, in plain PyTorch, over the non-zeros.
 
     The same rule as the Triton backward: with coef = :func:`backward_coefficients`,
     grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], grad_H[b, s] = Σ_{v: argmax[b, v] = s}
     coef[b, v] · E[v] and grad_bias[v] = Σ_b coef[b, v], plus NaN in the columns that
-    :func:`non_finite_columns` marks. It is the backward of the head's CPU path; the tests check it
+    :func:`non_finite_columns` marks. Only the non-zero coefficients (NaN ones included) are visited, in
+    increasing (b, v) order, so work and memory follow the non-zeros of Y (a trained SPLADE model's
+    are under 1% of B·V), not B·V·D. It is the backward of the head's CPU path; the tests check it
     against autograd through :func:`sparton_head_reference`, non-finite inputs included.
 
     Args:
@@ -217,7 +219,7 @@ def sparton_head_backward_reference(
         hidden_states: [B, S, D]; weight: [V, D].
         max_logits, argmax: [B, V] from ``sparton_head_reference(..., return_argmax=True)``.
         needs_input_grad: which of (grad_H, grad_E, grad_bias) to compute; the others are None.
-        chunk_elements: upper bound on B·C·D, the elements of one gathered chunk.
+        chunk_elements: upper bound on n·D, the elements of one chunk of n gathered rows.
 
     Returns:
         (grad_H [B, S, D] in the dtype of H, grad_E [V, D] in the dtype of E, grad_bias [V] in the
@@ -242,26 +244,26 @@ def _backward_reference(
     V = weight.shape[0]
     bias_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
     compute_dtype = _exact_dtype(hidden_states)  # as in the forward: exact under any TF32 setting
-    h = hidden_states.to(compute_dtype)  # [B, S, D]
+    h = hidden_states.to(compute_dtype).reshape(B * S, D)  # row b·S + s
     coef = backward_coefficients(grad_y, max_logits.to(compute_dtype))  # [B, V]
     grad_h = grad_e = None
     if need_h:  # [B·S, D], starting from NaN in E's non-finite columns
         grad_h = non_finite_columns(weight, dim=0).to(compute_dtype).expand(B * S, D).clone()
-    if need_e:
-        grad_e = torch.empty(V, D, device=h.device, dtype=compute_dtype)
-        poison_e = non_finite_columns(hidden_states, dim=(0, 1)).to(compute_dtype)  # [D]
-    batch = torch.arange(B, device=h.device)[:, None]  # [B, 1]
-    C = max(1, min(V, chunk_elements // max(1, B * D)))
-    for v0 in range(0, V, C):
-        c = coef[:, v0 : v0 + C]  # [B, C]
-        s = argmax[:, v0 : v0 + C].long()  # [B, C]
-        if need_e:
-            gathered = h[batch, s]  # [B, C, D]: H[b, argmax[b, v]]
-            grad_e[v0 : v0 + C] = torch.einsum("bc,bcd->cd", c, gathered) + poison_e
-        if need_h:
-            w = weight[v0 : v0 + C].to(compute_dtype)  # [C, D]
-            # scatter coef · E[v] to the argmax rows: [B, C, 1] * [1, C, D] -> [B·C, D] into [B·S, D]
-            grad_h.index_add_(0, (batch * S + s).reshape(-1), (c[:, :, None] * w[None]).reshape(-1, D))
+    if need_e:  # [V, D], starting from NaN in H's non-finite columns
+        grad_e = non_finite_columns(hidden_states, dim=(0, 1)).to(compute_dtype).expand(V, D).clone()
+    if need_h or need_e:
+        coef_flat, arg_flat = coef.reshape(-1), argmax.reshape(-1)  # [B·V]
+        live = coef_flat.nonzero().squeeze(1)  # [N] b·V + v of the non-zero (or NaN) coefficients
+        step = max(1, chunk_elements // max(1, D))
+        for i0 in range(0, live.numel(), step):
+            index = live[i0 : i0 + step]  # [n]
+            v = index % V
+            rows = (index // V) * S + arg_flat[index].long()  # [n]: b·S + argmax[b, v]
+            c = coef_flat[index, None]  # [n, 1]
+            if need_e:
+                grad_e.index_add_(0, v, c * h[rows])  # coef · H[b, argmax[b, v]] into row v
+            if need_h:
+                grad_h.index_add_(0, rows, c * weight[v].to(compute_dtype))  # coef · E[v] into b·S + s
     return (
         grad_h.view(B, S, D).to(hidden_states.dtype) if need_h else None,
         grad_e.to(weight.dtype) if need_e else None,
