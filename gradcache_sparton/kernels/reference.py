@@ -219,7 +219,8 @@ def sparton_head_backward_reference(
         hidden_states: [B, S, D]; weight: [V, D].
         max_logits, argmax: [B, V] from ``sparton_head_reference(..., return_argmax=True)``.
         needs_input_grad: which of (grad_H, grad_E, grad_bias) to compute; the others are None.
-        chunk_elements: upper bound on n·D, the elements of one chunk of n gathered rows.
+        chunk_elements: upper bound on n·D, the elements of one chunk of n gathered rows, and on the
+            entries of coef searched for non-zeros at a time (whole rows, at least one).
 
     Returns:
         (grad_H [B, S, D] in the dtype of H, grad_E [V, D] in the dtype of E, grad_bias [V] in the
@@ -251,10 +252,13 @@ def _backward_reference(
         grad_h = non_finite_columns(weight, dim=0).to(compute_dtype).expand(B * S, D).clone()
     if need_e:  # [V, D], starting from NaN in H's non-finite columns
         grad_e = non_finite_columns(hidden_states, dim=(0, 1)).to(compute_dtype).expand(V, D).clone()
-    if need_h or need_e:
-        coef_flat, arg_flat = coef.reshape(-1), argmax.reshape(-1)  # [B·V]
-        live = coef_flat.nonzero().squeeze(1)  # [N] b·V + v of the non-zero (or NaN) coefficients
-        step = max(1, chunk_elements // max(1, D))
+    coef_flat, arg_flat = coef.reshape(-1), argmax.reshape(-1)  # [B·V]
+    # Rows of coef searched a block at a time (at most chunk_elements entries, so the index of the
+    # non-zeros never takes more), their non-zeros gathered chunk_elements // D at a time.
+    block_rows, step = max(1, chunk_elements // max(1, V)), max(1, chunk_elements // max(1, D))
+    for b0 in range(0, B if need_h or need_e else 0, block_rows):
+        block = coef_flat[b0 * V : (b0 + block_rows) * V]
+        live = block.nonzero().squeeze(1) + b0 * V  # b·V + v of the non-zero (or NaN) coefficients
         for i0 in range(0, live.numel(), step):
             index = live[i0 : i0 + step]  # [n]
             v = index % V
