@@ -315,9 +315,11 @@ def test_triton_backward_same_with_int16_or_int32_sort_keys(kernel_device, monke
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(4, 53, generator=torch.Generator().manual_seed(28)).to(kernel_device)
     g[2, 10] = float("nan")
-    narrow = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=(True, True, False))[:2]
+    by_column = sparton.BackwardBlocks(2, 16, 16, 1, 16, 16, 1, 4, 16, 1, 2.0)  # grad_E's sort used
+    needs = (True, True, False)
+    narrow = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=needs, blocks=by_column)[:2]
     monkeypatch.setattr(sparton, "_INT16_KEYS_BELOW", 0)
-    wide = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=(True, True, False))[:2]
+    wide = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=needs, blocks=by_column)[:2]
     for x, y in zip(narrow, wide, strict=True):
         assert torch.equal(x.isnan(), y.isnan()) and x.isnan().any()
         assert torch.equal(x.nan_to_num(), y.nan_to_num()) and (x.nan_to_num() != 0).any()
