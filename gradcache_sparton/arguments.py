@@ -404,7 +404,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
             "help": "Skip the SPLADE head's forward in the replay: the first pass records the head's max and "
             "argmax over the sequence where its gradient can be non-zero (12 bytes per such entry, about one per "
             "non-zero rep entry), and the replay rebuilds the head's output and gradient from them, bit for bit. "
-            "Saves the head's hidden x vocabulary product once per step (measured: 1.33x faster steps on a 2-core "
+            "Saves the head's hidden x vocabulary product once per step (measured: 1.71x faster steps on a 2-core "
             "CPU in the default run's setting, 1.01-1.06x on an H100 at 64-256 rows; docs/benchmarks.md). "
             "Default: on, except under torch_compile, whose compiled head records nothing.",
         },
