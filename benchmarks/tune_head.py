@@ -5,7 +5,9 @@ Legend: B batch, S sequence, D hidden, V vocabulary.
 
 Times the forward launcher for each candidate ForwardBlocks (one-row kernel) and PackedForwardBlocks
 (packed-rows kernel, only where S <= 256), the backward launcher for each candidate BackwardBlocks (and
-DenseBackwardBlocks with --dense), and the backward's parts (grad_E, grad_H, the CSR sort alone), with
+DenseBackwardBlocks with --dense), and the backward's parts (grad_E, grad_H, and the CSR layouts alone:
+grad_E's by column for candidate tiles against the stable torch.sort it replaced, grad_H's sort), and
+each backward candidate's peak memory above its inputs (whole backward, grad_E, grad_H), with
 do_bench medians, bf16 random inputs; the last row ("best") names the fastest of each kind and the
 fwd+bwd sums they give.
 
@@ -33,10 +35,12 @@ from gradcache_sparton.kernels.sparton import (
     DenseBackwardBlocks,
     ForwardBlocks,
     PackedForwardBlocks,
+    _column_segments,
     _grad_e,
     _grad_e_dense,
     _grad_h,
     _grad_h_dense,
+    _row_segments,
     sparton_backward,
     sparton_forward,
 )
@@ -112,6 +116,20 @@ DENSE_BWD_CANDIDATES = [
     DenseBackwardBlocks(128, 32, 128, 8, 256, 32, 128, 8),
 ]
 
+# The column layout's tiles (block_b, block_v); the first is the committed default.
+COLUMN_LAYOUT_CANDIDATES = [(32, 32), (32, 64), (16, 128), (64, 32), (32, 128), (128, 32), (8, 32), (16, 64)]
+
+
+def _peak_mib(fn) -> float:
+    """MiB allocated by one call of ``fn`` above what was allocated before it (its temporaries and
+    outputs): torch.cuda.max_memory_allocated over the call."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
 
 def _best(rows: list[dict]) -> dict:
     """The fastest correct candidate of each kind, and fwd + bwd with the best forward."""
@@ -186,6 +204,9 @@ def main() -> int:
                 "ms": ms,
                 "grad_e_ms": ms_e,
                 "grad_h_ms": ms_h,
+                "peak_mib": _peak_mib(lambda blk=blk: sparton_backward(g, h, e, mx, arg, blocks=blk)),
+                "grad_e_peak_mib": _peak_mib(lambda blk=blk: _grad_e(h, coef, arg32, V, e.dtype, blk)),
+                "grad_h_peak_mib": _peak_mib(lambda blk=blk: _grad_h(e, coef, arg32, S, h.dtype, blk)),
             }
             rows.append({**row, "ok": same})
         except Exception as exc:
@@ -210,12 +231,25 @@ def main() -> int:
         except Exception as exc:
             rows.append({"kind": "bwd_dense", "blocks": blk.__dict__, "error": repr(exc)[:200]})
         print(rows[-1], flush=True)
-    # grad_H's CSR sort alone: int16 keys where B·S < 2^15 (what _grad_h uses there), int32 otherwise
-    for key_dtype in (torch.int16, torch.int32) if B * S < 2**15 else (torch.int32,):
-        keys = torch.randint(0, B * S, (B * V,), device="cuda", dtype=key_dtype)
-        ms = bench(lambda keys=keys: torch.sort(keys, stable=True))
-        rows.append({"kind": f"sort_BV_{str(key_dtype).removeprefix('torch.')}", "ms": ms})
-        print(rows[-1])
+    # The CSR layouts alone: grad_E's by column (a counting sort) for candidate tiles, checked equal to
+    # the stable argsort of its keys, against that sort's time (int16 keys where they fit, as it ran
+    # before); grad_H's by row (itself a stable torch.sort).
+    live = torch.count_nonzero(coef)
+    n = int(live)
+    key_dtype = torch.int16 if V < 2**15 else torch.int32
+    keys = torch.where(coef != 0, torch.arange(V, device="cuda")[None, :], V).to(key_dtype).reshape(-1)
+    sorted_keys, want = torch.sort(keys, stable=True)
+    offsets = torch.searchsorted(sorted_keys, torch.arange(V + 1, device="cuda", dtype=key_dtype))
+    rows.append({"kind": "layout_column_torch_sort", "ms": bench(lambda: torch.sort(keys, stable=True))})
+    print(rows[-1])
+    for tiles in COLUMN_LAYOUT_CANDIDATES:
+        order, got = _column_segments(coef, live, B * V + 1, *tiles)
+        same = torch.equal(order[:n].long(), want[:n]) and torch.equal(got, offsets)
+        ms = bench(lambda tiles=tiles: _column_segments(coef, live, B * V + 1, *tiles))
+        rows.append({"kind": "layout_column", "blocks": list(tiles), "ms": ms, "ok": same})
+        print(rows[-1], flush=True)
+    rows.append({"kind": "layout_row_torch_sort", "ms": bench(lambda: _row_segments(coef, arg32, S))})
+    print(rows[-1])
     rows.append(_best(rows))
     print(rows[-1])
     if args.out:

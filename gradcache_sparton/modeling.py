@@ -215,6 +215,13 @@ def _auto_class(model_class: type) -> type:
 # Attention implementations that read a [B, 1, S, S] mask as given (transformers passes a 4-D mask on
 # unchanged), which is how bidirectional attention replaces the causal one.
 _BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
+# Encoders whose base model builds its attention mask with transformers' ``create_bidirectional_mask``.
+# Under sdpa that function reads the [B, S] mask on the host to drop it where nothing is padded
+# (``padding_mask.all()``): a device sync per encoder call, which serialises the host's launches with the
+# device's work at small mini-batches. A 4-D mask is taken as it is, so these get one (a stride-0 view,
+# what sdpa_mask would materialise where there is padding). Not ModernBERT (its local-attention layers
+# build their own masks).
+_PREPARED_MASK_MODEL_TYPES = frozenset({"bert", "distilbert", "roberta", "xlm-roberta"})
 
 
 def _check_attention_implementation(model: nn.Module) -> None:
@@ -481,6 +488,11 @@ class SpladeEncoder(nn.Module):
             kwargs.setdefault("position_ids", (attention_mask.long().cumsum(-1) - 1).clamp(min=0))  # [B, S]
             if self.bidirectional:
                 attention_mask = _bidirectional_mask(self.model, attention_mask)  # [B, 1, S, S]
+        elif (
+            self.config.model_type in _PREPARED_MASK_MODEL_TYPES
+            and self.config._attn_implementation == "sdpa"
+        ):
+            attention_mask = _bidirectional_mask(self.model, attention_mask)  # [B, 1, S, S], no host read
         hidden_states = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)[0]
         return _lm_transforms()[type(self.model)](self.model, hidden_states)  # [B, S, D]
 

@@ -305,24 +305,53 @@ def test_triton_dense_backward_matches_reference_autograd(kernel_device, dtype, 
         torch.testing.assert_close(got, ref.to(got.dtype), rtol=rtol, atol=1e-5 * ref.abs().max().item())
 
 
-def test_triton_backward_same_with_int16_or_int32_sort_keys(kernel_device, monkeypatch) -> None:
-    """The CSR sorts (grad_H by row, grad_E by column) give bitwise the same gradients with int16 keys
-    (B·S and V < 2^15, what the tests' shapes get) and int32 keys (larger B·S or V), NaN planted in a
-    coefficient included."""
+@pytest.mark.parametrize(
+    ("B", "S", "V", "density"),
+    [(5, 7, 83, 0.4), (3, 21, 53, 0.05), (1, 1, 40, 0.9), (4, 64, 33, 1.0)],
+    ids=["B5-S7-V83", "B3-S21-V53-sparse", "B1-S1-V40", "B4-S64-V33-dense"],
+)
+def test_triton_segments_equal_the_stable_sort(kernel_device, B, S, V, density) -> None:
+    """The CSR layouts hold exactly the stable argsort of the keys (column v for grad_E, a counting sort;
+    row b·S + argmax for grad_H; zeros skipped, NaN coefficients kept) and its segment offsets: the
+    entries of a segment in increasing b (columns) or v (rows), the fixed summation order of the
+    backward."""
+    from gradcache_sparton.kernels import sparton
+
+    g = torch.Generator().manual_seed(B * 1000 + S)
+    coef = torch.randn(B, V, generator=g) * (torch.rand(B, V, generator=g) < density)
+    coef[0, 3] = float("nan")
+    arg = torch.randint(0, S, (B, V), dtype=torch.int32, generator=g)
+    live = int((coef != 0).sum())
+    columns = torch.arange(V)[None, :].expand(B, V)
+    rows = torch.arange(B)[:, None] * S + arg
+    coef_d, arg_d = coef.to(kernel_device), arg.to(kernel_device)
+    got_columns = sparton._column_segments(coef_d, torch.tensor(live, device=kernel_device), B * V + 1)
+    got_rows = sparton._row_segments(coef_d, arg_d, S)
+    for (order, offsets), keys, count in ((got_columns, columns, V), (got_rows, rows, B * S)):
+        sorted_keys, want = torch.sort(torch.where(coef != 0, keys, count).reshape(-1), stable=True)
+        assert torch.equal(order[:live].cpu().long(), want[:live])
+        assert torch.equal(offsets.cpu(), torch.searchsorted(sorted_keys, torch.arange(count + 1)))
+
+
+def test_triton_backward_same_with_narrow_or_wide_indices(kernel_device, monkeypatch) -> None:
+    """Bitwise the same gradients (both grad_E kernels), NaN planted in a coefficient included, with the
+    narrow indices the tests' shapes get (the column layout's int32 b·V + v; grad_H's int16 sort keys,
+    B·S < 2^15) and the wide ones of larger shapes (int64; int32 keys)."""
     from gradcache_sparton.kernels import sparton
 
     h, e, b, m = _inputs(4, 45, 24, 53, True, torch.float32, kernel_device, seed=27)  # B·S = 180 > 2^7
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(4, 53, generator=torch.Generator().manual_seed(28)).to(kernel_device)
     g[2, 10] = float("nan")
-    by_column = sparton.BackwardBlocks(2, 16, 16, 1, 16, 16, 1, 4, 16, 1, 2.0)  # grad_E's sort used
-    needs = (True, True, False)
-    narrow = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=needs, blocks=by_column)[:2]
-    monkeypatch.setattr(sparton, "_INT16_KEYS_BELOW", 0)
-    wide = sparton.sparton_backward(g, h, e, mx, arg, needs_input_grad=needs, blocks=by_column)[:2]
-    for x, y in zip(narrow, wide, strict=True):
-        assert torch.equal(x.isnan(), y.isnan()) and x.isnan().any()
-        assert torch.equal(x.nan_to_num(), y.nan_to_num()) and (x.nan_to_num() != 0).any()
+    for grad_e_kernel in GRAD_E_KERNELS:
+        narrow = _launch_backward(g, h, e, mx, arg, grad_e_kernel)[:2]
+        with monkeypatch.context() as patch:
+            patch.setattr(sparton, "_order_dtype", lambda B, V: torch.int64)
+            patch.setattr(sparton, "_INT16_KEYS_BELOW", 0)
+            wide = _launch_backward(g, h, e, mx, arg, grad_e_kernel)[:2]
+        for x, y in zip(narrow, wide, strict=True):
+            assert torch.equal(x.isnan(), y.isnan()) and x.isnan().any()
+            assert torch.equal(x.nan_to_num(), y.nan_to_num()) and (x.nan_to_num() != 0).any()
 
 
 def test_triton_grad_e_kernel_follows_the_density_of_y(kernel_device) -> None:

@@ -201,6 +201,29 @@ def test_cuda_reps_and_grads_match_plain_splade(family: str) -> None:
     torch.testing.assert_close(reps16.float(), expected16.float(), rtol=0, atol=1.5e-2)
 
 
+@pytest.mark.parametrize("family", ["bert", "distilbert", "roberta", "xlm-roberta"])
+def test_encoder_mask_is_never_read_on_the_host(family: str, monkeypatch) -> None:
+    """Under sdpa the encoder hands these backbones a 4-D mask, so transformers never tests the padding
+    mask's values on the host (``padding_mask.all()``: a device sync per call on a GPU); the reps are
+    still the plain computation's (above, per family)."""
+    import transformers.masking_utils as masking_utils
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("transformers read the padding mask on the host")
+
+    model = tiny_mlm(family)
+    assert model.config._attn_implementation == "sdpa"
+    features = padded_batch(model)
+    with monkeypatch.context() as patch:  # the check fires on the 2-D path the model takes by itself
+        patch.setattr(masking_utils, "_ignore_bidirectional_mask_sdpa", host_read)
+        with pytest.raises(AssertionError, match="on the host"), torch.no_grad():
+            model(**features)
+        with torch.no_grad():
+            reps = SpladeEncoder(model)(**features)
+    with torch.no_grad():
+        torch.testing.assert_close(reps, plain_splade(model, features), **REP_TOL)
+
+
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_head_uses_the_bias_the_logits_use(family: str) -> None:
     """Untied, the family keeps two bias vectors; reps follow the decoder's, as the logits do."""

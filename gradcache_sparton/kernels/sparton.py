@@ -28,9 +28,9 @@ Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b,
 is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and passes NaN):
 - grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], by one of two kernels, chosen on the device by the
   count of non-zeros (``BackwardBlocks.by_column_below``; no sync: both are launched and the other
-  returns at once). Sparse Y, by column: the non-zeros are sorted by vocabulary column
-  (``torch.sort``, stable, so b increases within a column; int16 keys where V < 2^15) and one program
-  per column gathers and sums its own entries, D tile by D tile. Dense Y, the b loop: one program per
+  returns at once). Sparse Y, by column: the non-zeros are laid out by vocabulary column (a counting
+  sort: per-column counts, their cumsum, each non-zero written to its slot in increasing b) and one
+  program per column gathers and sums its own entries, D tile by D tile. Dense Y, the b loop: one program per
   (V tile, D tile), looping over b so that all programs read the same H[b] at about the same time (it
   stays in L2), BLOCK_B rows per step (one [BLOCK_B, BLOCK_V] load of (coef, argmax), one gather, their
   sum added to the accumulator: a fixed order); rows with coef = 0 are masked off the gather. Each
@@ -170,9 +170,10 @@ _FWD_PACKED_INTERPRET = PackedForwardBlocks(
 # B=512, S=32, 2.3% of Y > 0: e_block_b 1 3.31 (grad_E 2.20), 2 6.08, 4 6.33-104 (by block shape and
 # warps), 8 19.4-58.0, 16 34.1; B=128, S=512, 61%: 1 2.16 (grad_E 0.87), 2 2.90, 4 2.88-28.0, 8
 # 6.10-16.5. The b loop's 512 dependent steps of (coef, argmax) loads at B = 512 are its cost where
-# Y is sparse; grad_E by column (the non-zeros sorted by vocabulary column, one program per column over
-# its own entries) pays a sort instead. tune_head.py --skip-fwd, H100, 2026-11-25, whole backward /
-# grad_E (sort included) in ms, by column at its best (8 non-zeros x 128 columns, 1 warp; 16 x 128 and
+# Y is sparse; grad_E by column (the non-zeros laid out by vocabulary column, one program per column
+# over its own entries) pays for that layout instead. tune_head.py --skip-fwd, H100, 2026-11-25, with
+# the layout then a stable torch.sort (0.40-0.43 ms here), whole backward / grad_E (layout included) in
+# ms, by column at its best (8 non-zeros x 128 columns, 1 warp; 16 x 128 and
 # 32 x 64 within 0.06 ms where Y is sparse) against the b loop at its best:
 #   B=512, S=32,  2.3% of Y > 0: 1.86 / 0.75 against 3.31 / 2.20
 #   B=128, S=256, 4.4%:          1.05 / 0.38 against 1.29 / 0.62
@@ -183,7 +184,9 @@ _FWD_PACKED_INTERPRET = PackedForwardBlocks(
 # loses where half or more of Y is non-zero (random heads). Its grad_E cost grows ~5.4 ms per unit of
 # density at B=512, S=32 (0.75 at 2.3%, 3.43 at 52%) against the b loop's ~0.7 (2.20, 2.56): equal near
 # 33%, so below 25% of Y non-zero it runs by column. Both kernels are launched, each returning at once
-# unless the device-side count of non-zeros selects it; the column sort runs either way (0.43 ms here).
+# unless the device-side count of non-zeros selects it (the column layout's kernels too). With the
+# counting layout (below) the whole backward at B=512, S=32, 2.3% took 1.59 ms (grad_E 0.48, grad_H
+# 0.79; tune_head.py, H100, 2026-11-25, later).
 _BWD_GPU = BackwardBlocks(
     e_block_b=1,
     e_block_v=16,
@@ -197,10 +200,24 @@ _BWD_GPU = BackwardBlocks(
     c_num_warps=1,
     by_column_below=0.25,
 )
-# The CSR sorts' keys (grad_H: b·S + s and the sentinel B·S; grad_E by column: v and the sentinel V) are
-# int16 while below this, else int32: sorting B·V = 15.6M keys at B=512, V=30,522 took 0.43 ms as int16
-# against 0.80 ms as int32 (H100, tune_head.py, 2026-11-23).
+# The CSR layout of grad_E by column is a counting sort in two passes of one kernel, one program per
+# COLUMN_BLOCK_V columns walking b COLUMN_BLOCK_B rows at a time with a running count per column in
+# registers: the first counts each column's non-zeros, a torch cumsum of the counts gives each column's
+# first slot, the second writes each non-zero to its slot. It replaced a stable torch.sort over all B·V
+# keys. B = 512, S = 32, V = 30,522, 2.3% of Y > 0 (tune_head.py, H100, 2026-11-25), ms: 32 x 32 0.097
+# (128 x 32 0.111, 16 x 64 0.112, 32 x 64 0.127, 64 x 32 0.127, 8 x 32 0.139, 32 x 128 0.183, 16 x 128
+# 0.191) against the int16 sort's 0.40. A first version counted with torch, (coef != 0).sum(0): 0.20 ms
+# at 32 x 64 (and 0.063 against the sort's 0.15 at B = 128, S = 512, 61%).
+_COLUMN_BLOCK_B, _COLUMN_BLOCK_V = 32, 32
+# grad_H's layout by destination row stays a stable torch.sort: two counting versions lost to it on the
+# same H100 run, ms at B = 512, S = 32 (B = 128, S = 512) against the sort's 0.39 (0.26): running counts
+# in memory, per (row, 2,048-column chunk), with a [32, 32] comparison for the ranks within a step and a
+# barrier between steps 0.97 (0.32); running counts in registers with a [V_step, S_pad] one-hot and its
+# cumsum for the ranks 2.9-3.7 (3.5-4.5). Its keys are int16 while B·S is below this, else int32: the
+# sort took 0.43 ms as int16 against 0.80 ms as int32 at B = 512 (tune_head.py, 2026-11-23).
 _INT16_KEYS_BELOW = 2**15
+# Under the interpreter: partial tiles in b and v at the tests' shapes.
+_COLUMN_BLOCK_B_INTERPRET, _COLUMN_BLOCK_V_INTERPRET = 2, 16
 # e_block_b = 2: B = 3 and 5 in the tests end on a partial step; by column, 4 non-zeros per step: the
 # tests' columns end on partial steps. The tests pick either kernel through by_column_below.
 _BWD_INTERPRET = BackwardBlocks(
@@ -469,6 +486,40 @@ def _sparton_fwd_packed_kernel(
 
 
 @triton.jit(do_not_specialize=["limit", "B"])
+def _column_segments_kernel(
+    coef_ptr,  # [B, V] fp32
+    count_ptr,  # [V] int64: each column's count of non-zeros (written when not WRITE), or its first slot
+    order_ptr,  # [B·V] out (WRITE): flat index b·V + v of each non-zero, column by column, b increasing
+    live_ptr,  # [] int64: the number of non-zero coef
+    limit,  # grad_E runs by column (and needs this layout) only if live < limit
+    B,
+    V,
+    BLOCK_B: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    WRITE: tl.constexpr,  # False: count each column's non-zeros; True: write each to its slot
+):
+    if tl.load(live_ptr) >= limit:
+        return
+    offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    v_ok = offs_v < V
+    # [BLOCK_V]: the next free slot per column (WRITE), or the count so far
+    running = tl.load(count_ptr + offs_v, mask=v_ok, other=0) if WRITE else tl.zeros([BLOCK_V], tl.int64)
+    offs_b = tl.arange(0, BLOCK_B)
+    for b0 in range(0, B, BLOCK_B):
+        rows = b0 + offs_b
+        flat = rows.to(tl.int64)[:, None] * V + offs_v[None, :]  # [BLOCK_B, BLOCK_V]
+        coef = tl.load(coef_ptr + flat, mask=(rows < B)[:, None] & v_ok[None, :], other=0.0)
+        live = (coef != 0.0).to(tl.int32)  # NaN coefficients are entries too
+        if WRITE:
+            # an entry's slot: the column's running count plus the entries above it in this step
+            slot = running[None, :] + tl.cumsum(live, axis=0) - live
+            tl.store(order_ptr + slot, flat.to(order_ptr.dtype.element_ty), mask=live != 0)
+        running += tl.sum(live, axis=0)
+    if not WRITE:
+        tl.store(count_ptr + offs_v, running, mask=v_ok)
+
+
+@triton.jit(do_not_specialize=["limit", "B"])
 def _sparton_bwd_grad_e_kernel(
     h_ptr,  # [B, S, D] hidden states
     coef_ptr,  # [B, V] fp32: grad_y / (1 + max) where max > 0 or NaN, else 0
@@ -529,8 +580,8 @@ def _sparton_bwd_grad_e_kernel(
 @triton.jit(do_not_specialize=["limit"])
 def _sparton_bwd_grad_e_by_column_kernel(
     h_ptr,  # [B, S, D] hidden states
-    col_ptr,  # [V + 1] int64 offsets into the sorted non-zeros, one segment per vocabulary column
-    idx_ptr,  # [B·V] int64 flat index b·V + v of each non-zero, in column order (the first N are read)
+    col_ptr,  # [V + 1] int64 offsets into the column layout, one segment per vocabulary column
+    idx_ptr,  # [B·V] int32/int64 flat index b·V + v of each non-zero, in column order (N are read)
     coef_ptr,  # [B·V] fp32 coef, read at those indices
     arg_ptr,  # [B·V] int32 argmax over S, read at those indices
     poison_ptr,  # [D] fp32: NaN where column d of H holds a non-finite value, else 0
@@ -559,7 +610,7 @@ def _sparton_bwd_grad_e_by_column_kernel(
             n_ok = offs_n < end
             # the entries' coef, argmax and H rows: coef and argmax wait only for idx [BLOCK_N]
             idx = tl.load(idx_ptr + offs_n, mask=n_ok, other=0)
-            b = idx // V
+            b = (idx // V).to(tl.int64)
             coef = tl.load(coef_ptr + idx, mask=n_ok, other=0.0)
             s = tl.load(arg_ptr + idx, mask=n_ok, other=0)
             h_ptrs = h_ptr + b[:, None] * stride_hb + s.to(tl.int64)[:, None] * stride_hs + offs_d[None, :]
@@ -571,8 +622,8 @@ def _sparton_bwd_grad_e_by_column_kernel(
 @triton.jit
 def _sparton_bwd_grad_h_kernel(
     e_ptr,  # [V, D] vocabulary embeddings
-    row_ptr,  # [B·S + 1] int64 CSR offsets into the sorted non-zeros
-    idx_ptr,  # [B·V] int64 flat index b·V + v of each non-zero, in CSR order (the first N are read)
+    row_ptr,  # [B·S + 1] int64 CSR offsets into the row layout, one segment per destination row
+    idx_ptr,  # [B·V] int32/int64 flat index b·V + v of each non-zero, in CSR order (N are read)
     coef_ptr,  # [B·V] fp32 coef, read at those indices
     poison_ptr,  # [D] fp32: NaN where column d of E holds a non-finite value, else 0
     grad_h_ptr,  # [B·S, D] out, dtype of H
@@ -739,7 +790,9 @@ def _sparton_bwd_dense_grad_h_kernel(
 # kernels: b·S·D into H (`b.to(tl.int64) * stride_hb`, or a 64-bit pointer advanced by stride_hb),
 # v·D into E and grad_E (`offs_v.to(tl.int64)`; 151,936 × 4,096 = 6.2e8 already needs 30 bits), b·V
 # into max/argmax/coef (`b.to(tl.int64) * V`, 64-bit pointers advanced by V; B·V passes 2^31 from
-# B = 14,125 at V = 151,936) and the CSR offsets (int64 from searchsorted). What stays int32 is bounded
+# B = 14,125 at V = 151,936) and the CSR offsets (int64: searchsorted, the column counts' cumsum). The
+# column layout's flat indices b·V + v are int32 only while B·V < 2^31 (``_order_dtype``), and the
+# kernels that read them widen b = idx // V to int64 before any stride. What stays int32 is bounded
 # far below: s·D within one row (S·D <= 8,192 × 4,096 = 2^25), b·S + s (the mask, CSR row keys; B·S
 # tokens < 2^31 whenever H fits in memory), grid sizes (B·cdiv(V, BLOCK_V), B·S). A test crossing 2^31
 # would need tensors of more than 8 GB, so this is reasoned here and exercised at V = 151,936, D = 4,096
@@ -882,11 +935,49 @@ def _forward_packed(
     )
 
 
-def _sorted_segments(keys: Tensor, count: int) -> tuple[Tensor, Tensor]:
-    """(order [K] int64, offsets [count + 1] int64): the stable argsort of ``keys`` (values in
-    0..count, ``count`` the sentinel of entries to skip) and where each segment 0..count-1 starts."""
+def _order_dtype(B: int, V: int) -> torch.dtype:
+    """int32 flat indices b·V + v where they fit (half the bytes written and read), else int64."""
+    return torch.int32 if B * V < 2**31 else torch.int64
+
+
+def _column_segments(
+    coef: Tensor, live: Tensor, limit: int, block_b: int | None = None, block_v: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """(order [B·V], offsets [V + 1] int64): the non-zeros of coef [B, V] column by column, b increasing
+    within a column (a fixed summation order), as the flat index b·V + v; column v's entries are
+    order[offsets[v]:offsets[v + 1]], the rest of order is not written. Skipped on the device (order
+    left unwritten) unless live < limit, where grad_E runs by column."""
+    B, V = coef.shape
+    interpreting = _interpreting()
+    block_b = block_b or (_COLUMN_BLOCK_B_INTERPRET if interpreting else _COLUMN_BLOCK_B)
+    block_v = block_v or (_COLUMN_BLOCK_V_INTERPRET if interpreting else _COLUMN_BLOCK_V)
+    grid = (triton.cdiv(V, block_v),)
+    launch = dict(BLOCK_B=block_b, BLOCK_V=block_v)
+    order = torch.empty(B * V, device=coef.device, dtype=_order_dtype(B, V))
+    # Counted by the kernel's first pass rather than (coef != 0).sum(0), which held [B, V] temporaries
+    # (the head benchmark's peak, below).
+    counts = torch.zeros(V, device=coef.device, dtype=torch.int64)  # stays 0 where the kernel returns
+    _column_segments_kernel[grid](coef, counts, order, live, limit, B, V, **launch, WRITE=False)
+    offsets = torch.zeros(V + 1, device=coef.device, dtype=torch.int64)
+    torch.cumsum(counts, dim=0, out=offsets[1:])
+    starts = offsets[:-1].clone()  # [V]: the write pass advances these
+    _column_segments_kernel[grid](coef, starts, order, live, limit, B, V, **launch, WRITE=True)
+    return order, offsets
+
+
+def _row_segments(coef: Tensor, arg: Tensor, S: int) -> tuple[Tensor, Tensor]:
+    """(order [B·V] int64, offsets [B·S + 1] int64): the non-zeros of coef [B, V] by destination row
+    b·S + argmax[b, v], v increasing within a row (a fixed summation order), as the flat index b·V + v;
+    row r's entries are order[offsets[r]:offsets[r + 1]], the zeros after them."""
+    B = coef.shape[0]
+    # Keyed by destination row, zeros given the sentinel B·S (sorting last); torch.sort's stable radix
+    # sort, whose passes scale with the key's width: where B·S < 2^15 (queries: 512 x 32 = 16,384) int16
+    # keys take half the passes of int32 ones, over all B·V keys (15.6M at B = 512, V = 30,522).
+    key_dtype = torch.int16 if B * S < _INT16_KEYS_BELOW else torch.int32
+    rows = torch.arange(B, device=coef.device, dtype=key_dtype)[:, None] * S  # [B, 1]
+    keys = torch.where(coef != 0, rows + arg.to(key_dtype), B * S).reshape(-1)  # [B·V]
     sorted_keys, order = torch.sort(keys, stable=True)
-    bounds = torch.arange(count + 1, device=keys.device, dtype=keys.dtype)
+    bounds = torch.arange(B * S + 1, device=coef.device, dtype=key_dtype)
     return order, torch.searchsorted(sorted_keys, bounds)
 
 
@@ -902,11 +993,7 @@ def _grad_e(
     # by column where live < limit; clamped so that 0 means never and anything above 1 always
     limit = min(max(int(blocks.by_column_below * B * V), 0), B * V + 1)
     if limit > 0:
-        # Non-zeros keyed by vocabulary column; zeros get the sentinel V and sort last. The stable sort
-        # keeps each column's entries in increasing b: a fixed summation order.
-        key_dtype = torch.int16 if V < _INT16_KEYS_BELOW else torch.int32
-        columns = torch.arange(V, device=h.device, dtype=key_dtype)[None, :]  # [1, V]
-        order, col_offsets = _sorted_segments(torch.where(coef != 0, columns, V).reshape(-1), V)
+        order, col_offsets = _column_segments(coef, live, limit)  # [B·V], [V + 1]
         _sparton_bwd_grad_e_by_column_kernel[(V,)](
             h,
             col_offsets,
@@ -955,16 +1042,8 @@ def _grad_h(
     NaN in E's non-finite columns."""
     B, V = coef.shape
     D = e.shape[1]
-    # Non-zeros keyed by destination row b·S + argmax; zeros get the sentinel B·S and sort last. A stable
-    # sort keeps each row's entries in increasing v: a fixed summation order. The sort is a radix sort
-    # whose passes scale with the key's width: where B·S < 2^15 (queries: 512 x 32 = 16,384) int16 keys
-    # take half the passes of int32 ones, over all B·V keys (15.6M at B = 512, V = 30,522).
-    key_dtype = torch.int16 if B * S < _INT16_KEYS_BELOW else torch.int32
-    rows = torch.arange(B, device=e.device, dtype=key_dtype)[:, None] * S  # [B, 1]
-    keys = torch.where(coef != 0, rows + arg.to(key_dtype), B * S).reshape(-1)  # [B·V]
-    order, row_offsets = _sorted_segments(keys, B * S)  # [B·V], [B·S + 1]
-    # The kernel reads v and coef through the sort's permutation itself, for the N non-zeros only: no
-    # [B·V] gathers of columns and values here (two passes over 15.6M entries at B = 512).
+    order, row_offsets = _row_segments(coef, arg, S)  # [B·V], [B·S + 1]
+    # The kernel reads v and coef through the layout itself, for the N non-zeros only.
     poison = non_finite_columns(e, dim=0)  # [D]
     grad_h = torch.empty(B, S, D, device=e.device, dtype=dtype)  # every row written (zeros if no entry)
     _sparton_bwd_grad_h_kernel[(B * S,)](
