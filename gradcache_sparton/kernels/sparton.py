@@ -30,11 +30,12 @@ is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and
   count of non-zeros (``BackwardBlocks.by_column_below``; no sync: both are launched and the other
   returns at once). Sparse Y, by column: the non-zeros are laid out by vocabulary column (a counting
   sort: per-column counts, their cumsum, each non-zero written to its slot in increasing b) and one
-  program per column gathers and sums its own entries, D tile by D tile. Dense Y, the b loop: one program per
-  (V tile, D tile), looping over b so that all programs read the same H[b] at about the same time (it
-  stays in L2), BLOCK_B rows per step (one [BLOCK_B, BLOCK_V] load of (coef, argmax), one gather, their
-  sum added to the accumulator: a fixed order); rows with coef = 0 are masked off the gather. Each
-  kernel's summation order is fixed, and the same input picks the same kernel: deterministic.
+  program per column gathers and sums its own entries, D tile by D tile. Dense Y, the b loop: one
+  program per (V tile, D tile), looping over b so that all programs read the same H[b] at about the
+  same time (it stays in L2), BLOCK_B rows per step (one [BLOCK_B, BLOCK_V] load of (coef, argmax), one
+  gather, their sum added to the accumulator: a fixed order); rows with coef = 0 are masked off the
+  gather. Each kernel's summation order is fixed, and the same input picks the same kernel:
+  deterministic.
 - grad_H[b, s] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v]: the non-zeros are sorted by destination row
   (b·S + s) into CSR form (``torch.sort``, stable; int16 keys where B·S < 2^15), and one program per
   row gathers and sums its own entries, D tile by D tile. No atomics: the sum order is fixed, so the
@@ -954,8 +955,8 @@ def _column_segments(
     grid = (triton.cdiv(V, block_v),)
     launch = dict(BLOCK_B=block_b, BLOCK_V=block_v)
     order = torch.empty(B * V, device=coef.device, dtype=_order_dtype(B, V))
-    # Counted by the kernel's first pass rather than (coef != 0).sum(0), which held [B, V] temporaries
-    # (the head benchmark's peak, below).
+    # Counted by the kernel's first pass: 0.13 ms for the whole layout at B = 512, S = 32 (32 x 64 tiles)
+    # against 0.20 with torch's (coef != 0).sum(0) for the counts.
     counts = torch.zeros(V, device=coef.device, dtype=torch.int64)  # stays 0 where the kernel returns
     _column_segments_kernel[grid](coef, counts, order, live, limit, B, V, **launch, WRITE=False)
     offsets = torch.zeros(V + 1, device=coef.device, dtype=torch.int64)
