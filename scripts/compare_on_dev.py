@@ -32,10 +32,13 @@ from gradcache_sparton.evaluation.metrics import ndcg_at_k
 from gradcache_sparton.pipeline import build_encoder, build_evaluator, build_tokenizer
 
 
-def per_query_ndcg(model: str, evaluator, tokenizer) -> dict[str, float]:
-    """Query id -> nDCG@10 of ``model`` (a checkpoint folder or a shipped name)."""
-    encoder = build_encoder(ModelArguments(model_name_or_path=model), tokenizer).eval()
-    (result,) = evaluator.evaluate(encoder)
+def per_query_ndcg(model: str, data_args: DataArguments, lengths: dict[str, int]) -> dict[str, float]:
+    """Query id -> nDCG@10 of ``model`` (a checkpoint folder or a shipped name), with its own tokenizer."""
+    model_args = ModelArguments(model_name_or_path=model)
+    tokenizer = build_tokenizer(model_args)
+    evaluator = build_evaluator(data_args, tokenizer, **lengths)
+    evaluator.show_progress = False
+    (result,) = evaluator.evaluate(build_encoder(model_args, tokenizer).eval())
     qrels = evaluator.data.qrels
     return {q: ndcg_at_k([d for d, _ in hits], qrels[q], 10) for q, hits in result.run.items()}
 
@@ -62,6 +65,7 @@ def main() -> None:
     parser.add_argument(
         "--eval_beir", default="default", help="BEIR folder ('default': the shipped dev sample)"
     )
+    parser.add_argument("--eval_beir_split", default="dev", help="qrels split of --eval_beir")
     parser.add_argument("--query_max_length", type=int, default=32)
     parser.add_argument("--document_max_length", type=int, default=128)
     parser.add_argument("--resamples", type=int, default=10_000)
@@ -70,15 +74,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.resamples < 1:
         parser.error(f"--resamples must be >= 1, got {args.resamples}")
+    if args.eval_beir.lower() == "none":
+        parser.error("--eval_beir must name a BEIR folder (or 'default'), got 'none'")
     transformers.logging.set_verbosity_error()
-    tokenizer = build_tokenizer(ModelArguments(model_name_or_path=args.baseline))
     lengths = {"query_max_length": args.query_max_length, "document_max_length": args.document_max_length}
-    evaluator = build_evaluator(DataArguments(eval_beir=args.eval_beir), tokenizer, **lengths)
-    if evaluator is None:
-        parser.error("--eval_beir names no dev set")
-    evaluator.show_progress = False
-    baseline = per_query_ndcg(args.baseline, evaluator, tokenizer)
-    candidate = per_query_ndcg(args.candidate, evaluator, tokenizer)
+    data_args = DataArguments(eval_beir=args.eval_beir, eval_beir_split=args.eval_beir_split)
+    baseline = per_query_ndcg(args.baseline, data_args, lengths)
+    candidate = per_query_ndcg(args.candidate, data_args, lengths)
     queries = sorted(baseline)
     before = torch.tensor([baseline[q] for q in queries], dtype=torch.float64)  # [Q]
     after = torch.tensor([candidate[q] for q in queries], dtype=torch.float64)  # [Q]
