@@ -24,6 +24,18 @@ AdamW (lr 1e-5, fused on CUDA), bf16 autocast around the loss and its backward (
   ours-uncached     ``SpladeLoss({column: encoder(**features)})`` at the effective batch, halved until it
                     fits (each size tried is a row).
 
+Backbone options, given to both providers alike (each provider runs once per setting):
+
+  ...+ckpt          ``--checkpointing on|both``: activation checkpointing in the backbone (transformers'
+                    ``gradient_checkpointing_enable``, non-reentrant): each layer's activations are
+                    recomputed in the backward, so a memory budget holds larger mini-batches;
+  ...+compile       ``--compile on|both``: the backbone's base model (the transformer stack) under
+                    ``torch.compile(dynamic=True)`` (default mode: fused kernels, fewer launches per
+                    encoder call); the head stays as it is (ours: the Sparton op; theirs: the MLM head
+                    and SpladePooling). Ours runs it with ``check_replay=False``, as the trainer does
+                    under ``torch_compile``; ours uncached is compiled too. Compilation falls in the
+                    two warm-up steps (the row's ``warmup_s`` is the first).
+
 Token budgets T are the row budgets N times the workload's mean tokens per passage, rounded to 256, so
 ``mb32`` and ``tok<T>`` aim at about the same activation memory. Both providers get the identical
 padded tensors; both trim each mini-batch's trailing padding.
@@ -107,14 +119,20 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from common import headless_pyplot, run_stamp  # benchmarks/common.py, beside this script
 from torch import Tensor
-from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from gradcache_sparton import CachedLoss, GradCache, SpladeEncoder, SpladeLoss, SpladeLossConfig
 from gradcache_sparton.resources import RESOURCES_DIR, default_tokenizer_path
@@ -130,6 +148,7 @@ LEARNING_RATE = 1e-5
 NNZ_ROWS = 64  # rows whose reps' non-zeros a row reports (eval mode, fp32)
 SHORT_PASSAGE_TOKENS = (40, 120)
 MEMORY_BUDGETS_GIB = (4.0, 8.0, None)  # issue 15's budgets; None: unlimited
+SETTINGS = {"off": (False,), "on": (True,), "both": (False, True)}  # an off / on / both option's values
 # Issue 15's thresholds (ratios within one run).
 SPEEDUP_MIN, SMALL_BUDGET_MIN, CACHED_VS_UNCACHED_MIN = 2.0, 0.85, 0.72
 
@@ -378,6 +397,8 @@ class Config:
     tokens: int | None = None  # tokens per mini-batch
     batch: int = 0  # pairs per step
     reuse_argmax: bool = False  # ours: the replay rebuilds the head from Step (1)'s record
+    checkpointing: bool = False  # activation checkpointing in the backbone (either provider)
+    compiled: bool = False  # the backbone under torch.compile (either provider)
 
     @property
     def name(self) -> str:
@@ -386,8 +407,8 @@ class Config:
 
     @property
     def variant(self) -> str:
-        """The provider, with ``+reuse`` for ours with ``reuse_argmax``."""
-        return self.provider + ("+reuse" if self.reuse_argmax else "")
+        """The provider, with ``+reuse`` / ``+ckpt`` / ``+compile`` for the options it runs with."""
+        return _variant(asdict(self))
 
     @property
     def family(self) -> str:
@@ -409,9 +430,20 @@ def splade_loss() -> SpladeLoss:
 Step = Callable[[dict[str, dict[str, Tensor]]], None]
 
 
+def prepare_backbone(backbone: PreTrainedModel, config: Config) -> None:
+    """The options every provider's backbone gets alike: activation checkpointing (non-reentrant, each
+    layer's activations recomputed in the backward) and ``torch.compile`` of the base model (the
+    transformer stack; dynamic shapes, since every mini-batch is cut to its own longest row)."""
+    if config.checkpointing:
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.compiled:
+        backbone.base_model.compile(dynamic=True)
+
+
 def make_ours(config: Config, path: Path, device: torch.device, token_param: str | None) -> tuple[Step, Any]:
     """Our step: CachedLoss (or the plain loss, uncached) over a SpladeEncoder with the Sparton head."""
     encoder = SpladeEncoder.from_pretrained(path).to(device).train()
+    prepare_backbone(encoder.model, config)
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=LEARNING_RATE, fused=device.type == "cuda")
     loss_fn = splade_loss()
     cached = None
@@ -428,6 +460,10 @@ def make_ours(config: Config, path: Path, device: torch.device, token_param: str
             kwargs = {"mini_batch_size": config.mini_batch}
         if config.reuse_argmax:
             kwargs["reuse_argmax"] = True
+        if config.compiled:
+            # As the trainer does under torch_compile: the graph-less and the graph-recording programs
+            # may fuse differently, so the replay need not be bitwise Step (1) (docs/engine.md).
+            kwargs["check_replay"] = False
         cached = CachedLoss(encoder, loss_fn, **kwargs)
 
     def step(columns: dict[str, dict[str, Tensor]]) -> None:
@@ -456,6 +492,7 @@ def make_sentence_transformers(config: Config, path: Path, device: torch.device)
     )
 
     model = build_sparse_encoder(path, device).train()
+    prepare_backbone(next(m for m in model.modules() if isinstance(m, PreTrainedModel)), config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, fused=device.type == "cuda")
     loss = CachedSpladeLoss(
         model,
@@ -528,13 +565,14 @@ class Bench:
         batches = [take_rows(b, config.batch) for b in workload.batches]
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        first = self.timed(step, batches[0])
+        last = first = self.timed(step, batches[0])
         warmup = 1
-        if first < 2.0 and len(batches) > 2 and not self.args.smoke:
-            self.timed(step, batches[1])
+        # A compiled backbone compiles in the first step and may recompile in the second (other shapes).
+        if (first < 2.0 or config.compiled) and len(batches) > 2 and not self.args.smoke:
+            last = self.timed(step, batches[1])
             warmup = 2
         n_timed = max(
-            1, min(self.args.steps, len(batches) - warmup, math.floor(self.args.seconds_per_config / first))
+            1, min(self.args.steps, len(batches) - warmup, math.floor(self.args.seconds_per_config / last))
         )
         times = [self.timed(step, batches[warmup + i]) for i in range(n_timed)]
         median = statistics.median(times)
@@ -543,6 +581,7 @@ class Bench:
             "step_s": times,
             "pairs_per_s": config.batch / median,
             "warmup_steps": warmup,
+            "warmup_s": first,
             "timed_steps": n_timed,
         }
         if self.cuda:
@@ -585,26 +624,31 @@ def plan(
     with_st: bool,
     reuse: Sequence[bool] = (False,),
     token_budgets: bool = True,
+    checkpointing: Sequence[bool] = (False,),
+    compiled: Sequence[bool] = (False,),
 ) -> list[Config]:
-    """The configurations of one (model, workload), budget by budget, ours (once per ``reuse`` setting)
-    and theirs side by side; by tokens too unless ``token_budgets`` is False."""
+    """The configurations of one (model, workload), budget by budget, ours and theirs side by side: each
+    provider once per ``checkpointing`` x ``compiled`` setting (the backbone options both get alike),
+    ours also once per ``reuse`` setting (not with ``compiled``: a compiled encoder records no argmax
+    to reuse); by tokens too unless ``token_budgets`` is False."""
+    backbone_options = [{"checkpointing": c, "compiled": k} for c in checkpointing for k in compiled]
+    ours_options = [
+        {"reuse_argmax": r, **o} for o in backbone_options for r in reuse if not (r and o["compiled"])
+    ]
     configs: list[Config] = []
     for mb in mini_batches:
-        tokens = token_budget(mb, workload)
-        configs += [
-            Config(model, workload.name, "ours", mini_batch=mb, batch=batch, reuse_argmax=r) for r in reuse
-        ]
-        if with_st:
-            configs.append(Config(model, workload.name, "st", mini_batch=mb, batch=batch))
-        if not token_budgets:
-            continue
-        if token_param is not None:
-            configs += [
-                Config(model, workload.name, "ours", tokens=tokens, batch=batch, reuse_argmax=r)
-                for r in reuse
-            ]
-        if with_st:
-            configs.append(Config(model, workload.name, "st", tokens=tokens, batch=batch))
+        budgets = [{"mini_batch": mb}]
+        if token_budgets:
+            budgets.append({"tokens": token_budget(mb, workload)})
+        for budget in budgets:
+            if "tokens" not in budget or token_param is not None:
+                configs += [
+                    Config(model, workload.name, "ours", batch=batch, **budget, **o) for o in ours_options
+                ]
+            if with_st:
+                configs += [
+                    Config(model, workload.name, "st", batch=batch, **budget, **o) for o in backbone_options
+                ]
     return configs
 
 
@@ -642,8 +686,10 @@ def _target(
 
 
 def _variant(row: dict) -> str:
-    """A row's provider, with ``+reuse`` for ours with ``reuse_argmax`` (rows of older runs have no such key)."""
-    return row["provider"] + ("+reuse" if row.get("reuse_argmax") else "")
+    """A row's provider with its options: ``+reuse`` (reuse_argmax), ``+ckpt`` (activation checkpointing),
+    ``+compile`` (a compiled backbone); rows of older runs have none of these keys."""
+    options = (("reuse_argmax", "+reuse"), ("checkpointing", "+ckpt"), ("compiled", "+compile"))
+    return row["provider"] + "".join(suffix for key, suffix in options if row.get(key))
 
 
 def _label(row: dict | None) -> str:
@@ -787,6 +833,24 @@ def show(head: list[str], body: list[list[str]]) -> None:
     sys.stdout.flush()
 
 
+# One color per provider with its options; sentence-transformers' in warm colors, ours in cool ones.
+VARIANT_COLORS = {
+    "ours": "tab:blue", "ours+reuse": "tab:green", "ours+ckpt": "tab:cyan", "ours+reuse+ckpt": "tab:olive",
+    "ours+compile": "tab:purple", "ours+ckpt+compile": "tab:pink", "ours-uncached": "tab:gray",
+    "ours-uncached+compile": "black", "st": "tab:red", "st+ckpt": "tab:orange", "st+compile": "tab:brown",
+    "st+ckpt+compile": "gold",
+}  # fmt: skip
+
+
+def _plot_style(family: str) -> tuple[str, str]:
+    """(matplotlib format, color) of a plot series: circles for rows per mini-batch, squares for tokens,
+    diamonds for uncached; solid lines for ours, dashed for sentence-transformers."""
+    variant, _, kind = family.rpartition("-") if family.endswith(("-mb", "-tok")) else (family, "", "")
+    marker = {"mb": "o", "tok": "s"}.get(kind, "D")
+    line = "" if marker == "D" else "--" if variant.startswith("st") else "-"
+    return marker + line, VARIANT_COLORS.get(variant, "tab:gray")
+
+
 def plot(rows: list[dict], path: Path) -> str:
     """pairs/s against peak memory, one panel per (model, workload), one series per provider and budget kind."""
     plt = headless_pyplot()
@@ -797,18 +861,9 @@ def plot(rows: list[dict], path: Path) -> str:
         return "no rows with peak memory (CPU run or nothing finished): no plot"
     groups = list(dict.fromkeys((r["model"], r["workload"]) for r in done))
     fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.5), squeeze=False)
-    # ours blue, sentence-transformers red; circles: rows per mini-batch, squares: tokens per mini-batch.
-    styles = {
-        "ours-mb": ("o-", "tab:blue"),
-        "ours-tok": ("s-", "tab:blue"),
-        "ours+reuse-mb": ("o-", "tab:green"),
-        "ours+reuse-tok": ("s-", "tab:green"),
-        "st-mb": ("o--", "tab:red"),
-        "st-tok": ("s--", "tab:red"),
-        "ours-uncached": ("D", "tab:gray"),
-    }
     for ax, (model, workload) in zip(axes[0], groups, strict=True):
-        for family, (style, color) in styles.items():
+        for family in sorted({r["family"] for r in done}):
+            style, color = _plot_style(family)
             series = sorted(
                 (
                     r
@@ -893,6 +948,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--providers", type=name_list(("ours", "st", "ours-uncached")), default=["ours", "st", "ours-uncached"])  # fmt: skip
     parser.add_argument("--reuse_argmax", choices=("off", "on", "both"), default="both",
                         help="ours without / with reuse_argmax (the replay skips the head's forward), or both")  # fmt: skip
+    parser.add_argument("--checkpointing", choices=("off", "on", "both"), default="off",
+                        help="every provider without / with activation checkpointing in the backbone, or both")  # fmt: skip
+    parser.add_argument("--compile", choices=("off", "on", "both"), default="off",
+                        help="every provider with its backbone eager / under torch.compile, or both")  # fmt: skip
     parser.add_argument("--token_budgets", action=argparse.BooleanOptionalAction, default=True,
                         help="also run every provider with token-budget mini-batches")  # fmt: skip
     parser.add_argument("--effective_batch", type=int, default=1024, help="pairs per step (every provider)")
@@ -988,9 +1047,11 @@ def prepare_models(
     return models
 
 
-def uncached_configs(model: str, workload: str, batch: int) -> Iterator[Config]:
+def uncached_configs(config: Config) -> Iterator[Config]:
+    """``config`` (ours uncached), then at half its batch, and so on: the sizes to try until one fits."""
+    batch = config.batch
     while batch >= 1:
-        yield Config(model, workload, "ours-uncached", batch=batch)
+        yield replace(config, batch=batch)
         batch //= 2
 
 
@@ -1039,22 +1100,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             for workload in workloads:
                 configs: list[Config] = []
                 if {"ours", "st"} & set(args.providers):
-                    reuse = {"off": (False,), "on": (True,), "both": (False, True)}[args.reuse_argmax]
                     configs = plan(model_name, workload, args.mini_batches, args.effective_batch,
                                    bench.token_param if "ours" in args.providers else None, with_st,
-                                   reuse, args.token_budgets)  # fmt: skip
+                                   SETTINGS[args.reuse_argmax], args.token_budgets,
+                                   SETTINGS[args.checkpointing], SETTINGS[args.compile])  # fmt: skip
                     if "ours" not in args.providers:
                         configs = [c for c in configs if c.provider != "ours"]
                 if "ours-uncached" in args.providers:
-                    configs.append(
-                        Config(model_name, workload.name, "ours-uncached", batch=args.effective_batch)
-                    )
+                    configs += [
+                        Config(
+                            model_name, workload.name, "ours-uncached", batch=args.effective_batch, compiled=k
+                        )
+                        for k in SETTINGS[args.compile]
+                    ]
                 for config in configs:
                     if time.monotonic() > deadline:
                         rows.append({**header(config), "status": "skipped (time budget)"})
                         continue
                     if config.provider == "ours-uncached":
-                        for smaller in uncached_configs(model_name, workload.name, config.batch):
+                        for smaller in uncached_configs(config):
                             row = bench.run(smaller, path, workload)
                             report(rows, row, out, meta, start)
                             if row["status"] != "OOM" or time.monotonic() > deadline:

@@ -127,6 +127,35 @@ def test_targets_compare_the_best_rows_within_each_memory_budget(bench: ModuleTy
     assert {t["status"] for t in none_fit if "4 GiB" in t["target"] and "vs" in t["target"]} == {"n/a"}
 
 
+def test_plan_gives_both_providers_the_same_backbone_options(bench: ModuleType) -> None:
+    """Checkpointing and compilation are run for ours and sentence-transformers alike, at every budget;
+    reuse_argmax only for ours and never with a compiled encoder (it records no argmax); every
+    configuration has its own name and plot style."""
+    workload = bench.Workload("short", [], 100.0, 30.0)
+    configs = bench.plan("base", workload, [16, 32], 64, "mini_batch_tokens", True, (False, True), True,
+                         (False, True), (False, True))  # fmt: skip
+    variants = {(c.mini_batch, c.tokens, c.variant) for c in configs}
+    assert len(variants) == len(configs) == 2 * 2 * (6 + 4)
+    for budget in ({"mini_batch": 16}, {"tokens": bench.token_budget(32, workload)}):
+        mine = {
+            c.variant
+            for c in configs
+            if c.mini_batch == budget.get("mini_batch") and c.tokens == budget.get("tokens")
+        }
+        assert mine == {
+            "ours", "ours+reuse", "ours+ckpt", "ours+reuse+ckpt", "ours+compile", "ours+ckpt+compile",
+            "st", "st+ckpt", "st+compile", "st+ckpt+compile",
+        }  # fmt: skip
+    assert len({c.name for c in configs}) == len(configs)
+    styles = {bench._plot_style(c.family) for c in configs}
+    assert len(styles) == len({c.family for c in configs})
+    assert bench._plot_style("st+ckpt-mb") == ("o--", "tab:orange")
+    assert bench._plot_style("ours+compile-tok") == ("s-", "tab:purple")
+    assert bench._plot_style("ours-uncached+compile")[0] == "D"
+    plain = bench.plan("base", workload, [16], 64, None, False)
+    assert [c.variant for c in plain] == ["ours"]
+
+
 def test_plot_draws_or_says_why_not(
     bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
