@@ -74,7 +74,8 @@ step = effective batch), the peak ``torch.cuda.max_memory_allocated`` over all i
 gradients and AdamW state included), for ours the mean non-zeros per row of each column (64 rows,
 after its steps), and with
 ``--busy_fraction`` (CUDA; off by default) the device-busy fraction of one more step run under
-``torch.profiler`` (sum of its kernel times over the median wall time). A configuration that runs out
+``torch.profiler`` (sum of its kernel times over the median wall time; that step's operators by host
+time go to ``profile_<configuration>.txt``). A configuration that runs out
 of memory is a row with status "OOM"; one not started within ``--time_budget_s`` is "skipped".
 
 The targets of issue 15 are computed within each (model, workload): for memory budgets of 4 GiB,
@@ -547,13 +548,21 @@ class Bench:
         self.sync()
         return time.perf_counter() - start
 
-    def busy_seconds(self, step: Step, columns: dict[str, dict[str, Tensor]]) -> float:
-        """Device-busy seconds of one step: the sum of its kernels' durations under torch.profiler."""
+    def busy_seconds(self, step: Step, columns: dict[str, dict[str, Tensor]], config: Config) -> float:
+        """Device-busy seconds of one step: the sum of its kernels' durations under torch.profiler.
+
+        The step's operators by host time (self CPU, top 40) go to ``profile_<config>.txt`` in the
+        output folder: where the host spends a step that leaves the device idle.
+        """
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             self.timed(step, columns)
         averages = prof.key_averages()
+        out = Path(self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        table = averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
+        (out / f"profile_{re.sub(r'[^A-Za-z0-9+.-]', '_', config.name)}.txt").write_text(table)
         return sum(e.self_device_time_total for e in averages if e.device_type.name == "CUDA") / 1e6
 
     def measure(self, config: Config, path: Path, workload: Workload) -> dict[str, Any]:
@@ -588,7 +597,7 @@ class Bench:
             row["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GiB
             row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GiB
             if self.args.busy_fraction:
-                row["busy_fraction"] = self.busy_seconds(step, batches[0]) / median
+                row["busy_fraction"] = self.busy_seconds(step, batches[0], config) / median
         if isinstance(model, SpladeEncoder):
             row["nnz_per_row"] = nonzeros_per_row(model, take_rows(batches[0], NNZ_ROWS))  # after training
         return row
