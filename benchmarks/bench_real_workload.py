@@ -432,11 +432,15 @@ Step = Callable[[dict[str, dict[str, Tensor]]], None]
 
 
 def prepare_backbone(backbone: PreTrainedModel, config: Config) -> None:
-    """The options every provider's backbone gets alike: activation checkpointing (non-reentrant, each
-    layer's activations recomputed in the backward) and ``torch.compile`` of the base model (the
+    """The options every provider's backbone gets alike: activation checkpointing (transformers'
+    own, non-reentrant: each layer's activations recomputed in the backward) and ``torch.compile`` of the base model (the
     transformer stack; dynamic shapes, since every mini-batch is cut to its own longest row)."""
     if config.checkpointing:
-        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        options = {"use_reentrant": False}
+        if hasattr(backbone, "activation_checkpointing_enable"):  # the newer name (transformers 5.23)
+            backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+        else:
+            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
     if config.compiled:
         backbone.base_model.compile(dynamic=True)
 

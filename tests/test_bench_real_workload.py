@@ -194,10 +194,10 @@ def test_merge_puts_several_runs_in_one_table(bench: ModuleType, tmp_path: Path)
     assert speedup == pytest.approx(0.5)
 
 
-def _smoke(bench: ModuleType, out: Path, providers: str) -> dict:
+def _smoke(bench: ModuleType, out: Path, providers: str, *options: str) -> dict:
     argv = [
         "--smoke", "--output_dir", str(out), "--models", "base", "--workloads", "short", "--providers", providers,
-        "--effective_batch", "4", "--mini_batches", "2", "--steps", "1",
+        "--effective_batch", "4", "--mini_batches", "2", "--steps", "1", *options,
     ]  # fmt: skip
     assert bench.main(argv) == 0
     assert (out / "real_workload.md").read_text().startswith("Real-workload benchmark")
@@ -231,3 +231,29 @@ def test_smoke_run_of_sentence_transformers(bench: ModuleType, tmp_path: Path) -
     payload = _smoke(bench, tmp_path, "st")
     assert {r["family"] for r in payload["rows"]} == {"st-mb", "st-tok"}
     assert payload["meta"]["models"]["base"]["max_rep_difference_vs_sentence_transformers"] < 1e-5
+
+
+def test_smoke_run_with_checkpointing(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--checkpointing on turns on transformers' non-reentrant activation checkpointing in every
+    provider's backbone (sentence-transformers' too, when installed) and the steps still run."""
+    name, key = (
+        ("activation_checkpointing_enable", "activation_checkpointing_kwargs")
+        if hasattr(bench.PreTrainedModel, "activation_checkpointing_enable")
+        else ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs")
+    )
+    enabled = []
+    original = getattr(bench.PreTrainedModel, name)
+
+    def spy(self, **kwargs):
+        enabled.append((type(self).__name__, kwargs[key]))
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(bench.PreTrainedModel, name, spy)
+    with_st = importlib.util.find_spec("sentence_transformers") is not None
+    providers = "ours,st" if with_st else "ours"
+    options = ("--checkpointing", "on", "--reuse_argmax", "off", "--no-token_budgets")
+    payload = _smoke(bench, tmp_path, providers, *options)
+    assert {r["family"] for r in payload["rows"]} == {"ours+ckpt-mb"} | ({"st+ckpt-mb"} if with_st else set())
+    assert enabled == [("BertForMaskedLM", {"use_reentrant": False})] * (2 if with_st else 1)
