@@ -12,6 +12,8 @@ AdamW (lr 1e-5, fused on CUDA), bf16 autocast around the loss and its backward (
   ours-mb<N>        ``CachedLoss(SpladeEncoder, SpladeLoss, mini_batch_size=N)`` (the Sparton head);
   ours+reuse-...    the same with ``reuse_argmax=True`` (``--reuse_argmax on`` or ``both``): the replay
                     rebuilds the head from Step (1)'s max and argmax instead of running its forward;
+  ours+sparse-...   the same with ``sparse_reps=True`` (``--sparse_reps on`` or ``both``): Step (1) keeps
+                    each column's reps as their non-zeros, not [B, V] (less memory for the cache);
   ours-tok<T>       the same with token-budget mini-batches of at most T tokens, when ``GradCache``
                     offers them (detected from its signature, ``mini_batch_tokens``; absent otherwise):
                     rows grouped by length, T bounds rows x the mini-batch's longest row;
@@ -398,6 +400,7 @@ class Config:
     tokens: int | None = None  # tokens per mini-batch
     batch: int = 0  # pairs per step
     reuse_argmax: bool = False  # ours: the replay rebuilds the head from Step (1)'s record
+    sparse_reps: bool = False  # ours: Step (1) keeps each column's reps as their non-zeros
     checkpointing: bool = False  # activation checkpointing in the backbone (either provider)
     compiled: bool = False  # the backbone under torch.compile (either provider)
 
@@ -465,6 +468,8 @@ def make_ours(config: Config, path: Path, device: torch.device, token_param: str
             kwargs = {"mini_batch_size": config.mini_batch}
         if config.reuse_argmax:
             kwargs["reuse_argmax"] = True
+        if config.sparse_reps:
+            kwargs["sparse_reps"] = True
         if config.compiled:
             # As the trainer does under torch_compile: the graph-less and the graph-recording programs
             # may fuse differently, so the replay need not be bitwise Step (1) (docs/engine.md).
@@ -635,18 +640,24 @@ def plan(
     batch: int,
     token_param: str | None,
     with_st: bool,
+    *,
     reuse: Sequence[bool] = (False,),
+    sparse_reps: Sequence[bool] = (False,),
     token_budgets: bool = True,
     checkpointing: Sequence[bool] = (False,),
     compiled: Sequence[bool] = (False,),
 ) -> list[Config]:
     """The configurations of one (model, workload), budget by budget, ours and theirs side by side: each
     provider once per ``checkpointing`` x ``compiled`` setting (the backbone options both get alike),
-    ours also once per ``reuse`` setting (not with ``compiled``: a compiled encoder records no argmax
-    to reuse); by tokens too unless ``token_budgets`` is False."""
+    ours also once per ``reuse`` x ``sparse_reps`` setting (reuse not with ``compiled``: a compiled
+    encoder records no argmax to reuse); by tokens too unless ``token_budgets`` is False."""
     backbone_options = [{"checkpointing": c, "compiled": k} for c in checkpointing for k in compiled]
     ours_options = [
-        {"reuse_argmax": r, **o} for o in backbone_options for r in reuse if not (r and o["compiled"])
+        {"reuse_argmax": r, "sparse_reps": sr, **o}
+        for o in backbone_options
+        for r in reuse
+        for sr in sparse_reps
+        if not (r and o["compiled"])
     ]
     configs: list[Config] = []
     for mb in mini_batches:
@@ -699,9 +710,14 @@ def _target(
 
 
 def _variant(row: dict) -> str:
-    """A row's provider with its options: ``+reuse`` (reuse_argmax), ``+ckpt`` (activation checkpointing),
-    ``+compile`` (a compiled backbone); rows of older runs have none of these keys."""
-    options = (("reuse_argmax", "+reuse"), ("checkpointing", "+ckpt"), ("compiled", "+compile"))
+    """A row's provider with its options: ``+reuse`` (reuse_argmax), ``+sparse`` (sparse_reps), ``+ckpt``
+    (activation checkpointing), ``+compile`` (a compiled backbone); rows of older runs lack these keys."""
+    options = (
+        ("reuse_argmax", "+reuse"),
+        ("sparse_reps", "+sparse"),
+        ("checkpointing", "+ckpt"),
+        ("compiled", "+compile"),
+    )
     return row["provider"] + "".join(suffix for key, suffix in options if row.get(key))
 
 
@@ -849,7 +865,9 @@ def show(head: list[str], body: list[list[str]]) -> None:
 # One color per provider with its options; sentence-transformers' in warm colors, ours in cool ones.
 VARIANT_COLORS = {
     "ours": "tab:blue", "ours+reuse": "tab:green", "ours+ckpt": "tab:cyan", "ours+reuse+ckpt": "tab:olive",
-    "ours+compile": "tab:purple", "ours+ckpt+compile": "tab:pink", "ours-uncached": "tab:gray",
+    "ours+compile": "tab:purple", "ours+ckpt+compile": "tab:pink", "ours+sparse": "navy",
+    "ours+reuse+sparse": "darkgreen", "ours+sparse+ckpt": "teal", "ours+reuse+sparse+ckpt": "yellowgreen",
+    "ours+sparse+compile": "slateblue", "ours+sparse+ckpt+compile": "magenta", "ours-uncached": "tab:gray",
     "ours-uncached+compile": "black", "st": "tab:red", "st+ckpt": "tab:orange", "st+compile": "tab:brown",
     "st+ckpt+compile": "gold",
 }  # fmt: skip
@@ -961,6 +979,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--providers", type=name_list(("ours", "st", "ours-uncached")), default=["ours", "st", "ours-uncached"])  # fmt: skip
     parser.add_argument("--reuse_argmax", choices=("off", "on", "both"), default="both",
                         help="ours without / with reuse_argmax (the replay skips the head's forward), or both")  # fmt: skip
+    parser.add_argument("--sparse_reps", choices=("off", "on", "both"), default="off",
+                        help="ours with the reps of Step (1) kept dense / as their non-zeros (sparse_reps), or both")  # fmt: skip
     parser.add_argument("--checkpointing", choices=("off", "on", "both"), default="off",
                         help="every provider without / with activation checkpointing in the backbone, or both")  # fmt: skip
     parser.add_argument("--compile", choices=("off", "on", "both"), default="off",
@@ -1115,8 +1135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if {"ours", "st"} & set(args.providers):
                     configs = plan(model_name, workload, args.mini_batches, args.effective_batch,
                                    bench.token_param if "ours" in args.providers else None, with_st,
-                                   SETTINGS[args.reuse_argmax], args.token_budgets,
-                                   SETTINGS[args.checkpointing], SETTINGS[args.compile])  # fmt: skip
+                                   reuse=SETTINGS[args.reuse_argmax], sparse_reps=SETTINGS[args.sparse_reps],
+                                   token_budgets=args.token_budgets, checkpointing=SETTINGS[args.checkpointing],
+                                   compiled=SETTINGS[args.compile])  # fmt: skip
                     if "ours" not in args.providers:
                         configs = [c for c in configs if c.provider != "ours"]
                 if "ours-uncached" in args.providers:

@@ -129,26 +129,30 @@ def test_targets_compare_the_best_rows_within_each_memory_budget(bench: ModuleTy
 
 def test_plan_gives_both_providers_the_same_backbone_options(bench: ModuleType) -> None:
     """Checkpointing and compilation are run for ours and sentence-transformers alike, at every budget;
-    reuse_argmax only for ours and never with a compiled encoder (it records no argmax); every
-    configuration has its own name and plot style."""
+    reuse_argmax and sparse_reps only for ours, reuse never with a compiled encoder (it records no
+    argmax); every configuration has its own name, and every series its own plot style."""
     workload = bench.Workload("short", [], 100.0, 30.0)
-    configs = bench.plan("base", workload, [16, 32], 64, "mini_batch_tokens", True, (False, True), True,
-                         (False, True), (False, True))  # fmt: skip
-    variants = {(c.mini_batch, c.tokens, c.variant) for c in configs}
-    assert len(variants) == len(configs) == 2 * 2 * (6 + 4)
+    both = (False, True)
+    configs = bench.plan("base", workload, [16, 32], 64, "mini_batch_tokens", True, reuse=both,
+                         sparse_reps=both, checkpointing=both, compiled=both)  # fmt: skip
+    ours = {
+        "ours", "ours+reuse", "ours+ckpt", "ours+reuse+ckpt", "ours+compile", "ours+ckpt+compile",
+        "ours+sparse", "ours+reuse+sparse", "ours+sparse+ckpt", "ours+reuse+sparse+ckpt",
+        "ours+sparse+compile", "ours+sparse+ckpt+compile",
+    }  # fmt: skip
+    theirs = {"st", "st+ckpt", "st+compile", "st+ckpt+compile"}
+    assert len(configs) == 2 * 2 * len(ours | theirs)
     for budget in ({"mini_batch": 16}, {"tokens": bench.token_budget(32, workload)}):
         mine = {
             c.variant
             for c in configs
             if c.mini_batch == budget.get("mini_batch") and c.tokens == budget.get("tokens")
         }
-        assert mine == {
-            "ours", "ours+reuse", "ours+ckpt", "ours+reuse+ckpt", "ours+compile", "ours+ckpt+compile",
-            "st", "st+ckpt", "st+compile", "st+ckpt+compile",
-        }  # fmt: skip
+        assert mine == ours | theirs
     assert len({c.name for c in configs}) == len(configs)
-    styles = {bench._plot_style(c.family) for c in configs}
-    assert len(styles) == len({c.family for c in configs})
+    families = {c.family for c in configs} | {"ours-uncached", "ours-uncached+compile"}
+    assert len({bench._plot_style(f) for f in families}) == len(families)
+    assert len({bench._plot_style(f)[1] for f in families if f.endswith("-mb")}) == len(ours | theirs)
     assert bench._plot_style("st+ckpt-mb") == ("o--", "tab:orange")
     assert bench._plot_style("ours+compile-tok") == ("s-", "tab:purple")
     assert bench._plot_style("ours-uncached+compile")[0] == "D"
@@ -257,3 +261,22 @@ def test_smoke_run_with_checkpointing(
     payload = _smoke(bench, tmp_path, providers, *options)
     assert {r["family"] for r in payload["rows"]} == {"ours+ckpt-mb"} | ({"st+ckpt-mb"} if with_st else set())
     assert enabled == [("BertForMaskedLM", {"use_reentrant": False})] * (2 if with_st else 1)
+
+
+def test_smoke_run_with_sparse_reps(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--sparse_reps both runs ours with the dense and with the sparse rep cache (CachedLoss's
+    sparse_reps off, then on); both steps run."""
+    seen = []
+    original = bench.CachedLoss
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("sparse_reps", False))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "CachedLoss", spy)
+    options = ("--sparse_reps", "both", "--reuse_argmax", "off", "--no-token_budgets")
+    payload = _smoke(bench, tmp_path, "ours", *options)
+    assert {r["family"] for r in payload["rows"]} == {"ours-mb", "ours+sparse-mb"}
+    assert seen == [r["sparse_reps"] for r in payload["rows"]] == [False, True]
