@@ -76,8 +76,9 @@ step = effective batch), the peak ``torch.cuda.max_memory_allocated`` over all i
 gradients and AdamW state included), for ours the mean non-zeros per row of each column (64 rows,
 after its steps), and with
 ``--busy_fraction`` (CUDA; off by default) the device-busy fraction of one more step run under
-``torch.profiler`` (sum of its kernel times over the median wall time; that step's operators by host
-time go to ``profile_<configuration>.txt``). A configuration that runs out
+``torch.profiler`` (sum of its kernel times over the median wall time; with ``--profile_host`` the
+host's operators are recorded too and that step's operators by host time go to
+``profile_<configuration>.txt``: slow at small mini-batches). A configuration that runs out
 of memory is a row with status "OOM"; one not started within ``--time_budget_s`` is "skipped".
 
 The targets of issue 15 are computed within each (model, workload): for memory budgets of 4 GiB,
@@ -560,19 +561,27 @@ class Bench:
     def busy_seconds(self, step: Step, columns: dict[str, dict[str, Tensor]], config: Config) -> float:
         """Device-busy seconds of one step: the sum of its kernels' durations under torch.profiler.
 
-        The step's operators by host time (self CPU, top 40) go to ``profile_<config>.txt`` in the
-        output folder: where the host spends a step that leaves the device idle.
+        Only the device's activity is recorded, unless ``--profile_host``: then the host's operators
+        too (a profiled 16-row step then outlasts a 4-minute call: ~200,000 events), and the step's
+        operators by host time (self CPU, top 40) go to ``profile_<config>.txt`` in the output folder.
         """
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CUDA]
+        if self.args.profile_host:
+            activities.append(ProfilerActivity.CPU)
+        with profile(activities=activities) as prof:
             self.timed(step, columns)
         averages = prof.key_averages()
-        out = Path(self.args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        table = averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
-        (out / f"profile_{re.sub(r'[^A-Za-z0-9+.-]', '_', config.name)}.txt").write_text(table)
-        return sum(e.self_device_time_total for e in averages if e.device_type.name == "CUDA") / 1e6
+        if self.args.profile_host:
+            out = Path(self.args.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            table = averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
+            (out / f"profile_{re.sub(r'[^A-Za-z0-9+.-]', '_', config.name)}.txt").write_text(table)
+        busy = sum(e.self_device_time_total for e in averages if e.device_type.name == "CUDA") / 1e6
+        if busy <= 0:  # a step launches kernels: none recorded is a profiler failure, not an idle device
+            raise RuntimeError("torch.profiler recorded no device kernels for the profiled step")
+        return busy
 
     def measure(self, config: Config, path: Path, workload: Workload) -> dict[str, Any]:
         """Warm-up, timed steps and the row's numbers (raises on out-of-memory)."""
@@ -1003,6 +1012,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--busy_fraction", action=argparse.BooleanOptionalAction, default=False,
                         help="profile one more step per configuration for the device-busy fraction (CUDA)")  # fmt: skip
+    parser.add_argument("--profile_host", action=argparse.BooleanOptionalAction, default=False,
+                        help="with --busy_fraction: also record the host's operators (slow) and write their table")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                         help="merge real_workload.json files of several runs into --output_dir (no GPU work)")  # fmt: skip
