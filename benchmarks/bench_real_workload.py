@@ -29,8 +29,9 @@ AdamW (lr 1e-5, fused on CUDA), bf16 autocast around the loss and its backward (
 Backbone options, given to both providers alike (each provider runs once per setting):
 
   ...+ckpt          ``--checkpointing on|both``: activation checkpointing in the backbone (transformers'
-                    ``gradient_checkpointing_enable``, non-reentrant): each layer's activations are
-                    recomputed in the backward, so a memory budget holds larger mini-batches;
+                    ``activation_checkpointing_enable``, ``gradient_checkpointing_enable`` before 5.23;
+                    non-reentrant): each layer's activations are recomputed in the backward, so a
+                    memory budget holds larger mini-batches;
   ...+compile       ``--compile on|both``: the backbone's base model (the transformer stack) under
                     ``torch.compile(dynamic=True)`` (default mode: fused kernels, fewer launches per
                     encoder call); the head stays as it is (ours: the Sparton op; theirs: the MLM head
@@ -412,7 +413,7 @@ class Config:
 
     @property
     def variant(self) -> str:
-        """The provider, with ``+reuse`` / ``+ckpt`` / ``+compile`` for the options it runs with."""
+        """The provider, with ``+reuse`` / ``+sparse`` / ``+ckpt`` / ``+compile`` for the options it runs with."""
         return _variant(asdict(self))
 
     @property
@@ -436,9 +437,10 @@ Step = Callable[[dict[str, dict[str, Tensor]]], None]
 
 
 def prepare_backbone(backbone: PreTrainedModel, config: Config) -> None:
-    """The options every provider's backbone gets alike: activation checkpointing (transformers'
-    own, non-reentrant: each layer's activations recomputed in the backward) and ``torch.compile`` of the base model (the
-    transformer stack; dynamic shapes, since every mini-batch is cut to its own longest row)."""
+    """The options every provider's backbone gets alike: activation checkpointing (transformers' own,
+    non-reentrant: each layer's activations recomputed in the backward) and ``torch.compile`` of the
+    base model (the transformer stack; dynamic shapes, since every mini-batch is cut to its own longest
+    row)."""
     if config.checkpointing:
         options = {"use_reentrant": False}
         if hasattr(backbone, "activation_checkpointing_enable"):  # the newer name (transformers 5.23)
