@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import sys
@@ -269,13 +270,14 @@ def test_smoke_run_with_sparse_reps(
     """--sparse_reps both runs ours with the dense and with the sparse rep cache (CachedLoss's
     sparse_reps off, then on); both steps run."""
     seen = []
-    original = bench.CachedLoss
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("sparse_reps", False))
-        return original(*args, **kwargs)
+    class Spy(bench.CachedLoss):
+        @functools.wraps(bench.CachedLoss.__init__)  # the script reads CachedLoss's signature
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs.get("sparse_reps", False))
+            super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "CachedLoss", spy)
+    monkeypatch.setattr(bench, "CachedLoss", Spy)
     options = ("--sparse_reps", "both", "--reuse_argmax", "off", "--no-token_budgets")
     payload = _smoke(bench, tmp_path, "ours", *options)
     assert {r["family"] for r in payload["rows"]} == {"ours-mb", "ours+sparse-mb"}
