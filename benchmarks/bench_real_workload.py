@@ -79,7 +79,12 @@ after its steps), and with
 ``--busy_fraction`` (CUDA; off by default) the device-busy fraction of one more step run under
 ``torch.profiler`` (sum of its kernel times over the median wall time; with ``--profile_host`` the
 host's operators are recorded too and that step's operators by host time go to
-``profile_<configuration>.txt``: slow at small mini-batches). A configuration that runs out
+``profile_<configuration>.txt``: slow at small mini-batches), and with ``--sync_audit`` (CUDA) the
+host-device synchronisations of one more step, counted by call site (``torch.cuda.set_sync_debug_mode``);
+with ``--cprofile`` (CUDA) one more step under cProfile, its table in ``cprofile_<configuration>.txt``.
+Every row also reports the host's part of the median step (``host s``: until the step returned,
+before the closing synchronize; about the step's wall time when the host, not the device, bounds
+it). A configuration that runs out
 of memory is a row with status "OOM"; one not started within ``--time_budget_s`` is "skipped".
 
 The targets of issue 15 are computed within each (model, workload): for memory budgets of 4 GiB,
@@ -405,6 +410,8 @@ class Config:
     sparse_reps: bool = False  # ours: Step (1) keeps each column's reps as their non-zeros
     checkpointing: bool = False  # activation checkpointing in the backbone (either provider)
     compiled: bool = False  # the backbone under torch.compile (either provider)
+    compile_mode: str = "default"  # torch.compile's mode when compiled ("reduce-overhead": CUDA graphs)
+    pad_to_multiple_of: int | None = None  # ours: mini-batch lengths rounded up (static shapes)
 
     @property
     def name(self) -> str:
@@ -448,13 +455,29 @@ def prepare_backbone(backbone: PreTrainedModel, config: Config) -> None:
         else:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
     if config.compiled:
-        backbone.base_model.compile(dynamic=True)
+        # Static shapes where ours rounds its mini-batch lengths (one program per shape; dynamo's
+        # recompile limit raised in main), dynamic ones otherwise (every mini-batch its own length).
+        static = config.provider != "st" and config.pad_to_multiple_of is not None
+        backbone.base_model.compile(dynamic=not static, mode=config.compile_mode)
+
+
+def mark_cudagraph_steps(model: torch.nn.Module, config: Config) -> None:
+    """Under ``reduce-overhead`` (CUDA graphs), tell torch a new iteration begins at every encoder call.
+
+    Both providers call their encoder once per mini-batch, in Step (1) and again in the replay; a
+    graph's outputs live in memory its next replay overwrites, which torch refuses unless each call is
+    marked as a new iteration (``torch.compiler.cudagraph_mark_step_begin``). A forward pre-hook on
+    the encoder (not itself compiled) marks it.
+    """
+    if config.compiled and config.compile_mode == "reduce-overhead":
+        model.register_forward_pre_hook(lambda module, args: torch.compiler.cudagraph_mark_step_begin())
 
 
 def make_ours(config: Config, path: Path, device: torch.device, token_param: str | None) -> tuple[Step, Any]:
     """Our step: CachedLoss (or the plain loss, uncached) over a SpladeEncoder with the Sparton head."""
     encoder = SpladeEncoder.from_pretrained(path).to(device).train()
     prepare_backbone(encoder.model, config)
+    mark_cudagraph_steps(encoder, config)
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=LEARNING_RATE, fused=device.type == "cuda")
     loss_fn = splade_loss()
     cached = None
@@ -473,6 +496,8 @@ def make_ours(config: Config, path: Path, device: torch.device, token_param: str
             kwargs["reuse_argmax"] = True
         if config.sparse_reps:
             kwargs["sparse_reps"] = True
+        if config.pad_to_multiple_of is not None:
+            kwargs["pad_to_multiple_of"] = config.pad_to_multiple_of
         if config.compiled:
             # As the trainer does under torch_compile: the graph-less and the graph-recording programs
             # may fuse differently, so the replay need not be bitwise Step (1) (docs/engine.md).
@@ -506,6 +531,7 @@ def make_sentence_transformers(config: Config, path: Path, device: torch.device)
 
     model = build_sparse_encoder(path, device).train()
     prepare_backbone(next(m for m in model.modules() if isinstance(m, PreTrainedModel)), config)
+    mark_cudagraph_steps(model, config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, fused=device.type == "cuda")
     loss = CachedSpladeLoss(
         model,
@@ -547,18 +573,55 @@ class Bench:
         self.device = device
         self.cuda = device.type == "cuda"
         self.token_param = token_budget_parameter()
+        self.host_times: list[float] = []  # per timed step: seconds until the step returned to the host
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
 
     def timed(self, step: Step, columns: dict[str, dict[str, Tensor]]) -> float:
-        """Seconds of one step, CUDA-synchronized wall time."""
+        """Seconds of one step, CUDA-synchronized wall time (the host's part goes to ``host_times``)."""
         self.sync()
         start = time.perf_counter()
         step(columns)
+        self.host_times.append(time.perf_counter() - start)
         self.sync()
         return time.perf_counter() - start
+
+    def sync_sites(self, step: Step, columns: dict[str, dict[str, Tensor]]) -> dict[str, int]:
+        """Host-device synchronisations of one step, by call site (the innermost frames outside torch).
+
+        One step runs under ``torch.cuda.set_sync_debug_mode("warn")``: every operation that waits for
+        the device (``.item()``, ``.tolist()``, ``nonzero``, a copy to the host, ...) warns, and each
+        warning is attributed to the Python stack that issued it. Syncs issued from autograd's engine
+        (a backward) have no Python caller of their own and are attributed to the ``backward()`` call.
+        """
+        import warnings
+
+        sites: dict[str, int] = {}
+        show = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None) -> None:
+            if "synchronizing" not in str(message):
+                return show(message, category, filename, lineno, file, line)
+            frames = [
+                f for f in traceback.extract_stack()[:-1]
+                if "/torch/" not in f.filename and Path(f.filename).name != "warnings.py"
+            ]  # fmt: skip
+            site = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames[-3:]))
+            sites[site] = sites.get(site, 0) + 1
+
+        self.sync()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                step(columns)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        self.sync()
+        return dict(sorted(sites.items(), key=lambda kv: -kv[1]))
 
     def busy_seconds(self, step: Step, columns: dict[str, dict[str, Tensor]], config: Config) -> float:
         """Device-busy seconds of one step: the sum of its kernels' durations under torch.profiler.
@@ -585,6 +648,31 @@ class Bench:
             raise RuntimeError("torch.profiler recorded no device kernels for the profiled step")
         return busy
 
+    def python_profile(self, step: Step, columns: dict[str, dict[str, Tensor]], config: Config) -> float:
+        """Host seconds of one step under cProfile; its functions by own and by cumulative time (top 60
+        each) go to ``cprofile_<config>.txt`` in the output folder. Where the host bounds the step, this
+        is where its time goes (cProfile's own cost inflates small Python functions)."""
+        import cProfile
+        import io
+        import pstats
+
+        profiler = cProfile.Profile()
+        self.sync()
+        start = time.perf_counter()
+        profiler.enable()
+        step(columns)
+        profiler.disable()
+        self.sync()
+        seconds = time.perf_counter() - start
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("tottime").print_stats(60)
+        stats.sort_stats("cumulative").print_stats(60)
+        out = Path(self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"cprofile_{re.sub(r'[^A-Za-z0-9+.-]', '_', config.name)}.txt").write_text(text.getvalue())
+        return seconds
+
     def measure(self, config: Config, path: Path, workload: Workload) -> dict[str, Any]:
         """Warm-up, timed steps and the row's numbers (raises on out-of-memory)."""
         if config.provider == "st":
@@ -603,11 +691,13 @@ class Bench:
         n_timed = max(
             1, min(self.args.steps, len(batches) - warmup, math.floor(self.args.seconds_per_config / last))
         )
+        self.host_times.clear()
         times = [self.timed(step, batches[warmup + i]) for i in range(n_timed)]
         median = statistics.median(times)
         row: dict[str, Any] = {
             "step_s_median": median,
             "step_s": times,
+            "host_s_median": statistics.median(self.host_times),
             "pairs_per_s": config.batch / median,
             "warmup_steps": warmup,
             "warmup_s": first,
@@ -618,6 +708,12 @@ class Bench:
             row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GiB
             if self.args.busy_fraction:
                 row["busy_fraction"] = self.busy_seconds(step, batches[0], config) / median
+            if self.args.cprofile:
+                row["cprofile_step_s"] = self.python_profile(step, batches[0], config)
+            if self.args.sync_audit:
+                sites = self.sync_sites(step, batches[0])
+                row["syncs_per_step"] = sum(sites.values())
+                row["sync_sites"] = sites
         if isinstance(model, SpladeEncoder):
             row["nnz_per_row"] = nonzeros_per_row(model, take_rows(batches[0], NNZ_ROWS))  # after training
         return row
@@ -657,14 +753,21 @@ def plan(
     token_budgets: bool = True,
     checkpointing: Sequence[bool] = (False,),
     compiled: Sequence[bool] = (False,),
+    compile_mode: str = "default",
+    pad_to_multiple_of: int | None = None,
 ) -> list[Config]:
     """The configurations of one (model, workload), budget by budget, ours and theirs side by side: each
-    provider once per ``checkpointing`` x ``compiled`` setting (the backbone options both get alike),
-    ours also once per ``reuse`` x ``sparse_reps`` setting (reuse not with ``compiled``: a compiled
-    encoder records no argmax to reuse); by tokens too unless ``token_budgets`` is False."""
-    backbone_options = [{"checkpointing": c, "compiled": k} for c in checkpointing for k in compiled]
+    provider once per ``checkpointing`` x ``compiled`` setting (the backbone options both get alike;
+    compiled ones in ``compile_mode``), ours also once per ``reuse`` x ``sparse_reps`` setting (reuse
+    not with ``compiled``: a compiled encoder records no argmax to reuse) and with its mini-batch
+    lengths rounded up to ``pad_to_multiple_of``; by tokens too unless ``token_budgets`` is False."""
+    backbone_options = [
+        {"checkpointing": c, "compiled": k, "compile_mode": compile_mode if k else "default"}
+        for c in checkpointing
+        for k in compiled
+    ]
     ours_options = [
-        {"reuse_argmax": r, "sparse_reps": sr, **o}
+        {"reuse_argmax": r, "sparse_reps": sr, "pad_to_multiple_of": pad_to_multiple_of, **o}
         for o in backbone_options
         for r in reuse
         for sr in sparse_reps
@@ -722,14 +825,20 @@ def _target(
 
 def _variant(row: dict) -> str:
     """A row's provider with its options: ``+reuse`` (reuse_argmax), ``+sparse`` (sparse_reps), ``+ckpt``
-    (activation checkpointing), ``+compile`` (a compiled backbone); rows of older runs lack these keys."""
+    (activation checkpointing), ``+compile`` (a compiled backbone, ``+compile-ro`` in mode
+    reduce-overhead), ``+pad<m>`` (lengths rounded up to m); rows of older runs lack these keys."""
     options = (
         ("reuse_argmax", "+reuse"),
         ("sparse_reps", "+sparse"),
         ("checkpointing", "+ckpt"),
         ("compiled", "+compile"),
     )
-    return row["provider"] + "".join(suffix for key, suffix in options if row.get(key))
+    name = row["provider"] + "".join(suffix for key, suffix in options if row.get(key))
+    if row.get("compiled") and row.get("compile_mode", "default") != "default":
+        name += "-ro" if row["compile_mode"] == "reduce-overhead" else f"-{row['compile_mode']}"
+    if row.get("pad_to_multiple_of"):
+        name += f"+pad{row['pad_to_multiple_of']}"
+    return name
 
 
 def _label(row: dict | None) -> str:
@@ -819,9 +928,11 @@ TABLE_HEAD = [
     "B",
     "status",
     "step s",
+    "host s",
     "pairs/s",
     "peak GiB",
     "busy",
+    "syncs",
     "nnz q/d",
 ]
 TARGET_HEAD = ["model/workload", "target", "value", "threshold", "status", "detail"]
@@ -833,8 +944,9 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
         nnz = r.get("nnz_per_row")
         out.append([
             r["model"], r["workload"], _variant(r), _cell(r["mini_batch"]), _cell(r["tokens"]), str(r["batch"]),
-            r["status"], _cell(r.get("step_s_median"), "{:.3f}"), _cell(r.get("pairs_per_s"), "{:.0f}"),
-            _cell(r.get("peak_allocated_gib")), _cell(r.get("busy_fraction")),
+            r["status"], _cell(r.get("step_s_median"), "{:.3f}"), _cell(r.get("host_s_median"), "{:.3f}"),
+            _cell(r.get("pairs_per_s"), "{:.0f}"), _cell(r.get("peak_allocated_gib")), _cell(r.get("busy_fraction")),
+            _cell(r.get("syncs_per_step"), "{}"),
             f"{nnz['query']:.0f}/{nnz['positive']:.0f}" if nnz else "-",
         ])  # fmt: skip
     return out
@@ -996,6 +1108,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="every provider without / with activation checkpointing in the backbone, or both")  # fmt: skip
     parser.add_argument("--compile", choices=("off", "on", "both"), default="off",
                         help="every provider with its backbone eager / under torch.compile, or both")  # fmt: skip
+    parser.add_argument("--compile_mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+                        default="default", help="torch.compile's mode for compiled backbones (reduce-overhead: CUDA graphs)")  # fmt: skip
+    parser.add_argument("--pad_to_multiple_of", type=int, default=None,
+                        help="ours: round each mini-batch's length up to this multiple (few static shapes; "
+                        "a compiled backbone of ours is then compiled with static shapes)")  # fmt: skip
     parser.add_argument("--token_budgets", action=argparse.BooleanOptionalAction, default=True,
                         help="also run every provider with token-budget mini-batches")  # fmt: skip
     parser.add_argument("--effective_batch", type=int, default=1024, help="pairs per step (every provider)")
@@ -1016,6 +1133,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="profile one more step per configuration for the device-busy fraction (CUDA)")  # fmt: skip
     parser.add_argument("--profile_host", action=argparse.BooleanOptionalAction, default=False,
                         help="with --busy_fraction: also record the host's operators (slow) and write their table")  # fmt: skip
+    parser.add_argument("--sync_audit", action=argparse.BooleanOptionalAction, default=False,
+                        help="run one more step per configuration counting its host-device syncs by call site (CUDA)")  # fmt: skip
+    parser.add_argument("--cprofile", action=argparse.BooleanOptionalAction, default=False,
+                        help="run one more step per configuration under cProfile and write its table (CUDA)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                         help="merge real_workload.json files of several runs into --output_dir (no GPU work)")  # fmt: skip
@@ -1025,6 +1146,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.effective_batch < 1:
         parser.error(f"--effective_batch must be >= 1, got {args.effective_batch}")
+    if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
+        parser.error(f"--pad_to_multiple_of must be >= 1, got {args.pad_to_multiple_of}")
     if not 0 < args.target_density < 1:
         parser.error(f"--target_density must be in (0, 1), got {args.target_density}")
     if "tiny" in args.models and not args.smoke and not (args.model_path / "config.json").is_file():
@@ -1117,6 +1240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "st" in args.providers and not with_st:
         print("sentence-transformers is not installed: its rows are skipped", flush=True)
     bench = Bench(args, device)
+    if args.pad_to_multiple_of is not None and args.compile != "off":
+        # One program per static shape: (lengths per column) x (graph-less, graph-recording) passes.
+        torch._dynamo.config.recompile_limit = 64
     meta["token_budget_parameter"] = bench.token_param
     print(f"{meta['device']}, torch {meta['torch']}, sentence-transformers {meta['sentence_transformers']}, "
           f"our token-budget option: {bench.token_param}", flush=True)  # fmt: skip
@@ -1150,13 +1276,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    bench.token_param if "ours" in args.providers else None, with_st,
                                    reuse=SETTINGS[args.reuse_argmax], sparse_reps=SETTINGS[args.sparse_reps],
                                    token_budgets=args.token_budgets, checkpointing=SETTINGS[args.checkpointing],
-                                   compiled=SETTINGS[args.compile])  # fmt: skip
+                                   compiled=SETTINGS[args.compile], compile_mode=args.compile_mode,
+                                   pad_to_multiple_of=args.pad_to_multiple_of)  # fmt: skip
                     if "ours" not in args.providers:
                         configs = [c for c in configs if c.provider != "ours"]
                 if "ours-uncached" in args.providers:
                     configs += [
                         Config(
-                            model_name, workload.name, "ours-uncached", batch=args.effective_batch, compiled=k
+                            model_name,
+                            workload.name,
+                            "ours-uncached",
+                            batch=args.effective_batch,
+                            compiled=k,
+                            compile_mode=args.compile_mode if k else "default",
                         )
                         for k in SETTINGS[args.compile]
                     ]
@@ -1205,6 +1337,8 @@ def report(rows: list[dict], row: dict, out: Path, meta: dict, start: float) -> 
         if isinstance(row.get(k), float)
     )  # fmt: skip
     print(f"[{time.monotonic() - start:5.0f} s] {row['name']}: {row['status']} {shown}", flush=True)
+    for site, count in list(row.get("sync_sites", {}).items())[:8]:
+        print(f"    {count:6d} syncs at {site}", flush=True)
     write_outputs(out, meta, rows)
 
 

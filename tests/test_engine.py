@@ -294,6 +294,10 @@ def test_bad_engine_arguments_raise(config) -> None:
         GradCache(encoder, mini_batch_size=2, mini_batch_tokens=0)
     with pytest.raises(TypeError, match="mini_batch_tokens must be an int, got float"):
         GradCache(encoder, mini_batch_size=2, mini_batch_tokens=64.0)
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be >= 1, got 0"):
+        GradCache(encoder, mini_batch_size=2, pad_to_multiple_of=0)
+    with pytest.raises(TypeError, match="pad_to_multiple_of must be an int, got bool"):
+        GradCache(encoder, mini_batch_size=2, pad_to_multiple_of=True)
     maskless = {name: {"input_ids": f["input_ids"]} for name, f in make_columns(4, 2).items()}
     with pytest.raises(
         ValueError, match=r"mini_batch_tokens needs an attention_mask .* column 'query' has none"
@@ -468,6 +472,55 @@ def test_token_budget_mini_batches_group_rows_by_length() -> None:
     assert over_budget == [[1], [3], [5], [2], [0, 4]]
     by_rows = [rows.tolist() for rows, _ in iter_mini_batches(features, 6, 2, mini_batch_tokens=100)]
     assert by_rows == [[1, 3], [5, 2], [0, 4]]
+
+
+def test_mini_batch_lengths_round_up_to_a_multiple() -> None:
+    """pad_to_multiple_of: each cut length is rounded up to the multiple, never past the column's width,
+    the extra positions being the column's own (masked) padding; a token budget counts the rounded length."""
+    lengths = torch.tensor([2, 5, 3, 7, 1, 4])
+    mask = (torch.arange(7).unsqueeze(0) < lengths.unsqueeze(1)).long()  # [6, 7], right padded
+    features = {"input_ids": torch.arange(42).view(6, 7) * mask, "attention_mask": mask}
+
+    rounded = list(iter_mini_batches(features, 6, 2, pad_to_multiple_of=4))
+    assert [f["attention_mask"].shape[1] for _, f in rounded] == [7, 7, 4]  # 5 and 7 -> 8, capped at 7
+    (_, first), _, (_, last) = rounded
+    assert torch.equal(first["input_ids"], features["input_ids"][:2, :7])
+    assert torch.equal(last["attention_mask"], mask[4:6, :4])
+    assert [
+        f["attention_mask"].shape[1] for _, f in iter_mini_batches(features, 6, 3, pad_to_multiple_of=3)
+    ] == [
+        6,
+        7,
+    ]
+    # Token budget 12 with lengths rounded to 4: 7 -> 7 (width), 5 -> 8, 4, 3 -> 4, 2 -> 4, 1 -> 4.
+    grouped = list(iter_mini_batches(features, 6, 6, mini_batch_tokens=12, pad_to_multiple_of=4))
+    assert [rows.tolist() for rows, _ in grouped] == [[3], [1], [5, 2, 0], [4]]
+    assert [f["attention_mask"].shape for _, f in grouped] == [(1, 7), (1, 7), (3, 4), (1, 4)]
+
+
+@pytest.mark.parametrize(
+    ("pad_to_multiple_of", "mini_batch_tokens"), [(3, None), (8, None), (64, None), (4, 30)],
+    ids=["m3", "m8", "m64-wider-than-columns", "m4-tok30"],
+)  # fmt: skip
+def test_padded_mini_batches_step_matches_full_batch(
+    config, pad_to_multiple_of: int, mini_batch_tokens
+) -> None:
+    """Mini-batches cut to rounded-up lengths give the loss and every gradient of one uncached step, also
+    with token budgets and a multiple wider than every column."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 3)
+    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+
+    engine = GradCache(
+        encoder, mini_batch_size=3, mini_batch_tokens=mini_batch_tokens, pad_to_multiple_of=pad_to_multiple_of
+    )
+    loss, _ = engine.step(columns, contrastive_flops_loss)
+
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
 
 
 @pytest.mark.parametrize("mini_batch_tokens", [7, 20, 30, 1000], ids=["tok7", "tok20", "tok30", "tok1000"])

@@ -135,6 +135,11 @@ class GradCache:
             as without grouping (up to fp32 summation order). Bounds activation memory by tokens
             rather than rows, and saves the padding of mixed lengths. Every column needs a 2-D
             ``attention_mask``. None (default): consecutive rows, ``mini_batch_size`` at a time.
+        pad_to_multiple_of: round each mini-batch's cut length (its longest row) up to a multiple of
+            this, at most the column's width: the extra positions are the column's own padding, so
+            the result is unchanged and mini-batches come in a few shapes (at most ceil(S / m) + 1
+            lengths per column), which a compiled encoder with static shapes (one program per shape)
+            needs. None (default): each mini-batch is cut to its longest row.
         same_batch_size: require every column, and every batch-first tensor in ``loss_kwargs``, to
             have the same number of rows, checked before any encoding (what contrastive losses over
             query/positive/negative columns need). Set False for losses whose columns differ.
@@ -197,6 +202,7 @@ class GradCache:
         *,
         mini_batch_size: int | Mapping[str, int],
         mini_batch_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
         same_batch_size: bool = True,
         allow_non_finite: bool = False,
         show_progress: bool = False,
@@ -215,6 +221,8 @@ class GradCache:
         ]
         if mini_batch_tokens is not None:
             named.append(("mini_batch_tokens", mini_batch_tokens))
+        if pad_to_multiple_of is not None:
+            named.append(("pad_to_multiple_of", pad_to_multiple_of))
         for where, size in named:
             if isinstance(size, bool) or not isinstance(size, int):
                 raise TypeError(f"{where} must be an int, got {type(size).__name__}")
@@ -223,6 +231,7 @@ class GradCache:
         self.encoder = encoder
         self.mini_batch_size = mini_batch_size
         self.mini_batch_tokens = mini_batch_tokens
+        self.pad_to_multiple_of = pad_to_multiple_of
         self.same_batch_size = same_batch_size
         self.allow_non_finite = allow_non_finite
         self.show_progress = show_progress
@@ -292,7 +301,11 @@ class GradCache:
         plans = {
             column: list(
                 iter_mini_batches(
-                    features, _rows(features), sizes[column], mini_batch_tokens=self.mini_batch_tokens
+                    features,
+                    _rows(features),
+                    sizes[column],
+                    mini_batch_tokens=self.mini_batch_tokens,
+                    pad_to_multiple_of=self.pad_to_multiple_of,
                 )
             )
             for column, features in columns.items()

@@ -1,7 +1,9 @@
 """Cutting one input column into mini-batches, each trimmed of its trailing padding.
 
 Mini-batches are consecutive rows, or rows grouped by length under a token budget: GradCache's result
-does not depend on which rows share a mini-batch, so grouping only saves padding.
+does not depend on which rows share a mini-batch, so grouping only saves padding. Cut lengths can be
+rounded up to a multiple (``pad_to_multiple_of``), so that mini-batches come in a few shapes: what a
+compiled encoder with static shapes, or one replayed from CUDA graphs, needs.
 
 Legend: B batch (rows of a column), S sequence, mb rows of a mini-batch.
 """
@@ -42,6 +44,7 @@ def iter_mini_batches(
     mini_batch_size: int,
     *,
     mini_batch_tokens: int | None = None,
+    pad_to_multiple_of: int | None = None,
 ) -> Iterator[tuple[Rows, dict[str, Tensor]]]:
     """(rows, features of those rows) per mini-batch, each cut to its own longest row.
 
@@ -59,18 +62,22 @@ def iter_mini_batches(
     mini-batch of its own. ``rows`` is then a [mb] index tensor on the mask's device, and the caller
     puts each mini-batch's results back at those rows. This needs a 2-D ``attention_mask``.
 
+    With ``pad_to_multiple_of`` = m, each cut length (the longest row kept) is rounded up to a multiple
+    of m, at most the column's own width: the extra positions are the column's padding, masked as
+    before, so only the shapes change (at most ceil(S / m) + 1 lengths per column), not the result.
+    A token budget counts the rounded length.
+
     The kept lengths of all rows are read back from the device once per column, not once per
     mini-batch: each read is a synchronisation that stalls the host's kernel queue.
     """
     mask = features.get("attention_mask")
     lengths = _kept_lengths(mask)  # [B] on the mask's device
+    width = mask.shape[1] if lengths is not None else 0
     if mini_batch_tokens is None:
         kept = lengths.tolist() if lengths is not None else None
         for rows in row_slices(batch_size, mini_batch_size):
-            yield (
-                rows,
-                _cut(features, rows, rows.stop - rows.start, None if kept is None else max(kept[rows])),
-            )
+            cut = None if kept is None else _rounded(max(kept[rows]), pad_to_multiple_of, width)
+            yield rows, _cut(features, rows, rows.stop - rows.start, cut)
         return
     if lengths is None:
         raise ValueError("mini_batch_tokens needs a 2-D attention_mask [B, S] to measure each row's length")
@@ -78,7 +85,7 @@ def iter_mini_batches(
     sorted_lengths = lengths[order].tolist()
     start = 0
     while start < batch_size:
-        longest = max(sorted_lengths[start], 1)
+        longest = _rounded(sorted_lengths[start], pad_to_multiple_of, width)
         count = max(1, min(mini_batch_size, mini_batch_tokens // longest, batch_size - start))
         rows = order[start : start + count]  # [mb], a view: no transfer
         yield rows, _cut(features, rows, count, longest)
@@ -115,12 +122,19 @@ def describe_rows(rows: Rows) -> str:
     return f"rows {rows.tolist()}"
 
 
+def _rounded(length: int, multiple: int | None, width: int) -> int:
+    """A cut length: at least 1, rounded up to ``multiple`` (when given), at most the column's ``width``."""
+    length = max(length, 1)
+    if multiple is not None:
+        length = -(-length // multiple) * multiple
+    return min(length, width)
+
+
 def _cut(features: Mapping[str, Tensor], rows: Rows, count: int, keep: int | None) -> dict[str, Tensor]:
     """The features of ``rows`` (``count`` of them), every [mb, S] feature cut to ``keep`` positions."""
     taken = {name: value[rows] for name, value in features.items()}
     if keep is None:
         return taken
-    keep = max(keep, 1)
     seq_len = features["attention_mask"].shape[1]
     if keep == seq_len:
         return taken
