@@ -395,7 +395,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
             "loss and gradients are the dense path's up to fp32 summation order. 'true': always; 'auto': each "
             "step, when the first mini-batch's non-zeros take fewer bytes than its dense reps (below ~1/2 "
             "density in fp32); 'false' (default): dense reps. A custom loss must accept sparse reps (SpladeLoss "
-            "does). Costs one device sync per mini-batch.",
+            "does). 'auto' costs one device sync per step.",
         },
     )
     reuse_argmax: bool | None = field(

@@ -65,12 +65,21 @@ class SparseReps:
         return dense
 
     @staticmethod
-    def from_dense(reps: Tensor, *, dtype: torch.dtype | None = torch.float32) -> SparseReps:
-        """Keep the non-zeros of a dense [N, V] tensor (on its device, as ``dtype``; None: the reps' dtype)."""
+    def from_dense(
+        reps: Tensor, *, dtype: torch.dtype | None = torch.float32, nnz: int | None = None
+    ) -> SparseReps:
+        """Keep the non-zeros of a dense [N, V] tensor (on its device, as ``dtype``; None: the reps' dtype).
+
+        ``nnz``: their number, when the host already knows it (e.g. from a :class:`~gradcache_sparton.host_count.HostCount`): the
+        non-zeros are then found without a device sync. It must be exact (not checked on the device).
+        """
         if reps.dim() != 2:
             raise ValueError(f"reps must be 2-D [N, V], got shape {tuple(reps.shape)}")
-        rows, token_ids = reps.nonzero(as_tuple=True)  # row-major order: rows ascending, ids ascending
-        counts = torch.bincount(rows, minlength=reps.shape[0])
+        if nnz is None:
+            rows, token_ids = reps.nonzero(as_tuple=True)  # row-major order: rows ascending, ids ascending
+        else:
+            rows, token_ids = torch.nonzero_static(reps, size=nnz).unbind(1)  # [nnz] each, row-major too
+        counts = reps.ne(0).sum(dim=1)  # [N]; not bincount(rows), which reads its size on the host
         offsets = torch.zeros(reps.shape[0] + 1, dtype=torch.int64, device=reps.device)
         offsets[1:] = torch.cumsum(counts, 0)
         weights = reps[rows, token_ids].to(reps.dtype if dtype is None else dtype)

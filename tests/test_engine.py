@@ -41,6 +41,7 @@ from gradcache_sparton.engine import (
     iter_mini_batches,
     row_slices,
 )
+from gradcache_sparton.host_count import HostCount
 
 RTOL_FP32 = 1e-5  # see the module docstring
 BATCH = 8
@@ -95,6 +96,18 @@ def test_autocast_state_replays_enabled_and_disabled() -> None:
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     with torch.autocast("cpu", dtype=torch.bfloat16), off.replay():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_host_count_reads_the_value_and_refuses_non_integer_scalars() -> None:
+    """HostCount gives a 0-d integer tensor's value later (on CUDA after waiting for its event only) and
+    refuses a float or a non-scalar, naming the argument."""
+    assert HostCount(torch.tensor([0, 3, 0, 5]).ne(0).sum()).value() == 2
+    if torch.cuda.is_available():
+        assert HostCount(torch.arange(10, device="cuda").sum()).value() == 45
+    with pytest.raises(ValueError, match=r"count must be a 0-d integer tensor, got torch\.float32"):
+        HostCount(torch.tensor(2.0))
+    with pytest.raises(ValueError, match=r"of shape \(2,\)"):
+        HostCount(torch.tensor([1, 2]))
 
 
 def test_row_slices_cover_batch_with_short_last() -> None:

@@ -168,11 +168,60 @@ def test_record_keeps_only_the_entries_with_a_gradient(config) -> None:
         for mb in mini_batches:
             assert mb.memo is not None and len(mb.memo) == 1
             record = mb.memo.take()
+            record.compact()  # the last record kept is still dense until taken back by the replay
             nonzeros = int(torch.count_nonzero(reps[column][mb.rows]))
             assert 0 < nonzeros < 0.1 * reps[column][mb.rows].numel()  # sparse reps: the point of the record
             assert record.positions.numel() == record.max_logits.numel() == record.argmax.numel() == nonzeros
             assert (record.positions.dtype, record.argmax.dtype) == (torch.int32, torch.int32)
             assert bool((record.max_logits > 0).all())
+
+
+def test_records_are_compacted_one_mini_batch_late_without_a_host_read(config, monkeypatch) -> None:
+    """Step (1) never reads a record's size back while keeping it (no ``nonzero``, whose output size is a
+    device sync): each record stays dense until the next is kept, then keeps only its live entries; the
+    last one is compacted when the replay takes it, and the step stays bitwise the step without it."""
+    encoder = _encoder(config, bias_shift=0.3)
+    columns = make_columns(BATCH, 2)
+    expected = _step(encoder, columns, mini_batch_size=3, reuse_argmax=False)
+
+    def no_host_sized_nonzero(*args, **kwargs):
+        raise AssertionError("a record was compacted with a host-sized nonzero (a device sync)")
+
+    with monkeypatch.context() as patched:  # Step (1) only: the CPU reference backward uses nonzero
+        patched.setattr(torch.Tensor, "nonzero", no_host_sized_nonzero)
+        _, replay_state = GradCache(encoder, mini_batch_size=3, reuse_argmax=True).encode(columns)
+    records = [mb.memo._records[0] for mbs in replay_state.mini_batches.values() for mb in mbs]
+    assert len(records) == 6
+    assert all(r.positions is not None and r._dense is None for r in records[:-1])  # compacted
+    assert records[-1].positions is None and records[-1]._dense is not None  # the last: still dense
+    got = _step(encoder, columns, mini_batch_size=3, reuse_argmax=True)
+    assert torch.equal(got[0], expected[0])
+    _assert_bitwise_equal(got[1], expected[1])
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU; torch.cuda.is_available() is False here"
+)
+def test_reuse_argmax_syncs_do_not_grow_with_the_mini_batches(config) -> None:
+    """On CUDA, a step's host-device synchronisations are per step and per column, never per mini-batch:
+    the same count at 8 mini-batches per column as at 2 (torch.cuda.set_sync_debug_mode counts them)."""
+    import warnings
+
+    encoder = _encoder(config, bias_shift=0.3).cuda()
+    columns = {c: {k: v.cuda() for k, v in f.items()} for c, f in make_columns(BATCH, 3).items()}
+    counts = []
+    for mini_batch_size in (4, 1):
+        _step(encoder, columns, mini_batch_size=mini_batch_size, reuse_argmax=True)  # warm-up (Triton)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                _step(encoder, columns, mini_batch_size=mini_batch_size, reuse_argmax=True)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchronizing" in str(w.message) for w in caught))
+    assert counts[0] == counts[1], counts
 
 
 def test_changed_backbone_between_steps_is_detected_and_grads_restored(config) -> None:

@@ -97,6 +97,36 @@ def test_sparse_reps_keep_only_the_nonzeros(config) -> None:
             assert isinstance(grad, SparseRepGrad) and grad.values.numel() == reps[column].weights.numel()
 
 
+def test_sparse_reps_step_one_waits_on_no_host_read(config, monkeypatch) -> None:
+    """Step (1) with sparse_reps sizes no mini-batch's non-zeros by a host read (``nonzero`` or
+    ``bincount``, each a device sync): every mini-batch is made sparse once the next is encoded, at the
+    count read by then, and the column holds exactly the dense reps' non-zeros."""
+    columns = make_columns(BATCH, 3)
+    encoder = _sparse_encoder(config, 0.3).eval()
+    dense_reps, _ = GradCache(encoder, mini_batch_size=3).encode(columns)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("Step (1) sized non-zeros by a host read (a device sync)")
+
+    monkeypatch.setattr(torch.Tensor, "nonzero", host_read)
+    monkeypatch.setattr(torch, "bincount", host_read)
+    reps, _ = GradCache(encoder, mini_batch_size=3, sparse_reps=True).encode(columns)
+    for column, dense in dense_reps.items():
+        assert torch.equal(reps[column].to_dense(), dense)
+
+
+def test_from_dense_with_a_known_count_equals_without() -> None:
+    """SparseReps.from_dense(reps, nnz=n) (the count known on the host) keeps the same offsets, ids and
+    weights as the host-read path, an all-zero row and a NaN (a non-zero) included."""
+    reps = _random_sparse(5, 11, 0.3, seed=4)
+    reps[2] = 0.0
+    reps[3, 7] = float("nan")
+    expected = SparseReps.from_dense(reps)
+    got = SparseReps.from_dense(reps, nnz=int(reps.ne(0).sum()))
+    assert torch.equal(got.offsets, expected.offsets) and torch.equal(got.token_ids, expected.token_ids)
+    torch.testing.assert_close(got.weights, expected.weights, rtol=0, atol=0, equal_nan=True)
+
+
 def _random_sparse(rows: int, width: int, density: float, seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     reps = torch.rand(rows, width, generator=generator) * 3

@@ -56,6 +56,7 @@ from gradcache_sparton.engine.mini_batch import (
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
 from gradcache_sparton.forward_memo import ForwardMemo, recording, replaying
+from gradcache_sparton.host_count import HostCount
 from gradcache_sparton.sparse_reps import SparseReps
 
 __all__ = [
@@ -186,8 +187,9 @@ class GradCache:
             about a non-zero rep entry: 1-3% of B x V for trained SPLADE models, up to all of it for a
             random head), and the replay rebuilds the head's output and backward from that record, bit
             for bit the backward it would have run (see :mod:`~gradcache_sparton.forward_memo`). Saves
-            the head's [B, S, D] x [D, V] product once per step; costs one device sync per mini-batch
-            and the records' memory until their mini-batch is replayed. With ``check_replay``, the
+            the head's [B, S, D] x [D, V] product once per step; costs the records' memory until their
+            mini-batch is replayed (no device sync: each record is compacted to its live entries one
+            mini-batch later, when its size has reached the host without waiting). With ``check_replay``, the
             replay of a recorded head is checked on its input (its hidden states, fingerprinted
             alike), since its output is rebuilt, not recomputed. An encoder whose forward records
             nothing (no Sparton head, or a compiled one) runs as without the option, with a warning.
@@ -319,6 +321,9 @@ class GradCache:
                 batch_size = _rows(columns[column])
                 column_reps: Tensor | None = None  # [B, V], rows in the column's order
                 sparse_parts: list[SparseReps] = []  # with sparse_reps: each mini-batch's non-zeros
+                # With sparse_reps, the last mini-batch's dense reps until the next is queued, and their
+                # non-zero count on its way to the host (read then: no wait on the device's queue).
+                dense_part: tuple[Tensor, HostCount] | None = None
                 reference: Tensor | None = None  # [0, V]: the width, dtype and device every rep must have
                 column_mini_batches: list[MiniBatch] = []
                 for rows, mb_features in plan:
@@ -340,7 +345,9 @@ class GradCache:
                         if self.world_size > 1:  # the gathered columns take one layout on every rank
                             keep_sparse = holds_on_every_rank(keep_sparse, rep.device)
                     if keep_sparse and rep.ndim == 2:
-                        sparse_parts.append(SparseReps.from_dense(rep, dtype=None))  # [mb, V] -> non-zeros
+                        if dense_part is not None:
+                            sparse_parts.append(_sparse_part(*dense_part))
+                        dense_part = (rep, HostCount(torch.count_nonzero(rep)))
                     elif isinstance(rows, slice) and rows == slice(0, batch_size):
                         column_reps = rep  # one mini-batch of every row, in order: no copy
                     else:
@@ -355,6 +362,8 @@ class GradCache:
                     )
                     bar.update()
                 mini_batches[column] = tuple(column_mini_batches)
+                if dense_part is not None:
+                    sparse_parts.append(_sparse_part(*dense_part))
                 if sparse_parts:
                     reps[column] = _in_column_order(SparseReps.concat(sparse_parts), mini_batches[column])
                     continue
@@ -656,6 +665,11 @@ def _parameters_of(encoder: Callable[..., Tensor]) -> list[nn.Parameter] | None:
     if isinstance(encoder, nn.Module):
         return [p for p in encoder.parameters() if p.requires_grad]
     return None
+
+
+def _sparse_part(rep: Tensor, nnz: HostCount) -> SparseReps:
+    """A mini-batch's [mb, V] reps as their non-zeros, their count read from the host (no device sync)."""
+    return SparseReps.from_dense(rep, dtype=None, nnz=nnz.value())
 
 
 def _sparse_is_smaller(rep: Tensor) -> bool:

@@ -15,7 +15,8 @@ one opaque node with a fake (shape-only) implementation instead of tracing into 
 
 Inside a GradCache step with ``reuse_argmax`` (see :mod:`gradcache_sparton.forward_memo`), Step (1)'s
 forward also records (max, argmax) at the entries whose gradient can be non-zero (max > 0 or NaN), 12
-bytes each with H's fingerprint, and the Step (3) replay skips the forward kernel: Y = log1p(max) is
+bytes each with H's fingerprint (compacted one mini-batch late, so that no record waits on the device),
+and the Step (3) replay skips the forward kernel: Y = log1p(max) is
 rebuilt from the record and the backward op runs on the record's (max, argmax), bit for bit the
 backward of an uncached step with the same H.
 
@@ -27,12 +28,13 @@ saved max stays fp32 so the backward does not inherit a 16-bit rounding of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
 
 import torch
 from torch import Tensor, nn
 
 from gradcache_sparton.forward_memo import ForwardMemo, recording_memo, replaying_memo
+from gradcache_sparton.host_count import HostCount
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
 
 __all__ = ["SpartonHead", "sparton_head"]
@@ -225,7 +227,6 @@ torch.library.register_autograd(
 # ---------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class _HeadRecord:
     """Step (1)'s (max, argmax) at the live entries, where max > 0 or is NaN: elsewhere max is 0 (relu)
     and the backward sends nothing whatever the argmax. Legend: n live entries of the [B, V] grid.
@@ -234,40 +235,63 @@ class _HeadRecord:
     - ``max_logits`` [n] in the saved max's dtype (fp32; fp64 for fp64 inputs),
     - ``argmax`` [n] int32 sequence positions,
     - ``fingerprint`` [B] fp32 row sums of H, to check that the replay's H is bitwise Step (1)'s.
+
+    Keeping the live entries needs their count n on the host, and reading it right away would stall
+    the host until the device has finished this mini-batch, once per mini-batch. So a record is kept in
+    two stages: :meth:`keep` holds the dense [B, V] (max, argmax) and starts copying n to the host
+    behind the work queued so far; the record is compacted to its n entries when the next record is
+    kept (by then the host has queued the next mini-batch, so waiting for this copy leaves the device
+    busy), or when it is taken back, whichever comes first. At most two mini-batches' dense records
+    exist at once, and no step waits on the device for them.
     """
 
-    hidden_shape: tuple[int, ...]
-    hidden_dtype: torch.dtype
-    vocab_size: int
-    positions: Tensor
-    max_logits: Tensor
-    argmax: Tensor
-    fingerprint: Tensor
+    def __init__(self, hidden_states: Tensor, max_logits: Tensor, argmax: Tensor) -> None:
+        self.hidden_shape = tuple(hidden_states.shape)
+        self.hidden_dtype = hidden_states.dtype
+        self.vocab_size = max_logits.shape[1]
+        self.fingerprint = _row_sums(hidden_states)
+        flat_max = max_logits.detach().reshape(-1)  # [B, V] -> [B·V]; a record never holds a graph
+        live = (flat_max > 0) | flat_max.isnan()  # [B·V]
+        self._dense: tuple[Tensor, Tensor, Tensor] | None = (flat_max, argmax.reshape(-1), live)
+        self._count = HostCount(live.sum())
+        self.positions: Tensor | None = None
+        self.max_logits: Tensor | None = None
+        self.argmax: Tensor | None = None
 
     @classmethod
     def keep(cls, hidden_states: Tensor, max_logits: Tensor, argmax: Tensor) -> _HeadRecord:
-        """The live entries of the forward op's [B, V] (max, argmax) (one device sync, for their count)."""
-        flat_max = max_logits.detach().reshape(-1)  # [B, V] -> [B·V]; a record never holds a graph
-        live = (flat_max > 0) | flat_max.isnan()  # [B·V]
+        """A record of the forward op's [B, V] (max, argmax); earlier records still dense are compacted."""
+        record = cls(hidden_states, max_logits, argmax)
+        for earlier in [r for ref in _DENSE_RECORDS if (r := ref()) is not None]:
+            earlier.compact()
+        _DENSE_RECORDS[:] = [weakref.ref(record)]
+        return record
+
+    def compact(self) -> None:
+        """Keep only the live entries (waits for their count, copied to the host when the record was kept)."""
+        if self._dense is None:
+            return
+        flat_max, flat_arg, live = self._dense
+        n = self._count.value()
         index_dtype = torch.int32 if flat_max.numel() < 2**31 else torch.int64
-        positions = live.nonzero().squeeze(1)  # [n] int64
-        return cls(
-            hidden_shape=tuple(hidden_states.shape),
-            hidden_dtype=hidden_states.dtype,
-            vocab_size=max_logits.shape[1],
-            positions=positions.to(index_dtype),
-            max_logits=flat_max[positions],
-            argmax=argmax.reshape(-1)[positions],
-            fingerprint=_row_sums(hidden_states),
-        )
+        positions = torch.nonzero_static(live, size=n).squeeze(1)  # [n] int64; n known: no sync
+        self.positions = positions.to(index_dtype)
+        self.max_logits = flat_max[positions]
+        self.argmax = flat_arg[positions]
+        self._dense = None
 
     def restore(self) -> tuple[Tensor, Tensor]:
         """The forward op's [B, V] (max, argmax): the kept entries, 0 elsewhere (what relu left there)."""
+        self.compact()
         B, V = self.hidden_shape[0], self.vocab_size
         positions = self.positions.long()
         mx = self.max_logits.new_zeros(B * V).index_copy_(0, positions, self.max_logits)
         arg = self.argmax.new_zeros(B * V).index_copy_(0, positions, self.argmax)
         return mx.view(B, V), arg.view(B, V)
+
+
+# The record kept last, while it is dense (weakly held: an abandoned step's record is freed with it).
+_DENSE_RECORDS: list[weakref.ref[_HeadRecord]] = []
 
 
 def _row_sums(hidden_states: Tensor) -> Tensor:
