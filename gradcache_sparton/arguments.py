@@ -377,6 +377,15 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
             "Default: rows only (mini_batch_size)."
         },
     )
+    pad_to_multiple_of: int | None = field(
+        default=None,
+        metadata={
+            "help": "Round each mini-batch's length (its longest row) up to a multiple of this, within the "
+            "batch's padding: mini-batches then come in a few shapes (what a compiled encoder with static "
+            "shapes needs), and the loss and gradients are unchanged. Default: each mini-batch is cut to its "
+            "longest row."
+        },
+    )
     check_replay: bool | None = field(
         default=None,
         metadata={
@@ -433,6 +442,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         _positive(self.mini_batch_size, "mini_batch_size")
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
         _positive(self.mini_batch_tokens, "mini_batch_tokens", allow_none=True)
+        _positive(self.pad_to_multiple_of, "pad_to_multiple_of", allow_none=True)
         _positive(self.query_max_length, "query_max_length")
         _positive(self.document_max_length, "document_max_length")
         if self.per_device_train_batch_size < self.mini_batch_size:

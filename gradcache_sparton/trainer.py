@@ -204,6 +204,7 @@ class CachedSpladeTrainer(Trainer):
             allow_non_finite=bool(self.args.fp16),
             show_progress=self.args.show_mini_batch_progress,
             mini_batch_tokens=self.args.mini_batch_tokens,
+            pad_to_multiple_of=self.args.pad_to_multiple_of,
             # A compiled encoder's graph-less (Step 1) and graph-recording (Step 3) programs may fuse and
             # round differently, so its replay is not bitwise Step (1)'s: the check is off by default there.
             check_replay=(

@@ -199,9 +199,7 @@ def test_records_are_compacted_one_mini_batch_late_without_a_host_read(config, m
     _assert_bitwise_equal(got[1], expected[1])
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU; torch.cuda.is_available() is False here"
-)
+@pytest.mark.gpu
 def test_reuse_argmax_syncs_do_not_grow_with_the_mini_batches(config) -> None:
     """On CUDA, a step's host-device synchronisations are per step and per column, never per mini-batch:
     the same count at 8 mini-batches per column as at 2 (torch.cuda.set_sync_debug_mode counts them)."""

@@ -63,16 +63,22 @@ class _UncachedTrainer(CachedSpladeTrainer):
 
 
 @pytest.mark.parametrize(
-    ("accumulation", "checkpointing", "tokens"),
-    [(1, False, None), (2, True, None), (1, False, 96)],
-    ids=["plain", "accumulation+checkpointing", "token-budget"],
+    ("accumulation", "checkpointing", "tokens", "pad"),
+    [(1, False, None, None), (2, True, None, None), (1, False, 96, None), (1, False, 96, 16)],
+    ids=["plain", "accumulation+checkpointing", "token-budget", "token-budget+pad16"],
 )
 def test_cached_trainer_matches_uncached_splade_loss(
-    tmp_path, tokenizer, sample_rows, accumulation: int, checkpointing: bool, tokens: int | None
+    tmp_path,
+    tokenizer,
+    sample_rows,
+    accumulation: int,
+    checkpointing: bool,
+    tokens: int | None,
+    pad: int | None,
 ) -> None:
     """Effective batch 32 in mini-batches of 8 (also with 2 accumulation steps and gradient checkpointing,
-    and with length-grouped mini-batches of at most 96 padded tokens): parameters after 2 SGD steps equal
-    uncached training's."""
+    with length-grouped mini-batches of at most 96 padded tokens, and those with lengths rounded up to
+    multiples of 16): parameters after 2 SGD steps equal uncached training's."""
     initial = {k: v.detach().clone() for k, v in _encoder(tokenizer, dropout=0.0).named_parameters()}
     params = {}
     for name, trainer_class in (("cached", CachedSpladeTrainer), ("uncached", _UncachedTrainer)):
@@ -83,6 +89,7 @@ def test_cached_trainer_matches_uncached_splade_loss(
             gradient_accumulation_steps=accumulation,
             gradient_checkpointing=checkpointing,
             mini_batch_tokens=tokens,
+            pad_to_multiple_of=pad,
         )
         trainer = trainer_class(model, args, train_dataset=sample_rows, processing_class=tokenizer)
         trainer.train()

@@ -208,7 +208,10 @@ def sparse_l1(columns: Sequence[SparseReps]) -> Tensor:
 def sparse_mean_nonzeros(columns: Sequence[SparseReps]) -> Tensor:
     """Average number of non-zero entries per rep over all rows, as a 0-d fp32 tensor."""
     device = columns[0].weights.device
-    total = torch.tensor(sum(column.weights.numel() for column in columns), device=device)
+    # Filled on the device: torch.tensor(n, device=cuda) copies from the host, a device sync.
+    total = torch.full(
+        (), sum(column.weights.numel() for column in columns), dtype=torch.int64, device=device
+    )
     return total.to(torch.float32) / sum(column.num_rows for column in columns)
 
 

@@ -371,8 +371,9 @@ class SpladeLoss:
             "contrastive": contrastive,
             "reg_query": reg_query,
             "reg_doc": reg_doc,
-            "reg_weight_query": torch.tensor(query_weight, device=device),
-            "reg_weight_doc": torch.tensor(doc_weight, device=device),
+            # Filled on the device: torch.tensor(x, device=cuda) copies from the host, a device sync.
+            "reg_weight_query": torch.full((), query_weight, device=device),
+            "reg_weight_doc": torch.full((), doc_weight, device=device),
             "nnz_query": layout.mean_nonzeros([q_reps]),
             "nnz_doc": layout.mean_nonzeros(d_reps),
             "flops": layout.expected_flops([q_reps], d_reps),
