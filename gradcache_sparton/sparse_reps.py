@@ -96,7 +96,7 @@ class SparseReps:
         offsets, shift = [parts[0].offsets[:1]], 0
         for part in parts:
             offsets.append(part.offsets[1:] + shift)
-            shift += int(part.offsets[-1])
+            shift += part.weights.numel()  # = part.offsets[-1], known on the host (no device read)
         return SparseReps(
             torch.cat(offsets),
             torch.cat([p.token_ids for p in parts]),
