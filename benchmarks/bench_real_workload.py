@@ -37,7 +37,14 @@ Backbone options, given to both providers alike (each provider runs once per set
                     encoder call); the head stays as it is (ours: the Sparton op; theirs: the MLM head
                     and SpladePooling). Ours runs it with ``check_replay=False``, as the trainer does
                     under ``torch_compile``; ours uncached is compiled too. Compilation falls in the
-                    two warm-up steps (the row's ``warmup_s`` is the first).
+                    two warm-up steps (the row's ``warmup_s`` is the first). ``--compile_mode``
+                    picks torch.compile's mode (``+compile-ro``: reduce-overhead, CUDA graphs; each
+                    encoder call is then marked as a new iteration);
+  ours+pad<m>-...   ``--pad_to_multiple_of m``: ours rounds each mini-batch's length up to a multiple of
+                    m (``GradCache(pad_to_multiple_of=m)``; the same loss and gradients, a few shapes),
+                    and a compiled backbone of ours is compiled with static shapes (dynamo's recompile
+                    limit raised to 64). sentence-transformers has no such option: its compiled
+                    backbone stays dynamic.
 
 Token budgets T are the row budgets N times the workload's mean tokens per passage, rounded to 256, so
 ``mb32`` and ``tok<T>`` aim at about the same activation memory. Both providers get the identical
@@ -642,7 +649,7 @@ class Bench:
             out = Path(self.args.output_dir)
             out.mkdir(parents=True, exist_ok=True)
             table = averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
-            (out / f"profile_{re.sub(r'[^A-Za-z0-9+.-]', '_', config.name)}.txt").write_text(table)
+            (out / f"profile_{_file_stem(config)}.txt").write_text(table)
         busy = sum(e.self_device_time_total for e in averages if e.device_type.name == "CUDA") / 1e6
         if busy <= 0:  # a step launches kernels: none recorded is a profiler failure, not an idle device
             raise RuntimeError("torch.profiler recorded no device kernels for the profiled step")
@@ -670,7 +677,7 @@ class Bench:
         stats.sort_stats("cumulative").print_stats(60)
         out = Path(self.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"cprofile_{re.sub(r'[^A-Za-z0-9+.-]', '_', config.name)}.txt").write_text(text.getvalue())
+        (out / f"cprofile_{_file_stem(config)}.txt").write_text(text.getvalue())
         return seconds
 
     def measure(self, config: Config, path: Path, workload: Workload) -> dict[str, Any]:
@@ -734,6 +741,11 @@ class Bench:
         free_memory(self.device)
         row["status"] = status
         return row
+
+
+def _file_stem(config: Config) -> str:
+    """The configuration's name as a file name: letters, digits, dots and dashes (``+`` and ``/`` -> ``_``)."""
+    return re.sub(r"[^A-Za-z0-9.-]", "_", config.name)
 
 
 def header(config: Config) -> dict[str, Any]:

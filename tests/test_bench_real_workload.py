@@ -159,6 +159,10 @@ def test_plan_gives_both_providers_the_same_backbone_options(bench: ModuleType) 
     assert bench._plot_style("ours-uncached+compile")[0] == "D"
     plain = bench.plan("base", workload, [16], 64, None, False)
     assert [c.variant for c in plain] == ["ours"]
+    rounded = bench.plan("base", workload, [16], 64, None, True, compiled=both, token_budgets=False,
+                         compile_mode="reduce-overhead", pad_to_multiple_of=32)  # fmt: skip
+    assert [c.variant for c in rounded] == ["ours+pad32", "ours+compile-ro+pad32", "st", "st+compile-ro"]
+    assert [c.compile_mode for c in rounded] == ["default", "reduce-overhead", "default", "reduce-overhead"]
 
 
 def test_plot_draws_or_says_why_not(
@@ -282,3 +286,22 @@ def test_smoke_run_with_sparse_reps(
     payload = _smoke(bench, tmp_path, "ours", *options)
     assert {r["family"] for r in payload["rows"]} == {"ours-mb", "ours+sparse-mb"}
     assert seen == [r["sparse_reps"] for r in payload["rows"]] == [False, True]
+
+
+def test_smoke_run_with_rounded_lengths(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--pad_to_multiple_of reaches ours' engine (CachedLoss's pad_to_multiple_of) and names the rows."""
+    seen = []
+
+    class Spy(bench.CachedLoss):
+        @functools.wraps(bench.CachedLoss.__init__)  # the script reads CachedLoss's signature
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs.get("pad_to_multiple_of"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "CachedLoss", Spy)
+    options = ("--pad_to_multiple_of", "16", "--reuse_argmax", "off", "--no-token_budgets")
+    payload = _smoke(bench, tmp_path, "ours", *options)
+    assert [r["family"] for r in payload["rows"]] == ["ours+pad16-mb"]
+    assert seen == [16] and payload["rows"][0]["status"] == "ok"

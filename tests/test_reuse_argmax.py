@@ -10,6 +10,8 @@ fp32 tolerance (rtol 1e-5 of each parameter's largest gradient, tests/test_engin
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from distributed_helpers import trainer_args, trainer_model, trainer_rows
@@ -27,6 +29,7 @@ from torch import Tensor, nn
 
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.forward_memo import ForwardMemo, recording, replaying
+from gradcache_sparton.kernels import head as head_module
 from gradcache_sparton.kernels import sparton_head
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.modeling import SpladeEncoder
@@ -179,7 +182,8 @@ def test_record_keeps_only_the_entries_with_a_gradient(config) -> None:
 def test_records_are_compacted_one_mini_batch_late_without_a_host_read(config, monkeypatch) -> None:
     """Step (1) never reads a record's size back while keeping it (no ``nonzero``, whose output size is a
     device sync): each record stays dense until the next is kept, then keeps only its live entries; the
-    last one is compacted when the replay takes it, and the step stays bitwise the step without it."""
+    last one is compacted when the replay takes it (or freed with an abandoned step), and the step stays
+    bitwise the step without it."""
     encoder = _encoder(config, bias_shift=0.3)
     columns = make_columns(BATCH, 2)
     expected = _step(encoder, columns, mini_batch_size=3, reuse_argmax=False)
@@ -194,6 +198,9 @@ def test_records_are_compacted_one_mini_batch_late_without_a_host_read(config, m
     assert len(records) == 6
     assert all(r.positions is not None and r._dense is None for r in records[:-1])  # compacted
     assert records[-1].positions is None and records[-1]._dense is not None  # the last: still dense
+    del records, replay_state  # a step abandoned before its replay: its dense record goes with it
+    gc.collect()
+    assert all(ref() is None for ref in head_module._DENSE_RECORDS)
     got = _step(encoder, columns, mini_batch_size=3, reuse_argmax=True)
     assert torch.equal(got[0], expected[0])
     _assert_bitwise_equal(got[1], expected[1])
