@@ -89,9 +89,7 @@ host's operators are recorded too and that step's operators by host time go to
 ``profile_<configuration>.txt``: slow at small mini-batches), and with ``--sync_audit`` (CUDA) the
 host-device synchronisations of one more step, counted by call site (``torch.cuda.set_sync_debug_mode``);
 with ``--cprofile`` (CUDA) one more step under cProfile, its table in ``cprofile_<configuration>.txt``.
-Every row also reports the host's part of the median step (``host s``: until the step returned,
-before the closing synchronize; about the step's wall time when the host, not the device, bounds
-it). A configuration that runs out
+A configuration that runs out
 of memory is a row with status "OOM"; one not started within ``--time_budget_s`` is "skipped".
 
 The targets of issue 15 are computed within each (model, workload): for memory budgets of 4 GiB,
@@ -580,18 +578,16 @@ class Bench:
         self.device = device
         self.cuda = device.type == "cuda"
         self.token_param = token_budget_parameter()
-        self.host_times: list[float] = []  # per timed step: seconds until the step returned to the host
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
 
     def timed(self, step: Step, columns: dict[str, dict[str, Tensor]]) -> float:
-        """Seconds of one step, CUDA-synchronized wall time (the host's part goes to ``host_times``)."""
+        """Seconds of one step, CUDA-synchronized wall time."""
         self.sync()
         start = time.perf_counter()
         step(columns)
-        self.host_times.append(time.perf_counter() - start)
         self.sync()
         return time.perf_counter() - start
 
@@ -698,13 +694,11 @@ class Bench:
         n_timed = max(
             1, min(self.args.steps, len(batches) - warmup, math.floor(self.args.seconds_per_config / last))
         )
-        self.host_times.clear()
         times = [self.timed(step, batches[warmup + i]) for i in range(n_timed)]
         median = statistics.median(times)
         row: dict[str, Any] = {
             "step_s_median": median,
             "step_s": times,
-            "host_s_median": statistics.median(self.host_times),
             "pairs_per_s": config.batch / median,
             "warmup_steps": warmup,
             "warmup_s": first,
@@ -940,7 +934,6 @@ TABLE_HEAD = [
     "B",
     "status",
     "step s",
-    "host s",
     "pairs/s",
     "peak GiB",
     "busy",
@@ -956,7 +949,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
         nnz = r.get("nnz_per_row")
         out.append([
             r["model"], r["workload"], _variant(r), _cell(r["mini_batch"]), _cell(r["tokens"]), str(r["batch"]),
-            r["status"], _cell(r.get("step_s_median"), "{:.3f}"), _cell(r.get("host_s_median"), "{:.3f}"),
+            r["status"], _cell(r.get("step_s_median"), "{:.3f}"),
             _cell(r.get("pairs_per_s"), "{:.0f}"), _cell(r.get("peak_allocated_gib")), _cell(r.get("busy_fraction")),
             _cell(r.get("syncs_per_step"), "{}"),
             f"{nnz['query']:.0f}/{nnz['positive']:.0f}" if nnz else "-",
