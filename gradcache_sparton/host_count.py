@@ -31,7 +31,7 @@ class HostCount:
             self._host = torch.empty((), dtype=count.dtype, pin_memory=True)
             self._host.copy_(count, non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record()
+            self._event.record(torch.cuda.current_stream(count.device))
         else:
             self._host = count
 

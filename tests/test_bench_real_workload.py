@@ -305,3 +305,44 @@ def test_smoke_run_with_rounded_lengths(
     payload = _smoke(bench, tmp_path, "ours", *options)
     assert [r["family"] for r in payload["rows"]] == ["ours+pad16-mb"]
     assert seen == [16] and payload["rows"][0]["status"] == "ok"
+
+
+def test_sync_audit_counts_syncs_by_call_site(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--sync_audit counts the sync warnings of one step by their innermost call sites outside torch, and
+    lets other warnings through (torch's debug mode itself is stubbed: this machine may have no CUDA)."""
+    import warnings
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    tool = bench.Bench(bench.parse_args(["--output_dir", "unused", "--smoke"]), torch.device("cpu"))
+
+    def synchronising() -> None:
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+
+    def step(columns) -> None:
+        for _ in range(3):
+            synchronising()
+        warnings.warn("something else", UserWarning, stacklevel=1)
+
+    with pytest.warns(UserWarning, match="something else"):
+        sites = tool.sync_sites(step, {})
+    assert modes == ["warn", "default"]
+    assert list(sites.values()) == [3]
+    assert next(iter(sites)).startswith("test_bench_real_workload.py:") and "synchronising" in next(
+        iter(sites)
+    )
+
+
+def test_python_profile_writes_the_step_table(bench: ModuleType, tmp_path: Path) -> None:
+    """--cprofile times one step under cProfile and writes its functions by own and cumulative time to
+    cprofile_<configuration>.txt, the name's '+' and '/' made file-safe."""
+    tool = bench.Bench(bench.parse_args(["--output_dir", str(tmp_path), "--smoke"]), torch.device("cpu"))
+    config = bench.Config("base", "scifact", "ours", mini_batch=16, batch=64, reuse_argmax=True)
+
+    def busy_step(columns) -> None:
+        sum(i * i for i in range(10_000))
+
+    seconds = tool.python_profile(busy_step, {}, config)
+    text = (tmp_path / "cprofile_base_scifact_ours_reuse-mb16-b64.txt").read_text()
+    assert seconds > 0 and "busy_step" in text and "Ordered by: internal time" in text
+    assert "Ordered by: cumulative time" in text
