@@ -470,9 +470,10 @@ def mark_cudagraph_steps(model: torch.nn.Module, config: Config) -> None:
     """Under ``reduce-overhead`` (CUDA graphs), tell torch a new iteration begins at every encoder call.
 
     Both providers call their encoder once per mini-batch, in Step (1) and again in the replay; a
-    graph's outputs live in memory its next replay overwrites, which torch refuses unless each call is
-    marked as a new iteration (``torch.compiler.cudagraph_mark_step_begin``). A forward pre-hook on
-    the encoder (not itself compiled) marks it.
+    graph's outputs live in memory its next replay overwrites, and torch's error for reading such an
+    output recommends marking each call as a new iteration (``torch.compiler.cudagraph_mark_step_begin``),
+    done here by a forward pre-hook on the encoder (not itself compiled). On the H100 our Step (3)
+    still failed with that error (docs/benchmarks.md, fifth session).
     """
     if config.compiled and config.compile_mode == "reduce-overhead":
         model.register_forward_pre_hook(lambda module, args: torch.compiler.cudagraph_mark_step_begin())
@@ -596,8 +597,8 @@ class Bench:
 
         One step runs under ``torch.cuda.set_sync_debug_mode("warn")``: every operation that waits for
         the device (``.item()``, ``.tolist()``, ``nonzero``, a copy to the host, ...) warns, and each
-        warning is attributed to the Python stack that issued it. Syncs issued from autograd's engine
-        (a backward) have no Python caller of their own and are attributed to the ``backward()`` call.
+        warning is attributed to the innermost three Python frames outside torch that issued it; a
+        sync with no such frame (e.g. from autograd's worker thread) is counted under an empty site.
         """
         import warnings
 
@@ -841,7 +842,7 @@ def _variant(row: dict) -> str:
     )
     name = row["provider"] + "".join(suffix for key, suffix in options if row.get(key))
     if row.get("compiled") and row.get("compile_mode", "default") != "default":
-        name += "-ro" if row["compile_mode"] == "reduce-overhead" else f"-{row['compile_mode']}"
+        name += "-ro"  # reduce-overhead, the one other mode
     if row.get("pad_to_multiple_of"):
         name += f"+pad{row['pad_to_multiple_of']}"
     return name
@@ -1113,7 +1114,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="every provider without / with activation checkpointing in the backbone, or both")  # fmt: skip
     parser.add_argument("--compile", choices=("off", "on", "both"), default="off",
                         help="every provider with its backbone eager / under torch.compile, or both")  # fmt: skip
-    parser.add_argument("--compile_mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+    parser.add_argument("--compile_mode", choices=("default", "reduce-overhead"),
                         default="default", help="torch.compile's mode for compiled backbones (reduce-overhead: CUDA graphs)")  # fmt: skip
     parser.add_argument("--pad_to_multiple_of", type=int, default=None,
                         help="ours: round each mini-batch's length up to this multiple (few static shapes; "

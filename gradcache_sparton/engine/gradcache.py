@@ -189,9 +189,9 @@ class GradCache:
             for bit the backward it would have run (see :mod:`~gradcache_sparton.forward_memo`). Saves
             the head's [B, S, D] x [D, V] product once per step; costs the records' memory until their
             mini-batch is replayed (no device sync: each record is compacted to its live entries one
-            mini-batch later, when its size has reached the host without waiting). With ``check_replay``, the
-            replay of a recorded head is checked on its input (its hidden states, fingerprinted
-            alike), since its output is rebuilt, not recomputed. An encoder whose forward records
+            mini-batch later, when its size has reached the host without waiting). With
+            ``check_replay``, the replay of a recorded head is checked on its input (its hidden
+            states, fingerprinted alike), since its output is rebuilt, not recomputed. An encoder whose forward records
             nothing (no Sparton head, or a compiled one) runs as without the option, with a warning.
 
     Attributes:

@@ -16,9 +16,9 @@ one opaque node with a fake (shape-only) implementation instead of tracing into 
 Inside a GradCache step with ``reuse_argmax`` (see :mod:`gradcache_sparton.forward_memo`), Step (1)'s
 forward also records (max, argmax) at the entries whose gradient can be non-zero (max > 0 or NaN), 12
 bytes each with H's fingerprint (compacted one mini-batch late, so that no record waits on the device),
-and the Step (3) replay skips the forward kernel: Y = log1p(max) is
-rebuilt from the record and the backward op runs on the record's (max, argmax), bit for bit the
-backward of an uncached step with the same H.
+and the Step (3) replay skips the forward kernel: Y = log1p(max) is rebuilt from the record and the
+backward op runs on the record's (max, argmax), bit for bit the backward of an uncached step with the
+same H.
 
 Dtypes: H and E share one dtype among fp16, bf16, fp32 (fp64 too on CPU); bias may be any floating
 dtype (it is added in fp32). Under autocast for the inputs' device, H and E are cast to the autocast
