@@ -328,9 +328,8 @@ def test_sync_audit_counts_syncs_by_call_site(bench: ModuleType, monkeypatch: py
         sites = tool.sync_sites(step, {})
     assert modes == ["warn", "default"]
     assert list(sites.values()) == [3]
-    assert next(iter(sites)).startswith("test_bench_real_workload.py:") and "synchronising" in next(
-        iter(sites)
-    )
+    site = next(iter(sites))
+    assert site.startswith("test_bench_real_workload.py:") and "synchronising" in site
 
 
 def test_python_profile_writes_the_step_table(bench: ModuleType, tmp_path: Path) -> None:

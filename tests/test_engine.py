@@ -499,12 +499,8 @@ def test_mini_batch_lengths_round_up_to_a_multiple() -> None:
     (_, first), _, (_, last) = rounded
     assert torch.equal(first["input_ids"], features["input_ids"][:2, :7])
     assert torch.equal(last["attention_mask"], mask[4:6, :4])
-    assert [
-        f["attention_mask"].shape[1] for _, f in iter_mini_batches(features, 6, 3, pad_to_multiple_of=3)
-    ] == [
-        6,
-        7,
-    ]
+    by_threes = iter_mini_batches(features, 6, 3, pad_to_multiple_of=3)
+    assert [f["attention_mask"].shape[1] for _, f in by_threes] == [6, 7]  # 5 -> 6; 7 stays 7
     # Token budget 12 with lengths rounded to 4: 7 -> 7 (width), 5 -> 8, 4, 3 -> 4, 2 -> 4, 1 -> 4.
     grouped = list(iter_mini_batches(features, 6, 6, mini_batch_tokens=12, pad_to_multiple_of=4))
     assert [rows.tolist() for rows, _ in grouped] == [[3], [1], [5, 2, 0], [4]]
