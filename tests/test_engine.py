@@ -58,6 +58,22 @@ def _to(columns, device):
     return {name: {k: v.to(device) for k, v in features.items()} for name, features in columns.items()}
 
 
+def _assert_step_matches_uncached(config, **engine_options) -> None:
+    """GradCache(**engine_options).step on 3 columns gives the loss and every parameter gradient of one
+    uncached step over the whole batch (fp32 tolerance, see RTOL_FP32)."""
+    encoder = make_encoder(config)
+    columns = make_columns(BATCH, 3)
+    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+
+    loss, _ = GradCache(encoder, **engine_options).step(columns, contrastive_flops_loss)
+
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
 def test_rng_state_replay_reproduces_draws_and_keeps_global_stream() -> None:
     """Replaying a captured state redraws the same numbers, and the global stream continues untouched."""
     torch.manual_seed(123)
@@ -166,18 +182,7 @@ def test_step_matches_full_batch_loss_and_grads(config, n_columns: int, mini_bat
 
 def test_step_with_per_column_mini_batch_size_matches_full_batch(config) -> None:
     """A mini-batch size per column (one dividing B, one not, one above B) still gives uncached gradients."""
-    encoder = make_encoder(config)
-    columns = make_columns(BATCH, 3)
-    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
-    ref_loss.backward()
-    ref_grads = grads_of(encoder)
-    encoder.zero_grad()
-
-    sizes = {"query": 4, "positive": 3, "negative": 11}
-    loss, _ = GradCache(encoder, mini_batch_size=sizes).step(columns, contrastive_flops_loss)
-
-    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
-    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+    _assert_step_matches_uncached(config, mini_batch_size={"query": 4, "positive": 3, "negative": 11})
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -516,38 +521,16 @@ def test_padded_mini_batches_step_matches_full_batch(
 ) -> None:
     """Mini-batches cut to rounded-up lengths give the loss and every gradient of one uncached step, also
     with token budgets and a multiple wider than every column."""
-    encoder = make_encoder(config)
-    columns = make_columns(BATCH, 3)
-    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
-    ref_loss.backward()
-    ref_grads = grads_of(encoder)
-    encoder.zero_grad()
-
-    engine = GradCache(
-        encoder, mini_batch_size=3, mini_batch_tokens=mini_batch_tokens, pad_to_multiple_of=pad_to_multiple_of
+    _assert_step_matches_uncached(
+        config, mini_batch_size=3, mini_batch_tokens=mini_batch_tokens, pad_to_multiple_of=pad_to_multiple_of
     )
-    loss, _ = engine.step(columns, contrastive_flops_loss)
-
-    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
-    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
 
 
 @pytest.mark.parametrize("mini_batch_tokens", [7, 20, 30, 1000], ids=["tok7", "tok20", "tok30", "tok1000"])
 def test_token_budget_step_matches_full_batch(config, mini_batch_tokens: int) -> None:
     """Length-grouped, token-budget mini-batches (budgets splitting unevenly, one row per mini-batch at 7,
     rows bounded by mini_batch_size at 1000) give the loss and every gradient of one uncached step."""
-    encoder = make_encoder(config)
-    columns = make_columns(BATCH, 3)
-    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
-    ref_loss.backward()
-    ref_grads = grads_of(encoder)
-    encoder.zero_grad()
-
-    engine = GradCache(encoder, mini_batch_size=3, mini_batch_tokens=mini_batch_tokens)
-    loss, _ = engine.step(columns, contrastive_flops_loss)
-
-    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
-    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+    _assert_step_matches_uncached(config, mini_batch_size=3, mini_batch_tokens=mini_batch_tokens)
 
 
 @pytest.mark.parametrize("mini_batch_tokens", [20, 33], ids=["tok20", "tok33"])
