@@ -45,6 +45,10 @@ Backbone options, given to both providers alike (each provider runs once per set
                     and a compiled backbone of ours is compiled with static shapes (dynamo's recompile
                     limit raised to 64). sentence-transformers has no such option: its compiled
                     backbone stays dynamic.
+  ours+...+graphs   ``--cuda_graphs on|both`` (with ``--pad_to_multiple_of``): ours replays each
+                    mini-batch's Step (1), and its Step (3) forward and backward, as one CUDA graph per
+                    mini-batch shape (``GradCache(cuda_graphs=True)``), recorded in the warm-up steps;
+                    row budgets only, not with ``reuse_argmax``.
 
 Token budgets T are the row budgets N times the workload's mean tokens per passage, rounded to 256, so
 ``mb32`` and ``tok<T>`` aim at about the same activation memory. Both providers get the identical
@@ -417,6 +421,7 @@ class Config:
     compiled: bool = False  # the backbone under torch.compile (either provider)
     compile_mode: str = "default"  # torch.compile's mode when compiled ("reduce-overhead": CUDA graphs)
     pad_to_multiple_of: int | None = None  # ours: mini-batch lengths rounded up (static shapes)
+    cuda_graphs: bool = False  # ours: each mini-batch's Step (1) and Step (3) as one CUDA graph per shape
 
     @property
     def name(self) -> str:
@@ -504,6 +509,8 @@ def make_ours(config: Config, path: Path, device: torch.device, token_param: str
             kwargs["sparse_reps"] = True
         if config.pad_to_multiple_of is not None:
             kwargs["pad_to_multiple_of"] = config.pad_to_multiple_of
+        if config.cuda_graphs:
+            kwargs["cuda_graphs"] = True
         if config.compiled:
             # As the trainer does under torch_compile: the graph-less and the graph-recording programs
             # may fuse differently, so the replay need not be bitwise Step (1) (docs/engine.md).
@@ -762,23 +769,32 @@ def plan(
     compiled: Sequence[bool] = (False,),
     compile_mode: str = "default",
     pad_to_multiple_of: int | None = None,
+    cuda_graphs: Sequence[bool] = (False,),
 ) -> list[Config]:
     """The configurations of one (model, workload), budget by budget, ours and theirs side by side: each
     provider once per ``checkpointing`` x ``compiled`` setting (the backbone options both get alike;
     compiled ones in ``compile_mode``), ours also once per ``reuse`` x ``sparse_reps`` setting (reuse
-    not with ``compiled``: a compiled encoder records no argmax to reuse) and with its mini-batch
-    lengths rounded up to ``pad_to_multiple_of``; by tokens too unless ``token_budgets`` is False."""
+    not with ``compiled``: a compiled encoder records no argmax to reuse) and per ``cuda_graphs``
+    setting (not with reuse, nor by tokens), with its mini-batch lengths rounded up to
+    ``pad_to_multiple_of``; by tokens too unless ``token_budgets`` is False."""
     backbone_options = [
         {"checkpointing": c, "compiled": k, "compile_mode": compile_mode if k else "default"}
         for c in checkpointing
         for k in compiled
     ]
     ours_options = [
-        {"reuse_argmax": r, "sparse_reps": sr, "pad_to_multiple_of": pad_to_multiple_of, **o}
+        {
+            "reuse_argmax": r,
+            "sparse_reps": sr,
+            "pad_to_multiple_of": pad_to_multiple_of,
+            "cuda_graphs": g,
+            **o,
+        }
         for o in backbone_options
         for r in reuse
         for sr in sparse_reps
-        if not (r and o["compiled"])
+        for g in cuda_graphs
+        if not (r and o["compiled"]) and not (r and g)
     ]
     configs: list[Config] = []
     for mb in mini_batches:
@@ -788,7 +804,9 @@ def plan(
         for budget in budgets:
             if "tokens" not in budget or token_param is not None:
                 configs += [
-                    Config(model, workload.name, "ours", batch=batch, **budget, **o) for o in ours_options
+                    Config(model, workload.name, "ours", batch=batch, **budget, **o)
+                    for o in ours_options
+                    if not ("tokens" in budget and o["cuda_graphs"])  # a row count per mini-batch
                 ]
             if with_st:
                 configs += [
@@ -833,7 +851,8 @@ def _target(
 def _variant(row: dict) -> str:
     """A row's provider with its options: ``+reuse`` (reuse_argmax), ``+sparse`` (sparse_reps), ``+ckpt``
     (activation checkpointing), ``+compile`` (a compiled backbone, ``+compile-ro`` in mode
-    reduce-overhead), ``+pad<m>`` (lengths rounded up to m); rows of older runs lack these keys."""
+    reduce-overhead), ``+pad<m>`` (lengths rounded up to m), ``+graphs`` (cuda_graphs); rows of older
+    runs lack these keys."""
     options = (
         ("reuse_argmax", "+reuse"),
         ("sparse_reps", "+sparse"),
@@ -845,6 +864,8 @@ def _variant(row: dict) -> str:
         name += "-ro"  # reduce-overhead, the one other mode
     if row.get("pad_to_multiple_of"):
         name += f"+pad{row['pad_to_multiple_of']}"
+    if row.get("cuda_graphs"):
+        name += "+graphs"
     return name
 
 
@@ -1119,6 +1140,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pad_to_multiple_of", type=int, default=None,
                         help="ours: round each mini-batch's length up to this multiple (few static shapes; "
                         "a compiled backbone of ours is then compiled with static shapes)")  # fmt: skip
+    parser.add_argument("--cuda_graphs", choices=("off", "on", "both"), default="off",
+                        help="ours without / with each mini-batch replayed as a CUDA graph (GradCache(cuda_graphs=True); "
+                        "needs --pad_to_multiple_of), or both")  # fmt: skip
     parser.add_argument("--token_budgets", action=argparse.BooleanOptionalAction, default=True,
                         help="also run every provider with token-budget mini-batches")  # fmt: skip
     parser.add_argument("--effective_batch", type=int, default=1024, help="pairs per step (every provider)")
@@ -1154,6 +1178,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--effective_batch must be >= 1, got {args.effective_batch}")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         parser.error(f"--pad_to_multiple_of must be >= 1, got {args.pad_to_multiple_of}")
+    if args.cuda_graphs != "off" and args.pad_to_multiple_of is None:
+        parser.error("--cuda_graphs needs --pad_to_multiple_of (one graph per mini-batch shape)")
     if not 0 < args.target_density < 1:
         parser.error(f"--target_density must be in (0, 1), got {args.target_density}")
     if "tiny" in args.models and not args.smoke and not (args.model_path / "config.json").is_file():
@@ -1283,7 +1309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    reuse=SETTINGS[args.reuse_argmax], sparse_reps=SETTINGS[args.sparse_reps],
                                    token_budgets=args.token_budgets, checkpointing=SETTINGS[args.checkpointing],
                                    compiled=SETTINGS[args.compile], compile_mode=args.compile_mode,
-                                   pad_to_multiple_of=args.pad_to_multiple_of)  # fmt: skip
+                                   pad_to_multiple_of=args.pad_to_multiple_of,
+                                   cuda_graphs=SETTINGS[args.cuda_graphs])  # fmt: skip
                     if "ours" not in args.providers:
                         configs = [c for c in configs if c.provider != "ours"]
                 if "ours-uncached" in args.providers:

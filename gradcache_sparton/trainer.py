@@ -100,6 +100,7 @@ class CachedSpladeTrainer(Trainer):
         if not isinstance(args, CachedSpladeTrainingArguments):
             raise TypeError(f"args must be CachedSpladeTrainingArguments, got {type(args).__name__}")
         self._sparse_encoder = is_sparse_encoder(model)
+        self._rep_view: nn.Module | None = None  # the engine's view of a SparseEncoder (see compute_loss)
         if self._sparse_encoder:
             # In place: same reps, module types and save format, computed by the fused head.
             use_sparton_head(model)
@@ -193,7 +194,10 @@ class CachedSpladeTrainer(Trainer):
         columns, loss_kwargs = inputs["columns"], inputs["loss_kwargs"]
         encoder, mini_batch_context = model, None
         if self._sparse_encoder:  # called with a features dict; the view hides DDP from the engine
-            encoder, ddp = as_rep_encoder(model), find_ddp(model)
+            # One view per model: CUDA graphs belong to the encoder the engine sees.
+            if self._rep_view is None or self._rep_view.model is not model:
+                self._rep_view = as_rep_encoder(model)
+            encoder, ddp = self._rep_view, find_ddp(model)
             mini_batch_context = None if ddp is None else ddp_no_sync_context(ddp)
         cached = CachedLoss(
             encoder,
@@ -215,8 +219,11 @@ class CachedSpladeTrainer(Trainer):
             sparse_reps=self.args.engine_sparse_reps(),
             # The replay rebuilds the head from Step (1)'s record; a compiled head records nothing to reuse.
             reuse_argmax=(
-                not self.args.torch_compile if self.args.reuse_argmax is None else self.args.reuse_argmax
+                not (self.args.torch_compile or self.args.cuda_graphs)
+                if self.args.reuse_argmax is None
+                else self.args.reuse_argmax
             ),
+            cuda_graphs=self.args.cuda_graphs,
         )
         loss, components = cached(columns, return_components=True, step=self.state.global_step, **loss_kwargs)
         if model.training:

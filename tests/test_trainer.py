@@ -172,7 +172,8 @@ def test_training_lowers_the_loss_and_saves_a_standard_checkpoint(tmp_path, toke
 
 
 def test_trainer_rejects_bad_input_before_training(tmp_path, tokenizer, sample_rows) -> None:
-    """Missing columns, empty data, a batch below the mini-batch, ragged negatives, unknown backbones, a used output_dir."""
+    """Missing columns, empty data, a batch below the mini-batch, cuda_graphs without what it needs, ragged
+    negatives, unknown backbones, a used output_dir."""
     model = _encoder(tokenizer, dropout=0.0)
 
     def build(dataset: Any, **overrides: Any) -> CachedSpladeTrainer:
@@ -188,6 +189,10 @@ def test_trainer_rejects_bad_input_before_training(tmp_path, tokenizer, sample_r
         build(sample_rows.select(range(10)))
     with pytest.raises(ValueError, match="mini_batch_size"):
         _args(tmp_path, per_device_train_batch_size=4, mini_batch_size=8)
+    with pytest.raises(ValueError, match="cuda_graphs=True needs pad_to_multiple_of"):
+        _args(tmp_path, cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"cuda_graphs=True needs no mini_batch_tokens .*; reuse_argmax off"):
+        _args(tmp_path, cuda_graphs=True, pad_to_multiple_of=16, mini_batch_tokens=512, reuse_argmax=True)
     ragged = datasets.Dataset.from_list(
         [{"query": "q", "positive": "p", "negatives": ["n"] * (1 + i % 2)} for i in range(40)]
     )
@@ -261,17 +266,18 @@ def test_cli_train_help_lists_cached_arguments(capsys) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_model", [False, True], ids=["eager", "torch_compile"])
-def test_bf16_training_on_gpu_runs_the_triton_head(
-    tmp_path, tokenizer, sample_rows, compile_model: bool
-) -> None:
-    """On CUDA with bf16 (and with the Trainer's torch_compile): steps run, losses are finite and fall."""
+@pytest.mark.parametrize("mode", ["eager", "torch_compile", "cuda_graphs"])
+def test_bf16_training_on_gpu_runs_the_triton_head(tmp_path, tokenizer, sample_rows, mode: str) -> None:
+    """On CUDA with bf16 (and with the Trainer's torch_compile, or CUDA graphs): steps run, losses are finite
+    and fall."""
     model = _encoder(tokenizer, dropout=0.1)
+    graphs = {"cuda_graphs": True, "pad_to_multiple_of": 16} if mode == "cuda_graphs" else {}
     args = _args(
         tmp_path / "run",
         use_cpu=False,
         bf16=True,
-        torch_compile=compile_model,
+        torch_compile=mode == "torch_compile",
+        **graphs,
         max_steps=6,
         per_device_train_batch_size=16,
         query_reg_weight=0.0,

@@ -41,12 +41,15 @@ class AutocastState:
         )
 
     @contextmanager
-    def replay(self) -> Iterator[None]:
-        """Run the body under the captured state: enabled types re-entered, disabled types disabled."""
+    def replay(self, *, cache_enabled: bool | None = None) -> Iterator[None]:
+        """Run the body under the captured state: enabled types re-entered, disabled types disabled.
+
+        ``cache_enabled`` overrides the captured weight-cast cache flag (False while a CUDA graph is
+        recorded: a cached cast would be another graph's memory).
+        """
+        cache = self.cache_enabled if cache_enabled is None else cache_enabled
         with ExitStack() as stack:
             for device_type, enabled, dtype in self.settings:
-                autocast = torch.autocast(
-                    device_type, dtype=dtype, enabled=enabled, cache_enabled=self.cache_enabled
-                )
+                autocast = torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache)
                 stack.enter_context(autocast)
             yield

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from gradcache_sparton.engine.autocast_state import AutocastState
+from gradcache_sparton.engine.cuda_graphs import GraphedEncoder
 from gradcache_sparton.engine.distributed import (
     data_parallel_world_size,
     ddp_no_sync_context,
@@ -193,6 +194,15 @@ class GradCache:
             ``check_replay``, the replay of a recorded head is checked on its input (its hidden
             states, fingerprinted alike), since its output is rebuilt, not recomputed. An encoder whose forward records
             nothing (no Sparton head, or a compiled one) runs as without the option, with a warning.
+        cuda_graphs: replay each mini-batch's Step (1) forward, and its Step (3) forward and backward,
+            as one CUDA graph per mini-batch shape (see :mod:`~gradcache_sparton.engine.cuda_graphs`):
+            removes the host's per-kernel cost, which bounds small mini-batches. Each shape is
+            recorded the first time it comes (an eager warm-up, then the capture); the results are
+            those of eager execution (Step (3) still reproduces Step (1) bit for bit). Needs an
+            ``nn.Module`` encoder on one CUDA device whose forward and backward issue no host sync,
+            and ``pad_to_multiple_of`` (few shapes); not with ``mini_batch_tokens``, ``reuse_argmax``
+            or data parallelism. Each trained parameter's ``.grad`` is then one tensor kept across
+            steps (the graphs add into it; zeroed where ``.grad`` was None).
 
     Attributes:
         world_size: how many ranks' batches the loss sees (1 when not gathering).
@@ -214,6 +224,7 @@ class GradCache:
         sparse_rep_grads: bool | Literal["auto"] = False,
         sparse_reps: bool | Literal["auto"] = False,
         reuse_argmax: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         if not callable(encoder):
             raise TypeError(f"encoder must be callable as encoder(**features), got {type(encoder).__name__}")
@@ -255,6 +266,35 @@ class GradCache:
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
         self._data_parallel = self.world_size > 1 or ddp is not None
+        self._graphs = self._graphed_encoder(cuda_graphs)
+
+    def _graphed_encoder(self, cuda_graphs: bool) -> GraphedEncoder | None:
+        """The CUDA-graph replayer of ``cuda_graphs=True``, after checking that the options allow it."""
+        if not isinstance(cuda_graphs, bool):
+            raise TypeError(f"cuda_graphs must be a bool, got {type(cuda_graphs).__name__}")
+        if not cuda_graphs:
+            return None
+        refusals = [
+            (
+                not isinstance(self.encoder, nn.Module),
+                "an nn.Module encoder (its parameters' .grad are recorded)",
+            ),
+            (
+                self.pad_to_multiple_of is None,
+                "pad_to_multiple_of, so that mini-batches come in a few shapes",
+            ),
+            (
+                self.mini_batch_tokens is not None,
+                "no mini_batch_tokens (a row count per mini-batch: a graph each)",
+            ),
+            (self.reuse_argmax, "reuse_argmax=False (its records are kept on the host)"),
+            (self._data_parallel, "no data parallelism (DDP's gradient hooks communicate)"),
+        ]
+        unmet = [need for refused, need in refusals if refused]
+        if unmet:
+            raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
+        assert isinstance(self.encoder, nn.Module)
+        return GraphedEncoder.of(self.encoder)
 
     def step(self, columns: Columns, loss_fn: LossFn, **loss_kwargs: object) -> LossOutput:
         """One full GradCache step: the loss is computed and the encoder's ``.grad`` accumulated.
@@ -295,6 +335,8 @@ class GradCache:
             self.check_loss_kwargs(columns, loss_kwargs)
         sizes = self._mini_batch_sizes(columns)
         encoder_devices = _cuda_devices_of_encoder(self.encoder)
+        if self._graphs is not None:
+            _check_graphable(columns, encoder_devices)
         input_device_types = {t.device.type for features in columns.values() for t in features.values()}
         autocast = AutocastState.capture(input_device_types)
         reps: dict[str, Tensor | SparseReps] = {}
@@ -329,8 +371,11 @@ class GradCache:
                 for rows, mb_features in plan:
                     rng = RngState.capture((*cuda_devices_of(mb_features.values()), *encoder_devices))
                     memo = ForwardMemo() if self.reuse_argmax else None
-                    with recording(memo) if memo is not None else nullcontext():
-                        rep = self.encoder(**mb_features)  # [mb, V]
+                    if self._graphs is not None:
+                        rep = self._graphs.encode(mb_features, rng, autocast)  # [mb, V]
+                    else:
+                        with recording(memo) if memo is not None else nullcontext():
+                            rep = self.encoder(**mb_features)  # [mb, V]
                     if memo is not None and not memo:
                         warnings.warn(
                             "reuse_argmax=True, but the encoder's forward recorded nothing to reuse (it calls no "
@@ -459,31 +504,36 @@ class GradCache:
         grad_state = GradState.capture(parameters or ())
         index, checked, differs = 0, [], []
         try:
+            if self._graphs is not None:
+                self._graphs.attach_grads()  # after the capture above: a failure puts .grad back
             with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
                 for index, (column, k, mb) in enumerate(jobs):
                     with context(index == len(jobs) - 1), mb.rng.replay():
-                        with (
-                            replay_state.autocast.replay(),
-                            torch.enable_grad(),
-                            replaying(mb.memo) if mb.memo is not None else nullcontext(),
-                        ):
-                            rep = self.encoder(**mb.features)  # [mb, V]
-                        if mb.memo is not None and not mb.memo.fully_taken:
-                            raise RuntimeError(
-                                f"the replayed forward (column {column!r}, {describe_rows(mb.rows)}) took back "
-                                f"fewer of its {len(mb.memo)} Step (1) records: the encoder did not take the "
-                                "same path through its modules twice"
-                            )
-                        if column not in grads:  # the zero-gradient replay above
-                            grad = torch.zeros_like(rep)
-                        elif isinstance(grads[column], SparseRepGrad):
-                            grad = grads[column].mini_batch(k)  # kept non-zeros -> [mb, V]
+                        if self._graphs is not None:
+                            # Forward and backward in one graph launch (no data parallelism: no scaling).
+                            grad = _mini_batch_grad(grads[column], k, mb)
+                            rep = self._graphs.replay(mb.features, grad, mb.rng, replay_state.autocast)
                         else:
-                            grad = grads[column][mb.rows]  # [B, V] -> [mb, V]
-                        if self.world_size > 1:
-                            # W · dL/dr: DDP's average then gives single-process gradients (_ReplayOnBackward)
-                            grad = grad * self.world_size
-                        _check_replayed_rep(rep, grad, column, mb.rows)
+                            with (
+                                replay_state.autocast.replay(),
+                                torch.enable_grad(),
+                                replaying(mb.memo) if mb.memo is not None else nullcontext(),
+                            ):
+                                rep = self.encoder(**mb.features)  # [mb, V]
+                            if mb.memo is not None and not mb.memo.fully_taken:
+                                raise RuntimeError(
+                                    f"the replayed forward (column {column!r}, {describe_rows(mb.rows)}) took "
+                                    f"back fewer of its {len(mb.memo)} Step (1) records: the encoder did not "
+                                    "take the same path through its modules twice"
+                                )
+                            if column not in grads:  # the zero-gradient replay above
+                                grad = torch.zeros_like(rep)
+                            else:
+                                grad = _mini_batch_grad(grads[column], k, mb)
+                            if self.world_size > 1:
+                                # W · dL/dr: DDP's average then gives single-process gradients (_ReplayOnBackward)
+                                grad = grad * self.world_size
+                            _check_replayed_rep(rep, grad, column, mb.rows)
                         if self.check_replay and mb.fingerprint is not None:
                             # Compared on the device; read back once, after the last mini-batch. A rep rebuilt
                             # from records is checked on the recording modules' inputs instead.
@@ -494,7 +544,8 @@ class GradCache:
                                 if memo_differs is None
                                 else memo_differs
                             )
-                        rep.backward(grad)
+                        if self._graphs is None:
+                            rep.backward(grad)
                     bar.update()
             index = len(jobs)
             _raise_if_not_reproduced(checked, differs)
@@ -665,6 +716,24 @@ def _parameters_of(encoder: Callable[..., Tensor]) -> list[nn.Parameter] | None:
     if isinstance(encoder, nn.Module):
         return [p for p in encoder.parameters() if p.requires_grad]
     return None
+
+
+def _mini_batch_grad(grad: Tensor | SparseRepGrad, k: int, mb: MiniBatch) -> Tensor:
+    # A column's rep gradient -> mini-batch k's [mb, V] slice.
+    if isinstance(grad, SparseRepGrad):
+        return grad.mini_batch(k)  # kept non-zeros -> [mb, V]
+    return grad[mb.rows]  # [B, V] -> [mb, V]
+
+
+def _check_graphable(columns: Columns, encoder_devices: tuple[int, ...]) -> None:
+    # cuda_graphs: every input and the encoder on one and the same CUDA device.
+    devices = {t.device for features in columns.values() for t in features.values()}
+    if len(encoder_devices) != 1 or devices != {torch.device("cuda", encoder_devices[0])}:
+        found = ", ".join(sorted(map(str, devices)))
+        raise ValueError(
+            "cuda_graphs=True needs the encoder's parameters and every column's tensors on one CUDA device; "
+            f"the encoder is on CUDA devices {list(encoder_devices)}, the columns on {found}"
+        )
 
 
 def _sparse_part(rep: Tensor, nnz: HostCount) -> SparseReps:

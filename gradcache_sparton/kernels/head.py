@@ -91,8 +91,16 @@ def _check_inputs(hidden_states: Tensor, weight: Tensor, bias: Tensor | None, at
 
 
 def _check_mask_values(attention_mask: Tensor) -> None:
-    """Masks must be 0/1 (one device sync; runs eagerly inside the op, also under torch.compile)."""
-    if attention_mask.dtype != torch.bool and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+    """Masks must be 0/1 (one device sync; runs eagerly inside the op, also under torch.compile).
+
+    Not while a CUDA graph is recorded, which cannot sync: the engine's eager warm-up run of the same
+    mini-batch checked it (``GradCache(cuda_graphs=True)``).
+    """
+    if attention_mask.dtype == torch.bool:
+        return
+    if attention_mask.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
         raise ValueError("attention_mask must contain only 0 and 1")
 
 
