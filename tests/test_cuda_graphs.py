@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import (
-    accumulate_earlier_micro_step,
     assert_grads_close,
     contrastive_flops_loss,
     grads_of,
@@ -102,7 +101,8 @@ def test_graphed_cached_loss_accumulates_and_leaves_unused_grads_none(config) ->
     encoder = make_encoder(config).cuda()
     encoder.unused = torch.nn.Parameter(torch.ones(3, device="cuda"))  # takes no part in the forward
     columns = _cuda(make_columns(BATCH, 3))
-    accumulate_earlier_micro_step(encoder)  # .grad set, one parameter's None
+    uncached_loss(encoder, _cuda(make_columns(4, 2, seed=7)), contrastive_flops_loss)[0].backward()
+    next(encoder.parameters()).grad = None  # as after an earlier micro-step, one parameter's .grad None
     earlier = {name: None if p.grad is None else p.grad.clone() for name, p in encoder.named_parameters()}
     ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
     ref_loss.backward()
@@ -159,21 +159,21 @@ def test_graphed_bf16_autocast_step_equals_eager(config) -> None:
 
 
 @pytest.mark.gpu
-def test_graph_recording_with_a_live_eager_graph_fails_clearly(config) -> None:
-    """An eager loss still referenced (its graph holds the parameters' gradient accumulators on the
-    default stream, which a capture cannot use) fails the recording with an error that says what to do,
-    and .grad is put back as it was."""
+def test_graphed_step_with_a_live_eager_graph_matches_uncached(config) -> None:
+    """An eager loss still referenced holds the parameters' gradient accumulators on the default stream,
+    which a capture cannot wait on: the graphs record over fresh leaves instead, and the step is exact."""
     encoder = make_encoder(config).cuda()
     columns = _cuda(make_columns(BATCH, 3))
-    kept, _ = uncached_loss(encoder, columns, contrastive_flops_loss)  # graph alive: accumulators on stream 0
-    encoder.zero_grad(set_to_none=True)
-    engine = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=True)
-    with pytest.raises(RuntimeError, match="delete it before the step"):
-        engine.step(columns, contrastive_flops_loss)
-    assert all(p.grad is None for p in encoder.parameters())
-    del kept
-    loss, _ = engine.step(columns, contrastive_flops_loss)  # and the engine works once it is gone
-    assert torch.isfinite(loss)
+    kept = uncached_loss(encoder, columns, contrastive_flops_loss)  # its graph stays alive to the end
+    ref_loss, ref_grads = _uncached_grads(encoder, columns)
+
+    loss, _ = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=True).step(
+        columns, contrastive_flops_loss
+    )
+
+    torch.testing.assert_close(loss, ref_loss, rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+    assert kept[0].grad_fn is not None
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,10 @@ Why it is exact:
   mini-batch's captured RNG state draws what the eager forward would. Step (1)'s and Step (3)'s graphs
   run the same forward kernels: Step (3) reproduces Step (1) bit for bit, which the engine's
   ``check_replay`` proves on every step.
-- Gradients: a graph adds into fixed addresses, so each parameter that receives a gradient gets one
-  ``.grad`` tensor for the graphs' lifetime. Before Step (3) it becomes the parameter's ``.grad``:
+- Gradients: the Step (3) graph computes the parameters' gradients (``torch.autograd.grad`` over
+  fresh leaves sharing their memory, so no accumulator of the parameters themselves is involved) and
+  adds them into fixed addresses: each parameter that receives a gradient gets one ``.grad`` tensor
+  for the graphs' lifetime. Before Step (3) it becomes the parameter's ``.grad``:
   zeroed when ``.grad`` was None (the optimizer's ``zero_grad(set_to_none=True)``), or holding a copy
   of the gradient found there. Parameters that receive no gradient keep ``.grad`` None, as without
   graphs (an optimizer skips them).
@@ -180,22 +182,26 @@ class GraphedEncoder:
 
     def _backward_body(self, inputs: dict[str, Tensor], rep_grad: Tensor | None, *, warm_up: bool) -> Tensor:
         assert rep_grad is not None
+        trained = [(name, p) for name, p in self.encoder.named_parameters() if p.requires_grad]
+        # Fresh leaves over the parameters' memory: their gradient accumulators are created here, on the
+        # recording stream. The parameters' own may be held on another stream by a graph still alive
+        # elsewhere (an eager loss kept in a variable), which a capture cannot wait on.
+        leaves = {name: p.detach().requires_grad_() for name, p in trained}
         with torch.enable_grad():
-            rep = self.encoder(**inputs)  # [mb, V]
+            rep = torch.func.functional_call(self.encoder, leaves, args=(), kwargs=inputs)  # [mb, V]
         if rep.shape != rep_grad.shape or rep.dtype != rep_grad.dtype or not rep.requires_grad:
             raise RuntimeError(
                 f"the encoder's replayed reps ({tuple(rep.shape)}, {rep.dtype}, requires_grad="
                 f"{rep.requires_grad}) do not match their gradient ({tuple(rep_grad.shape)}, {rep_grad.dtype})"
             )
-        if warm_up:
-            # Which parameters the graph will add into, without touching .grad.
-            trained = [p for p in self.encoder.parameters() if p.requires_grad]
-            grads = torch.autograd.grad(rep, trained, rep_grad, allow_unused=True)
-            for parameter, grad in zip(trained, grads, strict=True):
-                if grad is not None and parameter not in self._grads:
+        grads = torch.autograd.grad(rep, list(leaves.values()), rep_grad, allow_unused=True)
+        flowing = [(p, grad) for (_, p), grad in zip(trained, grads, strict=True) if grad is not None]
+        if warm_up:  # which parameters the graph adds into (the others keep .grad None)
+            for parameter, _ in flowing:
+                if parameter not in self._grads:
                     self._grads[parameter] = torch.zeros_like(parameter)
         else:
-            rep.backward(rep_grad)  # adds into the attached .grad tensors
+            torch._foreach_add_([self._grads[p] for p, _ in flowing], [grad for _, grad in flowing])
         return rep.detach()
 
     def _record(
@@ -220,7 +226,7 @@ class GraphedEncoder:
                 body(inputs, static_grad, warm_up=True)
             torch.cuda.current_stream(device).wait_stream(side)
         if rep_grad is not None:
-            self.attach_grads()  # the capture records additions into these tensors
+            self.attach_grads()  # the tensors the capture adds into, now each parameter's .grad
         graph = torch.cuda.CUDAGraph()
         try:
             with (
@@ -233,10 +239,8 @@ class GraphedEncoder:
             if "captur" not in str(error):
                 raise
             raise RuntimeError(
-                "recording a CUDA graph of the encoder failed (cuda_graphs=True). Two known causes: an autograd "
-                "graph built outside the engine on the default stream is still alive (e.g. the loss of an eager "
-                "forward kept in a variable) and holds the parameters' gradient accumulators on that stream: "
-                "delete it before the step; or the encoder syncs with the host in its forward or backward "
-                "(.item(), a check on tensor values, a data-dependent shape)"
+                "recording a CUDA graph of the encoder failed (cuda_graphs=True): its forward or backward "
+                "syncs with the host (.item(), a check on tensor values, a data-dependent shape) or uses "
+                "another stream; run it without cuda_graphs"
             ) from error
         return _Graph(graph=graph, inputs=inputs, rep=rep, rep_grad=static_grad)
