@@ -73,8 +73,14 @@ def test_graphed_steps_match_uncached(config, mini_batch_size: int) -> None:
 @pytest.mark.gpu
 def test_graphed_dropout_matches_per_mini_batch_reference(tiny_bert_config) -> None:
     """With dropout, a graphed step (recording, then replaying) gives the gradients of the eager
-    per-mini-batch reference from the same seed, and leaves the CUDA generator where it leaves it."""
-    encoder = make_encoder(small_config(tiny_bert_config, dropout=0.1), train=True).cuda()
+    per-mini-batch reference from the same seed, and leaves the CUDA generator where it leaves it.
+
+    Hidden-state dropout only: transformers' eager BERT drops an all-ones attention mask outside a
+    capture but not inside one, and attention without a mask draws its dropout through another kernel
+    (both draws are valid; Step (3) still reproduces Step (1), which the engine checks)."""
+    config = small_config(tiny_bert_config, dropout=0.1)
+    config.attention_probs_dropout_prob = 0.0
+    encoder = make_encoder(config, train=True).cuda()
     engine = GradCache(encoder, mini_batch_size=3, pad_to_multiple_of=PAD, cuda_graphs=True)
     for seed in (0, 1):
         columns = _cuda(make_columns(BATCH, 3, seed=seed))
