@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from transformers import TrainingArguments
 
+from gradcache_sparton.engine.cuda_graphs import check_cuda_graph_options
 from gradcache_sparton.losses import SpladeLossConfig
 
 __all__ = [
@@ -423,7 +424,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         metadata={
             "help": "Replay each mini-batch's first pass, and its replay's forward and backward, as one CUDA graph "
             "per mini-batch shape: removes the host's per-kernel cost, which bounds small mini-batches (measured "
-            "on an H100: 2.96x the steps/s at 16 rows, 1.61x at 32; docs/benchmarks.md). The loss and gradients "
+            "on an H100: 2.50x the pairs/s at 16 rows, 1.72x at 32; docs/benchmarks.md). The loss and gradients "
             "are those without graphs. Needs pad_to_multiple_of (few shapes) and a single CUDA device; not with "
             "mini_batch_tokens or reuse_argmax (its default turns off).",
         },
@@ -454,23 +455,11 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         _positive(self.mini_batch_tokens, "mini_batch_tokens", allow_none=True)
         _positive(self.pad_to_multiple_of, "pad_to_multiple_of", allow_none=True)
         if self.cuda_graphs:
-            unmet = [
-                need
-                for refused, need in (
-                    (
-                        self.pad_to_multiple_of is None,
-                        "pad_to_multiple_of (e.g. 32), so that mini-batches come in a few shapes",
-                    ),
-                    (
-                        self.mini_batch_tokens is not None,
-                        "no mini_batch_tokens (a row count per mini-batch: a graph each)",
-                    ),
-                    (self.reuse_argmax is True, "reuse_argmax off (its records are kept on the host)"),
-                )
-                if refused
-            ]
-            if unmet:
-                raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
+            check_cuda_graph_options(
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                mini_batch_tokens=self.mini_batch_tokens,
+                reuse_argmax=self.reuse_argmax,
+            )
         _positive(self.query_max_length, "query_max_length")
         _positive(self.document_max_length, "document_max_length")
         if self.per_device_train_batch_size < self.mini_batch_size:

@@ -160,12 +160,17 @@ def test_graphed_bf16_autocast_step_equals_eager(config) -> None:
 
 @pytest.mark.gpu
 def test_graphed_step_with_a_live_eager_graph_matches_uncached(config) -> None:
-    """An eager loss still referenced holds the parameters' gradient accumulators on the default stream,
-    which a capture cannot wait on: the graphs record over fresh leaves instead, and the step is exact."""
+    """An eager loss backpropagated and still referenced holds the parameters' gradient accumulators on
+    the default stream, which a capture cannot wait on (recording through the parameters' own
+    accumulators failed so): the graphs record over fresh leaves instead, and the step is exact."""
     encoder = make_encoder(config).cuda()
     columns = _cuda(make_columns(BATCH, 3))
-    kept = uncached_loss(encoder, columns, contrastive_flops_loss)  # its graph stays alive to the end
-    ref_loss, ref_grads = _uncached_grads(encoder, columns)
+    kept = uncached_loss(
+        encoder, columns, contrastive_flops_loss
+    )  # loss and components: graph alive to the end
+    kept[0].backward()  # the accumulators have run on the default stream
+    ref_loss, ref_grads = kept[0].detach(), grads_of(encoder)
+    encoder.zero_grad(set_to_none=True)
 
     loss, _ = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=True).step(
         columns, contrastive_flops_loss

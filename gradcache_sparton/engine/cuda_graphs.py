@@ -57,10 +57,38 @@ from torch import Tensor, nn
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.rng_state import RngState
 
-__all__ = ["GraphedEncoder"]
+__all__ = ["GraphedEncoder", "check_cuda_graph_options"]
 
 # (feature name, shape, dtype) per feature, the encoder's training flag, the autocast settings.
 ShapeKey = tuple[tuple[tuple[str, tuple[int, ...], torch.dtype], ...], bool, tuple[object, ...]]
+
+
+def check_cuda_graph_options(
+    *,
+    pad_to_multiple_of: int | None,
+    mini_batch_tokens: int | None,
+    reuse_argmax: bool | None,
+    module_encoder: bool = True,
+    data_parallel: bool = False,
+) -> None:
+    """Raise one ``ValueError`` naming every option that ``cuda_graphs=True`` cannot run with.
+
+    Shared by :class:`~gradcache_sparton.engine.GradCache` and the trainer's arguments (which check it
+    before a model exists: there ``reuse_argmax`` None means its default, which graphs turn off).
+    """
+    refusals = (
+        (not module_encoder, "an nn.Module encoder (its parameters' .grad are recorded)"),
+        (
+            pad_to_multiple_of is None,
+            "pad_to_multiple_of (e.g. 32), so that mini-batches come in a few shapes",
+        ),
+        (mini_batch_tokens is not None, "no mini_batch_tokens (a row count per mini-batch: a graph each)"),
+        (reuse_argmax is True, "reuse_argmax off (its records are kept on the host)"),
+        (data_parallel, "no data parallelism (DDP's gradient hooks communicate)"),
+    )
+    unmet = [need for refused, need in refusals if refused]
+    if unmet:
+        raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
 
 
 @dataclass
@@ -87,7 +115,8 @@ class GraphedEncoder:
     """An ``nn.Module`` encoder's mini-batches replayed as CUDA graphs, one pair per mini-batch shape.
 
     :meth:`encode` is Step (1) for one mini-batch (returns a fresh [mb, V] tensor), :meth:`replay` is
-    Step (3) for one (accumulates into ``.grad``; call :meth:`attach_grads` first). Both run the
+    Step (3) for one (accumulates into ``.grad``; call :meth:`attach_grads` first). Call
+    :meth:`check_parameters` before each step's first :meth:`encode` and first :meth:`replay`. Both run the
     mini-batch from its captured :class:`RngState` under the step's :class:`AutocastState`.
 
     Get one with :meth:`of`: the graphs belong to the encoder, so every engine built on it (the
@@ -123,6 +152,16 @@ class GraphedEncoder:
     def graph_count(self) -> int:
         """How many graphs are recorded (Step (1) and Step (3) together)."""
         return len(self._forward_graphs) + len(self._backward_graphs)
+
+    def check_parameters(self) -> None:
+        """Drop every recording if the parameters moved or were replaced since (the graphs read their
+        memory); called once per Step (1) and once per Step (3), not per mini-batch."""
+        addresses = tuple(p.data_ptr() for p in self.encoder.parameters())
+        if addresses != self._parameter_addresses:
+            self._forward_graphs.clear()
+            self._backward_graphs.clear()
+            self._grads.clear()
+            self._parameter_addresses = addresses
 
     def encode(self, features: Mapping[str, Tensor], rng: RngState, autocast: AutocastState) -> Tensor:
         """Step (1) for one mini-batch: its reps [mb, V] without autograd (a fresh tensor)."""
@@ -166,13 +205,6 @@ class GraphedEncoder:
     # ------------------------------------------------------------------ recording
 
     def _key(self, features: Mapping[str, Tensor], autocast: AutocastState) -> ShapeKey:
-        addresses = tuple(p.data_ptr() for p in self.encoder.parameters())
-        if addresses != self._parameter_addresses:
-            # Moved or replaced parameters: the recorded graphs read the old memory.
-            self._forward_graphs.clear()
-            self._backward_graphs.clear()
-            self._grads.clear()
-            self._parameter_addresses = addresses
         shapes = tuple((name, tuple(t.shape), t.dtype) for name, t in sorted(features.items()))
         return shapes, self.encoder.training, autocast.settings
 

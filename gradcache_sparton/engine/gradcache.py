@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from gradcache_sparton.engine.autocast_state import AutocastState
-from gradcache_sparton.engine.cuda_graphs import GraphedEncoder
+from gradcache_sparton.engine.cuda_graphs import GraphedEncoder, check_cuda_graph_options
 from gradcache_sparton.engine.distributed import (
     data_parallel_world_size,
     ddp_no_sync_context,
@@ -274,25 +274,13 @@ class GradCache:
             raise TypeError(f"cuda_graphs must be a bool, got {type(cuda_graphs).__name__}")
         if not cuda_graphs:
             return None
-        refusals = [
-            (
-                not isinstance(self.encoder, nn.Module),
-                "an nn.Module encoder (its parameters' .grad are recorded)",
-            ),
-            (
-                self.pad_to_multiple_of is None,
-                "pad_to_multiple_of, so that mini-batches come in a few shapes",
-            ),
-            (
-                self.mini_batch_tokens is not None,
-                "no mini_batch_tokens (a row count per mini-batch: a graph each)",
-            ),
-            (self.reuse_argmax, "reuse_argmax=False (its records are kept on the host)"),
-            (self._data_parallel, "no data parallelism (DDP's gradient hooks communicate)"),
-        ]
-        unmet = [need for refused, need in refusals if refused]
-        if unmet:
-            raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
+        check_cuda_graph_options(
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            mini_batch_tokens=self.mini_batch_tokens,
+            reuse_argmax=self.reuse_argmax,
+            module_encoder=isinstance(self.encoder, nn.Module),
+            data_parallel=self._data_parallel,
+        )
         assert isinstance(self.encoder, nn.Module)
         return GraphedEncoder.of(self.encoder)
 
@@ -337,6 +325,7 @@ class GradCache:
         encoder_devices = _cuda_devices_of_encoder(self.encoder)
         if self._graphs is not None:
             _check_graphable(columns, encoder_devices)
+            self._graphs.check_parameters()
         input_device_types = {t.device.type for features in columns.values() for t in features.values()}
         autocast = AutocastState.capture(input_device_types)
         reps: dict[str, Tensor | SparseReps] = {}
@@ -505,6 +494,7 @@ class GradCache:
         index, checked, differs = 0, [], []
         try:
             if self._graphs is not None:
+                self._graphs.check_parameters()
                 self._graphs.attach_grads()  # after the capture above: a failure puts .grad back
             with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
                 for index, (column, k, mb) in enumerate(jobs):
