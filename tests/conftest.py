@@ -45,6 +45,44 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
 
 
+# torch.backends' fp32 precision settings (torch >= 2.9), the process-wide one first: restoring it resets
+# the backend ones under it, which are then restored each to its own value.
+_FP32_PRECISION_SETTINGS = (
+    "fp32_precision",
+    "cuda.matmul.fp32_precision",
+    "cudnn.fp32_precision",
+    "cudnn.conv.fp32_precision",
+    "cudnn.rnn.fp32_precision",
+    "mkldnn.fp32_precision",
+    "mkldnn.matmul.fp32_precision",
+    "mkldnn.conv.fp32_precision",
+    "mkldnn.rnn.fp32_precision",
+)
+
+
+def _backend_setting(path: str) -> tuple[object, str]:
+    *owners, name = path.split(".")
+    owner = torch.backends
+    for part in owners:
+        owner = getattr(owner, part)
+    return owner, name
+
+
+@pytest.fixture(autouse=True)
+def _restore_fp32_precision():
+    """Each test starts from the session's fp32 precision settings. On an Ampere or newer GPU,
+    ``TrainingArguments(torch_compile=True, bf16=True)`` turns TF32 on process-wide
+    (``torch.backends.fp32_precision = "tf32"``): later fp32 references then rounded their products and
+    torch.compile's precision query raised ("mix of legacy and new APIs"), failing kernel tests run in
+    the same process after the trainer's."""
+    settings = [_backend_setting(path) for path in _FP32_PRECISION_SETTINGS]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in settings if hasattr(owner, name)]
+    yield
+    for owner, name, value in saved:
+        if getattr(owner, name) != value:
+            setattr(owner, name, value)
+
+
 @pytest.fixture(scope="session")
 def kernel_device() -> torch.device:
     """Where Triton kernel tests put their tensors: the GPU if there is one, else CPU (interpreter)."""

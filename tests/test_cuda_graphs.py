@@ -25,7 +25,7 @@ from engine_helpers import (
 )
 
 from gradcache_sparton.engine import CachedLoss, GradCache
-from gradcache_sparton.engine.cuda_graphs import GraphedEncoder
+from gradcache_sparton.engine.cuda_graphs import GraphedEncoder, _reentrant_checkpoint_in
 
 RTOL_FP32 = 1e-5  # as tests/test_engine.py
 BATCH = 8
@@ -179,6 +179,88 @@ def test_graphed_step_with_a_live_eager_graph_matches_uncached(config) -> None:
     torch.testing.assert_close(loss, ref_loss, rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
     assert kept[0].grad_fn is not None
+
+
+def _enable_checkpointing(model, *, use_reentrant: bool) -> None:
+    # transformers 5.23 renamed gradient_checkpointing_enable to activation_checkpointing_enable
+    kwargs = {"use_reentrant": use_reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@pytest.mark.gpu
+def test_graphed_checkpointing_matches_per_mini_batch_reference(tiny_bert_config) -> None:
+    """With dropout and non-reentrant activation checkpointing (its recomputation, RNG state included, is
+    recorded in the Step (3) graph), a graphed step (recording, then replaying) gives the gradients of the
+    eager per-mini-batch reference without checkpointing, from the same seed."""
+    encoder = make_encoder(small_config(tiny_bert_config, dropout=0.1), train=True).cuda()
+    references = []
+    for seed in (0, 1):
+        columns = _cuda(make_columns(BATCH, 3, seed=seed))
+        torch.cuda.manual_seed(99)
+        ref_loss, _ = per_mini_batch_loss(encoder, columns, contrastive_flops_loss, 3, pad_to_multiple_of=PAD)
+        ref_loss.backward()
+        references.append((columns, ref_loss.detach(), grads_of(encoder)))
+        encoder.zero_grad(set_to_none=True)
+    _enable_checkpointing(encoder.mlm, use_reentrant=False)
+    engine = GradCache(encoder, mini_batch_size=3, pad_to_multiple_of=PAD, cuda_graphs=True)
+    for columns, ref_loss, ref_grads in references:
+        torch.cuda.manual_seed(99)
+        loss, _ = engine.step(columns, contrastive_flops_loss)
+
+        torch.testing.assert_close(loss, ref_loss, rtol=RTOL_FP32, atol=0)
+        assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+        encoder.zero_grad(set_to_none=True)
+    assert GraphedEncoder.of(encoder).graph_count > 0
+
+
+@pytest.mark.gpu
+def test_graphed_reentrant_checkpointing_is_refused_and_grads_restored(config) -> None:
+    """Reentrant checkpointing (which a capture cannot hold) is refused when the first Step (3) graph is
+    recorded, naming use_reentrant=False, and .grad is put back as it was (None)."""
+    encoder = make_encoder(config, train=True).cuda()  # transformers checkpoints in training mode only
+    _enable_checkpointing(encoder.mlm, use_reentrant=True)
+    engine = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"reentrant activation checkpointing.*use_reentrant=False"):
+        engine.step(_cuda(make_columns(BATCH, 3)), contrastive_flops_loss)
+    assert all(p.grad is None for p in encoder.parameters())
+
+
+@pytest.mark.parametrize("use_reentrant", [None, False, True], ids=["none", "non-reentrant", "reentrant"])
+def test_reentrant_checkpoint_is_found_in_the_graph(config, use_reentrant: bool | None) -> None:
+    """The refusal's detection: a reentrant checkpoint's node is found in the encoder's autograd graph,
+    and neither a non-reentrant one nor an encoder without checkpointing is mistaken for it."""
+    encoder = make_encoder(config, train=True)  # transformers checkpoints in training mode only
+    if use_reentrant is not None:
+        _enable_checkpointing(encoder.mlm, use_reentrant=use_reentrant)
+    features = make_columns(BATCH, 3)["query"]
+    assert _reentrant_checkpoint_in(encoder(**features)) is bool(use_reentrant)
+
+
+@pytest.mark.gpu
+def test_graphed_compiled_encoder_matches_eager_compiled(config) -> None:
+    """A torch.compile'd encoder (as the Trainer's torch_compile wraps it) replayed as graphs gives the
+    loss and gradients of the same compiled encoder run eagerly, over a recording and a replaying step
+    (check_replay off for both: compiled graph-less and graph-recording programs may round apart)."""
+    results = []
+    for graphs in (False, True):
+        torch._dynamo.reset()
+        encoder = make_encoder(config).cuda()
+        compiled = torch.compile(encoder)
+        engine = GradCache(
+            compiled, mini_batch_size=3, pad_to_multiple_of=PAD, cuda_graphs=graphs, check_replay=False
+        )
+        steps = []
+        for seed in (0, 1):
+            loss, _ = engine.step(_cuda(make_columns(BATCH, 3, seed=seed)), contrastive_flops_loss)
+            steps.append((loss, grads_of(encoder)))
+            encoder.zero_grad(set_to_none=True)
+        results.append(steps)
+    for (eager_loss, eager_grads), (graphed_loss, graphed_grads) in zip(*results, strict=True):
+        torch.testing.assert_close(graphed_loss, eager_loss, rtol=RTOL_FP32, atol=0)
+        assert_grads_close(graphed_grads, eager_grads, rtol=RTOL_FP32)
 
 
 @pytest.mark.parametrize(

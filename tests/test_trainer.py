@@ -266,17 +266,21 @@ def test_cli_train_help_lists_cached_arguments(capsys) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["eager", "torch_compile", "cuda_graphs"])
+@pytest.mark.parametrize(
+    "mode",
+    ["eager", "torch_compile", "cuda_graphs", "cuda_graphs+torch_compile", "cuda_graphs+checkpointing"],
+)
 def test_bf16_training_on_gpu_runs_the_triton_head(tmp_path, tokenizer, sample_rows, mode: str) -> None:
-    """On CUDA with bf16 (and with the Trainer's torch_compile, or CUDA graphs): steps run, losses are finite
-    and fall."""
+    """On CUDA with bf16 (and with the Trainer's torch_compile, CUDA graphs, or CUDA graphs with either
+    torch_compile or activation checkpointing): steps run, losses are finite and fall."""
     model = _encoder(tokenizer, dropout=0.1)
-    graphs = {"cuda_graphs": True, "pad_to_multiple_of": 16} if mode == "cuda_graphs" else {}
+    graphs = {"cuda_graphs": True, "pad_to_multiple_of": 16} if "cuda_graphs" in mode else {}
     args = _args(
         tmp_path / "run",
         use_cpu=False,
         bf16=True,
-        torch_compile=mode == "torch_compile",
+        torch_compile="torch_compile" in mode,
+        gradient_checkpointing="checkpointing" in mode,
         **graphs,
         max_steps=6,
         per_device_train_batch_size=16,

@@ -36,10 +36,16 @@ not once per shape (the mini-batches run one after another). Held between steps:
 mini-batch's activations), one ``.grad``-sized tensor per trained parameter, and each graph's inputs
 and [mb, V] output.
 
+Also recorded: non-reentrant activation checkpointing (the recomputation, RNG state included, is part
+of the Step (3) graph) and a ``torch.compile``'d encoder (its kernels are compiled in the warm-up run;
+run it with ``check_replay=False``, as for any compiled encoder). Both are tested against the eager
+engine on a GPU.
+
 Not supported (refused by :class:`~gradcache_sparton.engine.GradCache` with a clear error): data
 parallelism (DDP's gradient hooks communicate), ``reuse_argmax`` (host-side records), token-budget
-mini-batches (a row count per mini-batch: too many shapes). The encoder must run on one CUDA device
-and issue no host sync in its forward or backward (transformers' models do not when captured).
+mini-batches (a row count per mini-batch: too many shapes); reentrant activation checkpointing (refused
+when the first Step (3) graph is recorded). The encoder must run on one CUDA device and issue no host
+sync in its forward or backward (transformers' models do not when captured).
 
 Legend: mb mini-batch rows, S sequence, V rep width.
 """
@@ -226,6 +232,12 @@ class GraphedEncoder:
                 f"the encoder's replayed reps ({tuple(rep.shape)}, {rep.dtype}, requires_grad="
                 f"{rep.requires_grad}) do not match their gradient ({tuple(rep_grad.shape)}, {rep_grad.dtype})"
             )
+        if warm_up and _reentrant_checkpoint_in(rep):
+            raise ValueError(
+                "cuda_graphs=True cannot record reentrant activation checkpointing (torch.utils.checkpoint "
+                "with use_reentrant=True): enable it with use_reentrant=False (transformers' default, e.g. "
+                "gradient_checkpointing_kwargs={'use_reentrant': False}) or run without cuda_graphs"
+            )
         grads = torch.autograd.grad(rep, list(leaves.values()), rep_grad, allow_unused=True)
         flowing = [(p, grad) for (_, p), grad in zip(trained, grads, strict=True) if grad is not None]
         if warm_up:  # which parameters the graph adds into (the others keep .grad None)
@@ -276,3 +288,20 @@ class GraphedEncoder:
                 "another stream; run it without cuda_graphs"
             ) from error
         return _Graph(graph=graph, inputs=inputs, rep=rep, rep_grad=static_grad)
+
+
+def _reentrant_checkpoint_in(rep: Tensor) -> bool:
+    """Whether ``rep``'s autograd graph holds a reentrant checkpoint. Its backward runs a nested
+    ``backward()``: ``torch.autograd.grad`` refuses it, and a capture through ``backward()`` failed on an
+    H200 (gradient accumulators on another stream)."""
+    seen: set[torch.autograd.graph.Node] = set()
+    stack = [rep.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        if node.name() == "CheckpointFunctionBackward":
+            return True
+        seen.add(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return False
