@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 import torch
 import triton
@@ -31,16 +32,18 @@ from common import run_stamp
 
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
 from gradcache_sparton.kernels.sparton import (
+    _BWD_GPU,
+    _DENSE_BWD_GPU,
     BackwardBlocks,
     DenseBackwardBlocks,
     ForwardBlocks,
     PackedForwardBlocks,
     _column_segments,
-    _grad_e,
     _grad_e_dense,
-    _grad_h,
     _grad_h_dense,
     _row_segments,
+    _row_segments_from_columns,
+    _sparse_backward,
     sparton_backward,
     sparton_forward,
 )
@@ -78,42 +81,66 @@ FWD_CANDIDATES = [
     PackedForwardBlocks(128, 128, 64, 8, 4, 4),
     PackedForwardBlocks(64, 128, 64, 8, 4, 3),
 ]
-# BackwardBlocks(e_block_b, e_block_v, e_block_d, e_num_warps, h_block_n, h_block_d, h_num_warps,
-# c_block_n, c_block_d, c_num_warps, by_column_below). The first is the committed default (grad_E by
-# column below 25% of Y non-zero, else the b loop). The others force one grad_E kernel: the b loop
-# (by_column_below 0; a step gathers an [e_block_b, e_block_v, e_block_d] tile; e_block_b = 1 was its
-# fastest at B=128, S=512 and at B=512, S=32 on an H100, 2026-11-23) or by column (by_column_below 2;
-# each column's program gathers c_block_n non-zeros per step, c_block_d wide).
-_B_LOOP = (1, 16, 128, 2)  # the default b-loop blocks
-_GRAD_H = (32, 64, 1)  # the default grad_H blocks
+# BackwardBlocks: the first is the committed default (by the density of Y: below 25% of Y non-zero
+# grad_E by column and, at S <= short_s, grad_H's rows from the column layout; above it, at S <= short_s,
+# both gradients on the tensor cores, else the gathering b loop and grad_H's rows by a sort of all B·V
+# keys). The others force one path (by_column_below 0: the dense regime's, 2: the sparse regime's;
+# short_s 0: the longer sequences' kernels at any S) or change one kernel's tiles: grad_E by column
+# (c_block_n non-zeros per step, c_block_d wide), the b loop (e_block_b rows per step; 1 was its fastest
+# at B=128, S=512 and at B=512, S=32 on an H100, 2026-11-23). The dense regime's grad_H at short S takes
+# the first DENSE_BWD_CANDIDATES' tiles; its candidates are timed alone below.
+_DEFAULT = _BWD_GPU
 BWD_CANDIDATES = [
-    BackwardBlocks(*_B_LOOP, *_GRAD_H, 8, 128, 1, 0.25),
-    BackwardBlocks(*_B_LOOP, *_GRAD_H, 8, 128, 1, 0.0),
-    BackwardBlocks(1, 32, 64, 2, 64, 64, 2, 8, 128, 1, 0.0),
-    BackwardBlocks(1, 8, 128, 1, 64, 32, 1, 8, 128, 1, 0.0),
-    BackwardBlocks(*_B_LOOP, *_GRAD_H, 8, 128, 1, 2.0),
-    BackwardBlocks(*_B_LOOP, *_GRAD_H, 16, 128, 1, 2.0),
-    BackwardBlocks(*_B_LOOP, *_GRAD_H, 16, 64, 1, 2.0),
-    BackwardBlocks(*_B_LOOP, *_GRAD_H, 32, 64, 1, 2.0),
-    BackwardBlocks(*_B_LOOP, *_GRAD_H, 32, 128, 2, 2.0),
-]
+    _DEFAULT,
+    replace(_DEFAULT, short_s=0),
+    replace(_DEFAULT, by_column_below=0.0),
+    replace(_DEFAULT, by_column_below=0.0, short_s=0),
+    replace(_DEFAULT, by_column_below=0.0, short_s=0, e_block_v=32, e_block_d=64, h_block_n=64, h_block_d=64, h_num_warps=2),
+    replace(_DEFAULT, by_column_below=2.0),
+    replace(_DEFAULT, by_column_below=2.0, short_s=0),
+    replace(_DEFAULT, by_column_below=2.0, c_block_n=16, c_block_d=128),
+    replace(_DEFAULT, by_column_below=2.0, c_block_n=32, c_block_d=64),
+]  # fmt: skip
+
+
+def _path(blocks: BackwardBlocks) -> str:
+    """Which kernels a candidate runs: "by-density" (the default rule) or the forced path."""
+    regime = {0.0: "dense", 2.0: "sparse"}.get(blocks.by_column_below, "by-density")
+    return regime if blocks.short_s else f"{regime}-long-s"
+
 
 # DenseBackwardBlocks(e_block_v, e_block_k, e_block_d, e_num_warps, h_block_m, h_block_v, h_block_d,
-# h_num_warps): the tensor-core backward for short sequences with dense reps (--dense); the first is
-# the committed default. grad_E is [V, K] @ [K, D] (M = e_block_v, K = e_block_k positions: whole rows,
-# e_block_k // S_pad of them, where S fits), grad_H [M, V] @ [V, D] (M = h_block_m positions, whole rows
-# likewise, K = h_block_v). At S = 32, e_block_k / h_block_m = 32 is one row per product (as before
-# rows were packed), 64 two, 128 four. (K = 128 for grad_E, or 4 warps at K = 64 x N = 64, spill
-# registers when compiled for sm_90: left out.)
+# h_num_warps, h_num_stages): the tensor-core backward for short sequences with dense reps (--dense, both
+# gradients); the first is the committed default. grad_E is [V, K] @ [K, D] (M = e_block_v, K = e_block_k
+# positions: whole rows, e_block_k // S_pad of them, where S fits), grad_H [M, V] @ [V, D] (M = h_block_m
+# positions, whole rows likewise, K = h_block_v). At S = 32, e_block_k / h_block_m = 32 is one row per
+# product (as before rows were packed), 64 two, 128 four. (K = 128 for grad_E, or 4 warps at K = 64 x
+# N = 64, spill registers when compiled for sm_90: left out.)
 DENSE_BWD_CANDIDATES = [
-    DenseBackwardBlocks(128, 64, 128, 8, 128, 64, 128, 8),
-    DenseBackwardBlocks(128, 32, 128, 8, 32, 64, 128, 4),
-    DenseBackwardBlocks(128, 32, 64, 4, 32, 64, 64, 4),
-    DenseBackwardBlocks(64, 32, 128, 4, 32, 128, 128, 8),
-    DenseBackwardBlocks(256, 32, 64, 8, 64, 64, 128, 8),
-    DenseBackwardBlocks(128, 64, 128, 8, 128, 64, 128, 4),
-    DenseBackwardBlocks(64, 64, 128, 4, 128, 64, 64, 4),
-    DenseBackwardBlocks(128, 32, 128, 8, 256, 32, 128, 8),
+    _DENSE_BWD_GPU,
+    DenseBackwardBlocks(128, 64, 128, 8, 128, 64, 128, 8, 3),
+    DenseBackwardBlocks(128, 32, 128, 8, 32, 64, 128, 4, 3),
+    DenseBackwardBlocks(128, 32, 64, 4, 32, 64, 64, 4, 3),
+    DenseBackwardBlocks(64, 32, 128, 4, 32, 128, 128, 8, 3),
+    DenseBackwardBlocks(256, 32, 64, 8, 64, 64, 128, 8, 3),
+    DenseBackwardBlocks(64, 64, 128, 4, 128, 64, 64, 4, 3),
+    DenseBackwardBlocks(128, 32, 128, 8, 256, 32, 128, 8, 3),
+]
+# grad_H on the tensor cores alone (the default backward's dense regime at S <= short_s), tiles over the
+# committed default's: (h_block_m, h_block_v, h_block_d, h_num_warps, h_num_stages).
+DENSE_GRAD_H_TILES = [
+    (128, 64, 256, 8, 3),
+    (128, 64, 256, 8, 4),
+    (128, 32, 256, 8, 3),
+    (128, 32, 256, 8, 4),
+    (128, 128, 256, 8, 3),
+    (64, 64, 256, 4, 3),
+    (64, 32, 256, 4, 3),
+    (256, 32, 256, 8, 3),
+    (128, 64, 256, 4, 3),
+    (128, 32, 128, 4, 3),
+    (128, 64, 128, 4, 3),
+    (64, 64, 128, 4, 3),
 ]
 
 # The column layout's tiles (block_b, block_v); the first is the committed default.
@@ -194,19 +221,19 @@ def main() -> int:
             pairs = zip(got, want, strict=True)
             same = all(torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3) for a, b in pairs)
             ms = bench(lambda blk=blk: sparton_backward(g, h, e, mx, arg, blocks=blk))
-            ms_e = bench(lambda blk=blk: _grad_e(h, coef, arg32, V, e.dtype, blk))
-            ms_h = bench(lambda blk=blk: _grad_h(e, coef, arg32, S, h.dtype, blk))
-            kernel = {0.0: "b-loop", 2.0: "by-column"}.get(blk.by_column_below, "by-density")
+            # each gradient alone: its share of the count of non-zeros and of the column layout included
+            grad_e_only = lambda blk=blk: _sparse_backward(h, e, coef, arg32, (False, True), blk)
+            grad_h_only = lambda blk=blk: _sparse_backward(h, e, coef, arg32, (True, False), blk)
             row = {
                 "kind": "bwd",
-                "kernel": kernel,
+                "kernel": _path(blk),
                 "blocks": blk.__dict__,
                 "ms": ms,
-                "grad_e_ms": ms_e,
-                "grad_h_ms": ms_h,
+                "grad_e_ms": bench(grad_e_only),
+                "grad_h_ms": bench(grad_h_only),
                 "peak_mib": _peak_mib(lambda blk=blk: sparton_backward(g, h, e, mx, arg, blocks=blk)),
-                "grad_e_peak_mib": _peak_mib(lambda blk=blk: _grad_e(h, coef, arg32, V, e.dtype, blk)),
-                "grad_h_peak_mib": _peak_mib(lambda blk=blk: _grad_h(e, coef, arg32, S, h.dtype, blk)),
+                "grad_e_peak_mib": _peak_mib(grad_e_only),
+                "grad_h_peak_mib": _peak_mib(grad_h_only),
             }
             rows.append({**row, "ok": same})
         except Exception as exc:
@@ -231,6 +258,27 @@ def main() -> int:
         except Exception as exc:
             rows.append({"kind": "bwd_dense", "blocks": blk.__dict__, "error": repr(exc)[:200]})
         print(rows[-1], flush=True)
+    for m_rows, k_vocab, n_hidden, warps, stages in DENSE_GRAD_H_TILES:
+        tiles = dict(
+            h_block_m=m_rows, h_block_v=k_vocab, h_block_d=n_hidden, h_num_warps=warps, h_num_stages=stages
+        )
+        blk = replace(_DENSE_BWD_GPU, **tiles)
+        try:
+            got = _grad_h_dense(e, coef, arg32, S, h.dtype, blk)
+            same = torch.allclose(got.float(), want[0].float(), rtol=1e-2, atol=1e-3)
+            ms = bench(lambda blk=blk: _grad_h_dense(e, coef, arg32, S, h.dtype, blk))
+            rows.append(
+                {
+                    "kind": "grad_h_dense",
+                    "blocks": blk.__dict__,
+                    "ms": ms,
+                    "tflops": 2 * flop / ms / 1e9,
+                    "ok": same,
+                }
+            )
+        except Exception as exc:
+            rows.append({"kind": "grad_h_dense", "blocks": blk.__dict__, "error": repr(exc)[:200]})
+        print(rows[-1], flush=True)
     # The CSR layouts alone: grad_E's by column (a counting sort) for candidate tiles, checked equal to
     # the stable argsort of its keys, against that sort's time (int16 keys where they fit, as it ran
     # before); grad_H's by row (itself a stable torch.sort).
@@ -249,6 +297,15 @@ def main() -> int:
         rows.append({"kind": "layout_column", "blocks": list(tiles), "ms": ms, "ok": same})
         print(rows[-1], flush=True)
     rows.append({"kind": "layout_row_torch_sort", "ms": bench(lambda: _row_segments(coef, arg32, S))})
+    print(rows[-1])
+    # grad_H's rows from the column layout (short S, sparse regime): its first limit slots sorted by row
+    limit = min(int(_DEFAULT.by_column_below * B * V), B * V + 1)
+    order, _ = _column_segments(coef, live, limit)
+    got_rows = _row_segments_from_columns(order, arg32, S, live, limit)
+    want_rows = _row_segments(coef, arg32, S)
+    same = torch.equal(got_rows[0][:n].long(), want_rows[0][:n]) and torch.equal(got_rows[1], want_rows[1])
+    ms = bench(lambda: _row_segments_from_columns(order, arg32, S, live, limit))
+    rows.append({"kind": "layout_row_from_columns", "ms": ms, "ok": same or n >= limit})
     print(rows[-1])
     rows.append(_best(rows))
     print(rows[-1])

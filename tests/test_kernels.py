@@ -11,6 +11,8 @@ K step plus a remainder), a fully masked row, padded tails, all-negative columns
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -90,19 +92,29 @@ def _launch_forward(
 
 
 def _launch_backward(
-    g: Tensor, h: Tensor, e: Tensor, mx: Tensor, arg: Tensor, grad_e_kernel: str = "by-density"
+    g: Tensor, h: Tensor, e: Tensor, mx: Tensor, arg: Tensor, path: str = "by-density"
 ) -> tuple[Tensor, Tensor, Tensor]:
-    from gradcache_sparton.kernels.sparton import BackwardBlocks, sparton_backward
+    from gradcache_sparton.kernels import sparton
 
-    # grad_E's kernel forced (the b loop: 2 rows per step, so B = 3 and 5 end on a partial step; by
-    # column: 4 non-zeros per step) or chosen by the density of Y (the default blocks' rule)
-    below = {"b-loop": 0.0, "by-column": 2.0, "by-density": 0.25}[grad_e_kernel]
-    blocks = BackwardBlocks(2, 16, 16, 1, 16, 16, 1, 4, 16, 1, below)
-    return sparton_backward(g, h, e, mx, arg, blocks=blocks)
+    # The backward's kernels forced, or chosen by the density of Y (the default blocks' rule). All the
+    # tests' S are short (<= 64): short_s = 0 forces the longer sequences' kernels (which the default
+    # blocks give fp32 inputs whatever S). Sparse regime: grad_E
+    # by column (4 non-zeros per step), grad_H's rows from the column layout (short) or by a sort of all
+    # B·V keys (long); dense regime: grad_E's b loop (2 rows per step, so B = 3 and 5 end on a partial
+    # step), grad_H on the tensor cores (short) or by the sorted rows (long).
+    below, short_s = {
+        "by-density": (0.25, 64),
+        "sparse-short": (2.0, 64),
+        "sparse-long": (2.0, 0),
+        "dense-short": (0.0, 64),
+        "dense-long": (0.0, 0),
+    }[path]
+    blocks = replace(sparton._BWD_INTERPRET, by_column_below=below, short_s=short_s)
+    return sparton.sparton_backward(g, h, e, mx, arg, blocks=blocks)
 
 
-# grad_E's two kernels: by vocabulary column and the loop over b
-GRAD_E_KERNELS = ["by-column", "b-loop"]
+# The backward's paths: the sparse regime's and the dense regime's, each for short and longer sequences.
+BACKWARD_PATHS = ["sparse-short", "sparse-long", "dense-short", "dense-long"]
 
 
 def _top2_gap(h: Tensor, e: Tensor, b: Tensor | None, m: Tensor) -> Tensor:
@@ -254,18 +266,18 @@ def test_triton_forward_ties_pick_first_position(kernel_device, forward) -> None
     torch.testing.assert_close(mx, mx_ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("grad_e_kernel", GRAD_E_KERNELS)
+@pytest.mark.parametrize("path", BACKWARD_PATHS)
 @pytest.mark.parametrize(("dtype", "rtol"), DTYPES)
 @pytest.mark.parametrize(("B", "S", "D", "V", "bias"), SHAPES)
 def test_triton_backward_matches_reference_autograd(
-    kernel_device, dtype, rtol, B, S, D, V, bias, grad_e_kernel
+    kernel_device, dtype, rtol, B, S, D, V, bias, path
 ) -> None:
-    """grad_H, grad_E and grad_bias from (max, argmax) equal autograd through the reference, with
-    either grad_E kernel."""
+    """grad_H, grad_E and grad_bias from (max, argmax) equal autograd through the reference, on every
+    path of the backward."""
     h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=20 + B)
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(B, V, generator=torch.Generator().manual_seed(5)).to(kernel_device, dtype)
-    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg, grad_e_kernel)
+    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg, path)
     inputs = [t.detach().clone().requires_grad_() for t in (h, e, b) if t is not None]
     y_ref = sparton_head_reference(inputs[0], inputs[1], inputs[2] if bias else None, m)
     want = torch.autograd.grad(y_ref, inputs, g)
@@ -289,7 +301,7 @@ def test_triton_dense_backward_matches_reference_autograd(kernel_device, dtype, 
     h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=25)
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(B, V, generator=torch.Generator().manual_seed(26)).to(kernel_device, dtype)
-    blocks = DenseBackwardBlocks(16, positions, 16, 1, positions, 16, 16, 1)
+    blocks = DenseBackwardBlocks(16, positions, 16, 1, positions, 16, 16, 1, 1)
     grads = sparton_backward(g, h, e, mx, arg, dense=True, blocks=blocks)
     inputs = [t.detach().clone().requires_grad_() for t in (h, e, b)]
     want = torch.autograd.grad(sparton_head_reference(*inputs, m), inputs, g)
@@ -312,9 +324,9 @@ def test_triton_dense_backward_matches_reference_autograd(kernel_device, dtype, 
 )
 def test_triton_segments_equal_the_stable_sort(kernel_device, B, S, V, density) -> None:
     """The CSR layouts hold exactly the stable argsort of the keys (column v for grad_E, a counting sort;
-    row b·S + argmax for grad_H; zeros skipped, NaN coefficients kept) and its segment offsets: the
-    entries of a segment in increasing b (columns) or v (rows), the fixed summation order of the
-    backward."""
+    row b·S + argmax for grad_H, by a sort of all B·V keys or built from the column layout; zeros
+    skipped, NaN coefficients kept) and its segment offsets: the entries of a segment in increasing b
+    (columns) or v (rows), the fixed summation order of the backward."""
     from gradcache_sparton.kernels import sparton
 
     g = torch.Generator().manual_seed(B * 1000 + S)
@@ -327,14 +339,17 @@ def test_triton_segments_equal_the_stable_sort(kernel_device, B, S, V, density) 
     coef_d, arg_d = coef.to(kernel_device), arg.to(kernel_device)
     got_columns = sparton._column_segments(coef_d, torch.tensor(live, device=kernel_device), B * V + 1)
     got_rows = sparton._row_segments(coef_d, arg_d, S)
-    for (order, offsets), keys, count in ((got_columns, columns, V), (got_rows, rows, B * S)):
+    live_d = torch.tensor(live, device=kernel_device)
+    got_rows_from_columns = sparton._row_segments_from_columns(got_columns[0], arg_d, S, live_d, B * V + 1)
+    layouts = ((got_columns, columns, V), (got_rows, rows, B * S), (got_rows_from_columns, rows, B * S))
+    for (order, offsets), keys, count in layouts:
         sorted_keys, want = torch.sort(torch.where(coef != 0, keys, count).reshape(-1), stable=True)
         assert torch.equal(order[:live].cpu().long(), want[:live])
         assert torch.equal(offsets.cpu(), torch.searchsorted(sorted_keys, torch.arange(count + 1)))
 
 
 def test_triton_backward_same_with_narrow_or_wide_indices(kernel_device, monkeypatch) -> None:
-    """Bitwise the same gradients (both grad_E kernels), NaN planted in a coefficient included, with the
+    """Bitwise the same gradients (on every path of the backward), NaN planted in a coefficient included, with the
     narrow indices the tests' shapes get (the column layout's int32 b·V + v; grad_H's int16 sort keys,
     B·S < 2^15) and the wide ones of larger shapes (int64; int32 keys)."""
     from gradcache_sparton.kernels import sparton
@@ -343,41 +358,45 @@ def test_triton_backward_same_with_narrow_or_wide_indices(kernel_device, monkeyp
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(4, 53, generator=torch.Generator().manual_seed(28)).to(kernel_device)
     g[2, 10] = float("nan")
-    for grad_e_kernel in GRAD_E_KERNELS:
-        narrow = _launch_backward(g, h, e, mx, arg, grad_e_kernel)[:2]
+    for path in BACKWARD_PATHS:
+        narrow = _launch_backward(g, h, e, mx, arg, path)[:2]
         with monkeypatch.context() as patch:
             patch.setattr(sparton, "_order_dtype", lambda B, V: torch.int64)
             patch.setattr(sparton, "_INT16_KEYS_BELOW", 0)
-            wide = _launch_backward(g, h, e, mx, arg, grad_e_kernel)[:2]
+            wide = _launch_backward(g, h, e, mx, arg, path)[:2]
         for x, y in zip(narrow, wide, strict=True):
             assert torch.equal(x.isnan(), y.isnan()) and x.isnan().any()
             assert torch.equal(x.nan_to_num(), y.nan_to_num()) and (x.nan_to_num() != 0).any()
 
 
-def test_triton_grad_e_kernel_follows_the_density_of_y(kernel_device) -> None:
-    """By default grad_E runs by column where under 25% of Y's entries have a non-zero coefficient and
-    by the b loop elsewhere, chosen on the device: bitwise the forced kernel's result either way (the
-    two kernels sum in different orders, and differ on these inputs)."""
-    h, e, b, m = _inputs(5, 29, 24, 67, True, torch.float32, kernel_device, seed=29)
+def test_triton_backward_follows_the_density_of_y(kernel_device) -> None:
+    """By default the backward takes the sparse regime's path (grad_E by column, grad_H's rows from the
+    column layout) where under 25% of Y's entries have a non-zero coefficient, and the dense regime's
+    elsewhere (grad_E's b loop; at this short S, grad_H on the tensor cores), chosen on the device:
+    bitwise the forced path's grad_H and grad_E either way (the paths sum in different orders, and
+    differ on these inputs)."""
+    V = 211  # ~5 entries per grad_H row: enough for the two paths' summation orders to round apart
+    h, e, b, m = _inputs(5, 29, 24, V, True, torch.float32, kernel_device, seed=29)
     _, mx, arg = _launch_forward(h, e, b, m)
-    g = torch.randn(5, 67, generator=torch.Generator().manual_seed(30)).to(kernel_device)
-    sparse = g * (torch.rand(5, 67, generator=torch.Generator().manual_seed(31)) < 0.2).to(kernel_device)
-    for grad_y, expected in ((g, "b-loop"), (sparse, "by-column")):
+    g = torch.randn(5, V, generator=torch.Generator().manual_seed(30)).to(kernel_device)
+    sparse = g * (torch.rand(5, V, generator=torch.Generator().manual_seed(31)) < 0.2).to(kernel_device)
+    for grad_y, expected in ((g, "dense-short"), (sparse, "sparse-short")):
         density = ((mx > 0) & (grad_y != 0)).float().mean().item()
-        assert (density >= 0.25) == (expected == "b-loop"), density
-        chosen = _launch_backward(grad_y, h, e, mx, arg, "by-density")[1]
-        forced = {k: _launch_backward(grad_y, h, e, mx, arg, k)[1] for k in GRAD_E_KERNELS}
-        assert not torch.equal(forced["by-column"], forced["b-loop"])
-        assert torch.equal(chosen, forced[expected])
+        assert (density >= 0.25) == (expected == "dense-short"), density
+        chosen = _launch_backward(grad_y, h, e, mx, arg, "by-density")[:2]
+        forced = {k: _launch_backward(grad_y, h, e, mx, arg, k)[:2] for k in ("sparse-short", "dense-short")}
+        assert any(not torch.equal(one, other) for one, other in zip(*forced.values(), strict=True))
+        for got, want in zip(chosen, forced[expected], strict=True):
+            assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("grad_e_kernel", GRAD_E_KERNELS)
-def test_triton_backward_zero_where_output_zero_or_masked(kernel_device, grad_e_kernel) -> None:
+@pytest.mark.parametrize("path", BACKWARD_PATHS)
+def test_triton_backward_zero_where_output_zero_or_masked(kernel_device, path) -> None:
     """Masked positions, fully masked rows and all-negative columns get exactly zero gradient."""
     h, e, b, m = _inputs(3, 37, 24, 53, True, torch.float32, kernel_device, seed=6)
     _, mx, arg = _launch_forward(h, e, b, m)
     g = torch.randn(3, 53).to(kernel_device)
-    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg, grad_e_kernel)
+    grad_h, grad_e, grad_b = _launch_backward(g, h, e, mx, arg, path)
     assert (grad_h[m == 0] == 0).all()  # includes the fully masked row 0
     assert (grad_e[:3] == 0).all() and (grad_b[:3] == 0).all()
     assert (grad_h[m == 1] != 0).any() and (grad_e[3:] != 0).any()
@@ -493,7 +512,7 @@ def _kernel_non_finite_cases() -> list:
 @pytest.mark.parametrize(("value", "site", "dtype", "rtol", "forward"), _kernel_non_finite_cases())
 def test_triton_non_finite_matches_reference(kernel_device, value, site, dtype, rtol, forward) -> None:
     """A NaN/±inf in H (unmasked, masked, fully masked row), E, bias or grad_y: kernel Y, max, argmax and
-    every gradient (with either grad_E kernel) are NaN/inf at exactly the reference's entries (autograd
+    every gradient (on every path of the backward) are NaN/inf at exactly the reference's entries (autograd
     for the gradients)."""
     h, e, b, m = _inputs(*NON_FINITE_SHAPE, True, dtype, kernel_device, seed=32)
     g = torch.randn(3, 37, generator=torch.Generator().manual_seed(33)).to(kernel_device, dtype)
@@ -511,8 +530,8 @@ def test_triton_non_finite_matches_reference(kernel_device, value, site, dtype, 
     assert torch.equal(arg[clear].long(), arg_ref[clear])
     inputs = [t.detach().clone().requires_grad_() for t in (h, e, b)]
     want = torch.autograd.grad(sparton_head_reference(*inputs, m), inputs, g)
-    for grad_e_kernel in GRAD_E_KERNELS:
-        grads = _launch_backward(g, h, e, mx, arg, grad_e_kernel)
+    for path in BACKWARD_PATHS:
+        grads = _launch_backward(g, h, e, mx, arg, path)
         for got, ref in zip(grads, want, strict=True):
             scale = ref.nan_to_num(0.0, 0.0, 0.0).abs().max().item()  # of the finite entries
             _assert_same_non_finite(got, ref, rtol=rtol, atol=1e-5 * scale)

@@ -51,7 +51,7 @@ is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -104,6 +104,10 @@ class BackwardBlocks:
     # grad_E runs by column where fewer than this fraction of Y's B·V entries are non-zero, else the b
     # loop; decided on the device (no sync). 0: always the b loop; above 1: always by column.
     by_column_below: float
+    # S <= short_s: grad_H's layout is built from grad_E's column layout where Y is sparse, and grad_H
+    # runs on the tensor cores where it is dense. Longer S: grad_H's layout by a stable sort of all B·V
+    # keys, whatever the density.
+    short_s: int
 
 
 # 16-bit inputs on an H100 (bf16, B=128, S=512, D=768, V=30,522, benchmarks/tune_head.py, 2026-11-22):
@@ -200,6 +204,7 @@ _BWD_GPU = BackwardBlocks(
     c_block_d=128,
     c_num_warps=1,
     by_column_below=0.25,
+    short_s=64,
 )
 # The CSR layout of grad_E by column is a counting sort in two passes of one kernel, one program per
 # COLUMN_BLOCK_V columns walking b COLUMN_BLOCK_B rows at a time with a running count per column in
@@ -217,6 +222,8 @@ _COLUMN_BLOCK_B, _COLUMN_BLOCK_V = 32, 32
 # cumsum for the ranks 2.9-3.7 (3.5-4.5). Its keys are int16 while B·S is below this, else int32: the
 # sort took 0.43 ms as int16 against 0.80 ms as int32 at B = 512 (tune_head.py, 2026-11-23).
 _INT16_KEYS_BELOW = 2**15
+# grad_H's row keys from the column layout, entries per program (a one-pass elementwise kernel).
+_ROW_KEYS_BLOCK, _ROW_KEYS_BLOCK_INTERPRET = 1024, 16
 # Under the interpreter: partial tiles in b and v at the tests' shapes.
 _COLUMN_BLOCK_B_INTERPRET, _COLUMN_BLOCK_V_INTERPRET = 2, 16
 # e_block_b = 2: B = 3 and 5 in the tests end on a partial step; by column, 4 non-zeros per step: the
@@ -233,6 +240,7 @@ _BWD_INTERPRET = BackwardBlocks(
     c_block_d=16,
     c_num_warps=1,
     by_column_below=0.25,
+    short_s=64,
 )
 
 
@@ -248,6 +256,7 @@ class DenseBackwardBlocks:
     h_block_v: int  # grad_H: vocabulary rows per step (the K)
     h_block_d: int  # grad_H: hidden columns per program (the N)
     h_num_warps: int
+    h_num_stages: int
 
 
 # Dense backward (opt-in, ``sparton_backward(dense=True)``), bf16, B=512, S=32, 52% of Y > 0 (tune_head.py
@@ -263,8 +272,9 @@ _DENSE_BWD_GPU = DenseBackwardBlocks(
     e_num_warps=8,
     h_block_m=128,
     h_block_v=64,
-    h_block_d=128,
-    h_num_warps=4,
+    h_block_d=256,
+    h_num_warps=8,
+    h_num_stages=3,
 )
 # 64-position products: the tests' S = 21 and 29 pack 2 rows (B = 3 and 5 end on a partial group)
 _DENSE_BWD_INTERPRET = DenseBackwardBlocks(
@@ -276,6 +286,7 @@ _DENSE_BWD_INTERPRET = DenseBackwardBlocks(
     h_block_v=16,
     h_block_d=16,
     h_num_warps=1,
+    h_num_stages=1,
 )
 
 
@@ -578,6 +589,29 @@ def _sparton_bwd_grad_e_kernel(
     tl.store(grad_e_ptr + out, acc.to(grad_e_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
 
 
+@triton.jit(do_not_specialize=["limit", "S"])
+def _row_keys_kernel(
+    order_ptr,  # [B·V] flat index b·V + v of each non-zero, column by column (the first live are written)
+    arg_ptr,  # [B·V] int32 argmax over S
+    keys_ptr,  # [capacity] out: destination row b·S + argmax of each, the sentinel B·S past the live ones
+    live_ptr,  # [] int64: the number of non-zero coef
+    limit,  # the column layout exists only if live < limit; else every key is the sentinel
+    capacity,
+    V,
+    S,
+    sentinel,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = tl.load(live_ptr)
+    written = tl.where(live < limit, live, 0)  # the column layout's written slots
+    valid = (offs < capacity) & (offs < written)
+    flat = tl.load(order_ptr + offs, mask=valid, other=0)
+    s = tl.load(arg_ptr + flat, mask=valid, other=0)
+    key = tl.where(valid, (flat // V) * S + s, sentinel)
+    tl.store(keys_ptr + offs, key.to(keys_ptr.dtype.element_ty), mask=offs < capacity)
+
+
 @triton.jit(do_not_specialize=["limit"])
 def _sparton_bwd_grad_e_by_column_kernel(
     h_ptr,  # [B, S, D] hidden states
@@ -628,12 +662,16 @@ def _sparton_bwd_grad_h_kernel(
     coef_ptr,  # [B·V] fp32 coef, read at those indices
     poison_ptr,  # [D] fp32: NaN where column d of E holds a non-finite value, else 0
     grad_h_ptr,  # [B·S, D] out, dtype of H
+    live_ptr,  # [] int64: the number of non-zero coef
+    limit,  # this kernel runs only if live < limit (else grad_H goes on the tensor cores)
     V,
     D,
     stride_ev,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    if tl.load(live_ptr) >= limit:
+        return
     r = tl.program_id(0)  # destination row b·S + s; one program covers all of D
     start = tl.load(row_ptr + r)
     end = tl.load(row_ptr + r + 1)
@@ -725,6 +763,8 @@ def _sparton_bwd_dense_grad_h_kernel(
     arg_ptr,  # [B, V] int32
     poison_ptr,  # [D] fp32: NaN where column d of E holds a non-finite value, else 0
     grad_h_ptr,  # [B, S, D] out, dtype of H
+    live_ptr,  # [] int64: the number of non-zero coef
+    limit,  # this kernel runs only if live >= limit (else grad_H goes by destination row)
     B,
     S,
     V,
@@ -737,6 +777,8 @@ def _sparton_bwd_dense_grad_h_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    if tl.load(live_ptr) < limit:
+        return
     pid = tl.program_id(0)  # (group of ROWS batch rows, S tile)
     pid_d = tl.program_id(1)
     num_s_tiles = tl.cdiv(S, BLOCK_S)
@@ -982,19 +1024,76 @@ def _row_segments(coef: Tensor, arg: Tensor, S: int) -> tuple[Tensor, Tensor]:
     return order, torch.searchsorted(sorted_keys, bounds)
 
 
+def _default_backward_blocks(dtype: torch.dtype) -> BackwardBlocks:
+    """The default tiles; fp32 inputs take the longer sequences' kernels whatever S (grad_H's tensor-core
+    kernel multiplies fp32 in IEEE FMA, slower than the gather), the interpreter making the same choice."""
+    blocks = _BWD_INTERPRET if _interpreting() else _BWD_GPU
+    return replace(blocks, short_s=0) if dtype == torch.float32 else blocks
+
+
+def _row_segments_from_columns(
+    order: Tensor, arg: Tensor, S: int, live: Tensor, limit: int
+) -> tuple[Tensor, Tensor]:
+    """``_row_segments``' layout (the same entries in the same order) built from the column layout's
+    first ``limit`` slots instead of all B·V entries: where live < limit they hold every non-zero, v
+    increasing (column order), and a stable sort by destination row keeps v increasing within a row.
+    Where live >= limit the column layout was not written: every row is left empty."""
+    B, V = arg.shape
+    capacity = min(limit, B * V)
+    key_dtype = torch.int16 if B * S < _INT16_KEYS_BELOW else torch.int32
+    keys = torch.empty(capacity, device=arg.device, dtype=key_dtype)
+    block = _ROW_KEYS_BLOCK_INTERPRET if _interpreting() else _ROW_KEYS_BLOCK
+    grid = (triton.cdiv(capacity, block),)
+    _row_keys_kernel[grid](order, arg, keys, live, limit, capacity, V, S, B * S, BLOCK=block)
+    sorted_keys, by_row = torch.sort(keys, stable=True)
+    bounds = torch.arange(B * S + 1, device=arg.device, dtype=key_dtype)
+    return order[:capacity][by_row], torch.searchsorted(sorted_keys, bounds)
+
+
+def _sparse_backward(
+    h: Tensor,
+    e: Tensor,
+    coef: Tensor,
+    arg: Tensor,
+    needs: tuple[bool, bool],
+    blocks: BackwardBlocks,
+) -> tuple[Tensor | None, Tensor | None]:
+    """(grad_H, grad_E), each None where ``needs`` (H, E) says it is not needed. The count of non-zeros,
+    read on the device, picks each one's kernel (``blocks.by_column_below``, ``blocks.short_s``)."""
+    need_h, need_e = needs
+    B, S, _ = h.shape
+    V = e.shape[0]
+    live = torch.count_nonzero(coef)  # [] int64, read by the kernels on the device
+    # the sparse regime where live < limit; clamped so that 0 means never and anything above 1 always
+    limit = min(max(int(blocks.by_column_below * B * V), 0), B * V + 1)
+    short = blocks.short_s >= S
+    order = col_offsets = None
+    if limit > 0 and (need_e or (need_h and short)):
+        order, col_offsets = _column_segments(coef, live, limit)  # [B·V], [V + 1]
+    grad_e = _grad_e(h, coef, arg, live, limit, order, col_offsets, e.dtype, blocks) if need_e else None
+    grad_h = _grad_h(e, coef, arg, S, live, limit, order, short, h.dtype, blocks) if need_h else None
+    return grad_h, grad_e
+
+
 def _grad_e(
-    h: Tensor, coef: Tensor, arg: Tensor, V: int, dtype: torch.dtype, blocks: BackwardBlocks
+    h: Tensor,
+    coef: Tensor,
+    arg: Tensor,
+    live: Tensor,
+    limit: int,
+    order: Tensor | None,
+    col_offsets: Tensor | None,
+    dtype: torch.dtype,
+    blocks: BackwardBlocks,
 ) -> Tensor:
-    """grad_E [V, D] = Σ_b coef[b, v] · H[b, argmax[b, v]], by column or by the b loop as the count of
-    non-zeros selects on the device (``blocks.by_column_below``), NaN in H's non-finite columns."""
+    """grad_E [V, D] = Σ_b coef[b, v] · H[b, argmax[b, v]]: by column where live < limit (the column
+    layout given), else by the b loop; NaN in H's non-finite columns."""
     B, _, D = h.shape
+    V = coef.shape[1]
     poison = non_finite_columns(h, dim=(0, 1))  # [D]
     grad_e = torch.empty(V, D, device=h.device, dtype=dtype)  # every entry written by the kernel that runs
-    live = torch.count_nonzero(coef)  # [] int64, read by both kernels on the device
-    # by column where live < limit; clamped so that 0 means never and anything above 1 always
-    limit = min(max(int(blocks.by_column_below * B * V), 0), B * V + 1)
     if limit > 0:
-        order, col_offsets = _column_segments(coef, live, limit)  # [B·V], [V + 1]
+        assert order is not None and col_offsets is not None
         _sparton_bwd_grad_e_by_column_kernel[(V,)](
             h,
             col_offsets,
@@ -1037,30 +1136,51 @@ def _grad_e(
 
 
 def _grad_h(
-    e: Tensor, coef: Tensor, arg: Tensor, S: int, dtype: torch.dtype, blocks: BackwardBlocks
+    e: Tensor,
+    coef: Tensor,
+    arg: Tensor,
+    S: int,
+    live: Tensor,
+    limit: int,
+    order: Tensor | None,
+    short: bool,
+    dtype: torch.dtype,
+    blocks: BackwardBlocks,
 ) -> Tensor:
-    """grad_H [B, S, D] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v] (CSR by destination row, no atomics),
-    NaN in E's non-finite columns."""
+    """grad_H [B, S, D] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v], NaN in E's non-finite columns: by
+    destination row (CSR, no atomics). ``short`` (S <= ``blocks.short_s``): where live < limit
+    the rows are built from the column layout ``order``, and where live >= limit the tensor-core kernel
+    runs instead; else the rows come from a stable sort of all B·V keys, at any density."""
     B, V = coef.shape
     D = e.shape[1]
-    order, row_offsets = _row_segments(coef, arg, S)  # [B·V], [B·S + 1]
-    # The kernel reads v and coef through the layout itself, for the N non-zeros only.
     poison = non_finite_columns(e, dim=0)  # [D]
     grad_h = torch.empty(B, S, D, device=e.device, dtype=dtype)  # every row written (zeros if no entry)
-    _sparton_bwd_grad_h_kernel[(B * S,)](
-        e,
-        row_offsets,
-        order,
-        coef,
-        poison,
-        grad_h,
-        V,
-        D,
-        e.stride(0),
-        BLOCK_D=blocks.h_block_d,
-        BLOCK_N=blocks.h_block_n,
-        num_warps=blocks.h_num_warps,
-    )
+    if not short:
+        rows, row_offsets = _row_segments(coef, arg, S)  # [B·V], [B·S + 1]
+    elif limit > 0:
+        assert order is not None
+        rows, row_offsets = _row_segments_from_columns(order, arg, S, live, limit)
+    if not short or limit > 0:
+        # The kernel reads v and coef through the layout itself, for the N non-zeros only.
+        _sparton_bwd_grad_h_kernel[(B * S,)](
+            e,
+            row_offsets,
+            rows,
+            coef,
+            poison,
+            grad_h,
+            live,
+            limit if short else B * V + 1,  # longer S: runs whatever the density
+            V,
+            D,
+            e.stride(0),
+            BLOCK_D=blocks.h_block_d,
+            BLOCK_N=blocks.h_block_n,
+            num_warps=blocks.h_num_warps,
+        )
+    if short and limit <= B * V:
+        dense = _DENSE_BWD_INTERPRET if _interpreting() else _DENSE_BWD_GPU
+        _launch_dense_grad_h(e, coef, arg, poison, grad_h, live, limit, dense)
     return grad_h
 
 
@@ -1117,10 +1237,27 @@ def _grad_h_dense(
 ) -> Tensor:
     """grad_H [B, S, D] = P_b^T @ E per batch row, P_b^T [S, V] built tile by tile from (coef, argmax);
     M = h_block_m positions per program (whole rows stacked where S fits, sharing each E tile)."""
-    B, V = coef.shape
-    D = e.shape[1]
+    B = coef.shape[0]
     poison = non_finite_columns(e, dim=0)  # [D]
-    grad_h = torch.empty(B, S, D, device=e.device, dtype=dtype)
+    grad_h = torch.empty(B, S, e.shape[1], device=e.device, dtype=dtype)
+    _launch_dense_grad_h(e, coef, arg, poison, grad_h, torch.count_nonzero(coef), 0, blocks)  # runs always
+    return grad_h
+
+
+def _launch_dense_grad_h(
+    e: Tensor,
+    coef: Tensor,
+    arg: Tensor,
+    poison: Tensor,
+    grad_h: Tensor,
+    live: Tensor,
+    limit: int,
+    blocks: DenseBackwardBlocks,
+) -> None:
+    """``_sparton_bwd_dense_grad_h_kernel`` into grad_h [B, S, D] where live >= limit (decided on the
+    device)."""
+    B, S, D = grad_h.shape
+    V = coef.shape[1]
     rows, block_s = _whole_rows(S, blocks.h_block_m)
     grid = (triton.cdiv(B, rows) * triton.cdiv(S, block_s), triton.cdiv(D, blocks.h_block_d))
     _sparton_bwd_dense_grad_h_kernel[grid](
@@ -1129,6 +1266,8 @@ def _grad_h_dense(
         arg,
         poison,
         grad_h,
+        live,
+        limit,
         B,
         S,
         V,
@@ -1140,8 +1279,8 @@ def _grad_h_dense(
         BLOCK_S=block_s,
         BLOCK_D=blocks.h_block_d,
         num_warps=blocks.h_num_warps,
+        num_stages=blocks.h_num_stages,
     )
-    return grad_h
 
 
 def sparton_backward(
@@ -1168,17 +1307,19 @@ def sparton_backward(
     neither computed nor allocated (None).
     """
     need_h, need_e, need_bias = needs_input_grad
-    S = hidden_states.shape[1]
-    V = weight.shape[0]
-    if dense:
-        blocks = blocks or (_DENSE_BWD_INTERPRET if _interpreting() else _DENSE_BWD_GPU)
-        grad_e_of, grad_h_of = _grad_e_dense, _grad_h_dense
-    else:
-        blocks = blocks or (_BWD_INTERPRET if _interpreting() else _BWD_GPU)
-        grad_e_of, grad_h_of = _grad_e, _grad_h
+    h, e = hidden_states.contiguous(), weight.contiguous()
+    S = h.shape[1]
+    V = e.shape[0]
     arg = argmax.to(torch.int32).contiguous()
     coef = backward_coefficients(grad_y, max_logits).contiguous()  # [B, V] fp32
     grad_bias = coef.sum(dim=0) if need_bias else None  # [B, V] -> [V]
-    grad_e = grad_e_of(hidden_states.contiguous(), coef, arg, V, weight.dtype, blocks) if need_e else None
-    grad_h = grad_h_of(weight.contiguous(), coef, arg, S, hidden_states.dtype, blocks) if need_h else None
+    if dense:
+        blocks = blocks or (_DENSE_BWD_INTERPRET if _interpreting() else _DENSE_BWD_GPU)
+        assert isinstance(blocks, DenseBackwardBlocks)
+        grad_e = _grad_e_dense(h, coef, arg, V, e.dtype, blocks) if need_e else None
+        grad_h = _grad_h_dense(e, coef, arg, S, h.dtype, blocks) if need_h else None
+    else:
+        blocks = blocks or _default_backward_blocks(h.dtype)
+        assert isinstance(blocks, BackwardBlocks)
+        grad_h, grad_e = _sparse_backward(h, e, coef, arg, (need_h, need_e), blocks)
     return grad_h, grad_e, grad_bias
