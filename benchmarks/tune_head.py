@@ -5,11 +5,12 @@ Legend: B batch, S sequence, D hidden, V vocabulary.
 
 Times the forward launcher for each candidate ForwardBlocks (one-row kernel) and PackedForwardBlocks
 (packed-rows kernel, only where S <= 256), the backward launcher for each candidate BackwardBlocks (and
-DenseBackwardBlocks with --dense), and the backward's parts (grad_E, grad_H, and the CSR layouts alone:
-grad_E's by column for candidate tiles against the stable torch.sort it replaced, grad_H's sort), and
-each backward candidate's peak memory above its inputs (whole backward, grad_E, grad_H), with
-do_bench medians, bf16 random inputs; the last row ("best") names the fastest of each kind and the
-fwd+bwd sums they give.
+DenseBackwardBlocks with --dense), and the backward's parts (grad_E alone and grad_H alone; grad_H on
+the tensor cores for candidate tiles; the CSR layouts alone: grad_E's by column for candidate tiles
+against the stable torch.sort it replaced, grad_H's by the sort of all keys and from the column
+layout), and each backward candidate's peak memory above its inputs (whole backward, grad_E, grad_H),
+with do_bench medians, bf16 random inputs; the last row ("best") names the fastest of each kind and
+the fwd+bwd sums they give.
 
     export PYTHONPATH=$PWD:$PYTHONPATH
     python benchmarks/tune_head.py --out $OUT/tune.json

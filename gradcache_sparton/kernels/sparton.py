@@ -36,11 +36,17 @@ is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and
   gather, their sum added to the accumulator: a fixed order); rows with coef = 0 are masked off the
   gather. Each kernel's summation order is fixed, and the same input picks the same kernel:
   deterministic.
-- grad_H[b, s] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v]: the non-zeros are sorted by destination row
-  (b·S + s) into CSR form (``torch.sort``, stable; int16 keys where B·S < 2^15), and one program per
-  row gathers and sums its own entries, D tile by D tile. No atomics: the sum order is fixed, so the
-  backward is deterministic, and rows without entries (masked positions, never an argmax) are written
-  as exact zeros.
+- grad_H[b, s] = Σ_{v: argmax[b, v] = s} coef[b, v] · E[v]: the non-zeros are laid out by destination
+  row (b·S + s) in CSR form, v increasing within a row, and one program per row gathers and sums its own
+  entries, D tile by D tile. No atomics: the sum order is fixed, so the backward is deterministic, and
+  rows without entries (masked positions, never an argmax) are written as exact zeros. The layout:
+  for S > ``BackwardBlocks.short_s`` (and fp32 inputs), a stable ``torch.sort`` of all B·V keys (the
+  sentinel B·S for zeros; int16 keys where B·S < 2^15). For short 16-bit sequences (queries), where Y is
+  sparse (the same device-side rule as grad_E's), a stable sort of grad_E's column layout's first
+  by_column_below·B·V slots by row (they hold every non-zero, v increasing, so the layout is the same
+  entry for entry); where Y is dense that layout is not built, and grad_H runs on the tensor cores
+  instead (the dense kernel below, its [S, V] tile of coef at the argmax built in registers). The
+  CSR and the tensor-core kernels are both launched, the one not selected returning at once.
 - grad_bias[v] = Σ_b coef[b, v] (a [B, V] reduction, done by torch).
 - Non-finite inputs: as autograd through the dense reference, grad_E[:, d] is NaN wherever column d of H
   holds a NaN or ±inf (0 · inf in the dense product), grad_H[:, :, d] wherever column d of E does: each
@@ -106,7 +112,7 @@ class BackwardBlocks:
     by_column_below: float
     # S <= short_s: grad_H's layout is built from grad_E's column layout where Y is sparse, and grad_H
     # runs on the tensor cores where it is dense. Longer S: grad_H's layout by a stable sort of all B·V
-    # keys, whatever the density.
+    # keys, whatever the density. (The default blocks set it to 0 for fp32 inputs.)
     short_s: int
 
 
@@ -192,6 +198,14 @@ _FWD_PACKED_INTERPRET = PackedForwardBlocks(
 # unless the device-side count of non-zeros selects it (the column layout's kernels too). With the
 # counting layout (below) the whole backward at B=512, S=32, 2.3% took 1.59 ms (grad_E 0.48, grad_H
 # 0.79; tune_head.py, H100, 2026-11-25, later).
+# short_s = 64 (the packed forward's bound): grad_H's rows from the column layout where Y is sparse, on
+# the tensor cores where it is dense. B=512, S=32, tune_head.py --skip-fwd, 2026-11-26, whole backward
+# (grad_H alone) in ms, short_s 64 against 0 (every S on the sort of all B·V keys): on an H100, 2.3% of
+# Y > 0: 1.20 (0.64) against 1.58 (0.92), the row layout 0.20 against 0.57; 100%: 7.76 (4.59) against
+# 8.54 (5.35) with the tensor-core tile before the one committed (grad_H alone 4.39 then, 2.79 now); on
+# an H200 with the committed tile, 52%: 5.82 (3.01) against 5.80 (2.97). Longer S keep the sort: there
+# the tensor-core grad_H's work, 2·B·S·V·D twice (the bf16 split), grows with S while the gather's
+# does not. fp32 inputs keep it too (IEEE FMA products, no tensor cores).
 _BWD_GPU = BackwardBlocks(
     e_block_b=1,
     e_block_v=16,
@@ -222,7 +236,9 @@ _COLUMN_BLOCK_B, _COLUMN_BLOCK_V = 32, 32
 # cumsum for the ranks 2.9-3.7 (3.5-4.5). Its keys are int16 while B·S is below this, else int32: the
 # sort took 0.43 ms as int16 against 0.80 ms as int32 at B = 512 (tune_head.py, 2026-11-23).
 _INT16_KEYS_BELOW = 2**15
-# grad_H's row keys from the column layout, entries per program (a one-pass elementwise kernel).
+# grad_H's row keys from the column layout, entries per program (one elementwise pass over the
+# by_column_below·B·V slots; the whole row layout, keys, sort and offsets, took 0.16-0.20 ms at B=512,
+# S=32 on an H100 and an H200, not tuned further). Under the interpreter, several programs per test.
 _ROW_KEYS_BLOCK, _ROW_KEYS_BLOCK_INTERPRET = 1024, 16
 # Under the interpreter: partial tiles in b and v at the tests' shapes.
 _COLUMN_BLOCK_B_INTERPRET, _COLUMN_BLOCK_V_INTERPRET = 2, 16
@@ -263,8 +279,15 @@ class DenseBackwardBlocks:
 # --dense, H100, 2026-11-23), ms (grad_E + grad_H): grad_E 128 x 64 (K, 2 rows) x 128, 8 warps and grad_H
 # M = 128 (4 rows) x 64 x 128, 4 warps 11.23 (7.06 + 3.88, 137 TFLOP/s over the two products' flops);
 # grad_H with 8 warps 11.83; M = 256 x K 32 12.06; K = 32 for grad_E 13.06; 64-wide M for grad_E 12.93-
-# 13.21. The sparse backward ran the same inputs in 6.40 and 3.31 at 2.3% of Y > 0: it is the default
-# at every density measured, and the dense one is not chosen automatically.
+# 13.21. The sparse backward ran the same inputs in 6.40 and 3.31 at 2.3% of Y > 0, so the dense grad_E
+# is not chosen automatically; the dense grad_H is, for short sequences with dense Y (``short_s``).
+# Its tile, grad_H alone at the same shape (tune_head.py --skip-fwd, 2026-11-26; density does not
+# change it: 2.77-2.86 ms at 2.3%, 52% and 100% of Y > 0 on an H100), ms on an H100 / an H200:
+# M = 128 (4 rows) x K 64 x N 256, 8 warps, 3 stages 2.79 / 2.81 (4 stages - / 2.92); 64 x 32 x 256,
+# 4 warps - / 3.15; 128 x 32 x 128, 4 warps 3.19 / 3.26; 64 x 64 x 128 3.41 / 3.48; 128 x 32 x 256
+# - / 3.71; 128 x 128 x 128, 8 warps 4.22 / -; the tile before, 128 x 64 x 128, 4 warps, 4.37 / 4.43
+# (4 stages 4.38, 2 stages 4.67, 8 warps 4.60 on the H100); 128 x 64 x 256 with 4 warps - / 14.9,
+# 256 x 32 x 256 - / 25.9 (register spills); 128 x 128 x 256 needs 264 KiB of shared memory.
 _DENSE_BWD_GPU = DenseBackwardBlocks(
     e_block_v=128,
     e_block_k=64,
