@@ -98,10 +98,10 @@ def _launch_backward(
 
     # The backward's kernels forced, or chosen by the density of Y (the default blocks' rule). All the
     # tests' S are short (<= 64): short_s = 0 forces the longer sequences' kernels (which the default
-    # blocks give fp32 inputs whatever S). Sparse regime: grad_E
-    # by column (4 non-zeros per step), grad_H's rows from the column layout (short) or by a sort of all
-    # B·V keys (long); dense regime: grad_E's b loop (2 rows per step, so B = 3 and 5 end on a partial
-    # step), grad_H on the tensor cores (short) or by the sorted rows (long).
+    # blocks give fp32 inputs whatever S). Sparse regime: grad_E by column (4 non-zeros per step),
+    # grad_H's rows from the column layout (short) or by a sort of all B·V keys (long); dense regime:
+    # grad_E's b loop (2 rows per step, so B = 3 and 5 end on a partial step), grad_H on the tensor
+    # cores (short) or by the sorted rows (long).
     below, short_s = {
         "by-density": (0.25, 64),
         "sparse-short": (2.0, 64),
@@ -349,9 +349,9 @@ def test_triton_segments_equal_the_stable_sort(kernel_device, B, S, V, density) 
 
 
 def test_triton_backward_same_with_narrow_or_wide_indices(kernel_device, monkeypatch) -> None:
-    """Bitwise the same gradients (on every path of the backward), NaN planted in a coefficient included, with the
-    narrow indices the tests' shapes get (the column layout's int32 b·V + v; grad_H's int16 sort keys,
-    B·S < 2^15) and the wide ones of larger shapes (int64; int32 keys)."""
+    """Bitwise the same gradients (on every path of the backward), NaN planted in a coefficient
+    included, with the narrow indices the tests' shapes get (the column layout's int32 b·V + v; grad_H's
+    int16 sort keys, B·S < 2^15) and the wide ones of larger shapes (int64; int32 keys)."""
     from gradcache_sparton.kernels import sparton
 
     h, e, b, m = _inputs(4, 45, 24, 53, True, torch.float32, kernel_device, seed=27)  # B·S = 180 > 2^7
@@ -512,8 +512,8 @@ def _kernel_non_finite_cases() -> list:
 @pytest.mark.parametrize(("value", "site", "dtype", "rtol", "forward"), _kernel_non_finite_cases())
 def test_triton_non_finite_matches_reference(kernel_device, value, site, dtype, rtol, forward) -> None:
     """A NaN/±inf in H (unmasked, masked, fully masked row), E, bias or grad_y: kernel Y, max, argmax and
-    every gradient (on every path of the backward) are NaN/inf at exactly the reference's entries (autograd
-    for the gradients)."""
+    every gradient (on every path of the backward) are NaN/inf at exactly the reference's entries
+    (autograd for the gradients)."""
     h, e, b, m = _inputs(*NON_FINITE_SHAPE, True, dtype, kernel_device, seed=32)
     g = torch.randn(3, 37, generator=torch.Generator().manual_seed(33)).to(kernel_device, dtype)
     _plant(site, value, h, e, b, g)
