@@ -213,6 +213,19 @@ def token_budget_groups(mask: Tensor, tokens: int, max_rows: int) -> list[list[i
     return groups
 
 
+def enable_checkpointing(model: BertForMaskedLM, *, use_reentrant: bool) -> None:
+    """Turn on the model's activation checkpointing, reentrant or not. transformers 5.23 renames
+    gradient_checkpointing_enable (deprecated) to activation_checkpointing_enable; the GPU machine's
+    5.17 may only have the old name."""
+    kwargs = {"use_reentrant": use_reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        assert model.is_activation_checkpointing
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        assert model.is_gradient_checkpointing
+
+
 def grads_of(module: nn.Module) -> dict[str, Tensor]:
     """A copy of every parameter gradient (zeros where a parameter got none)."""
     return {

@@ -17,6 +17,7 @@ from engine_helpers import (
     assert_grads_close,
     assert_grads_unchanged,
     contrastive_flops_loss,
+    enable_checkpointing,
     failing_encoder,
     grads_of,
     make_columns,
@@ -216,18 +217,6 @@ def test_optimizer_step_matches_uncached(config) -> None:
     assert mismatches(doubled) != []
 
 
-def _enable_checkpointing(model, *, use_reentrant: bool) -> None:
-    # transformers 5.23 renames gradient_checkpointing_enable (deprecated) to activation_checkpointing_enable;
-    # the GPU machine's 5.17 may only have the old name.
-    kwargs = {"use_reentrant": use_reentrant}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        assert model.is_activation_checkpointing
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        assert model.is_gradient_checkpointing
-
-
 @pytest.mark.parametrize("use_reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 def test_gradient_checkpointing_matches_uncached(config, use_reentrant: bool) -> None:
     """With dropout and gradient checkpointing (either torch variant), gradients equal uncached ones.
@@ -243,7 +232,7 @@ def test_gradient_checkpointing_matches_uncached(config, use_reentrant: bool) ->
     ref_grads = grads_of(encoder)
     encoder.zero_grad()
 
-    _enable_checkpointing(encoder.mlm, use_reentrant=use_reentrant)
+    enable_checkpointing(encoder.mlm, use_reentrant=use_reentrant)
     torch.manual_seed(5)
     loss = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3)(columns)
     loss.backward()

@@ -16,6 +16,7 @@ import torch
 from engine_helpers import (
     assert_grads_close,
     contrastive_flops_loss,
+    enable_checkpointing,
     grads_of,
     make_columns,
     make_encoder,
@@ -181,15 +182,6 @@ def test_graphed_step_with_a_live_eager_graph_matches_uncached(config) -> None:
     assert kept[0].grad_fn is not None
 
 
-def _enable_checkpointing(model, *, use_reentrant: bool) -> None:
-    # transformers 5.23 renamed gradient_checkpointing_enable to activation_checkpointing_enable
-    kwargs = {"use_reentrant": use_reentrant}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
 @pytest.mark.gpu
 def test_graphed_checkpointing_matches_per_mini_batch_reference(tiny_bert_config) -> None:
     """With dropout and non-reentrant activation checkpointing (its recomputation, RNG state included, is
@@ -204,7 +196,7 @@ def test_graphed_checkpointing_matches_per_mini_batch_reference(tiny_bert_config
         ref_loss.backward()
         references.append((columns, ref_loss.detach(), grads_of(encoder)))
         encoder.zero_grad(set_to_none=True)
-    _enable_checkpointing(encoder.mlm, use_reentrant=False)
+    enable_checkpointing(encoder.mlm, use_reentrant=False)
     engine = GradCache(encoder, mini_batch_size=3, pad_to_multiple_of=PAD, cuda_graphs=True)
     for columns, ref_loss, ref_grads in references:
         torch.cuda.manual_seed(99)
@@ -221,7 +213,7 @@ def test_graphed_reentrant_checkpointing_is_refused_and_grads_restored(config) -
     """Reentrant checkpointing (which a capture cannot hold) is refused when the first Step (3) graph is
     recorded, naming use_reentrant=False, and .grad is put back as it was (None)."""
     encoder = make_encoder(config, train=True).cuda()  # transformers checkpoints in training mode only
-    _enable_checkpointing(encoder.mlm, use_reentrant=True)
+    enable_checkpointing(encoder.mlm, use_reentrant=True)
     engine = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=True)
     with pytest.raises(ValueError, match=r"reentrant activation checkpointing.*use_reentrant=False"):
         engine.step(_cuda(make_columns(BATCH, 3)), contrastive_flops_loss)
@@ -234,7 +226,7 @@ def test_reentrant_checkpoint_is_found_in_the_graph(config, use_reentrant: bool 
     and neither a non-reentrant one nor an encoder without checkpointing is mistaken for it."""
     encoder = make_encoder(config, train=True)  # transformers checkpoints in training mode only
     if use_reentrant is not None:
-        _enable_checkpointing(encoder.mlm, use_reentrant=use_reentrant)
+        enable_checkpointing(encoder.mlm, use_reentrant=use_reentrant)
     features = make_columns(BATCH, 3)["query"]
     assert _reentrant_checkpoint_in(encoder(**features)) is bool(use_reentrant)
 

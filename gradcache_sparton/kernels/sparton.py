@@ -1179,12 +1179,16 @@ def _grad_h(
     D = e.shape[1]
     poison = non_finite_columns(e, dim=0)  # [D]
     grad_h = torch.empty(B, S, D, device=e.device, dtype=dtype)  # every row written (zeros if no entry)
+    # (rows [B·V], offsets [B·S + 1]) and the bound under which the CSR kernel runs
     if not short:
-        rows, row_offsets = _row_segments(coef, arg, S)  # [B·V], [B·S + 1]
+        layout, below = _row_segments(coef, arg, S), B * V + 1  # whatever the density
     elif limit > 0:
         assert order is not None
-        rows, row_offsets = _row_segments_from_columns(order, arg, S, live, limit)
-    if not short or limit > 0:
+        layout, below = _row_segments_from_columns(order, arg, S, live, limit), limit
+    else:
+        layout, below = None, 0  # no column layout: the tensor cores only
+    if layout is not None:
+        rows, row_offsets = layout
         # The kernel reads v and coef through the layout itself, for the N non-zeros only.
         _sparton_bwd_grad_h_kernel[(B * S,)](
             e,
@@ -1194,7 +1198,7 @@ def _grad_h(
             poison,
             grad_h,
             live,
-            limit if short else B * V + 1,  # longer S: runs whatever the density
+            below,
             V,
             D,
             e.stride(0),
