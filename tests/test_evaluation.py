@@ -143,9 +143,8 @@ def test_default_metrics_equal_the_previous_hand_written_values() -> None:
     assert list(metrics.values()) == pytest.approx(means, abs=1e-12)
 
 
-def test_any_ir_measures_measure_and_the_deprecated_cutoffs() -> None:
-    """AP, P@k and parametrised measures are computed by ir_measures under stable keys; the old
-    ndcg_k/mrr_k/recall_k keywords still work, with a DeprecationWarning."""
+def test_any_ir_measures_measure() -> None:
+    """AP, P@k and parametrised measures are computed by ir_measures under stable keys."""
     rankings = {"q1": ["a", "b", "c", "d"], "q2": ["d", "c", "b", "a"]}
     qrels = {"q1": {"b": 1, "d": 2}, "q2": {"a": 1}}
     metrics = retrieval_metrics(rankings, qrels, measures=["AP", "P@2", "R(rel=2)@10"])
@@ -153,9 +152,6 @@ def test_any_ir_measures_measure_and_the_deprecated_cutoffs() -> None:
     assert metrics["map"] == pytest.approx(((1 / 2 + 2 / 4) / 2 + 1 / 4) / 2)
     assert metrics["precision_at_2"] == pytest.approx((1 / 2 + 0) / 2)
     assert metrics["recall_rel_2_at_10"] == pytest.approx((1 + 0) / 2)  # q2 has no doc of relevance >= 2
-    with pytest.warns(DeprecationWarning, match="measures="):
-        old = retrieval_metrics(rankings, qrels, ndcg_k=3, mrr_k=1, recall_k=2)
-    assert old == retrieval_metrics(rankings, qrels, measures=["nDCG@3", "RR@1", "R@2"])
     with pytest.raises(ValueError, match="name one measure twice"):
         retrieval_metrics(rankings, qrels, measures=["AP", "AP"])
 

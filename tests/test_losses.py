@@ -772,21 +772,6 @@ def test_bad_steps_and_loss_kwargs_are_rejected() -> None:
 # ----------------------------------------------------------------------------------------------- one set of names
 
 
-def test_splade_config_old_names_warn_and_map_to_new() -> None:
-    """The pre-rename keywords still build the same config, each with a DeprecationWarning naming the new one."""
-    old = {"query_weight": 0.2, "doc_weight": 0.1, "warmup_steps": 7, "warmup_shape": "linear"}
-    with pytest.warns(DeprecationWarning) as record:
-        config = SpladeLossConfig(**old)
-    messages = " ".join(str(w.message) for w in record)
-    for new in ("query_reg_weight", "doc_reg_weight", "reg_warmup_steps", "reg_warmup_shape"):
-        assert f"use {new}=" in messages
-    assert config == SpladeLossConfig(
-        query_reg_weight=0.2, doc_reg_weight=0.1, reg_warmup_steps=7, reg_warmup_shape="linear"
-    )
-    with pytest.raises(TypeError, match=r"both query_weight.*query_reg_weight"):
-        SpladeLossConfig(query_weight=0.2, query_reg_weight=0.3)
-
-
 def test_training_arguments_take_the_loss_config_fields(tmp_path) -> None:
     """The training arguments have exactly SpladeLossConfig's fields (names, defaults, help), as CLI flags."""
     import dataclasses

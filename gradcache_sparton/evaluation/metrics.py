@@ -16,7 +16,6 @@ Result keys are stable names derived from the measure: ``ndcg_at_10``, ``mrr_at_
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -91,27 +90,13 @@ def retrieval_metrics(
     qrels: Mapping[str, Mapping[str, int]],
     *,
     measures: Sequence[str] = DEFAULT_MEASURES,
-    ndcg_k: int | None = None,
-    mrr_k: int | None = None,
-    recall_k: int | None = None,
 ) -> dict[str, float]:
     """Mean of each measure over the queries of ``qrels`` with a document of relevance > 0.
 
     ``rankings`` maps each such query id to its ranked doc ids, best first (ties already broken). A
     judged query missing from ``rankings``, a ranking that lists a doc twice, and qrels without any
     relevant document are ``ValueError``. Keys: :func:`measure_key` of each measure.
-
-    ``ndcg_k``, ``mrr_k``, ``recall_k`` are deprecated: they stand for
-    ``measures=(f"nDCG@{ndcg_k}", f"RR@{mrr_k}", f"R@{recall_k}")`` (defaults 10, 10, 100).
     """
-    if (ndcg_k, mrr_k, recall_k) != (None, None, None):
-        warnings.warn(
-            "retrieval_metrics(ndcg_k=, mrr_k=, recall_k=) is deprecated: pass "
-            "measures=('nDCG@10', 'RR@10', 'R@100') (any ir_measures name)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        measures = (f"nDCG@{ndcg_k or 10}", f"RR@{mrr_k or 10}", f"R@{recall_k or 100}")
     parsed = parse_measures(measures)
     evaluated = [query_id for query_id, judged in qrels.items() if any(r > 0 for r in judged.values())]
     if not evaluated:

@@ -20,7 +20,6 @@ but an int between calls, so two forwards before one backward cannot clobber eac
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -131,10 +130,6 @@ class SpladeLossConfig:
 
     The default regularizer weights suit InfoNCE at SPLADE's scale; MarginMSE values are orders of
     magnitude larger than InfoNCE's, so distillation needs its own (larger) weights.
-
-    Renamed keywords: ``query_weight``, ``doc_weight``, ``warmup_steps`` and ``warmup_shape`` are still
-    accepted by ``SpladeLossConfig(...)`` with a ``DeprecationWarning`` naming the new field; the
-    attributes exist only under the new names.
     """
 
     query_reg_weight: float = field(
@@ -242,43 +237,6 @@ class SpladeLossConfig:
             steps_name="reg_warmup_steps",
             shape_name="reg_warmup_shape",
         )
-
-
-# SpladeLossConfig's keyword names before one set of names was shared with the training arguments.
-_RENAMED_FIELDS = {
-    "query_weight": "query_reg_weight",
-    "doc_weight": "doc_reg_weight",
-    "warmup_steps": "reg_warmup_steps",
-    "warmup_shape": "reg_warmup_shape",
-}
-
-
-def _accept_renamed_fields(init: Callable[..., None]) -> Callable[..., None]:
-    """Wrap the generated ``__init__`` so the old keyword names still work, with a DeprecationWarning."""
-
-    @functools.wraps(init)
-    def __init__(self: SpladeLossConfig, *args: Any, **kwargs: Any) -> None:
-        for old, new in _RENAMED_FIELDS.items():
-            if old not in kwargs:
-                continue
-            if new in kwargs:
-                raise TypeError(
-                    f"SpladeLossConfig got both {old}= (the old name) and {new}=; pass {new} only"
-                )
-            warnings.warn(
-                f"SpladeLossConfig({old}=...) is deprecated and will be removed: use {new}=...",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            kwargs[new] = kwargs.pop(old)
-        init(self, *args, **kwargs)
-
-    return __init__
-
-
-# Only SpladeLossConfig itself: subclasses that are dataclasses (the training arguments, whose own
-# ``warmup_steps`` is the learning-rate warm-up) get their own generated __init__.
-SpladeLossConfig.__init__ = _accept_renamed_fields(SpladeLossConfig.__init__)  # type: ignore[method-assign]
 
 
 class SpladeLoss:
