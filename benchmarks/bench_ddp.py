@@ -1,35 +1,36 @@
-"""Data-parallel GradCache on 2 GPUs: gradients equal one process on the global batch, and throughput.
+"""Data-parallel GradCache on W GPUs (any W >= 2): gradients equal one process on the global batch, and throughput.
 
 Legend: B batch (rows), S sequence, D hidden, V vocabulary, W world size (GPUs).
 
-Launched with ``torchrun --nproc_per_node 2`` (NCCL), in three phases:
+Launched with ``torchrun --nproc_per_node W`` (NCCL), in three phases:
 
   equality    fp32 (TF32 off), dropout off, a 2-layer BERT-base-width SpladeEncoder (Triton head): a cached
-              step on 2 DDP ranks (8+8 rows, and 10+6 rows: unequal replay counts) must give every
-              parameter gradient of one process's cached step on the global 16 rows (computed on rank 0
-              with its own copy of the model), within rtol 1e-4 of each parameter's largest gradient (floored at 1e-4 of the model's largest)
-              (fp32 on GPU: the ranks cut other mini-batches, DDP sums two partial gradients, and the
-              head's scatter and cuBLAS may sum in any order; measured differences are printed). Both
-              ranks' gradients must also be bitwise equal (DDP synchronised them).
-  1 GPU       rank 0 alone (rank 1 waits at a barrier): a BERT-base-width SpladeEncoder (D 768, 12 heads,
-              FFN 3,072, 6 layers, V 30,522, random init, decoder bias -0.5 as in training), bf16
+              step on W DDP ranks over a global batch of 8 x W rows, split equally (8 rows a rank) and
+              unequally (the first half of the ranks 10 rows, the second half 6, a middle rank of an odd W
+              8: with mini-batches of 3, unequal replay counts of 4, 2 and 3), must give every parameter
+              gradient of one process's cached step on the global batch (computed on rank 0 with its own
+              copy of the model), within rtol 1e-4 of each parameter's largest gradient (floored at 1e-4 of
+              the model's largest) (fp32 on GPU: the ranks cut other mini-batches, DDP sums W partial
+              gradients, and the head's scatter and cuBLAS may sum in any order; measured differences are
+              printed). Every rank's gradients must also be bitwise equal (DDP synchronised them).
+  1 GPU       rank 0 alone (the other ranks wait at a barrier): a BERT-base-width SpladeEncoder (D 768, 12
+              heads, FFN 3,072, 6 layers, V 30,522, random init, decoder bias -0.5 as in training), bf16
               autocast, queries of 32 tokens + positives of 256, effective batch 256 per GPU in
               mini-batches of 64, SpladeLoss (InfoNCE + FLOPS), fused AdamW, no DDP, no gather.
-  2 GPUs      the same per GPU on both ranks: DDP, reps gathered (the loss sees 512 rows), one
+  W GPUs      the same per GPU on every rank: DDP, reps gathered (the loss sees 256 x W rows), one
               all-reduce per step.
 
 Throughput: after warm-up steps (Triton compilation, optimizer state), ``--steps`` steps between a
-synchronize (and, on 2 GPUs, the step's own all-reduce) at both ends; sequences per second = 2 columns
-x rows per step x steps / seconds. The target: 2-GPU sequences/s >= 1.8 x 1-GPU. Rank 0 prints a table
-and writes JSON (rows, checks, device, versions, date) to ``--out``.
+synchronize (and, on W GPUs, the step's own all-reduce) at both ends; sequences per second = 2 columns
+x rows per step x steps / seconds. The target: W-GPU sequences/s >= 0.925 x W x 1-GPU (1.85 at 2 GPUs,
+3.7 at 4). Rank 0 prints a table and writes JSON (rows, checks, device, versions, date) to ``--out``.
+The scaling curve is one launch per W, in one call:
 
-Run on a 2-GPU machine from the repository root (about 1-2 minutes):
-
-    PYTHONPATH=$PWD torchrun --nproc_per_node 2 benchmarks/bench_ddp.py --out $OUT/ddp.json
+    for w in 2 4; do PYTHONPATH=$PWD torchrun --nproc_per_node $w benchmarks/bench_ddp.py --out $OUT/ddp_$w.json; done
 
 ``python benchmarks/bench_ddp.py --out ...`` (one process) runs the 1-GPU phase only. ``--smoke`` runs
-everything on CPU with gloo and a tiny model (``torchrun --nproc_per_node 2 benchmarks/bench_ddp.py
---smoke --out /tmp/ddp.json``): it checks the script, its numbers mean nothing.
+everything on CPU with gloo and a tiny model (``torchrun --nproc_per_node 3 benchmarks/bench_ddp.py
+--smoke --out /tmp/ddp.json``): it checks the script at any W, its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from gradcache_sparton.engine import CachedLoss  # noqa: E402
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig  # noqa: E402
 from gradcache_sparton.modeling import SpladeEncoder  # noqa: E402
 
-SPEEDUP_TARGET = 1.8
+SPEEDUP_PER_GPU_TARGET = 0.925  # W GPUs >= 0.925 x W x one GPU: 3.7x at 4 (the issue's target)
 EQUALITY_RTOL = 1e-4  # see the module docstring
 COLUMN_LENGTHS = {"query": 32, "positive": 256}
 
@@ -122,11 +123,19 @@ def _loss() -> SpladeLoss:
 # ---------------------------------------------------------------------------------------------- equality
 
 
+def row_splits(world_size: int) -> dict[str, list[int]]:
+    """Rows per rank for the equality check: equal (8 each) and unequal (10 for the first half of the
+    ranks, 6 for the second, 8 for the middle rank of an odd world size); both sum to 8 x W."""
+    half = world_size // 2
+    unequal = [10] * half + [8] * (world_size % 2) + [6] * half
+    return {"equal": [8] * world_size, "unequal": unequal}
+
+
 def equality_check(device: torch.device, *, smoke: bool) -> list[dict]:
-    """Phase 1: 2-rank DDP gradients vs one process on the global batch (every rank takes part)."""
-    rank = dist.get_rank()
+    """Phase 1: W-rank DDP gradients vs one process on the global batch (every rank takes part)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     config = _config(smoke=smoke, layers=2)
-    global_rows, mini_batch = 16, 3
+    global_rows, mini_batch = 8 * world, 3
     lengths = {"query": 32, "positive": 64}
     columns = _columns(global_rows, lengths, device, seed=1, padded=True)
     reference = None
@@ -140,7 +149,8 @@ def equality_check(device: torch.device, *, smoke: bool) -> list[dict]:
     encoder = _encoder(config, device)
     ddp = DistributedDataParallel(encoder, device_ids=[device.index] if device.type == "cuda" else None)
     results = []
-    for label, per_rank in (("8+8 rows", (8, 8)), ("10+6 rows", (10, 6))):
+    for per_rank in row_splits(world).values():
+        label = "+".join(map(str, per_rank)) + " rows"
         start = sum(per_rank[:rank])
         local = _rows(columns, slice(start, start + per_rank[rank]))
         cached = CachedLoss(ddp, _loss(), mini_batch_size=mini_batch)
@@ -256,9 +266,11 @@ def _table(report: dict) -> str:
             f"{row['median_step_s']:.3f} | {row['sequences_per_s']:.0f} | {peak} |"
         )
     if "speedup" in report:
-        verdict = "PASS" if report["speedup"] >= SPEEDUP_TARGET else "MISS"
+        target = report["speedup_target"]
+        verdict = "PASS" if report["speedup"] >= target else "MISS"
+        gpus = report["throughput"][-1]["gpus"]
         lines.append(
-            f"\n2-GPU / 1-GPU sequences per second: {report['speedup']:.3f} (target >= {SPEEDUP_TARGET}: {verdict})"
+            f"\n{gpus}-GPU / 1-GPU sequences per second: {report['speedup']:.3f} (target >= {target:.2f}: {verdict})"
         )
     stamp = ", ".join(
         f"{k} {report['stamp'][k]}" for k in ("device", "torch", "triton", "transformers", "nccl", "date")
@@ -306,17 +318,18 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if launched:
-        dist.barrier()  # rank 1 waits here while rank 0 measures one GPU
+        dist.barrier()  # the other ranks wait here while rank 0 measures one GPU
         report["throughput"].append(
             throughput(device, data_parallel=True, smoke=args.smoke, batch=args.batch,
                        mini_batch=args.mini_batch, steps=args.steps)
         )  # fmt: skip
         if rank == 0:
-            one, two = (row["sequences_per_s"] for row in report["throughput"])
-            report["speedup"] = two / one
+            one, many = (row["sequences_per_s"] for row in report["throughput"])
+            report["speedup"] = many / one
+            report["speedup_target"] = SPEEDUP_PER_GPU_TARGET * dist.get_world_size()
     if rank == 0:
         report["passed"] = all(row["passed"] for row in report["equality"]) and (
-            "speedup" not in report or report["speedup"] >= SPEEDUP_TARGET
+            "speedup" not in report or report["speedup"] >= report["speedup_target"]
         )
         print(_table(report), flush=True)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

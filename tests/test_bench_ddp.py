@@ -1,0 +1,37 @@
+"""The data-parallel benchmark at a world size other than 2: its equality phase on 3 CPU ranks (gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from script_helpers import ROOT, import_script
+
+
+def test_row_splits_cover_the_global_batch_with_unequal_replay_counts() -> None:
+    """Every world size's splits sum to 8 x W rows, and the unequal one gives ranks different replay counts."""
+    bench = import_script("benchmarks", "bench_ddp")
+    for world in (2, 3, 4, 7):
+        splits = bench.row_splits(world)
+        assert all(len(rows) == world and sum(rows) == 8 * world for rows in splits.values())
+        replays = {-(-rows // 3) for rows in splits["unequal"]}  # mini-batches of 3
+        assert len(replays) > 1
+
+
+@pytest.mark.slow
+def test_three_ranks_match_one_process_on_the_global_batch(tmp_path) -> None:
+    """On 3 gloo ranks (equal and unequal row splits) the gradients equal one process's on the global batch,
+    and every rank holds the same gradients."""
+    out = tmp_path / "ddp.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3"]
+    command += [str(ROOT / "benchmarks" / "bench_ddp.py"), "--smoke", "--out", str(out)]
+    subprocess.run(command, check=True, env=env, cwd=tmp_path, timeout=300, capture_output=True)
+    report = json.loads(out.read_text())
+    assert [row["check"] for row in report["equality"]] == ["gradients, 8+8+8 rows", "gradients, 10+8+6 rows"]
+    for row in report["equality"]:
+        assert row["ranks_bitwise_equal"], row
+        assert row["max_relative_error"] <= row["rtol"], row
