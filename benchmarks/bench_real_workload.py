@@ -478,7 +478,7 @@ def mark_cudagraph_steps(model: torch.nn.Module, config: Config) -> None:
     graph's outputs live in memory its next replay overwrites, and torch's error for reading such an
     output recommends marking each call as a new iteration (``torch.compiler.cudagraph_mark_step_begin``),
     done here by a forward pre-hook on the encoder (not itself compiled). On the H100 our Step (3)
-    still failed with that error (docs/benchmarks.md, fifth session).
+    still failed with that error (benchmarks/NOTES.md).
     """
     if config.compiled and config.compile_mode == "reduce-overhead":
         model.register_forward_pre_hook(lambda module, args: torch.compiler.cudagraph_mark_step_begin())
