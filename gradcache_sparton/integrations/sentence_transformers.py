@@ -75,6 +75,9 @@ _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt")
 # Feature keys the backbone reads; sentence-transformers adds bookkeeping keys ("modality", ...).
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
+# The instance attribute use_sparton_head sets on the model it converts (copied with it by deepcopy).
+_CONVERTED_MARK = "_gradcache_sparton_head"
+
 
 def _import_sentence_transformers() -> types.ModuleType:
     try:
@@ -93,9 +96,24 @@ def is_sparse_encoder(model: object) -> bool:
 
 
 def uses_sparton_head(model: object) -> bool:
-    """Whether :func:`use_sparton_head` converted ``model``."""
-    forward = getattr(model, "__dict__", {}).get("forward")
-    return isinstance(forward, types.MethodType) and forward.__func__ is _sparton_forward
+    """Whether :func:`use_sparton_head` converted ``model`` (itself, or the model inside a DDP, DataParallel
+    or ``torch.compile`` wrapper).
+
+    Read from a mark that the conversion leaves on the model itself, never from its ``forward``, which
+    others wrap: accelerate's mixed precision replaces ``model.forward`` with an autocast wrapper around
+    the converted one.
+    """
+    if not isinstance(model, nn.Module):
+        return False
+    return _unwrapped(model).__dict__.get(_CONVERTED_MARK) is True
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside its DDP / DataParallel / FSDP / ``torch.compile`` containers (accelerate's unwrapping;
+    an accelerate mixed-precision ``forward`` is kept: it wraps the converted forward, it does not replace it)."""
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model, keep_fp32_wrapper=True, keep_torch_compile=False)
 
 
 def _check_splade_modules(model: SparseEncoder) -> None:
@@ -175,6 +193,9 @@ def use_sparton_head(model: SparseEncoder) -> SparseEncoder:
         pooling.embedding_dimension = model[0].auto_model.get_output_embeddings().out_features
     # An instance attribute, so type(model), its modules and its save format stay sentence-transformers'.
     model.forward = types.MethodType(_sparton_forward, model)
+    # The mark uses_sparton_head reads: whatever later wraps this forward (accelerate's autocast, a
+    # compiled or DDP container around the model), the model itself stays recognisable.
+    setattr(model, _CONVERTED_MARK, True)
     return model
 
 
@@ -213,16 +234,16 @@ class _RepEncoder(nn.Module):
 def as_rep_encoder(model: nn.Module) -> nn.Module:
     """The engine's view of a converted ``SparseEncoder``: ``encoder(**features) -> [B, V]``.
 
-    ``model`` may be wrapped (DistributedDataParallel, ``torch.compile``); the view calls it as is, so
-    the wrapper's hooks run. Under DDP pass ``mini_batch_context`` to the engine yourself
-    (``CachedSpladeTrainer`` does), since the view hides the wrapper from it.
+    ``model`` may be wrapped (DistributedDataParallel, ``torch.compile``, accelerate's mixed-precision
+    ``forward``); the view calls it as is, so the wrapper's hooks and autocast run. Under DDP pass
+    ``mini_batch_context`` to the engine yourself (``CachedSpladeTrainer`` does), since the view hides
+    the wrapper from it.
 
     Raises:
         ValueError: the (unwrapped) model was not converted with :func:`use_sparton_head`.
     """
-    inner = getattr(model, "_orig_mod", model)
-    inner = getattr(inner, "module", inner)  # DistributedDataParallel
-    if not uses_sparton_head(inner):
+    if not uses_sparton_head(model):
+        inner = _unwrapped(model) if isinstance(model, nn.Module) else model
         raise ValueError(
             f"model ({type(inner).__name__}) must be a SparseEncoder converted with use_sparton_head(model), "
             "so that its reps come from the fused head"
