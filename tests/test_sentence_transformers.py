@@ -445,3 +445,227 @@ def test_cuda_converted_model_gives_sentence_transformers_reps(backbone_dir) -> 
             ours, theirs = (m(dict(batch))["sentence_embedding"] for m in (model, reference))
     # ST rounds the logits to bf16 (2**-8 relative, ~0.01 absolute at worst); the head keeps them in fp32.
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=0, atol=1.5e-2)
+
+
+# ---------------------------------------------------------------------------------------------- mixed precision
+
+# bf16's unit roundoff: 8 significand bits.
+BF16_U = 2.0**-8
+
+
+def _on(device: str, batch: dict) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _flat_grads(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter gradient, in name order, as one fp64 vector on the CPU."""
+    grads = [p.grad.reshape(-1) for _, p in sorted(model.named_parameters()) if p.grad is not None]
+    return torch.cat(grads).double().cpu()
+
+
+class _AutocastSeen:
+    """A forward hook recording, per call, the autocast dtype in force on ``device`` (None when off)."""
+
+    def __init__(self, module: torch.nn.Module, device: str) -> None:
+        self.device, self.dtypes = device, []
+        module.register_forward_hook(lambda *args: self.dtypes.append(self.dtype()))
+
+    def dtype(self) -> torch.dtype | None:
+        enabled = torch.is_autocast_enabled(self.device)
+        return torch.get_autocast_dtype(self.device) if enabled else None
+
+
+def test_converted_model_is_recognised_through_its_wrappers(backbone_dir) -> None:
+    """A converted model stays recognised (and its view gives the fused reps) under accelerate's
+    mixed-precision forward, torch.compile's wrapper, DataParallel and DDP; an unconverted one never is."""
+    from accelerate import Accelerator
+    from torch.nn.parallel import DistributedDataParallel
+
+    plain = sparse_encoder(backbone_dir).to(torch.float32)
+    model = use_sparton_head(copy.deepcopy(plain))
+    batch = features(model, QUERIES)
+    with torch.no_grad():
+        expected = model(dict(batch))["sentence_embedding"]
+    accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+    prepared, unconverted = accelerator.prepare_model(model), accelerator.prepare_model(copy.deepcopy(plain))
+    assert prepared is model and hasattr(model.forward, "__wrapped__")  # accelerate wrapped the forward
+    seen = _AutocastSeen(model[0].auto_model.cls.predictions.transform, "cpu")
+    with torch.no_grad():
+        reps = as_rep_encoder(prepared)(**{k: v for k, v in batch.items() if isinstance(v, torch.Tensor)})
+    assert seen.dtypes == [torch.bfloat16] and reps.dtype == torch.float32  # autocast inside, fp32 out
+    # bf16 hidden states and decoder (2**-8 relative each) move the fp32-accumulated logits by ~1e-2.
+    torch.testing.assert_close(reps, expected, rtol=0, atol=4e-2)
+    assert uses_sparton_head(prepared) and not uses_sparton_head(unconverted)
+    for wrap in (lambda m: torch.compile(m, backend="eager"), torch.nn.DataParallel):
+        assert uses_sparton_head(wrap(model)) and not uses_sparton_head(wrap(plain))
+        as_rep_encoder(wrap(model))
+        with pytest.raises(ValueError, match="converted with use_sparton_head"):
+            as_rep_encoder(wrap(plain))
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    try:
+        assert uses_sparton_head(DistributedDataParallel(model))
+        assert not uses_sparton_head(DistributedDataParallel(plain))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_cached_bf16_gradients_match_sentence_transformers_splade_loss(backbone_dir, device: str) -> None:
+    """Under bf16 autocast, our cached loss on the converted model gives sentence-transformers' own
+    (uncached) SpladeLoss gradients within bf16 noise, measured against the exact (fp64) gradient.
+
+    Tolerance: first-order, a gradient computed with n bf16-rounded tensor ops on its path is off by at
+    most n·u (u = 2**-8) norm-wise. A 2-layer BERT's longest path is 6 matmuls per layer forward, 12
+    backward, plus the LM transform and head (~4 each way): n = 2·18 + 8 = 44, so 44u = 0.17. Ours
+    must also be no farther from the exact gradient than sentence-transformers' own bf16 path (which
+    also rounds the [B, S, V] logits and the scores to bf16), hence within twice its error of it.
+    A wrong scale, a dropped column or a gradient sent to the wrong token is off by O(1).
+    """
+    exact_model = sparse_encoder(backbone_dir).train()  # fp64, dropout-free
+    columns = [features(exact_model, texts) for texts in (QUERIES, POSITIVES, NEGATIVES)]
+
+    def st_step(model: SparseEncoder, autocast: bool, on: str) -> torch.Tensor:
+        with torch.autocast(on, dtype=torch.bfloat16, enabled=autocast):
+            loss = sum(st_splade_loss(model)([_on(on, c) for c in columns], labels=None).values())
+        loss.backward()
+        return loss.detach().double().cpu()
+
+    exact_loss = st_step(exact_model, False, "cpu")
+    exact = _flat_grads(exact_model)
+    theirs_model = copy.deepcopy(exact_model).to(device=device, dtype=torch.float32)
+    theirs_loss = st_step(theirs_model, True, device)
+    theirs = _flat_grads(theirs_model)
+
+    ours_model = use_sparton_head(copy.deepcopy(exact_model).to(device=device, dtype=torch.float32))
+    loss_fn = OurSpladeLoss(splade_loss_config_from(st_splade_loss(ours_model)))
+    named = {
+        name: {k: v for k, v in _on(device, column).items() if isinstance(v, torch.Tensor)}
+        for name, column in zip(("query", "positive", "negative_1"), columns, strict=True)
+    }
+    with torch.autocast(device, dtype=torch.bfloat16):
+        ours_loss = CachedLoss(as_rep_encoder(ours_model), loss_fn, mini_batch_size=3, reuse_argmax=True)(
+            named
+        )
+    ours_loss.backward()
+    ours = _flat_grads(ours_model)
+
+    scale = exact.norm()
+    ours_error, theirs_error = (ours - exact).norm() / scale, (theirs - exact).norm() / scale
+    assert ours_error <= 44 * BF16_U, (ours_error, theirs_error)
+    assert ours_error <= theirs_error, (ours_error, theirs_error)
+    assert (ours - theirs).norm() / scale <= 2 * theirs_error
+    for loss in (ours_loss.detach().double().cpu(), theirs_loss):
+        torch.testing.assert_close(loss, exact_loss, rtol=44 * BF16_U, atol=0)
+
+
+def _rows_for(model: SparseEncoder):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"anchor": QUERIES, "positive": POSITIVES, "negative": NEGATIVES})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("device", "precision", "compiled"),
+    [
+        ("cpu", "bf16", False),
+        pytest.param("cuda", "bf16", False, marks=pytest.mark.gpu),
+        pytest.param("cuda", "fp16", False, marks=pytest.mark.gpu),
+        pytest.param("cuda", "bf16", True, marks=pytest.mark.gpu),
+    ],
+)
+def test_trainer_trains_a_sparse_encoder_in_mixed_precision(
+    backbone_dir, tmp_path, device: str, precision: str, compiled: bool
+) -> None:
+    """CachedSpladeTrainer on a SparseEncoder with bf16=True / fp16=True (accelerate wraps its forward),
+    also under the Trainer's torch_compile: recognised, the fused head runs under autocast (never the
+    decoder), the steps are taken (fp16: by its GradScaler)."""
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+    from gradcache_sparton.trainer import CachedSpladeTrainer
+
+    model = sparse_encoder(backbone_dir).to(torch.float32)
+    decoder_calls = []
+    model[0].auto_model.get_output_embeddings().register_forward_hook(lambda *args: decoder_calls.append(1))
+    seen = _AutocastSeen(model[0].auto_model.cls.predictions.transform, device)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    args = CachedSpladeTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        mini_batch_size=2,
+        max_steps=3,
+        learning_rate=1e-3,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=device == "cpu",
+        disable_tqdm=True,
+        query_max_length=16,
+        document_max_length=32,
+        logging_steps=1,
+        torch_compile=compiled,
+        **{precision: True},
+    )
+    trainer = CachedSpladeTrainer(
+        model, args, train_dataset=_rows_for(model), processing_class=model.tokenizer
+    )
+    trainer.train()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert not decoder_calls
+    if not compiled:  # a compiled program runs no Python hooks on its modules
+        assert seen.dtypes and set(seen.dtypes) == {dtype}
+    assert uses_sparton_head(model)
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses))), losses
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    changed = any(not torch.equal(before[name], p.cpu()) for name, p in model.named_parameters())
+    scaler = trainer.accelerator.scaler
+    if precision == "fp16":  # the GradScaler takes the step, or skips it and lowers its scale
+        assert scaler is not None and (changed or scaler.get_scale() < 2.0**16)
+    else:
+        assert changed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("device", "loss_name"),
+    [
+        ("cpu", "SpladeLoss"),
+        ("cpu", "CachedSpladeLoss"),
+        pytest.param("cuda", "SpladeLoss", marks=pytest.mark.gpu),
+    ],
+)
+def test_sentence_transformers_trainer_trains_a_converted_model_in_bf16(
+    backbone_dir, tmp_path, device: str, loss_name: str
+) -> None:
+    """sentence-transformers' own SparseEncoderTrainer with bf16=True, its SpladeLoss (or CachedSpladeLoss)
+    on a converted model: the fused head runs under bf16 autocast, never the decoder, and it trains."""
+    from sentence_transformers import SparseEncoderTrainer, SparseEncoderTrainingArguments
+    from sentence_transformers.sparse_encoder import losses as st_losses
+
+    model = use_sparton_head(sparse_encoder(backbone_dir).to(torch.float32))
+    decoder_calls = []
+    model[0].auto_model.get_output_embeddings().register_forward_hook(lambda *args: decoder_calls.append(1))
+    seen = _AutocastSeen(model[0].auto_model.cls.predictions.transform, device)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    base = SparseMultipleNegativesRankingLoss(model, scale=0.5)
+    extra = {"mini_batch_size": 2} if loss_name == "CachedSpladeLoss" else {}
+    loss = getattr(st_losses, loss_name)(
+        model, loss=base, document_regularizer_weight=3e-3, query_regularizer_weight=5e-3, **extra
+    )
+    args = SparseEncoderTrainingArguments(
+        output_dir=str(tmp_path / "st"),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        learning_rate=1e-3,
+        bf16=True,
+        use_cpu=device == "cpu",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+    trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=_rows_for(model), loss=loss)
+    trainer.train()
+    assert seen.dtypes and set(seen.dtypes) == {torch.bfloat16} and not decoder_calls
+    assert uses_sparton_head(model)
+    assert any(not torch.equal(before[name], p.cpu()) for name, p in model.named_parameters())
