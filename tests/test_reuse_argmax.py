@@ -246,6 +246,61 @@ def test_changed_backbone_between_steps_is_detected_and_grads_restored(config) -
     assert_grads_unchanged(encoder, before)
 
 
+def _nudge(tensor: Tensor, index: int, how: str) -> None:
+    """Change one entry of a head parameter in place: by one ulp (below what an fp32 sum of the tensor can
+    resolve) or by 0.5; through ``.data`` (which bumps no version counter) or the tensor itself."""
+    flat = tensor.data.view(-1) if how == "data" else tensor.view(-1)
+    with torch.no_grad():
+        value = flat[index]
+        flat[index] = torch.nextafter(value, value + 1) if how == "ulp" else value + 0.5
+
+
+@pytest.mark.parametrize(
+    ("parameter", "how", "autocast", "reuse_argmax"),
+    [
+        ("weight", "add", False, True),
+        ("weight", "data", True, True),
+        ("bias", "add", True, True),
+        ("bias", "ulp", False, True),  # the digest's guarantee; the reps' row sums may absorb one ulp
+        ("weight", "add", False, False),
+        ("bias", "add", False, False),
+    ],
+)
+def test_head_weight_changed_between_steps_is_detected_and_grads_restored(
+    config, parameter: str, how: str, autocast: bool, reuse_argmax: bool
+) -> None:
+    """The decoder weight or bias changed between Step (1) and Step (3), at a token absent from the batch
+    (so the head's hidden states are unchanged), in place or through ``.data``, in fp32 or under bf16
+    autocast: with reuse_argmax on, as with it off, the replay check raises and .grad is left as it was."""
+    encoder = _encoder(config, bias_shift=0.3)
+    columns = make_columns(BATCH, 2)
+    present = set(torch.cat([c["input_ids"].reshape(-1) for c in columns.values()]).tolist())
+    token = next(t for t in range(encoder.vocab_size) if t not in present)
+    tensor = getattr(encoder.head, parameter)
+    index = token * tensor.shape[1] + 3 if tensor.ndim == 2 else token
+    engine = GradCache(encoder, mini_batch_size=3, reuse_argmax=reuse_argmax)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        reps, replay_state = engine.encode(columns)
+    _, rep_grads = engine.rep_gradients(reps, _loss())
+    before = saved_grads(encoder)
+    _nudge(tensor, index, how)
+    with pytest.raises(RuntimeError, match=r"did not reproduce Step \(1\)"):
+        engine.replay(replay_state, rep_grads)
+    assert_grads_unchanged(encoder, before)
+
+
+def test_unchanged_head_weights_under_autocast_give_the_full_replays_gradients(config) -> None:
+    """Under bf16 autocast (the head reads a cast copy of its weight, made anew in each pass) the checked
+    replay with reuse_argmax passes and equals the step without it bitwise."""
+    encoder = _encoder(config, bias_shift=0.3)
+    columns = make_columns(BATCH, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = _step(encoder, columns, mini_batch_size=3, reuse_argmax=False)
+        got = _step(encoder, columns, mini_batch_size=3, reuse_argmax=True)
+    assert torch.equal(got[0], expected[0])
+    _assert_bitwise_equal(got[1], expected[1])
+
+
 class _HeadCalls(nn.Module):
     """A SpladeEncoder whose forward calls its head ``first`` times without a graph and ``replayed`` times
     with one (their sum is returned), to test a replay that does not follow Step (1)'s path."""

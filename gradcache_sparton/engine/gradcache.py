@@ -808,10 +808,17 @@ def _raise_if_not_reproduced(checked: list[tuple[str, MiniBatch]], differs: list
     ]
     if not bad:
         return
+    rebuilt = any(mb.memo is not None for _, mb in checked)
     raise RuntimeError(
         f"GradCache Step (3) did not reproduce Step (1): the replayed reps of {len(bad)} of {len(checked)} "
         f"mini-batches differ from the reps the loss saw ({'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}), "
-        "so their gradients would belong to another function. Likely causes: the encoder's train/eval "
+        + (
+            "as the Sparton head's inputs show (reuse_argmax: its hidden states, weight or bias are not "
+            "Step (1)'s), "
+            if rebuilt
+            else ""
+        )
+        + "so their gradients would belong to another function. Likely causes: the encoder's train/eval "
         "mode changed between the forward and the backward (model.eval() or model.train() in between); "
         "parameters were modified in place between the forward and the backward (e.g. optimizer.step() "
         "before loss.backward()); randomness the engine does not replay (Python's `random`, NumPy, a "

@@ -15,10 +15,12 @@ one opaque node with a fake (shape-only) implementation instead of tracing into 
 
 Inside a GradCache step with ``reuse_argmax`` (see :mod:`gradcache_sparton.forward_memo`), Step (1)'s
 forward also records (max, argmax) at the entries whose gradient can be non-zero (max > 0 or NaN), 12
-bytes each with H's fingerprint (compacted one mini-batch late, so that no record waits on the device),
-and the Step (3) replay skips the forward kernel: Y = log1p(max) is rebuilt from the record and the
-backward op runs on the record's (max, argmax), bit for bit the backward of an uncached step with the
-same H.
+bytes each, with fingerprints of everything the forward read: H, E and bias (compacted one mini-batch
+late, so that no record waits on the device). The Step (3) replay skips the forward kernel: Y =
+log1p(max) is rebuilt from the record and the backward op runs on the record's (max, argmax), bit for
+bit the backward of an uncached step with the same H, E and bias; the replay reports whether its H, E
+and bias were Step (1)'s, so that a change between the two (an optimizer step, an in-place edit of the
+decoder) fails the replay check instead of giving the gradient of another function.
 
 Dtypes: H and E share one dtype among fp16, bf16, fp32 (fp64 too on CPU); bias may be any floating
 dtype (it is added in fp32). Under autocast for the inputs' device, H and E are cast to the autocast
@@ -242,7 +244,9 @@ class _HeadRecord:
     - ``positions`` [n] flat indices into [B, V] (int32 while B·V < 2**31, else int64),
     - ``max_logits`` [n] in the saved max's dtype (fp32; fp64 for fp64 inputs),
     - ``argmax`` [n] int32 sequence positions,
-    - ``fingerprint`` [B] fp32 row sums of H, to check that the replay's H is bitwise Step (1)'s.
+    - ``fingerprint`` [B] fp32 row sums of H, to check that the replay's H is bitwise Step (1)'s,
+    - ``weights_digest`` [2] int64 digests of E and bias as the forward read them (after autocast's cast),
+      to check that the replay's are bitwise Step (1)'s (:func:`_bits_digest`).
 
     Keeping the live entries needs their count n on the host, and reading it right away would stall
     the host until the device has finished this mini-batch, once per mini-batch. So a record is kept in
@@ -253,11 +257,14 @@ class _HeadRecord:
     exist at once, and no step waits on the device for them.
     """
 
-    def __init__(self, hidden_states: Tensor, max_logits: Tensor, argmax: Tensor) -> None:
+    def __init__(
+        self, hidden_states: Tensor, weight: Tensor, bias: Tensor | None, max_logits: Tensor, argmax: Tensor
+    ) -> None:
         self.hidden_shape = tuple(hidden_states.shape)
         self.hidden_dtype = hidden_states.dtype
         self.vocab_size = max_logits.shape[1]
         self.fingerprint = _row_sums(hidden_states)
+        self.weights_digest = _weights_digest(weight, bias)
         flat_max = max_logits.detach().reshape(-1)  # [B, V] -> [B·V]; a record never holds a graph
         live = (flat_max > 0) | flat_max.isnan()  # [B·V]
         self._dense: tuple[Tensor, Tensor, Tensor] | None = (flat_max, argmax.reshape(-1), live)
@@ -267,9 +274,12 @@ class _HeadRecord:
         self.argmax: Tensor | None = None
 
     @classmethod
-    def keep(cls, hidden_states: Tensor, max_logits: Tensor, argmax: Tensor) -> _HeadRecord:
-        """A record of the forward op's [B, V] (max, argmax); earlier records still dense are compacted."""
-        record = cls(hidden_states, max_logits, argmax)
+    def keep(
+        cls, hidden_states: Tensor, weight: Tensor, bias: Tensor | None, max_logits: Tensor, argmax: Tensor
+    ) -> _HeadRecord:
+        """A record of the forward op's [B, V] (max, argmax) on (H, E, bias); earlier records still dense are
+        compacted."""
+        record = cls(hidden_states, weight, bias, max_logits, argmax)
         for earlier in [r for ref in _DENSE_RECORDS if (r := ref()) is not None]:
             earlier.compact()
         _DENSE_RECORDS[:] = [weakref.ref(record)]
@@ -308,6 +318,26 @@ def _row_sums(hidden_states: Tensor) -> Tensor:
         return hidden_states.detach().sum(dim=(1, 2), dtype=torch.float32)
 
 
+def _bits_digest(tensor: Tensor) -> Tensor:
+    """An int64 scalar digest of ``tensor``'s bits: the sum of its elements' bit patterns read as integers.
+
+    Integer sums are exact and independent of summation order, so bitwise-equal tensors give equal
+    digests on any device, and a change of any single element (by as little as one ulp, which a
+    floating-point sum can absorb) always changes it. A permutation of the elements keeps it, as it
+    keeps the reps' row sums that check the replay without ``reuse_argmax``. One read of the tensor, no
+    copy (a same-size integer view), no device sync.
+    """
+    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    with torch.no_grad():
+        return tensor.detach().view(integer).sum(dtype=torch.int64)
+
+
+def _weights_digest(weight: Tensor, bias: Tensor | None) -> Tensor:
+    """[2] int64: the digests of E [V, D] and bias [V] (0 without one), as the forward op reads them."""
+    bias_digest = weight.new_zeros((), dtype=torch.int64) if bias is None else _bits_digest(bias)
+    return torch.stack([_bits_digest(weight), bias_digest])
+
+
 class _ReplayedHead(torch.autograd.Function):
     """Y = log1p(max) from a record (the forward op's own last step), with the forward op's backward."""
 
@@ -341,8 +371,13 @@ def _replay(memo: ForwardMemo, hidden_states: Tensor, weight: Tensor, bias: Tens
             f"V = {weight.shape[0]}, but Step (1) recorded {seen} at this call: the encoder did not take the "
             "same path twice"
         )
-    replayed = _row_sums(hidden_states)
-    memo.report((replayed.view(torch.int32) != record.fingerprint.view(torch.int32)).any())
+    # The rebuilt output and backward are the forward's only if it would read what Step (1)'s read: the same
+    # H (which also covers every weight before the head) and the same E and bias.
+    hidden_differs = (
+        _row_sums(hidden_states).view(torch.int32) != record.fingerprint.view(torch.int32)
+    ).any()
+    weights_differ = (_weights_digest(weight, bias) != record.weights_digest).any()
+    memo.report(hidden_differs | weights_differ)
     mx, arg = record.restore()  # [B, V] each
     return _ReplayedHead.apply(hidden_states, weight, bias, mx, arg)
 
@@ -383,7 +418,7 @@ def sparton_head(
     y, mx, arg = _forward_op(hidden_states, weight, bias, attention_mask)
     memo = recording_memo()
     if memo is not None:  # GradCache Step (1) with reuse_argmax
-        memo.record(_HeadRecord.keep(hidden_states, mx, arg))
+        memo.record(_HeadRecord.keep(hidden_states, weight, bias, mx, arg))
     return y
 
 
