@@ -41,6 +41,7 @@ from gradcache_sparton.engine.gradcache import (
     LossFn,
     LossOutput,
     ReplayState,
+    check_autograd_inputs,
 )
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
 from gradcache_sparton.sparse_reps import SparseReps
@@ -112,11 +113,73 @@ class CachedLoss:
 
         The loss sees each column as a [B, V] tensor, or with ``sparse_reps`` as a :class:`SparseReps`.
         """
+        if torch.is_grad_enabled():
+            check_autograd_inputs(columns)
         reps, replay_state = self.engine.encode(columns, loss_kwargs=loss_kwargs)  # Step (1), inputs checked
         if torch.is_grad_enabled():
             reps = _ReplayOnBackward.attach(self.engine, replay_state, reps)
-        output = self.engine.compute_loss(reps, self.loss_fn, loss_kwargs)  # Step (2), forward half
-        return output if return_components else output.loss
+        loss, components = self.engine.compute_loss(reps, self.loss_fn, loss_kwargs)  # Step (2), forward half
+        loss = loss.as_subclass(_CachedLossTensor)
+        return LossOutput(loss, components) if return_components else loss
+
+
+class _CachedLossTensor(Tensor):
+    """The loss :class:`CachedLoss` returns: a scalar tensor like any other (every operation on it gives a
+    plain tensor), except for the ways of differentiating it that Step (3) cannot serve, which raise an
+    error saying so instead of torch's (which names neither the cached loss nor the cause):
+
+    - ``torch.autograd.grad(loss, params)``: the parameters are not in the loss's graph; Step (3) reaches
+      them by re-encoding inside ``loss.backward()`` and accumulates into their ``.grad``;
+    - ``loss.backward(inputs=...)`` (Step (3) accumulates into every trained parameter of the encoder)
+      and ``create_graph=True`` (the replayed gradients have no graph);
+    - ``loss.backward()`` on a loss computed with autograd off (``torch.no_grad()``,
+      ``torch.inference_mode()``: an evaluation, which kept nothing to replay).
+    """
+
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Callable[..., object],
+        types: tuple[type, ...],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        kwargs = kwargs or {}
+        if func is torch.autograd.grad:
+            raise RuntimeError(
+                "torch.autograd.grad cannot differentiate a CachedLoss: the encoder's parameters are not in the "
+                "loss's graph, they get their gradients from Step (3), which re-encodes each mini-batch inside "
+                "loss.backward() and accumulates into their .grad. Call loss.backward() (or "
+                "accelerator.backward(loss), scaler.scale(loss).backward()) and read each parameter's .grad"
+            )
+        if func is Tensor.backward or func is torch.autograd.backward:
+            _check_backward(args[0] if func is Tensor.backward else None, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    def __repr__(self, *, tensor_contents: object = None) -> str:
+        with torch._C.DisableTorchFunctionSubclass():
+            return repr(self.as_subclass(Tensor))
+
+
+def _check_backward(loss: Tensor | None, kwargs: Mapping[str, object]) -> None:
+    """Raise for a backward of a cached loss that Step (3) cannot give (see :class:`_CachedLossTensor`)."""
+    if kwargs.get("inputs") is not None:
+        raise RuntimeError(
+            "loss.backward(inputs=...) is not supported on a CachedLoss: Step (3) re-encodes inside the backward "
+            "and accumulates into every trained parameter of the encoder; freeze parameters with "
+            "requires_grad_(False) instead"
+        )
+    if kwargs.get("create_graph"):
+        raise RuntimeError(
+            "loss.backward(create_graph=True) is not supported on a CachedLoss: the gradients Step (3) replays "
+            "have no graph of their own (no double backward)"
+        )
+    if loss is not None and not loss.requires_grad:
+        raise RuntimeError(
+            "this CachedLoss was computed with autograd off (under torch.no_grad() or torch.inference_mode()): "
+            "that is an evaluation, which keeps nothing to replay. Call the CachedLoss with autograd on to train"
+        )
 
 
 class _ReplayOnBackward(torch.autograd.Function):

@@ -294,6 +294,13 @@ class GradCache:
         Returns:
             The detached loss and its detached components.
         """
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError(
+                "GradCache.step was called under torch.inference_mode(): its Steps (2) and (3) need autograd "
+                "(they backpropagate the loss); call it outside inference_mode (use torch.no_grad() or the "
+                "loss alone for evaluation)"
+            )
+        check_autograd_inputs(columns)
         reps, replay_state = self.encode(columns, loss_kwargs=loss_kwargs)  # Step (1)
         output, rep_grads = self.rep_gradients(reps, loss_fn, **loss_kwargs)  # Step (2)
         if self.sparse_rep_grads or self.sparse_reps:
@@ -321,6 +328,7 @@ class GradCache:
         self.check_columns(columns)
         if loss_kwargs:
             self.check_loss_kwargs(columns, loss_kwargs)
+        self.check_token_ids(columns)
         sizes = self._mini_batch_sizes(columns)
         encoder_devices = _cuda_devices_of_encoder(self.encoder)
         if self._graphs is not None:
@@ -363,8 +371,12 @@ class GradCache:
                     if self._graphs is not None:
                         rep = self._graphs.encode(mb_features, rng, autocast)  # [mb, V]
                     else:
-                        with recording(memo) if memo is not None else nullcontext():
-                            rep = self.encoder(**mb_features)  # [mb, V]
+                        try:
+                            with recording(memo) if memo is not None else nullcontext():
+                                rep = self.encoder(**mb_features)  # [mb, V]
+                        except Exception as error:
+                            error.add_note(_encode_failure_note(self.encoder, column, rows, mb_features))
+                            raise
                     if memo is not None and not memo:
                         warnings.warn(
                             "reuse_argmax=True, but the encoder's forward recorded nothing to reuse (it calls no "
@@ -641,6 +653,7 @@ class GradCache:
                     f"mini_batch_tokens needs an attention_mask [B, S] in every column to measure row "
                     f"lengths; column {column!r} has {'none' if mask is None else f'one of shape {list(mask.shape)}'}"
                 )
+        _check_one_device(columns)
         if self.same_batch_size and len(set(batch_sizes.values())) != 1:
             raise ValueError(
                 f"columns have different batch sizes {batch_sizes}; the loss needs them equal "
@@ -664,6 +677,34 @@ class GradCache:
                 raise ValueError(
                     f"loss keyword {name!r} has {value.shape[0]} rows but the columns have {batch_size} "
                     "(per-example loss inputs are batch-first)"
+                )
+
+    def check_token_ids(self, columns: Columns) -> None:
+        """Raise ValueError naming the column when its ``input_ids`` fall outside the encoder's vocabulary.
+
+        The vocabulary is the number of rows of the input embeddings of the transformers models inside the
+        encoder (``get_input_embeddings()``; the largest if there are several); an encoder without one is
+        not checked. An id outside it would otherwise fail inside the embedding lookup, naming nothing (on
+        CPU), or end the CUDA context with a device-side assert. One device sync for all columns.
+        """
+        vocab_size = _input_vocab_size(self.encoder)
+        named = {
+            column: ids
+            for column, features in columns.items()
+            if isinstance(ids := features.get("input_ids"), Tensor)
+            and ids.numel()
+            and not ids.is_floating_point()
+        }
+        if vocab_size is None or not named:
+            return
+        # [columns, 2] (min, max) on the columns' one device, read back at once.
+        bounds = torch.stack([torch.stack([ids.min(), ids.max()]).to(torch.int64) for ids in named.values()])
+        for column, (low, high) in zip(named, bounds.tolist(), strict=True):
+            if low < 0 or high >= vocab_size:
+                raise ValueError(
+                    f"column {column!r} has input_ids from {low} to {high}, but the encoder's vocabulary (its input "
+                    f"embeddings) has {vocab_size} entries, ids 0 to {vocab_size - 1}: was it tokenized with "
+                    "another model's tokenizer?"
                 )
 
     def _mini_batch_sizes(self, columns: Columns) -> dict[str, int]:
@@ -691,6 +732,68 @@ def _quiet_reentrant_checkpoint() -> Iterator[None]:
 
 def _rows(features: Features) -> int:
     return next(iter(features.values())).shape[0]
+
+
+def check_autograd_inputs(columns: Columns) -> None:
+    """Raise ValueError naming the column and feature for a tensor made under ``torch.inference_mode()``,
+    which Step (3)'s re-encoding, inside the backward, cannot use in autograd. For steps that will backprop."""
+    for column, features in columns.items():
+        for name, value in features.items():
+            if isinstance(value, Tensor) and value.is_inference():
+                raise ValueError(
+                    f"feature {name!r} of column {column!r} was created under torch.inference_mode(), and the "
+                    "cached loss needs autograd: Step (3) re-encodes it inside loss.backward(). Create the batch "
+                    "outside inference_mode (torch.no_grad() is fine) or pass value.clone() made outside it"
+                )
+
+
+def _check_one_device(columns: Columns) -> None:
+    # Every tensor of every column on one device (the encoder's, which the columns' tensors go into together).
+    devices = {
+        column: sorted({str(value.device) for value in features.values() if isinstance(value, Tensor)})
+        for column, features in columns.items()
+    }
+    for column, found in devices.items():
+        if len(found) > 1:
+            placed = {name: str(value.device) for name, value in columns[column].items()}
+            raise ValueError(f"the features of column {column!r} are on different devices: {placed}")
+    if len({tuple(found) for found in devices.values()}) > 1:
+        placed = ", ".join(f"{column!r} on {found[0]}" for column, found in devices.items())
+        raise ValueError(
+            f"the columns are on different devices ({placed}): move every column to the encoder's device"
+        )
+
+
+def _input_vocab_size(encoder: Callable[..., Tensor]) -> int | None:
+    """The largest input-embedding size among the transformers models inside ``encoder`` (None: none found)."""
+    if not isinstance(encoder, nn.Module):
+        return None
+    sizes = []
+    for module in encoder.modules():
+        get_input_embeddings = getattr(module, "get_input_embeddings", None)
+        if not callable(get_input_embeddings):
+            continue
+        try:
+            embeddings = get_input_embeddings()
+        except (AttributeError, NotImplementedError):  # a model class without input embeddings
+            continue
+        size = getattr(embeddings, "num_embeddings", None)
+        if isinstance(size, int):
+            sizes.append(size)
+    return max(sizes) if sizes else None
+
+
+def _encode_failure_note(
+    encoder: Callable[..., Tensor], column: str, rows: Rows, features: Mapping[str, Tensor]
+) -> str:
+    """Where Step (1) failed, and the devices when the inputs are not where the encoder's parameters are."""
+    note = f"GradCache Step (1) failed encoding column {column!r} ({describe_rows(rows)})"
+    inputs = sorted({str(value.device) for value in features.values()})
+    if isinstance(encoder, nn.Module):
+        parameters = sorted({str(p.device) for p in encoder.parameters()})
+        if parameters and not set(inputs) <= set(parameters):
+            note += f"; its inputs are on {', '.join(inputs)}, the encoder's parameters on {', '.join(parameters)}"
+    return note
 
 
 def _cuda_devices_of_encoder(encoder: Callable[..., Tensor]) -> tuple[int, ...]:
