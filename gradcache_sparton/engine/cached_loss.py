@@ -69,8 +69,12 @@ class CachedLoss:
 
     Calling it returns the full-batch loss as a tensor whose ``.backward()`` runs Step (3); with
     ``return_components=True`` it returns :class:`LossOutput` ``(loss, components)``, the
-    components detached. Called with gradients disabled (evaluation), it computes the loss and
-    keeps nothing for a backward.
+    components detached. Called with gradients disabled (``torch.no_grad()``,
+    ``torch.inference_mode()``: evaluation), it computes the loss and keeps nothing for a backward.
+    Only ``backward()`` differentiates it (any upstream gradient: accumulation, a GradScaler's scale):
+    ``torch.autograd.grad(loss, params)``, ``backward(inputs=...)``, ``create_graph=True`` and the
+    backward of an evaluation loss raise ``RuntimeError`` saying why, since the parameters are reached
+    by Step (3) inside the backward, not through the loss's graph.
     """
 
     def __init__(

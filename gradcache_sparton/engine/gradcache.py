@@ -312,9 +312,10 @@ class GradCache:
     def encode(self, columns: Columns, *, loss_kwargs: Mapping[str, object] | None = None) -> EncodedBatch:
         """Step (1): encode every mini-batch of every column without a graph.
 
-        The inputs are checked once, here, before any encoding: the columns (:meth:`check_columns`)
-        and, when given, the batch-first tensors among the loss's keyword arguments
-        (:meth:`check_loss_kwargs`); later steps trust them.
+        The inputs are checked once, here, before any encoding: the columns (:meth:`check_columns`:
+        shapes, one device), their token ids against the encoder's vocabulary
+        (:meth:`check_token_ids`) and, when given, the batch-first tensors among the loss's keyword
+        arguments (:meth:`check_loss_kwargs`); later steps trust them.
 
         Before each mini-batch the CPU generator and the generators of every CUDA device its inputs
         (and the encoder's parameters) live on are captured; the autocast state is captured once.
