@@ -479,6 +479,7 @@ def test_converted_model_is_recognised_through_its_wrappers(backbone_dir) -> Non
     """A converted model stays recognised (and its view gives the fused reps) under accelerate's
     mixed-precision forward, torch.compile's wrapper, DataParallel and DDP; an unconverted one never is."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from torch.nn.parallel import DistributedDataParallel
 
     plain = sparse_encoder(backbone_dir).to(torch.float32)
@@ -486,8 +487,16 @@ def test_converted_model_is_recognised_through_its_wrappers(backbone_dir) -> Non
     batch = features(model, QUERIES)
     with torch.no_grad():
         expected = model(dict(batch))["sentence_embedding"]
-    accelerator = Accelerator(mixed_precision="bf16", cpu=True)
-    prepared, unconverted = accelerator.prepare_model(model), accelerator.prepare_model(copy.deepcopy(plain))
+    # accelerate's process-wide state, which an earlier Trainer in this process may have set to fp32.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+        prepared, unconverted = (
+            accelerator.prepare_model(model),
+            accelerator.prepare_model(copy.deepcopy(plain)),
+        )
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
     assert prepared is model and hasattr(model.forward, "__wrapped__")  # accelerate wrapped the forward
     seen = _AutocastSeen(model[0].auto_model.cls.predictions.transform, "cpu")
     with torch.no_grad():
