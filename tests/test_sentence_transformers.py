@@ -597,7 +597,8 @@ def test_trainer_trains_a_sparse_encoder_in_mixed_precision(
     model = sparse_encoder(backbone_dir).to(torch.float32)
     decoder_calls = []
     model[0].auto_model.get_output_embeddings().register_forward_hook(lambda *args: decoder_calls.append(1))
-    seen = _AutocastSeen(model[0].auto_model.cls.predictions.transform, device)
+    # Not under compile: a hook appending to a list inside the traced program makes it recompile.
+    seen = None if compiled else _AutocastSeen(model[0].auto_model.cls.predictions.transform, device)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     args = CachedSpladeTrainingArguments(
         output_dir=str(tmp_path / "run"),
@@ -621,7 +622,7 @@ def test_trainer_trains_a_sparse_encoder_in_mixed_precision(
     trainer.train()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     assert not decoder_calls
-    if not compiled:  # a compiled program runs no Python hooks on its modules
+    if seen is not None:
         assert seen.dtypes and set(seen.dtypes) == {dtype}
     assert uses_sparton_head(model)
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
