@@ -21,25 +21,43 @@ B = Σ_r B_r rows to equal single-process training on that batch. Three pieces m
   of unequal size); each rank must run exactly one synchronising backward, which the engine ensures
   (a rank with nothing to replay runs one zero-gradient replay).
 
+Fully sharded data parallelism (FSDP2, ``torch.distributed.fsdp.fully_shard``; accelerate's and the
+Trainer's ``fsdp_version: 2``) averages gradients over ranks too (a reduce-scatter), so the same scaling
+gives single-process gradients. Two differences:
+
+- every forward all-gathers the sharded parameters, and every backward may too: a collective in each
+  Step (1) encode and each Step (3) replay. Ranks must run as many of each, whatever their rows: the
+  engine pads the shorter ranks with encodes and zero-gradient replays of one of their own mini-batches
+  (:func:`count_on_every_rank`; one small all-reduce each in Step (1) and Step (3)).
+- :func:`fsdp_sync_context` turns gradient reduction off for every replayed mini-batch but the last
+  (``set_requires_gradient_sync``): one reduce-scatter per step. The price: until the last replay each
+  rank holds its FSDP units' gradients unsharded (the full model's gradients, in the parameters' dtype),
+  as FSDP2's own gradient accumulation does; reducing every mini-batch instead (``mini_batch_context=
+  lambda is_last: nullcontext()``) keeps them sharded and communicates once per mini-batch.
+
 Legend: B batch (rows), W world size (ranks), V rep width, nnz non-zeros of a column's sparse reps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from gradcache_sparton.sparse_reps import SparseReps
 
 __all__ = [
+    "count_on_every_rank",
     "data_parallel_world_size",
     "ddp_no_sync_context",
     "find_ddp",
+    "find_fsdp",
+    "fsdp_sync_context",
     "gather_global_batch",
     "holds_on_every_rank",
 ]
@@ -86,6 +104,48 @@ def ddp_no_sync_context(ddp: DistributedDataParallel) -> Callable[[bool], Abstra
     synchronise either: the plain context leaves DDP's flag as the caller set it.
     """
     return lambda is_last: nullcontext() if is_last else ddp.no_sync()
+
+
+def find_fsdp(encoder: object) -> FSDPModule | None:
+    """The FSDP2 root module behind ``encoder`` (``fully_shard``, also under ``torch.compile``), or None."""
+    module = getattr(encoder, "_orig_mod", encoder)
+    return module if isinstance(module, FSDPModule) else None
+
+
+def fsdp_sync_context(module: FSDPModule) -> Callable[[bool], AbstractContextManager[None]]:
+    """A mini-batch context for Step (3): gradient reduction off for every mini-batch but the last.
+
+    The last mini-batch reduces only if the caller's setting did (a non-final gradient-accumulation
+    micro-step, where accelerate turned it off, stays off); the caller's setting is restored after each.
+    """
+
+    @contextmanager
+    def context(is_last: bool) -> Iterator[None]:
+        caller = _requires_gradient_sync(module)
+        module.set_requires_gradient_sync(caller and is_last)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(caller)
+
+    return context
+
+
+def _requires_gradient_sync(module: FSDPModule) -> bool:
+    """Whether ``module``'s next backward reduces gradients (FSDP2 keeps it on each unit's parameter group,
+    with no public getter; a unit without parameters of its own has none and counts as reducing)."""
+    group = module._get_fsdp_state()._fsdp_param_group
+    return True if group is None else bool(group.reduce_grads)
+
+
+def count_on_every_rank(count: int, device: torch.device) -> int:
+    """The largest ``count`` of any rank (one 1-element all-reduce on ``device``, which the process group's
+    backend must serve); ``count`` itself when no group is initialized. Every rank must call it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return count
+    largest = torch.tensor([count], device=device, dtype=torch.int64)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return int(largest.item())
 
 
 def holds_on_every_rank(flag: bool | Tensor, device: torch.device) -> bool:

@@ -40,9 +40,12 @@ from tqdm.auto import tqdm
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.cuda_graphs import GraphedEncoder, check_cuda_graph_options
 from gradcache_sparton.engine.distributed import (
+    count_on_every_rank,
     data_parallel_world_size,
     ddp_no_sync_context,
     find_ddp,
+    find_fsdp,
+    fsdp_sync_context,
     gather_global_batch,
     holds_on_every_rank,
 )
@@ -109,10 +112,22 @@ class MiniBatch:
 
 @dataclass(frozen=True)
 class ReplayState:
-    """What Step (3) needs from Step (1): each column's mini-batches, and the autocast state."""
+    """What Step (3) needs from Step (1): each column's mini-batches, and the autocast state; under FSDP,
+    the extra encodes that matched other ranks' counts (``padding``: copies of the first mini-batch, whose
+    reps no loss sees; replayed with a zero gradient)."""
 
     mini_batches: dict[str, tuple[MiniBatch, ...]]
     autocast: AutocastState
+    padding: tuple[MiniBatch, ...] = ()
+
+
+class _Job(NamedTuple):
+    """One Step (3) replay: mini-batch ``index`` of ``column``, with its rep gradient or a zero one."""
+
+    column: str
+    index: int
+    mini_batch: MiniBatch
+    zero_grad: bool = False
 
 
 class EncodedBatch(NamedTuple):
@@ -156,7 +171,8 @@ class GradCache:
             is initialized with more than one rank; False: each rank's loss sees its own rows only.
         mini_batch_context: default for :meth:`replay`'s ``mini_batch_context``. None: when the encoder
             is ``DistributedDataParallel`` (also under ``torch.compile``), every replayed mini-batch
-            but the last runs under its ``no_sync()``; otherwise no context.
+            but the last runs under its ``no_sync()``; when it is an FSDP2 module (``fully_shard``),
+            gradient reduction is off for every mini-batch but the last; otherwise no context.
         check_replay: prove on every step that Step (3) reproduced Step (1): each mini-batch's reps
             are fingerprinted (fp32 row sums, compared bitwise on the device, read back once at the
             end of Step (3)); a mismatch raises ``RuntimeError`` naming the likely causes (train/eval
@@ -249,9 +265,11 @@ class GradCache:
         self.allow_non_finite = allow_non_finite
         self.show_progress = show_progress
         self.world_size = data_parallel_world_size(gather_across_ranks)
-        ddp = find_ddp(encoder)
+        ddp, fsdp = find_ddp(encoder), find_fsdp(encoder)
         if mini_batch_context is None and ddp is not None:
             mini_batch_context = ddp_no_sync_context(ddp)
+        if mini_batch_context is None and fsdp is not None:
+            mini_batch_context = fsdp_sync_context(fsdp)
         self.mini_batch_context = mini_batch_context
         self.check_replay = check_replay
         if sparse_rep_grads not in (False, True, "auto"):
@@ -265,7 +283,9 @@ class GradCache:
         self.reuse_argmax = reuse_argmax
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
-        self._data_parallel = self.world_size > 1 or ddp is not None
+        self._data_parallel = self.world_size > 1 or ddp is not None or fsdp is not None
+        # Under FSDP each forward and backward is a collective: every rank must run as many of each.
+        self._equal_passes = fsdp is not None and data_parallel_world_size(None) > 1
         self._graphs = self._graphed_encoder(cuda_graphs)
 
     def _graphed_encoder(self, cuda_graphs: bool) -> GraphedEncoder | None:
@@ -352,10 +372,14 @@ class GradCache:
             )
             for column, features in columns.items()
         }
+        planned = sum(map(len, plans.values()))
+        extra = 0
+        if self._equal_passes:  # FSDP: as many forwards as the rank with the most mini-batches
+            extra = count_on_every_rank(planned, _device_of(columns)) - planned
         with (
             torch.no_grad(),
             _quiet_reentrant_checkpoint(),
-            self._progress(sum(map(len, plans.values())), "GradCache Step (1) encode") as bar,
+            self._progress(planned + extra, "GradCache Step (1) encode") as bar,
         ):
             for column, plan in plans.items():
                 batch_size = _rows(columns[column])
@@ -416,7 +440,15 @@ class GradCache:
                     continue
                 assert column_reps is not None  # a column has at least one row (check_columns)
                 reps[column] = column_reps
-        return EncodedBatch(reps, ReplayState(mini_batches=mini_batches, autocast=autocast))
+            padding = []
+            first_rows, first_features = next(iter(plans.values()))[0]
+            for _ in range(extra):  # reps unused: the encode only joins the other ranks' collectives
+                rng = RngState.capture((*cuda_devices_of(first_features.values()), *encoder_devices))
+                self.encoder(**first_features)
+                padding.append(MiniBatch(rows=first_rows, features=first_features, rng=rng))
+                bar.update()
+        replay_state = ReplayState(mini_batches=mini_batches, autocast=autocast, padding=tuple(padding))
+        return EncodedBatch(reps, replay_state)
 
     def rep_gradients(
         self, reps: Mapping[str, Tensor | SparseReps], loss_fn: LossFn, **loss_kwargs: object
@@ -494,12 +526,18 @@ class GradCache:
                 _raise_if_non_finite_on_any_rank(named, _replay_device(replay_state))
             else:
                 _raise_if_non_finite(named)
-        jobs = [(column, k, mb) for column in grads for k, mb in enumerate(replay_state.mini_batches[column])]
+        jobs = [
+            _Job(column, k, mb) for column in grads for k, mb in enumerate(replay_state.mini_batches[column])
+        ]
+        first_column, first_mini_batches = next(iter(replay_state.mini_batches.items()))
         if not jobs and self._data_parallel:
             # The other ranks' last backward waits for this rank's gradients: replay one mini-batch
             # with a zero gradient rather than none (the loss ignores every column on this rank).
-            column, mini_batches = next(iter(replay_state.mini_batches.items()))
-            jobs = [(column, 0, mini_batches[0])]
+            jobs = [_Job(first_column, 0, first_mini_batches[0], zero_grad=True)]
+        if self._equal_passes:  # FSDP: as many replays as the rank with the most, zero-gradient ones
+            spare = replay_state.padding or first_mini_batches[:1]
+            for i in range(count_on_every_rank(len(jobs), _replay_device(replay_state)) - len(jobs)):
+                jobs.append(_Job(first_column, 0, spare[i % len(spare)], zero_grad=True))
         context = mini_batch_context or self.mini_batch_context or (lambda is_last: nullcontext())
         parameters = _parameters_of(self.encoder)
         # A failure in mini-batch k must not leave mini-batches 1..k-1 in .grad: put it back as it was.
@@ -510,7 +548,7 @@ class GradCache:
                 self._graphs.check_parameters()
                 self._graphs.attach_grads()  # after the capture above: a failure puts .grad back
             with self._progress(len(jobs), "GradCache Step (3) replay") as bar:
-                for index, (column, k, mb) in enumerate(jobs):
+                for index, (column, k, mb, zero_grad) in enumerate(jobs):
                     with context(index == len(jobs) - 1), mb.rng.replay():
                         if self._graphs is not None:
                             # Forward and backward in one graph launch (no data parallelism: no scaling).
@@ -529,7 +567,7 @@ class GradCache:
                                     f"back fewer of its {len(mb.memo)} Step (1) records: the encoder did not "
                                     "take the same path through its modules twice"
                                 )
-                            if column not in grads:  # the zero-gradient replay above
+                            if zero_grad:  # the zero-gradient replays above
                                 grad = torch.zeros_like(rep)
                             else:
                                 grad = _mini_batch_grad(grads[column], k, mb)
@@ -729,6 +767,11 @@ def _quiet_reentrant_checkpoint() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="None of the inputs have requires_grad=True")
         yield
+
+
+def _device_of(columns: Columns) -> torch.device:
+    """The device of the columns' tensors (one device: ``check_columns``)."""
+    return next(iter(next(iter(columns.values())).values())).device
 
 
 def _rows(features: Features) -> int:
@@ -932,9 +975,9 @@ def _raise_if_not_reproduced(checked: list[tuple[str, MiniBatch]], differs: list
     )
 
 
-def _failure_note(jobs: list[tuple[str, int, MiniBatch]], index: int, *, restored: bool) -> str:
+def _failure_note(jobs: list[_Job], index: int, *, restored: bool) -> str:
     if index < len(jobs):
-        column, _, mb = jobs[index]
+        column, _, mb, _ = jobs[index]
         where = (
             f"in replayed mini-batch {index + 1} of {len(jobs)} (column {column!r}, {describe_rows(mb.rows)})"
         )

@@ -1,0 +1,152 @@
+"""GradCache under FSDP2 (``fully_shard``) on 2 CPU ranks (gloo): gradients equal one process on the global batch.
+
+One launch of 2 ranks runs every scenario below (this file is also the ranks' script); the tests read
+what each rank saved. Each scenario shards a tiny dropout-free BERT (each layer and the root as FSDP
+units), takes its rank's rows of a global batch, runs one cached step and compares every parameter's
+full gradient (``DTensor.full_tensor()``) with one unsharded process's cached step on the whole batch.
+
+Tolerance: fp32, rtol 1e-5 relative to each parameter's largest gradient (``assert_grads_close``), as
+tests/test_distributed.py: the ranks cut other mini-batches than the single process, and the reduce-
+scatter sums two partial gradients, so only summation order differs (rounding, ~3e-7); a missing
+gather, a wrong world-size factor or a lost mini-batch is an O(1) error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD_SIZE = 2
+GLOBAL_ROWS, MINI_BATCH = 12, 3
+SCENARIOS = {  # name: rows per rank, encoder, reuse_argmax
+    "equal rows": ((6, 6), "plain", False),
+    "unequal rows": ((9, 3), "plain", False),  # 3 mini-batches per column against 1: padded replays
+    "unequal rows, Sparton head, reuse_argmax": ((8, 4), "sparton", True),
+}
+RTOL_FP32 = 1e-5  # see the module docstring
+
+
+def _encoder(kind: str) -> torch.nn.Module:
+    from distributed_helpers import dropout_free_config
+    from engine_helpers import make_encoder
+
+    from gradcache_sparton import SpladeEncoder
+
+    if kind == "plain":
+        return make_encoder(dropout_free_config())
+    torch.manual_seed(0)
+    return SpladeEncoder.from_config(dropout_free_config()).train()
+
+
+def _layers(encoder: torch.nn.Module) -> list[torch.nn.Module]:
+    bert = encoder.mlm.bert if hasattr(encoder, "mlm") else encoder.model.bert
+    return list(bert.encoder.layer)
+
+
+def _count_reduce_scatters() -> dict[str, int]:
+    """Wrap the collectives FSDP2 reduces gradients with (which one depends on the torch version)."""
+    import torch.distributed as dist
+
+    counts = {"calls": 0}
+    for name in ("reduce_scatter_single", "reduce_scatter_tensor"):
+        original = getattr(dist, name, None)
+        if original is None:
+            continue
+
+        def counting(*args, _original=original, **kwargs):
+            counts["calls"] += 1
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, counting)
+    return counts
+
+
+def _worker(out_dir: Path) -> None:
+    """Every scenario on this rank; rank 0 writes the comparisons."""
+    import torch.distributed as dist
+    from engine_helpers import contrastive_flops_loss, grads_of, make_columns
+    from torch.distributed.fsdp import fully_shard
+
+    from gradcache_sparton.engine import CachedLoss
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    counts = _count_reduce_scatters()
+    results = {}
+    for name, (rows, kind, reuse_argmax) in SCENARIOS.items():
+        columns = make_columns(GLOBAL_ROWS, 2, seed=1)
+        reference = _encoder(kind)
+        CachedLoss(reference, contrastive_flops_loss, mini_batch_size=MINI_BATCH, gather_across_ranks=False)(
+            columns
+        ).backward()
+        expected = grads_of(reference)
+        encoder = _encoder(kind)
+        units = _layers(encoder)
+        for layer in units:
+            fully_shard(layer)
+        fully_shard(encoder)
+        start = sum(rows[:rank])
+        local = {c: {k: v[start : start + rows[rank]] for k, v in f.items()} for c, f in columns.items()}
+        cached = CachedLoss(
+            encoder, contrastive_flops_loss, mini_batch_size=MINI_BATCH, reuse_argmax=reuse_argmax
+        )
+        before = counts["calls"]
+        cached(local).backward()
+        reduce_scatters = counts["calls"] - before
+        actual = {}
+        for param_name, p in encoder.named_parameters():  # every rank joins each all-gather
+            actual[param_name] = p.grad.full_tensor() if p.grad is not None else torch.zeros(p.shape)
+        results[name] = {
+            "grads": {k: v.tolist() for k, v in actual.items()},
+            "expected": {k: v.tolist() for k, v in expected.items()},
+            "reduce_scatters": reduce_scatters,
+            "fsdp_units": len(units) + 1,
+        }
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """Each rank's results of every scenario (one 2-rank launch for the module, bounded in time)."""
+    out_dir = tmp_path_factory.mktemp("fsdp")
+    tests = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), tests, os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE)]
+    command += [__file__, str(out_dir)]
+    done = subprocess.run(command, env=env, cwd=out_dir, timeout=150, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_fsdp_ranks_match_one_process_on_the_global_batch(ranks: list[dict], scenario: str) -> None:
+    """Under FSDP2, equal or unequal rows per rank (padded with zero-gradient replays), with the fused head
+    and reuse_argmax: every parameter's gradient equals one process's on the global batch, on every rank."""
+    from engine_helpers import assert_grads_close
+
+    for result in ranks:
+        got = {k: torch.tensor(v) for k, v in result[scenario]["grads"].items()}
+        want = {k: torch.tensor(v) for k, v in result[scenario]["expected"].items()}
+        assert_grads_close(got, want, rtol=RTOL_FP32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_fsdp_reduces_gradients_once_per_step(ranks: list[dict], scenario: str) -> None:
+    """Only the last replayed mini-batch reduce-scatters: one reduction per FSDP unit and step, on every
+    rank, however many mini-batches it replays."""
+    for result in ranks:
+        assert result[scenario]["reduce_scatters"] == result[scenario]["fsdp_units"]
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
