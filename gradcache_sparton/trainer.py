@@ -50,7 +50,7 @@ from gradcache_sparton.integrations.sentence_transformers import (
     write_sentence_transformers_files,
 )
 from gradcache_sparton.losses import SpladeLoss
-from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.modeling import SpladeEncoder, check_checkpoint_files, load_backbone, read_json_file
 
 __all__ = ["CachedSpladeTrainer", "validate_run"]
 
@@ -301,8 +301,10 @@ class CachedSpladeTrainer(Trainer):
             encoder.load_state_dict(loaded.state_dict(), strict=True)
             return
         # The backbone's own class: a masked LM, or a decoder-only LM's causal-LM class.
-        loaded = type(encoder.model).from_pretrained(resume_from_checkpoint, local_files_only=True)
-        # strict: every backbone tensor (tied decoder included) must be in the checkpoint.
+        # Every backbone tensor must be in the checkpoint files (not initialised at random by from_pretrained),
+        # and then every one of them is copied (strict).
+        check_checkpoint_files(resume_from_checkpoint)
+        loaded = load_backbone(type(encoder.model), resume_from_checkpoint, local_files_only=True)
         encoder.model.load_state_dict(loaded.state_dict(), strict=True)
 
     def _load_best_model(self) -> None:
@@ -357,6 +359,13 @@ def _check_resume_checkpoint(path: str) -> None:
             f"resume_from_checkpoint {path!r} has no trainer_state.json: it is not a checkpoint-N folder of a "
             "training run (to start from a model's weights, use model_name_or_path)"
         )
+    state = read_json_file(folder / "trainer_state.json")  # a cut file: named, with its line
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        raise ValueError(
+            f"{folder / 'trainer_state.json'} holds no global_step: it is not a Trainer state (truncated or "
+            "corrupted?)"
+        )
+    check_checkpoint_files(folder)
 
 
 def _check_output_dir_is_free(output_dir: str | None) -> None:

@@ -441,3 +441,75 @@ def test_bad_inputs_raise_clear_errors(tokenizer, tmp_path: Path) -> None:
         "RobertaForMaskedLM",
         "XLMRobertaForMaskedLM",
     )
+
+
+def _saved_bert(tmp_path: Path, name: str) -> tuple[Path, dict[str, Tensor]]:
+    """A tiny BERT encoder saved to tmp_path/name; returns the folder and its weights."""
+    from safetensors.torch import load_file
+
+    folder = tmp_path / name
+    SpladeEncoder(tiny_mlm("bert")).save_pretrained(folder)
+    return folder, load_file(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("fault", ["missing", "renamed", "prefixed", "shape"])
+def test_checkpoint_with_missing_or_renamed_tensors_is_refused(fault: str, tmp_path: Path) -> None:
+    """A checkpoint lacking a model tensor (dropped, renamed, prefixed, reshaped) is refused, naming file and keys."""
+    from safetensors.torch import save_file
+
+    folder, weights = _saved_bert(tmp_path, fault)
+    key = "bert.encoder.layer.0.attention.self.query.weight"
+    if fault == "missing":
+        weights.pop(key)
+    elif fault == "renamed":
+        weights["renamed.weight"] = weights.pop(key)
+    elif fault == "prefixed":  # a wrapper's state_dict() saved as the model file
+        weights = {f"model.{name}": value for name, value in weights.items()}
+    else:
+        weights[key] = weights[key][:, :-1].contiguous()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="does not match") as raised:
+        SpladeEncoder.from_pretrained(folder)
+    message = str(raised.value)
+    assert str(folder / "model.safetensors") in message
+    if fault == "shape":  # transformers' own report lists the shapes
+        return
+    assert ("carry the prefix 'model.'" if fault == "prefixed" else key) in message
+    if fault == "renamed":
+        assert "renamed.weight" in message
+
+
+def test_tied_decoder_absent_from_the_file_is_not_missing(tmp_path: Path, caplog) -> None:
+    """The decoder tied to the embeddings is saved once and loads without complaint; extra tensors only warn."""
+    from safetensors.torch import save_file
+
+    folder, weights = _saved_bert(tmp_path, "tied")
+    assert "cls.predictions.decoder.weight" not in weights
+    SpladeEncoder.from_pretrained(folder)
+    weights["bert.pooler.dense.weight"] = torch.zeros(2, 2)  # e.g. a pre-training checkpoint's pooler
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING, logger="gradcache_sparton.modeling"):
+        SpladeEncoder.from_pretrained(folder)
+    assert "bert.pooler.dense.weight" in caplog.text
+
+
+@pytest.mark.parametrize("fault", ["cut weights", "no config", "no weights", "half splade_config"])
+def test_truncated_or_missing_checkpoint_files_are_named(fault: str, tmp_path: Path) -> None:
+    """A cut model.safetensors, a missing config.json or weights, half a splade_config.json: the file is named."""
+    folder, _ = _saved_bert(tmp_path, "checkpoint")
+    if fault == "cut weights":
+        file, expected = folder / "model.safetensors", "truncated or corrupted"
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    elif fault == "no config":
+        file, expected = folder / "config.json", "has no config.json"
+        file.unlink()
+        file = folder  # the message names the folder
+    elif fault == "no weights":
+        (folder / "model.safetensors").unlink()
+        file, expected = folder, "has no weights"
+    else:
+        file, expected = folder / SPLADE_CONFIG_NAME, "not valid JSON"
+        file.write_text('{"pooling": "max", "spec', encoding="utf-8")
+    with pytest.raises(ValueError, match=expected) as raised:
+        SpladeEncoder.from_pretrained(folder)
+    assert str(file) in str(raised.value)
