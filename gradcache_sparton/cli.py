@@ -240,10 +240,14 @@ def _evaluate(argv: Sequence[str]) -> int:
         default=None,
         help="Also write the metrics as JSON here, and each TREC run beside it (<stem>.<dataset>.<budget>.trec).",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --output_file and its TREC runs."
+    )
     args = parser.parse_args(argv)
     budgets = [PruningBudget.parse(text) for text in args.budgets]
     if args.output_file is not None:
-        _prepare_output_file(args.output_file)  # before any work: a result is never lost to a bad path
+        # Before any work: a result is never lost to a bad path, nor a file to a result.
+        _prepare_output_file(args.output_file, overwrite=args.overwrite)
     result = run_evaluation(
         args.model_name_or_path,
         beir_path=args.beir_path,
@@ -257,6 +261,7 @@ def _evaluate(argv: Sequence[str]) -> int:
         budgets=budgets,
         retrieval=args.retrieval,
         run_prefix=None if args.output_file is None else args.output_file.with_suffix(""),
+        overwrite=args.overwrite,
     )
     if all(isinstance(row, dict) for row in result.values()):  # a table: one row per dataset / budget
         print(format_table(result), file=sys.stderr)
@@ -267,10 +272,13 @@ def _evaluate(argv: Sequence[str]) -> int:
     return 0
 
 
-def _prepare_output_file(path: Path) -> None:
-    """Create the folder of ``--output_file`` and check it can be written; ``ValueError`` if not."""
+def _prepare_output_file(path: Path, *, overwrite: bool) -> None:
+    """Create the folder of ``--output_file`` and check it can be written and, without ``overwrite``, does
+    not exist (as ``mine`` and ``export`` check theirs); ``ValueError`` if not."""
     if path.is_dir():
         raise ValueError(f"--output_file {str(path)!r} is a directory; give a file path")
+    if path.exists() and not overwrite:
+        raise ValueError(f"--output_file {str(path)!r} exists: pass --overwrite to replace it")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

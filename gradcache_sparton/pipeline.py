@@ -16,6 +16,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ from gradcache_sparton.evaluation import (
 from gradcache_sparton.mining import check_output_path
 from gradcache_sparton.modeling import SpladeEncoder, read_splade_config
 from gradcache_sparton.resources import SHIPPED_MODELS, default_tokenizer_path, shipped_model_path
+from gradcache_sparton.run_lock import output_dir_lock
 from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
 
 if TYPE_CHECKING:
@@ -328,6 +330,18 @@ def run_training(
     # Data, run checks and evaluator first: a bad argument stops the run before the model is built.
     train_dataset = build_train_dataset(data_args, seed=training_args.seed)
     validate_run(training_args, num_train_rows=len(train_dataset))
+    # One live run per output_dir (the saving process holds the lock for all processes of the run).
+    lock = output_dir_lock(training_args.output_dir) if training_args.should_save else nullcontext()
+    with lock:
+        return _run_training(model_args, data_args, training_args, train_dataset)
+
+
+def _run_training(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: CachedSpladeTrainingArguments,
+    train_dataset: Any,
+) -> dict[str, float]:
     if model_args.lora_r and (training_args.resume_from_checkpoint or training_args.load_best_model_at_end):
         raise ValueError(
             "resume_from_checkpoint and load_best_model_at_end are not supported with lora_r > 0: the Trainer's "
@@ -389,6 +403,7 @@ def run_evaluation(
     budgets: Sequence[PruningBudget] = (PruningBudget(),),
     retrieval: str = "exhaustive",
     run_prefix: str | Path | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Retrieval metrics of a saved checkpoint on one or several BEIR folders (default: the shipped
     SciFact dev sample), at one or several pruning budgets.
@@ -397,7 +412,8 @@ def run_evaluation(
     row label -> metrics: ``<dataset>`` (or ``<dataset> <budget>``) per folder, then ``mean`` (or
     ``mean <budget>``) over the folders when there are several. A dataset is named by its folder.
     Every folder is loaded and checked, and every measure parsed, before the model is loaded. With
-    ``run_prefix``, each row's TREC run is written to ``{run_prefix}.{dataset}.{budget}.trec``.
+    ``run_prefix``, each row's TREC run is written to ``{run_prefix}.{dataset}.{budget}.trec``; one that exists
+    is an error before any work unless ``overwrite``.
     ``retrieval``: ``"exhaustive"`` or ``"seismic"`` (an inverted index, exact by default).
     Max lengths left None are those the checkpoint was trained with (:func:`checkpoint_max_lengths`).
     """
@@ -430,6 +446,10 @@ def run_evaluation(
         if run_prefix is not None:
             check_trec_ids(evaluators[name].query_ids, name=f"{folder}: query")
             check_trec_ids(evaluators[name].doc_ids, name=f"{folder}: doc")
+            for budget in budgets:
+                check_output_path(
+                    _run_file(run_prefix, name, budget), overwrite=overwrite, suffixes=(".trec",)
+                )
     encoder = build_encoder(model_args, tokenizer)
     encoder.to(device).eval()
     table: dict[str, dict[str, float]] = {}
@@ -440,13 +460,17 @@ def run_evaluation(
             table[name if len(budgets) == 1 else f"{name} {budget}"] = result.metrics
             by_budget.setdefault(budget, []).append(result.metrics)
             if run_prefix is not None:
-                write_trec_run(f"{run_prefix}.{name}.{budget}.trec", result.run, tag=f"{name}.{budget}")
+                write_trec_run(_run_file(run_prefix, name, result.budget), result.run, tag=f"{name}.{budget}")
     if len(evaluators) == 1 and len(budgets) == 1:
         return next(iter(table.values()))
     if len(evaluators) > 1:
         for budget, rows in by_budget.items():
             table["mean" if len(budgets) == 1 else f"mean {budget}"] = mean_metrics(rows)
     return table
+
+
+def _run_file(run_prefix: str | Path, dataset: str, budget: PruningBudget) -> str:
+    return f"{run_prefix}.{dataset}.{budget.name}.trec"
 
 
 def _check_device(device: str | None) -> str:

@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from gradcache_sparton.integrations.sentence_transformers import (
 )
 from gradcache_sparton.losses import SpladeLoss
 from gradcache_sparton.modeling import SpladeEncoder, check_checkpoint_files, load_backbone, read_json_file
+from gradcache_sparton.run_lock import output_dir_lock
 
 __all__ = ["CachedSpladeTrainer", "validate_run"]
 
@@ -175,7 +177,10 @@ class CachedSpladeTrainer(Trainer):
             self.model.query_max_length = self.args.query_max_length
             self.model.document_max_length = self.args.document_max_length
         self._last_log_time = time.perf_counter()
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        # One live run per output_dir; re-entrant, so run_training's lock over the whole job covers this.
+        lock = output_dir_lock(self.args.output_dir) if self.args.should_save else nullcontext()
+        with lock:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def compute_loss(
         self,
@@ -329,6 +334,10 @@ def validate_run(args: CachedSpladeTrainingArguments, *, num_train_rows: int | N
         raise ValueError(
             f"report_to {missing} needs its package installed (e.g. pip install {missing[0]}); available here: "
             f"{available or 'none'} (report_to none turns reporting off)"
+        )
+    if args.output_dir is not None and Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        raise ValueError(
+            f"output_dir {args.output_dir!r} is an existing file, not a folder: give a folder path"
         )
     if isinstance(args.resume_from_checkpoint, str):
         _check_resume_checkpoint(args.resume_from_checkpoint)

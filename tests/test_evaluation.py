@@ -845,3 +845,24 @@ def test_cli_export_writes_every_document_and_refuses_bad_input_first(
     missing = ["export", "--model_name_or_path", "splade-tiny-msmarco", "--beir_path", str(tmp_path / "none")]
     assert main([*missing, "--output_file", str(tmp_path / "y.jsonl")]) == 2
     assert "gradcache-sparton export: error:" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_an_existing_output_file_or_run_without_overwrite(
+    tmp_path: Path, tiny_checkpoint: Path, capsys
+) -> None:
+    """An existing --output_file (e.g. a checkpoint's config.json) or TREC run beside it is left as it was
+    unless --overwrite: one clear error before any work; with --overwrite both are replaced."""
+    beir = write_fruit_beir(tmp_path / "fruit")
+    config = tiny_checkpoint / "config.json"
+    before = config.read_text()
+    assert main(evaluate_argv(tiny_checkpoint, beir, "--output_file", str(config))) == 2
+    assert "exists: pass --overwrite" in capsys.readouterr().err and config.read_text() == before
+    output = tmp_path / "metrics.json"
+    run = tmp_path / "metrics.fruit.full.trec"
+    run.write_text("kept\n")
+    assert main(evaluate_argv(tiny_checkpoint, beir, "--output_file", str(output))) == 2
+    assert str(run) in capsys.readouterr().err and run.read_text() == "kept\n" and not output.exists()
+    assert main(evaluate_argv(tiny_checkpoint, beir, "--output_file", str(output), "--overwrite")) == 0
+    assert (
+        json.loads(output.read_text()) == json.loads(capsys.readouterr().out) and run.read_text() != "kept\n"
+    )

@@ -1,0 +1,164 @@
+"""One live training run per output folder: a lock file in ``output_dir``.
+
+Two runs started into one ``output_dir`` would overwrite each other's checkpoints and final model while
+both report success. :func:`output_dir_lock` creates ``output_dir/.run.lock`` with ``O_CREAT | O_EXCL``
+(atomic on local file systems and NFSv3+) holding the owner's pid, host, start time and command line, and
+removes it when the run ends, however it ends short of the process being killed. A second run finds the
+file and stops with one error naming the first. A lock left by a killed run (its pid no longer alive on
+this host) is taken over with a warning; one from another host cannot be checked and is refused, with the
+file to delete named.
+
+The lock is re-entrant within a process: ``run_training`` holds it for the whole job and
+``CachedSpladeTrainer.train`` takes it only when its caller has not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LOCK_FILE_NAME", "output_dir_lock", "prepare_output_dir"]
+
+logger = logging.getLogger(__name__)
+
+#: The lock file's name inside ``output_dir`` (hidden; not a run file, so it never marks the folder as used).
+LOCK_FILE_NAME = ".run.lock"
+
+# Lock files this process holds (resolved path -> times taken), for re-entry.
+_HELD: dict[Path, int] = {}
+
+
+def prepare_output_dir(output_dir: str | os.PathLike) -> Path:
+    """Create ``output_dir`` (and its parents); ``ValueError`` naming it if it is a file or cannot be created."""
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output_dir {str(path)!r} is an existing file, not a folder: give a folder path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"output_dir {str(path)!r} cannot be created ({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"output_dir {str(path)!r} is not writable")
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _read_owner(lock: Path) -> dict[str, Any] | None:
+    """The owner record of a lock file; None if it vanished; {} if unreadable (being written, or corrupt)."""
+    try:
+        text = lock.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        owner = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _describe(owner: dict[str, Any]) -> str:
+    if not owner:
+        return "an unknown run (its lock file is empty or unreadable)"
+    started = owner.get("started")
+    when = (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+        if isinstance(started, (int, float))
+        else "?"
+    )
+    return (
+        f"pid {owner.get('pid')} on host {owner.get('host')!r}, started {when}: {owner.get('command', '?')}"
+    )
+
+
+def _is_stale(owner: dict[str, Any]) -> bool:
+    """True when the owner ran on this host and its pid is gone (a killed run)."""
+    pid = owner.get("pid")
+    return owner.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid)
+
+
+def _create(lock: Path) -> bool:
+    """Create the lock file holding this process's record; False if it already exists."""
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+        "command": " ".join(sys.argv) or sys.executable,
+    }
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    return True
+
+
+def _acquire(lock: Path) -> None:
+    if _create(lock):
+        return
+    owner = _read_owner(lock)
+    if owner is not None and _is_stale(owner):
+        logger.warning(
+            "output_dir %s: taking over the lock of a run that is no longer alive (%s); its checkpoints stay, "
+            "resume them with --resume_from_checkpoint",
+            lock.parent,
+            _describe(owner),
+        )
+        # Renamed away, then checked, rather than deleted: of two runs taking over at once, the later one
+        # finds the earlier one's fresh lock in its hands, puts it back and stops.
+        moved = lock.with_name(f"{LOCK_FILE_NAME}.stale-{os.getpid()}")
+        try:
+            os.rename(lock, moved)
+        except FileNotFoundError:
+            pass
+        else:
+            taken = _read_owner(moved)
+            if taken == owner:
+                moved.unlink(missing_ok=True)
+            else:
+                os.rename(moved, lock)
+        if _create(lock):
+            return
+        owner = _read_owner(lock)
+    raise ValueError(
+        f"output_dir {str(lock.parent)!r} is in use by another training run ({_describe(owner or {})}): two runs "
+        "in one folder overwrite each other's checkpoints. Wait for it to finish or choose another output_dir; "
+        f"if that run is gone (e.g. on another machine), delete {str(lock)!r}"
+    )
+
+
+@contextmanager
+def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[Path]:
+    """Hold ``output_dir``'s lock for the block (created with the folder if needed); yields the folder.
+
+    ``ValueError`` naming the other run if one holds it, or naming ``output_dir`` if it is a file.
+    """
+    folder = prepare_output_dir(output_dir)
+    lock = (folder / LOCK_FILE_NAME).resolve()
+    if lock not in _HELD:
+        _acquire(lock)
+    _HELD[lock] = _HELD.get(lock, 0) + 1
+    try:
+        yield folder
+    finally:
+        _HELD[lock] -= 1
+        if not _HELD[lock]:
+            del _HELD[lock]
+            lock.unlink(missing_ok=True)
