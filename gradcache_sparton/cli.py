@@ -445,12 +445,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    from gradcache_sparton.run_state import TrainingStopped
+
     run = {"train": _train, "evaluate": _evaluate, "mine": _mine, "export": _export}[args.command]
     try:
         return run(args.args)
     except ValueError as exc:  # bad arguments or data: one clear line, no traceback
         print(f"gradcache-sparton {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except TrainingStopped as exc:  # a run stopped before its last step: not a success
+        print(f"gradcache-sparton {args.command}: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase, set_seed
+from transformers.trainer_utils import get_last_checkpoint
 
 from gradcache_sparton.arguments import (
     INIT_DECODER_BIAS_SIGMAS,
@@ -52,7 +53,7 @@ from gradcache_sparton.evaluation import (
 from gradcache_sparton.mining import check_output_path
 from gradcache_sparton.modeling import SpladeEncoder, read_splade_config
 from gradcache_sparton.resources import SHIPPED_MODELS, default_tokenizer_path, shipped_model_path
-from gradcache_sparton.run_lock import output_dir_lock
+from gradcache_sparton.run_state import TrainingStopped, output_dir_lock
 from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
 
 if TYPE_CHECKING:
@@ -326,7 +327,12 @@ def run_training(
     model_args: ModelArguments, data_args: DataArguments, training_args: CachedSpladeTrainingArguments
 ) -> dict[str, float]:
     """Train, save the final checkpoint to ``output_dir`` and return the training + retrieval metrics
-    (``eval_*``; with ``eval_before_training`` also the starting model's, ``eval_before_*``)."""
+    (``eval_*``; with ``eval_before_training`` also the starting model's, ``eval_before_*``).
+
+    Holds ``output_dir``'s lock throughout (``ValueError`` naming the other run if one holds it). A run that
+    stops before ``max_steps`` (SIGTERM under ``enable_jit_checkpoint``) writes no final model or metrics and
+    raises :class:`~gradcache_sparton.run_state.TrainingStopped`, which names the checkpoint to resume from.
+    """
     # Data, run checks and evaluator first: a bad argument stops the run before the model is built.
     train_dataset = build_train_dataset(data_args, seed=training_args.seed)
     validate_run(training_args, num_train_rows=len(train_dataset))
@@ -373,6 +379,12 @@ def _run_training(
         before = {f"eval_before_{k}": v for k, v in evaluator(trainer.model).items()}  # the starting model
         trainer.log(dict(before))
     result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if trainer.state.global_step < trainer.state.max_steps:  # stopped (SIGTERM under enable_jit_checkpoint)
+        raise TrainingStopped(
+            step=trainer.state.global_step,
+            max_steps=trainer.state.max_steps,
+            checkpoint=get_last_checkpoint(training_args.output_dir),
+        )
     if peft_model is not None:
         if trainer.args.should_save:
             peft_model.save_pretrained(Path(training_args.output_dir) / LORA_ADAPTER_DIR)  # adapters alone

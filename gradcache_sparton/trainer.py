@@ -52,7 +52,7 @@ from gradcache_sparton.integrations.sentence_transformers import (
 )
 from gradcache_sparton.losses import SpladeLoss
 from gradcache_sparton.modeling import SpladeEncoder, check_checkpoint_files, load_backbone, read_json_file
-from gradcache_sparton.run_lock import output_dir_lock
+from gradcache_sparton.run_state import output_dir_lock
 
 __all__ = ["CachedSpladeTrainer", "validate_run"]
 
@@ -180,7 +180,15 @@ class CachedSpladeTrainer(Trainer):
         # One live run per output_dir; re-entrant, so run_training's lock over the whole job covers this.
         lock = output_dir_lock(self.args.output_dir) if self.args.should_save else nullcontext()
         with lock:
-            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        if self.state.global_step < self.state.max_steps:
+            logger.warning(
+                "Training stopped at step %d of %d (a stop signal or a callback): the model is not the finished "
+                "run's; resume from the last checkpoint with resume_from_checkpoint.",
+                self.state.global_step,
+                self.state.max_steps,
+            )
+        return result
 
     def compute_loss(
         self,

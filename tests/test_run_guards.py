@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gradcache_sparton.run_lock import LOCK_FILE_NAME, output_dir_lock
+from gradcache_sparton.run_state import LOCK_FILE_NAME, output_dir_lock
 
 
 def _lock_record(pid: int, host: str | None = None) -> str:
@@ -43,7 +43,7 @@ def test_output_dir_lock_takes_over_a_dead_runs_lock_and_removes_its_own(tmp_pat
     lock = tmp_path / "out" / LOCK_FILE_NAME
     lock.parent.mkdir()
     lock.write_text(_lock_record(dead.pid))
-    with caplog.at_level(logging.WARNING, logger="gradcache_sparton.run_lock"), output_dir_lock(lock.parent):
+    with caplog.at_level(logging.WARNING, logger="gradcache_sparton.run_state"), output_dir_lock(lock.parent):
         assert json.loads(lock.read_text())["pid"] == os.getpid()
         with output_dir_lock(lock.parent):  # re-entrant within the process
             pass
@@ -61,3 +61,49 @@ def test_output_dir_naming_a_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is an existing file"), output_dir_lock(file):
         pass
     assert file.read_text() == "x"
+
+
+def _tiny_train_argv(output_dir: Path, *flags: str) -> list[str]:
+    """A `train` command on a tiny random BERT over the shipped sample, no retrieval evaluation."""
+    return [
+        "train", "--config_name", "bert-tiny", "--hidden_size", "32", "--num_hidden_layers", "1",
+        "--num_attention_heads", "2", "--intermediate_size", "64", "--per_device_train_batch_size", "8",
+        "--mini_batch_size", "8", "--query_max_length", "16", "--document_max_length", "32",
+        "--eval_beir", "none", "--output_dir", str(output_dir), "--use_cpu", "--disable_tqdm", "True",
+        "--report_to", "none", *flags,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_run_stopped_by_sigterm_exits_non_zero_and_writes_no_final_model(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """SIGTERM under --enable_jit_checkpoint: a checkpoint, no final model or summary, exit 3, how to resume."""
+    import signal
+
+    from gradcache_sparton.cli import main
+    from gradcache_sparton.trainer import CachedSpladeTrainer
+
+    compute_loss = CachedSpladeTrainer.compute_loss
+
+    def signalled(self, *args, **kwargs):  # the run's own process receives SIGTERM at its second step
+        if self.state.global_step == 1 and self.model.training:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return compute_loss(self, *args, **kwargs)
+
+    monkeypatch.setattr(CachedSpladeTrainer, "compute_loss", signalled)
+    out = tmp_path / "run"
+    assert (
+        main(
+            _tiny_train_argv(
+                out, "--max_steps", "100000", "--save_steps", "100000", "--enable_jit_checkpoint"
+            )
+        )
+        == 3
+    )
+    captured = capsys.readouterr()
+    assert "training stopped at step" in captured.err and "of 100000" in captured.err
+    checkpoints = sorted(out.glob("checkpoint-*"))
+    assert len(checkpoints) == 1 and f"--resume_from_checkpoint {checkpoints[0]}" in captured.err
+    assert not (out / "model.safetensors").exists() and '"output_dir"' not in captured.out
+    assert not (out / LOCK_FILE_NAME).exists()

@@ -1,4 +1,5 @@
-"""One live training run per output folder: a lock file in ``output_dir``.
+"""A training run as the file system and the shell see it: one live run per output folder, and a run
+stopped before its last step reported as such.
 
 Two runs started into one ``output_dir`` would overwrite each other's checkpoints and final model while
 both report success. :func:`output_dir_lock` creates ``output_dir/.run.lock`` with ``O_CREAT | O_EXCL``
@@ -6,10 +7,13 @@ both report success. :func:`output_dir_lock` creates ``output_dir/.run.lock`` wi
 removes it when the run ends, however it ends short of the process being killed. A second run finds the
 file and stops with one error naming the first. A lock left by a killed run (its pid no longer alive on
 this host) is taken over with a warning; one from another host cannot be checked and is refused, with the
-file to delete named.
+file to delete named. The lock is re-entrant within a process: ``run_training`` holds it for the whole
+job and ``CachedSpladeTrainer.train`` takes it only when its caller has not.
 
-The lock is re-entrant within a process: ``run_training`` holds it for the whole job and
-``CachedSpladeTrainer.train`` takes it only when its caller has not.
+A run stopped before ``max_steps`` (SIGTERM with ``enable_jit_checkpoint``: the Trainer saves a
+checkpoint and returns as if done) raises :class:`TrainingStopped` from ``run_training``: no final model
+or metrics are written, and the message says how to resume. This module imports no torch, so the command
+line can name the exception without loading the heavy packages.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOCK_FILE_NAME", "output_dir_lock", "prepare_output_dir"]
+__all__ = ["LOCK_FILE_NAME", "TrainingStopped", "output_dir_lock", "prepare_output_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -162,3 +166,23 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[Path]:
         if not _HELD[lock]:
             del _HELD[lock]
             lock.unlink(missing_ok=True)
+
+
+class TrainingStopped(RuntimeError):
+    """A training run ended before its last step (a SIGTERM under ``enable_jit_checkpoint``, a callback's
+    stop): what it saved is a checkpoint to resume from, not a final model.
+
+    Attributes: ``step`` and ``max_steps`` (optimizer steps), ``checkpoint`` (the latest checkpoint folder,
+    or None if none was saved).
+    """
+
+    def __init__(self, *, step: int, max_steps: int, checkpoint: str | None) -> None:
+        self.step, self.max_steps, self.checkpoint = step, max_steps, checkpoint
+        if checkpoint is None:
+            how = "no checkpoint was saved: start the run again"
+        else:
+            how = f"resume it with the same command plus --resume_from_checkpoint {checkpoint}"
+        super().__init__(
+            f"training stopped at step {step} of {max_steps} (a stop signal or a callback): no final model or "
+            f"metrics were written; {how}"
+        )
