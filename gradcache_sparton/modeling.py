@@ -460,6 +460,33 @@ class SpladeEncoder(nn.Module):
         """Token ids whose positions never contribute to the reps (empty: none)."""
         return tuple(self._special_token_ids.tolist())
 
+    @property
+    def max_length(self) -> int | None:
+        """The most tokens a text may have: the backbone's table of absolute positions (less RoBERTa's offset
+        of ``pad_token_id + 1``; halved under ``echo``, which reads each text twice). None for rotary
+        positions (ModernBERT, decoder-only LMs), which have no table to run past."""
+        config = self.config
+        if config.model_type in ("bert", "distilbert"):
+            limit = config.max_position_embeddings
+        elif config.model_type in ("roberta", "xlm-roberta"):
+            limit = config.max_position_embeddings - (config.pad_token_id or 0) - 1
+        else:
+            return None
+        if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
+            return None
+        return limit // 2 if self.echo else limit
+
+    def check_max_length(self, name: str, value: int) -> None:
+        """``ValueError`` naming the argument ``name`` if texts of ``value`` tokens would run past the
+        position table (:attr:`max_length`): found before any step or encoding, not midway through."""
+        limit = self.max_length
+        if limit is not None and value > limit:
+            raise ValueError(
+                f"{name}={value} is more tokens than the model can read: its position table "
+                f"(max_position_embeddings={self.config.max_position_embeddings}) holds {limit}; give "
+                f"{name} <= {limit}"
+            )
+
     def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
         """Raise ValueError unless ``len(tokenizer)`` equals V: rep index v must mean token id v."""
         if not isinstance(tokenizer, PreTrainedTokenizerBase):

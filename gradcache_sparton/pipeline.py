@@ -40,6 +40,7 @@ from gradcache_sparton.data import (
     read_corpus,
     self_supervised_pairs,
 )
+from gradcache_sparton.data.columns import text_columns_of
 from gradcache_sparton.evaluation import (
     EXPORT_FORMATS,
     PruningBudget,
@@ -335,7 +336,11 @@ def run_training(
     """
     # Data, run checks and evaluator first: a bad argument stops the run before the model is built.
     train_dataset = build_train_dataset(data_args, seed=training_args.seed)
-    validate_run(training_args, num_train_rows=len(train_dataset))
+    validate_run(
+        training_args,
+        num_train_rows=len(train_dataset),
+        text_columns=text_columns_of(train_dataset.column_names),
+    )
     # One live run per output_dir (the saving process holds the lock for all processes of the run).
     lock = output_dir_lock(training_args.output_dir) if training_args.should_save else nullcontext()
     with lock:
@@ -463,6 +468,8 @@ def run_evaluation(
                     _run_file(run_prefix, name, budget), overwrite=overwrite, suffixes=(".trec",)
                 )
     encoder = build_encoder(model_args, tokenizer)
+    encoder.check_max_length("query_max_length", query_max_length)
+    encoder.check_max_length("document_max_length", document_max_length)
     encoder.to(device).eval()
     table: dict[str, dict[str, float]] = {}
     by_budget: dict[str, list[dict[str, float]]] = {}
@@ -540,6 +547,7 @@ def run_export(
     model_args = ModelArguments(model_name_or_path=model_name_or_path)
     tokenizer = build_tokenizer(model_args)
     encoder = build_encoder(model_args, tokenizer)
+    encoder.check_max_length("document_max_length", document_max_length)
     encoder.to(device).eval()
     began = time.monotonic()
     count = export_corpus(

@@ -150,10 +150,12 @@ def _acquire(lock: Path) -> None:
 
 @contextmanager
 def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[Path]:
-    """Hold ``output_dir``'s lock for the block (created with the folder if needed); yields the folder.
+    """Hold ``output_dir``'s lock for the block (created with the folder if needed, and the folder removed
+    again if the block wrote nothing in it); yields the folder.
 
     ``ValueError`` naming the other run if one holds it, or naming ``output_dir`` if it is a file.
     """
+    created = not Path(output_dir).exists()
     folder = prepare_output_dir(output_dir)
     lock = (folder / LOCK_FILE_NAME).resolve()
     if lock not in _HELD:
@@ -166,6 +168,8 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[Path]:
         if not _HELD[lock]:
             del _HELD[lock]
             lock.unlink(missing_ok=True)
+            if created and not any(folder.iterdir()):  # a run refused before writing leaves nothing behind
+                folder.rmdir()
 
 
 class TrainingStopped(RuntimeError):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -109,16 +109,23 @@ class CachedSpladeTrainer(Trainer):
             SpladeEncoder(model[0].auto_model).check_tokenizer(processing_class)
         elif isinstance(model, SpladeEncoder):
             model.check_tokenizer(processing_class)
+            model.check_max_length("query_max_length", args.query_max_length)
+            model.check_max_length("document_max_length", args.document_max_length)
         else:
             raise TypeError(
                 "model must be a SpladeEncoder or a sentence-transformers SparseEncoder, "
                 f"got {type(model).__name__}"
             )
+        text_columns = None
         if train_dataset is not None:
             # sentence-transformers' columns: anchor/negative names; by position for its own models.
             train_dataset = from_sentence_transformers_columns(train_dataset, positional=self._sparse_encoder)
-            validate_training_dataset(train_dataset)
-        validate_run(args, num_train_rows=None if train_dataset is None else len(train_dataset))
+            text_columns = validate_training_dataset(train_dataset)
+        validate_run(
+            args,
+            num_train_rows=None if train_dataset is None else len(train_dataset),
+            text_columns=text_columns,
+        )
         if isinstance(kwargs.get("eval_dataset"), Mapping):  # several named evaluation sets
             kwargs["eval_dataset"] = {
                 name: from_sentence_transformers_columns(dataset, positional=self._sparse_encoder)
@@ -326,13 +333,20 @@ class CachedSpladeTrainer(Trainer):
         self._load_from_checkpoint(best)
 
 
-def validate_run(args: CachedSpladeTrainingArguments, *, num_train_rows: int | None) -> None:
+def validate_run(
+    args: CachedSpladeTrainingArguments,
+    *,
+    num_train_rows: int | None,
+    text_columns: Sequence[str] | None = None,
+) -> None:
     """Raise ``ValueError`` naming the argument if the run could not start or would train nothing.
 
     Cheap checks for before the model is built (``run_training`` calls it first, the trainer again):
-    a ``report_to`` integration whose package is missing, a ``resume_from_checkpoint`` that is not a
-    checkpoint folder, no optimizer step at all (``num_train_epochs`` 0 without ``max_steps``, or fewer
-    ``num_train_rows`` than one global batch while ``dataloader_drop_last`` drops it).
+    a ``report_to`` integration whose package is missing, an ``output_dir`` that is a file, a
+    ``resume_from_checkpoint`` that is not a checkpoint folder, no optimizer step at all
+    (``num_train_epochs`` 0 without ``max_steps``, or fewer ``num_train_rows`` than one global batch while
+    ``dataloader_drop_last`` drops it), and a batch that gives InfoNCE no negative to contrast with (one
+    row in the global batch and no negative among ``text_columns``: the loss is 0 at every step).
     """
     from transformers.integrations import get_available_reporting_integrations
 
@@ -360,6 +374,13 @@ def validate_run(args: CachedSpladeTrainingArguments, *, num_train_rows: int | N
             f"the training data has {num_train_rows} rows, fewer than one batch of {global_batch} "
             "(per_device_train_batch_size x processes): with dataloader_drop_last nothing would train; lower "
             "per_device_train_batch_size or add rows"
+        )
+    has_negatives = text_columns is not None and len(text_columns) > 2  # query, positive, negatives...
+    if args.contrastive == "infonce" and global_batch == 1 and text_columns is not None and not has_negatives:
+        raise ValueError(
+            "per_device_train_batch_size 1 x 1 process with no negative column: InfoNCE would score each query "
+            "against its own positive only, a loss of 0 at every step that trains nothing; raise "
+            "per_device_train_batch_size (in-batch negatives) or add hard negatives (gradcache-sparton mine)"
         )
 
 

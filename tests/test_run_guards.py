@@ -107,3 +107,51 @@ def test_run_stopped_by_sigterm_exits_non_zero_and_writes_no_final_model(
     assert len(checkpoints) == 1 and f"--resume_from_checkpoint {checkpoints[0]}" in captured.err
     assert not (out / "model.safetensors").exists() and '"output_dir"' not in captured.out
     assert not (out / LOCK_FILE_NAME).exists()
+
+
+def test_batch_without_a_contrastive_signal_is_refused_before_the_model(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """One row per batch and no negatives (InfoNCE loss 0 at every step) is refused; with negatives it is not."""
+    from gradcache_sparton.cli import main
+
+    monkeypatch.setattr("gradcache_sparton.pipeline.build_encoder", _never_build_the_model)
+    out = tmp_path / "run"
+    argv = _tiny_train_argv(out, "--max_steps", "1")
+    argv[argv.index("--per_device_train_batch_size") + 1] = "1"
+    argv[argv.index("--mini_batch_size") + 1] = "1"
+    assert main(argv) == 2
+    assert "per_device_train_batch_size 1 x 1 process with no negative column" in capsys.readouterr().err
+    assert not out.exists()
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"query": "q", "positive": "p", "negative_1": "n"}) + "\n")
+    with pytest.raises(AssertionError, match="the model was built"):
+        main([*argv, "--train_data", str(rows)])
+
+
+def _never_build_the_model(*args, **kwargs) -> None:
+    raise AssertionError("the model was built")
+
+
+def test_lengths_beyond_the_position_table_are_refused_before_any_step(tmp_path, capsys, monkeypatch) -> None:
+    """--document_max_length / --query_max_length past max_position_embeddings: one error naming the flag, the
+    value and the limit, before any step (train) or any encoding (evaluate)."""
+    from gradcache_sparton.cli import main
+    from gradcache_sparton.evaluation import SparseRetrievalEvaluator
+    from gradcache_sparton.trainer import CachedSpladeTrainer
+
+    def never(*args, **kwargs):
+        raise AssertionError("work started")
+
+    monkeypatch.setattr(CachedSpladeTrainer, "compute_loss", never)
+    monkeypatch.setattr(SparseRetrievalEvaluator, "evaluate", never)
+    out = tmp_path / "run"
+    argv = _tiny_train_argv(out, "--max_steps", "1")
+    argv[argv.index("--document_max_length") + 1] = "520"
+    assert main(argv) == 2
+    assert "document_max_length=520 is more tokens than the model can read" in capsys.readouterr().err
+    assert not out.exists()
+    evaluate = ["evaluate", "--model_name_or_path", "splade-tiny-msmarco", "--device", "cpu"]
+    assert main([*evaluate, "--query_max_length", "520"]) == 2
+    err = capsys.readouterr().err
+    assert "query_max_length=520" in err and "holds 512" in err
