@@ -14,6 +14,7 @@ Every ``__post_init__`` raises ``ValueError`` naming the field, before any model
 from __future__ import annotations
 
 import importlib.util
+import logging
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -30,6 +31,8 @@ __all__ = [
     "DataArguments",
     "ModelArguments",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Named BERT shapes (random init; no hub access is ever needed). The names follow Google's BERT
 # miniatures (Turc et al., 2019) and bert-base; all use the bert-base-uncased WordPiece vocabulary.
@@ -200,6 +203,16 @@ class ModelArguments:
             )
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             _positive(getattr(self, name), name, allow_none=True)
+        if self.model_name_or_path is not None:
+            # The shape and the decoder's starting bias belong to a model built at random, not a checkpoint.
+            shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+            ignored = [name for name in (*shape, "init_decoder_bias") if getattr(self, name) is not None]
+            if ignored:
+                raise ValueError(
+                    f"{', '.join(ignored)} would have no effect with model_name_or_path "
+                    f"{self.model_name_or_path!r} (they shape a model built with random weights): drop them, or "
+                    "drop model_name_or_path to build that shape"
+                )
         if self.prefix_length is not None and self.prefix_length < 0:
             raise ValueError(f"prefix_length must be >= 0, got {self.prefix_length}")
         self._check_lora()
@@ -319,6 +332,33 @@ class DataArguments:
         _positive(self.retrieval_eval_steps, "retrieval_eval_steps", allow_none=True)
         if self.train_data is not None and len(self.train_data) == 0:
             raise ValueError("train_data is an empty list of files")
+        # Settings that would have no effect in the combination given: refused rather than ignored.
+        ignored = []
+        if not self.evaluates:
+            ignored += [name for name, value, default in self._eval_settings() if value != default]
+        if self.train_beir is None and self.train_beir_split != "train":
+            ignored.append("train_beir_split (without train_beir)")
+        if ignored:
+            raise ValueError(
+                f"{', '.join(ignored)} would have no effect"
+                f"{' with eval_beir none' if not self.evaluates else ''}: drop {'it' if len(ignored) == 1 else 'them'}"
+            )
+        if not self.evaluates and self.eval_before_training:
+            # Not refused: the embedded run's config sets it, and `--eval_beir none` alone must stay valid.
+            logger.info("eval_before_training has no effect with eval_beir none.")
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether a retrieval evaluator runs (``eval_beir`` is not 'none')."""
+        return self.eval_beir is not None and self.eval_beir.lower() != "none"
+
+    def _eval_settings(self) -> list[tuple[str, Any, Any]]:
+        """(name, value, default) of the settings that only the retrieval evaluation reads."""
+        return [
+            ("retrieval_eval_steps", self.retrieval_eval_steps, None),
+            ("eval_beir_split", self.eval_beir_split, "dev"),
+            ("eval_batch_size", self.eval_batch_size, 64),
+        ]
 
     @property
     def uses_default_train_data(self) -> bool:

@@ -268,7 +268,7 @@ def build_evaluator(
     document_max_length: int,
 ) -> SparseRetrievalEvaluator | None:
     """The retrieval evaluator on ``eval_beir`` ('default': the shipped dev sample; 'none': no evaluator)."""
-    if data_args.eval_beir is None or data_args.eval_beir.lower() == "none":
+    if not data_args.evaluates:
         return None
     return _beir_evaluator(
         data_args.eval_beir,

@@ -275,6 +275,9 @@ class CachedSpladeTrainer(Trainer):
                     self._sequences_since_log * max(1, self.args.world_size) / (now - self._last_log_time), 2
                 )
             logs["global_batch_size"] = self.args.per_device_train_batch_size * max(1, self.args.world_size)
+            repeated = getattr(self.data_collator, "repeated_positives", 0)
+            if repeated:  # rows so far (this process) whose positive repeated another's in its batch
+                logs["repeated_positives"] = repeated
             collapsed = [name for name in _NONZERO_COMPONENTS if logs.get(name) == 0.0]
             if collapsed:
                 # relu passes no gradient once every activation is <= 0: training cannot recover from this.

@@ -551,3 +551,41 @@ def test_build_script_reproduces_shipped_sample(tmp_path: Path) -> None:
     assert names == sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     _, mismatch, errors = filecmp.cmpfiles(shipped, tmp_path, names, shallow=False)
     assert mismatch == [] and errors == [], (mismatch, errors)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("row", "column"),
+    [
+        ({"query": "", "positive": "p"}, "query"),
+        ({"query": "q", "positive": " \t"}, "positive"),
+        ({"query": "q", "positive": "p", "negatives": ["n", ""]}, "negatives"),
+    ],
+)
+def test_empty_text_is_refused_with_file_and_line(tmp_path: Path, row: dict, column: str) -> None:
+    """An empty or blank query, positive or negative is one error naming the file, its line and the column."""
+    good = {"query": "q0", "positive": "p0", **({"negatives": ["a", "b"]} if "negatives" in row else {})}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(row) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{path}:3: column '{column}' is an empty text in row 1"):
+        load_training_data(path)
+
+
+def test_repeated_pairs_are_reported_in_the_data_and_in_a_batch(tmp_path: Path, tokenizer, caplog) -> None:
+    """A (query, positive) pair repeated in the data is a warning with its count; a positive repeated inside
+    one batch (an in-batch false negative) is a warning and counted by the collator."""
+    rows = [{"query": "q", "positive": "p"}, {"query": "r", "positive": "s"}, {"query": "q", "positive": "p"}]
+    with caplog.at_level("WARNING"):
+        dataset = load_training_data(_write_jsonl(tmp_path / "rows.jsonl", rows))
+    assert "1 row(s) repeat an earlier row's (query, positive) pair (e.g. row 2 repeats row 0)" in caplog.text
+    caplog.clear()
+    collator = TrainingCollator(tokenizer, query_max_length=8, document_max_length=8)
+    with caplog.at_level("WARNING"):
+        collator([dataset[0], dataset[1]])
+        assert collator.repeated_positives == 0 and not caplog.text
+        collator([dataset[0], dataset[1], dataset[2]])
+    assert collator.repeated_positives == 1 and "1 row(s) of a batch of 3 repeat" in caplog.text

@@ -155,3 +155,28 @@ def test_lengths_beyond_the_position_table_are_refused_before_any_step(tmp_path,
     assert main([*evaluate, "--query_max_length", "520"]) == 2
     err = capsys.readouterr().err
     assert "query_max_length=520" in err and "holds 512" in err
+
+
+def test_flags_without_effect_are_refused(tmp_path, capsys) -> None:
+    """Evaluation settings with --eval_beir none, a split without its BEIR source, a shape or decoder bias with
+    a checkpoint: one error naming them, before any work; --eval_beir none alone stays valid."""
+    from gradcache_sparton.arguments import DataArguments, ModelArguments
+    from gradcache_sparton.cli import main
+
+    for kwargs, named in (
+        ({"eval_beir": "none", "retrieval_eval_steps": 5}, "retrieval_eval_steps would have no effect"),
+        (
+            {"eval_beir": "None", "eval_batch_size": 8, "eval_beir_split": "test"},
+            "eval_beir_split, eval_batch_size",
+        ),
+        ({"train_beir_split": "dev"}, "train_beir_split (without train_beir)"),
+    ):
+        with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+            DataArguments(**kwargs)
+    DataArguments(eval_beir="none", eval_before_training=True)  # the embedded config's value: no error
+    with pytest.raises(
+        ValueError, match="hidden_size, init_decoder_bias would have no effect with model_name"
+    ):
+        ModelArguments(model_name_or_path="splade-tiny-msmarco", hidden_size=64, init_decoder_bias=-1.0)
+    assert main(_tiny_train_argv(tmp_path / "run", "--retrieval_eval_steps", "2")) == 2
+    assert "retrieval_eval_steps would have no effect with eval_beir none" in capsys.readouterr().err

@@ -12,8 +12,9 @@ Collator output (:class:`TrainingCollator`, typed as :class:`TrainingBatch`)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import torch
@@ -23,12 +24,15 @@ from transformers import PreTrainedTokenizerBase
 from gradcache_sparton.data.columns import (
     NEGATIVE_PREFIX,
     NEGATIVES_COLUMN,
+    POSITIVE_COLUMN,
     QUERY_COLUMN,
     negative_number,
     text_columns_of,
 )
 
 __all__ = ["TrainingBatch", "TrainingCollator"]
+
+logger = logging.getLogger(__name__)
 
 
 class TrainingBatch(TypedDict):
@@ -65,6 +69,8 @@ class TrainingCollator:
     query_max_length: int = 32
     document_max_length: int = 256
     pad_to_multiple_of: int | None = 8
+    #: Rows so far whose positive repeated another row's in the same batch (in-batch false negatives).
+    repeated_positives: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokenizer, PreTrainedTokenizerBase):
@@ -96,6 +102,7 @@ class TrainingCollator:
         if len(rows) == 0:
             raise ValueError("rows is empty: a batch needs at least one row")
         texts = self._text_columns(rows)
+        self._count_repeated_positives(texts[POSITIVE_COLUMN])
         columns: dict[str, dict[str, Tensor]] = {}
         for name, values in texts.items():
             max_length = self.query_max_length if name == QUERY_COLUMN else self.document_max_length
@@ -109,6 +116,26 @@ class TrainingCollator:
             )
             columns[name] = dict(encoded)  # [B, S_column] each
         return TrainingBatch(columns=columns, loss_kwargs=self._loss_kwargs(rows))
+
+    def _count_repeated_positives(self, positives: Sequence[str]) -> None:
+        """Count rows whose positive repeats an earlier row's in this batch; warn at the first such batch.
+
+        Under in-batch negatives the repeated text is scored as a negative of the other row's query although
+        it is that query's positive (an in-batch false negative), which pushes a relevant document down. Not
+        an error: a shuffled batch of real data may rightly hold two queries with one relevant document, and
+        the loss of the other rows is unaffected. ``repeated_positives`` keeps the running count.
+        """
+        repeated = len(positives) - len(set(positives))
+        if repeated and not self.repeated_positives:
+            logger.warning(
+                "%d row(s) of a batch of %d repeat another row's positive: under in-batch negatives each copy "
+                "is a false negative of the other's query. Deduplicate (query, positive) pairs in the data if "
+                "this is not intended; the running count is TrainingCollator.repeated_positives (logged as "
+                "repeated_positives).",
+                repeated,
+                len(positives),
+            )
+        self.repeated_positives += repeated
 
     def _text_columns(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
         names = text_columns_of(rows[0].keys())

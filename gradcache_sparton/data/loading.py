@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gradcache_sparton.data.files import open_text
-from gradcache_sparton.data.validation import check_dataset_type, validate_training_dataset
+from gradcache_sparton.data.validation import RowError, check_dataset_type, validate_training_dataset
 
 if TYPE_CHECKING:
     import datasets
@@ -109,14 +109,37 @@ def load_training_data(
     split) and a streaming ``IterableDataset``.
     """
 
+    paths: list[Path] = []
     if isinstance(source, (str, Path)):
-        dataset = _load_files([Path(source)], cache_dir)
+        paths = [Path(source)]
+        dataset = _load_files(paths, cache_dir)
     elif isinstance(source, Sequence) and all(isinstance(p, (str, Path)) for p in source):
         if not source:
             raise ValueError("source is an empty list of files")
-        dataset = _load_files([Path(p) for p in source], cache_dir)
+        paths = [Path(p) for p in source]
+        dataset = _load_files(paths, cache_dir)
     else:
         check_dataset_type(source, name="source")  # a DatasetDict, a stream or another type: one clear error
         dataset = source
-    validate_training_dataset(dataset)
+    try:
+        validate_training_dataset(dataset)
+    except RowError as exc:
+        if not paths:
+            raise
+        raise ValueError(f"{_row_location(paths, exc.row)}: {exc}") from None
     return dataset
+
+
+def _row_location(paths: list[Path], row: int) -> str:
+    """Where row ``row`` of the rows loaded from ``paths`` came from: ``file:line`` for JSON lines files (one
+    row per non-blank line), else the files and the row index."""
+    if all(path.name.lower().split(".")[1:2] == ["jsonl"] for path in paths):
+        count = 0
+        for path in paths:
+            with open_text(path) as handle:
+                for line_number, line in enumerate(handle, start=1):
+                    if line.strip():
+                        if count == row:
+                            return f"{path}:{line_number}"
+                        count += 1
+    return f"{', '.join(str(path) for path in paths)} (row {row}, counting from 0)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from gradcache_sparton.data.columns import (
@@ -16,7 +17,9 @@ if TYPE_CHECKING:
     import datasets
     import pyarrow as pa
 
-__all__ = ["check_dataset_type", "validate_training_dataset"]
+__all__ = ["RowError", "check_dataset_type", "validate_training_dataset"]
+
+logger = logging.getLogger(__name__)
 
 # Rows per Arrow batch when validating a dataset: bounds memory on large datasets.
 _VALIDATION_BATCH_ROWS = 10_000
@@ -76,7 +79,9 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
     the dataset is non-empty; ``query`` and ``positive`` exist; negatives are ``negative_1..k``
     without gaps or one ``negatives`` list column, not both; text columns are strings with no null
     cell (a null ``negative_i`` cell is a row with fewer negatives); every ``negatives`` list has the
-    same length; every other column is numeric, and a list-valued one has the same length in every row.
+    same length; no text is empty or whitespace only; every other column is numeric, and a list-valued one
+    has the same length in every row. A row-level fault is a :class:`RowError` (with ``.row``). Rows that
+    repeat an earlier row's (query, positive) pair are counted and logged as a warning.
 
     Returns e.g. ``["query", "positive", "negative_1", "negative_2"]`` or
     ``["query", "positive", "negatives"]``.
@@ -109,6 +114,8 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
             )
     list_columns = [name for name in [*columns, *extras] if _is_list(schema.field(name).type)]
     first_lengths: dict[str, int] = {}
+    seen_pairs: dict[tuple[str, str], int] = {}
+    repeated: list[tuple[int, int]] = []  # (row, the earlier row it repeats)
     offset = 0
     # Arrow batches honour any indices mapping (select/shuffle) and bound memory on large datasets.
     for table in dataset.with_format("arrow").iter(batch_size=_VALIDATION_BATCH_ROWS):
@@ -116,21 +123,80 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
             nulls = pc.is_null(table.column(name))
             if pc.any(nulls).as_py():
                 row = offset + pc.index(nulls, True).as_py()
-                raise ValueError(
+                raise RowError(
                     f"column {name!r} is empty (null) in row {row}: every row needs a value in every "
-                    "column (rows must all have the same number of negatives)"
+                    "column (rows must all have the same number of negatives)",
+                    row=row,
                 )
+        for name in columns:
+            _check_no_blank_text(table.column(name), name, offset)
+        _count_repeated_pairs(table, seen_pairs, repeated, offset)
         for name in list_columns:
             lengths = pc.list_value_length(table.column(name))
             expected = first_lengths.setdefault(name, lengths[0].as_py())
             wrong = pc.not_equal(lengths, expected)
             if pc.any(wrong).as_py():
                 row = offset + pc.index(wrong, True).as_py()
-                raise ValueError(
+                raise RowError(
                     f"column {name!r}: row {row} has {lengths[row - offset].as_py()} entries but row 0 has "
-                    f"{expected}; every row needs the same number"
+                    f"{expected}; every row needs the same number",
+                    row=row,
                 )
         offset += table.num_rows
     if first_lengths.get(NEGATIVES_COLUMN) == 0:
         raise ValueError(f"column {NEGATIVES_COLUMN!r} holds empty lists: drop the column instead")
+    if repeated:
+        row, first = repeated[0]
+        logger.warning(
+            "%d row(s) repeat an earlier row's (query, positive) pair (e.g. row %d repeats row %d): when two "
+            "copies land in one batch, each copy's positive is an in-batch negative of the other (a false "
+            "negative). Deduplicate the data unless the repetition is meant as oversampling.",
+            len(repeated),
+            row,
+            first,
+        )
     return columns
+
+
+class RowError(ValueError):
+    """A training row at fault; ``row`` is its index in the dataset (0-based), for callers that know the file."""
+
+    def __init__(self, message: str, *, row: int) -> None:
+        super().__init__(message)
+        self.row = row
+
+
+def _check_no_blank_text(column: pa.ChunkedArray, name: str, offset: int) -> None:
+    """``RowError`` naming the column and row of the first empty or whitespace-only text (a list's entries too)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = column.combine_chunks()
+    rows = None
+    if _is_list(array.type):
+        rows = pc.list_parent_indices(array)
+        array = pc.list_flatten(array)
+    if len(array) == 0:
+        return
+    blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(array)), 0)
+    if not pc.any(blank).as_py():
+        return
+    index = pc.index(blank, True).as_py()
+    row = offset + (index if rows is None else pa.array(rows)[index].as_py())
+    raise RowError(
+        f"column {name!r} is an empty text in row {row}: an empty query or document gives the loss nothing to "
+        "score (its reps are only the special tokens'); fix or drop the row",
+        row=row,
+    )
+
+
+def _count_repeated_pairs(
+    table: pa.Table, seen: dict[tuple[str, str], int], repeated: list[tuple[int, int]], offset: int
+) -> None:
+    """Record each row whose (query, positive) pair an earlier row already had, with that row."""
+    queries = table.column(QUERY_COLUMN).to_pylist()
+    positives = table.column(POSITIVE_COLUMN).to_pylist()
+    for index, pair in enumerate(zip(queries, positives, strict=True)):
+        first = seen.setdefault(pair, offset + index)
+        if first != offset + index:
+            repeated.append((offset + index, first))
