@@ -589,3 +589,27 @@ def test_repeated_pairs_are_reported_in_the_data_and_in_a_batch(tmp_path: Path, 
         assert collator.repeated_positives == 0 and not caplog.text
         collator([dataset[0], dataset[1], dataset[2]])
     assert collator.repeated_positives == 1 and "1 row(s) of a batch of 3 repeat" in caplog.text
+
+
+def _cut_gzip(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as JSON lines, gzip-compressed, with the second half of the compressed bytes cut off."""
+    data = gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode())
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def test_truncated_gzip_training_file_and_corpus_are_named(tmp_path: Path) -> None:
+    """A cut .jsonl.gz (training file past the first read, BEIR corpus) is a ValueError naming file and line."""
+    rows = [
+        {"query": f"query {i} {i * 7919}", "positive": f"document {i} " + "text " * 40} for i in range(3000)
+    ]
+    train = _cut_gzip(tmp_path / "train.jsonl.gz", rows)
+    with pytest.raises(ValueError, match=rf"{train}:\d+: the file is truncated or corrupted"):
+        load_training_data(train)
+    beir = write_beir(tmp_path / "beir", gzip_corpus=True)
+    corpus = [{"_id": f"d{i}", "title": "", "text": f"document {i} " + "text " * 40} for i in range(3000)]
+    _cut_gzip(beir / "corpus.jsonl.gz", corpus)
+    with pytest.raises(
+        ValueError, match=rf"{beir / 'corpus.jsonl.gz'}:\d+: the file is truncated or corrupted"
+    ):
+        read_corpus(beir)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gradcache_sparton.data.files import open_text
+from gradcache_sparton.data.files import READ_ERRORS, open_text
 from gradcache_sparton.data.validation import RowError, check_dataset_type, validate_training_dataset
 
 if TYPE_CHECKING:
@@ -86,9 +86,13 @@ def _load_files(paths: list[Path], cache_dir: str | Path | None) -> datasets.Dat
             split="train",
             cache_dir=None if cache_dir is None else str(cache_dir),
         )
-    # A malformed line surfaces as a generation error without the file's line number: find them.
-    except datasets.exceptions.DatasetGenerationError as exc:
+    # A malformed line surfaces as a generation error without the file's line number, a cut or corrupted
+    # compressed file as the decompressor's error naming no file: find them.
+    except (datasets.exceptions.DatasetGenerationError, *READ_ERRORS) as exc:
         for path in paths:
+            if builder != "parquet":
+                for _ in open_text(path):  # a cut or corrupted stream: ValueError naming file and line
+                    pass
             fault = _json_fault(path) if builder == "json" else None
             if fault is not None:
                 raise ValueError(fault) from None
