@@ -445,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    from gradcache_sparton.run_state import TrainingStopped
+    from gradcache_sparton.run_state import CheckpointWriteError, TrainingStopped
 
     run = {"train": _train, "evaluate": _evaluate, "mine": _mine, "export": _export}[args.command]
     try:
@@ -456,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingStopped as exc:  # a run stopped before its last step: not a success
         print(f"gradcache-sparton {args.command}: {exc}", file=sys.stderr)
         return 3
+    except CheckpointWriteError as exc:  # a full disk: the file named, no traceback
+        print(f"gradcache-sparton {args.command}: error: {exc.strerror}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ line can name the exception without loading the heavy packages.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import time
@@ -29,7 +31,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOCK_FILE_NAME", "TrainingStopped", "output_dir_lock", "prepare_output_dir"]
+__all__ = [
+    "INCOMPLETE_SUFFIX",
+    "LOCK_FILE_NAME",
+    "CheckpointWriteError",
+    "TrainingStopped",
+    "checkpoint_write_error",
+    "output_dir_lock",
+    "prepare_output_dir",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -190,3 +200,46 @@ class TrainingStopped(RuntimeError):
             f"training stopped at step {step} of {max_steps} (a stop signal or a callback): no final model or "
             f"metrics were written; {how}"
         )
+
+
+#: Appended to a checkpoint folder whose writing failed, so that nothing (``get_last_checkpoint``, a resume)
+#: takes it for a complete checkpoint; the ``checkpoint-*`` name still marks the output_dir as used.
+INCOMPLETE_SUFFIX = ".incomplete"
+# Free bytes below which a failed write is put down to a full disk: torch.save's writer reports a short
+# write as "enforce fail at inline_container.cc" without the errno, and the partial file has by then taken
+# what space there was.
+_FULL_DISK_BYTES = 64 << 20
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint or the final model failed (``errno`` ENOSPC when the disk is full); the message
+    names the file being written and where the partial folder went."""
+
+
+def checkpoint_write_error(
+    folder: str | os.PathLike, exc: BaseException, *, mark_incomplete: bool
+) -> CheckpointWriteError:
+    """The error to raise for ``exc`` from writing into ``folder``: names the file being written (the newest
+    in the folder) and says "no space left" when the disk is full (errno ENOSPC, or almost no space free).
+    With ``mark_incomplete`` the folder is renamed with :data:`INCOMPLETE_SUFFIX`."""
+    folder = Path(folder)
+    files = [path for path in folder.rglob("*") if path.is_file()] if folder.is_dir() else []
+    newest = max(files, key=lambda path: path.stat().st_mtime_ns, default=None)
+    existing = next((parent for parent in (folder, *folder.parents) if parent.exists()), Path("."))
+    free = shutil.disk_usage(existing).free
+    full = getattr(exc, "errno", None) == errno.ENOSPC or free < _FULL_DISK_BYTES
+    target = newest if newest is not None else folder
+    cause = f"no space left on the device ({free / 2**20:.1f} MiB free)" if full else str(exc).strip()
+    moved = ""
+    if mark_incomplete and folder.is_dir():
+        incomplete = folder.with_name(folder.name + INCOMPLETE_SUFFIX)
+        try:
+            os.rename(folder, incomplete)
+            moved = f"; the partial checkpoint was renamed {incomplete} (not resumable; delete it)"
+        except OSError:
+            moved = f"; the partial checkpoint {folder} is incomplete (delete it)"
+    return CheckpointWriteError(
+        errno.ENOSPC if full else getattr(exc, "errno", None) or errno.EIO,
+        f"writing {target} failed: {cause}{moved}. Free space (or choose an output_dir with room) and resume "
+        "from the last complete checkpoint",
+    )

@@ -52,7 +52,7 @@ from gradcache_sparton.integrations.sentence_transformers import (
 )
 from gradcache_sparton.losses import SpladeLoss
 from gradcache_sparton.modeling import SpladeEncoder, check_checkpoint_files, load_backbone, read_json_file
-from gradcache_sparton.run_state import output_dir_lock
+from gradcache_sparton.run_state import CheckpointWriteError, checkpoint_write_error, output_dir_lock
 
 __all__ = ["CachedSpladeTrainer", "validate_run"]
 
@@ -299,6 +299,14 @@ class CachedSpladeTrainer(Trainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
+        try:
+            self._write_model(output_dir, state_dict)
+        except (OSError, RuntimeError) as exc:  # the checkpoint's folder is marked by _save_checkpoint
+            if isinstance(exc, CheckpointWriteError):
+                raise
+            raise checkpoint_write_error(output_dir, exc, mark_incomplete=False) from exc
+
+    def _write_model(self, output_dir: str, state_dict: dict | None) -> None:
         os.makedirs(output_dir, exist_ok=True)
         encoder = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
         if self._sparse_encoder:  # sentence-transformers' format, tokenizer included, as its trainer saves
@@ -315,6 +323,19 @@ class CachedSpladeTrainer(Trainer):
                     card=run_model_card(self, encoder),
                 )
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """``Trainer._save_checkpoint``; a failed write (a full disk) names the file and leaves no folder that
+        looks like a complete checkpoint (renamed ``checkpoint-N.incomplete``)."""
+        try:
+            super()._save_checkpoint(model, trial)
+        except (OSError, RuntimeError) as exc:
+            if isinstance(exc, CheckpointWriteError) or not self.args.should_save:
+                raise
+            folder = (
+                Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            raise checkpoint_write_error(folder, exc, mark_incomplete=True) from exc
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Load the backbone weights of one of our (standard masked- or causal-LM) checkpoints into the encoder."""

@@ -70,7 +70,7 @@ def _tiny_train_argv(output_dir: Path, *flags: str) -> list[str]:
         "--num_attention_heads", "2", "--intermediate_size", "64", "--per_device_train_batch_size", "8",
         "--mini_batch_size", "8", "--query_max_length", "16", "--document_max_length", "32",
         "--eval_beir", "none", "--output_dir", str(output_dir), "--use_cpu", "--disable_tqdm", "True",
-        "--report_to", "none", *flags,
+        "--report_to", "none", "--max_train_samples", "64", *flags,
     ]  # fmt: skip
 
 
@@ -180,3 +180,37 @@ def test_flags_without_effect_are_refused(tmp_path, capsys) -> None:
         ModelArguments(model_name_or_path="splade-tiny-msmarco", hidden_size=64, init_decoder_bias=-1.0)
     assert main(_tiny_train_argv(tmp_path / "run", "--retrieval_eval_steps", "2")) == 2
     assert "retrieval_eval_steps would have no effect with eval_beir none" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_full_disk_while_writing_a_checkpoint_names_the_file(tmp_path, capsys, monkeypatch) -> None:
+    """optimizer.pt cut short by a full disk (torch's writer names no errno): the error names the file and "no
+    space left", and the partial folder no longer looks like a checkpoint (checkpoint-N.incomplete)."""
+    import collections
+
+    import torch
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from gradcache_sparton.cli import main
+
+    save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        if str(f).endswith("optimizer.pt"):
+            Path(f).write_bytes(b"PK\x03\x04")  # what a writer leaves when the device fills up
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 9920 vs 9812")
+        return save(obj, f, *args, **kwargs)
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr(
+        "gradcache_sparton.run_state.shutil.disk_usage", lambda path: usage(1 << 30, 1 << 30, 0)
+    )
+    out = tmp_path / "run"
+    assert main(_tiny_train_argv(out, "--max_steps", "1", "--save_steps", "1")) == 1
+    err = capsys.readouterr().err
+    assert f"writing {out / 'checkpoint-1' / 'optimizer.pt'} failed: no space left on the device" in err
+    assert "Traceback" not in err and get_last_checkpoint(str(out)) is None
+    assert (out / "checkpoint-1.incomplete" / "optimizer.pt").is_file() and not (
+        out / LOCK_FILE_NAME
+    ).exists()
