@@ -6,8 +6,12 @@ gradient accumulation, checkpoints and ``report_to`` integrations, is the Traine
   columns; the Trainer's own ``accelerator.backward(loss)`` then runs GradCache Step (3).
 - ``log``: adds the loss components, the sparsity statistics and the training throughput.
 - ``_save`` / ``_load_from_checkpoint`` / ``_load_best_model``: checkpoints are standard masked-LM
-  checkpoints (``SpladeEncoder.save_pretrained``), not a state dict of the wrapper.
-- ``train``: refuses an ``output_dir`` that holds another run, before anything starts.
+  checkpoints (``SpladeEncoder.save_pretrained``), not a state dict of the wrapper, and are read back
+  strictly (every tensor from the file).
+- ``_save_checkpoint``: a failed write (a full disk) names the file and renames the partial folder
+  ``checkpoint-N.incomplete``.
+- ``train``: refuses an ``output_dir`` that holds another run, before anything starts, and holds the
+  folder's lock (one live run per folder, :mod:`gradcache_sparton.run_state`).
 
 Loss scaling lives in one place, the engine's replay node (see ``engine/cached_loss.py``): the
 Trainer divides the loss by the gradient-accumulation steps and AMP scales it; both reach the
