@@ -52,7 +52,9 @@ __all__ = [
     "TRAINING_OPTIONS",
     "SpladeEncoder",
     "check_checkpoint_files",
+    "check_max_length",
     "load_backbone",
+    "position_limit",
     "read_json_file",
     "read_splade_config",
     "register_masked_lm",
@@ -465,27 +467,12 @@ class SpladeEncoder(nn.Module):
         """The most tokens a text may have: the backbone's table of absolute positions (less RoBERTa's offset
         of ``pad_token_id + 1``; halved under ``echo``, which reads each text twice). None for rotary
         positions (ModernBERT, decoder-only LMs), which have no table to run past."""
-        config = self.config
-        if config.model_type in ("bert", "distilbert"):
-            limit = config.max_position_embeddings
-        elif config.model_type in ("roberta", "xlm-roberta"):
-            limit = config.max_position_embeddings - (config.pad_token_id or 0) - 1
-        else:
-            return None
-        if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
-            return None
-        return limit // 2 if self.echo else limit
+        return position_limit(self.config, echo=self.echo)
 
     def check_max_length(self, name: str, value: int) -> None:
         """``ValueError`` naming the argument ``name`` if texts of ``value`` tokens would run past the
         position table (:attr:`max_length`): found before any step or encoding, not midway through."""
-        limit = self.max_length
-        if limit is not None and value > limit:
-            raise ValueError(
-                f"{name}={value} is more tokens than the model can read: its position table "
-                f"(max_position_embeddings={self.config.max_position_embeddings}) holds {limit}; give "
-                f"{name} <= {limit}"
-            )
+        check_max_length(self.config, name, value, echo=self.echo)
 
     def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
         """Raise ValueError unless ``len(tokenizer)`` equals V: rep index v must mean token id v."""
@@ -866,3 +853,29 @@ def load_backbone(auto_class: type, path: str | os.PathLike, **model_kwargs: Any
             _names(unexpected),
         )
     return model
+
+
+def position_limit(config: PreTrainedConfig, *, echo: bool = False) -> int | None:
+    """The most tokens a text may have under ``config``: its table of absolute positions
+    (``max_position_embeddings``, less RoBERTa's offset of ``pad_token_id + 1``), halved under ``echo``
+    (each text read twice). None for rotary positions (ModernBERT, decoder-only LMs): no table to run past."""
+    if config.model_type in ("bert", "distilbert"):
+        limit = config.max_position_embeddings
+    elif config.model_type in ("roberta", "xlm-roberta"):
+        limit = config.max_position_embeddings - (config.pad_token_id or 0) - 1
+    else:
+        return None
+    if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
+        return None
+    return limit // 2 if echo else limit
+
+
+def check_max_length(config: PreTrainedConfig, name: str, value: int, *, echo: bool = False) -> None:
+    """``ValueError`` naming the argument ``name``, its ``value`` and the limit if texts of ``value`` tokens
+    would run past the position table of ``config`` (:func:`position_limit`)."""
+    limit = position_limit(config, echo=echo)
+    if limit is not None and value > limit:
+        raise ValueError(
+            f"{name}={value} is more tokens than the model can read: its position table "
+            f"(max_position_embeddings={config.max_position_embeddings}) holds {limit}; give {name} <= {limit}"
+        )

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase, set_seed
+from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerBase, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
 from gradcache_sparton.arguments import (
@@ -52,7 +52,12 @@ from gradcache_sparton.evaluation import (
     write_trec_run,
 )
 from gradcache_sparton.mining import check_output_path
-from gradcache_sparton.modeling import SpladeEncoder, read_splade_config
+from gradcache_sparton.modeling import (
+    SpladeEncoder,
+    check_checkpoint_files,
+    check_max_length,
+    read_splade_config,
+)
 from gradcache_sparton.resources import SHIPPED_MODELS, default_tokenizer_path, shipped_model_path
 from gradcache_sparton.run_state import TrainingStopped, output_dir_lock
 from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
@@ -311,13 +316,23 @@ def checkpoint_max_lengths(
     model_name_or_path: str, *, query_max_length: int | None = None, document_max_length: int | None = None
 ) -> tuple[int, int]:
     """(query, document) max lengths to encode a checkpoint's texts with: the given ones, else those it was
-    trained with (its ``splade_config.json``), else :data:`DEFAULT_MAX_LENGTHS`."""
-    trained = read_splade_config(resolve_model_location(model_name_or_path))
+    trained with (its ``splade_config.json``), else :data:`DEFAULT_MAX_LENGTHS`. For a local checkpoint, its
+    files are checked (:func:`~gradcache_sparton.modeling.check_checkpoint_files`) and each length against
+    its position table, before any weights load: ``ValueError`` naming the length, its value and the limit."""
+    location = resolve_model_location(model_name_or_path)
+    trained = read_splade_config(location)
+    # A local checkpoint's position table is known before any weights load (a hub one's, once loaded).
+    config = None
+    if Path(location).is_dir():
+        check_checkpoint_files(location)
+        config = AutoConfig.from_pretrained(location)
     lengths = []
     for name, given in (("query_max_length", query_max_length), ("document_max_length", document_max_length)):
         value = given if given is not None else trained.get(name) or DEFAULT_MAX_LENGTHS[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if config is not None:
+            check_max_length(config, name, value, echo=bool(trained.get("echo")))
         lengths.append(value)
     if query_max_length is None or document_max_length is None:
         logger.info("Encoding at query/document max lengths %d/%d tokens.", *lengths)

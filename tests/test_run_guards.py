@@ -135,8 +135,9 @@ def _never_build_the_model(*args, **kwargs) -> None:
 
 def test_lengths_beyond_the_position_table_are_refused_before_any_step(tmp_path, capsys, monkeypatch) -> None:
     """--document_max_length / --query_max_length past max_position_embeddings: one error naming the flag, the
-    value and the limit, before any step (train) or any encoding (evaluate)."""
+    value and the limit, before any step (train) or any encoding (evaluate, mine)."""
     from gradcache_sparton.cli import main
+    from gradcache_sparton.data import default_dev_beir_path
     from gradcache_sparton.evaluation import SparseRetrievalEvaluator
     from gradcache_sparton.trainer import CachedSpladeTrainer
 
@@ -155,6 +156,11 @@ def test_lengths_beyond_the_position_table_are_refused_before_any_step(tmp_path,
     assert main([*evaluate, "--query_max_length", "520"]) == 2
     err = capsys.readouterr().err
     assert "query_max_length=520" in err and "holds 512" in err
+    beir = str(default_dev_beir_path())
+    mine = ["mine", "--beir_path", beir, "--split", "dev", "--method", "splade"]
+    mine += ["--model_name_or_path", "splade-tiny-msmarco"]
+    assert main([*mine, "--document_max_length", "1024", "--output_file", str(tmp_path / "mined.jsonl")]) == 2
+    assert "document_max_length=1024 is more tokens than the model can read" in capsys.readouterr().err
 
 
 def test_flags_without_effect_are_refused(tmp_path, capsys) -> None:
