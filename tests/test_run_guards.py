@@ -220,3 +220,17 @@ def test_full_disk_while_writing_a_checkpoint_names_the_file(tmp_path, capsys, m
     assert (out / "checkpoint-1.incomplete" / "optimizer.pt").is_file() and not (
         out / LOCK_FILE_NAME
     ).exists()
+
+
+def test_half_a_trainer_state_is_named_before_the_model(tmp_path, capsys, monkeypatch) -> None:
+    """--resume_from_checkpoint on a checkpoint whose trainer_state.json is cut short: one error naming it."""
+    from gradcache_sparton.cli import main
+
+    monkeypatch.setattr("gradcache_sparton.pipeline.build_encoder", _never_build_the_model)
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 2, "log_hist')
+    argv = _tiny_train_argv(tmp_path / "run", "--max_steps", "4", "--resume_from_checkpoint", str(checkpoint))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{checkpoint / 'trainer_state.json'} line 1: not valid JSON" in err and "Traceback" not in err
