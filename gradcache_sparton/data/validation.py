@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from gradcache_sparton.data.columns import (
     NEGATIVE_PREFIX,
     NEGATIVES_COLUMN,
@@ -114,8 +116,7 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
             )
     list_columns = [name for name in [*columns, *extras] if _is_list(schema.field(name).type)]
     first_lengths: dict[str, int] = {}
-    seen_pairs: dict[tuple[str, str], int] = {}
-    repeated: list[tuple[int, int]] = []  # (row, the earlier row it repeats)
+    pair_hashes: list[np.ndarray] = []  # 8 bytes a row: memory stays small on large datasets
     offset = 0
     # Arrow batches honour any indices mapping (select/shuffle) and bound memory on large datasets.
     for table in dataset.with_format("arrow").iter(batch_size=_VALIDATION_BATCH_ROWS):
@@ -130,7 +131,7 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
                 )
         for name in columns:
             _check_no_blank_text(table.column(name), name, offset)
-        _count_repeated_pairs(table, seen_pairs, repeated, offset)
+        pair_hashes.append(_pair_hashes(table))
         for name in list_columns:
             lengths = pc.list_value_length(table.column(name))
             expected = first_lengths.setdefault(name, lengths[0].as_py())
@@ -145,13 +146,13 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
         offset += table.num_rows
     if first_lengths.get(NEGATIVES_COLUMN) == 0:
         raise ValueError(f"column {NEGATIVES_COLUMN!r} holds empty lists: drop the column instead")
+    repeated, row, first = _repeated_pairs(np.concatenate(pair_hashes))
     if repeated:
-        row, first = repeated[0]
         logger.warning(
             "%d row(s) repeat an earlier row's (query, positive) pair (e.g. row %d repeats row %d): when two "
             "copies land in one batch, each copy's positive is an in-batch negative of the other (a false "
             "negative). Deduplicate the data unless the repetition is meant as oversampling.",
-            len(repeated),
+            repeated,
             row,
             first,
         )
@@ -190,13 +191,22 @@ def _check_no_blank_text(column: pa.ChunkedArray, name: str, offset: int) -> Non
     )
 
 
-def _count_repeated_pairs(
-    table: pa.Table, seen: dict[tuple[str, str], int], repeated: list[tuple[int, int]], offset: int
-) -> None:
-    """Record each row whose (query, positive) pair an earlier row already had, with that row."""
-    queries = table.column(QUERY_COLUMN).to_pylist()
-    positives = table.column(POSITIVE_COLUMN).to_pylist()
-    for index, pair in enumerate(zip(queries, positives, strict=True)):
-        first = seen.setdefault(pair, offset + index)
-        if first != offset + index:
-            repeated.append((offset + index, first))
+def _pair_hashes(table: pa.Table) -> np.ndarray:
+    """A 64-bit hash of each row's (query, positive) pair (pandas' vectorised string hashing)."""
+    import pandas as pd
+
+    query, positive = (
+        pd.util.hash_array(table.column(name).to_numpy(zero_copy_only=False).astype(object))
+        for name in (QUERY_COLUMN, POSITIVE_COLUMN)
+    )
+    return query * np.uint64(0x9E3779B97F4A7C15) ^ positive  # wraps modulo 2**64
+
+
+def _repeated_pairs(hashes: np.ndarray) -> tuple[int, int, int]:
+    """(rows repeating an earlier row's pair, the first such row, the row it repeats); (0, -1, -1) if none."""
+    _, first_rows, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    earlier = first_rows[inverse]  # each row's first occurrence
+    repeats = np.flatnonzero(earlier != np.arange(len(hashes)))
+    if len(repeats) == 0:
+        return 0, -1, -1
+    return len(repeats), int(repeats[0]), int(earlier[repeats[0]])
