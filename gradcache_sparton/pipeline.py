@@ -449,6 +449,7 @@ def run_evaluation(
     ``retrieval``: ``"exhaustive"`` or ``"seismic"`` (an inverted index, exact by default).
     Max lengths left None are those the checkpoint was trained with (:func:`checkpoint_max_lengths`).
     """
+    device = _check_device(device)
     query_max_length, document_max_length = checkpoint_max_lengths(
         model_name_or_path, query_max_length=query_max_length, document_max_length=document_max_length
     )
@@ -457,7 +458,6 @@ def run_evaluation(
         raise ValueError("beir_path is an empty list: give at least one BEIR folder")
     if not budgets or len({b.name for b in budgets}) != len(budgets):
         raise ValueError(f"budgets must be distinct and at least one, got {[b.name for b in budgets]}")
-    device = _check_device(device)
     model_args = ModelArguments(model_name_or_path=model_name_or_path)
     tokenizer = build_tokenizer(model_args)
     evaluators: dict[str, SparseRetrievalEvaluator] = {}
@@ -546,10 +546,10 @@ def run_export(
         raise ValueError(f"scale must be > 0, got {scale!r}")
     # JSON lines, uncompressed: what export_corpus writes, and what seismic and Anserini read.
     output_file = check_output_path(output_file, overwrite=overwrite, suffixes=(".jsonl", ".json"))
+    device = _check_device(device)
     _, document_max_length = checkpoint_max_lengths(
         model_name_or_path, document_max_length=document_max_length
     )
-    device = _check_device(device)
     # A first streaming pass checks every line and counts the documents; the export streams a second one:
     # memory stays one chunk of texts and reps whatever the corpus size.
     num_documents = sum(1 for _ in iter_corpus(beir_path))
