@@ -189,7 +189,8 @@ class CachedSpladeTrainer(Trainer):
             self.model.document_max_length = self.args.document_max_length
         self._last_log_time = time.perf_counter()
         # One live run per output_dir; re-entrant, so run_training's lock over the whole job covers this.
-        lock = output_dir_lock(self.args.output_dir) if self.args.should_save else nullcontext()
+        saves = self.args.should_save and self.args.output_dir is not None
+        lock = output_dir_lock(self.args.output_dir) if saves else nullcontext()
         with lock:
             result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         if self.state.global_step < self.state.max_steps:
