@@ -24,6 +24,12 @@ global batch of per-device x processes rows, runs every replayed mini-batch but 
 ``no_sync``, and scales the replay so the gradients DDP averages equal one process training on the
 global batch (see ``engine/distributed.py``). Under gradient accumulation the Trainer's own
 ``no_sync`` around non-final micro-steps composes with it: one all-reduce per optimizer step.
+
+Fully sharded (``--fsdp full_shard`` with ``fsdp_version`` 2, FSDP2, the Trainer's default): the engine
+runs as many forwards and backwards on every rank and reduce-scatters once per step (see
+``engine/distributed.py``); ``save_model`` gathers the full state dict and writes the same standard
+checkpoint as one process, and resuming loads it back into the shards. FSDP version 1 and DeepSpeed
+(whose engine runs the backward itself) are refused when the Trainer is built.
 """
 
 from __future__ import annotations
@@ -153,6 +159,7 @@ class CachedSpladeTrainer(Trainer):
             data_collator=data_collator,
             **kwargs,
         )
+        _check_sharding(self)
         self.loss = SpladeLoss(args.splade_loss_config()) if loss is None else loss
         # The loss needs no labels: without this, evaluation calls model(**inputs) instead of compute_loss.
         self.can_return_loss = True
@@ -299,6 +306,15 @@ class CachedSpladeTrainer(Trainer):
 
     # ------------------------------------------------------------------ checkpoints
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """``Trainer.save_model``; under FSDP every rank takes part in gathering the full state dict, and the
+        main process writes the standard checkpoint (the Trainer's own FSDP save writes sharded files)."""
+        if not self.is_fsdp_enabled:
+            super().save_model(output_dir, _internal_call)
+            return
+        state_dict = self.accelerator.get_state_dict(self.model)  # full tensors on the main process
+        self._save(output_dir, state_dict=state_dict)
+
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Write a standard masked-LM checkpoint (+ tokenizer, splade_config.json, training args)."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
@@ -354,12 +370,37 @@ class CachedSpladeTrainer(Trainer):
         # and then every one of them is copied (strict).
         check_checkpoint_files(resume_from_checkpoint)
         loaded = load_backbone(type(encoder.model), resume_from_checkpoint, local_files_only=True)
+        if self.is_fsdp_enabled:  # full tensors into every rank's shards
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            options = StateDictOptions(full_state_dict=True, strict=True)
+            set_model_state_dict(encoder.model, loaded.state_dict(), options=options)
+            return
         encoder.model.load_state_dict(loaded.state_dict(), strict=True)
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint
         logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
         self._load_from_checkpoint(best)
+
+
+def _check_sharding(trainer: Trainer) -> None:
+    """Refuse the parallelisms GradCache cannot run under, naming the setting and what works instead."""
+    if trainer.is_deepspeed_enabled:
+        raise ValueError(
+            "deepspeed: DeepSpeed runs the backward itself (engine.backward) and partitions the parameters "
+            "outside the calls GradCache replays in loss.backward(); CachedSpladeTrainer does not support it. "
+            "Shard with FSDP2 instead (--fsdp full_shard with fsdp_version 2), or train with DDP"
+        )
+    version = (
+        getattr(trainer.accelerator.state.fsdp_plugin, "fsdp_version", 1) if trainer.is_fsdp_enabled else 2
+    )
+    if version != 2:
+        raise ValueError(
+            f"fsdp: FSDP version {version} is not supported with the cached loss (its forwards all-gather "
+            "parameters per mini-batch on every rank, and ranks replaying different numbers of mini-batches "
+            "would wait on each other); set fsdp_version 2 in --fsdp_config (FSDP2, fully_shard)"
+        )
 
 
 def validate_run(

@@ -528,3 +528,29 @@ def test_saved_training_lengths_round_trip_and_bad_values_are_refused(tmp_path, 
     (tmp_path / "ckpt" / "splade_config.json").write_text(json.dumps({**saved, "document_max_length": 0}))
     with pytest.raises(ValueError, match="document_max_length must be a positive int"):
         SpladeEncoder.from_pretrained(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize(
+    ("state", "named"),
+    [
+        ({"is_deepspeed_enabled": True, "is_fsdp_enabled": False, "version": None}, "deepspeed"),
+        ({"is_deepspeed_enabled": False, "is_fsdp_enabled": True, "version": 1}, "fsdp_version 2"),
+    ],
+    ids=["deepspeed", "fsdp1"],
+)
+def test_trainer_refuses_deepspeed_and_fsdp1(state: dict, named: str) -> None:
+    """DeepSpeed and FSDP version 1 are refused with an error naming the setting and what to use; FSDP2
+    and no sharding pass."""
+    from types import SimpleNamespace
+
+    from gradcache_sparton.trainer import _check_sharding
+
+    def trainer(deepspeed: bool, fsdp: bool, version: int | None) -> SimpleNamespace:
+        plugin = SimpleNamespace(fsdp_version=version)
+        accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin))
+        return SimpleNamespace(is_deepspeed_enabled=deepspeed, is_fsdp_enabled=fsdp, accelerator=accelerator)
+
+    with pytest.raises(ValueError, match=named):
+        _check_sharding(trainer(state["is_deepspeed_enabled"], state["is_fsdp_enabled"], state["version"]))
+    _check_sharding(trainer(False, True, 2))
+    _check_sharding(trainer(False, False, None))
