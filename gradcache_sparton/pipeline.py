@@ -56,6 +56,7 @@ from gradcache_sparton.modeling import (
     SpladeEncoder,
     check_checkpoint_files,
     check_max_length,
+    position_limit,
     read_splade_config,
 )
 from gradcache_sparton.resources import SHIPPED_MODELS, default_tokenizer_path, shipped_model_path
@@ -316,9 +317,13 @@ def checkpoint_max_lengths(
     model_name_or_path: str, *, query_max_length: int | None = None, document_max_length: int | None = None
 ) -> tuple[int, int]:
     """(query, document) max lengths to encode a checkpoint's texts with: the given ones, else those it was
-    trained with (its ``splade_config.json``), else :data:`DEFAULT_MAX_LENGTHS`. For a local checkpoint, its
-    files are checked (:func:`~gradcache_sparton.modeling.check_checkpoint_files`) and each length against
-    its position table, before any weights load: ``ValueError`` naming the length, its value and the limit."""
+    trained with (its ``splade_config.json``), else :data:`DEFAULT_MAX_LENGTHS`; documents never shorter
+    than the default 256 unless given (nor past the position table): training truncates documents to save
+    time, retrieval reads them whole, and a model trained at 128 tokens ranks better at 256 (5-fold
+    ``crossval`` of the default run, docs/experiments.md), so every model is compared at one length by
+    default. For a local checkpoint, its files are checked
+    (:func:`~gradcache_sparton.modeling.check_checkpoint_files`) and each length against its position table,
+    before any weights load: ``ValueError`` naming the length, its value and the limit."""
     location = resolve_model_location(model_name_or_path)
     trained = read_splade_config(location)
     # A local checkpoint's position table is known before any weights load (a hub one's, once loaded).
@@ -331,6 +336,9 @@ def checkpoint_max_lengths(
         value = given if given is not None else trained.get(name) or DEFAULT_MAX_LENGTHS[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if given is None and name == "document_max_length":
+            limit = position_limit(config, echo=bool(trained.get("echo"))) if config is not None else None
+            value = max(value, min(DEFAULT_MAX_LENGTHS[name], limit or DEFAULT_MAX_LENGTHS[name]))
         if config is not None:
             check_max_length(config, name, value, echo=bool(trained.get("echo")))
         lengths.append(value)

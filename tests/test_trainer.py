@@ -494,7 +494,8 @@ def test_embedded_run_fine_tunes_the_shipped_model_and_reports_before_and_after(
     assert f"dev nDCG@10: before training {summary['eval_before_ndcg_at_10']:.4f}" in stdout
     saved = json.loads((out / "splade_config.json").read_text())
     assert saved["query_max_length"] == 32 and saved["document_max_length"] == 48  # demo's 32, the flag's 48
-    assert checkpoint_max_lengths(str(out)) == (32, 48)
+    # Documents are encoded at 256 at least (trained at 48: the length is no reason to truncate them)
+    assert checkpoint_max_lengths(str(out)) == (32, 256)
     assert checkpoint_max_lengths(str(out), document_max_length=24) == (32, 24)  # an explicit value wins
     assert checkpoint_max_lengths("splade-tiny-msmarco") == (32, 256)  # not recorded: the defaults
     reloaded = SpladeEncoder.from_pretrained(out)
@@ -554,3 +555,13 @@ def test_trainer_refuses_deepspeed_and_fsdp1(state: dict, named: str) -> None:
         _check_sharding(trainer(state["is_deepspeed_enabled"], state["is_fsdp_enabled"], state["version"]))
     _check_sharding(trainer(False, True, 2))
     _check_sharding(trainer(False, False, None))
+
+
+def test_documents_encode_at_256_tokens_at_most_the_position_table(tmp_path, tiny_bert_config) -> None:
+    """A checkpoint trained on short documents encodes them at the default 256 tokens, capped by its position
+    table (128 here); queries keep their trained length; an explicit length wins."""
+    encoder = SpladeEncoder.from_config(tiny_bert_config)  # max_position_embeddings 128
+    encoder.query_max_length, encoder.document_max_length = 16, 48
+    encoder.save_pretrained(tmp_path)
+    assert checkpoint_max_lengths(str(tmp_path)) == (16, 128)
+    assert checkpoint_max_lengths(str(tmp_path), document_max_length=40) == (16, 40)
