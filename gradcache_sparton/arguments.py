@@ -90,6 +90,13 @@ def _sparse_reps_choice(value: Any) -> str:
     raise ValueError(f"sparse_reps must be one of false, true, auto, got {value!r}")
 
 
+def _has_accelerator() -> bool:
+    """Whether torch sees an accelerator (CUDA, XPU, MPS, ...), where pinned host memory is of use."""
+    import torch
+
+    return torch.accelerator.is_available()
+
+
 def _positive(value: Any, name: str, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -489,6 +496,8 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
             self.output_dir = time.strftime("outputs/splade-%Y%m%d-%H%M%S")
         SpladeLossConfig.__post_init__(self)  # the loss settings, checked now, not at the first step
         self.sparse_reps = _sparse_reps_choice(self.sparse_reps)
+        if self.dataloader_pin_memory and not _has_accelerator():
+            self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every epoch
         TrainingArguments.__post_init__(self)
         _positive(self.mini_batch_size, "mini_batch_size")
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)

@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train_parser() -> Any:
+def _train_parser(*, show_all: bool = False) -> Any:
+    """``HfArgumentParser`` over the three argument dataclasses, its help grouped (:func:`_group_train_help`)."""
     from transformers import HfArgumentParser
 
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
@@ -62,7 +64,10 @@ def _train_parser() -> Any:
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, CachedSpladeTrainingArguments),
         prog="gradcache-sparton train",
-        description="Train a SPLADE model with GradCache. Flags override --config (default: the embedded run).",
+        description="Train a SPLADE model with GradCache. Flags override --config (default: the embedded run). "
+        "Bool flags take a value (--bf16 True).",
+        formatter_class=_TrainHelpFormatter,
+        usage="gradcache-sparton train [--config FILE|default] [--NAME VALUE ...]",
     )
     parser.add_argument(
         "--config",
@@ -70,7 +75,146 @@ def _train_parser() -> Any:
         help="YAML or JSON file of argument values, or 'default' (resources/default_train.yaml, the embedded "
         "run). Without --config the embedded run applies only if no flag names a model or training data.",
     )
+    parser.add_argument(
+        HELP_ALL,
+        action="store_true",
+        help="Show every option, the Trainer's own (transformers) too, and exit.",
+    )
+    _group_train_help(parser, show_all=show_all)
     return parser
+
+
+class _TrainHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option once, as ``--name VALUE`` (not also its ``--dashed-name`` alias), help wrapped wider."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=110)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings or action.nargs == 0:
+            return ", ".join(action.option_strings)
+        metavar = self._metavar_formatter(action, action.dest.upper())(1)[0]
+        return f"{action.option_strings[0]} {metavar}"
+
+
+HELP_ALL = "--help-all"
+# The transformers.TrainingArguments options `train --help` shows (under "run"); the rest: --help-all.
+_COMMON_TRAINER_OPTIONS = (
+    "output_dir",
+    "overwrite_output_dir",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "num_train_epochs",
+    "learning_rate",
+    "warmup_steps",
+    "weight_decay",
+    "lr_scheduler_type",
+    "bf16",
+    "fp16",
+    "seed",
+    "logging_steps",
+    "save_strategy",
+    "save_steps",
+    "save_total_limit",
+    "resume_from_checkpoint",
+    "report_to",
+    "dataloader_num_workers",
+)
+# Trainer options about memory and speed, shown beside the engine's. `gradient_checkpointing` is
+# transformers' deprecated alias of `activation_checkpointing` where that exists (5.23+).
+_MEMORY_TRAINER_OPTIONS = ("activation_checkpointing", "gradient_checkpointing", "torch_compile")
+
+
+def _train_option_groups() -> dict[str, tuple[str, list[str]]]:
+    """``train``'s own options by theme: title -> (description, argument names), in help order."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+    from gradcache_sparton.losses import SpladeLossConfig
+
+    trainer_names = {f.name for f in fields(TrainingArguments)}
+    loss_names = [f.name for f in fields(SpladeLossConfig)]
+    data_names = [f.name for f in fields(DataArguments)]
+    evaluation = [name for name in data_names if name.startswith(("eval_", "retrieval_eval"))]
+    engine = [
+        f.name
+        for f in fields(CachedSpladeTrainingArguments)
+        if f.name not in trainer_names and f.name not in loss_names and f.name not in _COMMON_TRAINER_OPTIONS
+    ]
+    memory = [name for name in _MEMORY_TRAINER_OPTIONS if name in trainer_names]
+    if "activation_checkpointing" in memory:
+        memory.remove("gradient_checkpointing")  # deprecated alias: --help-all only
+    return {
+        "model": ("which backbone, tokenizer, pooling and LoRA", [f.name for f in fields(ModelArguments)]),
+        "data": (
+            "training pairs (default: the shipped SciFact sample)",
+            [n for n in data_names if n not in evaluation],
+        ),
+        "loss": ("the SPLADE loss: contrastive term, sparsity regularizers and their warm-up", loss_names),
+        "engine and memory": (
+            "per_device_train_batch_size is the effective batch; these bound memory and set speed, never the "
+            "loss or gradients",
+            engine + memory,
+        ),
+        "evaluation": (
+            "retrieval metrics on a BEIR folder (default: the shipped SciFact dev sample)",
+            evaluation,
+        ),
+        "run (the Trainer's most used options)": (
+            "transformers.TrainingArguments",
+            list(_COMMON_TRAINER_OPTIONS),
+        ),
+    }
+
+
+def _group_train_help(parser: argparse.ArgumentParser, *, show_all: bool) -> None:
+    """Regroup the parser's help: general, then this project's options by theme, then the Trainer's own
+    options (all with ``show_all``, else a line pointing at ``--help-all``). Parsing is unchanged."""
+    actions = {}
+    for action in parser._actions:  # a bool field's --no_<name> shares its dest: grouped with it
+        actions.setdefault(action.dest, []).append(action)
+    for group in parser._action_groups:
+        group._group_actions.clear()
+    general = parser.add_argument_group("general")
+    general._group_actions.extend(
+        actions.pop("help", []) + actions.pop("config", []) + actions.pop("help_all", [])
+    )
+    for title, (description, names) in _train_option_groups().items():
+        group = parser.add_argument_group(title, description)
+        for name in names:
+            group._group_actions.extend(actions.pop(name, []))
+    rest = [action for dest in sorted(actions) for action in actions[dest]]
+    if not show_all:
+        for action in rest:
+            action.help = argparse.SUPPRESS
+        parser.epilog = (
+            f"The Trainer's {len(actions)} other options (transformers.TrainingArguments): "
+            f"gradcache-sparton train {HELP_ALL}"
+        )
+        return
+    trainer = parser.add_argument_group("the Trainer's other options (transformers.TrainingArguments)")
+    trainer._group_actions.extend(rest)
+
+
+def _unknown_flag_error(unknown: Sequence[str], parser: argparse.ArgumentParser) -> ValueError:
+    """One error for arguments ``train`` does not know, suggesting the closest option names (difflib)."""
+    import difflib
+
+    options = [action.option_strings[0] for action in parser._actions if action.option_strings]
+    options += [option.replace("-", "_").replace("__", "--", 1) for option in options]  # --dashed-name forms
+    flags = [token for token in unknown if token.startswith("-")] or list(unknown)
+    parts = []
+    for token in flags:
+        flag = token.split("=", 1)[0].replace("-", "_").replace("__", "--", 1)
+        close = list(dict.fromkeys(difflib.get_close_matches(flag, options, n=3, cutoff=0.75)))
+        hint = f" (did you mean {' or '.join(close)}?)" if close and flag.startswith("--") else ""
+        parts.append(f"{token}{hint}")
+    return ValueError(
+        f"unrecognized argument(s): {', '.join(parts)}; see gradcache-sparton train --help (--help-all for all)"
+    )
 
 
 # Flags that name the model or the training data (besides every ModelArguments field): with any of them
@@ -152,8 +296,13 @@ def _load_config(path: Path) -> dict[str, Any]:
 def _train(argv: Sequence[str]) -> int:
     from gradcache_sparton.pipeline import run_training
 
+    if HELP_ALL in argv:
+        _train_parser(show_all=True).print_help()
+        return 0
     parser = _train_parser()
-    pre, _ = parser.parse_known_args(argv)
+    pre, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise _unknown_flag_error(unknown, parser)
     names = _argument_names()
     known = set().union(*names.values())
     named = _named_flags(argv, known | {"config"})
@@ -161,17 +310,17 @@ def _train(argv: Sequence[str]) -> int:
     config = {} if config_path is None else _load_config(config_path)
     unknown = sorted(set(config) - known)
     if unknown:
-        raise ValueError(f"--config {str(config_path)!r} has unknown argument(s) {unknown}")
+        raise ValueError(f"--config {_shown_path(config_path)!r} has unknown argument(s) {unknown}")
     if "config_name" in named and "model_name_or_path" not in named:
         config.pop("model_name_or_path", None)  # a shape named by flag replaces the config's checkpoint
     parser.set_defaults(**config)
     model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(args=list(argv))
-    del rest  # only --config, already read
+    del rest  # only --config and --help-all, already read
     if config_path is not None:
         applied = {k: v for k, v in config.items() if k not in named}
         logger.info(
             "config %s sets (no flag overrides them): %s",
-            config_path,
+            _shown_path(config_path),
             ", ".join(f"{k}={v!r}" for k, v in applied.items()) or "nothing",
         )
     metrics = run_training(model_args, data_args, training_args)
@@ -180,7 +329,21 @@ def _train(argv: Sequence[str]) -> int:
         if "eval_before_ndcg_at_10" in metrics and "eval_ndcg_at_10" in metrics:
             before, after = metrics["eval_before_ndcg_at_10"], metrics["eval_ndcg_at_10"]
             print(f"dev nDCG@10: before training {before:.4f}, after {after:.4f} ({after - before:+.4f})")
+        print(f"The trained model is in {training_args.output_dir}/. Next, evaluate it:")
+        print(
+            f"  gradcache-sparton evaluate --model_name_or_path {shlex.quote(str(training_args.output_dir))}"
+        )
     return 0
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` as logs show it: a shipped file relative to the package, never this machine's absolute path."""
+    from gradcache_sparton.resources import RESOURCES_DIR
+
+    try:
+        return str(Path("gradcache_sparton/resources") / path.resolve().relative_to(RESOURCES_DIR))
+    except ValueError:
+        return str(path)
 
 
 def _evaluate(argv: Sequence[str]) -> int:
@@ -295,21 +458,33 @@ def _mine(argv: Sequence[str]) -> int:
         description=COMMANDS["mine"] + " (docs/mining.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    source = parser.add_argument_group("input (at least one)")
+    source = parser.add_argument_group("input (default, neither given: the shipped SciFact training pairs)")
     source.add_argument(
         "--train_data", default=None, help="jsonl of pairs: query, positive [, query_id, positive_id]."
     )
     source.add_argument(
-        "--beir_path", default=None, help="BEIR folder: its qrels give the pairs unless --train_data is set."
+        "--beir_path",
+        default=None,
+        help="BEIR folder ('default': the shipped SciFact dev sample): its qrels give the pairs unless "
+        "--train_data is set.",
     )
-    parser.add_argument("--split", default="train", help="qrels split of --beir_path (qrels/<split>.tsv).")
+    parser.add_argument(
+        "--split",
+        default=None,
+        help="qrels split of --beir_path (qrels/<split>.tsv); default: train ('dev' for --beir_path default).",
+    )
     parser.add_argument(
         "--corpus",
         choices=CORPORA,
         default=None,
         help="mine from the BEIR corpus (default with --beir_path) or the pairs' distinct positives.",
     )
-    parser.add_argument("--output_file", type=Path, required=True, help="the training file (.jsonl[.gz]).")
+    parser.add_argument(
+        "--output_file",
+        type=Path,
+        default=Path("negatives.jsonl.gz"),
+        help="the training file (.jsonl[.gz]).",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_file.")
     parser.add_argument(
         "--method", choices=METHODS, default="bm25", help="bm25, or splade: a checkpoint's own ranking."
@@ -392,7 +567,11 @@ def _export(argv: Sequence[str]) -> int:
         required=True,
         help="checkpoint folder (from `train`), shipped name or hub id.",
     )
-    parser.add_argument("--beir_path", required=True, help="BEIR folder whose corpus.jsonl[.gz] is encoded.")
+    parser.add_argument(
+        "--beir_path",
+        default="default",
+        help="BEIR folder whose corpus.jsonl[.gz] is encoded ('default': the shipped SciFact dev sample).",
+    )
     parser.add_argument(
         "--output_file", type=Path, required=True, help="the JSON-lines file to write (.jsonl or .json)."
     )
@@ -437,6 +616,19 @@ def _export(argv: Sequence[str]) -> int:
     return 0
 
 
+def _quiet_third_parties() -> None:
+    """One progress bar per long phase: off go transformers' per-file bars ("Loading weights", "Writing model
+    shards") and datasets' ("Generating train split"); hub downloads keep theirs; the Trainer's and our
+    encoding bars stay."""
+    import datasets
+    import huggingface_hub.utils
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    huggingface_hub.utils.enable_progress_bars()  # transformers turned the download bars off too
+    datasets.disable_progress_bars()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     parser = build_parser()
@@ -445,6 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    _quiet_third_parties()
     from gradcache_sparton.run_state import CheckpointWriteError, TrainingStopped
 
     run = {"train": _train, "evaluate": _evaluate, "mine": _mine, "export": _export}[args.command]

@@ -68,11 +68,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_lora_adapters",
+    "beir_folder",
     "build_encoder",
     "build_evaluator",
     "build_tokenizer",
     "build_train_dataset",
     "checkpoint_max_lengths",
+    "looks_like_local_path",
     "resolve_model_location",
     "run_evaluation",
     "run_export",
@@ -87,22 +89,99 @@ LORA_ADAPTER_DIR = "adapter"
 # Max lengths for a checkpoint that does not say what it was trained with (SPLADE's usual query length;
 # most BEIR documents fit in 256 tokens).
 DEFAULT_MAX_LENGTHS = {"query_max_length": 32, "document_max_length": 256}
+# How a table and messages name the shipped dev sample (beir_path "default").
+DEFAULT_BEIR_NAME = "scifact-dev"
 # Files whose presence in a checkpoint folder means it carries its own tokenizer.
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
 
 
-def resolve_model_location(name: str) -> str:
-    """Where ``model_name_or_path`` / ``tokenizer_name`` points: a local folder as given, a shipped model's
-    name (:data:`~gradcache_sparton.resources.SHIPPED_MODELS`) as its folder in the package, anything else
-    as a hub id (downloaded where the network allows; ``HF_HUB_OFFLINE=1`` forbids it)."""
-    if Path(name).is_dir():
-        return name
+def resolve_model_location(name: str, *, argument: str = "model_name_or_path") -> str:
+    """Where ``model_name_or_path`` / ``tokenizer_name`` points: a local folder as given (``~`` expanded), a
+    shipped model's name (:data:`~gradcache_sparton.resources.SHIPPED_MODELS`) as its folder in the package,
+    anything else as a hub id (downloaded where the network allows; ``HF_HUB_OFFLINE=1`` forbids it).
+
+    ``ValueError`` naming ``argument`` at once, without touching the network, for a name that looks like a
+    local path (:func:`looks_like_local_path`) but is no folder, and for a hub id that is not in the local
+    hub cache while ``HF_HUB_OFFLINE`` is set or the hub cannot be reached (a 3 s connection check, instead
+    of the hub client's minute of retries).
+    """
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path) if name.startswith("~") else name
     shipped = shipped_model_path(name)
-    return str(shipped) if shipped is not None else name
+    if shipped is not None:
+        return str(shipped)
+    if path.exists():
+        raise ValueError(f"{argument} {name!r} is a file; give the checkpoint's folder")
+    if looks_like_local_path(name):
+        raise ValueError(f"{argument} {name!r}: no such folder{_nearby_checkpoints(path)}")
+    if "/" in name:
+        logger.info("%s %r is no local folder: trying it as a hub id.", argument, name)
+    _check_hub_reachable(argument, name)
+    return name
+
+
+def looks_like_local_path(name: str) -> bool:
+    """Whether ``name`` can only mean a local path, not a hub id (``owner/name``): it starts with '.', '~'
+    or '/', holds a backslash, more than one '/' or a trailing one, or its first part is an existing folder
+    (``outputs/run`` once ``outputs/`` exists)."""
+    if name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1 or name.endswith("/"):
+        return True
+    return "/" in name and Path(name.split("/", 1)[0]).is_dir()
+
+
+def _nearby_checkpoints(path: Path) -> str:
+    """A hint naming the checkpoint folders (holding a ``config.json``) beside ``path``, newest first."""
+    parent = path.parent
+    if not parent.is_dir():
+        return f" (nor its parent {str(parent)!r})"
+    found = sorted(
+        (
+            child
+            for child in parent.iterdir()
+            if (child / "config.json").is_file() and any(child.glob("*.safetensors"))
+        ),
+        key=lambda child: child.stat().st_mtime,
+        reverse=True,
+    )
+    if not found:
+        return f" ({str(parent)!r} holds no checkpoint folder)"
+    names = ", ".join(str(child) for child in found[:5])
+    return f"; checkpoints in {str(parent)!r}: {names}{', ...' if len(found) > 5 else ''}"
+
+
+def _check_hub_reachable(argument: str, name: str) -> None:
+    """``ValueError`` at once if the hub id ``name`` is not cached locally and cannot be downloaded now."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return  # cached: loads without the network (with HF_HUB_OFFLINE=1 too)
+    shipped = f"not a local folder, not a shipped model {list(SHIPPED_MODELS)}"
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        raise ValueError(f"{argument} {name!r} is {shipped}, and HF_HUB_OFFLINE is set: no hub download")
+    if any(os.environ.get(proxy) for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return  # the proxy decides what is reachable; the hub client reports its own error
+    import socket
+    from urllib.parse import urlsplit
+
+    endpoint = urlsplit(constants.ENDPOINT)
+    host, port = (
+        endpoint.hostname or "huggingface.co",
+        endpoint.port or (443 if endpoint.scheme == "https" else 80),
+    )
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as exc:
+        raise ValueError(
+            f"{argument} {name!r} is {shipped}, and the hub ({host}) cannot be reached ({exc}); "
+            "set HF_HUB_OFFLINE=1 to work offline"
+        ) from None
 
 
 def _load_error(argument: str, name: str, exc: Exception) -> ValueError:
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if Path(name).expanduser().is_dir() or shipped_model_path(name) is not None:
+        return ValueError(f"{argument} {name!r} could not be loaded: {first_line}")
     return ValueError(
         f"{argument} {name!r} is not a local folder, not a shipped model {list(SHIPPED_MODELS)} and could not be "
         f"loaded from the hub{' (HF_HUB_OFFLINE is set)' if os.environ.get('HF_HUB_OFFLINE') else ''}: {first_line}"
@@ -115,7 +194,7 @@ def build_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
     argument = "tokenizer_name" if model_args.tokenizer_name is not None else "model_name_or_path"
     if named is None:
         return AutoTokenizer.from_pretrained(default_tokenizer_path())
-    location = resolve_model_location(named)
+    location = resolve_model_location(named, argument=argument)
     folder = Path(location)
     if argument == "model_name_or_path" and folder.is_dir():
         has_tokenizer = any((folder / name).exists() for name in _TOKENIZER_FILES)
@@ -299,8 +378,7 @@ def _beir_evaluator(
     retrieval: str = "exhaustive",
 ) -> SparseRetrievalEvaluator:
     """A :class:`SparseRetrievalEvaluator` on a BEIR folder; ``"default"`` is the shipped dev sample (split dev)."""
-    if folder == "default":
-        folder, split = str(default_dev_beir_path()), "dev"
+    folder = beir_folder(folder, split=split)
     return SparseRetrievalEvaluator(
         load_beir(folder, split=split),
         tokenizer=tokenizer,
@@ -311,6 +389,19 @@ def _beir_evaluator(
         measures=measures,
         retrieval=retrieval,
     )
+
+
+def beir_folder(path: str | Path, *, split: str | None = None) -> str:
+    """The BEIR folder ``path`` names: ``"default"`` is the shipped SciFact dev sample, whose one split is
+    ``dev``; ``ValueError`` for another ``split`` there (naming the one it has), not a silent ``dev``."""
+    if str(path) != "default":
+        return str(path)
+    if split is not None and split != "dev":
+        raise ValueError(
+            f"split {split!r}: the default BEIR folder (the shipped SciFact dev sample, {DEFAULT_BEIR_NAME}) has "
+            "only the split 'dev'; give --beir_path a BEIR folder with qrels/" + f"{split}.tsv"
+        )
+    return str(default_dev_beir_path())
 
 
 def checkpoint_max_lengths(
@@ -470,7 +561,7 @@ def run_evaluation(
     tokenizer = build_tokenizer(model_args)
     evaluators: dict[str, SparseRetrievalEvaluator] = {}
     for folder in folders:
-        name = "scifact-dev" if folder == "default" else "_".join(Path(folder).name.split())
+        name = DEFAULT_BEIR_NAME if folder == "default" else "_".join(Path(folder).name.split())
         name = name if name not in evaluators else f"{name}-{len(evaluators)}"
         evaluators[name] = _beir_evaluator(
             folder,
@@ -526,7 +617,7 @@ def _check_device(device: str | None) -> str:
 def run_export(
     model_name_or_path: str,
     *,
-    beir_path: str | Path,
+    beir_path: str | Path = "default",
     output_file: str | Path,
     export_format: str = "seismic",
     document_max_length: int | None = None,
@@ -540,7 +631,8 @@ def run_export(
     (:func:`~gradcache_sparton.evaluation.export_corpus`: ``seismic`` or ``anserini`` JSON lines); returns
     a summary (file, documents, format, max length, seconds).
 
-    Everything is checked before the model is loaded: the format, the corpus (every line), that
+    ``beir_path`` ``"default"`` is the shipped SciFact dev sample's corpus. Everything is checked before the
+    model is loaded: the format, the corpus (every line), that
     ``output_file`` ends in ``.jsonl`` or ``.json`` and does not exist (unless ``overwrite``), and that
     its folder can be created. The document max length defaults to the one the checkpoint was trained
     with.
@@ -558,6 +650,7 @@ def run_export(
     _, document_max_length = checkpoint_max_lengths(
         model_name_or_path, document_max_length=document_max_length
     )
+    beir_path = beir_folder(beir_path)
     # A first streaming pass checks every line and counts the documents; the export streams a second one:
     # memory stays one chunk of texts and reps whatever the corpus size.
     num_documents = sum(1 for _ in iter_corpus(beir_path))

@@ -546,7 +546,7 @@ def model_card(
         "",
         "## Model",
         "",
-        f"- Base model: {base or 'randomly initialised from a config'}",
+        f"- Base model: {_shown_base_model(base) if base else 'randomly initialised from a config'}",
         f"- Architecture: {type(encoder.model).__name__}, max pooling of log1p(relu(logits))",
         f"- Maximum sequence length: {max_seq_length} tokens",
         f"- Special-token positions dropped from the pooling: {special if special else 'none'}",
@@ -581,6 +581,19 @@ def model_card(
         lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
         lines += [f"| {name} | {value:.4f} |" for name, value in metrics.items()]
     return "\n".join(lines) + "\n"
+
+
+def _shown_base_model(base: str) -> str:
+    """``base`` as a model card names it: a hub id as is, the package's copy of a shipped model by its name,
+    another local folder by its own name; never the training machine's absolute path."""
+    from gradcache_sparton.resources import SHIPPED_MODELS, shipped_model_path
+
+    if not os.path.isabs(base):
+        return base
+    for name in SHIPPED_MODELS:
+        if os.path.realpath(base) == os.path.realpath(shipped_model_path(name)):
+            return f"{name} (shipped with gradcache_sparton)"
+    return f"{os.path.basename(os.path.normpath(base))} (a local folder)"
 
 
 def run_model_card(trainer: Any, encoder: SpladeEncoder) -> str:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import torch
 
-from gradcache_sparton.data import load_beir
+from gradcache_sparton.data import default_dev_beir_path, default_train_data_path, load_beir
 from gradcache_sparton.mining.negatives import check_mining_settings, mine_hard_negatives
 from gradcache_sparton.mining.output import check_output_path, write_training_file
 from gradcache_sparton.mining.pairs import beir_mining_pairs, load_mining_pairs
@@ -27,7 +27,7 @@ def run_mining(
     output_file: str | Path,
     train_data: str | Path | None = None,
     beir_path: str | Path | None = None,
-    split: str = "train",
+    split: str | None = None,
     corpus: Literal["beir", "positives"] | None = None,
     method: Literal["bm25", "splade"] = "bm25",
     model_name_or_path: str | None = None,
@@ -48,7 +48,9 @@ def run_mining(
 
     Pairs come from ``train_data`` (jsonl: ``query``, ``positive`` [, ``query_id``, ``positive_id``])
     or, without it, from the judgements with relevance > 0 of the BEIR folder ``beir_path`` (qrels
-    ``split``). The corpus mined from is ``corpus="beir"`` (the BEIR folder's corpus; the default when
+    ``split``, default ``train``; ``beir_path="default"`` is the shipped SciFact dev sample, split ``dev``).
+    With neither, the shipped SciFact training pairs (``default_train_data_path()``) are mined among their
+    own positives: a training file for the shipped data, never from the dev sample it is evaluated on. The corpus mined from is ``corpus="beir"`` (the BEIR folder's corpus; the default when
     ``beir_path`` is given) or ``"positives"`` (the distinct positives of the pairs). ``method="splade"``
     ranks with the checkpoint ``model_name_or_path`` (a folder, a shipped model's name or a hub id),
     loaded as ``evaluate`` loads it (its own tokenizer), on ``device`` (default: cuda when available),
@@ -67,7 +69,17 @@ def run_mining(
     )
     output = check_output_path(output_file, overwrite=overwrite)
     if train_data is None and beir_path is None:
-        raise ValueError("give train_data (a jsonl of pairs) or beir_path (a BEIR folder), or both")
+        train_data = default_train_data_path()
+        logger.info(
+            "No train_data or beir_path: mining the shipped SciFact training pairs among their positives."
+        )
+    if beir_path is not None:
+        from gradcache_sparton.pipeline import beir_folder
+
+        beir_path = beir_folder(beir_path, split=split)
+        split = split or ("dev" if Path(beir_path) == default_dev_beir_path() else "train")
+    elif split is not None:
+        raise ValueError(f"split {split!r} is a qrels split of beir_path, which is not given")
     if train_data is not None and not Path(train_data).is_file():
         raise ValueError(f"train_data {str(train_data)!r} does not exist")
     if beir_path is not None and not Path(beir_path).is_dir():
