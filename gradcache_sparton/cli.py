@@ -354,7 +354,12 @@ def _evaluate(argv: Sequence[str]) -> int:
         prog="gradcache-sparton evaluate",
         description=COMMANDS["evaluate"] + " (default: shipped SciFact dev).",
     )
-    parser.add_argument("--model_name_or_path", required=True, help="Local checkpoint folder (from `train`).")
+    parser.add_argument(
+        "--model_name_or_path",
+        required=True,
+        help="Checkpoint folder (`train` writes outputs/splade-<date>-<time> and prints it), shipped name "
+        "(splade-tiny-msmarco) or hub id.",
+    )
     parser.add_argument(
         "--beir_path",
         nargs="+",

@@ -432,7 +432,8 @@ def test_run_mining_checks_paths_before_loading(tmp_path: Path, monkeypatch) -> 
     cases = [
         (dict(output_file=existing, beir_path=dev, split="dev"), "exists: pass overwrite=True"),
         (dict(output_file=tmp_path / "o.csv", beir_path=dev), "must end in one of"),
-        (dict(output_file=tmp_path / "o.jsonl"), "give train_data"),
+        (dict(output_file=tmp_path / "o.jsonl", split="dev"), "split 'dev' is a qrels split of beir_path"),
+        (dict(output_file=tmp_path / "o.jsonl", beir_path="default", split="train"), "only the split 'dev'"),
         (dict(output_file=tmp_path / "o.jsonl", train_data=tmp_path / "none.jsonl"), "does not exist"),
         (dict(output_file=tmp_path / "o.jsonl", beir_path=tmp_path / "none"), "is not a directory"),
         (dict(output_file=tmp_path / "o.jsonl", beir_path=dev, method="splade"), "needs model_name_or_path"),
