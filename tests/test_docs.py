@@ -11,11 +11,12 @@ An HTML comment right before a block (blank lines between allowed) says how it r
     <!-- docs-test: long -- REASON -->        takes minutes on a CPU (the main job, a full evaluation):
                                               run by the GPU acceptance suite, on a CPU with DOCS_TEST_LONG=1
     <!-- docs-test: gpu -- REASON -->         needs a CUDA GPU; the page shows the CPU-sized variant next to it
+    <!-- docs-test: multigpu -- REASON -->    needs 2 CUDA GPUs (run where there are, skipped on one)
     <!-- docs-test: skip -- REASON -->        not a program: an output's layout, a fragment of a call shown
                                               in context, a command on files only the reader has
 
-A block without a comment runs on a CPU in seconds. ``long``, ``gpu`` and ``skip`` need a reason; a block
-that needs a ``long`` or ``gpu`` block's output is marked so itself (the CPU run leaves those out). On a
+A block without a comment runs on a CPU in seconds. ``long``, ``gpu``, ``multigpu`` and ``skip`` need a
+reason; a block that needs a ``long`` or ``gpu`` block's output is marked so itself (the CPU run leaves those out). On a
 machine with CUDA, ``test_docs_on_gpu`` (the user-path acceptance suite, issue 32) runs every block
 but ``skip`` ones, as written.
 """
@@ -35,7 +36,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
-MODES = ("cpu", "slow", "long", "gpu", "skip")
+MODES = ("cpu", "slow", "long", "gpu", "multigpu", "skip")
 _FENCE = re.compile(r"^```(python|bash)\n(.*?)^```\n", re.DOTALL | re.MULTILINE)
 _MARK = re.compile(r"<!--\s*docs-test:\s*(\w+)\s*(?:--\s*(.*?))?\s*-->\s*\Z", re.DOTALL)
 # Pages whose unmarked blocks are experiment recipes for the GPU machine (their data is prepared by a
@@ -44,7 +45,7 @@ _PAGE_DEFAULT_SKIP = {
     "docs/experiments.md": "experiment recipes run on the GPU machine with data prepared there",
 }
 # Blocks are fast on a CPU unless marked; a CLI command starts in ~10 s on a loaded 2-core machine.
-_TIMEOUT_S = {"cpu": 300, "slow": 600, "long": 1800, "gpu": 1800}
+_TIMEOUT_S = {"cpu": 300, "slow": 600, "long": 1800, "gpu": 1800, "multigpu": 1800}
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def page_blocks(page: str) -> list[Block]:
         line = text.count("\n", 0, match.start()) + 1
         if mode not in MODES:
             raise ValueError(f"{page}:{line}: docs-test mode {mode!r} is not one of {MODES}")
-        if mode in ("long", "gpu", "skip") and not reason:
+        if mode in ("long", "gpu", "multigpu", "skip") and not reason:
             raise ValueError(f"{page}:{line}: docs-test {mode} needs a reason (`-- why`)")
         blocks.append(Block(page, line, match.group(1), match.group(2), mode, reason))
     return blocks
@@ -157,9 +158,11 @@ def test_docs_blocks_run_on_cpu(page: str, tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("page", _pages_with("cpu", "slow", "long", "gpu"))
+@pytest.mark.parametrize("page", _pages_with("cpu", "slow", "long", "gpu", "multigpu"))
 def test_docs_on_gpu(page: str, tmp_path: Path) -> None:
     """User-path acceptance (issue 32): on a CUDA machine every block but `skip` ones runs as written,
-    GPU-sized ones included (bf16 where the page says a GPU user would pick it)."""
+    GPU-sized ones included (bf16 where the page says a GPU user would pick it); `multigpu` blocks where
+    there are 2 GPUs."""
     assert torch.cuda.is_available()
-    assert run_page(page, tmp_path, modes=("cpu", "slow", "long", "gpu"))
+    modes = ("cpu", "slow", "long", "gpu") + (("multigpu",) if torch.cuda.device_count() >= 2 else ())
+    assert run_page(page, tmp_path, modes=modes)

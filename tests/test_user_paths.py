@@ -244,6 +244,23 @@ def test_train_ends_with_the_model_folder_and_the_next_command(
     assert not card.exists() or str(tmp_path) not in card.read_text()
 
 
+def test_logs_name_the_shipped_config_by_its_package_path() -> None:
+    """The start log names the embedded config relative to the package, not this machine's folders."""
+    from gradcache_sparton.cli import _shown_path
+    from gradcache_sparton.resources import default_train_config_path
+
+    assert _shown_path(default_train_config_path()) == "gradcache_sparton/resources/default_train.yaml"
+
+
+def test_docs_recommend_no_deprecated_checkpointing_flag() -> None:
+    """No page tells users to pass `--gradient_checkpointing True` (transformers >= 5.23 warns that it is
+    deprecated); they name `--activation_checkpointing`."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    offenders = [p.name for p in pages if "--gradient_checkpointing True" in p.read_text(encoding="utf-8")]
+    assert not offenders
+    assert "--activation_checkpointing True" in (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+
+
 def test_readme_quick_subset_marker_exists() -> None:
     """The README's quick test subset (`-m "not slow"`) names a marker pytest declares (--strict-markers)."""
     readme = (ROOT / "README.md").read_text()
