@@ -329,9 +329,12 @@ def _train(argv: Sequence[str]) -> int:
         if "eval_before_ndcg_at_10" in metrics and "eval_ndcg_at_10" in metrics:
             before, after = metrics["eval_before_ndcg_at_10"], metrics["eval_ndcg_at_10"]
             print(f"dev nDCG@10: before training {before:.4f}, after {after:.4f} ({after - before:+.4f})")
-        print(f"The trained model is in {training_args.output_dir}/. Next, evaluate it:")
+        # Last, on stderr (stdout stays the JSON summary a script reads): where the model went, what next.
+        sys.stdout.flush()
         print(
-            f"  gradcache-sparton evaluate --model_name_or_path {shlex.quote(str(training_args.output_dir))}"
+            f"The trained model is in {training_args.output_dir}/. Next, evaluate it:\n"
+            f"  gradcache-sparton evaluate --model_name_or_path {shlex.quote(str(training_args.output_dir))}",
+            file=sys.stderr,
         )
     return 0
 

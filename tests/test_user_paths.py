@@ -234,7 +234,12 @@ def test_train_ends_with_the_model_folder_and_the_next_command(
         "--disable_tqdm", "True",
     ]  # fmt: skip
     assert main(argv) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    captured = capsys.readouterr()
+    summary = json.loads(
+        captured.out[captured.out.rindex('{\n  "output_dir"') :]
+    )  # stdout ends with the JSON
+    assert summary["output_dir"] == "outputs/first"
+    lines = captured.err.strip().splitlines()
     assert lines[-2:] == [
         "The trained model is in outputs/first/. Next, evaluate it:",
         "  gradcache-sparton evaluate --model_name_or_path outputs/first",
@@ -296,7 +301,7 @@ def test_gpu_train_evaluate_mine_export_in_bf16(tmp_path: Path) -> None:
         tmp_path,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
-    assert "gradcache-sparton evaluate --model_name_or_path outputs/gpu-run" in run.stdout
+    assert run.stderr.rstrip().endswith("gradcache-sparton evaluate --model_name_or_path outputs/gpu-run")
     assert "gradient_checkpointing is deprecated" not in run.stderr and "Loading weights" not in run.stderr
     evaluated = _cli(["evaluate", "--model_name_or_path", "outputs/gpu-run"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-4000:]
