@@ -55,48 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train_parser(*, show_all: bool = False) -> Any:
-    """``HfArgumentParser`` over the three argument dataclasses, its help grouped (:func:`_group_train_help`)."""
+def _train_parser() -> Any:
+    """``HfArgumentParser`` over the three argument dataclasses, plus ``--config`` (help: :func:`_train_help`)."""
     from transformers import HfArgumentParser
 
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
 
     parser = HfArgumentParser(
-        (ModelArguments, DataArguments, CachedSpladeTrainingArguments),
-        prog="gradcache-sparton train",
-        description="Train a SPLADE model with GradCache. Flags override --config (default: the embedded run). "
-        "Bool flags take a value (--bf16 True).",
-        formatter_class=_TrainHelpFormatter,
-        usage="gradcache-sparton train [--config FILE|default] [--NAME VALUE ...]",
+        (ModelArguments, DataArguments, CachedSpladeTrainingArguments), prog="gradcache-sparton train"
     )
-    parser.add_argument(
-        "--config",
-        default=None,
-        help="YAML or JSON file of argument values, or 'default' (resources/default_train.yaml, the embedded "
-        "run). Without --config the embedded run applies only if no flag names a model or training data.",
-    )
-    parser.add_argument(
-        HELP_ALL,
-        action="store_true",
-        help="Show every option, the Trainer's own (transformers) too, and exit.",
-    )
-    _group_train_help(parser, show_all=show_all)
+    parser.add_argument("--config", default=None, help=_CONFIG_HELP)
     return parser
 
 
-class _TrainHelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Each option once, as ``--name VALUE`` (not also its ``--dashed-name`` alias), help wrapped wider."""
-
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=32, width=110)
-
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        if not action.option_strings or action.nargs == 0:
-            return ", ".join(action.option_strings)
-        metavar = self._metavar_formatter(action, action.dest.upper())(1)[0]
-        return f"{action.option_strings[0]} {metavar}"
-
-
+_CONFIG_HELP = (
+    "YAML or JSON file of argument values, or 'default' (resources/default_train.yaml, the embedded run). "
+    "Without --config the embedded run applies only if no flag names a model or training data."
+)
 HELP_ALL = "--help-all"
 # The transformers.TrainingArguments options `train --help` shows (under "run"); the rest: --help-all.
 _COMMON_TRAINER_OPTIONS = (
@@ -170,47 +145,82 @@ def _train_option_groups() -> dict[str, tuple[str, list[str]]]:
     }
 
 
-def _group_train_help(parser: argparse.ArgumentParser, *, show_all: bool) -> None:
-    """Regroup the parser's help: general, then this project's options by theme, then the Trainer's own
-    options (all with ``show_all``, else a line pointing at ``--help-all``). Parsing is unchanged."""
-    actions = {}
-    for action in parser._actions:  # a bool field's --no_<name> shares its dest: grouped with it
-        actions.setdefault(action.dest, []).append(action)
-    for group in parser._action_groups:
-        group._group_actions.clear()
-    general = parser.add_argument_group("general")
-    general._group_actions.extend(
-        actions.pop("help", []) + actions.pop("config", []) + actions.pop("help_all", [])
+def _train_fields() -> dict[str, Any]:
+    """Every ``train`` argument's dataclass field (``dataclasses.Field``), by name."""
+    from dataclasses import fields
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+
+    return {
+        f.name: f
+        for cls in (ModelArguments, DataArguments, CachedSpladeTrainingArguments)
+        for f in fields(cls)
+        if f.init
+    }
+
+
+def _train_help(*, show_all: bool) -> str:
+    """``train``'s help: general, then this project's options by theme, the Trainer's most used ones, then the
+    Trainer's other options (with ``show_all``; else one line pointing at ``--help-all``).
+
+    Built from the dataclass fields' help texts into a parser used for display only (the parsing parser is
+    ``HfArgumentParser``'s), each option once under its underscore name."""
+    from dataclasses import MISSING
+
+    display = argparse.ArgumentParser(
+        prog="gradcache-sparton train",
+        usage="gradcache-sparton train [--config FILE|default] [--NAME VALUE ...]",
+        description="Train a SPLADE model with GradCache. Flags override --config. Bool flags take a value "
+        "(--bf16 True). The defaults shown are the arguments' own; with no --config and no flag naming a model "
+        "or training data, the embedded run's values apply over them (resources/default_train.yaml).",
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(
+            prog, max_help_position=32, width=110
+        ),
+        add_help=False,
     )
+    general = display.add_argument_group("general")
+    general.add_argument("-h", "--help", action="store_true", help="Show this help and exit.")
+    general.add_argument(
+        HELP_ALL, action="store_true", help="Show every option, the Trainer's own too, and exit."
+    )
+    general.add_argument("--config", metavar="CONFIG", help=_CONFIG_HELP)
+    remaining = _train_fields()
+
+    def add(group: Any, name: str) -> None:
+        field = remaining.pop(name)
+        boolean = isinstance(field.default, bool)
+        metavar = field.metadata.get("metavar") or ("BOOL" if boolean else name.upper())
+        default = "" if field.default is MISSING or field.default is None else f" [default: {field.default}]"
+        group.add_argument(f"--{name}", metavar=metavar, help=field.metadata.get("help", "") + default)
+
     for title, (description, names) in _train_option_groups().items():
-        group = parser.add_argument_group(title, description)
+        group = display.add_argument_group(title, description)
         for name in names:
-            group._group_actions.extend(actions.pop(name, []))
-    rest = [action for dest in sorted(actions) for action in actions[dest]]
-    if not show_all:
-        for action in rest:
-            action.help = argparse.SUPPRESS
-        parser.epilog = (
-            f"The Trainer's {len(actions)} other options (transformers.TrainingArguments): "
+            if name in remaining:
+                add(group, name)
+    if show_all:
+        trainer = display.add_argument_group("the Trainer's other options (transformers.TrainingArguments)")
+        for name in sorted(remaining):
+            add(trainer, name)
+    else:
+        display.epilog = (
+            f"The Trainer's {len(remaining)} other options (transformers.TrainingArguments): "
             f"gradcache-sparton train {HELP_ALL}"
         )
-        return
-    trainer = parser.add_argument_group("the Trainer's other options (transformers.TrainingArguments)")
-    trainer._group_actions.extend(rest)
+    return display.format_help()
 
 
-def _unknown_flag_error(unknown: Sequence[str], parser: argparse.ArgumentParser) -> ValueError:
+def _unknown_flag_error(unknown: Sequence[str]) -> ValueError:
     """One error for arguments ``train`` does not know, suggesting the closest option names (difflib)."""
     import difflib
 
-    options = [action.option_strings[0] for action in parser._actions if action.option_strings]
-    options += [option.replace("-", "_").replace("__", "--", 1) for option in options]  # --dashed-name forms
+    options = [f"--{name}" for name in (*_train_fields(), "config")]
     flags = [token for token in unknown if token.startswith("-")] or list(unknown)
     parts = []
     for token in flags:
-        flag = token.split("=", 1)[0].replace("-", "_").replace("__", "--", 1)
-        close = list(dict.fromkeys(difflib.get_close_matches(flag, options, n=3, cutoff=0.75)))
-        hint = f" (did you mean {' or '.join(close)}?)" if close and flag.startswith("--") else ""
+        flag = "--" + token.split("=", 1)[0].lstrip("-").replace("-", "_")  # --dashed-name forms too
+        close = difflib.get_close_matches(flag, options, n=3, cutoff=0.75) if token.startswith("--") else []
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
         parts.append(f"{token}{hint}")
     return ValueError(
         f"unrecognized argument(s): {', '.join(parts)}; see gradcache-sparton train --help (--help-all for all)"
@@ -296,13 +306,13 @@ def _load_config(path: Path) -> dict[str, Any]:
 def _train(argv: Sequence[str]) -> int:
     from gradcache_sparton.pipeline import run_training
 
-    if HELP_ALL in argv:
-        _train_parser(show_all=True).print_help()
-        return 0
+    if HELP_ALL in argv or "-h" in argv or "--help" in argv:
+        print(_train_help(show_all=HELP_ALL in argv), end="")
+        raise SystemExit(0)  # as argparse's own --help does
     parser = _train_parser()
     pre, unknown = parser.parse_known_args(argv)
     if unknown:
-        raise _unknown_flag_error(unknown, parser)
+        raise _unknown_flag_error(unknown)
     names = _argument_names()
     known = set().union(*names.values())
     named = _named_flags(argv, known | {"config"})
@@ -315,7 +325,7 @@ def _train(argv: Sequence[str]) -> int:
         config.pop("model_name_or_path", None)  # a shape named by flag replaces the config's checkpoint
     parser.set_defaults(**config)
     model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(args=list(argv))
-    del rest  # only --config and --help-all, already read
+    del rest  # only --config, already read
     if config_path is not None:
         applied = {k: v for k, v in config.items() if k not in named}
         logger.info(
