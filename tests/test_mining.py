@@ -336,8 +336,9 @@ def _write_beir(folder: Path, beir: BeirData, split: str = "train") -> None:
 
 
 def test_cli_mines_with_a_splade_checkpoint(tmp_path: Path, tokenizer, tiny_bert_config, monkeypatch) -> None:
-    """`mine --method splade` loads a saved checkpoint, encodes at the max lengths it was trained with
-    (no length flag given) and writes k negatives per pair that train reads."""
+    """`mine --method splade` loads a saved checkpoint, encodes queries at the length it was trained with and
+    documents at 256 at least, capped by its position table (no length flag given), and writes k negatives
+    per pair that train reads."""
     torch.manual_seed(0)
     encoder = SpladeEncoder.from_config(tiny_bert_config)
     encoder.query_max_length, encoder.document_max_length = 8, 16  # saved in splade_config.json
@@ -356,7 +357,7 @@ def test_cli_mines_with_a_splade_checkpoint(tmp_path: Path, tokenizer, tiny_bert
     argv += ["--model_name_or_path", str(tmp_path / "ckpt"), "--device", "cpu", "--output_file", str(out)]
     argv += ["--num_negatives", "2", "--rank_start", "2", "--rank_end", "20"]
     assert main(argv) == 0
-    assert (seen["query_max_length"], seen["document_max_length"]) == (8, 16)
+    assert (seen["query_max_length"], seen["document_max_length"]) == (8, 128)  # 128: the position table
     loaded = load_training_data(out)
     assert len(loaded) == sum(len(j) for j in beir.qrels.values())
     assert loaded.column_names == ["query", "positive", "negative_1", "negative_2"]
