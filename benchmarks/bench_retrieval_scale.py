@@ -55,8 +55,8 @@ from gradcache_sparton.evaluation import (
     search_seismic,
     seismic_available,
 )
+from gradcache_sparton.model_loading import build_tokenizer, resolve_model_location
 from gradcache_sparton.modeling import SpladeEncoder
-from gradcache_sparton.pipeline import build_tokenizer, resolve_model_location
 
 MODEL = "splade-tiny-msmarco"
 # Trained SPLADE settings for a fast, approximate index (seismic's guidelines: a few thousand postings

@@ -40,6 +40,7 @@ from gradcache_sparton.losses import (
 from gradcache_sparton.mining import mine_hard_negatives
 from gradcache_sparton.modeling import SpladeEncoder, register_masked_lm
 from gradcache_sparton.resources import default_tokenizer_path
+from gradcache_sparton.version import __version__
 
 if TYPE_CHECKING:
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from gradcache_sparton.pipeline import run_evaluation, run_training
     from gradcache_sparton.trainer import CachedSpladeTrainer
 
-__version__ = "0.1.0"
 
 _LAZY = {
     "CachedSpladeTrainer": "gradcache_sparton.trainer",

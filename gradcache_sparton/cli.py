@@ -36,7 +36,7 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser: ``--version``, ``--help`` and the command names (each parses its own flags)."""
-    from gradcache_sparton import __version__
+    from gradcache_sparton.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="gradcache-sparton",

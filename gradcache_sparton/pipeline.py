@@ -12,27 +12,21 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerBase, set_seed
+from transformers import PreTrainedTokenizerBase, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
-from gradcache_sparton.arguments import (
-    INIT_DECODER_BIAS_SIGMAS,
-    CachedSpladeTrainingArguments,
-    DataArguments,
-    ModelArguments,
-)
+from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
 from gradcache_sparton.data import (
+    DEFAULT_BEIR_NAME,
+    beir_folder,
     beir_training_pairs,
-    default_dev_beir_path,
     default_train_data_path,
     iter_corpus,
     load_beir,
@@ -41,6 +35,7 @@ from gradcache_sparton.data import (
     self_supervised_pairs,
 )
 from gradcache_sparton.data.columns import text_columns_of
+from gradcache_sparton.data.output import check_output_path
 from gradcache_sparton.evaluation import (
     EXPORT_FORMATS,
     PruningBudget,
@@ -51,31 +46,18 @@ from gradcache_sparton.evaluation import (
     mean_metrics,
     write_trec_run,
 )
-from gradcache_sparton.mining import check_output_path
-from gradcache_sparton.modeling import (
-    SpladeEncoder,
-    check_checkpoint_files,
-    check_max_length,
-    position_limit,
-    read_splade_config,
+from gradcache_sparton.model_loading import (
+    add_lora_adapters,
+    build_encoder,
+    build_tokenizer,
+    checkpoint_max_lengths,
 )
-from gradcache_sparton.resources import SHIPPED_MODELS, default_tokenizer_path, shipped_model_path
 from gradcache_sparton.run_state import TrainingStopped, output_dir_lock
 from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
 __all__ = [
-    "add_lora_adapters",
-    "beir_folder",
-    "build_encoder",
     "build_evaluator",
-    "build_tokenizer",
     "build_train_dataset",
-    "checkpoint_max_lengths",
-    "looks_like_local_path",
-    "resolve_model_location",
     "run_evaluation",
     "run_export",
     "run_training",
@@ -86,234 +68,6 @@ logger = logging.getLogger(__name__)
 RETRIEVAL_METRICS_FILE = "retrieval_metrics.json"
 # Sub-folder of output_dir where a LoRA run also saves its adapters alone (peft's format).
 LORA_ADAPTER_DIR = "adapter"
-# Max lengths for a checkpoint that does not say what it was trained with (SPLADE's usual query length;
-# most BEIR documents fit in 256 tokens).
-DEFAULT_MAX_LENGTHS = {"query_max_length": 32, "document_max_length": 256}
-# How a table and messages name the shipped dev sample (beir_path "default").
-DEFAULT_BEIR_NAME = "scifact-dev"
-# Files whose presence in a checkpoint folder means it carries its own tokenizer.
-_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
-
-
-def resolve_model_location(name: str, *, argument: str = "model_name_or_path") -> str:
-    """Where ``model_name_or_path`` / ``tokenizer_name`` points: a local folder as given (``~`` expanded), a
-    shipped model's name (:data:`~gradcache_sparton.resources.SHIPPED_MODELS`) as its folder in the package,
-    anything else as a hub id (downloaded where the network allows; ``HF_HUB_OFFLINE=1`` forbids it).
-
-    ``ValueError`` naming ``argument`` at once, without touching the network, for a name that looks like a
-    local path (:func:`looks_like_local_path`) but is no folder, and for a hub id that is not in the local
-    hub cache while ``HF_HUB_OFFLINE`` is set or the hub cannot be reached (a 3 s connection check, instead
-    of the hub client's minute of retries).
-    """
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return str(path) if name.startswith("~") else name
-    shipped = shipped_model_path(name)
-    if shipped is not None:
-        return str(shipped)
-    if path.exists():
-        raise ValueError(f"{argument} {name!r} is a file; give the checkpoint's folder")
-    if looks_like_local_path(name):
-        raise ValueError(f"{argument} {name!r}: no such folder{_nearby_checkpoints(path)}")
-    if "/" in name:
-        logger.info("%s %r is no local folder: trying it as a hub id.", argument, name)
-    _check_hub_reachable(argument, name)
-    return name
-
-
-def looks_like_local_path(name: str) -> bool:
-    """Whether ``name`` can only mean a local path, not a hub id (``owner/name``): it starts with '.', '~'
-    or '/', holds a backslash, more than one '/' or a trailing one, or its first part is an existing folder
-    (``outputs/run`` once ``outputs/`` exists)."""
-    if name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1 or name.endswith("/"):
-        return True
-    return "/" in name and Path(name.split("/", 1)[0]).is_dir()
-
-
-def _nearby_checkpoints(path: Path) -> str:
-    """A hint naming the checkpoint folders (holding a ``config.json``) beside ``path``, newest first."""
-    parent = path.parent
-    if not parent.is_dir():
-        return f" (nor its parent {str(parent)!r})"
-    found = sorted(
-        (
-            child
-            for child in parent.iterdir()
-            if (child / "config.json").is_file() and any(child.glob("*.safetensors"))
-        ),
-        key=lambda child: child.stat().st_mtime,
-        reverse=True,
-    )
-    if not found:
-        return f" ({str(parent)!r} holds no checkpoint folder)"
-    names = ", ".join(str(child) for child in found[:5])
-    return f"; checkpoints in {str(parent)!r}: {names}{', ...' if len(found) > 5 else ''}"
-
-
-def _check_hub_reachable(argument: str, name: str) -> None:
-    """``ValueError`` at once if the hub id ``name`` is not cached locally and cannot be downloaded now."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
-        return  # cached: loads without the network (with HF_HUB_OFFLINE=1 too)
-    shipped = f"not a local folder, not a shipped model {list(SHIPPED_MODELS)}"
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
-        raise ValueError(f"{argument} {name!r} is {shipped}, and HF_HUB_OFFLINE is set: no hub download")
-    if any(os.environ.get(proxy) for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return  # the proxy decides what is reachable; the hub client reports its own error
-    import socket
-    from urllib.parse import urlsplit
-
-    endpoint = urlsplit(constants.ENDPOINT)
-    host, port = (
-        endpoint.hostname or "huggingface.co",
-        endpoint.port or (443 if endpoint.scheme == "https" else 80),
-    )
-    try:
-        socket.create_connection((host, port), timeout=3).close()
-    except OSError as exc:
-        raise ValueError(
-            f"{argument} {name!r} is {shipped}, and the hub ({host}) cannot be reached ({exc}); "
-            "set HF_HUB_OFFLINE=1 to work offline"
-        ) from None
-
-
-def _load_error(argument: str, name: str, exc: Exception) -> ValueError:
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if Path(name).expanduser().is_dir() or shipped_model_path(name) is not None:
-        return ValueError(f"{argument} {name!r} could not be loaded: {first_line}")
-    return ValueError(
-        f"{argument} {name!r} is not a local folder, not a shipped model {list(SHIPPED_MODELS)} and could not be "
-        f"loaded from the hub{' (HF_HUB_OFFLINE is set)' if os.environ.get('HF_HUB_OFFLINE') else ''}: {first_line}"
-    )
-
-
-def build_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
-    """The tokenizer named by ``tokenizer_name``, else the checkpoint's own, else the shipped one."""
-    named = model_args.tokenizer_name or model_args.model_name_or_path
-    argument = "tokenizer_name" if model_args.tokenizer_name is not None else "model_name_or_path"
-    if named is None:
-        return AutoTokenizer.from_pretrained(default_tokenizer_path())
-    location = resolve_model_location(named, argument=argument)
-    folder = Path(location)
-    if argument == "model_name_or_path" and folder.is_dir():
-        has_tokenizer = any((folder / name).exists() for name in _TOKENIZER_FILES)
-        location = location if has_tokenizer else str(default_tokenizer_path())
-    try:
-        return AutoTokenizer.from_pretrained(location)
-    except OSError as exc:
-        raise _load_error(argument, named, exc) from None
-
-
-def build_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> SpladeEncoder:
-    """Load the checkpoint (local folder, shipped name or hub id), or build the named BERT shape with random
-    weights over the tokenizer's vocab. A checkpoint keeps the options it was saved with (splade_config.json)
-    unless ``mask_special_tokens`` asks for masking or ``prefix_length`` / ``bidirectional`` / ``echo``
-    are given."""
-    special = list(tokenizer.all_special_ids) if model_args.mask_special_tokens else None
-    if model_args.model_name_or_path is not None:
-        location = resolve_model_location(model_args.model_name_or_path)
-        try:
-            encoder = SpladeEncoder.from_pretrained(
-                location, special_token_ids=special, **model_args.encoder_options()
-            )
-        except OSError as exc:
-            raise _load_error("model_name_or_path", model_args.model_name_or_path, exc) from None
-    else:
-        config = BertConfig(
-            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **model_args.backbone_shape()
-        )
-        encoder = SpladeEncoder.from_config(
-            config, special_token_ids=special or (), **model_args.encoder_options()
-        )
-        bias = model_args.init_decoder_bias
-        if bias is None:  # logits ~ N(0, sqrt(D) x init std) at init: start k of those below zero
-            bias = -INIT_DECODER_BIAS_SIGMAS * math.sqrt(config.hidden_size) * config.initializer_range
-        with torch.no_grad():
-            encoder.model.get_output_embeddings().bias.fill_(bias)
-    encoder.check_tokenizer(tokenizer)
-    return encoder
-
-
-def add_lora_adapters(encoder: SpladeEncoder, model_args: ModelArguments) -> Any:
-    """Inject LoRA adapters (``model_args.lora_*``) into the encoder's backbone, in place, as
-    ``peft.get_peft_model`` does; every other weight is frozen, the decoder the SPLADE head shares and the
-    embeddings included, so the head's backward computes no [V, D] weight gradient.
-
-    Returns the ``PeftModel`` (for ``save_pretrained`` and ``merge_and_unload``) and records the settings in
-    ``encoder.lora`` (saved in ``splade_config.json``). ``ValueError`` naming ``lora_target_modules`` if it
-    matches no module, names the embeddings or the decoder, or is not given for an architecture peft has
-    no default for; nothing is changed then.
-    """
-    import peft
-    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
-
-    if model_args.lora_r < 1:
-        raise ValueError(f"lora_r must be > 0 to add LoRA adapters, got {model_args.lora_r}")
-    model = encoder.model
-    targets = model_args.lora_target_module_names()
-    if targets is None:
-        targets = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model.config.model_type)
-        if targets is None:
-            raise ValueError(
-                f"lora_target_modules: peft has no default for {type(model).__name__} (model type "
-                f"{model.config.model_type!r}): give them; its linear layers are named {_linear_names(model)}"
-            )
-    # peft matches a module whose name is a target or ends with "." + a target.
-    matched = {
-        module
-        for name, module in model.named_modules()
-        if any(name == target or name.endswith(f".{target}") for target in targets)
-    }
-    if not matched:
-        raise ValueError(
-            f"lora_target_modules {targets} match no module of {type(model).__name__}; its linear layers are "
-            f"named {_linear_names(model)}"
-        )
-    shared = {model.get_input_embeddings(), model.get_output_embeddings()}
-    if matched & shared:
-        raise ValueError(
-            f"lora_target_modules {targets} name the embeddings or the decoder: the SPLADE head shares them "
-            "and they stay frozen; target the attention or MLP layers (e.g. q_proj,v_proj)"
-        )
-    alpha = model_args.lora_alpha or 2 * model_args.lora_r
-    config = peft.LoraConfig(
-        r=model_args.lora_r,
-        lora_alpha=alpha,
-        lora_dropout=model_args.lora_dropout,
-        target_modules=list(targets),
-    )
-    peft_model = peft.get_peft_model(model, config)  # in place: encoder.model now holds the adapters
-    trainable, total = peft_model.get_nb_trainable_parameters()
-    logger.info(
-        "LoRA r=%d, alpha=%d, dropout=%g on %s: %d of %d parameters trainable (%.3f%%).",
-        model_args.lora_r,
-        alpha,
-        model_args.lora_dropout,
-        ",".join(targets),
-        trainable,
-        total,
-        100 * trainable / total,
-    )
-    encoder.lora = {
-        "lora_r": model_args.lora_r,
-        "lora_alpha": alpha,
-        "lora_dropout": model_args.lora_dropout,
-        "lora_target_modules": list(targets),
-    }
-    return peft_model
-
-
-def _linear_names(model: PreTrainedModel) -> list[str]:
-    """The distinct last name parts of the model's ``nn.Linear`` layers but the decoder, sorted."""
-    decoder = model.get_output_embeddings()
-    return sorted(
-        {
-            name.rsplit(".", 1)[-1]
-            for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and module is not decoder
-        }
-    )
 
 
 def build_train_dataset(data_args: DataArguments, *, seed: int) -> Any:
@@ -389,53 +143,6 @@ def _beir_evaluator(
         measures=measures,
         retrieval=retrieval,
     )
-
-
-def beir_folder(path: str | Path, *, split: str | None = None) -> str:
-    """The BEIR folder ``path`` names: ``"default"`` is the shipped SciFact dev sample, whose one split is
-    ``dev``; ``ValueError`` for another ``split`` there (naming the one it has), not a silent ``dev``."""
-    if str(path) != "default":
-        return str(path)
-    if split is not None and split != "dev":
-        raise ValueError(
-            f"split {split!r}: the default BEIR folder (the shipped SciFact dev sample, {DEFAULT_BEIR_NAME}) has "
-            "only the split 'dev'; give --beir_path a BEIR folder with qrels/" + f"{split}.tsv"
-        )
-    return str(default_dev_beir_path())
-
-
-def checkpoint_max_lengths(
-    model_name_or_path: str, *, query_max_length: int | None = None, document_max_length: int | None = None
-) -> tuple[int, int]:
-    """(query, document) max lengths to encode a checkpoint's texts with: the given ones, else those it was
-    trained with (its ``splade_config.json``), else :data:`DEFAULT_MAX_LENGTHS`; documents never shorter
-    than the default 256 unless given (nor past the position table): training truncates documents to save
-    time, retrieval reads them whole, and a model trained at 128 tokens ranks better at 256 (5-fold
-    ``crossval`` of the default run, docs/experiments.md), so every model is compared at one length by
-    default. For a local checkpoint, its files are checked
-    (:func:`~gradcache_sparton.modeling.check_checkpoint_files`) and each length against its position table,
-    before any weights load: ``ValueError`` naming the length, its value and the limit."""
-    location = resolve_model_location(model_name_or_path)
-    trained = read_splade_config(location)
-    # A local checkpoint's position table is known before any weights load (a hub one's, once loaded).
-    config = None
-    if Path(location).is_dir():
-        check_checkpoint_files(location)
-        config = AutoConfig.from_pretrained(location)
-    lengths = []
-    for name, given in (("query_max_length", query_max_length), ("document_max_length", document_max_length)):
-        value = given if given is not None else trained.get(name) or DEFAULT_MAX_LENGTHS[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if given is None and name == "document_max_length":
-            limit = position_limit(config, echo=bool(trained.get("echo"))) if config is not None else None
-            value = max(value, min(DEFAULT_MAX_LENGTHS[name], limit or DEFAULT_MAX_LENGTHS[name]))
-        if config is not None:
-            check_max_length(config, name, value, echo=bool(trained.get("echo")))
-        lengths.append(value)
-    if query_max_length is None or document_max_length is None:
-        logger.info("Encoding at query/document max lengths %d/%d tokens.", *lengths)
-    return lengths[0], lengths[1]
 
 
 def run_training(

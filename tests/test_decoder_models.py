@@ -477,7 +477,7 @@ def test_lora_flags_reach_peft_and_only_adapters_get_gradients(flags: list[str],
     step only lora_* tensors of every target get gradients, all others (lm_head, embeddings) keep .grad None."""
     pytest.importorskip("peft", reason="LoRA needs the peft extra")
     from gradcache_sparton.cli import _train_parser
-    from gradcache_sparton.pipeline import add_lora_adapters
+    from gradcache_sparton.model_loading import add_lora_adapters
 
     model_args, *_ = _train_parser().parse_args_into_dataclasses(["--lora_r", "4", *flags])
     encoder = SpladeEncoder(tiny_decoder("llama")).train()
@@ -615,7 +615,7 @@ def test_bad_lora_targets_are_refused_naming_the_argument(targets: str | None, m
     left to a default peft does not have: ValueError naming lora_target_modules; the model is left unchanged."""
     pytest.importorskip("peft", reason="LoRA needs the peft extra")
     from gradcache_sparton.arguments import ModelArguments
-    from gradcache_sparton.pipeline import add_lora_adapters
+    from gradcache_sparton.model_loading import add_lora_adapters
 
     model = tiny_modernbert() if targets is None else tiny_decoder("llama")
     encoder = SpladeEncoder(model)

@@ -810,6 +810,7 @@ def test_cli_export_writes_every_document_and_refuses_bad_input_first(
     (the shipped SPLADE-tiny's reps, as `encode_texts` gives them) into a new folder; an existing file
     (without --overwrite), a bad --scale, a name other than .jsonl/.json or a missing corpus is one error
     line (exit 2) before any model is loaded."""
+    import gradcache_sparton.model_loading as model_loading
     import gradcache_sparton.pipeline as pipeline
 
     beir = write_fruit_beir(tmp_path / "fruit")
@@ -820,8 +821,10 @@ def test_cli_export_writes_every_document_and_refuses_bad_input_first(
     assert summary["documents"] == 4 and summary["format"] == "anserini"
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["id"] for line in lines] == ["d1", "d2", "d3", "d4"]
-    encoder = SpladeEncoder.from_pretrained(pipeline.resolve_model_location("splade-tiny-msmarco")).eval()
-    tokenizer = pipeline.build_tokenizer(ModelArguments(model_name_or_path="splade-tiny-msmarco"))
+    encoder = SpladeEncoder.from_pretrained(
+        model_loading.resolve_model_location("splade-tiny-msmarco")
+    ).eval()
+    tokenizer = model_loading.build_tokenizer(ModelArguments(model_name_or_path="splade-tiny-msmarco"))
     reps = encode_texts(
         encoder, ["apple banana"], tokenizer=tokenizer, max_length=summary["document_max_length"]
     )

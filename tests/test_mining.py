@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import Tensor
 
+import gradcache_sparton.data.output as output_module
 import gradcache_sparton.mining.negatives as negatives_module
-import gradcache_sparton.mining.output as output_module
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import (
     BeirData,

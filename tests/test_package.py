@@ -67,7 +67,7 @@ def test_shipped_pretrained_model_loads_by_name_and_is_sparse() -> None:
     import hashlib
 
     from gradcache_sparton.arguments import ModelArguments
-    from gradcache_sparton.pipeline import build_encoder, build_tokenizer, resolve_model_location
+    from gradcache_sparton.model_loading import build_encoder, build_tokenizer, resolve_model_location
     from gradcache_sparton.resources import RESOURCES_DIR
 
     location = resolve_model_location("splade-tiny-msmarco")

@@ -15,8 +15,8 @@ from transformers import AutoModelForMaskedLM
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import default_train_data_path, load_training_data
+from gradcache_sparton.model_loading import build_encoder, checkpoint_max_lengths
 from gradcache_sparton.modeling import SpladeEncoder
-from gradcache_sparton.pipeline import build_encoder, checkpoint_max_lengths
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
 

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from gradcache_sparton.cli import main
-from gradcache_sparton.pipeline import beir_folder, looks_like_local_path, resolve_model_location
+from gradcache_sparton.data import beir_folder
+from gradcache_sparton.model_loading import looks_like_local_path, resolve_model_location
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()

@@ -11,6 +11,7 @@ One job per module:
 - :mod:`.validation`: checks a ``datasets.Dataset`` of training rows.
 - :mod:`.loading`: loads training rows from files (or takes a Dataset) and validates them.
 - :mod:`.collator`: tokenises rows into the engine's batch contract.
+- :mod:`.output`: writes training rows to a file (mined negatives), never over one without ``overwrite``.
 
 Training rows
     A training dataset is any ``datasets.Dataset`` (or jsonl/json/csv/parquet files, optionally
@@ -41,11 +42,18 @@ from gradcache_sparton.data.beir import (
 from gradcache_sparton.data.collator import TrainingBatch, TrainingCollator
 from gradcache_sparton.data.columns import NEGATIVE_PREFIX, NEGATIVES_COLUMN, POSITIVE_COLUMN, QUERY_COLUMN
 from gradcache_sparton.data.loading import load_training_data
+from gradcache_sparton.data.output import check_output_path, write_training_file
 from gradcache_sparton.data.pairs import self_supervised_pairs, split_sentences
-from gradcache_sparton.data.shipped import default_dev_beir_path, default_train_data_path
+from gradcache_sparton.data.shipped import (
+    DEFAULT_BEIR_NAME,
+    beir_folder,
+    default_dev_beir_path,
+    default_train_data_path,
+)
 from gradcache_sparton.data.validation import validate_training_dataset
 
 __all__ = [
+    "DEFAULT_BEIR_NAME",
     "NEGATIVES_COLUMN",
     "NEGATIVE_PREFIX",
     "POSITIVE_COLUMN",
@@ -54,7 +62,9 @@ __all__ = [
     "CorpusDocument",
     "TrainingBatch",
     "TrainingCollator",
+    "beir_folder",
     "beir_training_pairs",
+    "check_output_path",
     "default_dev_beir_path",
     "default_train_data_path",
     "iter_corpus",
@@ -64,4 +74,5 @@ __all__ = [
     "self_supervised_pairs",
     "split_sentences",
     "validate_training_dataset",
+    "write_training_file",
 ]

@@ -6,7 +6,10 @@ from pathlib import Path
 
 from gradcache_sparton.resources import RESOURCES_DIR
 
-__all__ = ["default_dev_beir_path", "default_train_data_path"]
+__all__ = ["DEFAULT_BEIR_NAME", "beir_folder", "default_dev_beir_path", "default_train_data_path"]
+
+# How a table and messages name the shipped dev sample (beir_path "default").
+DEFAULT_BEIR_NAME = "scifact-dev"
 
 
 def default_train_data_path() -> Path:
@@ -23,3 +26,16 @@ def default_dev_beir_path() -> Path:
     """The shipped SciFact dev BEIR folder: held-out claims, their qrels (``qrels/dev.tsv``) and a
     corpus of their relevant abstracts plus distractors. Load it with ``load_beir(path, split="dev")``."""
     return RESOURCES_DIR / "scifact_sample" / "dev"
+
+
+def beir_folder(path: str | Path, *, split: str | None = None) -> str:
+    """The BEIR folder ``path`` names: ``"default"`` is the shipped SciFact dev sample, whose one split is
+    ``dev``; ``ValueError`` for another ``split`` there (naming the one it has), not a silent ``dev``."""
+    if str(path) != "default":
+        return str(path)
+    if split is not None and split != "dev":
+        raise ValueError(
+            f"split {split!r}: the default BEIR folder (the shipped SciFact dev sample, {DEFAULT_BEIR_NAME}) has "
+            "only the split 'dev'; give --beir_path a BEIR folder with qrels/" + f"{split}.tsv"
+        )
+    return str(default_dev_beir_path())

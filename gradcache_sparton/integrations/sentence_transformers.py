@@ -460,7 +460,7 @@ def write_sentence_transformers_files(
             f"{directory} holds no tokenizer, which sentence-transformers loads from the same folder: "
             "save with encoder.save_pretrained(directory, tokenizer=tokenizer)"
         )
-    from gradcache_sparton import __version__
+    from gradcache_sparton.version import __version__
 
     special = list(encoder.special_token_ids)
     modules = [

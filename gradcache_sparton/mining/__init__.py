@@ -14,9 +14,9 @@ stemming) come with the ``mining`` extra: ``pip install 'gradcache_sparton[minin
 imported only when BM25 ranking runs. See docs/mining.md.
 """
 
+from gradcache_sparton.data.output import check_output_path, write_training_file
 from gradcache_sparton.mining.job import CORPORA, run_mining
 from gradcache_sparton.mining.negatives import METHODS, SAMPLINGS, check_mining_settings, mine_hard_negatives
-from gradcache_sparton.mining.output import check_output_path, write_training_file
 from gradcache_sparton.mining.pairs import (
     POSITIVE_ID_COLUMN,
     QUERY_ID_COLUMN,

@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 import torch
 
-from gradcache_sparton.data import default_dev_beir_path, default_train_data_path, load_beir
+from gradcache_sparton.data import beir_folder, default_dev_beir_path, default_train_data_path, load_beir
+from gradcache_sparton.data.output import check_output_path, write_training_file
 from gradcache_sparton.mining.negatives import check_mining_settings, mine_hard_negatives
-from gradcache_sparton.mining.output import check_output_path, write_training_file
 from gradcache_sparton.mining.pairs import beir_mining_pairs, load_mining_pairs
 from gradcache_sparton.mining.rankings import BM25_STEMMER, check_bm25_installed
 
@@ -74,8 +74,6 @@ def run_mining(
             "No train_data or beir_path: mining the shipped SciFact training pairs among their positives."
         )
     if beir_path is not None:
-        from gradcache_sparton.pipeline import beir_folder
-
         beir_path = beir_folder(beir_path, split=split)
         split = split or ("dev" if Path(beir_path) == default_dev_beir_path() else "train")
     elif split is not None:
@@ -103,7 +101,7 @@ def run_mining(
     encoder_settings: dict[str, Any] = {}
     if method == "splade":  # first: a checkpoint that does not load fails before the data is read
         from gradcache_sparton.arguments import ModelArguments
-        from gradcache_sparton.pipeline import build_encoder, build_tokenizer, checkpoint_max_lengths
+        from gradcache_sparton.model_loading import build_encoder, build_tokenizer, checkpoint_max_lengths
 
         query_max_length, document_max_length = checkpoint_max_lengths(
             model_name_or_path, query_max_length=query_max_length, document_max_length=document_max_length

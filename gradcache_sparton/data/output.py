@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from gradcache_sparton.data import validate_training_dataset
+from gradcache_sparton.data.validation import validate_training_dataset
 
 if TYPE_CHECKING:
     import datasets
