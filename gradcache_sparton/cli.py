@@ -31,6 +31,7 @@ COMMANDS = {
     "evaluate": "retrieval metrics (nDCG@10, MRR@10, Recall@100) of a checkpoint on a BEIR folder",
     "mine": "hard negatives (BM25 or a checkpoint's own ranking) written as a training file",
     "export": "encode a BEIR corpus with a checkpoint into a seismic or Anserini index file",
+    "crossval": "k-fold cross-validation of a training recipe against zero-shot and BM25 (docs/experiments.md)",
 }
 
 
@@ -647,6 +648,12 @@ def _quiet_third_parties() -> None:
     datasets.disable_progress_bars()
 
 
+def _crossval(argv: Sequence[str]) -> int:
+    from gradcache_sparton.evaluation.crossval import main as crossval_main
+
+    return crossval_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     parser = build_parser()
@@ -658,7 +665,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_third_parties()
     from gradcache_sparton.run_state import CheckpointWriteError, TrainingStopped
 
-    run = {"train": _train, "evaluate": _evaluate, "mine": _mine, "export": _export}[args.command]
+    run = {"train": _train, "evaluate": _evaluate, "mine": _mine, "export": _export, "crossval": _crossval}[
+        args.command
+    ]
     try:
         return run(args.args)
     except ValueError as exc:  # bad arguments or data: one clear line, no traceback

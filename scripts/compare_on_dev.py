@@ -8,7 +8,10 @@ the script prints and writes, for nDCG@10:
 - a two-sided paired randomization p-value (the sign of each query's difference flipped at random,
   ``--resamples`` times): the chance of a mean difference at least this large if the two were
   exchangeable;
-- how many queries went up, down or stayed.
+- how many queries went up, down or stayed
+
+(:func:`gradcache_sparton.evaluation.significance.paired_statistics`; ``gradcache-sparton crossval`` runs the
+same statistics over k folds).
 
 With 100 dev claims a single query moving by 1.0 moves the mean by 0.01, so a gain of that size needs
 this test before it is called clear. Example (the embedded default run against its untrained start, on
@@ -29,6 +32,7 @@ import transformers
 
 from gradcache_sparton.arguments import DataArguments, ModelArguments
 from gradcache_sparton.evaluation.metrics import ndcg_at_k
+from gradcache_sparton.evaluation.significance import paired_statistics
 from gradcache_sparton.pipeline import build_encoder, build_evaluator, build_tokenizer
 
 
@@ -41,21 +45,6 @@ def per_query_ndcg(model: str, data_args: DataArguments, lengths: dict[str, int]
     (result,) = evaluator.evaluate(build_encoder(model_args, tokenizer).eval())
     qrels = evaluator.data.qrels
     return {q: ndcg_at_k([d for d, _ in hits], qrels[q], 10) for q, hits in result.run.items()}
-
-
-def paired_statistics(differences: torch.Tensor, resamples: int, seed: int) -> dict[str, float]:
-    """Mean of ``differences`` [Q], its 95% bootstrap interval and the sign-flip randomization p-value."""
-    g = torch.Generator().manual_seed(seed)
-    Q = differences.numel()
-    mean = differences.mean().item()
-    picks = torch.randint(0, Q, (resamples, Q), generator=g)  # [R, Q] queries drawn with replacement
-    boot = differences[picks].mean(dim=1)  # [R]
-    low, high = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=boot.dtype)).tolist()
-    signs = torch.randint(0, 2, (resamples, Q), generator=g, dtype=differences.dtype) * 2 - 1  # [R, Q]
-    flipped = (signs * differences).mean(dim=1).abs()  # [R]
-    # the observed assignment counts as one of the equally likely ones (+1 in both counts)
-    p_value = ((flipped >= abs(mean) - 1e-12).sum().item() + 1) / (resamples + 1)
-    return {"mean_difference": mean, "ci95_low": low, "ci95_high": high, "p_value": p_value}
 
 
 def main() -> None:
@@ -92,10 +81,7 @@ def main() -> None:
         "queries": len(queries),
         "baseline_ndcg_at_10": before.mean().item(),
         "candidate_ndcg_at_10": after.mean().item(),
-        **paired_statistics(differences, args.resamples, args.seed),
-        "queries_up": int((differences > 0).sum()),
-        "queries_down": int((differences < 0).sum()),
-        "queries_same": int((differences == 0).sum()),
+        **paired_statistics(differences, resamples=args.resamples, seed=args.seed),
     }
     print(json.dumps(report, indent=1))
     if args.out:

@@ -1,0 +1,615 @@
+"""k-fold cross-validation of a training recipe over a BEIR folder's judged queries (``gradcache-sparton
+crossval``): retrieval quality measured only on queries the recipe never trained on, against the full corpus.
+
+Protocol (docs/experiments.md):
+
+1. The judged queries of ``beir_path`` (split ``split``) are shuffled with ``fold_seed`` and dealt into
+   ``folds`` folds (query i of the shuffle goes to fold i mod k).
+2. For each fold and each training seed, the recipe (``train`` flags: model, steps, learning rate, ...)
+   trains on pairs built only from the *other* folds: one (query, relevant document) pair per judgement,
+   plus optionally ``self_supervised_pairs`` (sentence, rest of the abstract) pairs from corpus documents
+   that no training query judges, and optionally ``bm25_negatives`` BM25-mined negatives per pair (ranks
+   10..100 of the full corpus, the query's judged documents skipped). No held-out query text or judgement
+   is read to build them.
+3. The trained model ranks the **whole corpus** for the held-out fold's queries (exhaustive search).
+4. References on the same queries: the recipe's starting model untrained (``zero-shot``) and BM25 (bm25s,
+   the mining's BM25), each evaluated once.
+5. Per system: nDCG@10, MRR@10, Recall@100 and non-zeros, the mean over folds (and seeds). Per comparison
+   (recipe - zero-shot, recipe - BM25, zero-shot - BM25): the per-query nDCG@10 differences over all held-out
+   queries (each query held out exactly once; the recipe's score averaged over the seeds first), their mean,
+   a 95% paired bootstrap interval and a paired randomization p-value
+   (:mod:`~gradcache_sparton.evaluation.significance`); the same per seed.
+
+Output in ``output_dir``: ``folds.json`` (the query ids of each fold), ``fold<k>/train.jsonl.gz`` (each
+fold's training rows), ``seed<s>/fold<k>/`` (each trained model), ``crossval.json`` (settings, per-fold and
+per-query numbers, comparisons; rewritten after every trained model, so a stopped run keeps what finished)
+and ``crossval.md`` (the tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gradcache_sparton.data import BeirData, load_beir, read_corpus, self_supervised_pairs, split_sentences
+from gradcache_sparton.evaluation.evaluator import SparseRetrievalEvaluator
+from gradcache_sparton.evaluation.metrics import measure_key, parse_measures
+from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES, paired_comparison, paired_statistics
+
+if TYPE_CHECKING:
+    import datasets
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments, ModelArguments
+
+__all__ = [
+    "CrossvalSettings",
+    "build_parser",
+    "format_report",
+    "main",
+    "make_folds",
+    "parse_recipe",
+    "per_query_metrics",
+    "run_crossval",
+]
+
+logger = logging.getLogger(__name__)
+
+MEASURES = ("nDCG@10", "RR@10", "R@100")
+PRIMARY = "ndcg_at_10"
+TOP_K = 100
+RESULTS_FILE, REPORT_FILE, FOLDS_FILE = "crossval.json", "crossval.md", "folds.json"
+ZERO_SHOT, BM25, RECIPE = "zero-shot", "bm25", "recipe"
+# train flags the protocol sets itself: the training data and evaluation of each fold.
+_OWNED_FLAGS = (
+    "train_data",
+    "train_beir",
+    "train_beir_split",
+    "self_supervised_corpus",
+    "max_train_samples",
+    "eval_beir",
+    "eval_beir_split",
+    "retrieval_eval_steps",
+    "eval_before_training",
+    "output_dir",
+    "seed",
+)
+
+
+@dataclass
+class CrossvalSettings:
+    """What ``run_crossval`` does besides the recipe itself (see the module docstring)."""
+
+    beir_path: str
+    output_dir: str
+    split: str = "train"
+    folds: int = 5
+    fold_seed: int = 0
+    seeds: list[int] = field(default_factory=lambda: [42])
+    self_supervised_pairs: int = 0
+    bm25_negatives: int = 0
+    bm25_reference: bool = True
+    query_max_length: int = 32
+    document_max_length: int = 256
+    eval_batch_size: int = 64
+    resamples: int = DEFAULT_RESAMPLES
+
+    def check(self) -> None:
+        """``ValueError`` naming the first bad setting."""
+        if self.folds < 2:
+            raise ValueError(f"folds must be >= 2, got {self.folds}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
+        for name in ("self_supervised_pairs", "bm25_negatives"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("query_max_length", "document_max_length", "eval_batch_size", "resamples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def make_folds(query_ids: Sequence[str], *, folds: int, seed: int) -> list[list[str]]:
+    """The ids dealt into ``folds`` folds after a seeded shuffle of the sorted ids (a function of the id
+    set and the seed, not of their order); each fold sorted. ``ValueError`` if a fold would be empty."""
+    if folds < 2 or folds > len(query_ids):
+        raise ValueError(f"folds must be in [2, {len(query_ids)}] (the number of queries), got {folds}")
+    if len(set(query_ids)) != len(query_ids):
+        raise ValueError("query_ids holds an id twice")
+    ids = sorted(query_ids)
+    random.Random(seed).shuffle(ids)
+    return [sorted(ids[k::folds]) for k in range(folds)]
+
+
+def per_query_metrics(
+    rankings: Mapping[str, Sequence[str]],
+    qrels: Mapping[str, Mapping[str, int]],
+    *,
+    measures: Sequence[str] = MEASURES,
+) -> dict[str, dict[str, float]]:
+    """measure key (``ndcg_at_10``, ...) -> query id -> value, for every query of ``qrels`` with a relevant
+    document (a judged query missing from ``rankings`` is ``ValueError``; one that retrieved nothing
+    scores 0). The means of these are :func:`~gradcache_sparton.evaluation.retrieval_metrics`."""
+    import ir_measures
+
+    parsed = parse_measures(measures)
+    judged = {
+        q: {d: int(r) for d, r in rel.items()} for q, rel in qrels.items() if any(r > 0 for r in rel.values())
+    }
+    missing = [q for q in judged if q not in rankings]
+    if missing:
+        raise ValueError(f"rankings has no entry for {len(missing)} judged queries, e.g. {missing[:3]}")
+    # Scores that encode the given order, so that ir_measures' own tie-break never applies.
+    run = {q: {d: float(len(rankings[q]) - rank) for rank, d in enumerate(rankings[q])} for q in judged}
+    values: dict[str, dict[str, float]] = {measure_key(m): dict.fromkeys(judged, 0.0) for m in parsed}
+    keys = {m: measure_key(m) for m in parsed}
+    for metric in ir_measures.iter_calc(parsed, judged, run):
+        values[keys[metric.measure]][metric.query_id] = float(metric.value)
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------
+# The recipe: train flags
+# ---------------------------------------------------------------------------------------------------
+
+
+def parse_recipe(argv: Sequence[str]) -> tuple[ModelArguments, CachedSpladeTrainingArguments]:
+    """The model and training arguments of ``train`` flags (``--config FILE|default`` first, then the flags,
+    as ``gradcache-sparton train`` reads them; without ``--config`` the dataclass defaults). Flags naming
+    training data, evaluation, ``output_dir`` or ``seed`` are ``ValueError``: the protocol sets them."""
+    from transformers import HfArgumentParser
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+    from gradcache_sparton.resources import default_train_config_path
+
+    parser = HfArgumentParser((ModelArguments, DataArguments, CachedSpladeTrainingArguments))
+    parser.add_argument("--config", default=None)
+    pre, _ = parser.parse_known_args(list(argv))
+    named = {token[2:].split("=", 1)[0] for token in argv if token.startswith("--")}
+    owned = sorted(named & set(_OWNED_FLAGS))
+    if owned:
+        raise ValueError(
+            f"train flags {['--' + n for n in owned]} are set by the protocol for each fold (training data from "
+            "the other folds, evaluation on the held-out fold, one output folder and seed per run): leave them out"
+        )
+    if pre.config is not None:
+        path = default_train_config_path() if pre.config == "default" else Path(pre.config)
+        config = _read_config(path)
+        config = {k: v for k, v in config.items() if k not in _OWNED_FLAGS}
+        parser.set_defaults(**config)
+    model_args, _, training_args, _ = parser.parse_args_into_dataclasses(
+        args=[*argv, "--output_dir", "unused"], return_remaining_strings=False
+    )
+    return model_args, training_args
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"--config {str(path)!r} does not exist (give a .yaml/.json file or 'default')")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        values = json.loads(text)
+    else:
+        import yaml
+
+        values = yaml.safe_load(text) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {str(path)!r} must hold a mapping of argument names to values")
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training rows of a fold
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pool:
+    """Every candidate training row once, with what decides its fold: rows of labelled pairs carry their
+    query id, self-supervised rows their source document id."""
+
+    labelled: datasets.Dataset
+    labelled_query_ids: list[str]
+    selfsup: datasets.Dataset | None
+    selfsup_doc_ids: list[str]
+
+
+def _build_pool(beir: BeirData, settings: CrossvalSettings) -> _Pool:
+    """Labelled pairs of every judged query and (if asked) one self-supervised pair per corpus document
+    whose query sentence occurs in no other document; BM25 negatives mined once for all of them (a row's
+    negatives depend only on its own query and known positives, not on the folds)."""
+    from gradcache_sparton.mining import beir_mining_pairs, mine_hard_negatives
+
+    labelled = beir_mining_pairs(beir)
+    labelled_query_ids = list(labelled["query_id"])
+    selfsup, selfsup_doc_ids = None, []
+    if settings.self_supervised_pairs:
+        documents = read_corpus(settings.beir_path)
+        owner: dict[str, str | None] = {}  # sentence -> the one document holding it (None: several)
+        for doc in documents:
+            for sentence in split_sentences(doc.text):
+                owner[sentence] = doc.doc_id if owner.get(sentence, doc.doc_id) == doc.doc_id else None
+        pairs = self_supervised_pairs(
+            [doc.text for doc in documents], titles=[doc.title for doc in documents], seed=settings.fold_seed
+        )
+        sources = [owner.get(query) for query in pairs["query"]]
+        keep = [row for row, doc_id in enumerate(sources) if doc_id is not None]
+        selfsup = pairs.select(keep)
+        selfsup_doc_ids = [sources[row] for row in keep]
+        selfsup = selfsup.add_column("query_id", [f"selfsup-{row}" for row in range(len(selfsup))])
+        selfsup = selfsup.add_column("positive_id", selfsup_doc_ids)
+    if settings.bm25_negatives:
+        mine = {
+            "corpus": beir.corpus,
+            "num_negatives": settings.bm25_negatives,
+            "seed": settings.fold_seed,
+            "show_progress": False,
+        }
+        labelled = mine_hard_negatives(labelled, **mine)
+        selfsup = mine_hard_negatives(selfsup, **mine) if selfsup is not None else None
+    text_columns = [c for c in labelled.column_names if c not in ("query_id", "positive_id")]
+    labelled = labelled.select_columns(text_columns)
+    selfsup = selfsup.select_columns(text_columns) if selfsup is not None else None
+    return _Pool(labelled, labelled_query_ids, selfsup, selfsup_doc_ids)
+
+
+def _fold_rows(
+    pool: _Pool, beir: BeirData, held_out: set[str], settings: CrossvalSettings
+) -> tuple[Any, dict]:
+    """The training rows of the fold holding out ``held_out``: every labelled pair of the other queries, plus
+    a seeded choice of ``self_supervised_pairs`` from documents no training query judges."""
+    import datasets
+
+    rows = [i for i, q in enumerate(pool.labelled_query_ids) if q not in held_out]
+    parts = [pool.labelled.select(rows)]
+    counts = {"labelled_pairs": len(rows), "self_supervised_pairs": 0}
+    if pool.selfsup is not None:
+        judged = {d for q, rel in beir.qrels.items() if q not in held_out for d, r in rel.items() if r > 0}
+        eligible = [i for i, d in enumerate(pool.selfsup_doc_ids) if d not in judged]
+        if len(eligible) < settings.self_supervised_pairs:
+            raise ValueError(
+                f"self_supervised_pairs={settings.self_supervised_pairs} but only {len(eligible)} corpus "
+                "documents give one that no training query judges"
+            )
+        chosen = sorted(random.Random(settings.fold_seed).sample(eligible, settings.self_supervised_pairs))
+        parts.append(pool.selfsup.select(chosen))
+        counts["self_supervised_pairs"] = len(chosen)
+    return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0], counts
+
+
+# ---------------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+def _evaluate_model(
+    encoder: Any, tokenizer: Any, data: BeirData, settings: CrossvalSettings, bf16: bool
+) -> dict:
+    """Per-query metrics and mean non-zeros of ``encoder`` ranking the whole corpus for ``data``'s queries."""
+    evaluator = SparseRetrievalEvaluator(
+        data,
+        tokenizer=tokenizer,
+        query_max_length=settings.query_max_length,
+        document_max_length=settings.document_max_length,
+        batch_size=settings.eval_batch_size,
+        top_k=TOP_K,
+        measures=MEASURES,
+        show_progress=False,
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    evaluator.autocast_dtype = torch.bfloat16 if device == "cuda" and bf16 else None
+    encoder.to(device).eval()
+    (result,) = evaluator.evaluate(encoder)
+    rankings = {q: [d for d, _ in hits] for q, hits in result.run.items()}
+    return {
+        "per_query": per_query_metrics(rankings, data.qrels),
+        "query_nonzeros": result.metrics["query_nonzeros"],
+        "doc_nonzeros": result.metrics["doc_nonzeros"],
+    }
+
+
+def _bm25(beir: BeirData) -> dict:
+    from gradcache_sparton.mining import bm25_rankings
+
+    doc_ids = list(beir.corpus)
+    depth = min(TOP_K, len(doc_ids))
+    top = bm25_rankings(
+        list(beir.queries.values()), list(beir.corpus.values()), depth=depth, show_progress=False
+    )
+    rankings = {q: [doc_ids[i] for i in row] for q, row in zip(beir.queries, top.tolist(), strict=True)}
+    return {"per_query": per_query_metrics(rankings, beir.qrels)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------------
+
+
+def run_crossval(
+    settings: CrossvalSettings,
+    model_args: ModelArguments,
+    training_args: CachedSpladeTrainingArguments,
+    *,
+    recipe_flags: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run the protocol (module docstring) and return what ``crossval.json`` holds."""
+    from transformers import set_seed
+
+    from gradcache_sparton.mining import check_bm25_installed, write_training_file
+    from gradcache_sparton.pipeline import build_encoder, build_tokenizer, run_training
+
+    settings.check()
+    if settings.bm25_reference or settings.bm25_negatives:
+        check_bm25_installed("english")
+    beir = load_beir(settings.beir_path, split=settings.split)
+    beir = BeirData(
+        corpus=beir.corpus,
+        queries={q: beir.queries[q] for q, rel in beir.qrels.items() if any(r > 0 for r in rel.values())},
+        qrels={q: rel for q, rel in beir.qrels.items() if any(r > 0 for r in rel.values())},
+    )
+    folds = make_folds(list(beir.qrels), folds=settings.folds, seed=settings.fold_seed)
+    out = Path(settings.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FOLDS_FILE).write_text(
+        json.dumps({"fold_seed": settings.fold_seed, "folds": folds}, indent=1) + "\n"
+    )
+    began = time.monotonic()
+    pool = _build_pool(beir, settings)
+    fold_info = []
+    for k, held in enumerate(folds):
+        rows, counts = _fold_rows(pool, beir, set(held), settings)
+        path = write_training_file(rows, out / f"fold{k}" / "train.jsonl.gz", overwrite=True)
+        fold_info.append(
+            {"fold": k, "queries": len(held), **counts, "train_file": str(path.relative_to(out))}
+        )
+    logger.info(
+        "crossval: %d folds of %s built in %.0f s",
+        len(folds),
+        [len(f) for f in folds],
+        time.monotonic() - began,
+    )
+
+    results: dict[str, Any] = {
+        "settings": {**vars(settings), "recipe_flags": list(recipe_flags)},
+        "model": model_args.model_name_or_path or model_args.config_name,
+        "folds": fold_info,
+        "systems": {},
+    }
+    tokenizer = build_tokenizer(model_args)
+    bf16 = bool(training_args.bf16)
+    set_seed(settings.seeds[0])
+    start = _evaluate_model(build_encoder(model_args, tokenizer), tokenizer, beir, settings, bf16)
+    results["systems"][ZERO_SHOT] = {"seeds": {"-": start}}
+    if settings.bm25_reference:
+        results["systems"][BM25] = {"seeds": {"-": _bm25(beir)}}
+    results["systems"][RECIPE] = {"seeds": {}}
+    for seed in settings.seeds:
+        per_query: dict[str, dict[str, float]] = {}
+        nonzeros = []
+        for k, held in enumerate(folds):
+            run_dir = out / f"seed{seed}" / f"fold{k}"
+            fold_args = _fold_training_args(training_args, output_dir=str(run_dir), seed=seed)
+            data_args = _fold_data_args(out / fold_info[k]["train_file"])
+            t0 = time.monotonic()
+            run_training(model_args, data_args, fold_args)
+            trained = build_encoder(_trained_model_args(model_args, run_dir), tokenizer)
+            data = BeirData(
+                corpus=beir.corpus,
+                queries={q: beir.queries[q] for q in held},
+                qrels={q: beir.qrels[q] for q in held},
+            )
+            fold_result = _evaluate_model(trained, tokenizer, data, settings, bf16)
+            for key, values in fold_result["per_query"].items():
+                per_query.setdefault(key, {}).update(values)
+            nonzeros.append((len(held), fold_result["query_nonzeros"], fold_result["doc_nonzeros"]))
+            logger.info(
+                "crossval: seed %d fold %d: nDCG@10 %.4f (%.0f s)",
+                seed,
+                k,
+                _mean(fold_result["per_query"][PRIMARY].values()),
+                time.monotonic() - t0,
+            )
+            results["systems"][RECIPE]["seeds"][str(seed)] = {
+                "per_query": per_query,
+                "query_nonzeros": sum(n * q for n, q, _ in nonzeros) / sum(n for n, _, _ in nonzeros),
+                "doc_nonzeros": sum(n * d for n, _, d in nonzeros) / sum(n for n, _, _ in nonzeros),
+                "folds_done": k + 1,
+            }
+            _summarise(results, folds)
+            _write(results, out)
+    return results
+
+
+def _fold_training_args(training_args: Any, *, output_dir: str, seed: int) -> Any:
+    from dataclasses import replace
+
+    return replace(training_args, output_dir=output_dir, seed=seed, save_strategy="no", report_to=[])
+
+
+def _fold_data_args(train_file: Path) -> Any:
+    from gradcache_sparton.arguments import DataArguments
+
+    return DataArguments(train_data=[str(train_file)], eval_beir="none")
+
+
+def _trained_model_args(model_args: Any, run_dir: Path) -> Any:
+    from gradcache_sparton.arguments import ModelArguments
+
+    return ModelArguments(model_name_or_path=str(run_dir))
+
+
+def _mean(values: Any) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def _summarise(results: dict[str, Any], folds: list[list[str]]) -> None:
+    """Fill ``results["table"]`` (per system: means over folds, and seeds) and ``results["comparisons"]``
+    from the per-query numbers; a recipe seed with folds still missing is left out."""
+    table = {}
+    scores: dict[str, dict[str, list[float]]] = {}  # system -> query -> nDCG@10 per seed
+    per_seed: dict[str, dict[str, float]] = {}  # recipe seed -> query -> nDCG@10
+    for system, entry in results["systems"].items():
+        complete = {s: r for s, r in entry["seeds"].items() if r.get("folds_done", len(folds)) == len(folds)}
+        if not complete:
+            continue
+        row: dict[str, Any] = {"seeds": len(complete)}
+        for key in next(iter(complete.values()))["per_query"]:
+            fold_means = [
+                _mean(_mean(r["per_query"][key][q] for q in fold) for r in complete.values())
+                for fold in folds
+            ]
+            row[key] = _mean(fold_means)
+            row[f"{key}_per_fold"] = fold_means
+        for key in ("query_nonzeros", "doc_nonzeros"):
+            if all(key in r for r in complete.values()):
+                row[key] = _mean(r[key] for r in complete.values())
+        table[system] = row
+        scores[system] = {
+            q: [r["per_query"][PRIMARY][q] for r in complete.values()]
+            for q in next(iter(complete.values()))["per_query"][PRIMARY]
+        }
+        if system == RECIPE:
+            per_seed = {s: r["per_query"][PRIMARY] for s, r in complete.items()}
+    results["table"] = table
+    resamples = results["settings"]["resamples"]
+    comparisons = {}
+    for candidate, baseline in ((RECIPE, ZERO_SHOT), (RECIPE, BM25), (ZERO_SHOT, BM25)):
+        if candidate in scores and baseline in scores:
+            stats = paired_comparison(scores[baseline], scores[candidate], resamples=resamples)
+            if candidate == RECIPE:
+                base = {q: _mean(v) for q, v in scores[baseline].items()}
+                stats["per_seed"] = {
+                    seed: paired_statistics(
+                        torch.tensor([values[q] - base[q] for q in sorted(base)], dtype=torch.float64),
+                        resamples=resamples,
+                    )
+                    for seed, values in per_seed.items()
+                }
+            comparisons[f"{candidate} - {baseline}"] = stats
+    results["comparisons"] = comparisons
+
+
+def _write(results: dict[str, Any], out: Path) -> None:
+    (out / RESULTS_FILE).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    (out / REPORT_FILE).write_text(format_report(results), encoding="utf-8")
+
+
+def format_report(results: Mapping[str, Any]) -> str:
+    """The markdown tables of a ``crossval.json``: systems (means over folds) and paired comparisons."""
+    settings = results["settings"]
+    queries = sum(f["queries"] for f in results["folds"])
+    lines = [
+        f"Cross-validation: {settings['folds']} folds of {queries} queries of {settings['beir_path']} "
+        f"(split {settings['split']}, fold seed {settings['fold_seed']}), each fold ranked against the full corpus "
+        f"({settings['query_max_length']}/{settings['document_max_length']} tokens); recipe seeds {settings['seeds']}; "
+        f"recipe: `{' '.join(settings['recipe_flags']) or '(dataclass defaults)'}`, "
+        f"self-supervised pairs {settings['self_supervised_pairs']}, BM25 negatives {settings['bm25_negatives']}.",
+        "",
+        "| system | seeds | nDCG@10 | MRR@10 | R@100 | query nnz | doc nnz | nDCG@10 per fold |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for system, row in results.get("table", {}).items():
+        nnz = [f"{row[k]:.1f}" if k in row else "-" for k in ("query_nonzeros", "doc_nonzeros")]
+        folds = " / ".join(f"{v:.3f}" for v in row[f"{PRIMARY}_per_fold"])
+        lines.append(
+            f"| {system} | {row['seeds']} | {row['ndcg_at_10']:.4f} | {row['mrr_at_10']:.4f} | "
+            f"{row['recall_at_100']:.4f} | {nnz[0]} | {nnz[1]} | {folds} |"
+        )
+    lines += [
+        "",
+        "| nDCG@10 difference | mean | 95% interval | p | queries up / down / same | per seed (mean [interval]) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, c in results.get("comparisons", {}).items():
+        seeds = "; ".join(
+            f"{s}: {v['mean_difference']:+.4f} [{v['ci95_low']:+.4f}, {v['ci95_high']:+.4f}]"
+            for s, v in c.get("per_seed", {}).items()
+        )
+        lines.append(
+            f"| {name} | {c['mean_difference']:+.4f} | {c['ci95_low']:+.4f} to {c['ci95_high']:+.4f} | "
+            f"{c['p_value']:.4f} | {c['queries_up']} / {c['queries_down']} / {c['queries_same']} | {seeds or '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gradcache-sparton crossval`` flags; the recipe's ``train`` flags come after ``--``."""
+    p = argparse.ArgumentParser(
+        prog="gradcache-sparton crossval",
+        description="k-fold cross-validation of a training recipe: each fold's queries ranked against the full "
+        "corpus by a model trained on the other folds only; zero-shot and BM25 as references; paired "
+        "bootstrap intervals and randomization p-values over all held-out queries.",
+        usage="gradcache-sparton crossval --beir_path DIR [options] [-- TRAIN FLAGS (as `train` takes them)]",
+    )
+    p.add_argument(
+        "--beir_path", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."
+    )
+    p.add_argument("--split", default="train", help="qrels split whose judged queries are cross-validated.")
+    p.add_argument(
+        "--output_dir", required=True, help="folder for folds, models, crossval.json and crossval.md."
+    )
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument(
+        "--fold_seed", type=int, default=0, help="seed of the query shuffle (and of the pair choice)."
+    )
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=[42], help="training seeds: each fold trained once per seed."
+    )
+    p.add_argument(
+        "--self_supervised_pairs",
+        type=int,
+        default=0,
+        help="add this many (sentence, rest of the abstract) pairs from documents no training query judges.",
+    )
+    p.add_argument(
+        "--bm25_negatives", type=int, default=0, help="BM25 negatives per training pair (0: none)."
+    )
+    p.add_argument("--no_bm25", action="store_true", help="skip the BM25 reference (needs no bm25s then).")
+    p.add_argument("--query_max_length", type=int, default=32, help="evaluation query tokens.")
+    p.add_argument("--document_max_length", type=int, default=256, help="evaluation document tokens.")
+    p.add_argument("--eval_batch_size", type=int, default=64)
+    p.add_argument(
+        "--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap and randomization draws."
+    )
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """``gradcache-sparton crossval [options] -- [train flags]``: run and print the markdown report."""
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:split])
+    recipe_flags = argv[split + 1 :]
+    settings = CrossvalSettings(
+        beir_path=args.beir_path,
+        output_dir=args.output_dir,
+        split=args.split,
+        folds=args.folds,
+        fold_seed=args.fold_seed,
+        seeds=args.seeds,
+        self_supervised_pairs=args.self_supervised_pairs,
+        bm25_negatives=args.bm25_negatives,
+        bm25_reference=not args.no_bm25,
+        query_max_length=args.query_max_length,
+        document_max_length=args.document_max_length,
+        eval_batch_size=args.eval_batch_size,
+        resamples=args.resamples,
+    )
+    settings.check()  # before the recipe's flags and any data are read
+    model_args, training_args = parse_recipe(recipe_flags)
+    results = run_crossval(settings, model_args, training_args, recipe_flags=recipe_flags)
+    print(format_report(results))
+    return 0
