@@ -114,7 +114,7 @@ def test_crossval_cli_end_to_end(tmp_path: Path, capsys) -> None:
     out = tmp_path / "cv"
     argv = ["crossval", "--beir_path", str(beir), "--output_dir", str(out), "--folds", "2", "--seeds", "1",
             "--self_supervised_pairs", "2", "--bm25_negatives", "1", "--document_max_length", "32",
-            "--resamples", "50", "--", *TINY_RECIPE]  # fmt: skip
+            "--resamples", "50", "--write_runs", "--", *TINY_RECIPE]  # fmt: skip
     assert main(argv) == 0
     report = capsys.readouterr().out
     assert "| recipe - zero-shot |" in report and "| zero-shot - bm25 |" in report
@@ -132,3 +132,6 @@ def test_crossval_cli_end_to_end(tmp_path: Path, capsys) -> None:
     assert sorted(recipe) == sorted(f"q{i}" for i in range(8))
     assert set(results["comparisons"]) == {"recipe - zero-shot", "recipe - bm25", "zero-shot - bm25"}
     assert (out / "crossval.md").read_text() in report
+    assert (out / "runs" / "zero-shot.trec").is_file() and (
+        out / "runs" / "recipe-seed1-fold1.trec"
+    ).is_file()

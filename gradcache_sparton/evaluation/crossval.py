@@ -43,6 +43,7 @@ import torch
 from gradcache_sparton.data import BeirData, load_beir, read_corpus, self_supervised_pairs, split_sentences
 from gradcache_sparton.evaluation.evaluator import SparseRetrievalEvaluator
 from gradcache_sparton.evaluation.metrics import measure_key, parse_measures
+from gradcache_sparton.evaluation.runs import write_trec_run
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES, paired_comparison, paired_statistics
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class CrossvalSettings:
     document_max_length: int = 256
     eval_batch_size: int = 64
     resamples: int = DEFAULT_RESAMPLES
+    write_runs: bool = False
 
     def check(self) -> None:
         """``ValueError`` naming the first bad setting."""
@@ -290,9 +292,15 @@ def _fold_rows(
 
 
 def _evaluate_model(
-    encoder: Any, tokenizer: Any, data: BeirData, settings: CrossvalSettings, bf16: bool
+    encoder: Any,
+    tokenizer: Any,
+    data: BeirData,
+    settings: CrossvalSettings,
+    bf16: bool,
+    run_file: Path | None,
 ) -> dict:
-    """Per-query metrics and mean non-zeros of ``encoder`` ranking the whole corpus for ``data``'s queries."""
+    """Per-query metrics and mean non-zeros of ``encoder`` ranking the whole corpus for ``data``'s queries
+    (the top 100 written to ``run_file`` as a TREC run when given)."""
     evaluator = SparseRetrievalEvaluator(
         data,
         tokenizer=tokenizer,
@@ -308,6 +316,8 @@ def _evaluate_model(
     encoder.to(device).eval()
     (result,) = evaluator.evaluate(encoder)
     rankings = {q: [d for d, _ in hits] for q, hits in result.run.items()}
+    if run_file is not None:
+        write_trec_run(run_file, result.run, tag=run_file.stem)
     return {
         "per_query": per_query_metrics(rankings, data.qrels),
         "query_nonzeros": result.metrics["query_nonzeros"],
@@ -385,7 +395,17 @@ def run_crossval(
     tokenizer = build_tokenizer(model_args)
     bf16 = bool(training_args.bf16)
     set_seed(settings.seeds[0])
-    start = _evaluate_model(build_encoder(model_args, tokenizer), tokenizer, beir, settings, bf16)
+    runs = out / "runs" if settings.write_runs else None
+    if runs is not None:
+        runs.mkdir(exist_ok=True)
+    start = _evaluate_model(
+        build_encoder(model_args, tokenizer),
+        tokenizer,
+        beir,
+        settings,
+        bf16,
+        runs and runs / f"{ZERO_SHOT}.trec",
+    )
     results["systems"][ZERO_SHOT] = {"seeds": {"-": start}}
     if settings.bm25_reference:
         results["systems"][BM25] = {"seeds": {"-": _bm25(beir)}}
@@ -405,7 +425,8 @@ def run_crossval(
                 queries={q: beir.queries[q] for q in held},
                 qrels={q: beir.qrels[q] for q in held},
             )
-            fold_result = _evaluate_model(trained, tokenizer, data, settings, bf16)
+            run_file = runs and runs / f"{RECIPE}-seed{seed}-fold{k}.trec"
+            fold_result = _evaluate_model(trained, tokenizer, data, settings, bf16, run_file)
             for key, values in fold_result["per_query"].items():
                 per_query.setdefault(key, {}).update(values)
             nonzeros.append((len(held), fold_result["query_nonzeros"], fold_result["doc_nonzeros"]))
@@ -584,6 +605,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap and randomization draws."
     )
+    p.add_argument(
+        "--write_runs", action="store_true", help="write every model's top 100 as TREC runs in runs/."
+    )
     return p
 
 
@@ -607,6 +631,7 @@ def main(argv: Sequence[str]) -> int:
         document_max_length=args.document_max_length,
         eval_batch_size=args.eval_batch_size,
         resamples=args.resamples,
+        write_runs=args.write_runs,
     )
     settings.check()  # before the recipe's flags and any data are read
     model_args, training_args = parse_recipe(recipe_flags)
