@@ -339,7 +339,14 @@ def _train(argv: Sequence[str]) -> int:
         print(json.dumps({"output_dir": training_args.output_dir, **metrics}, indent=2))
         if "eval_before_ndcg_at_10" in metrics and "eval_ndcg_at_10" in metrics:
             before, after = metrics["eval_before_ndcg_at_10"], metrics["eval_ndcg_at_10"]
-            print(f"dev nDCG@10: before training {before:.4f}, after {after:.4f} ({after - before:+.4f})")
+            line = f"dev nDCG@10: before training {before:.4f}, after {after:.4f} ({after - before:+.4f}"
+            if "eval_gain_ndcg_at_10_ci95_low" in metrics:  # the paired statistics over the dev queries
+                line += (
+                    f"; 95% interval {metrics['eval_gain_ndcg_at_10_ci95_low']:+.4f} to "
+                    f"{metrics['eval_gain_ndcg_at_10_ci95_high']:+.4f}, p = {metrics['eval_gain_ndcg_at_10_p_value']:.3f}, "
+                    f"{metrics['eval_gain_ndcg_at_10_queries']:.0f} queries"
+                )
+            print(line + ")")
         # Last, on stderr (stdout stays the JSON summary a script reads): where the model went, what next.
         sys.stdout.flush()
         print(

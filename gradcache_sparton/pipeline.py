@@ -46,6 +46,7 @@ from gradcache_sparton.evaluation import (
     mean_metrics,
     write_trec_run,
 )
+from gradcache_sparton.evaluation.significance import paired_run_comparison
 from gradcache_sparton.model_loading import (
     add_lora_adapters,
     build_encoder,
@@ -201,8 +202,10 @@ def _run_training(
             RetrievalEvalCallback(evaluator, trainer=trainer, eval_steps=data_args.retrieval_eval_steps)
         )
     before: dict[str, float] = {}
+    before_run = None
     if evaluator is not None and data_args.eval_before_training and not training_args.resume_from_checkpoint:
-        before = {f"eval_before_{k}": v for k, v in evaluator(trainer.model).items()}  # the starting model
+        (start,) = evaluator.evaluate(trainer.model)  # the starting model
+        before, before_run = {f"eval_before_{k}": v for k, v in start.metrics.items()}, start.run
         trainer.log(dict(before))
     result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     if trainer.state.global_step < trainer.state.max_steps:  # stopped (SIGTERM under enable_jit_checkpoint)
@@ -218,7 +221,11 @@ def _run_training(
     trainer.save_model()
     metrics = dict(result.metrics)
     if evaluator is not None:
-        retrieval = {**before, **{f"eval_{k}": v for k, v in evaluator(trainer.model).items()}}
+        (end,) = evaluator.evaluate(trainer.model)
+        retrieval = {**before, **{f"eval_{k}": v for k, v in end.metrics.items()}}
+        if before_run is not None:  # the gain per dev query: mean, 95% bootstrap interval, p-value
+            gain = paired_run_comparison(before_run, end.run, evaluator.data.qrels)
+            retrieval.update({f"eval_gain_ndcg_at_10_{k}": v for k, v in gain.items()})
         trainer.log(dict(retrieval))
         metrics.update(retrieval)
         if trainer.args.should_save:

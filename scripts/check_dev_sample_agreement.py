@@ -24,8 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gradcache_sparton.data import default_dev_beir_path, load_beir
-from gradcache_sparton.evaluation.crossval import per_query_metrics
-from gradcache_sparton.evaluation.significance import paired_comparison
+from gradcache_sparton.evaluation.significance import paired_comparison, per_query_metrics
 
 
 def read_trec(paths: Iterable[str]) -> dict[str, list[str]]:
@@ -49,7 +48,9 @@ def ndcg(rankings: dict[str, list[str]], qrels: dict[str, dict[str, int]], keep:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sample", default=str(default_dev_beir_path()), help="the dev BEIR folder (split dev)")
+    parser.add_argument(
+        "--sample", default=str(default_dev_beir_path()), help="the dev BEIR folder (split dev)"
+    )
     parser.add_argument("--baseline", required=True, help="TREC run file(s) (glob) of the baseline")
     parser.add_argument("--runs", nargs="+", required=True, help="NAME=GLOB or GLOB of candidate TREC runs")
     parser.add_argument("--resamples", type=int, default=10_000)
@@ -70,9 +71,9 @@ def main() -> None:
             raise ValueError(f"run {name!r} has no ranking for {len(missing)} dev claims, e.g. {missing[:3]}")
         short = sum(1 for q in qrels if sum(d in keep for d in rankings[q]) < 10)
         scores[name] = {"full": ndcg(rankings, qrels, None), "sample": ndcg(rankings, qrels, keep)}
-        report["systems"][name] = {
-            where: sum(v.values()) / len(v) for where, v in scores[name].items()
-        } | {"claims_with_under_10_sample_docs_in_top100": short}
+        report["systems"][name] = {where: sum(v.values()) / len(v) for where, v in scores[name].items()} | {
+            "claims_with_under_10_sample_docs_in_top100": short
+        }
     for name in systems:
         if name == "baseline":
             continue

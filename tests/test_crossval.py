@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from gradcache_sparton.cli import main
-from gradcache_sparton.evaluation.crossval import make_folds, parse_recipe, per_query_metrics
-from gradcache_sparton.evaluation.significance import paired_comparison, paired_statistics
+from gradcache_sparton.evaluation.crossval import make_folds, parse_recipe
+from gradcache_sparton.evaluation.significance import (
+    paired_comparison,
+    paired_run_comparison,
+    paired_statistics,
+    per_query_metrics,
+)
 
 TOPICS = ["protein", "star", "cell", "gene", "virus", "planet", "enzyme", "neuron"]
 
@@ -98,6 +104,17 @@ def test_paired_comparison_averages_seeds_and_checks_queries() -> None:
         paired_statistics([0.1], resamples=0)
 
 
+def test_paired_run_comparison_scores_runs_per_query() -> None:
+    """Two runs: one query moves from rank 2 to rank 1 (nDCG@10 1/log2(3) -> 1), the other stays."""
+    qrels = {"a": {"d1": 1}, "b": {"d2": 1}}
+    before = {"a": [("d2", 2.0), ("d1", 1.0)], "b": [("d2", 1.0)]}
+    after = {"a": [("d1", 2.0), ("d2", 1.0)], "b": [("d2", 1.0)]}
+    stats = paired_run_comparison(before, after, qrels, resamples=99)
+    gain = (1 - 1 / math.log2(3)) / 2
+    assert stats["mean_difference"] == pytest.approx(gain) and stats["queries_up"] == 1
+    assert stats["queries_same"] == 1 and stats["baseline_mean"] == pytest.approx((1 / math.log2(3) + 1) / 2)
+
+
 def test_parse_recipe_refuses_flags_the_protocol_owns() -> None:
     """Training data, evaluation, output folder and seed come from the protocol, not the recipe."""
     with pytest.raises(ValueError, match="--train_data"):
@@ -135,3 +152,19 @@ def test_crossval_cli_end_to_end(tmp_path: Path, capsys) -> None:
     assert (out / "runs" / "zero-shot.trec").is_file() and (
         out / "runs" / "recipe-seed1-fold1.trec"
     ).is_file()
+
+
+def test_train_prints_the_paired_gain_on_its_dev_queries(tmp_path: Path, capsys) -> None:
+    """`train` with eval_before_training reports the before/after difference with its interval and p-value,
+    and the summary's mean difference is after - before."""
+    beir = write_beir(tmp_path / "beir")
+    out = tmp_path / "run"
+    argv = ["train", *TINY_RECIPE, "--train_beir", str(beir), "--eval_beir", str(beir), "--eval_beir_split",
+            "train", "--eval_before_training", "True", "--output_dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    summary = json.loads(stdout[stdout.rindex('{\n  "output_dir"') : stdout.rindex("}") + 1])
+    gain = summary["eval_gain_ndcg_at_10_mean_difference"]
+    assert gain == pytest.approx(summary["eval_ndcg_at_10"] - summary["eval_before_ndcg_at_10"])
+    assert summary["eval_gain_ndcg_at_10_ci95_low"] <= gain <= summary["eval_gain_ndcg_at_10_ci95_high"]
+    assert "95% interval" in stdout and f"{summary['eval_gain_ndcg_at_10_queries']:.0f} queries" in stdout

@@ -42,9 +42,13 @@ import torch
 
 from gradcache_sparton.data import BeirData, load_beir, read_corpus, self_supervised_pairs, split_sentences
 from gradcache_sparton.evaluation.evaluator import SparseRetrievalEvaluator
-from gradcache_sparton.evaluation.metrics import measure_key, parse_measures
 from gradcache_sparton.evaluation.runs import write_trec_run
-from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES, paired_comparison, paired_statistics
+from gradcache_sparton.evaluation.significance import (
+    DEFAULT_RESAMPLES,
+    paired_comparison,
+    paired_statistics,
+    per_query_metrics,
+)
 
 if TYPE_CHECKING:
     import datasets
@@ -58,13 +62,12 @@ __all__ = [
     "main",
     "make_folds",
     "parse_recipe",
-    "per_query_metrics",
     "run_crossval",
 ]
 
 logger = logging.getLogger(__name__)
 
-MEASURES = ("nDCG@10", "RR@10", "R@100")
+MEASURES = ("nDCG@10", "RR@10", "R@100")  # the default of per_query_metrics
 PRIMARY = "ndcg_at_10"
 TOP_K = 100
 RESULTS_FILE, REPORT_FILE, FOLDS_FILE = "crossval.json", "crossval.md", "folds.json"
@@ -128,33 +131,6 @@ def make_folds(query_ids: Sequence[str], *, folds: int, seed: int) -> list[list[
     ids = sorted(query_ids)
     random.Random(seed).shuffle(ids)
     return [sorted(ids[k::folds]) for k in range(folds)]
-
-
-def per_query_metrics(
-    rankings: Mapping[str, Sequence[str]],
-    qrels: Mapping[str, Mapping[str, int]],
-    *,
-    measures: Sequence[str] = MEASURES,
-) -> dict[str, dict[str, float]]:
-    """measure key (``ndcg_at_10``, ...) -> query id -> value, for every query of ``qrels`` with a relevant
-    document (a judged query missing from ``rankings`` is ``ValueError``; one that retrieved nothing
-    scores 0). The means of these are :func:`~gradcache_sparton.evaluation.retrieval_metrics`."""
-    import ir_measures
-
-    parsed = parse_measures(measures)
-    judged = {
-        q: {d: int(r) for d, r in rel.items()} for q, rel in qrels.items() if any(r > 0 for r in rel.values())
-    }
-    missing = [q for q in judged if q not in rankings]
-    if missing:
-        raise ValueError(f"rankings has no entry for {len(missing)} judged queries, e.g. {missing[:3]}")
-    # Scores that encode the given order, so that ir_measures' own tie-break never applies.
-    run = {q: {d: float(len(rankings[q]) - rank) for rank, d in enumerate(rankings[q])} for q in judged}
-    values: dict[str, dict[str, float]] = {measure_key(m): dict.fromkeys(judged, 0.0) for m in parsed}
-    keys = {m: measure_key(m) for m in parsed}
-    for metric in ir_measures.iter_calc(parsed, judged, run):
-        values[keys[metric.measure]][metric.query_id] = float(metric.value)
-    return values
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -22,7 +22,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-__all__ = ["paired_comparison", "paired_statistics"]
+from gradcache_sparton.evaluation.metrics import DEFAULT_MEASURES, measure_key, parse_measures
+from gradcache_sparton.evaluation.runs import Run
+
+__all__ = ["paired_comparison", "paired_run_comparison", "paired_statistics", "per_query_metrics"]
 
 DEFAULT_RESAMPLES = 10_000
 
@@ -97,3 +100,52 @@ def _mean_score(value: float | Sequence[float], query_id: str) -> float:
     if not values:
         raise ValueError(f"query {query_id!r} has an empty list of scores")
     return sum(values) / len(values)
+
+
+def per_query_metrics(
+    rankings: Mapping[str, Sequence[str]],
+    qrels: Mapping[str, Mapping[str, int]],
+    *,
+    measures: Sequence[str] = DEFAULT_MEASURES,
+) -> dict[str, dict[str, float]]:
+    """measure key (``ndcg_at_10``, ...) -> query id -> value, for every query of ``qrels`` with a relevant
+    document (a judged query missing from ``rankings`` is ``ValueError``; one that retrieved nothing
+    scores 0). The means of these are :func:`~gradcache_sparton.evaluation.retrieval_metrics`."""
+    import ir_measures
+
+    parsed = parse_measures(measures)
+    judged = {
+        q: {d: int(r) for d, r in rel.items()} for q, rel in qrels.items() if any(r > 0 for r in rel.values())
+    }
+    missing = [q for q in judged if q not in rankings]
+    if missing:
+        raise ValueError(f"rankings has no entry for {len(missing)} judged queries, e.g. {missing[:3]}")
+    # Scores that encode the given order, so that ir_measures' own tie-break never applies.
+    run = {q: {d: float(len(rankings[q]) - rank) for rank, d in enumerate(rankings[q])} for q in judged}
+    values: dict[str, dict[str, float]] = {measure_key(m): dict.fromkeys(judged, 0.0) for m in parsed}
+    keys = {m: measure_key(m) for m in parsed}
+    for metric in ir_measures.iter_calc(parsed, judged, run):
+        values[keys[metric.measure]][metric.query_id] = float(metric.value)
+    return values
+
+
+def paired_run_comparison(
+    baseline: Run,
+    candidate: Run,
+    qrels: Mapping[str, Mapping[str, int]],
+    *,
+    measure: str = "nDCG@10",
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, float]:
+    """:func:`paired_comparison` of two runs (query id -> ranked (doc id, score)) on one measure of
+    :func:`per_query_metrics` over the judged queries of ``qrels`` (e.g. an evaluation before and after
+    training: ``SparseRetrievalEvaluator.evaluate(...)[0].run``)."""
+    key = measure_key(parse_measures([measure])[0])
+    scores = [
+        per_query_metrics({q: [d for d, _ in hits] for q, hits in run.items()}, qrels, measures=[measure])[
+            key
+        ]
+        for run in (baseline, candidate)
+    ]
+    return paired_comparison(scores[0], scores[1], resamples=resamples, seed=seed)
