@@ -15,8 +15,8 @@ encoded in fp32 on the CPU). Needs bm25s (the ``mining`` extra). What it writes:
   corpus are the ones that matter to nDCG@10, and pooling keeps them: nDCG@10 on the sample tracks the
   full corpus (docs/experiments.md shows how closely), where 1,000 random distractors (the earlier
   sample) made every model look 0.14 nDCG@10 better than on the full corpus. Ranking the full corpus with the
-  model takes a few CPU minutes; ``--pool_rankings FILE`` keeps those rankings (written if the file is
-  missing, read if it exists).
+  model takes a few CPU minutes; ``--pool_rankings FILE`` (default ``scripts/scifact_sample_pool.json``,
+  committed) holds those rankings: read if the file exists, computed and written if not.
 - ``train.jsonl.gz``: (query, positive) rows, shuffled:
   * every (claim, relevant abstract) judgement of the other labelled claims, the abstract as
     ``title + " " + text`` (the BEIR convention), except those whose abstract is relevant to a dev
@@ -45,6 +45,9 @@ from gradcache_sparton.data import POSITIVE_COLUMN, QUERY_COLUMN, self_supervise
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = ROOT.parent / "shared" / "data" / "scifact"
 DEFAULT_OUTPUT = ROOT / "gradcache_sparton" / "resources" / "scifact_sample"
+# The pooling rankings of the shipped sample (top 20 of each ranker per dev claim), kept so that a rebuild
+# takes seconds; delete it (or give another --pool_rankings path) to rank the full corpus again.
+DEFAULT_POOL_RANKINGS = Path(__file__).resolve().parent / "scifact_sample_pool.json"
 
 SEED = 0
 # 100 of the 809 labelled claims: enough for nDCG@10 differences of a few points to be visible,
@@ -209,7 +212,10 @@ def main() -> None:
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="BEIR SciFact folder")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the sample")
     parser.add_argument(
-        "--pool_rankings", type=Path, default=None, help="cache of the pooling rankings (JSON)"
+        "--pool_rankings",
+        type=Path,
+        default=DEFAULT_POOL_RANKINGS,
+        help="the pooling rankings (JSON): read if the file exists, else computed (minutes) and written there",
     )
     args = parser.parse_args()
     print(json.dumps(build(args.source, args.output, rankings_file=args.pool_rankings), indent=2))

@@ -165,7 +165,7 @@ def test_read_corpus_reads_gzip_and_keeps_title_and_text(tmp_path: Path) -> None
         ("d2", "", "Cells divide."),
     ]
     assert [d.full_text for d in docs][:2] == ["Proteins Proteins fold.", "Cells divide."]
-    assert len(read_corpus(default_dev_beir_path())) == 1108  # the shipped corpus.jsonl.gz
+    assert len(read_corpus(default_dev_beir_path())) == 1583  # the shipped corpus.jsonl.gz
 
 
 def test_iter_corpus_streams_and_checks_each_line_as_it_comes(tmp_path: Path) -> None:
