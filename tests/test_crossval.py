@@ -95,13 +95,18 @@ def test_paired_statistics_separate_noise_from_a_shift() -> None:
 
 
 def test_paired_comparison_averages_seeds_and_checks_queries() -> None:
-    """Several scores per query are averaged before differencing; mismatched query sets are an error."""
+    """Several scores per query are averaged before differencing; mismatched queries, empty or non-finite
+    differences and resamples < 1 are errors."""
     stats = paired_comparison({"a": 0.5, "b": 0.5}, {"a": [0.6, 0.8], "b": [0.5, 0.5]}, resamples=99)
     assert stats["mean_difference"] == pytest.approx(0.1) and stats["candidate_mean"] == pytest.approx(0.6)
     with pytest.raises(ValueError, match="same queries"):
         paired_comparison({"a": 0.5}, {"b": 0.5})
     with pytest.raises(ValueError, match="resamples"):
         paired_statistics([0.1], resamples=0)
+    with pytest.raises(ValueError, match="empty"):
+        paired_statistics([])
+    with pytest.raises(ValueError, match="NaN"):
+        paired_statistics([0.1, float("nan")])
 
 
 def test_paired_run_comparison_scores_runs_per_query() -> None:
