@@ -656,7 +656,7 @@ def _quiet_third_parties() -> None:
 
 
 def _crossval(argv: Sequence[str]) -> int:
-    from gradcache_sparton.evaluation.crossval import main as crossval_main
+    from gradcache_sparton.crossval import main as crossval_main
 
     return crossval_main(argv)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gradcache_sparton.cli import main
-from gradcache_sparton.evaluation.crossval import make_folds, parse_recipe
+from gradcache_sparton.crossval import make_folds, parse_recipe
 from gradcache_sparton.evaluation.significance import (
     paired_comparison,
     paired_run_comparison,

@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
     {"integrations", "model_loading"},  # sentence-transformers; building a model from its name
     {"trainer", "mining"},  # the Trainer; hard-negative mining
     {"pipeline"},  # the training / evaluation / export jobs
+    {"crossval"},  # k-fold cross-validation of a training recipe (runs the training job per fold)
     {"cli", "__init__"},  # the command line and the public API
 ]
 

@@ -23,8 +23,6 @@ One job per module:
 - :mod:`.report`: the mean over datasets and a plain-text table of results.
 - :mod:`.significance`: per-query metrics and paired statistics of two systems on the same queries (mean
   difference, 95% bootstrap interval, randomization p-value).
-- :mod:`.crossval`: the k-fold cross-validation protocol behind ``gradcache-sparton crossval`` (import it
-  by its module path; it loads the training pipeline).
 - :mod:`.callback`: :class:`RetrievalEvalCallback` runs the evaluator from a ``transformers.Trainer``
   and logs through ``trainer.log``. It loads on first use of its name: ``transformers``' trainer
   utilities import torch's compiler stack (and triton) when peft is installed, which a plain

@@ -328,8 +328,10 @@ def run_crossval(
     """Run the protocol (module docstring) and return what ``crossval.json`` holds."""
     from transformers import set_seed
 
-    from gradcache_sparton.mining import check_bm25_installed, write_training_file
-    from gradcache_sparton.pipeline import build_encoder, build_tokenizer, run_training
+    from gradcache_sparton.data.output import write_training_file
+    from gradcache_sparton.mining import check_bm25_installed
+    from gradcache_sparton.model_loading import build_encoder, build_tokenizer
+    from gradcache_sparton.pipeline import run_training
 
     settings.check()
     if settings.bm25_reference or settings.bm25_negatives:
