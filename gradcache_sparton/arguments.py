@@ -491,6 +491,14 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         metadata={"help": "Allow writing into an output_dir that already holds another run's files."},
     )
 
+    @property
+    def n_gpu(self) -> int:
+        """GPUs this process trains on: at most one. With several GPUs visible and no distributed launch, the
+        Trainer would wrap the model in ``nn.DataParallel``, which splits every replayed mini-batch across
+        the GPUs without replaying its scatter (the replay check then fails); several GPUs train through
+        ``accelerate launch`` or ``torchrun`` (DDP, FSDP2), one process each."""
+        return min(super().n_gpu, 1)
+
     def __post_init__(self) -> None:
         if self.output_dir is None:
             self.output_dir = time.strftime("outputs/splade-%Y%m%d-%H%M%S")

@@ -177,6 +177,15 @@ class CachedSpladeTrainer(Trainer):
         if not resume_from_checkpoint and not self.args.overwrite_output_dir:
             _check_output_dir_is_free(self.args.output_dir)
         world = max(1, self.args.world_size)
+        if world == 1 and torch.cuda.is_available() and torch.cuda.device_count() > 1:
+            logger.warning(
+                "%d GPUs are visible and this process trains on one (%s): the cached loss does not run under "
+                "nn.DataParallel. To train on all of them, launch one process each: `accelerate launch "
+                "--multi_gpu --num_processes %d --module gradcache_sparton.cli train ...` (docs/training.md).",
+                torch.cuda.device_count(),
+                self.args.device,
+                torch.cuda.device_count(),
+            )
         if self.is_world_process_zero():
             logger.info(
                 "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "

@@ -565,3 +565,14 @@ def test_documents_encode_at_256_tokens_at_most_the_position_table(tmp_path, tin
     encoder.save_pretrained(tmp_path)
     assert checkpoint_max_lengths(str(tmp_path)) == (16, 128)
     assert checkpoint_max_lengths(str(tmp_path), document_max_length=40) == (16, 40)
+
+
+def test_several_visible_gpus_never_mean_data_parallel(tmp_path, monkeypatch) -> None:
+    """With several GPUs visible and no distributed launch, the arguments report one GPU, so the Trainer
+    never wraps the cached loss's encoder in nn.DataParallel (which would split replays across GPUs)."""
+    from transformers import TrainingArguments
+
+    monkeypatch.setattr(TrainingArguments, "n_gpu", property(lambda self: 4))
+    args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    assert args.n_gpu == 1
+    assert args.train_batch_size == args.per_device_train_batch_size
