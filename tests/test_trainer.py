@@ -140,18 +140,21 @@ def test_resume_from_checkpoint_continues_the_same_run(tmp_path, tokenizer, samp
 
 
 def test_training_lowers_the_loss_and_saves_a_standard_checkpoint(tmp_path, tokenizer, sample_rows) -> None:
-    """On real SciFact pairs the loss falls over 6 steps; the saved model loads with AutoModelForMaskedLM."""
-    model = _encoder(tokenizer, dropout=0.1)
+    """On one batch of real SciFact pairs seen at every step, without dropout (so that neither batch
+    difficulty nor dropout noise can mask it), the loss falls over 6 steps (measured 9.5 -> 3.9 at lr
+    1e-4; lr 1e-3 diverges on this random-init model); the saved model loads with AutoModelForMaskedLM."""
+    model = _encoder(tokenizer, dropout=0.0)
     trainer = CachedSpladeTrainer(
         model,
         _args(
             tmp_path / "run",
             max_steps=6,
             per_device_train_batch_size=16,
+            learning_rate=1e-4,
             query_reg_weight=0.0,
             doc_reg_weight=0.0,
         ),
-        train_dataset=sample_rows,
+        train_dataset=sample_rows.select(range(16)),
         processing_class=tokenizer,
     )
     trainer.train()
