@@ -275,8 +275,9 @@ def test_cli_train_help_lists_cached_arguments(capsys) -> None:
 )
 def test_bf16_training_on_gpu_runs_the_triton_head(tmp_path, tokenizer, sample_rows, mode: str) -> None:
     """On CUDA with bf16 (and with the Trainer's torch_compile, CUDA graphs, or CUDA graphs with either
-    torch_compile or activation checkpointing): steps run, losses are finite and fall."""
-    model = _encoder(tokenizer, dropout=0.1)
+    torch_compile or activation checkpointing): steps run, losses are finite and fall on one batch seen at
+    every step without dropout, at lr 1e-4 (as the CPU test: lr 1e-3 diverges on this random-init model)."""
+    model = _encoder(tokenizer, dropout=0.0)
     graphs = {"cuda_graphs": True, "pad_to_multiple_of": 16} if "cuda_graphs" in mode else {}
     args = _args(
         tmp_path / "run",
@@ -287,10 +288,12 @@ def test_bf16_training_on_gpu_runs_the_triton_head(tmp_path, tokenizer, sample_r
         **graphs,
         max_steps=6,
         per_device_train_batch_size=16,
+        learning_rate=1e-4,
         query_reg_weight=0.0,
         doc_reg_weight=0.0,
     )
-    trainer = CachedSpladeTrainer(model, args, train_dataset=sample_rows, processing_class=tokenizer)
+    rows = sample_rows.select(range(16))
+    trainer = CachedSpladeTrainer(model, args, train_dataset=rows, processing_class=tokenizer)
     trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert all(torch.isfinite(torch.tensor(losses))), losses

@@ -345,7 +345,7 @@ def test_gpu_accelerate_launch_two_processes(tmp_path: Path) -> None:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     result = subprocess.run(
         ["bash", str(ROOT / "examples" / "launch_2gpu.sh"), "--max_steps", "5", "--output_dir", "outputs/ddp",
-         "--report_to", "none"],
+         "--report_to", "none", "--logging_steps", "1"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
