@@ -520,6 +520,32 @@ def test_converted_model_is_recognised_through_its_wrappers(backbone_dir) -> Non
         dist.destroy_process_group()
 
 
+def test_data_parallel_replicas_run_their_own_weights(backbone_dir) -> None:
+    """nn.DataParallel's replicas of a converted model (plain, and under accelerate's bf16 forward) call the
+    fused forward on themselves, not on the original: a replica whose weights differ gives its own reps."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    model = use_sparton_head(sparse_encoder(backbone_dir).to(torch.float32))
+    batch = {k: v for k, v in features(model, QUERIES).items() if isinstance(v, torch.Tensor)}
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        wrapped = Accelerator(mixed_precision="bf16", cpu=True).prepare_model(
+            use_sparton_head(sparse_encoder(backbone_dir).to(torch.float32))
+        )
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    for original in (model, wrapped):
+        replica = original._replicate_for_data_parallel()
+        assert replica.forward.__self__ is replica and uses_sparton_head(replica)
+        # DataParallel gives each replica its own parameter tensors: here, a changed decoder bias.
+        replica._modules = {name: copy.deepcopy(module) for name, module in original._modules.items()}
+        replica[0].auto_model.get_output_embeddings().bias.data += 5.0
+        with torch.no_grad():
+            ours, theirs = replica(dict(batch))["sentence_embedding"], original(dict(batch))["sentence_embedding"]
+        assert (ours - theirs).abs().max() > 1.0
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_cached_bf16_gradients_match_sentence_transformers_splade_loss(backbone_dir, device: str) -> None:
     """Under bf16 autocast, our cached loss on the converted model gives sentence-transformers' own

@@ -193,10 +193,27 @@ def use_sparton_head(model: SparseEncoder) -> SparseEncoder:
         pooling.embedding_dimension = model[0].auto_model.get_output_embeddings().out_features
     # An instance attribute, so type(model), its modules and its save format stay sentence-transformers'.
     model.forward = types.MethodType(_sparton_forward, model)
+    # nn.DataParallel (which sentence-transformers' trainer picks when several GPUs are visible and no
+    # launcher is used) copies the instance __dict__ into each replica, forward included: rebind it there.
+    model._replicate_for_data_parallel = types.MethodType(_replicate_with_own_forward, model)
     # The mark uses_sparton_head reads: whatever later wraps this forward (accelerate's autocast, a
     # compiled or DDP container around the model), the model itself stays recognisable.
     setattr(model, _CONVERTED_MARK, True)
     return model
+
+
+def _replicate_with_own_forward(self: SparseEncoder) -> SparseEncoder:
+    """``nn.Module._replicate_for_data_parallel``, with the instance ``forward`` bound to the replica.
+
+    The converted forward (and any wrapper bound over it, such as accelerate's autocast) is a method bound
+    to ``self``: copied as is, every replica would run the original model's weights on its own device.
+    """
+    replica = type(self)._replicate_for_data_parallel(self)
+    forward = replica.__dict__.get("forward")
+    if isinstance(forward, types.MethodType) and forward.__self__ is self:
+        replica.forward = types.MethodType(forward.__func__, replica)
+    replica.__dict__.pop("_replicate_for_data_parallel", None)
+    return replica
 
 
 def _sparton_forward(self: SparseEncoder, input: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
