@@ -542,7 +542,10 @@ def test_data_parallel_replicas_run_their_own_weights(backbone_dir) -> None:
         replica._modules = {name: copy.deepcopy(module) for name, module in original._modules.items()}
         replica[0].auto_model.get_output_embeddings().bias.data += 5.0
         with torch.no_grad():
-            ours, theirs = replica(dict(batch))["sentence_embedding"], original(dict(batch))["sentence_embedding"]
+            ours, theirs = (
+                replica(dict(batch))["sentence_embedding"],
+                original(dict(batch))["sentence_embedding"],
+            )
         assert (ours - theirs).abs().max() > 1.0
 
 
