@@ -46,7 +46,8 @@ from common import run_stamp
 from torch import Tensor
 
 from gradcache_sparton.kernels import sparton_head, sparton_head_reference, splade_head_materialized
-from gradcache_sparton.kernels.sparton import sparton_backward, sparton_forward
+from gradcache_sparton.kernels.sparton_backward import sparton_backward
+from gradcache_sparton.kernels.sparton_forward import sparton_forward
 
 STANDARD = (128, 512, 768, 30522)  # (B, S, D, V): BERT-base vocabulary, a 512-token batch of 128
 SWEEPS = {

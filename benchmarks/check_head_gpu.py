@@ -28,7 +28,8 @@ from common import run_stamp
 
 from gradcache_sparton.kernels import sparton_head, sparton_head_reference
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference
-from gradcache_sparton.kernels.sparton import sparton_backward, sparton_forward
+from gradcache_sparton.kernels.sparton_backward import sparton_backward
+from gradcache_sparton.kernels.sparton_forward import sparton_forward
 
 # (B, S, D, V, dtype, bias mean): the issue's real shapes; V = 250,002 at a smaller B; S = 8,192; D = 4,096;
 # queries (S = 32, 64: the short sequences' backward) with dense Y (bias mean 0: grad_H on the tensor

@@ -1,5 +1,5 @@
 """Block-size sweep of the Sparton kernels at one shape (the measurements behind the constants in
-gradcache_sparton/kernels/sparton.py).
+gradcache_sparton/kernels/sparton_blocks.py; docs/kernels.md, "How the constants were chosen").
 
 Legend: B batch, S sequence, D hidden, V vocabulary.
 
@@ -32,22 +32,23 @@ import triton
 from common import run_stamp
 
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
-from gradcache_sparton.kernels.sparton import (
+from gradcache_sparton.kernels.sparton_backward import (
+    _column_segments,
+    _row_segments,
+    _row_segments_from_columns,
+    _sparse_backward,
+    sparton_backward,
+)
+from gradcache_sparton.kernels.sparton_backward_dense import _grad_e_dense, _grad_h_dense
+from gradcache_sparton.kernels.sparton_blocks import (
     _BWD_GPU,
     _DENSE_BWD_GPU,
     BackwardBlocks,
     DenseBackwardBlocks,
     ForwardBlocks,
     PackedForwardBlocks,
-    _column_segments,
-    _grad_e_dense,
-    _grad_h_dense,
-    _row_segments,
-    _row_segments_from_columns,
-    _sparse_backward,
-    sparton_backward,
-    sparton_forward,
 )
+from gradcache_sparton.kernels.sparton_forward import sparton_forward
 
 # ForwardBlocks(block_s, block_v, block_d, group_b, num_warps, num_stages); the product is
 # [block_v, D] @ [D, block_s], so block_v is the MMA's M and block_s its N.

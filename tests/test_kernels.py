@@ -84,17 +84,19 @@ def _inputs(
 def _launch_forward(
     h: Tensor, e: Tensor, b: Tensor | None, m: Tensor, forward: str = "one-row"
 ) -> tuple[Tensor, Tensor, Tensor]:
-    from gradcache_sparton.kernels import sparton
+    from gradcache_sparton.kernels.sparton_blocks import _FWD_INTERPRET, _FWD_PACKED_INTERPRET
+    from gradcache_sparton.kernels.sparton_forward import sparton_forward
 
     # on a GPU the interpreter's small tiles are valid too (N = 128, 16-wide K): same kernels, same code
-    blocks = {"one-row": sparton._FWD_INTERPRET, "packed": sparton._FWD_PACKED_INTERPRET}[forward]
-    return sparton.sparton_forward(h, e, b, m, blocks=blocks)
+    blocks = {"one-row": _FWD_INTERPRET, "packed": _FWD_PACKED_INTERPRET}[forward]
+    return sparton_forward(h, e, b, m, blocks=blocks)
 
 
 def _launch_backward(
     g: Tensor, h: Tensor, e: Tensor, mx: Tensor, arg: Tensor, path: str = "by-density"
 ) -> tuple[Tensor, Tensor, Tensor]:
-    from gradcache_sparton.kernels import sparton
+    from gradcache_sparton.kernels.sparton_backward import sparton_backward
+    from gradcache_sparton.kernels.sparton_blocks import _BWD_INTERPRET
 
     # The backward's kernels forced, or chosen by the density of Y (the default blocks' rule). All the
     # tests' S are short (<= 64): short_s = 0 forces the longer sequences' kernels (which the default
@@ -109,8 +111,8 @@ def _launch_backward(
         "dense-short": (0.0, 64),
         "dense-long": (0.0, 0),
     }[path]
-    blocks = replace(sparton._BWD_INTERPRET, by_column_below=below, short_s=short_s)
-    return sparton.sparton_backward(g, h, e, mx, arg, blocks=blocks)
+    blocks = replace(_BWD_INTERPRET, by_column_below=below, short_s=short_s)
+    return sparton_backward(g, h, e, mx, arg, blocks=blocks)
 
 
 # The backward's paths: the sparse regime's and the dense regime's, each for short and longer sequences.
@@ -235,16 +237,16 @@ def test_triton_forward_matches_reference(kernel_device, dtype, rtol, forward, B
 def test_forward_kernel_follows_sequence_length(monkeypatch) -> None:
     """On a GPU, 16-bit sequences of up to 64 positions get the packed-rows kernel, longer ones the
     one-row kernel's 256-wide tile; fp32 the one-row kernel's FMA tile whatever S."""
-    from gradcache_sparton.kernels import sparton
+    from gradcache_sparton.kernels import sparton_blocks
 
-    monkeypatch.setattr(sparton, "_interpreting", lambda: False)
+    monkeypatch.setattr(sparton_blocks, "_interpreting", lambda: False)
     for dtype in (torch.bfloat16, torch.float16):
         for S in (1, 29, 32, 33, 64):
-            assert sparton._default_forward_blocks(dtype, S) == sparton._FWD_GPU_16BIT_PACKED
+            assert sparton_blocks._default_forward_blocks(dtype, S) == sparton_blocks._FWD_GPU_16BIT_PACKED
         for S in (65, 512):
-            assert sparton._default_forward_blocks(dtype, S).block_s == 256
+            assert sparton_blocks._default_forward_blocks(dtype, S).block_s == 256
     for S in (16, 512):
-        assert sparton._default_forward_blocks(torch.float32, S).block_s == 64
+        assert sparton_blocks._default_forward_blocks(torch.float32, S).block_s == 64
 
 
 @pytest.mark.parametrize("forward", FORWARDS)
@@ -295,7 +297,8 @@ def test_triton_dense_backward_matches_reference_autograd(kernel_device, dtype, 
     sparse one: bf16 coefficients as a hi + lo pair keep 16 bits, far inside one output rounding. With
     64-position products two whole rows of S = 29 share each product (B = 5: a partial last group);
     with 16, each row's S is split into two tiles."""
-    from gradcache_sparton.kernels.sparton import DenseBackwardBlocks, sparton_backward
+    from gradcache_sparton.kernels.sparton_backward import sparton_backward
+    from gradcache_sparton.kernels.sparton_blocks import DenseBackwardBlocks
 
     B, S, D, V, bias = SHAPES[2].values
     h, e, b, m = _inputs(B, S, D, V, bias, dtype, kernel_device, seed=25)
@@ -327,7 +330,7 @@ def test_triton_segments_equal_the_stable_sort(kernel_device, B, S, V, density) 
     row b·S + argmax for grad_H, by a sort of all B·V keys or built from the column layout; zeros
     skipped, NaN coefficients kept) and its segment offsets: the entries of a segment in increasing b
     (columns) or v (rows), the fixed summation order of the backward."""
-    from gradcache_sparton.kernels import sparton
+    from gradcache_sparton.kernels import sparton_backward as backward
 
     g = torch.Generator().manual_seed(B * 1000 + S)
     coef = torch.randn(B, V, generator=g) * (torch.rand(B, V, generator=g) < density)
@@ -337,10 +340,10 @@ def test_triton_segments_equal_the_stable_sort(kernel_device, B, S, V, density) 
     columns = torch.arange(V)[None, :].expand(B, V)
     rows = torch.arange(B)[:, None] * S + arg
     coef_d, arg_d = coef.to(kernel_device), arg.to(kernel_device)
-    got_columns = sparton._column_segments(coef_d, torch.tensor(live, device=kernel_device), B * V + 1)
-    got_rows = sparton._row_segments(coef_d, arg_d, S)
+    got_columns = backward._column_segments(coef_d, torch.tensor(live, device=kernel_device), B * V + 1)
+    got_rows = backward._row_segments(coef_d, arg_d, S)
     live_d = torch.tensor(live, device=kernel_device)
-    got_rows_from_columns = sparton._row_segments_from_columns(got_columns[0], arg_d, S, live_d, B * V + 1)
+    got_rows_from_columns = backward._row_segments_from_columns(got_columns[0], arg_d, S, live_d, B * V + 1)
     layouts = ((got_columns, columns, V), (got_rows, rows, B * S), (got_rows_from_columns, rows, B * S))
     for (order, offsets), keys, count in layouts:
         sorted_keys, want = torch.sort(torch.where(coef != 0, keys, count).reshape(-1), stable=True)
@@ -352,7 +355,7 @@ def test_triton_backward_same_with_narrow_or_wide_indices(kernel_device, monkeyp
     """Bitwise the same gradients (on every path of the backward), NaN planted in a coefficient
     included, with the narrow indices the tests' shapes get (the column layout's int32 b·V + v; grad_H's
     int16 sort keys, B·S < 2^15) and the wide ones of larger shapes (int64; int32 keys)."""
-    from gradcache_sparton.kernels import sparton
+    from gradcache_sparton.kernels import sparton_backward as backward
 
     h, e, b, m = _inputs(4, 45, 24, 53, True, torch.float32, kernel_device, seed=27)  # B·S = 180 > 2^7
     _, mx, arg = _launch_forward(h, e, b, m)
@@ -361,8 +364,8 @@ def test_triton_backward_same_with_narrow_or_wide_indices(kernel_device, monkeyp
     for path in BACKWARD_PATHS:
         narrow = _launch_backward(g, h, e, mx, arg, path)[:2]
         with monkeypatch.context() as patch:
-            patch.setattr(sparton, "_order_dtype", lambda B, V: torch.int64)
-            patch.setattr(sparton, "_INT16_KEYS_BELOW", 0)
+            patch.setattr(backward, "_order_dtype", lambda B, V: torch.int64)
+            patch.setattr(backward, "_INT16_KEYS_BELOW", 0)
             wide = _launch_backward(g, h, e, mx, arg, path)[:2]
         for x, y in zip(narrow, wide, strict=True):
             assert torch.equal(x.isnan(), y.isnan()) and x.isnan().any()
@@ -563,7 +566,7 @@ def test_triton_forward_nan_beats_inf_and_first_nan_wins(kernel_device, forward)
 def test_triton_dense_backward_non_finite_matches_sparse(kernel_device, value, site) -> None:
     """With a NaN/inf planted, the dense backward puts NaN/inf at exactly the sparse backward's entries
     (which match autograd through the reference: test_triton_non_finite_matches_reference)."""
-    from gradcache_sparton.kernels.sparton import sparton_backward
+    from gradcache_sparton.kernels.sparton_backward import sparton_backward
 
     h, e, b, m = _inputs(*NON_FINITE_SHAPE, True, torch.bfloat16, kernel_device, seed=35)
     g = torch.randn(3, 37, generator=torch.Generator().manual_seed(36)).to(kernel_device, torch.bfloat16)
@@ -619,19 +622,19 @@ def test_backward_skips_gradients_nobody_needs(kernel_device, monkeypatch, path,
     """A frozen weight gets no [V, D] gradient (the grad_E launcher never runs: nothing computed or
     allocated), hidden states without grad no [B, S, D] one, a frozen bias none; the gradients still
     needed equal those of the full backward."""
-    from gradcache_sparton.kernels import head as head_module
-    from gradcache_sparton.kernels import sparton
+    from gradcache_sparton.kernels import sparton_backward as backward
+    from gradcache_sparton.kernels import sparton_ops
 
     device = kernel_device if path == "triton" else torch.device("cpu")
-    monkeypatch.setattr(head_module, "_use_triton", lambda hidden_states: path == "triton")
+    monkeypatch.setattr(sparton_ops, "_use_triton", lambda hidden_states: path == "triton")
     calls = []
     for name in ("_grad_e", "_grad_h"):  # the launchers that allocate grad_E / grad_H
-        launcher = getattr(sparton, name)
-        monkeypatch.setattr(sparton, name, lambda *a, _l=launcher, _n=name: calls.append(_n) or _l(*a))
-    cpu_backward = head_module.sparton_head_backward_reference
+        launcher = getattr(backward, name)
+        monkeypatch.setattr(backward, name, lambda *a, _l=launcher, _n=name: calls.append(_n) or _l(*a))
+    cpu_backward = sparton_ops.sparton_head_backward_reference
     needs = []  # what the CPU path was asked to compute
     monkeypatch.setattr(
-        head_module,
+        sparton_ops,
         "sparton_head_backward_reference",
         lambda *a, **k: needs.append(k.get("needs_input_grad")) or cpu_backward(*a, **k),
     )

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from transformers import BertConfig
 
 from gradcache_sparton.engine import CachedLoss, GradCache
-from gradcache_sparton.kernels import head as head_module
+from gradcache_sparton.kernels import sparton_ops
 from gradcache_sparton.modeling import SpladeEncoder
 
 pytestmark = pytest.mark.kernel
@@ -71,7 +71,7 @@ def _plant_nan_once(*, call: int, row: int, position: int):
 def test_nan_hidden_state_stops_cached_step_on_triton_path(kernel_device, monkeypatch, api) -> None:
     """A NaN in one unmasked token's hidden state reaches the reps through the Triton head, and the cached
     step raises FloatingPointError before Step (3): weights and accumulated .grad stay bitwise as they were."""
-    monkeypatch.setattr(head_module, "_use_triton", lambda hidden_states: True)
+    monkeypatch.setattr(sparton_ops, "_use_triton", lambda hidden_states: True)
     config = BertConfig(
         vocab_size=40,
         hidden_size=16,

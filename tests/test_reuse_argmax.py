@@ -11,6 +11,7 @@ fp32 tolerance (rtol 1e-5 of each parameter's largest gradient, tests/test_engin
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 import torch
@@ -28,8 +29,8 @@ from engine_helpers import (
 from torch import Tensor, nn
 
 from gradcache_sparton.engine import CachedLoss, GradCache
-from gradcache_sparton.forward_memo import ForwardMemo, recording, replaying
-from gradcache_sparton.kernels import head as head_module
+from gradcache_sparton.engine.argmax_reuse import ArgmaxMemo, ArgmaxReuse
+from gradcache_sparton.forward_memo import recording, replaying
 from gradcache_sparton.kernels import sparton_head
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.modeling import SpladeEncoder
@@ -170,7 +171,7 @@ def test_record_keeps_only_the_entries_with_a_gradient(config) -> None:
         assert len(mini_batches) == 3
         for mb in mini_batches:
             assert mb.memo is not None and len(mb.memo) == 1
-            record = mb.memo.take()
+            record = mb.memo._records[0]
             record.compact()  # the last record kept is still dense until taken back by the replay
             nonzeros = int(torch.count_nonzero(reps[column][mb.rows]))
             assert 0 < nonzeros < 0.1 * reps[column][mb.rows].numel()  # sparse reps: the point of the record
@@ -198,9 +199,10 @@ def test_records_are_compacted_one_mini_batch_late_without_a_host_read(config, m
     assert len(records) == 6
     assert all(r.positions is not None and r._dense is None for r in records[:-1])  # compacted
     assert records[-1].positions is None and records[-1]._dense is not None  # the last: still dense
+    last = weakref.ref(records[-1])
     del records, replay_state  # a step abandoned before its replay: its dense record goes with it
     gc.collect()
-    assert all(ref() is None for ref in head_module._DENSE_RECORDS)
+    assert last() is None
     got = _step(encoder, columns, mini_batch_size=3, reuse_argmax=True)
     assert torch.equal(got[0], expected[0])
     _assert_bitwise_equal(got[1], expected[1])
@@ -351,10 +353,10 @@ def test_replayed_head_equals_the_forward_op_bitwise(kernel_device, monkeypatch,
     """The head replayed from its record returns the forward's Y and the same grad_H, grad_E, grad_bias bit
     for bit, on the Triton path (interpreted on CPU) and the reference path; with a fully masked row, a
     NaN logit column and entries whose max is <= 0."""
-    from gradcache_sparton.kernels import head as head_module
+    from gradcache_sparton.kernels import sparton_ops
 
     device = kernel_device if path == "triton" else torch.device("cpu")
-    monkeypatch.setattr(head_module, "_use_triton", lambda hidden_states: path == "triton")
+    monkeypatch.setattr(sparton_ops, "_use_triton", lambda hidden_states: path == "triton")
     generator = torch.Generator().manual_seed(3)
     B, S, D, V = 3, 21, 24, 37
     hidden = torch.randn(B, S, D, generator=generator).to(device, dtype)
@@ -365,7 +367,7 @@ def test_replayed_head_equals_the_forward_op_bitwise(kernel_device, monkeypatch,
     mask[2] = False  # a fully masked row: Y = 0, no gradient
     grad_y = torch.randn(B, V, generator=generator).to(device, dtype)
 
-    memo, results = ForwardMemo(), []
+    memo, results = ArgmaxReuse().memo(), []
     for context in (recording(memo), replaying(memo)):
         leaves = [t.detach().clone().requires_grad_() for t in (hidden, weight, bias)]
         with context:
@@ -385,13 +387,13 @@ def test_trainer_reuse_argmax_leaves_the_same_parameters(tokenizer, tmp_path, mo
     it off."""
     counts = {"record": 0, "take": 0}
     for method in counts:
-        original = getattr(ForwardMemo, method)
+        original = getattr(ArgmaxMemo, method)
 
         def counted(self, *args, _original=original, _method=method):
             counts[_method] += 1
             return _original(self, *args)
 
-        monkeypatch.setattr(ForwardMemo, method, counted)
+        monkeypatch.setattr(ArgmaxMemo, method, counted)
     results = []
     for reuse in (False, None):  # None, the default: on
         model = trainer_model(tokenizer, dropout=0.1)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from gradcache_sparton.engine.argmax_reuse import ArgmaxMemo, ArgmaxReuse
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.cuda_graphs import GraphedEncoder, check_cuda_graph_options
 from gradcache_sparton.engine.distributed import (
@@ -59,7 +60,7 @@ from gradcache_sparton.engine.mini_batch import (
 )
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
-from gradcache_sparton.forward_memo import ForwardMemo, recording, replaying
+from gradcache_sparton.forward_memo import recording, replaying
 from gradcache_sparton.host_count import HostCount
 from gradcache_sparton.sparse_reps import SparseReps
 
@@ -107,7 +108,7 @@ class MiniBatch:
     features: dict[str, Tensor]
     rng: RngState
     fingerprint: Tensor | None = None
-    memo: ForwardMemo | None = None
+    memo: ArgmaxMemo | None = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ class GradCache:
             and argmax over the sequence where its gradient can be non-zero (12 bytes per such entry,
             about a non-zero rep entry: 1-3% of B x V for trained SPLADE models, up to all of it for a
             random head), and the replay rebuilds the head's output and backward from that record, bit
-            for bit the backward it would have run (see :mod:`~gradcache_sparton.forward_memo`). Saves
+            for bit the backward it would have run (see :mod:`~gradcache_sparton.engine.argmax_reuse`). Saves
             the head's [B, S, D] x [D, V] product once per step; costs the records' memory until their
             mini-batch is replayed (no device sync: each record is compacted to its live entries one
             mini-batch later, when its size has reached the host without waiting). With
@@ -376,6 +377,7 @@ class GradCache:
         extra = 0
         if self._equal_passes:  # FSDP: as many forwards as the rank with the most mini-batches
             extra = count_on_every_rank(planned, _device_of(columns)) - planned
+        argmax_reuse = ArgmaxReuse() if self.reuse_argmax else None  # this Step (1)'s head records
         with (
             torch.no_grad(),
             _quiet_reentrant_checkpoint(),
@@ -392,7 +394,7 @@ class GradCache:
                 column_mini_batches: list[MiniBatch] = []
                 for rows, mb_features in plan:
                     rng = RngState.capture((*cuda_devices_of(mb_features.values()), *encoder_devices))
-                    memo = ForwardMemo() if self.reuse_argmax else None
+                    memo = argmax_reuse.memo() if argmax_reuse is not None else None
                     if self._graphs is not None:
                         rep = self._graphs.encode(mb_features, rng, autocast)  # [mb, V]
                     else:

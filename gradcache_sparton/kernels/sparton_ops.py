@@ -1,4 +1,4 @@
-"""``sparton_head`` and ``SpartonHead``: the SPLADE max-pooled head, dispatched to Triton on CUDA.
+"""``sparton_head``: the SPLADE max-pooled head as two custom ops, dispatched to Triton on CUDA.
 
 Legend: B batch, S sequence, D hidden, V vocabulary.
 
@@ -13,14 +13,15 @@ one opaque node with a fake (shape-only) implementation instead of tracing into 
 ``torch.library.register_autograd`` ties them together (the custom-op form of an
 ``autograd.Function``). Triton is imported only when a CUDA tensor arrives.
 
-Inside a GradCache step with ``reuse_argmax`` (see :mod:`gradcache_sparton.forward_memo`), Step (1)'s
-forward also records (max, argmax) at the entries whose gradient can be non-zero (max > 0 or NaN), 12
-bytes each, with fingerprints of everything the forward read: H, E and bias (compacted one mini-batch
-late, so that no record waits on the device). The Step (3) replay skips the forward kernel: Y =
-log1p(max) is rebuilt from the record and the backward op runs on the record's (max, argmax), bit for
-bit the backward of an uncached step with the same H, E and bias; the replay reports whether its H, E
-and bias were Step (1)'s, so that a change between the two (an optimizer step, an in-place edit of the
-decoder) fails the replay check instead of giving the gradient of another function.
+The Triton kernels are in ``sparton_forward.py`` and ``sparton_backward.py`` (tiles in
+``sparton_blocks.py``), the :class:`~gradcache_sparton.kernels.SpartonHead` module in ``sparton_module.py``.
+
+Inside a GradCache step with ``reuse_argmax``, a memo found through :mod:`gradcache_sparton.forward_memo`
+is given the forward op's (max, argmax) in Step (1) and gives them back in Step (3), where the head
+skips the forward kernel: Y = log1p(max) is rebuilt and the backward op runs on that (max, argmax), bit
+for bit the backward of the forward it skips (:class:`_ReplayedHead`). What the memo keeps, and the
+check that the replay's H, E and bias are Step (1)'s, belong to the engine
+(:mod:`gradcache_sparton.engine.argmax_reuse`).
 
 Dtypes: H and E share one dtype among fp16, bf16, fp32 (fp64 too on CPU); bias may be any floating
 dtype (it is added in fp32). Under autocast for the inputs' device, H and E are cast to the autocast
@@ -30,16 +31,13 @@ saved max stays fp32 so the backward does not inherit a 16-bit rounding of it.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from gradcache_sparton.forward_memo import ForwardMemo, recording_memo, replaying_memo
-from gradcache_sparton.host_count import HostCount
+from gradcache_sparton.forward_memo import recording_memo, replaying_memo
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
 
-__all__ = ["SpartonHead", "sparton_head"]
+__all__ = ["sparton_head"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -128,7 +126,7 @@ def _forward_op(
     """(Y [B, V], max [B, V] fp32 (fp64 for fp64 inputs), argmax [B, V] int32)."""
     _check_mask_values(attention_mask)
     if _use_triton(hidden_states):
-        from gradcache_sparton.kernels.sparton import sparton_forward  # imports triton
+        from gradcache_sparton.kernels.sparton_forward import sparton_forward  # imports triton
 
         return sparton_forward(hidden_states, weight, bias, attention_mask)
     y, mx, arg = sparton_head_reference(hidden_states, weight, bias, attention_mask, return_argmax=True)
@@ -168,7 +166,7 @@ def _backward_op(
     neither computed nor allocated, and comes back as an empty tensor (custom ops return tensors)."""
     needs = (need_grad_hidden, need_grad_weight, need_grad_bias)
     if _use_triton(hidden_states):
-        from gradcache_sparton.kernels.sparton import sparton_backward  # imports triton
+        from gradcache_sparton.kernels.sparton_backward import sparton_backward  # imports triton
 
         grads = sparton_backward(grad_y, hidden_states, weight, max_logits, argmax, needs_input_grad=needs)
     else:
@@ -233,113 +231,13 @@ torch.library.register_autograd(
 
 
 # ---------------------------------------------------------------------------------------------------
-# Replay from Step (1)'s record (GradCache ``reuse_argmax``)
+# Replay from a memo (GradCache ``reuse_argmax``)
 # ---------------------------------------------------------------------------------------------------
 
 
-class _HeadRecord:
-    """Step (1)'s (max, argmax) at the live entries, where max > 0 or is NaN: elsewhere max is 0 (relu)
-    and the backward sends nothing whatever the argmax. Legend: n live entries of the [B, V] grid.
-
-    - ``positions`` [n] flat indices into [B, V] (int32 while B·V < 2**31, else int64),
-    - ``max_logits`` [n] in the saved max's dtype (fp32; fp64 for fp64 inputs),
-    - ``argmax`` [n] int32 sequence positions,
-    - ``fingerprint`` [B] fp32 row sums of H, to check that the replay's H is bitwise Step (1)'s,
-    - ``weights_digest`` [2] int64 digests of E and bias as the forward read them (after autocast's cast),
-      to check that the replay's are bitwise Step (1)'s (:func:`_bits_digest`).
-
-    Keeping the live entries needs their count n on the host, and reading it right away would stall
-    the host until the device has finished this mini-batch, once per mini-batch. So a record is kept in
-    two stages: :meth:`keep` holds the dense [B, V] (max, argmax) and starts copying n to the host
-    behind the work queued so far; the record is compacted to its n entries when the next record is
-    kept (by then the host has queued the next mini-batch, so waiting for this copy leaves the device
-    busy), or when it is taken back, whichever comes first. At most two mini-batches' dense records
-    exist at once, and no step waits on the device for them.
-    """
-
-    def __init__(
-        self, hidden_states: Tensor, weight: Tensor, bias: Tensor | None, max_logits: Tensor, argmax: Tensor
-    ) -> None:
-        self.hidden_shape = tuple(hidden_states.shape)
-        self.hidden_dtype = hidden_states.dtype
-        self.vocab_size = max_logits.shape[1]
-        self.fingerprint = _row_sums(hidden_states)
-        self.weights_digest = _weights_digest(weight, bias)
-        flat_max = max_logits.detach().reshape(-1)  # [B, V] -> [B·V]; a record never holds a graph
-        live = (flat_max > 0) | flat_max.isnan()  # [B·V]
-        self._dense: tuple[Tensor, Tensor, Tensor] | None = (flat_max, argmax.reshape(-1), live)
-        self._count = HostCount(live.sum())
-        self.positions: Tensor | None = None
-        self.max_logits: Tensor | None = None
-        self.argmax: Tensor | None = None
-
-    @classmethod
-    def keep(
-        cls, hidden_states: Tensor, weight: Tensor, bias: Tensor | None, max_logits: Tensor, argmax: Tensor
-    ) -> _HeadRecord:
-        """A record of the forward op's [B, V] (max, argmax) on (H, E, bias); earlier records still dense are
-        compacted."""
-        record = cls(hidden_states, weight, bias, max_logits, argmax)
-        for earlier in [r for ref in _DENSE_RECORDS if (r := ref()) is not None]:
-            earlier.compact()
-        _DENSE_RECORDS[:] = [weakref.ref(record)]
-        return record
-
-    def compact(self) -> None:
-        """Keep only the live entries (waits for their count, copied to the host when the record was kept)."""
-        if self._dense is None:
-            return
-        flat_max, flat_arg, live = self._dense
-        n = self._count.value()
-        index_dtype = torch.int32 if flat_max.numel() < 2**31 else torch.int64
-        positions = torch.nonzero_static(live, size=n).squeeze(1)  # [n] int64; n known: no sync
-        self.positions = positions.to(index_dtype)
-        self.max_logits = flat_max[positions]
-        self.argmax = flat_arg[positions]
-        self._dense = None
-
-    def restore(self) -> tuple[Tensor, Tensor]:
-        """The forward op's [B, V] (max, argmax): the kept entries, 0 elsewhere (what relu left there)."""
-        self.compact()
-        B, V = self.hidden_shape[0], self.vocab_size
-        positions = self.positions.long()
-        mx = self.max_logits.new_zeros(B * V).index_copy_(0, positions, self.max_logits)
-        arg = self.argmax.new_zeros(B * V).index_copy_(0, positions, self.argmax)
-        return mx.view(B, V), arg.view(B, V)
-
-
-# The record kept last, while it is dense (weakly held: an abandoned step's record is freed with it).
-_DENSE_RECORDS: list[weakref.ref[_HeadRecord]] = []
-
-
-def _row_sums(hidden_states: Tensor) -> Tensor:
-    """[B, S, D] -> [B] fp32 sums, computed alike in Step (1) and Step (3) (no graph, no autocast)."""
-    with torch.no_grad(), torch.autocast(hidden_states.device.type, enabled=False):
-        return hidden_states.detach().sum(dim=(1, 2), dtype=torch.float32)
-
-
-def _bits_digest(tensor: Tensor) -> Tensor:
-    """An int64 scalar digest of ``tensor``'s bits: the sum of its elements' bit patterns read as integers.
-
-    Integer sums are exact and independent of summation order, so bitwise-equal tensors give equal
-    digests on any device, and a change of any single element (by as little as one ulp, which a
-    floating-point sum can absorb) always changes it. A permutation of the elements keeps it, as it
-    keeps the reps' row sums that check the replay without ``reuse_argmax``. One read of the tensor, no
-    copy (a same-size integer view), no device sync.
-    """
-    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-    with torch.no_grad():
-        return tensor.detach().view(integer).sum(dtype=torch.int64)
-
-
-def _weights_digest(weight: Tensor, bias: Tensor | None) -> Tensor:
-    """[2] int64: the digests of E [V, D] and bias [V] (0 without one), as the forward op reads them."""
-    bias_digest = weight.new_zeros((), dtype=torch.int64) if bias is None else _bits_digest(bias)
-    return torch.stack([_bits_digest(weight), bias_digest])
-
-
 class _ReplayedHead(torch.autograd.Function):
-    """Y = log1p(max) from a record (the forward op's own last step), with the forward op's backward."""
+    """Y = log1p(max) from the forward op's own (max, argmax) of an earlier call, with the forward op's
+    backward."""
 
     @staticmethod
     def forward(ctx, hidden_states: Tensor, weight: Tensor, bias: Tensor | None, mx: Tensor, arg: Tensor):
@@ -351,35 +249,6 @@ class _ReplayedHead(torch.autograd.Function):
     def backward(ctx, grad_y: Tensor):
         need_h, need_e, need_bias = ctx.needs_input_grad[:3]
         return (*_head_grads(ctx, grad_y, need_h, need_e, need_bias), None, None)
-
-
-def _replay(memo: ForwardMemo, hidden_states: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    record = memo.take()
-    if (
-        not isinstance(record, _HeadRecord)
-        or record.hidden_shape != tuple(hidden_states.shape)
-        or record.hidden_dtype != hidden_states.dtype
-        or record.vocab_size != weight.shape[0]
-    ):
-        seen = (
-            f"hidden states {list(record.hidden_shape)} {record.hidden_dtype} and V = {record.vocab_size}"
-            if isinstance(record, _HeadRecord)
-            else f"a {type(record).__name__} record"
-        )
-        raise RuntimeError(
-            f"the replayed Sparton head got hidden states {list(hidden_states.shape)} {hidden_states.dtype} and "
-            f"V = {weight.shape[0]}, but Step (1) recorded {seen} at this call: the encoder did not take the "
-            "same path twice"
-        )
-    # The rebuilt output and backward are the forward's only if it would read what Step (1)'s read: the same
-    # H (which also covers every weight before the head) and the same E and bias.
-    hidden_differs = (
-        _row_sums(hidden_states).view(torch.int32) != record.fingerprint.view(torch.int32)
-    ).any()
-    weights_differ = (_weights_digest(weight, bias) != record.weights_digest).any()
-    memo.report(hidden_differs | weights_differ)
-    mx, arg = record.restore()  # [B, V] each
-    return _ReplayedHead.apply(hidden_states, weight, bias, mx, arg)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -413,70 +282,11 @@ def sparton_head(
             hidden_states, weight = hidden_states.to(dtype), weight.to(dtype)
     _check_inputs(hidden_states, weight, bias, attention_mask)
     memo = replaying_memo()
-    if memo is not None:  # GradCache Step (3) with reuse_argmax: no forward kernel
-        return _replay(memo, hidden_states, weight, bias)
+    if memo is not None:  # GradCache Step (3) with reuse_argmax: Step (1)'s (max, argmax), no forward kernel
+        mx, arg = memo.take(hidden_states, weight, bias)  # [B, V] each
+        return _ReplayedHead.apply(hidden_states, weight, bias, mx, arg)
     y, mx, arg = _forward_op(hidden_states, weight, bias, attention_mask)
     memo = recording_memo()
     if memo is not None:  # GradCache Step (1) with reuse_argmax
-        memo.record(_HeadRecord.keep(hidden_states, weight, bias, mx, arg))
+        memo.record(hidden_states, weight, bias, mx, arg)
     return y
-
-
-class SpartonHead(nn.Module):
-    """SPLADE head: max over the sequence of log1p(relu(logits)), masked, fused so logits never exist.
-
-    Usually built from (and sharing the parameters of) a masked-LM decoder with
-    :meth:`from_decoder` or :meth:`tie_weights`, so a model saved with ``save_pretrained`` stays a
-    standard masked-LM checkpoint with no extra tensors.
-    """
-
-    def __init__(
-        self,
-        hidden_size: int,
-        vocab_size: int,
-        *,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        if hidden_size < 1 or vocab_size < 1:
-            raise ValueError(
-                f"hidden_size and vocab_size must be >= 1, got hidden_size={hidden_size}, "
-                f"vocab_size={vocab_size}"
-            )
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(vocab_size, device=device, dtype=dtype)) if bias else None
-        if self.weight.device.type != "meta":
-            nn.init.normal_(self.weight, std=0.02)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        return self.weight.shape[1]
-
-    @classmethod
-    def from_decoder(cls, decoder: nn.Linear) -> SpartonHead:
-        """A head that shares ``decoder.weight`` [V, D] and ``decoder.bias`` [V] (no copy)."""
-        if not isinstance(decoder, nn.Linear):
-            raise TypeError(f"decoder must be an nn.Linear, got {type(decoder).__name__}")
-        head = cls(decoder.in_features, decoder.out_features, bias=decoder.bias is not None, device="meta")
-        head.tie_weights(decoder)
-        return head
-
-    def tie_weights(self, decoder: nn.Linear) -> None:
-        """Share the parameters of a masked-LM decoder (``nn.Linear(D, V)``) instead of owning copies."""
-        if not isinstance(decoder, nn.Linear):
-            raise TypeError(f"decoder must be an nn.Linear, got {type(decoder).__name__}")
-        self.weight = decoder.weight
-        self.bias = decoder.bias
-
-    def forward(self, hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
-        """[B, S, D] hidden states and [B, S] 0/1 mask -> [B, V] sparse reps."""
-        return sparton_head(hidden_states, self.weight, self.bias, attention_mask)
-
-    def extra_repr(self) -> str:
-        return f"hidden_size={self.hidden_size}, vocab_size={self.vocab_size}, bias={self.bias is not None}"
