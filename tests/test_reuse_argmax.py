@@ -208,6 +208,22 @@ def test_records_are_compacted_one_mini_batch_late_without_a_host_read(config, m
     _assert_bitwise_equal(got[1], expected[1])
 
 
+def test_records_belong_to_their_step(config) -> None:
+    """Each Step (1) owns its records (no state shared between steps or engines): another engine's Step (1)
+    run in between leaves this step's last record dense (it neither compacts it nor waits on its count),
+    and this step's replay still takes it back."""
+    encoder = _encoder(config, bias_shift=0.3)
+    columns = make_columns(BATCH, 2)
+    engine = GradCache(encoder, mini_batch_size=3, reuse_argmax=True)
+    reps, replay_state = engine.encode(columns)
+    last = [mb.memo for mbs in replay_state.mini_batches.values() for mb in mbs][-1]
+    GradCache(encoder, mini_batch_size=3, reuse_argmax=True).encode(columns)
+    assert last._records[0]._dense is not None  # still dense: untouched by the other step
+    _, rep_grads = engine.rep_gradients(reps, _loss())
+    engine.replay(replay_state, rep_grads)
+    assert last.fully_taken and not bool(last.differs())
+
+
 @pytest.mark.gpu
 def test_reuse_argmax_syncs_do_not_grow_with_the_mini_batches(config) -> None:
     """On CUDA, a step's host-device synchronisations are per step and per column, never per mini-batch

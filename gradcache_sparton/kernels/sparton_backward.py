@@ -28,7 +28,7 @@ is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and
   sparse (the same device-side rule as grad_E's), a stable sort of grad_E's column layout's first
   by_column_below·B·V slots by row (they hold every non-zero, v increasing, so the layout is the same
   entry for entry); where Y is dense that layout is not built, and grad_H runs on the tensor cores
-  instead (the dense kernel below, its [S, V] tile of coef at the argmax built in registers). The
+  instead (``sparton_backward_dense.py``, its [S, V] tile of coef at the argmax built in registers). The
   CSR and the tensor-core kernels are both launched, the one not selected returning at once.
 - grad_bias[v] = Σ_b coef[b, v] (a [B, V] reduction, done by torch).
 - Non-finite inputs: as autograd through the dense reference, grad_E[:, d] is NaN wherever column d of H
