@@ -55,11 +55,11 @@ from datetime import timedelta  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from common import run_stamp  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from transformers import BertConfig  # noqa: E402
 
+from benchmarks.common import run_stamp  # noqa: E402
 from gradcache_sparton.engine import CachedLoss  # noqa: E402
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig  # noqa: E402
 from gradcache_sparton.modeling import SpladeEncoder  # noqa: E402

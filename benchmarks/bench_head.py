@@ -42,9 +42,9 @@ from collections.abc import Callable
 
 import torch
 import triton
-from common import run_stamp
 from torch import Tensor
 
+from benchmarks.common import run_stamp
 from gradcache_sparton.kernels import sparton_head, sparton_head_reference, splade_head_materialized
 from gradcache_sparton.kernels.sparton_backward import sparton_backward
 from gradcache_sparton.kernels.sparton_forward import sparton_forward

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import run_stamp
 from torch import Tensor
 
+from benchmarks.common import run_stamp
 from gradcache_sparton.arguments import ModelArguments
 from gradcache_sparton.data import default_dev_beir_path, load_beir
 from gradcache_sparton.evaluation import (

@@ -45,13 +45,13 @@ import tempfile
 import time
 
 import torch
-from common import run_stamp
 from sentence_transformers import SparseEncoder
 from sentence_transformers.base.modules import Transformer
 from sentence_transformers.sparse_encoder.losses import CachedSpladeLoss, SparseMultipleNegativesRankingLoss
 from sentence_transformers.sparse_encoder.modules import SpladePooling
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
+from benchmarks.common import run_stamp
 from gradcache_sparton import CachedLoss, SpladeLoss, default_tokenizer_path
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,

@@ -14,11 +14,12 @@ SpladeLoss is InfoNCE over in-batch and hard negatives (temperature 1) with FLOP
 
 Model: BERT-base width (D 768, 12 heads, FFN 3,072, 6 layers), random init at each V of ``--vocabs``,
 with the decoder bias set so that the reps of the benchmark's text have ``--target_density``
-non-zeros (``bench_real_workload.calibrate_decoder_bias``: trained SPLADE models have 1-3%). The
-measured non-zeros per row are recorded. Data: the shipped SciFact sample's (claim, abstract, another
-abstract) triplets (``bench_real_workload.scifact_triplets``, 3,204 rows), queries cut at 32 tokens
-and passages at 256, tokenized once; a batch of B triplets takes row i mod 3,204 for i < B, so every
-rep is one of real text and the non-zeros are real text's (duplicate rows change no cost).
+non-zeros (``benchmarks.real_workload.models.calibrate_decoder_bias``: trained SPLADE models have
+1-3%). The measured non-zeros per row are recorded. Data: the shipped SciFact sample's (claim,
+abstract, another abstract) triplets (``benchmarks.real_workload.workloads.scifact_triplets``, 3,204
+rows), queries cut at 32 tokens and passages at 256, tokenized once; a batch of B triplets takes row
+i mod 3,204 for i < B, so every rep is one of real text and the non-zeros are real text's (duplicate
+rows change no cost).
 
 Configurations: for each V, each B of ``--batches`` (``--batches_v250k`` at V >= 100,000) with each
 cache of ``--caches``; the dense cache stops at ``--dense_max_batch`` (it needs ~8·3·B·V bytes for
@@ -58,29 +59,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_real_workload import (
+from torch import Tensor
+from transformers import AutoTokenizer
+
+from benchmarks.common import headless_pyplot, run_stamp
+from benchmarks.harness import autocast, free_memory, int_list, is_oom, name_list
+from benchmarks.real_workload.models import calibrate_decoder_bias, nonzeros_per_row, random_model
+from benchmarks.real_workload.steps import splade_loss
+from benchmarks.real_workload.workloads import (
     COLUMNS,
     FULL,
     SCIFACT_TRAIN,
     SMOKE,
-    autocast,
-    calibrate_decoder_bias,
-    free_memory,
-    int_list,
-    is_oom,
-    name_list,
-    nonzeros_per_row,
-    random_model,
     read_scifact_pairs,
     scifact_triplets,
-    splade_loss,
     take_rows,
     tokenize_rows,
 )
-from common import headless_pyplot, run_stamp
-from torch import Tensor
-from transformers import AutoTokenizer
-
 from gradcache_sparton import GradCache, SpladeEncoder
 from gradcache_sparton.evaluation import SparseReps
 from gradcache_sparton.resources import default_tokenizer_path

@@ -77,10 +77,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import run_stamp
 from torch import Tensor, nn
 from transformers import BertConfig
 
+from benchmarks.common import run_stamp
 from gradcache_sparton import CachedLoss, GradCache, SpladeEncoder, SpladeLoss, SpladeLossConfig
 from gradcache_sparton.kernels import splade_max_pool
 

@@ -24,8 +24,8 @@ import json
 import sys
 
 import torch
-from common import run_stamp
 
+from benchmarks.common import run_stamp
 from gradcache_sparton.kernels import sparton_head, sparton_head_reference
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference
 from gradcache_sparton.kernels.sparton_backward import sparton_backward

@@ -1,7 +1,8 @@
 """What every benchmark records about where it ran: one run stamp for all of benchmarks/.
 
-Imported by the benchmark scripts as ``from common import run_stamp`` (a script's own folder is first
-on ``sys.path``; benchmarks/ is not a package).
+Imported by the benchmark scripts as ``from benchmarks.common import run_stamp``: benchmarks/ is a
+package, so a script runs from the repository root as ``python -m benchmarks.<script>`` (or as
+``python benchmarks/<script>.py`` with the repository root on ``PYTHONPATH``).
 """
 
 from __future__ import annotations

@@ -163,8 +163,7 @@ def main() -> int:
         return 0 if passed else 1
     if args.out is None:
         parser.error("give --out (measure) or --compare ... --to ...")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import run_stamp
+    from benchmarks.common import run_stamp
 
     meta = {**run_stamp(), "command": " ".join(sys.argv)}
     rows = [measure(shape, density) for shape in SHAPES for density in BIAS_MEANS]

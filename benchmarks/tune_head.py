@@ -29,8 +29,8 @@ from dataclasses import replace
 
 import torch
 import triton
-from common import run_stamp
 
+from benchmarks.common import run_stamp
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
 from gradcache_sparton.kernels.sparton_backward import (
     _column_segments,
