@@ -28,8 +28,8 @@ The scaling curve is one launch per W, in one call:
 
     for w in 2 4; do PYTHONPATH=$PWD torchrun --nproc_per_node $w benchmarks/bench_ddp.py --out $OUT/ddp_$w.json; done
 
-``python benchmarks/bench_ddp.py --out ...`` (one process) runs the 1-GPU phase only. ``--smoke`` runs
-everything on CPU with gloo and a tiny model (``torchrun --nproc_per_node 3 benchmarks/bench_ddp.py
+``python -m benchmarks.bench_ddp --out ...`` (one process) runs the 1-GPU phase only. ``--smoke`` runs
+everything on CPU with gloo and a tiny model (``torchrun --nproc_per_node 3 -m benchmarks.bench_ddp
 --smoke --out /tmp/ddp.json``): it checks the script at any W, its numbers mean nothing.
 """
 

@@ -25,7 +25,7 @@ Legend: N documents, Q queries, V vocabulary, K top-k.
 
 On the GPU machine (``pyseismic-lsr`` must be installed; see ``../shared/device-wheels/README.md``):
 
-    python benchmarks/bench_retrieval_scale.py --out $OUT/scale            # N = 1,000,000, Q = 1,000
+    python -m benchmarks.bench_retrieval_scale --out $OUT/scale            # N = 1,000,000, Q = 1,000
 
 ``--smoke`` runs a CPU-sized version (statistics of 64 abstracts and 16 claims, N = 500, Q = 5). Writes ``retrieval_scale.json`` and
 ``retrieval_scale.md`` (the tables) to ``--out``; steps past ``--time_budget_s`` are skipped and named.

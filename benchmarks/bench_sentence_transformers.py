@@ -30,8 +30,8 @@ wrong gradient. The bf16 steps' difference (``bf16_max_grad_diff_over_max_grad``
 rounds the [B, S, V] logits to bf16 before the max, which moves near-equal maxima to other positions
 (each such move is a whole gradient row elsewhere), so it is larger: 0.14-0.15 on the H100.
 
-    python benchmarks/bench_sentence_transformers.py --batch 1024 --mini-batch 64 --out st_bridge.json
-    python benchmarks/bench_sentence_transformers.py --batch 1024 --mini-batch 32 --vocab 250002
+    python -m benchmarks.bench_sentence_transformers --batch 1024 --mini-batch 64 --out st_bridge.json
+    python -m benchmarks.bench_sentence_transformers --batch 1024 --mini-batch 32 --vocab 250002
 """
 
 from __future__ import annotations

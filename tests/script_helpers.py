@@ -1,5 +1,5 @@
-"""Benchmark and experiment scripts imported as modules (benchmarks/ and scripts/ are folders of scripts,
-not packages), for tests of their pieces."""
+"""Experiment scripts imported as modules (scripts/ is a folder of scripts, not a package), for tests of
+their pieces. The benchmarks are a package (``benchmarks``): their tests import them by name."""
 
 from __future__ import annotations
 

@@ -6,16 +6,19 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from script_helpers import ROOT, import_script
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_row_splits_cover_the_global_batch_with_unequal_replay_counts() -> None:
     """Every world size's splits sum to 8 x W rows, and the unequal one gives ranks different replay counts."""
-    bench = import_script("benchmarks", "bench_ddp")
+    from benchmarks import bench_ddp  # here: importing it sets NCCL's environment (multicast off)
+
     for world in (2, 3, 4, 7):
-        splits = bench.row_splits(world)
+        splits = bench_ddp.row_splits(world)
         assert all(len(rows) == world and sum(rows) == 8 * world for rows in splits.values())
         replays = {-(-rows // 3) for rows in splits["unequal"]}  # mini-batches of 3
         assert len(replays) > 1

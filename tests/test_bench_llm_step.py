@@ -6,20 +6,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
-from script_helpers import ROOT, import_script
+
+from benchmarks import bench_llm_step as bench
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    """benchmarks/bench_llm_step.py imported as a module (benchmarks/ is not a package)."""
-    return import_script("benchmarks", "bench_llm_step")
-
-
-def test_materializing_head_equals_the_fused_head(bench: ModuleType) -> None:
+def test_materializing_head_equals_the_fused_head() -> None:
     """Both providers train the same function: the [B, S, V]-logits head gives the SpladeEncoder's reps
     (fp32, tiny Llama; the two differ by summation order only, ~1e-7 relative over D = 32)."""
     encoder = bench.build_encoder("tiny", "full", torch.device("cpu"))
@@ -38,7 +34,8 @@ def test_materializing_head_equals_the_fused_head(bench: ModuleType) -> None:
 def test_smoke_run_writes_rows_and_targets(tmp_path: Path) -> None:
     """`--smoke` runs every provider for LoRA and full training and computes both targets per mode."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_llm_step.py"), "--smoke", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.bench_llm_step", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT,  # python -m finds the package benchmarks/ of this checkout
         capture_output=True,
         text=True,
         check=False,

@@ -6,22 +6,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
-from script_helpers import ROOT, import_script
 
+from benchmarks import bench_retrieval_scale as bench
 from gradcache_sparton.evaluation import SparseReps, seismic_available
 
-
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    """benchmarks/bench_retrieval_scale.py imported as a module (benchmarks/ is not a package)."""
-    return import_script("benchmarks", "bench_retrieval_scale")
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_synthetic_reps_follow_the_measured_statistics(bench: ModuleType) -> None:
+def test_synthetic_reps_follow_the_measured_statistics() -> None:
     """Each synthetic rep has a measured non-zero count, distinct terms drawn by document frequency (a
     term no measured rep holds is rare) and measured weights."""
     generator = torch.Generator().manual_seed(0)
@@ -50,11 +45,13 @@ def test_smoke_run_writes_every_table(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / "bench_retrieval_scale.py"),
+            "-m",
+            "benchmarks.bench_retrieval_scale",
             "--smoke",
             "--out",
             str(tmp_path),
         ],
+        cwd=ROOT,  # python -m finds the package benchmarks/ of this checkout
         capture_output=True,
         text=True,
         check=False,

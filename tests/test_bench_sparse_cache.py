@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-from types import ModuleType
-
-import pytest
-from script_helpers import import_script
+from benchmarks import bench_sparse_cache as bench
 
 
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    """benchmarks/bench_sparse_cache.py imported as a module (benchmarks/ is not a package)."""
-    return import_script("benchmarks", "bench_sparse_cache")
-
-
-def test_plan_skips_the_dense_cache_beyond_its_limit(bench: ModuleType) -> None:
+def test_plan_skips_the_dense_cache_beyond_its_limit() -> None:
     """Per V in the given order, growing B, dense before sparse; no dense row past --dense_max_batch, and
     the large-V batches at V >= 100,000."""
     args = bench.parse_args(["--output_dir", "x", "--vocabs", "250002,30522", "--batches", "8,16,32",
@@ -26,7 +17,7 @@ def test_plan_skips_the_dense_cache_beyond_its_limit(bench: ModuleType) -> None:
     ]  # fmt: skip
 
 
-def test_targets_read_from_rows(bench: ModuleType) -> None:
+def test_targets_read_from_rows() -> None:
     """The throughput ratio is sparse over dense at 8,192; the V = 250,002 target reads the sparse row's
     peak; the 262,144 target passes only with a sparse row at least that large."""
     rows = [

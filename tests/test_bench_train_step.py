@@ -5,23 +5,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
-from script_helpers import import_script
 from transformers import BertConfig
 
+from benchmarks import bench_train_step as bench
 from gradcache_sparton import SpladeEncoder
 
 
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    """benchmarks/bench_train_step.py imported as a module (benchmarks/ is not a package)."""
-    return import_script("benchmarks", "bench_train_step")
-
-
-def test_torch_head_encoder_matches_sparton_reps_and_grads(bench: ModuleType) -> None:
+def test_torch_head_encoder_matches_sparton_reps_and_grads() -> None:
     """The benchmark's PyTorch head (materialised MLM logits) gives the SpladeEncoder's reps and gradients."""
     config = BertConfig(
         vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
@@ -51,7 +44,7 @@ def test_torch_head_encoder_matches_sparton_reps_and_grads(bench: ModuleType) ->
     torch.testing.assert_close(fused_w, eager_w, rtol=1e-4, atol=1e-6)
 
 
-def test_search_stops_at_first_oom_and_keeps_going(bench: ModuleType, tmp_path: Path, monkeypatch) -> None:
+def test_search_stops_at_first_oom_and_keeps_going(tmp_path: Path, monkeypatch) -> None:
     """An OOM is a row with status OOM, ends the largest-batch search, and the next configuration runs."""
 
     def fake_measure(self, config):
@@ -72,24 +65,22 @@ def test_search_stops_at_first_oom_and_keeps_going(bench: ModuleType, tmp_path: 
     assert len(saved["rows"]) == 3
 
 
-def _row(
-    bench: ModuleType, head: str, cached: bool, batch: int, mb: int | None, vocab: int, **values
-) -> dict:
+def _row(head: str, cached: bool, batch: int, mb: int | None, vocab: int, **values) -> dict:
     config = bench.StepConfig(head, cached, batch, vocab, mb)
     return {**bench._row_header(config), "status": "ok", **values}
 
 
-def test_targets_pass_and_miss_on_thresholds(bench: ModuleType) -> None:
+def test_targets_pass_and_miss_on_thresholds() -> None:
     """Targets compare the right rows: largest uncached batch, best cached mini-batch, equal mini-batches."""
     s = bench.SMOKE
     v, eff = s.vocab, s.effective
     rows = [
-        _row(bench, "sparton", False, 2, None, v, sequences_per_s=50.0),
-        _row(bench, "sparton", False, 4, None, v, sequences_per_s=100.0),  # the largest: the reference
-        _row(bench, "sparton", True, eff, 8, v, sequences_per_s=60.0, peak_allocated_gib=1.0),
-        _row(bench, "sparton", True, eff, 16, v, sequences_per_s=80.0, peak_allocated_gib=2.0),  # best
-        _row(bench, "torch", True, eff, 8, v, sequences_per_s=40.0, peak_allocated_gib=2.0),
-        _row(bench, "sparton", True, s.large_batches[1], 8, v, sequences_per_s=9.0, peak_allocated_gib=17.0),
+        _row("sparton", False, 2, None, v, sequences_per_s=50.0),
+        _row("sparton", False, 4, None, v, sequences_per_s=100.0),  # the largest: the reference
+        _row("sparton", True, eff, 8, v, sequences_per_s=60.0, peak_allocated_gib=1.0),
+        _row("sparton", True, eff, 16, v, sequences_per_s=80.0, peak_allocated_gib=2.0),  # best
+        _row("torch", True, eff, 8, v, sequences_per_s=40.0, peak_allocated_gib=2.0),
+        _row("sparton", True, s.large_batches[1], 8, v, sequences_per_s=9.0, peak_allocated_gib=17.0),
     ]
     targets = {t["target"]: t for t in bench.evaluate_targets(rows, s)}
     assert targets["cached/uncached Sparton speed"]["value"] == pytest.approx(0.8)
@@ -101,7 +92,7 @@ def test_targets_pass_and_miss_on_thresholds(bench: ModuleType) -> None:
     assert targets[f"effective b{s.huge_batch} mb8 runs on the 80 GB H100"]["status"] == "n/a"
 
 
-def test_smoke_run_writes_rows_and_table(bench: ModuleType, tmp_path: Path, monkeypatch) -> None:
+def test_smoke_run_writes_rows_and_table(tmp_path: Path, monkeypatch) -> None:
     """`--smoke` on one configuration runs real steps on CPU and writes the JSON and markdown."""
     argv = [
         "bench_train_step.py",
