@@ -27,6 +27,7 @@ __all__ = [
     "assert_grads_close",
     "assert_grads_unchanged",
     "contrastive_flops_loss",
+    "dropout_free_config",
     "failing_encoder",
     "grads_of",
     "make_columns",
@@ -77,6 +78,21 @@ def make_encoder(config: BertConfig, *, seed: int = 0, train: bool = False) -> S
     """A freshly seeded encoder; ``train=True`` turns dropout on."""
     torch.manual_seed(seed)
     return SpladeLikeEncoder(BertForMaskedLM(config)).train(train)
+
+
+def dropout_free_config() -> BertConfig:
+    """A tiny BERT (vocabulary SMALL_VOCAB) with dropout off, for data-parallel tests: each rank draws its own
+    dropout masks, so only a dropout-free model gives the numbers of one process on the global batch."""
+    return BertConfig(
+        vocab_size=SMALL_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
 
 
 class RecordingEncoder(nn.Module):

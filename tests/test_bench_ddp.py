@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from rank_launch import launch_ranks
 
 
 def test_row_splits_cover_the_global_batch_with_unequal_replay_counts() -> None:
@@ -29,10 +24,12 @@ def test_three_ranks_match_one_process_on_the_global_batch(tmp_path) -> None:
     """On 3 gloo ranks (equal and unequal row splits) the gradients equal one process's on the global batch,
     and every rank holds the same gradients."""
     out = tmp_path / "ddp.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3"]
-    command += [str(ROOT / "benchmarks" / "bench_ddp.py"), "--smoke", "--out", str(out)]
-    subprocess.run(command, check=True, env=env, cwd=tmp_path, timeout=300, capture_output=True)
+    launch_ranks(
+        ["-m", "benchmarks.bench_ddp", "--smoke", "--out", str(out)],
+        world_size=3,
+        log_dir=tmp_path,
+        timeout_s=300,
+    )
     report = json.loads(out.read_text())
     assert [row["check"] for row in report["equality"]] == ["gradients, 8+8+8 rows", "gradients, 10+8+6 rows"]
     for row in report["equality"]:

@@ -1,7 +1,8 @@
 """Data-parallel GradCache on 2 CPU ranks (gloo): gradients equal single-process training on the global batch.
 
-One launch of 2 ranks (``distributed_helpers.launch_ranks``, bounded: a hang fails within 150 s) runs
-every scenario; the tests compare its saved results with single-process references computed here.
+One launch of 2 ranks (``rank_launch.launch_ranks``, bounded: a hang fails within 150 s) runs every
+scenario of ``distributed_ranks.py``; the tests compare its saved results with single-process
+references computed here.
 
 Tolerance: fp32, rtol 1e-5 relative to each parameter's largest gradient (``assert_grads_close``).
 The ranks' mini-batches are cut differently from the single process's (rows 0-4 and 5-9 in
@@ -12,9 +13,10 @@ gather (local loss), a missing or doubled world-size factor or a lost mini-batch
 
 from __future__ import annotations
 
+import distributed_ranks
 import pytest
 import torch
-from distributed_helpers import (
+from distributed_ranks import (
     ACCUMULATION_SEEDS,
     GLOBAL_BATCH,
     MINI_BATCH,
@@ -23,20 +25,17 @@ from distributed_helpers import (
     UNEVEN_ROWS,
     WORLD_SIZE,
     SequentialTrainer,
-    dropout_free_config,
     global_batch,
-    launch_ranks,
     rank_rows,
     scored_loss,
     sparse_global_batch,
     sparse_rank_reps,
     sparse_start_encoder,
     splade_loss,
-    trainer_args,
-    trainer_model,
-    trainer_rows,
 )
-from engine_helpers import assert_grads_close, grads_of, make_encoder
+from engine_helpers import assert_grads_close, dropout_free_config, grads_of, make_encoder
+from rank_launch import launch_ranks
+from trainer_helpers import trainer_args, trainer_model, trainer_rows
 
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import data_parallel_world_size
@@ -53,7 +52,11 @@ RTOL_SPARSE_LOSS = 1e-6
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     """Each rank's results of every scenario (one 2-rank launch for the whole module)."""
-    return launch_ranks(tmp_path_factory.mktemp("ddp"), timeout_s=150)
+    out_dir = tmp_path_factory.mktemp("ddp")
+    launch_ranks(
+        [distributed_ranks.__file__, str(out_dir)], world_size=WORLD_SIZE, log_dir=out_dir, timeout_s=150
+    )
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD_SIZE)]
 
 
 def _single_process_grads(*, seeds: tuple[int, ...], scale: float = 1.0) -> tuple[torch.Tensor, dict]:

@@ -1,6 +1,6 @@
 """GradCache under FSDP2 (``fully_shard``) on 2 CPU ranks (gloo): gradients equal one process on the global batch.
 
-One launch of 2 ranks runs every scenario below (this file is also the ranks' script); the tests read
+One launch of 2 ranks (``rank_launch.launch_ranks``, bounded in time) runs every scenario below (this file is also the ranks' script); the tests read
 what each rank saved. Each scenario shards a tiny dropout-free BERT (each layer and the root as FSDP
 units), takes its rank's rows of a global batch, runs one cached step and compares every parameter's
 full gradient (``DTensor.full_tensor()``) with one unsharded process's cached step on the whole batch.
@@ -14,15 +14,13 @@ gather, a wrong world-size factor or a lost mini-batch is an O(1) error.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from rank_launch import launch_ranks
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD_SIZE = 2
 GLOBAL_ROWS, MINI_BATCH = 12, 3
 SCENARIOS = {  # name: rows per rank, encoder, reuse_argmax
@@ -36,8 +34,7 @@ RTOL_FP32 = 1e-5  # see the module docstring
 
 
 def _encoder(kind: str) -> torch.nn.Module:
-    from distributed_helpers import dropout_free_config
-    from engine_helpers import make_encoder
+    from engine_helpers import dropout_free_config, make_encoder
 
     from gradcache_sparton import SpladeEncoder
 
@@ -146,12 +143,7 @@ def _worker(out_dir: Path) -> None:
 def ranks(tmp_path_factory) -> list[dict]:
     """Each rank's results of every scenario (one 2-rank launch for the module, bounded in time)."""
     out_dir = tmp_path_factory.mktemp("fsdp")
-    tests = str(Path(__file__).resolve().parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), tests, os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE)]
-    command += [__file__, str(out_dir)]
-    done = subprocess.run(command, env=env, cwd=out_dir, timeout=150, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    launch_ranks([__file__, str(out_dir)], world_size=WORLD_SIZE, log_dir=out_dir, timeout_s=150)
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distributed_helpers import trainer_model
+from trainer_helpers import trainer_model
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import default_train_data_path, load_training_data

@@ -15,7 +15,6 @@ import weakref
 
 import pytest
 import torch
-from distributed_helpers import trainer_args, trainer_model, trainer_rows
 from engine_helpers import (
     assert_grads_close,
     assert_grads_unchanged,
@@ -27,6 +26,7 @@ from engine_helpers import (
     uncached_loss,
 )
 from torch import Tensor, nn
+from trainer_helpers import trainer_args, trainer_model, trainer_rows
 
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.argmax_reuse import ArgmaxMemo, ArgmaxReuse

@@ -24,7 +24,6 @@ from typing import Any
 import datasets
 import pytest
 import torch
-from distributed_helpers import trainer_args, trainer_model
 from engine_helpers import (
     assert_grads_close,
     grads_of,
@@ -34,6 +33,7 @@ from engine_helpers import (
     small_config,
     uncached_loss,
 )
+from trainer_helpers import trainer_args, trainer_model
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.cli import main
@@ -216,7 +216,7 @@ def sample_rows() -> datasets.Dataset:
 
 
 def _args(output_dir, **overrides: Any) -> CachedSpladeTrainingArguments:
-    """The trainer comparison's arguments (SGD, fp32 on the CPU; distributed_helpers.trainer_args) at 16
+    """The trainer comparison's arguments (SGD, fp32 on the CPU; trainer_helpers.trainer_args) at 16
     rows in mini-batches of 6, 6 and 4, one step per batch, without clipping: SGD without clipping moves
     parameters by lr x gradient, so a mis-scaled gradient shows (clipping to max_grad_norm would divide
     its scale out)."""

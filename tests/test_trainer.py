@@ -9,7 +9,7 @@ from typing import Any
 import datasets
 import pytest
 import torch
-from distributed_helpers import trainer_model
+from trainer_helpers import trainer_model
 from transformers import AutoModelForMaskedLM
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments

@@ -1,10 +1,9 @@
-"""Two CPU ranks (gloo) for the data-parallel tests: a bounded launcher and the per-rank worker.
+"""What the 2 ranks of tests/test_distributed.py run: its scenarios, their batches, and the worker.
 
-``launch_ranks`` starts ``python tests/distributed_helpers.py OUT_DIR`` once per rank with the
-environment ``torchrun`` gives (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), waits with a
-deadline, and kills every rank if one fails or the deadline passes: a hang fails the test, it never
-blocks the suite. Each worker runs every scenario in turn on one process group and saves what the
-tests compare into ``OUT_DIR/rank{r}.pt``; the single-process references are computed by the tests.
+``python tests/distributed_ranks.py OUT_DIR`` is one rank (launched by ``rank_launch.launch_ranks``):
+it runs every scenario in turn on one gloo process group and saves what the tests compare into
+``OUT_DIR/rank{r}.pt``; the single-process references are computed by the tests, from the same
+batches and losses defined here.
 
 Dropout is off throughout: each rank draws its own dropout masks (its own RNG stream, by design),
 so only a dropout-free model can give the very numbers a single process gives on the global batch.
@@ -16,10 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +25,7 @@ from engine_helpers import (
     FailingEncoder,
     SpladeLikeEncoder,
     contrastive_flops_loss,
+    dropout_free_config,
     grads_of,
     make_columns,
     make_encoder,
@@ -36,14 +33,11 @@ from engine_helpers import (
 )
 from torch import Tensor
 from torch.utils.data import SequentialSampler
-from transformers import BertConfig
+from trainer_helpers import trainer_args, trainer_model, trainer_rows
 
-from gradcache_sparton.arguments import CachedSpladeTrainingArguments
-from gradcache_sparton.data import default_train_data_path, load_training_data
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import gather_global_batch
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
-from gradcache_sparton.modeling import SpladeEncoder
 from gradcache_sparton.sparse_reps import SparseReps
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
@@ -53,22 +47,16 @@ __all__ = [
     "MINI_BATCH",
     "SPARSE_MINI_BATCH",
     "SPARSE_ZERO_ROW",
-    "TRAINER_ROWS",
     "UNEVEN_ROWS",
     "WORLD_SIZE",
     "SequentialTrainer",
-    "dropout_free_config",
     "global_batch",
-    "launch_ranks",
     "rank_rows",
     "scored_loss",
     "sparse_global_batch",
     "sparse_rank_reps",
     "sparse_start_encoder",
     "splade_loss",
-    "trainer_args",
-    "trainer_model",
-    "trainer_rows",
 ]
 
 WORLD_SIZE = 2
@@ -76,25 +64,10 @@ GLOBAL_BATCH = 10  # 5 rows per rank
 MINI_BATCH = 2  # 3 mini-batches per column and rank, the last one short
 UNEVEN_ROWS = (6, 4)  # rank 0 replays 3 mini-batches per column, rank 1 two
 ACCUMULATION_SEEDS = (1, 2)  # the global batches of the two accumulation micro-steps
-TRAINER_ROWS = 64  # 2 optimizer steps x 2 accumulation micro-steps x 2 ranks x 8 rows
 SPARSE_MINI_BATCH = (
     4  # sparse reps on UNEVEN_ROWS: rank 0 encodes 4 + 2 rows, rank 1 4; one process 4 + 4 + 2
 )
 SPARSE_ZERO_ROW = 7  # global row of the fully masked positive (an all-zero rep), held by rank 1
-
-
-def dropout_free_config() -> BertConfig:
-    """The engine tests' tiny BERT (vocabulary 500, see engine_helpers) with dropout off."""
-    return BertConfig(
-        vocab_size=500,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
 
 
 def global_batch(seed: int) -> tuple[dict[str, dict[str, Tensor]], Tensor]:
@@ -150,127 +123,12 @@ def _select(columns: Mapping[str, Mapping[str, Tensor]], rows: slice) -> dict[st
     return {name: {key: value[rows] for key, value in features.items()} for name, features in columns.items()}
 
 
-# ---------------------------------------------------------------------------------------------- trainer
-
-
 class SequentialTrainer(CachedSpladeTrainer):
     """``CachedSpladeTrainer`` reading rows in order: accelerate deals batch i to rank i mod W, so the
     ranks' batches of a micro-step are, in rank order, the single-process batch of W times the rows."""
 
     def _get_train_sampler(self, *args, **kwargs):
         return SequentialSampler(self.train_dataset)
-
-
-def trainer_args(output_dir: Path, *, per_device_batch: int, **overrides) -> CachedSpladeTrainingArguments:
-    """Arguments of the trainer comparison: SGD (moves parameters by lr x gradient), 2 accumulation steps."""
-    values = {
-        "output_dir": str(output_dir),
-        "per_device_train_batch_size": per_device_batch,
-        "gradient_accumulation_steps": 2,
-        "mini_batch_size": 3,
-        "query_max_length": 16,
-        "document_max_length": 32,
-        "max_steps": 2,
-        "optim": "sgd",
-        "learning_rate": 1e-3,
-        "query_reg_weight": 1e-3,
-        "doc_reg_weight": 1e-3,
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": "none",
-        "use_cpu": True,
-        "seed": 7,
-        "disable_tqdm": True,
-        "dataloader_num_workers": 0,
-    }
-    values.update(overrides)
-    return CachedSpladeTrainingArguments(**values)
-
-
-def trainer_model(tokenizer, *, dropout: float = 0.0) -> SpladeEncoder:
-    """A tiny seeded SpladeEncoder over the real vocabulary (dropout-free unless asked)."""
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
-    torch.manual_seed(0)
-    return SpladeEncoder.from_config(config)
-
-
-def trainer_rows():
-    """The first TRAINER_ROWS rows of the shipped SciFact training sample."""
-    return load_training_data(default_train_data_path()).select(range(TRAINER_ROWS))
-
-
-# ---------------------------------------------------------------------------------------------- launcher
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch_ranks(out_dir: Path, *, timeout_s: float) -> list[dict]:
-    """Run the worker on WORLD_SIZE ranks; return each rank's results, or fail within ``timeout_s``."""
-    port = _free_port()
-    processes = []
-    for rank in range(WORLD_SIZE):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(WORLD_SIZE),
-            "LOCAL_WORLD_SIZE": str(WORLD_SIZE),
-            "GLOO_SOCKET_IFNAME": "lo",
-            "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            # The ranks import the package of this checkout (e.g. a git worktree), not the installed one.
-            "PYTHONPATH": os.pathsep.join(
-                [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-        }
-        log = open(out_dir / f"rank{rank}.log", "w")  # noqa: SIM115 (closed below)
-        processes.append(
-            (
-                subprocess.Popen(
-                    [sys.executable, __file__, str(out_dir)], env=env, stdout=log, stderr=subprocess.STDOUT
-                ),
-                log,
-            )
-        )
-    deadline = time.monotonic() + timeout_s
-    try:
-        while any(p.poll() is None for p, _ in processes):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p, _ in processes):
-                break
-            time.sleep(0.2)
-    finally:
-        for process, log in processes:
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-            log.close()
-    failed = [rank for rank, (p, _) in enumerate(processes) if p.returncode != 0]
-    if failed:
-        logs = "\n".join(
-            f"--- rank {rank} (exit {processes[rank][0].returncode}):\n"
-            + (out_dir / f"rank{rank}.log").read_text()[-3000:]
-            for rank in range(WORLD_SIZE)
-        )
-        raise AssertionError(f"ranks {failed} failed or ran past {timeout_s} s:\n{logs}")
-    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD_SIZE)]
-
-
-# ---------------------------------------------------------------------------------------------- worker
 
 
 def _cached_step(ddp, columns, targets, rank_slice: slice) -> dict[str, object]:
