@@ -13,8 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def import_script(folder: str, name: str) -> ModuleType:
     """``<repository>/<folder>/<name>.py`` as the module ``name``: its folder first on ``sys.path``, as when
-    the script runs (``from common import run_stamp``), and registered in ``sys.modules`` (dataclasses
-    resolve their module by name)."""
+    the script runs, and registered in ``sys.modules`` (dataclasses resolve their module by name)."""
     directory = ROOT / folder
     if str(directory) not in sys.path:
         sys.path.insert(0, str(directory))
