@@ -314,7 +314,7 @@ def test_cached_equals_uncached(case: str) -> None:
 
 def test_registered_masked_lm_is_supported() -> None:
     """A class outside the table is refused until registered; then reps equal its own logits' SPLADE."""
-    from gradcache_sparton.modeling import _lm_transforms
+    from gradcache_sparton.modeling.backbones import _lm_transforms
 
     class CustomBertForMaskedLM(BertForMaskedLM):
         pass
