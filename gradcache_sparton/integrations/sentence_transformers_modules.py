@@ -2,7 +2,8 @@
 
 Imported by sentence-transformers when it loads such a checkpoint (``trust_remote_code=True`` is
 needed for any module outside its own namespace), and by our bridge. Importing this module imports
-sentence-transformers.
+sentence-transformers. Its dotted path is written into saved checkpoints, so it stays where it is,
+beside the bridge package (:mod:`gradcache_sparton.integrations.sentence_transformers`).
 
 Legend: B batch, S sequence, V vocabulary.
 """

@@ -1,0 +1,151 @@
+"""One of our checkpoints made a sentence-transformers ``SparseEncoder`` folder too: modules,
+``max_seq_length`` as trained, a model card, so ``SparseEncoder(path)`` gives exactly our reps."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from gradcache_sparton.integrations.sentence_transformers.model_card import model_card
+from gradcache_sparton.modeling import SpladeEncoder
+
+__all__ = ["sentence_transformers_can_load", "write_sentence_transformers_files"]
+
+# What sentence-transformers 6 writes for a SPLADE SparseEncoder: the fill-mask Transformer in the
+# checkpoint's root (its weights are the masked-LM's own), the pooling's config in a subfolder.
+_TRANSFORMER_TYPE = "sentence_transformers.base.modules.transformer.Transformer"
+_POOLING_TYPE = "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"
+_MASKED_POOLING_TYPE = (
+    "gradcache_sparton.integrations.sentence_transformers_modules.SpecialTokenMaskedSpladePooling"
+)
+_POOLING_DIR = "1_SpladePooling"
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt")
+
+
+def _write_json(path: str, value: object) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2)
+        f.write("\n")
+
+
+def sentence_transformers_can_load(encoder: SpladeEncoder) -> bool:
+    """Whether :func:`write_sentence_transformers_files` can describe ``encoder``: a masked LM whose
+    positions all pool (special tokens aside); not a decoder-only LM, nor echo or prefix options."""
+    from transformers import MODEL_FOR_MASKED_LM_MAPPING
+
+    # sentence-transformers builds the backbone with AutoModelForMaskedLM from the saved config.
+    auto_masked_lm = MODEL_FOR_MASKED_LM_MAPPING.get(type(encoder.config), None) is type(encoder.model)
+    return auto_masked_lm and not (encoder.bidirectional or encoder.echo or encoder.prefix_length)
+
+
+def write_sentence_transformers_files(
+    directory: str | os.PathLike,
+    *,
+    encoder: SpladeEncoder,
+    max_seq_length: int,
+    card: str | None = None,
+) -> None:
+    """Make a saved :class:`SpladeEncoder` checkpoint a sentence-transformers ``SparseEncoder`` as well.
+
+    Writes, next to what ``encoder.save_pretrained(directory, tokenizer=...)`` wrote (the masked-LM
+    weights, config and tokenizer, which both libraries read as they are): ``modules.json``,
+    ``sentence_bert_config.json`` (the fill-mask task and ``max_seq_length``),
+    ``config_sentence_transformers.json`` (dot-product similarity), ``1_SpladePooling/config.json``
+    (max pooling of log1p(relu(logits))) and ``README.md`` (``card``, default :func:`model_card`).
+    Needs no sentence-transformers install. ``SparseEncoder(directory)`` then gives the encoder's reps.
+
+    With ``special_token_ids``, whose positions sentence-transformers' own ``SpladePooling`` cannot
+    drop, the pooling module is
+    :class:`~gradcache_sparton.integrations.sentence_transformers_modules.SpecialTokenMaskedSpladePooling`:
+    ``SparseEncoder(directory)`` refuses to import it (a module outside its namespace), and
+    ``SparseEncoder(directory, trust_remote_code=True)`` with gradcache_sparton installed loads the
+    exact reps. Never the wrong reps.
+
+    Args:
+        directory: a folder holding ``encoder.save_pretrained(directory, tokenizer=...)``'s output.
+        encoder: the encoder saved there (its vocabulary size and options are recorded).
+        max_seq_length: the truncation length sentence-transformers applies to every text; pass the
+            length the model was trained with (documents').
+        card: the README.md text.
+
+    Raises:
+        TypeError / ValueError, before anything is written: not a SpladeEncoder, a non-positive
+            ``max_seq_length`` or one beyond the backbone's positions, no model or tokenizer in
+            ``directory``.
+    """
+    if not isinstance(encoder, SpladeEncoder):
+        raise TypeError(f"encoder must be a SpladeEncoder, got {type(encoder).__name__}")
+    if not sentence_transformers_can_load(encoder):
+        raise ValueError(
+            f"a {type(encoder.model).__name__} encoder with {encoder.extra_repr()} has no sentence-transformers "
+            "equivalent (its fill-mask Transformer reads masked LMs with every position pooled)"
+        )
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < 1:
+        raise ValueError(f"max_seq_length must be a positive int, got {max_seq_length!r}")
+    positions = getattr(encoder.config, "max_position_embeddings", None)
+    if positions is not None and max_seq_length > positions:
+        raise ValueError(
+            f"max_seq_length {max_seq_length} exceeds the backbone's max_position_embeddings {positions}"
+        )
+    directory = os.fspath(directory)
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise ValueError(
+            f"{directory} holds no saved model (config.json): call encoder.save_pretrained first"
+        )
+    if not any(os.path.isfile(os.path.join(directory, name)) for name in _TOKENIZER_FILES):
+        raise ValueError(
+            f"{directory} holds no tokenizer, which sentence-transformers loads from the same folder: "
+            "save with encoder.save_pretrained(directory, tokenizer=tokenizer)"
+        )
+    from gradcache_sparton.version import __version__
+
+    special = list(encoder.special_token_ids)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER_TYPE},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": _POOLING_DIR,
+            "type": _MASKED_POOLING_TYPE if special else _POOLING_TYPE,
+        },
+    ]
+    pooling = {
+        "pooling_strategy": encoder.pooling,
+        "activation_function": "relu",
+        "embedding_dimension": encoder.vocab_size,
+    }
+    if special:
+        pooling["special_token_ids"] = special
+    _write_json(os.path.join(directory, "modules.json"), modules)
+    _write_json(
+        os.path.join(directory, "sentence_bert_config.json"),
+        {
+            "transformer_task": "fill-mask",
+            "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
+            "module_output_name": "token_embeddings",
+            "max_seq_length": max_seq_length,
+        },
+    )
+    import torch
+    import transformers
+
+    _write_json(
+        os.path.join(directory, "config_sentence_transformers.json"),
+        {
+            "model_type": "SparseEncoder",
+            "__version__": {
+                "gradcache_sparton": __version__,
+                "transformers": transformers.__version__,
+                "pytorch": torch.__version__,
+            },
+            "prompts": {"query": "", "document": ""},
+            "default_prompt_name": None,
+            "similarity_fn_name": "dot",
+        },
+    )
+    os.makedirs(os.path.join(directory, _POOLING_DIR), exist_ok=True)
+    _write_json(os.path.join(directory, _POOLING_DIR, "config.json"), pooling)
+    if card is None:
+        card = model_card(encoder=encoder, max_seq_length=max_seq_length)
+    with open(os.path.join(directory, "README.md"), "w", encoding="utf-8") as f:
+        f.write(card)

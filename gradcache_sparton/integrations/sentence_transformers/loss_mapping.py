@@ -1,0 +1,93 @@
+"""A sentence-transformers ``SpladeLoss`` as our :class:`~gradcache_sparton.losses.SpladeLossConfig`:
+the same loss and gradients, or a refusal naming what has no exact counterpart."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from gradcache_sparton.integrations.sentence_transformers.conversion import _import_sentence_transformers
+from gradcache_sparton.losses import SpladeLossConfig
+
+__all__ = ["splade_loss_config_from"]
+
+
+def splade_loss_config_from(
+    loss: nn.Module, *, reg_warmup_steps: int = 0, reg_warmup_shape: str = "quadratic"
+) -> SpladeLossConfig:
+    """Our :class:`SpladeLossConfig` for a sentence-transformers ``SpladeLoss``: the same loss and gradients.
+
+    The mapping (sentence-transformers -> ours):
+
+    - ``SparseMultipleNegativesRankingLoss(scale=s, similarity_fct=dot_score)`` with its default
+      direction and partition (query to documents, one softmax over every positive and hard negative
+      of the batch) -> ``contrastive="infonce"``, ``temperature=1/s``;
+    - ``FlopsLoss`` without threshold, ``sum_v (mean_b reps[b, v])²``: on the first column ->
+      ``query_regularizer="flops"``, on every other column concatenated -> ``doc_regularizer="flops"``,
+      our definition exactly;
+    - ``query_regularizer_weight`` (None: 0) -> ``query_reg_weight``; ``document_regularizer_weight`` ->
+      ``doc_reg_weight``.
+
+    sentence-transformers ramps the weights with ``SpladeRegularizerWeightSchedulerCallback``
+    (quadratic over the first third of training by default); pass that as ``reg_warmup_steps`` /
+    ``reg_warmup_shape``. Anything without an exact counterpart is refused.
+
+    Raises:
+        TypeError: ``loss`` is not a sentence-transformers ``SpladeLoss``.
+        ValueError: another base loss or similarity, non-default directions or hardness, FLOPS
+            thresholds, other regularizers, ``use_document_regularizer_only``, gathering across devices.
+    """
+    _import_sentence_transformers()
+    from sentence_transformers import util
+    from sentence_transformers.sparse_encoder.losses import (
+        FlopsLoss,
+        SparseMultipleNegativesRankingLoss,
+        SpladeLoss,
+    )
+
+    if not isinstance(loss, SpladeLoss):
+        raise TypeError(f"loss must be a sentence-transformers SpladeLoss, got {type(loss).__name__}")
+    base = loss.loss
+    if type(base) is not SparseMultipleNegativesRankingLoss:
+        raise ValueError(
+            f"loss.loss must be a SparseMultipleNegativesRankingLoss, got {type(base).__name__}: "
+            "no exact counterpart here"
+        )
+    defaults = {
+        "similarity_fct": util.dot_score,
+        "directions": ("query_to_doc",),
+        "partition_mode": "joint",
+        "gather_across_devices": False,
+    }
+    differing = {
+        name: getattr(base, name) for name, value in defaults.items() if getattr(base, name) != value
+    }
+    if base.hardness_mode is not None and base.hardness_strength > 0.0:
+        differing["hardness_mode"] = base.hardness_mode
+    if differing:
+        raise ValueError(
+            "the SparseMultipleNegativesRankingLoss must use dot-product scores, directions=('query_to_doc',), "
+            f"partition_mode='joint', no hardness weighting and no gathering (our trainer gathers), got {differing}"
+        )
+    if loss.use_document_regularizer_only:
+        raise ValueError(
+            "use_document_regularizer_only=True has no counterpart: the first column is the queries"
+        )
+    regularizers = {"document_regularizer": loss.document_regularizer}
+    if loss.query_regularizer_weight is not None:
+        regularizers["query_regularizer"] = loss.query_regularizer
+    for name, regularizer in regularizers.items():
+        if type(regularizer) is not FlopsLoss or regularizer.threshold is not None:
+            raise ValueError(
+                f"loss.{name} must be a FlopsLoss without threshold, got {type(regularizer).__name__}"
+                f"{'' if type(regularizer) is not FlopsLoss else f'(threshold={regularizer.threshold})'}"
+            )
+    return SpladeLossConfig(
+        query_reg_weight=float(loss.query_regularizer_weight or 0.0),
+        doc_reg_weight=float(loss.document_regularizer_weight),
+        contrastive="infonce",
+        query_regularizer="flops",
+        doc_regularizer="flops",
+        temperature=1.0 / base.scale,
+        reg_warmup_steps=reg_warmup_steps,
+        reg_warmup_shape=reg_warmup_shape,
+    )
