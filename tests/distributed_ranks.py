@@ -38,7 +38,7 @@ from trainer_helpers import trainer_args, trainer_model, trainer_rows
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import gather_global_batch
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
 __all__ = [

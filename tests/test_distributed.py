@@ -39,7 +39,7 @@ from trainer_helpers import trainer_args, trainer_model, trainer_rows
 
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import data_parallel_world_size
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 RTOL_FP32 = 1e-5  # see the module docstring
 # Sparse against dense reps under the gather: the same fp32 terms, possibly summed in another order

@@ -41,7 +41,7 @@ from gradcache_sparton.engine import (
     iter_mini_batches,
     row_slices,
 )
-from gradcache_sparton.host_count import HostCount
+from gradcache_sparton.primitives.host_count import HostCount
 
 RTOL_FP32 = 1e-5  # see the module docstring
 BATCH = 8

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gradcache_sparton"
 # Each top-level module or sub-package of gradcache_sparton in its layer, lowest first. A component may
 # import from its own layer's others only where this says so (none do today), and from any lower layer.
 LAYERS: list[set[str]] = [
-    {"version", "resources", "sparse_reps", "host_count", "forward_memo", "run_state"},  # no package imports
+    {"version", "resources", "primitives", "run_state"},  # no package imports
     {"kernels", "losses", "data", "engine"},  # the kernels, the losses, the data and the GradCache engine
     {"modeling", "evaluation", "arguments"},  # the encoder, retrieval evaluation, the argument dataclasses
     {"integrations", "model_loading"},  # sentence-transformers; building a model from its name

@@ -304,7 +304,7 @@ def _blocked_lse_and_grads(
     Returns (lse, the gradient of every column's leaf)."""
     from gradcache_sparton.losses.blocked import blocked_logsumexp
     from gradcache_sparton.losses.sparse import sparse_blocked_logsumexp
-    from gradcache_sparton.sparse_reps import SparseReps
+    from gradcache_sparton.primitives.sparse_reps import SparseReps
 
     if sparse:
         layouts = [SparseReps.from_dense(column, dtype=column.dtype) for column in columns]

@@ -30,10 +30,10 @@ from trainer_helpers import trainer_args, trainer_model, trainer_rows
 
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.argmax_reuse import ArgmaxMemo, ArgmaxReuse
-from gradcache_sparton.forward_memo import recording, replaying
 from gradcache_sparton.kernels import sparton_head
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.primitives.forward_memo import recording, replaying
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
 RTOL_FP32 = 1e-5  # see the module docstring

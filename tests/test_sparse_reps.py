@@ -20,7 +20,7 @@ from engine_helpers import assert_grads_close, grads_of, make_columns, make_enco
 from gradcache_sparton.engine import GradCache, SparseRepGrad
 from gradcache_sparton.engine.mini_batch import Rows
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 RTOL_GRADS = 1e-5  # see the module docstring
 RTOL_LOSS = 1e-6

@@ -40,7 +40,7 @@ from gradcache_sparton.cli import main
 from gradcache_sparton.data import default_train_data_path, load_training_data
 from gradcache_sparton.engine import CachedLoss
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
 RTOL = 1e-5  # see the module docstring

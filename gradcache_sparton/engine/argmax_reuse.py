@@ -1,6 +1,6 @@
 """``reuse_argmax``: Step (3) rebuilds the Sparton head from Step (1)'s (max, argmax), skipping its forward.
 
-Inside a GradCache step with ``reuse_argmax`` (the contract is :mod:`gradcache_sparton.forward_memo`),
+Inside a GradCache step with ``reuse_argmax`` (the contract is :mod:`gradcache_sparton.primitives.forward_memo`),
 Step (1)'s head forward hands its memo (max, argmax), and the memo keeps them at the entries whose
 gradient can be non-zero (max > 0 or NaN), 12 bytes each, with fingerprints of everything the forward
 read: H, E and bias (compacted one mini-batch late, so that no record waits on the device). The Step
@@ -24,7 +24,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from gradcache_sparton.host_count import HostCount
+from gradcache_sparton.primitives.host_count import HostCount
 
 __all__ = ["ArgmaxMemo", "ArgmaxReuse"]
 
@@ -37,8 +37,8 @@ class ArgmaxReuse:
         self._dense: weakref.ref[_HeadRecord] | None = None
 
     def memo(self) -> ArgmaxMemo:
-        """A new mini-batch's memo, to pass to :func:`~gradcache_sparton.forward_memo.recording` and then
-        :func:`~gradcache_sparton.forward_memo.replaying`."""
+        """A new mini-batch's memo, to pass to :func:`~gradcache_sparton.primitives.forward_memo.recording` and then
+        :func:`~gradcache_sparton.primitives.forward_memo.replaying`."""
         return ArgmaxMemo(self)
 
     def _kept(self, record: _HeadRecord) -> None:
@@ -51,7 +51,7 @@ class ArgmaxReuse:
 
 class ArgmaxMemo:
     """One mini-batch's head records, in the order its forward made them (a
-    :class:`~gradcache_sparton.forward_memo.ForwardMemo`).
+    :class:`~gradcache_sparton.primitives.forward_memo.ForwardMemo`).
 
     Each record is taken back once, in that order; taking drops the memo's reference to it, so a
     record's memory is freed as soon as its replayed backward has run.

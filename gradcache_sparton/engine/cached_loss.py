@@ -13,7 +13,7 @@ step needs lives in that autograd node (freed with the graph), never on ``self``
 before one backward each replay their own mini-batches.
 
 With ``sparse_reps`` (the engine's option, see :class:`~gradcache_sparton.engine.GradCache`) Step (1)
-keeps each column as its non-zeros, a :class:`~gradcache_sparton.sparse_reps.SparseReps`;
+keeps each column as its non-zeros, a :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps`;
 the loss receives it with its ``weights`` routed through the same node, so ``loss.backward()`` brings
 the node dL/d weights [nnz], the gradient at the non-zeros only, and Step (3) replays it as a
 :class:`~gradcache_sparton.engine.sparse_grads.SparseRepGrad`, as :meth:`GradCache.step` does. Nothing of
@@ -44,7 +44,7 @@ from gradcache_sparton.engine.gradcache import (
     check_autograd_inputs,
 )
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["CachedLoss"]
 
@@ -56,7 +56,7 @@ class CachedLoss:
         encoder: ``encoder(**features) -> Tensor [B, V]``.
         loss_fn: ``loss_fn(reps: dict[str, Tensor], **loss_kwargs)`` -> scalar Tensor, or
             (scalar Tensor, dict of component Tensors for logging). With ``sparse_reps`` the reps are
-            :class:`~gradcache_sparton.sparse_reps.SparseReps` (``weights`` differentiable,
+            :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps` (``weights`` differentiable,
             ``offsets`` and ``token_ids`` fixed), which :class:`~gradcache_sparton.losses.SpladeLoss`
             accepts.
         mini_batch_size, mini_batch_tokens, **engine_options: the engine's settings, passed on as

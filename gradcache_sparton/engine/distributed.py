@@ -49,7 +49,7 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = [
     "count_on_every_rank",

@@ -60,9 +60,9 @@ from gradcache_sparton.engine.mini_batch import (
 )
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
-from gradcache_sparton.forward_memo import recording, replaying
-from gradcache_sparton.host_count import HostCount
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.forward_memo import recording, replaying
+from gradcache_sparton.primitives.host_count import HostCount
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = [
     "Columns",

@@ -8,7 +8,7 @@ gets back exactly the dense gradient at the non-zeros (zeros elsewhere, which su
 ignores). The engine cannot check that property of the encoder: it is opt-in.
 
 The same layout carries the gradient of sparse reps (``sparse_reps``: Step (2) differentiates the
-weights of a :class:`~gradcache_sparton.sparse_reps.SparseReps`), see :meth:`SparseRepGrad.at_sparse_reps`.
+weights of a :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps`), see :meth:`SparseRepGrad.at_sparse_reps`.
 
 Layout: the non-zeros of one column in the order of Step (1)'s mini-batches (row-major within each),
 with per-mini-batch offsets read back once, so Step (3) slices its entries without a device sync.
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from gradcache_sparton.engine.mini_batch import Rows, mini_batch_order, mini_batch_starts
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["SparseRepGrad"]
 

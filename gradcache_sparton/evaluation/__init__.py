@@ -4,7 +4,7 @@ Legend: B batch, S sequence, V vocabulary, Q queries, N documents, C a document 
 
 One job per module:
 
-- :class:`SparseReps` (defined in :mod:`gradcache_sparton.sparse_reps`, shared with the engine and the
+- :class:`SparseReps` (defined in :mod:`gradcache_sparton.primitives.sparse_reps`, shared with the engine and the
   losses, re-exported here): reps kept sparsely (row offsets, vocabulary ids, weights).
 - :mod:`.encoding`: :func:`encode_texts` runs ``encoder(**features) -> [B, V]`` over texts in
   batches (no autograd, optional autocast, a tqdm bar): memory grows with the non-zeros, never N × V.
@@ -54,7 +54,7 @@ from gradcache_sparton.evaluation.seismic_index import (
     search_seismic,
     seismic_available,
 )
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 if TYPE_CHECKING:
     from gradcache_sparton.evaluation.callback import RetrievalEvalCallback

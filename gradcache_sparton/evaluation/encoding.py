@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["PAD_TO_MULTIPLE_OF", "Encoder", "encode_texts", "encoder_device"]
 

@@ -23,7 +23,7 @@ from gradcache_sparton.evaluation.pruning import PruningBudget
 from gradcache_sparton.evaluation.retrieval import retrieve
 from gradcache_sparton.evaluation.runs import Run
 from gradcache_sparton.evaluation.seismic_index import retrieve_seismic, seismic_available
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["RETRIEVALS", "EvaluationResult", "SparseRetrievalEvaluator"]
 

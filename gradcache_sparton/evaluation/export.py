@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from gradcache_sparton.evaluation.encoding import Encoder, encode_texts
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["EXPORT_FORMATS", "export_corpus", "write_vectors"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["PruningBudget", "prune_reps"]
 

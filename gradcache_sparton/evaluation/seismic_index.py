@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["build_seismic_index", "retrieve_seismic", "search_seismic", "seismic_available"]
 

@@ -16,7 +16,7 @@ one opaque node with a fake (shape-only) implementation instead of tracing into 
 The Triton kernels are in ``sparton_forward.py`` and ``sparton_backward.py`` (tiles in
 ``sparton_blocks.py``), the :class:`~gradcache_sparton.kernels.SpartonHead` module in ``sparton_module.py``.
 
-Inside a GradCache step with ``reuse_argmax``, a memo found through :mod:`gradcache_sparton.forward_memo`
+Inside a GradCache step with ``reuse_argmax``, a memo found through :mod:`gradcache_sparton.primitives.forward_memo`
 is given the forward op's (max, argmax) in Step (1) and gives them back in Step (3), where the head
 skips the forward kernel: Y = log1p(max) is rebuilt and the backward op runs on that (max, argmax), bit
 for bit the backward of the forward it skips (:class:`_ReplayedHead`). What the memo keeps, and the
@@ -34,8 +34,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradcache_sparton.forward_memo import recording_memo, replaying_memo
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
+from gradcache_sparton.primitives.forward_memo import recording_memo, replaying_memo
 
 __all__ = ["sparton_head"]
 

@@ -3,7 +3,7 @@
 Legend: B batch (queries), V vocabulary, k hard negatives per query, nnz non-zeros of a column,
 bq × bd one score block.
 
-Each column is a :class:`~gradcache_sparton.sparse_reps.SparseReps` (row offsets,
+Each column is a :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps` (row offsets,
 vocabulary ids, weights) whose ``weights`` [nnz] are the differentiable input: every gradient here
 is dL/d weights, the gradient at the reps' non-zeros only. That is all a SPLADE head needs (its relu
 sends no gradient through a zero rep), and what the GradCache engine's ``sparse_reps`` hands to
@@ -33,7 +33,7 @@ from torch import Tensor
 from gradcache_sparton.losses.blocked import AUTO_BLOCK_SIZE, RowBlocks, _BlockedLogSumExp
 from gradcache_sparton.losses.columns import accumulation_dtype
 from gradcache_sparton.losses.contrastive import _kl_div_of_log_student, _margin_mse_of_scores
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = [
     "SPARSE_BLOCK_MAX_BYTES",

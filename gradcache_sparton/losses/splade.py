@@ -53,7 +53,7 @@ from gradcache_sparton.losses.sparse import (
     upcast_sparse,
 )
 from gradcache_sparton.losses.sparsity import _expected_flops, _mean_nonzeros
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["CONTRASTIVE_LOSSES", "SpladeLoss", "SpladeLossConfig"]
 
@@ -257,7 +257,7 @@ class SpladeLoss:
     a few score blocks beyond, see ``score_block_size``); the regularizers add O(V).
 
     Sparse reps: ``reps`` may map every column to a
-    :class:`~gradcache_sparton.sparse_reps.SparseReps` instead (what the GradCache engine's
+    :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps` instead (what the GradCache engine's
     ``sparse_reps`` passes); the same loss and components are then computed on the non-zeros, with
     gradients w.r.t. each column's ``weights`` (:mod:`.sparse`): memory O(nnz) plus a few [block, V]
     buffers (``score_block_size``; by default 4,096 rows, fewer at large V: each buffer within

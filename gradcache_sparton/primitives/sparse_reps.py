@@ -71,7 +71,7 @@ class SparseReps:
         """Keep the non-zeros of a dense [N, V] tensor (on its device, as ``dtype``; None: the reps' dtype).
 
         ``nnz``: their number, when the host already knows it (e.g. from a
-        :class:`~gradcache_sparton.host_count.HostCount`): the non-zeros are then found without a
+        :class:`~gradcache_sparton.primitives.host_count.HostCount`): the non-zeros are then found without a
         device sync. It must be exact (not checked on the device).
         """
         if reps.dim() != 2:

@@ -1,0 +1,30 @@
+"""The ground floor: small types and device helpers shared by the engine, the kernels, the losses and
+evaluation. They import nothing else from the package.
+
+- :mod:`~gradcache_sparton.primitives.sparse_reps`: :class:`SparseReps`, N sparse reps in compressed-row
+  layout (offsets, vocabulary ids, weights);
+- :mod:`~gradcache_sparton.primitives.host_count`: :class:`HostCount`, a count read on the host without
+  stalling the host's queue of work;
+- :mod:`~gradcache_sparton.primitives.forward_memo`: :class:`ForwardMemo`, what a module records in
+  GradCache Step (1) so that Step (3) can skip its forward.
+"""
+
+from gradcache_sparton.primitives.forward_memo import (
+    ForwardMemo,
+    recording,
+    recording_memo,
+    replaying,
+    replaying_memo,
+)
+from gradcache_sparton.primitives.host_count import HostCount
+from gradcache_sparton.primitives.sparse_reps import SparseReps
+
+__all__ = [
+    "ForwardMemo",
+    "HostCount",
+    "SparseReps",
+    "recording",
+    "recording_memo",
+    "replaying",
+    "replaying_memo",
+]
