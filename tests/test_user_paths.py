@@ -185,7 +185,7 @@ def test_cli_quiets_third_party_bars() -> None:
     import huggingface_hub.utils
     import transformers
 
-    from gradcache_sparton.cli import _quiet_third_parties
+    from gradcache_sparton.cli.app import _quiet_third_parties
 
     try:
         _quiet_third_parties()
@@ -253,7 +253,7 @@ def test_train_ends_with_the_model_folder_and_the_next_command(
 
 def test_logs_name_the_shipped_config_by_its_package_path() -> None:
     """The start log names the embedded config relative to the package, not this machine's folders."""
-    from gradcache_sparton.cli import _shown_path
+    from gradcache_sparton.cli.train import _shown_path
     from gradcache_sparton.resources import default_train_config_path
 
     assert _shown_path(default_train_config_path()) == "gradcache_sparton/resources/default_train.yaml"

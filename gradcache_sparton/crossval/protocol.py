@@ -1,77 +1,37 @@
-"""k-fold cross-validation of a training recipe over a BEIR folder's judged queries (``gradcache-sparton
-crossval``): retrieval quality measured only on queries the recipe never trained on, against the full corpus.
-
-Protocol (docs/experiments.md):
-
-1. The judged queries of ``beir_path`` (split ``split``) are shuffled with ``fold_seed`` and dealt into
-   ``folds`` folds (query i of the shuffle goes to fold i mod k).
-2. For each fold and each training seed, the recipe (``train`` flags: model, steps, learning rate, ...)
-   trains on pairs built only from the *other* folds: one (query, relevant document) pair per judgement,
-   plus optionally ``self_supervised_pairs`` (sentence, rest of the abstract) pairs from corpus documents
-   that no training query judges, and optionally ``bm25_negatives`` BM25-mined negatives per pair (ranks
-   10..100 of the full corpus, the query's judged documents skipped). No held-out query text or judgement
-   is read to build them.
-3. The trained model ranks the **whole corpus** for the held-out fold's queries (exhaustive search).
-4. References on the same queries: the recipe's starting model untrained (``zero-shot``) and BM25 (bm25s,
-   the mining's BM25), each evaluated once.
-5. Per system: nDCG@10, MRR@10, Recall@100 and non-zeros, the mean over folds (and seeds). Per comparison
-   (recipe - zero-shot, recipe - BM25, zero-shot - BM25): the per-query nDCG@10 differences over all held-out
-   queries (each query held out exactly once; the recipe's score averaged over the seeds first), their mean,
-   a 95% paired bootstrap interval and a paired randomization p-value
-   (:mod:`~gradcache_sparton.evaluation.significance`); the same per seed.
-
-Output in ``output_dir``: ``folds.json`` (the query ids of each fold), ``fold<k>/train.jsonl.gz`` (each
-fold's training rows), ``seed<s>/fold<k>/`` (each trained model), ``crossval.json`` (settings, per-fold and
-per-query numbers, comparisons; rewritten after every trained model, so a stopped run keeps what finished)
-and ``crossval.md`` (the tables).
-"""
+"""The cross-validation protocol (:mod:`gradcache_sparton.crossval`): its settings, the folds, the recipe's
+``train`` flags, each fold's training rows, the evaluation of each model and the run."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gradcache_sparton.crossval.report import BM25, PRIMARY, RECIPE, ZERO_SHOT, _mean, _summarise, _write
 from gradcache_sparton.data import BeirData, load_beir, read_corpus, self_supervised_pairs, split_sentences
 from gradcache_sparton.evaluation.evaluator import SparseRetrievalEvaluator
 from gradcache_sparton.evaluation.runs import write_trec_run
-from gradcache_sparton.evaluation.significance import (
-    DEFAULT_RESAMPLES,
-    paired_comparison,
-    paired_statistics,
-    per_query_metrics,
-)
+from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES, per_query_metrics
 
 if TYPE_CHECKING:
     import datasets
 
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, ModelArguments
 
-__all__ = [
-    "CrossvalSettings",
-    "build_parser",
-    "format_report",
-    "main",
-    "make_folds",
-    "parse_recipe",
-    "run_crossval",
-]
+__all__ = ["CrossvalSettings", "make_folds", "parse_recipe", "run_crossval"]
 
 logger = logging.getLogger(__name__)
 
 MEASURES = ("nDCG@10", "RR@10", "R@100")  # the default of per_query_metrics
-PRIMARY = "ndcg_at_10"
 TOP_K = 100
-RESULTS_FILE, REPORT_FILE, FOLDS_FILE = "crossval.json", "crossval.md", "folds.json"
-ZERO_SHOT, BM25, RECIPE = "zero-shot", "bm25", "recipe"
+FOLDS_FILE = "folds.json"
 # train flags the protocol sets itself: the training data and evaluation of each fold.
 _OWNED_FLAGS = (
     "train_data",
@@ -442,177 +402,3 @@ def _trained_model_args(model_args: Any, run_dir: Path) -> Any:
     from gradcache_sparton.arguments import ModelArguments
 
     return ModelArguments(model_name_or_path=str(run_dir))
-
-
-def _mean(values: Any) -> float:
-    values = list(values)
-    return sum(values) / len(values)
-
-
-def _summarise(results: dict[str, Any], folds: list[list[str]]) -> None:
-    """Fill ``results["table"]`` (per system: means over folds, and seeds) and ``results["comparisons"]``
-    from the per-query numbers; a recipe seed with folds still missing is left out."""
-    table = {}
-    scores: dict[str, dict[str, list[float]]] = {}  # system -> query -> nDCG@10 per seed
-    per_seed: dict[str, dict[str, float]] = {}  # recipe seed -> query -> nDCG@10
-    for system, entry in results["systems"].items():
-        complete = {s: r for s, r in entry["seeds"].items() if r.get("folds_done", len(folds)) == len(folds)}
-        if not complete:
-            continue
-        row: dict[str, Any] = {"seeds": len(complete)}
-        for key in next(iter(complete.values()))["per_query"]:
-            fold_means = [
-                _mean(_mean(r["per_query"][key][q] for q in fold) for r in complete.values())
-                for fold in folds
-            ]
-            row[key] = _mean(fold_means)
-            row[f"{key}_per_fold"] = fold_means
-        for key in ("query_nonzeros", "doc_nonzeros"):
-            if all(key in r for r in complete.values()):
-                row[key] = _mean(r[key] for r in complete.values())
-        table[system] = row
-        scores[system] = {
-            q: [r["per_query"][PRIMARY][q] for r in complete.values()]
-            for q in next(iter(complete.values()))["per_query"][PRIMARY]
-        }
-        if system == RECIPE:
-            per_seed = {s: r["per_query"][PRIMARY] for s, r in complete.items()}
-    results["table"] = table
-    resamples = results["settings"]["resamples"]
-    comparisons = {}
-    for candidate, baseline in ((RECIPE, ZERO_SHOT), (RECIPE, BM25), (ZERO_SHOT, BM25)):
-        if candidate in scores and baseline in scores:
-            stats = paired_comparison(scores[baseline], scores[candidate], resamples=resamples)
-            if candidate == RECIPE:
-                base = {q: _mean(v) for q, v in scores[baseline].items()}
-                stats["per_seed"] = {
-                    seed: paired_statistics(
-                        torch.tensor([values[q] - base[q] for q in sorted(base)], dtype=torch.float64),
-                        resamples=resamples,
-                    )
-                    for seed, values in per_seed.items()
-                }
-            comparisons[f"{candidate} - {baseline}"] = stats
-    results["comparisons"] = comparisons
-
-
-def _write(results: dict[str, Any], out: Path) -> None:
-    (out / RESULTS_FILE).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    (out / REPORT_FILE).write_text(format_report(results), encoding="utf-8")
-
-
-def format_report(results: Mapping[str, Any]) -> str:
-    """The markdown tables of a ``crossval.json``: systems (means over folds) and paired comparisons."""
-    settings = results["settings"]
-    queries = sum(f["queries"] for f in results["folds"])
-    lines = [
-        f"Cross-validation: {settings['folds']} folds of {queries} queries of {settings['beir_path']} "
-        f"(split {settings['split']}, fold seed {settings['fold_seed']}), each fold ranked against the full corpus "
-        f"({settings['query_max_length']}/{settings['document_max_length']} tokens); recipe seeds {settings['seeds']}; "
-        f"recipe: `{' '.join(settings['recipe_flags']) or '(dataclass defaults)'}`, "
-        f"self-supervised pairs {settings['self_supervised_pairs']}, BM25 negatives {settings['bm25_negatives']}.",
-        "",
-        "| system | seeds | nDCG@10 | MRR@10 | R@100 | query nnz | doc nnz | nDCG@10 per fold |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for system, row in results.get("table", {}).items():
-        nnz = [f"{row[k]:.1f}" if k in row else "-" for k in ("query_nonzeros", "doc_nonzeros")]
-        folds = " / ".join(f"{v:.3f}" for v in row[f"{PRIMARY}_per_fold"])
-        lines.append(
-            f"| {system} | {row['seeds']} | {row['ndcg_at_10']:.4f} | {row['mrr_at_10']:.4f} | "
-            f"{row['recall_at_100']:.4f} | {nnz[0]} | {nnz[1]} | {folds} |"
-        )
-    lines += [
-        "",
-        "| nDCG@10 difference | mean | 95% interval | p | queries up / down / same | per seed (mean [interval]) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, c in results.get("comparisons", {}).items():
-        seeds = "; ".join(
-            f"{s}: {v['mean_difference']:+.4f} [{v['ci95_low']:+.4f}, {v['ci95_high']:+.4f}]"
-            for s, v in c.get("per_seed", {}).items()
-        )
-        lines.append(
-            f"| {name} | {c['mean_difference']:+.4f} | {c['ci95_low']:+.4f} to {c['ci95_high']:+.4f} | "
-            f"{c['p_value']:.4f} | {c['queries_up']} / {c['queries_down']} / {c['queries_same']} | {seeds or '-'} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``gradcache-sparton crossval`` flags; the recipe's ``train`` flags come after ``--``."""
-    p = argparse.ArgumentParser(
-        prog="gradcache-sparton crossval",
-        description="k-fold cross-validation of a training recipe: each fold's queries ranked against the full "
-        "corpus by a model trained on the other folds only; zero-shot and BM25 as references; paired "
-        "bootstrap intervals and randomization p-values over all held-out queries.",
-        usage="gradcache-sparton crossval --beir_path DIR [options] [-- TRAIN FLAGS (as `train` takes them)]",
-    )
-    p.add_argument(
-        "--beir_path", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."
-    )
-    p.add_argument("--split", default="train", help="qrels split whose judged queries are cross-validated.")
-    p.add_argument(
-        "--output_dir", required=True, help="folder for folds, models, crossval.json and crossval.md."
-    )
-    p.add_argument("--folds", type=int, default=5)
-    p.add_argument(
-        "--fold_seed", type=int, default=0, help="seed of the query shuffle (and of the pair choice)."
-    )
-    p.add_argument(
-        "--seeds", type=int, nargs="+", default=[42], help="training seeds: each fold trained once per seed."
-    )
-    p.add_argument(
-        "--self_supervised_pairs",
-        type=int,
-        default=0,
-        help="add this many (sentence, rest of the abstract) pairs from documents no training query judges.",
-    )
-    p.add_argument(
-        "--bm25_negatives", type=int, default=0, help="BM25 negatives per training pair (0: none)."
-    )
-    p.add_argument("--no_bm25", action="store_true", help="skip the BM25 reference (needs no bm25s then).")
-    p.add_argument("--query_max_length", type=int, default=32, help="evaluation query tokens.")
-    p.add_argument("--document_max_length", type=int, default=256, help="evaluation document tokens.")
-    p.add_argument("--eval_batch_size", type=int, default=64)
-    p.add_argument(
-        "--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap and randomization draws."
-    )
-    p.add_argument(
-        "--write_runs", action="store_true", help="write every model's top 100 as TREC runs in runs/."
-    )
-    return p
-
-
-def main(argv: Sequence[str]) -> int:
-    """``gradcache-sparton crossval [options] -- [train flags]``: run and print the markdown report."""
-    argv = list(argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    args = build_parser().parse_args(argv[:split])
-    recipe_flags = argv[split + 1 :]
-    settings = CrossvalSettings(
-        beir_path=args.beir_path,
-        output_dir=args.output_dir,
-        split=args.split,
-        folds=args.folds,
-        fold_seed=args.fold_seed,
-        seeds=args.seeds,
-        self_supervised_pairs=args.self_supervised_pairs,
-        bm25_negatives=args.bm25_negatives,
-        bm25_reference=not args.no_bm25,
-        query_max_length=args.query_max_length,
-        document_max_length=args.document_max_length,
-        eval_batch_size=args.eval_batch_size,
-        resamples=args.resamples,
-        write_runs=args.write_runs,
-    )
-    settings.check()  # before the recipe's flags and any data are read
-    model_args, training_args = parse_recipe(recipe_flags)
-    results = run_crossval(settings, model_args, training_args, recipe_flags=recipe_flags)
-    print(format_report(results))
-    return 0

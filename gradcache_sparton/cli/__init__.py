@@ -1,0 +1,19 @@
+"""Console entry point ``gradcache-sparton``: ``train``, ``evaluate``, ``mine`` and ``export``.
+
+``train`` parses :class:`~gradcache_sparton.arguments.ModelArguments`,
+:class:`~gradcache_sparton.arguments.DataArguments` and
+:class:`~gradcache_sparton.arguments.CachedSpladeTrainingArguments` with ``HfArgumentParser``. Values
+come from, in increasing priority: the dataclass defaults, a config file, then the flags. The config
+file is ``--config FILE.yaml|json``; ``--config default``, or no ``--config`` and no flag naming a model
+or training data, is the shipped ``resources/default_train.yaml`` (the embedded default run). A run that
+names its own model or data therefore never inherits the demo's steps, learning rate or lengths; every
+value a config file sets and no flag overrides is logged at the start.
+
+One command a module (:mod:`.train`, :mod:`.evaluate`, :mod:`.mine`, :mod:`.export`; ``crossval`` is
+:mod:`gradcache_sparton.crossval`'s); ``train``'s help by theme in :mod:`.train_help`; the top-level
+parser and dispatch in :mod:`.app`.
+"""
+
+from gradcache_sparton.cli.app import build_parser, main
+
+__all__ = ["build_parser", "main"]

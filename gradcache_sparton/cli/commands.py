@@ -1,0 +1,11 @@
+"""The commands of ``gradcache-sparton`` and their one-line help (the top-level help and each command's)."""
+
+__all__ = ["COMMANDS"]
+
+COMMANDS = {
+    "train": "train a SPLADE model with GradCache (default: the embedded SciFact run)",
+    "evaluate": "retrieval metrics (nDCG@10, MRR@10, Recall@100) of a checkpoint on a BEIR folder",
+    "mine": "hard negatives (BM25 or a checkpoint's own ranking) written as a training file",
+    "export": "encode a BEIR corpus with a checkpoint into a seismic or Anserini index file",
+    "crossval": "k-fold cross-validation of a training recipe against zero-shot and BM25 (docs/experiments.md)",
+}

@@ -1,0 +1,151 @@
+"""``gradcache-sparton train --help``: the options by theme (model, data, loss, engine and memory,
+evaluation, the Trainer's most used), built from the argument dataclasses' help texts; ``--help-all``
+adds the Trainer's other options."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["CONFIG_HELP", "HELP_ALL", "train_fields", "train_help"]
+
+CONFIG_HELP = (
+    "YAML or JSON file of argument values, or 'default' (resources/default_train.yaml, the embedded run). "
+    "Without --config the embedded run applies only if no flag names a model or training data."
+)
+HELP_ALL = "--help-all"
+# The transformers.TrainingArguments options `train --help` shows (under "run"); the rest: --help-all.
+_COMMON_TRAINER_OPTIONS = (
+    "output_dir",
+    "overwrite_output_dir",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "num_train_epochs",
+    "learning_rate",
+    "warmup_steps",
+    "weight_decay",
+    "lr_scheduler_type",
+    "bf16",
+    "fp16",
+    "seed",
+    "logging_steps",
+    "save_strategy",
+    "save_steps",
+    "save_total_limit",
+    "resume_from_checkpoint",
+    "report_to",
+    "dataloader_num_workers",
+)
+# Trainer options about memory and speed, shown beside the engine's. `gradient_checkpointing` is
+# transformers' deprecated alias of `activation_checkpointing` where that exists (5.23+).
+_MEMORY_TRAINER_OPTIONS = ("activation_checkpointing", "gradient_checkpointing", "torch_compile")
+
+
+def _train_option_groups() -> dict[str, tuple[str, list[str]]]:
+    """``train``'s own options by theme: title -> (description, argument names), in help order."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+    from gradcache_sparton.losses import SpladeLossConfig
+
+    trainer_names = {f.name for f in fields(TrainingArguments)}
+    loss_names = [f.name for f in fields(SpladeLossConfig)]
+    data_names = [f.name for f in fields(DataArguments)]
+    evaluation = [name for name in data_names if name.startswith(("eval_", "retrieval_eval"))]
+    engine = [
+        f.name
+        for f in fields(CachedSpladeTrainingArguments)
+        if f.name not in trainer_names and f.name not in loss_names and f.name not in _COMMON_TRAINER_OPTIONS
+    ]
+    memory = [name for name in _MEMORY_TRAINER_OPTIONS if name in trainer_names]
+    if "activation_checkpointing" in memory:
+        memory.remove("gradient_checkpointing")  # deprecated alias: --help-all only
+    return {
+        "model": ("which backbone, tokenizer, pooling and LoRA", [f.name for f in fields(ModelArguments)]),
+        "data": (
+            "training pairs (default: the shipped SciFact sample)",
+            [n for n in data_names if n not in evaluation],
+        ),
+        "loss": ("the SPLADE loss: contrastive term, sparsity regularizers and their warm-up", loss_names),
+        "engine and memory": (
+            "per_device_train_batch_size is the effective batch; these bound memory and set speed, never the "
+            "loss or gradients",
+            engine + memory,
+        ),
+        "evaluation": (
+            "retrieval metrics on a BEIR folder (default: the shipped SciFact dev sample)",
+            evaluation,
+        ),
+        "run (the Trainer's most used options)": (
+            "transformers.TrainingArguments",
+            list(_COMMON_TRAINER_OPTIONS),
+        ),
+    }
+
+
+def train_fields() -> dict[str, Any]:
+    """Every ``train`` argument's dataclass field (``dataclasses.Field``), by name."""
+    from dataclasses import fields
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+
+    return {
+        f.name: f
+        for cls in (ModelArguments, DataArguments, CachedSpladeTrainingArguments)
+        for f in fields(cls)
+        if f.init
+    }
+
+
+def train_help(*, show_all: bool) -> str:
+    """``train``'s help: general, then this project's options by theme, the Trainer's most used ones, then the
+    Trainer's other options (with ``show_all``; else one line pointing at ``--help-all``).
+
+    Built from the dataclass fields' help texts into a parser used for display only (the parsing parser is
+    ``HfArgumentParser``'s), each option once under its underscore name."""
+    from dataclasses import MISSING
+
+    display = argparse.ArgumentParser(
+        prog="gradcache-sparton train",
+        usage="gradcache-sparton train [--config FILE|default] [--NAME VALUE ...]",
+        description="Train a SPLADE model with GradCache. Flags override --config. Bool flags take a value "
+        "(--bf16 True). The defaults shown are the arguments' own; with no --config and no flag naming a model "
+        "or training data, the embedded run's values apply over them (resources/default_train.yaml).",
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(
+            prog, max_help_position=32, width=110
+        ),
+        add_help=False,
+    )
+    general = display.add_argument_group("general")
+    general.add_argument("-h", "--help", action="store_true", help="Show this help and exit.")
+    general.add_argument(
+        HELP_ALL, action="store_true", help="Show every option, the Trainer's own too, and exit."
+    )
+    general.add_argument("--config", metavar="CONFIG", help=CONFIG_HELP)
+    remaining = train_fields()
+
+    def add(group: Any, name: str) -> None:
+        field = remaining.pop(name)
+        boolean = isinstance(field.default, bool)
+        metavar = field.metadata.get("metavar") or ("BOOL" if boolean else name.upper())
+        default = "" if field.default is MISSING or field.default is None else f" [default: {field.default}]"
+        group.add_argument(f"--{name}", metavar=metavar, help=field.metadata.get("help", "") + default)
+
+    for title, (description, names) in _train_option_groups().items():
+        group = display.add_argument_group(title, description)
+        for name in names:
+            if name in remaining:
+                add(group, name)
+    if show_all:
+        trainer = display.add_argument_group("the Trainer's other options (transformers.TrainingArguments)")
+        for name in sorted(remaining):
+            add(trainer, name)
+    else:
+        display.epilog = (
+            f"The Trainer's {len(remaining)} other options (transformers.TrainingArguments): "
+            f"gradcache-sparton train {HELP_ALL}"
+        )
+    return display.format_help()

@@ -1,0 +1,45 @@
+"""k-fold cross-validation of a training recipe over a BEIR folder's judged queries (``gradcache-sparton
+crossval``): retrieval quality measured only on queries the recipe never trained on, against the full corpus.
+
+Protocol (docs/experiments.md):
+
+1. The judged queries of ``beir_path`` (split ``split``) are shuffled with ``fold_seed`` and dealt into
+   ``folds`` folds (query i of the shuffle goes to fold i mod k).
+2. For each fold and each training seed, the recipe (``train`` flags: model, steps, learning rate, ...)
+   trains on pairs built only from the *other* folds: one (query, relevant document) pair per judgement,
+   plus optionally ``self_supervised_pairs`` (sentence, rest of the abstract) pairs from corpus documents
+   that no training query judges, and optionally ``bm25_negatives`` BM25-mined negatives per pair (ranks
+   10..100 of the full corpus, the query's judged documents skipped). No held-out query text or judgement
+   is read to build them.
+3. The trained model ranks the **whole corpus** for the held-out fold's queries (exhaustive search).
+4. References on the same queries: the recipe's starting model untrained (``zero-shot``) and BM25 (bm25s,
+   the mining's BM25), each evaluated once.
+5. Per system: nDCG@10, MRR@10, Recall@100 and non-zeros, the mean over folds (and seeds). Per comparison
+   (recipe - zero-shot, recipe - BM25, zero-shot - BM25): the per-query nDCG@10 differences over all held-out
+   queries (each query held out exactly once; the recipe's score averaged over the seeds first), their mean,
+   a 95% paired bootstrap interval and a paired randomization p-value
+   (:mod:`~gradcache_sparton.evaluation.significance`); the same per seed.
+
+Output in ``output_dir``: ``folds.json`` (the query ids of each fold), ``fold<k>/train.jsonl.gz`` (each
+fold's training rows), ``seed<s>/fold<k>/`` (each trained model), ``crossval.json`` (settings, per-fold and
+per-query numbers, comparisons; rewritten after every trained model, so a stopped run keeps what finished)
+and ``crossval.md`` (the tables).
+
+Modules: :mod:`.protocol` (settings, folds, the recipe, each fold's rows, the run),
+:mod:`.report` (means over folds, paired comparisons, the markdown tables) and :mod:`.command`
+(``gradcache-sparton crossval``'s flags).
+"""
+
+from gradcache_sparton.crossval.command import build_parser, main
+from gradcache_sparton.crossval.protocol import CrossvalSettings, make_folds, parse_recipe, run_crossval
+from gradcache_sparton.crossval.report import format_report
+
+__all__ = [
+    "CrossvalSettings",
+    "build_parser",
+    "format_report",
+    "main",
+    "make_folds",
+    "parse_recipe",
+    "run_crossval",
+]

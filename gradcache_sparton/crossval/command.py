@@ -1,0 +1,86 @@
+"""``gradcache-sparton crossval [options] -- [train flags]``: the flags, the run, the printed report."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from gradcache_sparton.crossval.protocol import CrossvalSettings, parse_recipe, run_crossval
+from gradcache_sparton.crossval.report import format_report
+from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gradcache-sparton crossval`` flags; the recipe's ``train`` flags come after ``--``."""
+    p = argparse.ArgumentParser(
+        prog="gradcache-sparton crossval",
+        description="k-fold cross-validation of a training recipe: each fold's queries ranked against the full "
+        "corpus by a model trained on the other folds only; zero-shot and BM25 as references; paired "
+        "bootstrap intervals and randomization p-values over all held-out queries.",
+        usage="gradcache-sparton crossval --beir_path DIR [options] [-- TRAIN FLAGS (as `train` takes them)]",
+    )
+    p.add_argument(
+        "--beir_path", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."
+    )
+    p.add_argument("--split", default="train", help="qrels split whose judged queries are cross-validated.")
+    p.add_argument(
+        "--output_dir", required=True, help="folder for folds, models, crossval.json and crossval.md."
+    )
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument(
+        "--fold_seed", type=int, default=0, help="seed of the query shuffle (and of the pair choice)."
+    )
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=[42], help="training seeds: each fold trained once per seed."
+    )
+    p.add_argument(
+        "--self_supervised_pairs",
+        type=int,
+        default=0,
+        help="add this many (sentence, rest of the abstract) pairs from documents no training query judges.",
+    )
+    p.add_argument(
+        "--bm25_negatives", type=int, default=0, help="BM25 negatives per training pair (0: none)."
+    )
+    p.add_argument("--no_bm25", action="store_true", help="skip the BM25 reference (needs no bm25s then).")
+    p.add_argument("--query_max_length", type=int, default=32, help="evaluation query tokens.")
+    p.add_argument("--document_max_length", type=int, default=256, help="evaluation document tokens.")
+    p.add_argument("--eval_batch_size", type=int, default=64)
+    p.add_argument(
+        "--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap and randomization draws."
+    )
+    p.add_argument(
+        "--write_runs", action="store_true", help="write every model's top 100 as TREC runs in runs/."
+    )
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """``gradcache-sparton crossval [options] -- [train flags]``: run and print the markdown report."""
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:split])
+    recipe_flags = argv[split + 1 :]
+    settings = CrossvalSettings(
+        beir_path=args.beir_path,
+        output_dir=args.output_dir,
+        split=args.split,
+        folds=args.folds,
+        fold_seed=args.fold_seed,
+        seeds=args.seeds,
+        self_supervised_pairs=args.self_supervised_pairs,
+        bm25_negatives=args.bm25_negatives,
+        bm25_reference=not args.no_bm25,
+        query_max_length=args.query_max_length,
+        document_max_length=args.document_max_length,
+        eval_batch_size=args.eval_batch_size,
+        resamples=args.resamples,
+        write_runs=args.write_runs,
+    )
+    settings.check()  # before the recipe's flags and any data are read
+    model_args, training_args = parse_recipe(recipe_flags)
+    results = run_crossval(settings, model_args, training_args, recipe_flags=recipe_flags)
+    print(format_report(results))
+    return 0
