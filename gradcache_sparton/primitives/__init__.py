@@ -5,8 +5,8 @@ evaluation. They import nothing else from the package.
   layout (offsets, vocabulary ids, weights);
 - :mod:`~gradcache_sparton.primitives.host_count`: :class:`HostCount`, a count read on the host without
   stalling the host's queue of work;
-- :mod:`~gradcache_sparton.primitives.forward_memo`: :class:`ForwardMemo`, what a module records in
-  GradCache Step (1) so that Step (3) can skip its forward.
+- :mod:`~gradcache_sparton.primitives.forward_memo`: :class:`ForwardMemo`, the contract by which a module
+  hands GradCache Step (1)'s memo what Step (3) needs to skip its forward (the engine owns the memo).
 """
 
 from gradcache_sparton.primitives.forward_memo import (
