@@ -3,7 +3,8 @@
 Legend: B batch (pairs), S sequence, D hidden, V vocabulary.
 
 Model: a decoder-only LM with random weights in bf16 (``--shape``: ``qwen3-0.6b``, D 1,024, 28 layers,
-V 151,936, tied embeddings; ``llama-3.2-1b``, D 2,048, 16 layers, V 128,256, tied), wrapped as a
+V 151,936, tied embeddings; ``llama-3.2-1b``, D 2,048, 16 layers, V 128,256, tied; ``llama-3-8b``, D 4,096,
+32 layers, V 128,256, untied, for the sharded benchmark ``bench_fsdp_llm.py``), wrapped as a
 ``SpladeEncoder`` (causal attention, the head tied to ``lm_head``). Training: ``full`` (every weight) or
 ``lora`` (peft LoRA r 16, alpha 32, on q/k/v/o; ``lm_head`` and the embeddings frozen, so the head's
 backward skips the [V, D] gradient). Data: synthetic (query, positive) pairs of random token ids, query
@@ -57,6 +58,11 @@ SHAPES: dict[str, Callable[[], PretrainedConfig]] = {
         vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
         max_position_embeddings=4096,
+    ),
+    "llama-3-8b": lambda: LlamaConfig(
+        vocab_size=128_256, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False, max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
     ),
     "llama-3.2-1b": lambda: LlamaConfig(
         vocab_size=128_256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,

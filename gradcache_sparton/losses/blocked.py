@@ -19,6 +19,15 @@ densified at a time, gradients gathered at its non-zeros) in :mod:`.sparse`.
 The result equals the dense computation up to fp32 summation order (the blocks add up the same terms
 in another order).
 
+Sharded across ranks (``shard_across_ranks``, for data-parallel training whose loss sees the batch
+gathered from every rank, identical on all W ranks): rank r runs the loops above for its contiguous
+1/W of the query blocks only. The forward fills its rows of lse [B] and sums the ranks' (zero
+elsewhere) with one all-reduce of B floats; the backward sums the ranks' partial gradients (each
+query row from one rank, each document from all) with one all-reduce per input, of its gradient's size
+([B, V] dense, [nnz] sparse). Every rank then holds the full lse and gradients, as unsharded, for a
+W-th of the block products. Every rank must call it with the same inputs (not checked: a rank with
+other reps gives wrong results, not an error).
+
 Products on a GPU: without TF32 an fp32 matmul runs on the CUDA cores (an H100's datasheet peaks: 67
 TFLOP/s fp32 against 989 bf16 on the tensor cores), and the blocked products grow as B²: 4 · 2 · B ·
 (1+k)B · V flops a step. When every input holds bf16 values (reps made under bf16 autocast and upcast;
@@ -46,6 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
@@ -92,15 +102,33 @@ def score_block_size(n_queries: int, n_documents: int, block_size: int | None) -
 
 
 def blocked_logsumexp(
-    q_reps: Tensor, d_reps: Sequence[Tensor], *, temperature: float, block_size: int
+    q_reps: Tensor,
+    d_reps: Sequence[Tensor],
+    *,
+    temperature: float,
+    block_size: int,
+    shard_across_ranks: bool = False,
 ) -> Tensor:
     """``logsumexp(cat([q @ d.T for d in d_reps], 1) / temperature, dim=1)`` -> [B], in blocks (module doc).
 
     Unchecked: ``q_reps`` [B, V] and every ``d_reps`` column [B_c, V] must be validated 2-D floating
     tensors on one device with one V, ``temperature > 0``, ``block_size >= 1``. Computed in fp32 (fp64
-    for fp64 reps); differentiable in ``q_reps`` and every column of ``d_reps``.
+    for fp64 reps); differentiable in ``q_reps`` and every column of ``d_reps``. ``shard_across_ranks``:
+    each rank computes 1/W of the query blocks (module doc; a no-op without an initialized process group
+    of W > 1 ranks).
     """
-    return _BlockedLogSumExp.apply(_dense_rows, temperature, block_size, q_reps, *d_reps)
+    return _BlockedLogSumExp.apply(_dense_rows, temperature, block_size, shard_across_ranks, q_reps, *d_reps)
+
+
+def _query_rows(num_rows: int, block_size: int, shard: bool) -> tuple[int, int, bool]:
+    """This rank's query rows ``start:stop`` (whole blocks, contiguous; all of them unsharded), and whether
+    the ranks' results must be summed (sharded over an initialized group of W > 1 ranks)."""
+    if not (shard and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return 0, num_rows, False
+    rank, world = dist.get_rank(), dist.get_world_size()
+    blocks = -(-num_rows // block_size)
+    start, stop = (min(num_rows, (blocks * r // world) * block_size) for r in (rank, rank + 1))
+    return start, stop, True
 
 
 class RowBlocks(Protocol):
@@ -203,12 +231,14 @@ def _blocked_lse_forward(
     block_size: int,
     dtype: torch.dtype,
     block_dtype: torch.dtype,
+    shard: bool,
 ) -> Tensor:
     """Forward: per query block, an online log-sum-exp over every document block -> lse [B]."""
     device = q_rows.tensor.device
-    lse = torch.empty(q_rows.num_rows, dtype=dtype, device=device)  # [B]
-    for i0 in range(0, q_rows.num_rows, block_size):
-        i1 = min(i0 + block_size, q_rows.num_rows)
+    start, stop, summed = _query_rows(q_rows.num_rows, block_size, shard)
+    lse = torch.zeros(q_rows.num_rows, dtype=dtype, device=device)  # [B]
+    for i0 in range(start, stop, block_size):
+        i1 = min(i0 + block_size, stop)
         q_block = q_rows.block(i0, i1, block_dtype)  # [bq, V]
         running_max = torch.full((q_block.shape[0],), -torch.inf, dtype=dtype, device=device)
         running_sum = torch.zeros_like(running_max)  # sum_j exp(s[:, j] - running_max), [bq]
@@ -218,6 +248,8 @@ def _blocked_lse_forward(
             running_sum = running_sum * rescale + torch.exp(scores - new_max[:, None]).sum(dim=1)
             running_max = new_max
         lse[i0:i1] = running_max + torch.log(running_sum)
+    if summed:  # every rank's rows (zero elsewhere) -> the full [B] on every rank
+        dist.all_reduce(lse)
     return lse
 
 
@@ -232,6 +264,7 @@ def _blocked_lse_backward(
     *,
     needs_q: bool,
     needs_d: Sequence[bool],
+    shard: bool,
 ) -> tuple[Tensor | None, list[Tensor | None]]:
     """Backward: recompute each block, ``p = exp(s - lse)``; accumulate the q and d gradients (input dtypes)."""
     dtype = lse.dtype
@@ -243,8 +276,9 @@ def _blocked_lse_backward(
     ]
     # d lse[i] / d s[i, j] = softmax_j(s[i]) = exp(s[i, j] - lse[i]), and d s / d q = d / temperature.
     row_scale = grad_lse.to(dtype) / temperature  # [B]
-    for i0 in range(0, q_rows.num_rows, block_size):
-        i1 = min(i0 + block_size, q_rows.num_rows)
+    start, stop, summed = _query_rows(q_rows.num_rows, block_size, shard)
+    for i0 in range(start, stop, block_size):
+        i1 = min(i0 + block_size, stop)
         q_block = q_rows.block(i0, i1, block_dtype)  # [bq, V]
         for scores, c, j0, d_block in _score_blocks(q_block, d_rows, temperature, block_size):
             weights = torch.exp(scores - lse[i0:i1, None]) * row_scale[i0:i1, None]  # [bq, bd]
@@ -255,6 +289,10 @@ def _blocked_lse_backward(
                 j1 = j0 + d_block.shape[0]
                 # [bd, bq] @ [bq, V] -> [bd, V]
                 d_rows[c].add_to_grad(grad_d[c], j0, j1, _mm_fp32_left(weights.T, q_block))
+    if summed:  # each query row from one rank, each document from every rank's query rows
+        for grad in (grad_q, *grad_d):
+            if grad is not None:
+                dist.all_reduce(grad)
     return (
         None if grad_q is None else grad_q.to(q_rows.tensor.dtype),
         [None if g is None else g.to(d.tensor.dtype) for g, d in zip(grad_d, d_rows, strict=True)],
@@ -271,19 +309,26 @@ class _BlockedLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: FunctionCtx, rows_of: RowsOf, temperature: float, block_size: int, q: Tensor, *d: Tensor
+        ctx: FunctionCtx,
+        rows_of: RowsOf,
+        temperature: float,
+        block_size: int,
+        shard: bool,
+        q: Tensor,
+        *d: Tensor,
     ) -> Tensor:
         q_rows = rows_of(0, q)
         d_rows = [rows_of(1 + c, tensor) for c, tensor in enumerate(d)]
         with torch.autocast(q.device.type, enabled=False):
             dtype = accumulation_dtype(q, *d)
             block_dtype = torch.bfloat16 if _products_in_bf16([q, *d]) else dtype
-            lse = _blocked_lse_forward(q_rows, d_rows, temperature, block_size, dtype, block_dtype)
+            lse = _blocked_lse_forward(q_rows, d_rows, temperature, block_size, dtype, block_dtype, shard)
         ctx.save_for_backward(q, lse, *d)
         ctx.rows_of = rows_of
         ctx.temperature = temperature
         ctx.block_size = block_size
         ctx.block_dtype = block_dtype
+        ctx.shard = shard
         return lse
 
     @staticmethod
@@ -299,10 +344,11 @@ class _BlockedLogSumExp(torch.autograd.Function):
                 ctx.temperature,
                 ctx.block_size,
                 ctx.block_dtype,
-                needs_q=ctx.needs_input_grad[3],
-                needs_d=ctx.needs_input_grad[4:],
+                needs_q=ctx.needs_input_grad[4],
+                needs_d=ctx.needs_input_grad[5:],
+                shard=ctx.shard,
             )
-        return None, None, None, grad_q, *grad_d  # rows_of, temperature, block_size, q, *d
+        return None, None, None, None, grad_q, *grad_d  # rows_of, temperature, block_size, shard, q, *d
 
 
 def _score_blocks(

@@ -18,7 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gradcache_sparton.losses.blocked import blocked_logsumexp, check_block_size, score_block_size
+from gradcache_sparton.losses.blocked import (
+    AUTO_BLOCK_SIZE,
+    blocked_logsumexp,
+    check_block_size,
+    score_block_size,
+)
 from gradcache_sparton.losses.columns import ContrastiveColumns, accumulation_dtype, split_columns
 from gradcache_sparton.losses.scores import _dot_scores, _paired_scores
 
@@ -71,17 +76,32 @@ def info_nce_loss(
     return _info_nce(split_columns(reps), temperature=temperature, block_size=block_size)
 
 
-def _info_nce(columns: ContrastiveColumns, *, temperature: float, block_size: int | None = None) -> Tensor:
-    """:func:`info_nce_loss` of checked columns."""
+def _info_nce(
+    columns: ContrastiveColumns,
+    *,
+    temperature: float,
+    block_size: int | None = None,
+    shard_across_ranks: bool = False,
+) -> Tensor:
+    """:func:`info_nce_loss` of checked columns; ``shard_across_ranks``: blocked, 1/W of the queries per rank
+    (:mod:`.blocked`)."""
     q_reps, pos_reps, neg_reps = columns
     B = q_reps.shape[0]
     block = score_block_size(B, (1 + len(neg_reps)) * B, block_size)
+    if shard_across_ranks and block is None:
+        block = AUTO_BLOCK_SIZE
     if block is not None:
         # -log softmax at the own positive = logsumexp over the batch's documents - the positive's score.
         # Queries and positives feed both terms: one fp32 copy each, so their gradients are rounded once.
         dtype = accumulation_dtype(q_reps, pos_reps)
         q_reps, pos_reps = q_reps.to(dtype), pos_reps.to(dtype)
-        lse = blocked_logsumexp(q_reps, [pos_reps, *neg_reps], temperature=temperature, block_size=block)
+        lse = blocked_logsumexp(
+            q_reps,
+            [pos_reps, *neg_reps],
+            temperature=temperature,
+            block_size=block,
+            shard_across_ranks=shard_across_ranks,
+        )
         return (lse - _paired_scores(q_reps, pos_reps) / temperature).mean()  # [B] -> []
     # (1+k) x ([B, V] @ [V, B] -> [B, B]), concatenated -> [B, (1+k)·B]; column j < B is positive j.
     scores = torch.cat([_dot_scores(q_reps, d_reps) for d_reps in (pos_reps, *neg_reps)], dim=1)
@@ -220,12 +240,15 @@ def _kl_div(
     teacher_temperature: float,
     in_batch: bool,
     block_size: int | None = None,
+    shard_across_ranks: bool = False,
 ) -> Tensor:
-    """:func:`kl_div_loss` of checked columns and teacher scores."""
+    """:func:`kl_div_loss` of checked columns and teacher scores (``shard_across_ranks``: as :func:`_info_nce`)."""
     q_reps, pos_reps, neg_reps = columns
     d_columns = (pos_reps, *neg_reps)
     B, k = q_reps.shape[0], len(neg_reps)
     block = score_block_size(B, (1 + k) * B, block_size) if in_batch else None
+    if in_batch and shard_across_ranks and block is None:
+        block = AUTO_BLOCK_SIZE
     if in_batch and block is None:
         # (1+k) x ([B, V] @ [V, B] -> [B, B]) -> [B, (1+k)·B]; query i's candidate j is column j·B + i.
         scores = torch.cat([_dot_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)
@@ -237,7 +260,13 @@ def _kl_div(
         dtype = accumulation_dtype(q_reps, *d_columns)
         q_reps, d_columns = q_reps.to(dtype), tuple(d_reps.to(dtype) for d_reps in d_columns)
         scores = torch.stack([_paired_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
-        lse = blocked_logsumexp(q_reps, d_columns, temperature=temperature, block_size=block)  # [B]
+        lse = blocked_logsumexp(
+            q_reps,
+            d_columns,
+            temperature=temperature,
+            block_size=block,
+            shard_across_ranks=shard_across_ranks,
+        )  # [B]
         log_student = scores / temperature - lse[:, None]  # [B, 1+k]
     else:
         scores = torch.stack([_paired_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]

@@ -148,12 +148,18 @@ class _SparseRows:
 
 
 def sparse_blocked_logsumexp(
-    q_reps: SparseReps, d_reps: Sequence[SparseReps], *, temperature: float, block_size: int
+    q_reps: SparseReps,
+    d_reps: Sequence[SparseReps],
+    *,
+    temperature: float,
+    block_size: int,
+    shard_across_ranks: bool = False,
 ) -> Tensor:
     """Each query's log-sum-exp of its scaled scores against every document -> [B], in [block, block] blocks.
 
     The sparse twin of :func:`~.blocked.blocked_logsumexp` (the same loops, blocks densified from the
     sparse rows): differentiable in ``q_reps.weights`` and every ``d_reps[c].weights``. Unchecked.
+    ``shard_across_ranks``: each rank scores 1/W of the query blocks (:mod:`.blocked`).
     """
     layouts = [q_reps, *d_reps]
 
@@ -161,7 +167,7 @@ def sparse_blocked_logsumexp(
         return _SparseRows(layouts[position], weights, block_size)
 
     return _BlockedLogSumExp.apply(
-        rows_of, temperature, block_size, q_reps.weights, *(d.weights for d in d_reps)
+        rows_of, temperature, block_size, shard_across_ranks, q_reps.weights, *(d.weights for d in d_reps)
     )
 
 
@@ -227,11 +233,23 @@ def sparse_expected_flops(q_columns: Sequence[SparseReps], d_columns: Sequence[S
     return torch.dot(activation_rate(q_columns), activation_rate(d_columns))  # [V] . [V] -> []
 
 
-def sparse_info_nce(columns: SparseColumns, *, temperature: float, block_size: int | None = None) -> Tensor:
+def sparse_info_nce(
+    columns: SparseColumns,
+    *,
+    temperature: float,
+    block_size: int | None = None,
+    shard_across_ranks: bool = False,
+) -> Tensor:
     """InfoNCE with in-batch and hard negatives (:func:`~.contrastive.info_nce_loss`) on sparse reps, in blocks."""
     q_reps, pos_reps, neg_reps = columns
     block = sparse_block_size(q_reps.vocab_size) if block_size is None else block_size
-    lse = sparse_blocked_logsumexp(q_reps, [pos_reps, *neg_reps], temperature=temperature, block_size=block)
+    lse = sparse_blocked_logsumexp(
+        q_reps,
+        [pos_reps, *neg_reps],
+        temperature=temperature,
+        block_size=block,
+        shard_across_ranks=shard_across_ranks,
+    )
     return (lse - sparse_paired_scores(q_reps, pos_reps) / temperature).mean()  # [B] -> []
 
 
@@ -251,6 +269,7 @@ def sparse_kl_div(
     teacher_temperature: float,
     in_batch: bool,
     block_size: int | None = None,
+    shard_across_ranks: bool = False,
 ) -> Tensor:
     """Listwise KL (:func:`~.contrastive.kl_div_loss`) on sparse reps; with ``in_batch``, in blocks."""
     q_reps, pos_reps, neg_reps = columns
@@ -258,7 +277,13 @@ def sparse_kl_div(
     scores = torch.stack([sparse_paired_scores(q_reps, d) for d in d_columns], dim=1)  # [B, 1+k]
     if in_batch:  # normalised over the batch's documents: log p = s / t - lse
         block = sparse_block_size(q_reps.vocab_size) if block_size is None else block_size
-        lse = sparse_blocked_logsumexp(q_reps, d_columns, temperature=temperature, block_size=block)  # [B]
+        lse = sparse_blocked_logsumexp(
+            q_reps,
+            d_columns,
+            temperature=temperature,
+            block_size=block,
+            shard_across_ranks=shard_across_ranks,
+        )  # [B]
         log_student = scores / temperature - lse[:, None]  # [B, 1+k]
     else:
         log_student = torch.log_softmax(scores / temperature, dim=1)  # [B, 1+k]

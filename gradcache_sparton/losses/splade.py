@@ -197,6 +197,17 @@ class SpladeLossConfig:
         },
     )
 
+    shard_scores_across_ranks: bool = field(
+        default=False,
+        metadata={
+            "help": "infonce and kl_div with kl_in_batch, under data parallelism whose loss sees the batch "
+            "gathered from every rank (the cached trainer's): each of the W ranks scores 1/W of the queries, "
+            "in blocks, and the ranks' results are summed (one all-reduce of B floats forward, one per column "
+            "of the rep gradients' size backward): W times less score work per rank, the same loss and "
+            "gradients up to fp32 summation order. Every rank must call the loss with the same reps."
+        },
+    )
+
     def __post_init__(self) -> None:
         check_weight(self.query_reg_weight, name="query_reg_weight")
         check_weight(self.doc_reg_weight, name="doc_reg_weight")
@@ -222,9 +233,19 @@ class SpladeLossConfig:
                 f"contrastive={self.contrastive!r}"
             )
         check_block_size(self.score_block_size, name="score_block_size")
+        if not isinstance(self.shard_scores_across_ranks, bool):
+            raise TypeError(
+                f"shard_scores_across_ranks must be a bool, got {type(self.shard_scores_across_ranks).__name__}"
+            )
         scores_whole_batch = self.contrastive == "infonce" or (
             self.contrastive == "kl_div" and self.kl_in_batch
         )
+        if self.shard_scores_across_ranks and not scores_whole_batch:
+            raise ValueError(
+                "shard_scores_across_ranks applies to contrastive='infonce' or 'kl_div' with kl_in_batch only "
+                f"(the losses with a [B, (1+k)·B] score matrix), got contrastive={self.contrastive!r}, "
+                f"kl_in_batch={self.kl_in_batch}"
+            )
         if self.score_block_size is not None and not scores_whole_batch:
             raise ValueError(
                 f"score_block_size applies to contrastive='infonce' or 'kl_div' with kl_in_batch only (the "
@@ -352,13 +373,15 @@ class SpladeLoss:
 
 def _contrastive_settings(config: SpladeLossConfig) -> dict[str, Any]:
     """The config's keyword arguments of its contrastive loss (the loss kwargs add per-batch tensors)."""
+    shard = {"shard_across_ranks": True} if config.shard_scores_across_ranks else {}
     if config.contrastive == "infonce":
-        return {"temperature": config.temperature, "block_size": config.score_block_size}
+        return {"temperature": config.temperature, "block_size": config.score_block_size, **shard}
     if config.contrastive == "kl_div":
         return {
             "temperature": config.temperature,
             "teacher_temperature": config.teacher_temperature,
             "in_batch": config.kl_in_batch,
             "block_size": config.score_block_size,
+            **shard,
         }
     return {}

@@ -1,0 +1,110 @@
+"""Scores sharded across ranks (``shard_scores_across_ranks``): each of 2 gloo ranks scores half the queries,
+and the loss and every rep gradient equal the unsharded loss's on the same (gathered) reps.
+
+One 2-rank launch runs every scenario (this file is also the ranks' script); the tests read what each rank
+saved. fp64 reps, so the only difference is the order in which the ranks' partial document gradients are
+summed: ~1e-16 relative per term, far below the 1e-12 tolerance; a missing all-reduce (a rank's lse or
+gradients from its own queries only) is an O(1) error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
+from gradcache_sparton.sparse_reps import SparseReps
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD_SIZE = 2
+RTOL = 1e-12  # see the module docstring
+SCENARIOS = {  # name: (loss settings, sparse reps)
+    "infonce, dense": ({"contrastive": "infonce"}, False),
+    "infonce, sparse": ({"contrastive": "infonce"}, True),
+    "in-batch kl_div, dense": ({"contrastive": "kl_div", "kl_in_batch": True}, False),
+    "in-batch kl_div, sparse": ({"contrastive": "kl_div", "kl_in_batch": True}, True),
+}
+ROWS, VOCAB, BLOCK = 10, 40, 3  # 4 query blocks (3 + 3 + 3 + 1), 2 per rank
+
+
+def _reps(sparse: bool) -> dict[str, torch.Tensor | SparseReps]:
+    """The same relu'd fp64 reps on every rank (queries, positives, one hard-negative column)."""
+    generator = torch.Generator().manual_seed(0)
+    reps = {c: torch.randn(ROWS, VOCAB, generator=generator, dtype=torch.float64).relu() for c in "qpn"}
+    return {c: SparseReps.from_dense(r, dtype=None) if sparse else r for c, r in reps.items()}
+
+
+def _loss_and_grads(settings: dict, sparse: bool, shard: bool) -> tuple[float, list[list[float]]]:
+    config = SpladeLossConfig(score_block_size=BLOCK, shard_scores_across_ranks=shard, **settings)
+    reps = _reps(sparse)
+    leaves = [r.weights if sparse else r for r in reps.values()]
+    for leaf in leaves:
+        leaf.requires_grad_(True)
+    kwargs = {}
+    if settings["contrastive"] == "kl_div":
+        kwargs["teacher_scores"] = torch.randn(ROWS, 2, generator=torch.Generator().manual_seed(1))
+    loss, _ = SpladeLoss(config)(reps, **kwargs)
+    loss.backward()
+    return float(loss), [leaf.grad.reshape(-1).tolist() for leaf in leaves]
+
+
+def _worker(out_dir: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    results = {}
+    for name, (settings, sparse) in SCENARIOS.items():
+        want = _loss_and_grads(settings, sparse, shard=False)  # no collective: every rank alone
+        got = _loss_and_grads(settings, sparse, shard=True)
+        results[name] = {"want": want, "got": got}
+    (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """Each rank's results (one bounded 2-rank launch for the module)."""
+    out_dir = tmp_path_factory.mktemp("sharded")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE)]
+    done = subprocess.run(
+        [*command, __file__, str(out_dir)], env=env, cwd=out_dir, timeout=120, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_sharded_scores_equal_unsharded(ranks: list[dict], scenario: str) -> None:
+    """Each rank scoring half the query blocks gives, on every rank, the unsharded loss and every rep gradient."""
+    for result in ranks:
+        (want_loss, want_grads), (got_loss, got_grads) = result[scenario]["want"], result[scenario]["got"]
+        assert got_loss == pytest.approx(want_loss, rel=RTOL)
+        for got, want in zip(got_grads, want_grads, strict=True):
+            scale = max(abs(w) for w in want)
+            assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= RTOL * scale
+
+
+def test_sharding_without_a_process_group_is_the_unsharded_loss() -> None:
+    """Outside torch.distributed (one process) the sharded setting computes every query block itself."""
+    for settings, sparse in SCENARIOS.values():
+        assert _loss_and_grads(settings, sparse, shard=True) == _loss_and_grads(settings, sparse, shard=False)
+
+
+def test_shard_setting_is_checked() -> None:
+    """A non-bool, or the setting on a loss without in-batch scores, is refused naming the field."""
+    with pytest.raises(TypeError, match="shard_scores_across_ranks"):
+        SpladeLossConfig(shard_scores_across_ranks=1)
+    with pytest.raises(ValueError, match="shard_scores_across_ranks"):
+        SpladeLossConfig(contrastive="margin_mse", shard_scores_across_ranks=True)
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
