@@ -229,9 +229,9 @@ def _blocked_lse_forward(
     d_rows: Sequence[RowBlocks],
     temperature: float,
     block_size: int,
+    shard: bool,
     dtype: torch.dtype,
     block_dtype: torch.dtype,
-    shard: bool,
 ) -> Tensor:
     """Forward: per query block, an online log-sum-exp over every document block -> lse [B]."""
     device = q_rows.tensor.device
@@ -322,7 +322,7 @@ class _BlockedLogSumExp(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             dtype = accumulation_dtype(q, *d)
             block_dtype = torch.bfloat16 if _products_in_bf16([q, *d]) else dtype
-            lse = _blocked_lse_forward(q_rows, d_rows, temperature, block_size, dtype, block_dtype, shard)
+            lse = _blocked_lse_forward(q_rows, d_rows, temperature, block_size, shard, dtype, block_dtype)
         ctx.save_for_backward(q, lse, *d)
         ctx.rows_of = rows_of
         ctx.temperature = temperature
