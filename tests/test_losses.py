@@ -743,6 +743,12 @@ def test_bad_reps_are_rejected() -> None:
         ({"contrastive": "kl_div", "kl_in_batch": 1}, TypeError, "kl_in_batch"),
         ({"score_block_size": 0}, ValueError, "score_block_size"),
         ({"contrastive": "kl_div", "score_block_size": 4}, ValueError, "score_block_size"),
+        ({"shard_scores_across_ranks": 1}, TypeError, "shard_scores_across_ranks"),
+        (
+            {"contrastive": "margin_mse", "shard_scores_across_ranks": True},
+            ValueError,
+            "shard_scores_across_ranks",
+        ),
     ],
 )
 def test_splade_config_rejects_bad_values(kwargs: dict, error: type, match: str) -> None:

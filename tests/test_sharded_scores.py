@@ -98,13 +98,5 @@ def test_sharding_without_a_process_group_is_the_unsharded_loss() -> None:
         assert _loss_and_grads(settings, sparse, shard=True) == _loss_and_grads(settings, sparse, shard=False)
 
 
-def test_shard_setting_is_checked() -> None:
-    """A non-bool, or the setting on a loss without in-batch scores, is refused naming the field."""
-    with pytest.raises(TypeError, match="shard_scores_across_ranks"):
-        SpladeLossConfig(shard_scores_across_ranks=1)
-    with pytest.raises(ValueError, match="shard_scores_across_ranks"):
-        SpladeLossConfig(contrastive="margin_mse", shard_scores_across_ranks=True)
-
-
 if __name__ == "__main__":
     _worker(Path(sys.argv[1]))
