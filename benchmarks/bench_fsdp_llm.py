@@ -12,25 +12,25 @@ recomputed): no GPU ever holds the whole model. fp32 shards computed in bf16
 decoder layer. Training ``lora`` (peft r 16, alpha 32, q/k/v/o) or ``full`` (every weight), AdamW.
 
 Step: ``CachedLoss`` over ``SpladeLoss`` (InfoNCE over in-batch negatives + FLOPS), the reps gathered
-across ranks (the loss sees all B pairs), gradients reduce-scattered once per step (until then each rank
-holds its units' unsharded gradients: the whole model's, in bf16); mini-batches of ``--mini_batch``
-passages and 8x as many queries; ``check_replay`` off. Data: random token ids, query 32 and passage 256
+across ranks (the loss sees all B pairs), gradients reduce-scattered once per step: until then each rank
+holds its units' unsharded gradients, the whole model's, accumulated in the fp32 reduce dtype (4 B per
+trainable parameter); ``--grad_sync auto`` reduces every mini-batch instead where that would not fit
+(``grad_sync()``; the row says which). Mini-batches of ``--mini_batch`` passages and 8x as many queries;
+``check_replay`` off. Data: random token ids, query 32 and passage 256
 tokens, no padding, B / W pairs per rank.
 
-Per training mode (each gets an equal share of what is left of ``--budget_s``): two warm-up steps at W x
-mini-batch pairs (Triton compilation, optimizer state; the second's peak is the small-batch memory
-point), ``--steps`` steps at ``--batch`` (4,096) timed between CUDA events (median; the slowest rank's),
-pairs/s = B / median, peak ``max_memory_allocated`` on every GPU. Then the search: B doubled, one step
-each, until an OOM on every rank (status OOM), a step whose projected time (2x the last) would pass the
-mode's budget (status budget), or ``--max_batch``. ``projected_largest_batch`` extends the last two peaks
-linearly in B to 95% of the GPU's memory: a projection, labelled so. An OOM on some ranks only leaves the
-others in a collective: the process group's timeout (``--timeout_s``) then ends the launch, and the row
-being run was written beforehand with status "running".
+Per training mode (an equal share of what is left of ``--budget_s`` each): two warm-up steps of W x
+mini-batch pairs (Triton, optimizer state), ``--steps`` steps at ``--batch`` (4,096) between CUDA events
+(median, the slowest rank's; pairs/s = B / median; peak ``max_memory_allocated`` of every GPU), then B
+doubled, one step each, until an OOM on every rank, a step projected (2x the last) past the mode's budget,
+or ``--max_batch``. ``projected_largest_batch``: the last two peaks extended linearly in B to 95% of the
+GPU's memory (a projection). An OOM on some ranks only leaves the others in a collective until
+``--timeout_s`` ends the launch; the row being run was written first, with status "running".
 
 On 4 GPUs (rank 0 writes ``--out``, rewritten after every row):
 
     export PYTHONPATH=$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    torchrun --nproc_per_node 4 benchmarks/bench_fsdp_llm.py --shape llama-3-8b --budget_s 200 --out $OUT/fsdp_8b.json
+    torchrun --nproc_per_node 4 benchmarks/bench_fsdp_llm.py --shape llama-3-8b --steps 1 --budget_s 170 --out $OUT/fsdp_8b.json
 
 ``--device cpu`` (gloo, fp32, ``--shape tiny``) checks the script; its numbers mean nothing.
 """
@@ -43,6 +43,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTIC
     os.environ.setdefault(_name, _value)  # NVLink multicast stays off on the shared machines
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -63,6 +64,9 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from gradcache_sparton import CachedLoss, SpladeEncoder, SpladeLoss  # noqa: E402
 
 MEMORY_FRACTION = 0.95  # of the GPU's memory, for projected_largest_batch
+# Weights, gradients, AdamW state and the cache's unsharded gradients may take this much of a GPU, the rest
+# being for activations and reps (8B shape, full, W 4: 60 GiB, over 70% of an H100, under it of an H200).
+STATIC_FRACTION = 0.7
 
 
 def build_sharded(shape: str, training: str, device: torch.device) -> tuple[SpladeEncoder, dict[str, Any]]:
@@ -86,12 +90,13 @@ def build_sharded(shape: str, training: str, device: torch.device) -> tuple[Spla
     fully_shard(encoder, mp_policy=policy)
     encoder.to_empty(device=device)
     initialise(encoder, device)
-    sizes["largest_local_fraction"] = max(
-        p.to_local().numel() / p.numel() for p in encoder.parameters() if isinstance(p, DTensor)
-    )
-    sizes["local_parameters"] = sum(
-        p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in encoder.parameters()
-    )
+    # Each rank's share of each parameter (1.0: a parameter that some rank holds whole).
+    local = [
+        (p.to_local().numel() if isinstance(p, DTensor) else p.numel(), p.numel())
+        for p in encoder.parameters()
+    ]
+    sizes["largest_local_fraction"] = max(mine / whole for mine, whole in local)  # fmt: skip
+    sizes["local_parameters"] = sum(mine for mine, _ in local)
     return encoder.train(), sizes
 
 
@@ -114,9 +119,7 @@ def initialise(encoder: SpladeEncoder, device: torch.device) -> None:
             module.original_inv_freq.copy_(fresh.original_inv_freq)
 
 
-def pairs(
-    rows: int, args: argparse.Namespace, vocab: int, device: torch.device
-) -> dict[str, dict[str, Tensor]]:
+def pairs(rows: int, args: argparse.Namespace, vocab: int, device: torch.device) -> dict[str, dict[str, Tensor]]:  # fmt: skip
     """This rank's (query, positive) rows of random token ids, no padding."""
     generator = torch.Generator(device=device).manual_seed(1234 + dist.get_rank())
     columns = {}
@@ -128,7 +131,6 @@ def pairs(
 
 def timed_step(step: Any, columns: dict, device: torch.device) -> float | None:
     """One step's seconds (CUDA events; the slowest rank's), or None when it ran out of memory on every rank."""
-    seconds = 0.0
     try:
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -161,11 +163,7 @@ def peaks(device: torch.device) -> list[float] | None:
 
 def projected_largest(rows: list[dict[str, Any]], device: torch.device) -> int | None:
     """B at which the last two measured peaks, extended linearly in B, reach MEMORY_FRACTION of the GPU."""
-    points = [
-        (r["batch"], max(r["peak_gib_per_gpu"]))
-        for r in rows
-        if r["status"] == "ok" and r["peak_gib_per_gpu"]
-    ]
+    points = [(r["batch"], max(r["peak_gib_per_gpu"])) for r in rows if r["status"] == "ok" and r["peak_gib_per_gpu"]]  # fmt: skip
     if device.type != "cuda" or len(points) < 2:
         return None
     (b1, p1), (b2, p2) = sorted(points)[-2:]
@@ -175,16 +173,29 @@ def projected_largest(rows: list[dict[str, Any]], device: torch.device) -> int |
     return int(b2 + (MEMORY_FRACTION * total - p2) * (b2 - b1) / (p2 - p1))
 
 
-def run_mode(
-    training: str, args: argparse.Namespace, device: torch.device, budget_s: float, record: Any
-) -> None:
+def grad_sync(choice: str, sizes: dict[str, Any], world: int, device: torch.device) -> str:
+    """'step' (one reduce-scatter per step) or 'mini_batch'; 'auto': per step unless the sharded fp32 weights,
+    gradients and AdamW state (16 B per trainable parameter / W) plus the unsharded fp32 gradients it holds
+    until the last replay (4 B per trainable parameter) pass STATIC_FRACTION of the GPU's memory."""
+    if choice != "auto" or device.type != "cuda":
+        return "step" if choice == "auto" else choice
+    static = 16 * sizes["trainable"] / world + 4 * sizes["trainable"]
+    return (
+        "step"
+        if static <= STATIC_FRACTION * torch.cuda.get_device_properties(device).total_memory
+        else "mini_batch"
+    )
+
+
+def run_mode(training: str, args: argparse.Namespace, device: torch.device, budget_s: float, record: Any) -> None:  # fmt: skip
     """Build, warm up, time ``--batch`` and search larger batches for one training mode."""
     began, world = time.monotonic(), dist.get_world_size()
     encoder, sizes = build_sharded(args.shape, training, device)
     optimizer = torch.optim.AdamW([p for p in encoder.parameters() if p.requires_grad], lr=1e-5)
-    cached = CachedLoss(encoder, SpladeLoss(LOSS), check_replay=False,
+    sync = grad_sync(args.grad_sync, sizes, world, device)
+    every = {"mini_batch_context": lambda is_last: contextlib.nullcontext()} if sync == "mini_batch" else {}
+    cached = CachedLoss(encoder, SpladeLoss(LOSS), check_replay=False, **every,
                         mini_batch_size={"query": 8 * args.mini_batch, "positive": args.mini_batch})  # fmt: skip
-
     losses: list[Tensor] = []
 
     def step(columns: dict) -> None:
@@ -195,7 +206,7 @@ def run_mode(
         optimizer.zero_grad(set_to_none=True)
 
     base = {"shape": args.shape, "training": training, "world_size": world, "mini_batch": args.mini_batch,
-            "build_s": round(time.monotonic() - began, 1), **sizes}  # fmt: skip
+            "grad_sync": sync, "build_s": round(time.monotonic() - began, 1), **sizes}  # fmt: skip
     mode_rows: list[dict[str, Any]] = []
 
     def attempt(phase: str, batch: int, steps: int) -> float | None:
@@ -210,7 +221,7 @@ def run_mode(
                 row.update(status="OOM")
                 break
             times.append(seconds)
-        if times:
+        if times and row["status"] == "running":
             median = statistics.median(times)
             row.update(status="ok", step_s=round(median, 3), pairs_per_s=round(batch / median, 1), steps=len(times),
                        loss=float(losses[-1]))  # fmt: skip
@@ -246,6 +257,8 @@ def main() -> int:
     parser.add_argument("--max_batch", type=int, default=1 << 17, help="the search stops here")
     parser.add_argument("--budget_s", type=float, default=240.0, help="wall-clock budget of the launch")
     parser.add_argument("--timeout_s", type=float, default=180.0, help="process group timeout")
+    parser.add_argument("--grad_sync", choices=("auto", "step", "mini_batch"), default="auto",
+                        help="reduce-scatter once per step or per mini-batch (auto: grad_sync())")  # fmt: skip
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = parser.parse_args()
     began = time.monotonic()
@@ -255,33 +268,24 @@ def main() -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.batch % world or args.batch < world * args.mini_batch:
         parser.error(f"--batch {args.batch} must be a multiple of W = {world} and >= W x --mini_batch")
-    device = torch.device("cpu")
-    if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if args.device == "cuda" else torch.device("cpu")  # fmt: skip
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=args.timeout_s)
-    )
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=args.timeout_s))  # fmt: skip
     rank = dist.get_rank()
-    results: dict[str, Any] = {
-        "stamp": run_stamp(device),
-        "command": " ".join(sys.argv),
-        "args": vars(args),
-        "rows": [],
-    }
+    results = {"stamp": run_stamp(device), "command": " ".join(sys.argv), "args": vars(args), "rows": []}
 
     def record(row: dict[str, Any]) -> dict[str, Any]:
         """Add (or update) a row; rank 0 rewrites the JSON and prints it."""
         if not any(r is row for r in results["rows"]):
             results["rows"].append(row)
         if rank == 0:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as file:
                 json.dump(results, file, indent=1)
             print(json.dumps(row), flush=True)
         return row
 
-    if rank == 0:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     for i, training in enumerate(modes):
         share = (args.budget_s - (time.monotonic() - began)) / (len(modes) - i)
         run_mode(training, args, device, share, record)

@@ -36,4 +36,7 @@ def test_two_ranks_build_sharded_and_run_every_phase(tmp_path) -> None:
         for row in mine:
             assert row["status"] == "ok" and math.isfinite(row["loss"]) and row["pairs_per_s"] > 0
             assert row["largest_local_fraction"] == 0.5 and row["local_parameters"] * 2 == row["parameters"]
+            assert (
+                row["grad_sync"] == "step"
+            )  # one reduce-scatter per step where memory allows (always on a CPU)
         assert (mine[0]["trainable"] < mine[0]["parameters"]) == (training == "lora")
