@@ -8,14 +8,15 @@ and hard negative 256 tokens, no padding, B / W triplets per rank (65,536 at B 2
 
 Step: GradCache with ``sparse_reps`` (each column kept as its non-zeros from Step (1) to Step (3): dense fp32
 [B, V] reps of 3 x 262,144 rows would take 96 GiB on every rank), reps gathered across ranks, mini-batches of
-``--mini_batch`` passages and 8x as many queries. Loss: ``SpladeLoss`` (InfoNCE over all B positives and B
+``--mini_batch`` passages and 8x as many queries, ``reuse_argmax`` (Step (3) rebuilds the head from Step (1)'s
+argmax, the trainer's default). Loss: ``SpladeLoss`` (InfoNCE over all B positives and B
 hard negatives, FLOPS), its [B, 2B] scores never held whole: [block, V] blocks densified from the non-zeros,
-multiplied on the tensor cores in bf16 with fp32 sums (``losses/blocked.py``: no B² x V fp32 work, no B²
-memory), and each rank scoring 1/W of the queries (``shard_scores_across_ranks``: W times less score work
+multiplied on the tensor cores in bf16 with exact products and fp32 sums (``losses/blocked.py``: the
+B x 2B x V multiply-adds, 8 products a block, run on the tensor cores, not the fp32 units; no B² memory), each rank scoring 1/W of the queries (``shard_scores_across_ranks``: W times less score work
 per rank than every rank scoring the whole gathered batch). Timed phases (synchronised, the slowest rank's):
 Step (1) encode, Step (2) loss + rep gradients (gather included), Step (3) replay, the optimizer step.
 
-Phases, in order, each bounded by what is left of ``--budget_s``:
+Phases, in order (the step always runs; the curve stops where ``--budget_s`` would be passed):
 
   exactness  (``--exactness``: fp32, TF32 off, dropout off, 8 x W triplets, score blocks of 4) the cached step
              above on W ranks under DDP equals the uncached step (dense reps, unsharded scores) of one
@@ -96,7 +97,7 @@ def slowest(values: list[float], device: torch.device) -> list[float]:
 
 def engine_for(encoder: Any, mini_batch: int) -> GradCache:
     sizes = {"query": 8 * mini_batch, "positive": mini_batch, "negative": mini_batch}
-    return GradCache(encoder, mini_batch_size=sizes, sparse_reps=True, check_replay=False)
+    return GradCache(encoder, mini_batch_size=sizes, sparse_reps=True, reuse_argmax=True, check_replay=False)
 
 
 def cached_step(
@@ -138,7 +139,7 @@ def exactness(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     local = {
         c: {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in f.items()} for c, f in batch.items()
     }
-    engine = GradCache(ddp, mini_batch_size=3, sparse_reps=True)
+    engine = GradCache(ddp, mini_batch_size=3, sparse_reps=True, reuse_argmax=True)
     engine.step(local, loss_fn(world, block_size=4))
     largest = max(float(g.abs().max()) for g in want.values())
     errors = {name: float((p.grad - want[name]).abs().max()) / max(float(want[name].abs().max()), 1e-4 * largest)
@@ -149,7 +150,8 @@ def exactness(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
 
 def synthetic_reps(rows: int, nnz: int, vocab: int, device: torch.device, seed: int) -> SparseReps:
-    """``rows`` sparse reps of ``nnz`` distinct ascending ids each (a stride coprime with V), bf16-valued weights."""
+    """``rows`` sparse reps of ``nnz`` <= V / 7 distinct ascending ids each (stride 7, coprime with V = 30,522),
+    bf16-valued weights."""
     generator = torch.Generator(device=device).manual_seed(seed)
     starts = torch.randint(0, vocab, (rows, 1), device=device, generator=generator)
     ids = ((starts + 7 * torch.arange(nnz, device=device)) % vocab).sort(dim=1).values  # [rows, nnz]
@@ -161,11 +163,11 @@ def synthetic_reps(rows: int, nnz: int, vocab: int, device: torch.device, seed: 
 def curve_point(batch: int, nnz: dict[str, float], args: argparse.Namespace, device: torch.device) -> float:
     """Seconds of Step (2) alone (gather, loss forward and backward to the reps) at global batch ``batch``."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    reps = {name: synthetic_reps(batch // world, max(1, round(nnz[name])), 30522, device, seed=rank * 3 + i)
+    reps = {name: synthetic_reps(batch // world, min(30522 // 7, max(1, round(nnz[name]))), 30522, device, seed=rank * 3 + i)
             for i, name in enumerate(nnz)}  # fmt: skip
     for rep in reps.values():
         rep.weights.requires_grad_(True)
-    engine = engine_for(lambda **features: None, args.mini_batch)
+    engine = GradCache(lambda **features: None, mini_batch_size=1, sparse_reps=True)  # Step (2) only
     synchronize(device)
     began = time.perf_counter()
     engine.rep_gradients(reps, loss_fn(world, args.score_block_size))
