@@ -33,16 +33,18 @@ SCENARIOS = {  # name: (loss settings, sparse reps)
 ROWS, VOCAB, BLOCK = 10, 40, 3  # 4 query blocks (3 + 3 + 3 + 1), 2 per rank
 
 
-def _reps(sparse: bool) -> dict[str, torch.Tensor | SparseReps]:
-    """The same relu'd fp64 reps on every rank (queries, positives, one hard-negative column)."""
-    generator = torch.Generator().manual_seed(0)
+def _reps(sparse: bool, seed: int = 0) -> dict[str, torch.Tensor | SparseReps]:
+    """The same relu'd fp64 reps on every rank (queries, positives, one hard-negative column) for one seed."""
+    generator = torch.Generator().manual_seed(seed)
     reps = {c: torch.randn(ROWS, VOCAB, generator=generator, dtype=torch.float64).relu() for c in "qpn"}
     return {c: SparseReps.from_dense(r, dtype=None) if sparse else r for c, r in reps.items()}
 
 
-def _loss_and_grads(settings: dict, sparse: bool, shard: bool) -> tuple[float, list[list[float]]]:
+def _loss_and_grads(
+    settings: dict, sparse: bool, shard: bool, seed: int = 0
+) -> tuple[float, list[list[float]]]:
     config = SpladeLossConfig(score_block_size=BLOCK, shard_scores_across_ranks=shard, **settings)
-    reps = _reps(sparse)
+    reps = _reps(sparse, seed)
     leaves = [r.weights if sparse else r for r in reps.values()]
     for leaf in leaves:
         leaf.requires_grad_(True)
@@ -63,6 +65,11 @@ def _worker(out_dir: Path) -> None:
         want = _loss_and_grads(settings, sparse, shard=False)  # no collective: every rank alone
         got = _loss_and_grads(settings, sparse, shard=True)
         results[name] = {"want": want, "got": got}
+    try:  # each rank its own reps: every rank must refuse
+        _loss_and_grads(*SCENARIOS["infonce, sparse"], shard=True, seed=dist.get_rank())
+        results["different reps"] = "no error"
+    except ValueError as error:
+        results["different reps"] = str(error)
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 
@@ -90,6 +97,13 @@ def test_sharded_scores_equal_unsharded(ranks: list[dict], scenario: str) -> Non
         for got, want in zip(got_grads, want_grads, strict=True):
             scale = max(abs(w) for w in want)
             assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= RTOL * scale
+
+
+@pytest.mark.slow
+def test_sharded_scores_refuse_different_reps_on_every_rank(ranks: list[dict]) -> None:
+    """Ranks passing different reps (no gather) get the same ValueError on every rank, not a wrong loss."""
+    for result in ranks:
+        assert "different reps" in result["different reps"]
 
 
 def test_sharding_without_a_process_group_is_the_unsharded_loss() -> None:

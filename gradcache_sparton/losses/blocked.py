@@ -25,8 +25,9 @@ gathered from every rank, identical on all W ranks): rank r runs the loops above
 elsewhere) with one all-reduce of B floats; the backward sums the ranks' partial gradients (each
 query row from one rank, each document from all) with one all-reduce per input, of its gradient's size
 ([B, V] dense, [nnz] sparse). Every rank then holds the full lse and gradients, as unsharded, for a
-W-th of the block products. Every rank must call it with the same inputs (not checked: a rank with
-other reps gives wrong results, not an error).
+W-th of the block products. Every rank must call it with the same inputs: each input's size and fp64
+sum are compared across ranks first (one all-reduce of a few floats), and a difference raises the same
+``ValueError`` on every rank (reps that differ but agree in size and sum are not caught).
 
 Products on a GPU: without TF32 an fp32 matmul runs on the CUDA cores (an H100's datasheet peaks: 67
 TFLOP/s fp32 against 989 bf16 on the tensor cores), and the blocked products grow as B²: 4 · 2 · B ·
@@ -224,6 +225,19 @@ def _mm_fp32_left(weights: Tensor, block: Tensor) -> Tensor:
     return out
 
 
+def _check_same_on_every_rank(tensors: Sequence[Tensor]) -> None:
+    """Raise on every rank unless every rank passed inputs of the same sizes and fp64 sums (one all-reduce)."""
+    here = torch.stack([torch.stack([t.new_tensor(t.numel(), dtype=torch.float64), t.detach().sum(dtype=torch.float64)])
+                        for t in tensors]).reshape(-1)  # fmt: skip
+    extremes = torch.cat([here, -here])
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)  # [max over ranks, -min over ranks]
+    if not torch.equal(extremes[: here.numel()], -extremes[here.numel() :]):
+        raise ValueError(
+            "shard_scores_across_ranks: the ranks called the loss with different reps (sizes or sums differ); "
+            "sharded scores need the same gathered batch on every rank (the engine's gather_across_ranks)"
+        )
+
+
 def _blocked_lse_forward(
     q_rows: RowBlocks,
     d_rows: Sequence[RowBlocks],
@@ -236,6 +250,8 @@ def _blocked_lse_forward(
     """Forward: per query block, an online log-sum-exp over every document block -> lse [B]."""
     device = q_rows.tensor.device
     start, stop, summed = _query_rows(q_rows.num_rows, block_size, shard)
+    if summed:
+        _check_same_on_every_rank([q_rows.tensor, *(d.tensor for d in d_rows)])
     lse = torch.zeros(q_rows.num_rows, dtype=dtype, device=device)  # [B]
     for i0 in range(start, stop, block_size):
         i1 = min(i0 + block_size, stop)
