@@ -15,6 +15,9 @@ multiplied on the tensor cores in bf16 with exact products and fp32 sums (``loss
 B x 2B x V multiply-adds, 8 products a block, run on the tensor cores, not the fp32 units; no B² memory), each rank scoring 1/W of the queries (``shard_scores_across_ranks``: W times less score work
 per rank than every rank scoring the whole gathered batch). Timed phases (synchronised, the slowest rank's):
 Step (1) encode, Step (2) loss + rep gradients (gather included), Step (3) replay, the optimizer step.
+Also recorded: the non-zeros per row and ``shared_nonzeros_per_pair`` (the loss's FLOPS statistic,
+sum_v p_q(v) p_d(v)): the multiply-adds per score that sparse x sparse scoring would do, against V for
+the dense blocks.
 
 Phases, in order (the step always runs; the curve stops where ``--budget_s`` would be passed):
 
@@ -253,7 +256,8 @@ def main() -> int:
         dist.all_gather(everyone, mine)
         peak = [round(float(t), 2) for t in everyone]
     results["step"].update(status="ok", **phases, step_s=round(sum(phases.values()), 3), peak_gib_per_gpu=peak,
-                           loss=float(output.loss), nnz_per_row=nnz)  # fmt: skip
+                           loss=float(output.loss), nnz_per_row=nnz,
+                           shared_nonzeros_per_pair=float(output.components["flops"]))  # fmt: skip
     save()
     del batch, engine, model, optimizer
     point, last = args.curve_start, None

@@ -44,6 +44,7 @@ def test_two_ranks_match_the_uncached_step_and_report_every_phase(tmp_path) -> N
     assert report["exactness"]["passed"], report["exactness"]
     step = report["step"]
     assert step["status"] == "ok" and step["rows_per_rank"] == 8
+    assert step["shared_nonzeros_per_pair"] > 0 and min(step["nnz_per_row"].values()) > 0
     for phase in ("encode_s", "loss_and_rep_grads_s", "replay_s", "optimizer_s"):
         assert step[phase] > 0
     assert [point["batch"] for point in report["curve"]] == [4, 8, 16]
