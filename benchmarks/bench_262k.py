@@ -33,8 +33,8 @@ Phases, in order (the step always runs; the curve stops where ``--budget_s`` wou
 
 On 4 GPUs (rank 0 writes ``--out``, rewritten after every phase):
 
-    export PYTHONPATH=$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    torchrun --nproc_per_node 4 benchmarks/bench_262k.py --exactness --budget_s 200 --out $OUT/262k.json
+    export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    torchrun --nproc_per_node 4 -m benchmarks.bench_262k --exactness --budget_s 200 --out $OUT/262k.json
 
 ``--device cpu`` (gloo) with small ``--batch`` checks the script; only its exactness result means something.
 """
@@ -56,10 +56,10 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from common import run_stamp  # noqa: E402
 from torch import Tensor  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
+from benchmarks.common import run_stamp  # noqa: E402
 from gradcache_sparton import SpladeEncoder, SpladeLoss, SpladeLossConfig  # noqa: E402
 from gradcache_sparton.engine import GradCache  # noqa: E402
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad  # noqa: E402

@@ -29,8 +29,8 @@ GPU's memory (a projection). An OOM on some ranks only leaves the others in a co
 
 On 4 GPUs (rank 0 writes ``--out``, rewritten after every row):
 
-    export PYTHONPATH=$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    torchrun --nproc_per_node 4 benchmarks/bench_fsdp_llm.py --shape llama-3-8b --steps 1 --budget_s 170 --out $OUT/fsdp_8b.json
+    export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    torchrun --nproc_per_node 4 -m benchmarks.bench_fsdp_llm --shape llama-3-8b --steps 1 --budget_s 170 --out $OUT/fsdp_8b.json
 
 ``--device cpu`` (gloo, fp32, ``--shape tiny``) checks the script; its numbers mean nothing.
 """
@@ -54,13 +54,13 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from bench_llm_step import LORA_TARGETS, LOSS, SHAPES  # noqa: E402
-from common import run_stamp  # noqa: E402
 from torch import Tensor  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+from benchmarks.bench_llm_step import LORA_TARGETS, LOSS, SHAPES  # noqa: E402
+from benchmarks.common import run_stamp  # noqa: E402
 from gradcache_sparton import CachedLoss, SpladeEncoder, SpladeLoss  # noqa: E402
 
 MEMORY_FRACTION = 0.95  # of the GPU's memory, for projected_largest_batch

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from script_helpers import ROOT
+from rank_launch import launch_ranks
 
 
 @pytest.mark.slow
@@ -16,30 +13,19 @@ def test_two_ranks_match_the_uncached_step_and_report_every_phase(tmp_path) -> N
     """On 2 gloo ranks the cached step (sparse reps, gathered, blocked scores sharded across the ranks) gives
     the uncached single-process gradients, and the run reports the step's phases and a cost curve."""
     out = tmp_path / "262k.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += [
-        str(ROOT / "benchmarks" / "bench_262k.py"),
+    argv = [
+        "-m",
+        "benchmarks.bench_262k",
         "--device",
         "cpu",
         "--exactness",
         "--out",
         str(out),
-    ]
-    command += [
         "--batch",
         "16",
-        "--mini_batch",
-        "4",
-        "--curve_start",
-        "4",
-        "--query_len",
-        "8",
-        "--doc_len",
-        "16",
     ]
-    done = subprocess.run(command, env=env, cwd=tmp_path, timeout=240, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    argv += ["--mini_batch", "4", "--curve_start", "4", "--query_len", "8", "--doc_len", "16"]
+    launch_ranks(argv, world_size=2, log_dir=tmp_path, timeout_s=240)
     report = json.loads(out.read_text())
     assert report["exactness"]["passed"], report["exactness"]
     step = report["step"]

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
-from script_helpers import ROOT
+from rank_launch import launch_ranks
 
 
 @pytest.mark.slow
@@ -17,13 +14,9 @@ def test_two_ranks_build_sharded_and_run_every_phase(tmp_path) -> None:
     """Each rank holds half of every parameter (built on the meta device, never whole), LoRA and full training
     run the warm-up, timed and search phases with a finite loss, and the search stops at --max_batch."""
     out = tmp_path / "fsdp_llm.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += [str(ROOT / "benchmarks" / "bench_fsdp_llm.py"), "--device", "cpu", "--shape", "tiny"]
-    command += ["--batch", "8", "--mini_batch", "2", "--query_len", "8", "--doc_len", "16", "--steps", "2"]
-    command += ["--max_batch", "16", "--out", str(out)]
-    done = subprocess.run(command, env=env, cwd=tmp_path, timeout=240, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    argv = ["-m", "benchmarks.bench_fsdp_llm", "--device", "cpu", "--shape", "tiny", "--out", str(out)]
+    argv += ["--batch", "8", "--mini_batch", "2", "--query_len", "8", "--doc_len", "16", "--steps", "2"]
+    launch_ranks([*argv, "--max_batch", "16"], world_size=2, log_dir=tmp_path, timeout_s=240)
     rows = json.loads(out.read_text())["rows"]
     for training in ("lora", "full"):
         mine = [r for r in rows if r["training"] == training]

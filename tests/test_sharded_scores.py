@@ -1,7 +1,7 @@
 """Scores sharded across ranks (``shard_scores_across_ranks``): each of 2 gloo ranks scores half the queries,
 and the loss and every rep gradient equal the unsharded loss's on the same (gathered) reps.
 
-One 2-rank launch runs every scenario (this file is also the ranks' script); the tests read what each rank
+One 2-rank launch (``rank_launch.launch_ranks``, bounded in time) runs every scenario (this file is also the ranks' script); the tests read what each rank
 saved. fp64 reps, so the only difference is the order in which the ranks' partial document gradients are
 summed: ~1e-16 relative per term, far below the 1e-12 tolerance; a missing all-reduce (a rank's lse or
 gradients from its own queries only) is an O(1) error.
@@ -10,18 +10,16 @@ gradients from its own queries only) is an O(1) error.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from rank_launch import launch_ranks
 
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.sparse_reps import SparseReps
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD_SIZE = 2
 RTOL = 1e-12  # see the module docstring
 SCENARIOS = {  # name: (loss settings, sparse reps)
@@ -78,12 +76,7 @@ def _worker(out_dir: Path) -> None:
 def ranks(tmp_path_factory) -> list[dict]:
     """Each rank's results (one bounded 2-rank launch for the module)."""
     out_dir = tmp_path_factory.mktemp("sharded")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE)]
-    done = subprocess.run(
-        [*command, __file__, str(out_dir)], env=env, cwd=out_dir, timeout=120, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    launch_ranks([__file__, str(out_dir)], world_size=WORLD_SIZE, log_dir=out_dir, timeout_s=120)
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
 
 
