@@ -34,7 +34,7 @@ Phases, in order (the step always runs; the curve stops where ``--budget_s`` wou
 On 4 GPUs (rank 0 writes ``--out``, rewritten after every phase):
 
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    torchrun --nproc_per_node 4 -m benchmarks.bench_262k --exactness --budget_s 200 --out $OUT/262k.json
+    torchrun --nproc_per_node 4 -m benchmarks.bench_262k --exactness --budget_s 140 --out $OUT/262k.json
 
 ``--device cpu`` (gloo) with small ``--batch`` checks the script; only its exactness result means something.
 """

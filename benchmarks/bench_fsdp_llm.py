@@ -30,7 +30,7 @@ GPU's memory (a projection). An OOM on some ranks only leaves the others in a co
 On 4 GPUs (rank 0 writes ``--out``, rewritten after every row):
 
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    torchrun --nproc_per_node 4 -m benchmarks.bench_fsdp_llm --shape llama-3-8b --steps 1 --budget_s 170 --out $OUT/fsdp_8b.json
+    torchrun --nproc_per_node 4 -m benchmarks.bench_fsdp_llm --shape llama-3-8b --steps 1 --budget_s 150 --out $OUT/fsdp_8b.json
 
 ``--device cpu`` (gloo, fp32, ``--shape tiny``) checks the script; its numbers mean nothing.
 """
