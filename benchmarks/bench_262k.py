@@ -63,8 +63,8 @@ from benchmarks.common import run_stamp  # noqa: E402
 from gradcache_sparton import SpladeEncoder, SpladeLoss, SpladeLossConfig  # noqa: E402
 from gradcache_sparton.engine import GradCache  # noqa: E402
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad  # noqa: E402
+from gradcache_sparton.primitives.sparse_reps import SparseReps  # noqa: E402
 from gradcache_sparton.resources import shipped_model_path  # noqa: E402
-from gradcache_sparton.sparse_reps import SparseReps  # noqa: E402
 
 CURVE_START = 16_384
 

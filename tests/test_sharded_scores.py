@@ -18,7 +18,7 @@ import torch
 from rank_launch import launch_ranks
 
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
-from gradcache_sparton.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 WORLD_SIZE = 2
 RTOL = 1e-12  # see the module docstring
