@@ -23,7 +23,7 @@ from gradcache_sparton.data import (
     load_training_data,
     self_supervised_pairs,
 )
-from gradcache_sparton.engine import CachedLoss, GradCache, LossOutput
+from gradcache_sparton.engine import CachedLoss, GradCache, GradCacheConfig, LossOutput
 from gradcache_sparton.evaluation import SparseRetrievalEvaluator
 from gradcache_sparton.kernels import SpartonHead, sparton_head, sparton_head_reference
 from gradcache_sparton.losses import (
@@ -68,6 +68,7 @@ __all__ = [
     "CachedSpladeTrainingArguments",
     "DataArguments",
     "GradCache",
+    "GradCacheConfig",
     "LossOutput",
     "ModelArguments",
     "RetrievalEvalCallback",

@@ -16,12 +16,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any
 
 from transformers import TrainingArguments
 
-from gradcache_sparton.engine.cuda_graphs import check_cuda_graph_options
+from gradcache_sparton.data.columns import QUERY_COLUMN
+from gradcache_sparton.engine import GradCacheConfig
 from gradcache_sparton.losses import SpladeLossConfig
 
 __all__ = [
@@ -75,19 +77,6 @@ BACKBONE_PRESETS: dict[str, dict[str, int]] = {
 # at -0.5 and bert-small (sigma 0.45) at -1.0 both start with ~5k active terms per query and the best or
 # near-best nDCG@10 of their scans (0.157, 0.207); with bias 0 about 30k terms are active.
 INIT_DECODER_BIAS_SIGMAS = 2.2
-
-
-# ``sparse_reps`` as written in flags and config files -> as the engine takes it.
-_SPARSE_REPS_CHOICES: dict[str, bool | Literal["auto"]] = {"false": False, "true": True, "auto": "auto"}
-
-
-def _sparse_reps_choice(value: Any) -> str:
-    """``sparse_reps`` normalised to "false", "true" or "auto" (a YAML/JSON config may give a bool)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str) and value.lower() in _SPARSE_REPS_CHOICES:
-        return value.lower()
-    raise ValueError(f"sparse_reps must be one of false, true, auto, got {value!r}")
 
 
 def _has_accelerator() -> bool:
@@ -373,15 +362,21 @@ class DataArguments:
 
 
 @dataclass
-class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
-    """``TrainingArguments`` plus GradCache settings and the SPLADE loss settings.
+class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingArguments):
+    """``TrainingArguments`` plus the GradCache engine's settings and the SPLADE loss settings.
+
+    The engine settings are :class:`~gradcache_sparton.engine.GradCacheConfig`'s fields, inherited
+    (``mini_batch_size``, ``mini_batch_tokens``, ``mini_batch_length_multiple``, ``check_replay``,
+    ``sparse_reps``, ``reuse_argmax``, ``cuda_graphs``, ...): the same names, help texts and checks, and
+    :meth:`grad_cache_config` is the engine's configuration. As flags, ``mini_batch_size`` is one int
+    (``query_mini_batch_size`` sets the query column's) and ``allow_non_finite`` defaults to on under fp16.
 
     The loss settings are :class:`~gradcache_sparton.losses.SpladeLossConfig`'s fields, inherited: the
     same names, defaults, help texts and checks (``contrastive``, ``temperature``, ``query_regularizer``,
     ``doc_regularizer``, ``query_reg_weight``, ``doc_reg_weight``, ``reg_warmup_steps``,
     ``reg_warmup_shape``). ``warmup_steps`` is ``TrainingArguments``' learning-rate warm-up.
     ``SpladeLossConfig`` is the first base so that the loss fields come after ``TrainingArguments``'
-    fields, which keep their positions; ``__post_init__`` calls both bases' checks explicitly.
+    fields, which keep their positions; ``__post_init__`` calls every base's checks explicitly.
 
     Changed defaults: ``per_device_train_batch_size=256`` (the effective batch per device),
     ``dataloader_drop_last=True`` (a small final batch spikes a contrastive loss),
@@ -406,6 +401,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         default=False, metadata={"help": "Must stay False: the collator needs them."}
     )
     prediction_loss_only: bool = field(default=True, metadata={"help": "Evaluation computes the loss only."})
+    # The engine's fields (GradCacheConfig) that take another type or default as training flags:
     mini_batch_size: int = field(
         default=32,
         metadata={
@@ -413,71 +409,16 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
             "loss or gradients. Larger is faster until it no longer fits."
         },
     )
+    allow_non_finite: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Let a non-finite loss or rep gradient through instead of stopping with FloatingPointError. "
+            "Default: on under fp16, whose GradScaler then skips the step and lowers its scale; off otherwise."
+        },
+    )
     query_mini_batch_size: int | None = field(
         default=None,
         metadata={"help": "Mini-batch size for the (short) query column; default: mini_batch_size."},
-    )
-    mini_batch_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Also bound each mini-batch by padded tokens (rows x its longest row), grouping rows of "
-            "similar length: saves padding on text of mixed lengths, never changes the loss or gradients. "
-            "Default: rows only (mini_batch_size)."
-        },
-    )
-    pad_to_multiple_of: int | None = field(
-        default=None,
-        metadata={
-            "help": "Round each mini-batch's length (its longest row) up to a multiple of this, within the "
-            "batch's padding: mini-batches then come in a few shapes (what a compiled encoder with static "
-            "shapes needs), and the loss and gradients are unchanged. Default: each mini-batch is cut to its "
-            "longest row."
-        },
-    )
-    check_replay: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Prove on every step that the replay reproduced the first pass (a bitwise fingerprint of "
-            "each mini-batch's reps) and stop with an error if not. Default: on, except under torch_compile, "
-            "whose graph-less and graph-recording programs may round differently."
-        },
-    )
-    sparse_reps: str = field(
-        default="false",
-        metadata={
-            "metavar": "{false,true,auto}",
-            "help": "Keep each step's reps as their non-zeros (ids and weights) from the first pass to the "
-            "replay, instead of dense [batch, vocabulary] reps and gradients: memory grows with the non-zeros "
-            "rather than batch x vocabulary, which lets trained (sparse) models take far larger batches; the "
-            "loss and gradients are the dense path's up to fp32 summation order. 'true': always; 'auto': each "
-            "step, when the first mini-batch's non-zeros take fewer bytes than its dense reps (below ~1/2 "
-            "density in fp32); 'false' (default): dense reps. A custom loss must accept sparse reps (SpladeLoss "
-            "does). 'auto' costs one device sync per step.",
-        },
-    )
-    reuse_argmax: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Skip the SPLADE head's forward in the replay: the first pass records the head's max and "
-            "argmax over the sequence where its gradient can be non-zero (12 bytes per such entry, about one per "
-            "non-zero rep entry), and the replay rebuilds the head's output and gradient from them, bit for bit. "
-            "Saves the head's hidden x vocabulary product once per step (measured: 1.71x faster steps on a 2-core "
-            "CPU in the default run's setting, 1.01-1.06x on an H100 at 64-256 rows; docs/benchmarks.md). "
-            "Default: on, except under torch_compile, whose compiled head records nothing.",
-        },
-    )
-    cuda_graphs: bool = field(
-        default=False,
-        metadata={
-            "help": "Replay each mini-batch's first pass, and its replay's forward and backward, as one CUDA graph "
-            "per mini-batch shape: removes the host's per-kernel cost, which bounds small mini-batches (measured "
-            "on an H100: 2.50x the pairs/s at 16 rows, 1.72x at 32; docs/benchmarks.md). The loss and gradients "
-            "are those without graphs. Needs pad_to_multiple_of (few shapes) and a single CUDA device; not with "
-            "mini_batch_tokens or reuse_argmax (its default turns off).",
-        },
-    )
-    show_mini_batch_progress: bool = field(
-        default=False, metadata={"help": "Show a tqdm bar over the mini-batches of each step."}
     )
     query_max_length: int = field(
         default=32, metadata={"help": "Queries are truncated to this many tokens (a multiple of 8)."}
@@ -503,20 +444,14 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         if self.output_dir is None:
             self.output_dir = time.strftime("outputs/splade-%Y%m%d-%H%M%S")
         SpladeLossConfig.__post_init__(self)  # the loss settings, checked now, not at the first step
-        self.sparse_reps = _sparse_reps_choice(self.sparse_reps)
         if self.dataloader_pin_memory and not _has_accelerator():
             self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every epoch
         TrainingArguments.__post_init__(self)
+        if self.allow_non_finite is None:
+            self.allow_non_finite = bool(self.fp16)  # a GradScaler skips non-finite steps
         _positive(self.mini_batch_size, "mini_batch_size")
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
-        _positive(self.mini_batch_tokens, "mini_batch_tokens", allow_none=True)
-        _positive(self.pad_to_multiple_of, "pad_to_multiple_of", allow_none=True)
-        if self.cuda_graphs:
-            check_cuda_graph_options(
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                mini_batch_tokens=self.mini_batch_tokens,
-                reuse_argmax=self.reuse_argmax,
-            )
+        GradCacheConfig.__post_init__(self)  # the engine settings, checked now, not at the first step
         _positive(self.query_max_length, "query_max_length")
         _positive(self.document_max_length, "document_max_length")
         if self.per_device_train_batch_size < self.mini_batch_size:
@@ -527,9 +462,16 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, TrainingArguments):
         if self.remove_unused_columns:
             raise ValueError("remove_unused_columns must be False: the collator reads the text columns")
 
-    def engine_sparse_reps(self) -> bool | Literal["auto"]:
-        """``sparse_reps`` as the GradCache engine takes it: False, True or "auto"."""
-        return _SPARSE_REPS_CHOICES[self.sparse_reps]
+    def grad_cache_config(self, columns: Iterable[str]) -> GradCacheConfig:
+        """The :class:`GradCacheConfig` these arguments describe for a batch of ``columns``: a copy of the
+        inherited fields, with ``query_mini_batch_size`` for the query column when given."""
+        values = {f.name: getattr(self, f.name) for f in fields(GradCacheConfig)}
+        if self.query_mini_batch_size is not None:
+            values["mini_batch_size"] = {
+                column: self.query_mini_batch_size if column == QUERY_COLUMN else self.mini_batch_size
+                for column in columns
+            }
+        return GradCacheConfig(**values)
 
     def splade_loss_config(self) -> SpladeLossConfig:
         """The :class:`SpladeLossConfig` these arguments describe: a copy of the inherited fields."""

@@ -48,7 +48,7 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
-from gradcache_sparton.data import QUERY_COLUMN, TrainingCollator, validate_training_dataset
+from gradcache_sparton.data import TrainingCollator, validate_training_dataset
 from gradcache_sparton.engine import CachedLoss
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
 from gradcache_sparton.integrations.sentence_transformers import (
@@ -112,7 +112,9 @@ class CachedSpladeTrainer(Trainer):
         if not isinstance(args, CachedSpladeTrainingArguments):
             raise TypeError(f"args must be CachedSpladeTrainingArguments, got {type(args).__name__}")
         self._sparse_encoder = is_sparse_encoder(model)
-        self._rep_view: nn.Module | None = None  # the engine's view of a SparseEncoder (see compute_loss)
+        # The engine over the model the Trainer passes (see _cached_loss), and which model and columns it was for.
+        self._engine: CachedLoss | None = None
+        self._engine_key: tuple[nn.Module, tuple[str, ...]] | None = None
         if self._sparse_encoder:
             # In place: same reps, module types and save format, computed by the fused head.
             use_sparton_head(model)
@@ -227,53 +229,36 @@ class CachedSpladeTrainer(Trainer):
     ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """The full-batch SPLADE loss through the GradCache engine; ``backward()`` replays the mini-batches.
 
-        A new :class:`CachedLoss` per call wraps the model the Trainer passes (DDP- or compile-wrapped):
-        it holds no state, everything one step needs lives in the loss tensor's graph. Under several
+        The :class:`CachedLoss` wraps the model the Trainer passes (DDP- or compile-wrapped); everything
+        one step needs lives in the loss tensor's graph, not on the engine. Under several
         processes it gathers their reps (the loss, logged as is, is the global batch's, the same on
         every process) and synchronises gradients on the last replayed mini-batch only.
         """
         columns, loss_kwargs = inputs["columns"], inputs["loss_kwargs"]
-        encoder, mini_batch_context = model, None
-        if self._sparse_encoder:  # called with a features dict; the view hides DDP from the engine
-            # One view per model: CUDA graphs belong to the encoder the engine sees.
-            if self._rep_view is None or self._rep_view.model is not model:
-                self._rep_view = as_rep_encoder(model)
-            encoder, ddp = self._rep_view, find_ddp(model)
-            mini_batch_context = None if ddp is None else ddp_no_sync_context(ddp)
-        cached = CachedLoss(
-            encoder,
-            self.loss,
-            mini_batch_context=mini_batch_context,
-            mini_batch_size=self._mini_batch_sizes(columns),
-            # Under fp16 the GradScaler skips non-finite steps; elsewhere a non-finite loss is an error.
-            allow_non_finite=bool(self.args.fp16),
-            show_progress=self.args.show_mini_batch_progress,
-            mini_batch_tokens=self.args.mini_batch_tokens,
-            pad_to_multiple_of=self.args.pad_to_multiple_of,
-            # A compiled encoder's graph-less (Step 1) and graph-recording (Step 3) programs may fuse and
-            # round differently, so its replay is not bitwise Step (1)'s: the check is off by default there.
-            check_replay=(
-                not self.args.torch_compile if self.args.check_replay is None else self.args.check_replay
-            ),
-            # Reps kept as their non-zeros: the loss (SpladeLoss) takes them and returns the same value and
-            # components as on dense reps, so logging is unchanged.
-            sparse_reps=self.args.engine_sparse_reps(),
-            # The replay rebuilds the head from Step (1)'s record; a compiled head records nothing to reuse.
-            reuse_argmax=(
-                not (self.args.torch_compile or self.args.cuda_graphs)
-                if self.args.reuse_argmax is None
-                else self.args.reuse_argmax
-            ),
-            cuda_graphs=self.args.cuda_graphs,
-        )
+        cached = self._cached_loss(model, columns)
         loss, components = cached(columns, return_components=True, step=self.state.global_step, **loss_kwargs)
         if model.training:
             self._record(components, columns)
         return (loss, components) if return_outputs else loss
 
-    def _mini_batch_sizes(self, columns: Mapping[str, Any]) -> dict[str, int]:
-        query_size = self.args.query_mini_batch_size or self.args.mini_batch_size
-        return {name: query_size if name == QUERY_COLUMN else self.args.mini_batch_size for name in columns}
+    def _cached_loss(self, model: nn.Module, columns: Mapping[str, Any]) -> CachedLoss:
+        """The GradCache engine over ``model``, built from the arguments (the one place it is): kept across
+        steps (its CUDA graphs are recorded once), rebuilt when the Trainer passes another model (its
+        DDP- or compile-wrapped one in training, the plain one in evaluation) or other columns."""
+        if (
+            self._engine is None
+            or self._engine_key is None
+            or self._engine_key[0] is not model
+            or (self._engine_key[1] != tuple(columns))
+        ):
+            encoder, mini_batch_context = model, None
+            if self._sparse_encoder:  # called with a features dict; the view hides DDP from the engine
+                encoder, ddp = as_rep_encoder(model), find_ddp(model)
+                mini_batch_context = None if ddp is None else ddp_no_sync_context(ddp)
+            config = self.args.grad_cache_config(columns)
+            self._engine = CachedLoss(encoder, self.loss, config, mini_batch_context=mini_batch_context)
+            self._engine_key = (model, tuple(columns))
+        return self._engine
 
     # ------------------------------------------------------------------ logging
 

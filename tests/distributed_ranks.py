@@ -230,24 +230,6 @@ def _run_engine_scenarios(rank: int) -> dict[str, object]:
     except ValueError as error:
         results["layout_mix_error"] = str(error)
 
-    # The sparse rep-gradient cache under the gather: GradCache.step with sparse_rep_grads off and on, each
-    # from the same sparse start (output bias lowered: ~21% of the reps non-zero), on uneven rows.
-    results["sparse_rep_grads"] = {}
-    for sparse in (False, True):
-        sparse_encoder = make_encoder(config, seed=0)
-        with torch.no_grad():
-            sparse_encoder.mlm.cls.predictions.bias -= 0.2
-        engine = GradCache(
-            DistributedDataParallel(sparse_encoder), mini_batch_size=MINI_BATCH, sparse_rep_grads=sparse
-        )
-        rows = rank_rows(UNEVEN_ROWS, rank)
-        reps, _ = engine.encode(_select(columns, rows))
-        loss, _ = engine.step(_select(columns, rows), scored_loss, targets=targets[rows])
-        results["sparse_rep_grads"][sparse] = {
-            "loss": loss,
-            "grads": grads_of(sparse_encoder),
-            "density": float(torch.cat([r.ne(0).float().flatten() for r in reps.values()]).mean()),
-        }
     # Sparse reps gathered across ranks: GradCache.step with sparse_reps off and on, from the same ~3%
     # non-zero start, SpladeLoss, uneven rows in mini-batches of 4 that do not divide rank 0's 6.
     results["sparse_reps"] = {}

@@ -180,7 +180,7 @@ def per_mini_batch_loss(
     mini_batch_size: int,
     *,
     mini_batch_tokens: int | None = None,
-    pad_to_multiple_of: int | None = None,
+    mini_batch_length_multiple: int | None = None,
     **loss_kwargs,
 ):
     """The dropout reference: mini-batches encoded in the engine's order, with a graph, then the loss.
@@ -188,7 +188,7 @@ def per_mini_batch_loss(
     Each mini-batch is cut to its longest row (right padding), so it draws the same dropout masks from
     the global stream as the engine's Step (1) does. With ``mini_batch_tokens`` the mini-batches are
     the engine's length groups (:func:`token_budget_groups`), and the reps are put back in row order.
-    With ``pad_to_multiple_of`` each cut length is rounded up to a multiple, at most the column's width
+    With ``mini_batch_length_multiple`` each cut length is rounded up to a multiple, at most the column's width
     (dropout draws as many numbers as the tensor has, so the engine's rounded shapes draw other masks).
     """
     reps = {}
@@ -206,8 +206,8 @@ def per_mini_batch_loss(
         for group in groups:
             mb = {k: v[group] for k, v in features.items()}
             keep = max(int(mb["attention_mask"].sum(dim=1).max()), 1)
-            if pad_to_multiple_of is not None:
-                keep = min(-(-keep // pad_to_multiple_of) * pad_to_multiple_of, mask.shape[1])
+            if mini_batch_length_multiple is not None:
+                keep = min(-(-keep // mini_batch_length_multiple) * mini_batch_length_multiple, mask.shape[1])
             chunks.append(encoder(**{k: v[:, :keep] for k, v in mb.items()}))
         order = torch.tensor([row for group in groups for row in group])
         reps[name] = torch.cat(chunks)[torch.argsort(order)]  # grouped order -> row order

@@ -290,13 +290,13 @@ def test_smoke_run_with_sparse_reps(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_smoke_run_with_rounded_lengths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--pad_to_multiple_of reaches ours' engine (CachedLoss's pad_to_multiple_of) and names the rows."""
+    """--pad_to_multiple_of reaches ours' engine (CachedLoss's mini_batch_length_multiple) and names the rows."""
     seen = []
 
     class Spy(steps.CachedLoss):
         @functools.wraps(steps.CachedLoss.__init__)  # the script reads CachedLoss's signature
         def __init__(self, *args, **kwargs):
-            seen.append(kwargs.get("pad_to_multiple_of"))
+            seen.append(kwargs.get("mini_batch_length_multiple"))
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(steps, "CachedLoss", Spy)

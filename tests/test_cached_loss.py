@@ -271,9 +271,9 @@ def test_call_under_no_grad_computes_loss_without_graph(config) -> None:
 
 
 def test_progress_bar_covers_both_passes(config, capsys) -> None:
-    """show_progress=True draws a tqdm bar over the mini-batches of Step (1) and of Step (3)."""
+    """show_mini_batch_progress=True draws a tqdm bar over the mini-batches of Step (1) and of Step (3)."""
     encoder = make_encoder(config)
-    CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3, show_progress=True)(
+    CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3, show_mini_batch_progress=True)(
         make_columns(BATCH, 2)
     ).backward()
     err = capsys.readouterr().err
@@ -389,8 +389,8 @@ def test_engine_options_go_to_the_engine(config) -> None:
     cached = CachedLoss(
         encoder, contrastive_flops_loss, mini_batch_size=2, mini_batch_tokens=50, check_replay=False
     )
-    assert (cached.engine.mini_batch_tokens, cached.engine.check_replay) == (50, False)
-    assert cached.engine.encoder is encoder and cached.engine.mini_batch_size == 2
+    assert (cached.engine.config.mini_batch_tokens, cached.engine.config.check_replay) == (50, False)
+    assert cached.engine.encoder is encoder and cached.engine.config.mini_batch_size == 2
     with pytest.raises(TypeError, match="mini_batch_chunks"):
         CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=2, mini_batch_chunks=3)
 

@@ -25,12 +25,12 @@ from engine_helpers import (
     uncached_loss,
 )
 
-from gradcache_sparton.engine import CachedLoss, GradCache
-from gradcache_sparton.engine.cuda_graphs import GraphedEncoder, _reentrant_checkpoint_in
+from gradcache_sparton.engine import CachedLoss, GradCache, GradCacheConfig
+from gradcache_sparton.engine.cuda_graphs import _reentrant_checkpoint_in
 
 RTOL_FP32 = 1e-5  # as tests/test_engine.py
 BATCH = 8
-PAD = 8  # pad_to_multiple_of: the columns (7-13 tokens) come in two lengths
+PAD = 8  # mini_batch_length_multiple: the columns (7-13 tokens) come in two lengths
 
 
 @pytest.fixture
@@ -56,11 +56,13 @@ def test_graphed_steps_match_uncached(config, mini_batch_size: int) -> None:
     """Two graphed steps (the first records, the second replays) each give the uncached loss and gradients,
     mini-batches dividing the batch and not."""
     encoder = make_encoder(config).cuda()
-    engine = GradCache(encoder, mini_batch_size=mini_batch_size, pad_to_multiple_of=PAD, cuda_graphs=True)
+    engine = GradCache(
+        encoder, mini_batch_size=mini_batch_size, mini_batch_length_multiple=PAD, cuda_graphs=True
+    )
     for seed in (0, 1):
         columns = _cuda(make_columns(BATCH, 3, seed=seed))
         ref_loss, ref_grads = _uncached_grads(encoder, columns)
-        recorded = GraphedEncoder.of(encoder).graph_count
+        recorded = engine._run.graphs.graph_count
 
         loss, _ = engine.step(columns, contrastive_flops_loss)
 
@@ -68,7 +70,7 @@ def test_graphed_steps_match_uncached(config, mini_batch_size: int) -> None:
         assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
         encoder.zero_grad(set_to_none=True)
         if seed == 1:  # same shapes as the first step: replayed, nothing recorded
-            assert GraphedEncoder.of(encoder).graph_count == recorded > 0
+            assert engine._run.graphs.graph_count == recorded > 0
 
 
 @pytest.mark.gpu
@@ -77,11 +79,13 @@ def test_graphed_dropout_matches_per_mini_batch_reference(tiny_bert_config) -> N
     per-mini-batch reference from the same seed (cut to the same rounded lengths), and leaves the CUDA
     generator where it leaves it."""
     encoder = make_encoder(small_config(tiny_bert_config, dropout=0.1), train=True).cuda()
-    engine = GradCache(encoder, mini_batch_size=3, pad_to_multiple_of=PAD, cuda_graphs=True)
+    engine = GradCache(encoder, mini_batch_size=3, mini_batch_length_multiple=PAD, cuda_graphs=True)
     for seed in (0, 1):
         columns = _cuda(make_columns(BATCH, 3, seed=seed))
         torch.cuda.manual_seed(99)
-        ref_loss, _ = per_mini_batch_loss(encoder, columns, contrastive_flops_loss, 3, pad_to_multiple_of=PAD)
+        ref_loss, _ = per_mini_batch_loss(
+            encoder, columns, contrastive_flops_loss, 3, mini_batch_length_multiple=PAD
+        )
         ref_loss.backward()
         ref_loss = ref_loss.detach()  # a live eager graph would hold accumulators on the default stream
         ref_grads, ref_rng = grads_of(encoder), torch.cuda.get_rng_state()
@@ -113,7 +117,7 @@ def test_graphed_cached_loss_accumulates_and_leaves_unused_grads_none(config) ->
         p.grad = None if earlier[name] is None else earlier[name].clone()
 
     cached = CachedLoss(
-        encoder, contrastive_flops_loss, mini_batch_size=3, pad_to_multiple_of=PAD, cuda_graphs=True
+        encoder, contrastive_flops_loss, mini_batch_size=3, mini_batch_length_multiple=PAD, cuda_graphs=True
     )
     cached(columns).backward()
 
@@ -126,7 +130,7 @@ def test_graphed_replay_of_changed_parameters_is_refused_and_grads_restored(conf
     """Parameters changed between Step (1) and Step (3): the graphed replay's reps differ from Step (1)'s,
     check_replay raises, and .grad is put back as it was (None)."""
     encoder = make_encoder(config).cuda()
-    engine = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=True)
+    engine = GradCache(encoder, mini_batch_size=4, mini_batch_length_multiple=PAD, cuda_graphs=True)
     columns = _cuda(make_columns(BATCH, 3))
     engine.step(columns, contrastive_flops_loss)  # records every graph
     encoder.zero_grad(set_to_none=True)
@@ -148,7 +152,7 @@ def test_graphed_bf16_autocast_step_equals_eager(config) -> None:
     results = []
     for graphs in (False, True):
         encoder = make_encoder(config).cuda()
-        engine = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=graphs)
+        engine = GradCache(encoder, mini_batch_size=4, mini_batch_length_multiple=PAD, cuda_graphs=graphs)
         for _ in range(2):  # with graphs: record, then replay
             encoder.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -173,7 +177,7 @@ def test_graphed_step_with_a_live_eager_graph_matches_uncached(config) -> None:
     ref_loss, ref_grads = kept[0].detach(), grads_of(encoder)
     encoder.zero_grad(set_to_none=True)
 
-    loss, _ = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=True).step(
+    loss, _ = GradCache(encoder, mini_batch_size=4, mini_batch_length_multiple=PAD, cuda_graphs=True).step(
         columns, contrastive_flops_loss
     )
 
@@ -192,12 +196,14 @@ def test_graphed_checkpointing_matches_per_mini_batch_reference(tiny_bert_config
     for seed in (0, 1):
         columns = _cuda(make_columns(BATCH, 3, seed=seed))
         torch.cuda.manual_seed(99)
-        ref_loss, _ = per_mini_batch_loss(encoder, columns, contrastive_flops_loss, 3, pad_to_multiple_of=PAD)
+        ref_loss, _ = per_mini_batch_loss(
+            encoder, columns, contrastive_flops_loss, 3, mini_batch_length_multiple=PAD
+        )
         ref_loss.backward()
         references.append((columns, ref_loss.detach(), grads_of(encoder)))
         encoder.zero_grad(set_to_none=True)
     enable_checkpointing(encoder.mlm, use_reentrant=False)
-    engine = GradCache(encoder, mini_batch_size=3, pad_to_multiple_of=PAD, cuda_graphs=True)
+    engine = GradCache(encoder, mini_batch_size=3, mini_batch_length_multiple=PAD, cuda_graphs=True)
     for columns, ref_loss, ref_grads in references:
         torch.cuda.manual_seed(99)
         loss, _ = engine.step(columns, contrastive_flops_loss)
@@ -205,7 +211,7 @@ def test_graphed_checkpointing_matches_per_mini_batch_reference(tiny_bert_config
         torch.testing.assert_close(loss, ref_loss, rtol=RTOL_FP32, atol=0)
         assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
         encoder.zero_grad(set_to_none=True)
-    assert GraphedEncoder.of(encoder).graph_count > 0
+    assert engine._run.graphs.graph_count > 0
 
 
 @pytest.mark.gpu
@@ -214,7 +220,7 @@ def test_graphed_reentrant_checkpointing_is_refused_and_grads_restored(config) -
     recorded, naming use_reentrant=False, and .grad is put back as it was (None)."""
     encoder = make_encoder(config, train=True).cuda()  # transformers checkpoints in training mode only
     enable_checkpointing(encoder.mlm, use_reentrant=True)
-    engine = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=True)
+    engine = GradCache(encoder, mini_batch_size=4, mini_batch_length_multiple=PAD, cuda_graphs=True)
     with pytest.raises(ValueError, match=r"reentrant activation checkpointing.*use_reentrant=False"):
         engine.step(_cuda(make_columns(BATCH, 3)), contrastive_flops_loss)
     assert all(p.grad is None for p in encoder.parameters())
@@ -242,7 +248,11 @@ def test_graphed_compiled_encoder_matches_eager_compiled(config) -> None:
         encoder = make_encoder(config).cuda()
         compiled = torch.compile(encoder)
         engine = GradCache(
-            compiled, mini_batch_size=3, pad_to_multiple_of=PAD, cuda_graphs=graphs, check_replay=False
+            compiled,
+            mini_batch_size=3,
+            mini_batch_length_multiple=PAD,
+            cuda_graphs=graphs,
+            check_replay=False,
         )
         steps = []
         for seed in (0, 1):
@@ -258,10 +268,9 @@ def test_graphed_compiled_encoder_matches_eager_compiled(config) -> None:
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({}, "pad_to_multiple_of"),
-        ({"pad_to_multiple_of": 8, "mini_batch_tokens": 64}, "mini_batch_tokens"),
-        ({"pad_to_multiple_of": 8, "reuse_argmax": True}, "reuse_argmax"),
-        ({"pad_to_multiple_of": 8, "gather_across_ranks": True}, "data parallelism"),
+        ({"mini_batch_tokens": 64}, "mini_batch_tokens"),
+        ({"reuse_argmax": True}, "reuse_argmax"),
+        ({"gather_across_ranks": True}, "data parallelism"),
     ],
 )
 def test_refused_cuda_graph_settings_raise(config, monkeypatch, options, match: str) -> None:
@@ -274,13 +283,21 @@ def test_refused_cuda_graph_settings_raise(config, monkeypatch, options, match: 
     with pytest.raises(TypeError, match="cuda_graphs must be a bool"):
         GradCache(make_encoder(config), mini_batch_size=4, cuda_graphs="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"nn\.Module encoder"):
-        GradCache(lambda **features: features, mini_batch_size=4, pad_to_multiple_of=8, cuda_graphs=True)
+        GradCache(lambda **features: features, mini_batch_size=4, cuda_graphs=True)
+
+
+def test_cuda_graphs_round_lengths_to_32_unless_told_otherwise(config) -> None:
+    """cuda_graphs without mini_batch_length_multiple rounds lengths to multiples of 32 (a graph per shape
+    needs few shapes); a given multiple is kept."""
+    assert GradCacheConfig(cuda_graphs=True).mini_batch_length_multiple == 32
+    assert GradCacheConfig(cuda_graphs=True, mini_batch_length_multiple=8).mini_batch_length_multiple == 8
+    assert GradCacheConfig().mini_batch_length_multiple is None
 
 
 def test_cuda_graphs_on_cpu_inputs_raise_before_encoding(config) -> None:
     """An encoder and columns off CUDA are refused at the step, before anything is encoded."""
     encoder = make_encoder(config)
-    engine = GradCache(encoder, mini_batch_size=4, pad_to_multiple_of=PAD, cuda_graphs=True)
+    engine = GradCache(encoder, mini_batch_size=4, mini_batch_length_multiple=PAD, cuda_graphs=True)
     calls = []
     encoder.register_forward_pre_hook(lambda module, args: calls.append(1))
     with pytest.raises(ValueError, match="cuda_graphs=True needs the encoder's parameters and every column"):

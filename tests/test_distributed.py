@@ -84,18 +84,6 @@ def test_two_ranks_match_single_process_global_batch(ranks, rows: str) -> None:
         assert torch.equal(grad, ranks[1][rows]["grads"][name]), name
 
 
-def test_sparse_rep_grads_under_ddp_equal_the_dense_cache(ranks) -> None:
-    """On 2 DDP ranks (6+4 rows, reps gathered for the loss), GradCache.step with sparse_rep_grads=True
-    gives bitwise the loss and every parameter gradient of the dense rep-gradient cache."""
-    for rank in ranks:
-        dense, sparse = rank["sparse_rep_grads"][False], rank["sparse_rep_grads"][True]
-        assert 0.05 < dense["density"] < 0.5  # sparse reps: the sparse cache drops most entries
-        assert torch.equal(sparse["loss"], dense["loss"])
-        assert max(float(g.abs().max()) for g in dense["grads"].values()) > 0
-        for name, grad in dense["grads"].items():
-            assert torch.equal(sparse["grads"][name], grad), name
-
-
 def test_sparse_reps_gathered_across_ranks_match_dense_and_single_process(ranks) -> None:
     """On 2 DDP ranks (6+4 rows, mini-batches of 4: 4+2 and 4), GradCache.step and CachedLoss with
     sparse_reps=True gather every rank's non-zeros for SpladeLoss (InfoNCE in score blocks straddling the

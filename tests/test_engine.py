@@ -32,15 +32,12 @@ from engine_helpers import (
     uncached_loss,
 )
 
-from gradcache_sparton.engine import (
-    AutocastState,
-    CachedLoss,
-    GradCache,
-    RngState,
-    SparseRepGrad,
-    iter_mini_batches,
-    row_slices,
-)
+from gradcache_sparton.engine import CachedLoss, GradCache, GradCacheConfig
+from gradcache_sparton.engine import gradcache as gradcache_module
+from gradcache_sparton.engine.autocast_state import AutocastState
+from gradcache_sparton.engine.config import is_compiled
+from gradcache_sparton.engine.mini_batch import iter_mini_batches, row_slices
+from gradcache_sparton.engine.rng_state import RngState
 from gradcache_sparton.primitives.host_count import HostCount
 
 RTOL_FP32 = 1e-5  # see the module docstring
@@ -312,10 +309,10 @@ def test_bad_engine_arguments_raise(config) -> None:
         GradCache(encoder, mini_batch_size=2, mini_batch_tokens=0)
     with pytest.raises(TypeError, match="mini_batch_tokens must be an int, got float"):
         GradCache(encoder, mini_batch_size=2, mini_batch_tokens=64.0)
-    with pytest.raises(ValueError, match="pad_to_multiple_of must be >= 1, got 0"):
-        GradCache(encoder, mini_batch_size=2, pad_to_multiple_of=0)
-    with pytest.raises(TypeError, match="pad_to_multiple_of must be an int, got bool"):
-        GradCache(encoder, mini_batch_size=2, pad_to_multiple_of=True)
+    with pytest.raises(ValueError, match="mini_batch_length_multiple must be >= 1, got 0"):
+        GradCache(encoder, mini_batch_size=2, mini_batch_length_multiple=0)
+    with pytest.raises(TypeError, match="mini_batch_length_multiple must be an int, got bool"):
+        GradCache(encoder, mini_batch_size=2, mini_batch_length_multiple=True)
     maskless = {name: {"input_ids": f["input_ids"]} for name, f in make_columns(4, 2).items()}
     with pytest.raises(
         ValueError, match=r"mini_batch_tokens needs an attention_mask .* column 'query' has none"
@@ -493,36 +490,39 @@ def test_token_budget_mini_batches_group_rows_by_length() -> None:
 
 
 def test_mini_batch_lengths_round_up_to_a_multiple() -> None:
-    """pad_to_multiple_of: each cut length is rounded up to the multiple, never past the column's width,
+    """mini_batch_length_multiple: each cut length is rounded up to the multiple, never past the column's width,
     the extra positions being the column's own (masked) padding; a token budget counts the rounded length."""
     lengths = torch.tensor([2, 5, 3, 7, 1, 4])
     mask = (torch.arange(7).unsqueeze(0) < lengths.unsqueeze(1)).long()  # [6, 7], right padded
     features = {"input_ids": torch.arange(42).view(6, 7) * mask, "attention_mask": mask}
 
-    rounded = list(iter_mini_batches(features, 6, 2, pad_to_multiple_of=4))
+    rounded = list(iter_mini_batches(features, 6, 2, mini_batch_length_multiple=4))
     assert [f["attention_mask"].shape[1] for _, f in rounded] == [7, 7, 4]  # 5 and 7 -> 8, capped at 7
     (_, first), _, (_, last) = rounded
     assert torch.equal(first["input_ids"], features["input_ids"][:2, :7])
     assert torch.equal(last["attention_mask"], mask[4:6, :4])
-    by_threes = iter_mini_batches(features, 6, 3, pad_to_multiple_of=3)
+    by_threes = iter_mini_batches(features, 6, 3, mini_batch_length_multiple=3)
     assert [f["attention_mask"].shape[1] for _, f in by_threes] == [6, 7]  # 5 -> 6; 7 stays 7
     # Token budget 12 with lengths rounded to 4: 7 -> 7 (width), 5 -> 8, 4, 3 -> 4, 2 -> 4, 1 -> 4.
-    grouped = list(iter_mini_batches(features, 6, 6, mini_batch_tokens=12, pad_to_multiple_of=4))
+    grouped = list(iter_mini_batches(features, 6, 6, mini_batch_tokens=12, mini_batch_length_multiple=4))
     assert [rows.tolist() for rows, _ in grouped] == [[3], [1], [5, 2, 0], [4]]
     assert [f["attention_mask"].shape for _, f in grouped] == [(1, 7), (1, 7), (3, 4), (1, 4)]
 
 
 @pytest.mark.parametrize(
-    ("pad_to_multiple_of", "mini_batch_tokens"), [(3, None), (8, None), (64, None), (4, 30)],
+    ("mini_batch_length_multiple", "mini_batch_tokens"), [(3, None), (8, None), (64, None), (4, 30)],
     ids=["m3", "m8", "m64-wider-than-columns", "m4-tok30"],
 )  # fmt: skip
 def test_padded_mini_batches_step_matches_full_batch(
-    config, pad_to_multiple_of: int, mini_batch_tokens
+    config, mini_batch_length_multiple: int, mini_batch_tokens
 ) -> None:
     """Mini-batches cut to rounded-up lengths give the loss and every gradient of one uncached step, also
     with token budgets and a multiple wider than every column."""
     _assert_step_matches_uncached(
-        config, mini_batch_size=3, mini_batch_tokens=mini_batch_tokens, pad_to_multiple_of=pad_to_multiple_of
+        config,
+        mini_batch_size=3,
+        mini_batch_tokens=mini_batch_tokens,
+        mini_batch_length_multiple=mini_batch_length_multiple,
     )
 
 
@@ -559,13 +559,13 @@ def test_token_budget_with_dropout_matches_grouped_reference(config, mini_batch_
 def test_inputs_are_checked_once_per_step(config, monkeypatch) -> None:
     """GradCache.step and CachedLoss check the columns once, at the public entry, not once per stage."""
     calls: list[int] = []
-    check_columns = GradCache.check_columns
+    check_columns = gradcache_module.check_columns
 
-    def counting(self, columns):
+    def counting(columns, config):
         calls.append(1)
-        check_columns(self, columns)
+        check_columns(columns, config)
 
-    monkeypatch.setattr(GradCache, "check_columns", counting)
+    monkeypatch.setattr(gradcache_module, "check_columns", counting)
     encoder = make_encoder(config)
     GradCache(encoder, mini_batch_size=4).step(make_columns(4, 2), contrastive_flops_loss)
     assert len(calls) == 1
@@ -594,70 +594,64 @@ def test_reps_of_another_width_or_dtype_in_one_column_raise(config) -> None:
         GradCache(other_dtype, mini_batch_size=2).encode(columns)
 
 
-def _sparse_encoder(config, bias_shift: float):
-    """The tiny encoder with its output bias lowered: reps ~93% (0.0), ~21% (0.2) or ~3% (0.3) non-zero."""
-    encoder = make_encoder(config, train=True)
-    with torch.no_grad():
-        encoder.mlm.cls.predictions.bias -= bias_shift
-    return encoder
-
-
-@pytest.mark.parametrize("mini_batch_tokens", [None, 25], ids=["rows", "tok25"])
-@pytest.mark.parametrize("bias_shift", [0.0, 0.2, 0.3], ids=["dense", "21pct", "3pct"])
-def test_sparse_rep_grads_step_equals_dense_step(config, bias_shift: float, mini_batch_tokens) -> None:
-    """sparse_rep_grads=True (rep gradients kept only at the reps' non-zeros) gives bitwise the loss and
-    every parameter gradient of the dense cache, with dropout, at several densities, with an all-zero
-    row (a fully masked one), for consecutive and length-grouped mini-batches."""
-    columns = make_columns(BATCH, 3)
-    columns["positive"]["attention_mask"][5] = 0  # an all-zero rep row
-    results = []
-    for sparse in (False, True):
-        encoder = _sparse_encoder(config, bias_shift)
-        torch.manual_seed(3)
-        engine = GradCache(
-            encoder, mini_batch_size=3, mini_batch_tokens=mini_batch_tokens, sparse_rep_grads=sparse
-        )
-        loss, _ = engine.step(columns, contrastive_flops_loss)
-        results.append((loss, grads_of(encoder)))
-    (dense_loss, dense_grads), (sparse_loss, sparse_grads) = results
-    assert torch.equal(sparse_loss, dense_loss)
-    assert max(float(g.abs().max()) for g in dense_grads.values()) > 0
-    for name, grad in dense_grads.items():
-        assert torch.equal(sparse_grads[name], grad), name
-
-
-def test_sparse_rep_grad_keeps_the_gradient_at_the_nonzeros(config) -> None:
-    """Each mini-batch's rebuilt gradient is the dense one where the rep is non-zero and 0 elsewhere
-    (consecutive and length-grouped rows); "auto" keeps a 3%-dense column sparse, a 93%-dense one dense."""
-    generator = torch.Generator().manual_seed(0)
-    reps = torch.rand(7, 11, generator=generator).masked_fill(
-        torch.rand(7, 11, generator=generator) < 0.7, 0.0
-    )
-    reps[2] = 0.0  # an all-zero row
-    grad = torch.randn(7, 11, generator=generator)
-    for rows in (
-        [slice(0, 3), slice(3, 6), slice(6, 7)],
-        [torch.tensor([4, 0, 6]), torch.tensor([2, 5, 1, 3])],
-    ):
-        sparse = SparseRepGrad.at_nonzeros(reps, grad, rows)
-        assert sparse.values.numel() == int(reps.ne(0).sum())
-        for k, mb_rows in enumerate(rows):
-            assert torch.equal(sparse.mini_batch(k), (grad * reps.ne(0))[mb_rows])
-
-    encoder = _sparse_encoder(config, 0.3)
-    engine = GradCache(encoder, mini_batch_size=4, sparse_rep_grads="auto")
-    columns = make_columns(BATCH, 2)
-    reps, replay_state = engine.encode(columns)
-    _, rep_grads = engine.rep_gradients(reps, contrastive_flops_loss)
-    reps["query"] = reps["query"] + 1.0  # fully dense
-    kept = engine._keep_at_nonzeros(reps, rep_grads, replay_state)
-    assert isinstance(kept["positive"], SparseRepGrad) and isinstance(kept["query"], torch.Tensor)
-
-
-def test_sparse_rep_grads_bad_settings_raise(config) -> None:
-    """A sparse_rep_grads other than False/True/"auto", or one given to CachedLoss (where it saves nothing), is refused."""
+def test_config_or_its_fields_as_keywords_build_the_same_engine(config) -> None:
+    """GradCache(encoder, GradCacheConfig(...)) and GradCache(encoder, **fields) build equal configurations
+    (CachedLoss too); a config with keywords, a config of another type, or an unknown field is refused."""
     encoder = make_encoder(config)
-    with pytest.raises(ValueError, match="sparse_rep_grads must be False, True or 'auto', got 'yes'"):
-        GradCache(encoder, mini_batch_size=2, sparse_rep_grads="yes")
-    with pytest.raises(ValueError, match=r"sparse_rep_grads applies to GradCache\.step only"):
-        CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=2, sparse_rep_grads=True)
+    options = {"mini_batch_size": {"query": 4, "positive": 2}, "mini_batch_tokens": 64, "sparse_reps": "auto"}
+    by_config = GradCache(encoder, GradCacheConfig(**options))
+    by_keywords = GradCache(encoder, **options)
+    assert (
+        by_config.config
+        == by_keywords.config
+        == CachedLoss(encoder, contrastive_flops_loss, **options).engine.config
+    )
+    assert by_config.config.mini_batch_size == {"query": 4, "positive": 2}
+    with pytest.raises(TypeError, match="not both"):
+        GradCache(encoder, GradCacheConfig(), mini_batch_size=2)
+    with pytest.raises(TypeError, match="not both"):
+        GradCache(encoder, {"mini_batch_size": 2})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sparse_rep_grads"):
+        GradCache(encoder, sparse_rep_grads=True)
+
+
+def test_config_decides_its_automatic_defaults(config) -> None:
+    """check_replay and reuse_argmax left None are on for an eager encoder and off for a compiled one (a
+    torch.compile wrapper or a module compiled in place inside it), unless set; cuda_graphs turns the
+    reuse_argmax default off; sparse_reps takes bools and any case and keeps one spelling."""
+    encoder = make_encoder(config)
+    eager = GradCacheConfig().for_encoder(encoder)
+    assert (eager.check_replay, eager.reuse_argmax) == (True, True)
+    for compiled in (torch.compile(encoder), torch.nn.Sequential(make_encoder(config))):
+        if isinstance(compiled, torch.nn.Sequential):
+            compiled[0].compile()
+        assert is_compiled(compiled) and not is_compiled(encoder)
+        decided = GradCacheConfig().for_encoder(compiled)
+        assert (decided.check_replay, decided.reuse_argmax) == (False, False)
+        kept = GradCacheConfig(check_replay=True, reuse_argmax=True).for_encoder(compiled)
+        assert (kept.check_replay, kept.reuse_argmax) == (True, True)
+    graphed = GradCacheConfig(cuda_graphs=True, mini_batch_length_multiple=8)
+    assert graphed.reuse_argmax is False and graphed.for_encoder(encoder).reuse_argmax is False
+    spellings = [GradCacheConfig(sparse_reps=value).sparse_reps for value in (True, False, "AUTO", "False")]
+    assert spellings == ["true", "false", "auto", "false"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("same_batch_size", 1, TypeError),
+        ("allow_non_finite", "yes", TypeError),
+        ("show_mini_batch_progress", None, TypeError),
+        ("cuda_graphs", "yes", TypeError),
+        ("check_replay", 0, TypeError),
+        ("reuse_argmax", "auto", TypeError),
+        ("gather_across_ranks", "yes", TypeError),
+        ("sparse_reps", "yes", ValueError),
+        ("sparse_reps", 1, ValueError),
+        ("mini_batch_size", {}, ValueError),
+    ],
+)
+def test_config_refuses_a_bad_value_naming_the_field(field: str, value: object, error: type) -> None:
+    """Each GradCacheConfig field of the wrong type or value raises one error naming it, when built."""
+    with pytest.raises(error, match=field):
+        GradCacheConfig(**{field: value})

@@ -17,8 +17,10 @@ import pytest
 import torch
 from engine_helpers import assert_grads_close, grads_of, make_columns, make_encoder, small_config
 
-from gradcache_sparton.engine import GradCache, SparseRepGrad
+from gradcache_sparton.engine import GradCache
 from gradcache_sparton.engine.mini_batch import Rows
+from gradcache_sparton.engine.reps import replay_grads
+from gradcache_sparton.engine.sparse_grads import SparseRepGrad
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
@@ -92,7 +94,7 @@ def test_sparse_reps_keep_only_the_nonzeros(config) -> None:
             assert sparse.offsets.numel() == BATCH + 1
             assert torch.equal(sparse.to_dense(), dense)
         _, rep_grads = engine.rep_gradients(reps, _loss())
-        kept = engine._keep_at_nonzeros(reps, rep_grads, replay_state)
+        kept = replay_grads(reps, rep_grads, replay_state.mini_batches)
         for column, grad in kept.items():
             assert isinstance(grad, SparseRepGrad) and grad.values.numel() == reps[column].weights.numel()
 
@@ -179,10 +181,10 @@ def test_sparse_splade_loss_matches_dense(settings, density: float) -> None:
         torch.testing.assert_close(grad, expected, rtol=RTOL_GRADS, atol=RTOL_GRADS * largest, msg=name)
 
 
-def test_sparse_rep_grad_at_sparse_reps_equals_at_nonzeros() -> None:
-    """A gradient given at the weights of SparseReps becomes the same SparseRepGrad (rows, ids, values and
-    per-mini-batch offsets) as the dense gradient kept at the non-zeros, for consecutive and
-    length-grouped mini-batches, with an all-zero row."""
+def test_sparse_rep_grad_at_sparse_reps_places_the_gradient_by_mini_batch() -> None:
+    """A gradient given at the weights of SparseReps gives back, for each mini-batch, the dense gradient
+    where the rep is non-zero and 0 elsewhere, for consecutive and length-grouped mini-batches, with an
+    all-zero row."""
     reps = _random_sparse(7, 11, 0.3, seed=0)
     reps[2] = 0.0  # an all-zero row
     grad = torch.randn(7, 11, generator=torch.Generator().manual_seed(1))
@@ -192,15 +194,10 @@ def test_sparse_rep_grad_at_sparse_reps_equals_at_nonzeros() -> None:
         [torch.tensor([4, 0, 6]), torch.tensor([2, 5, 1, 3])],
     ]
     for rows in mini_batches:
-        expected = SparseRepGrad.at_nonzeros(reps, grad, rows)
-        actual = SparseRepGrad.at_sparse_reps(sparse, grad[reps.ne(0)], rows)
-        assert (actual.starts, actual.offsets, actual.width) == (
-            expected.starts,
-            expected.offsets,
-            expected.width,
-        )
-        for name in ("rows", "cols", "values"):
-            assert torch.equal(getattr(actual, name), getattr(expected, name)), name
+        placed = SparseRepGrad.at_sparse_reps(sparse, grad[reps.ne(0)], rows)
+        assert placed.values.numel() == int(reps.ne(0).sum())
+        for k, mb_rows in enumerate(rows):
+            assert torch.equal(placed.mini_batch(k), (grad * reps.ne(0))[mb_rows])
 
 
 def test_sparse_splade_loss_rounds_half_precision_gradients_once() -> None:
@@ -240,10 +237,10 @@ def test_sparse_reps_auto_picks_by_density(config) -> None:
 
 
 def test_sparse_reps_bad_settings_raise(config) -> None:
-    """A sparse_reps other than False/True/"auto", or a loss call mixing dense and sparse columns, is
+    """A sparse_reps other than false/true/auto, or a loss call mixing dense and sparse columns, is
     refused with an error naming it (CachedLoss takes sparse_reps: tests/test_sparse_reps_training.py)."""
     encoder = make_encoder(config)
-    with pytest.raises(ValueError, match="sparse_reps must be False, True or 'auto', got 'yes'"):
+    with pytest.raises(ValueError, match="sparse_reps must be one of false, true, auto, got 'yes'"):
         GradCache(encoder, mini_batch_size=2, sparse_reps="yes")
     dense = torch.rand(3, 5)
     with pytest.raises(TypeError, match=r"reps\['positive'\] is a Tensor but other columns are SparseReps"):

@@ -89,7 +89,7 @@ def test_cached_trainer_matches_uncached_splade_loss(
             gradient_accumulation_steps=accumulation,
             gradient_checkpointing=checkpointing,
             mini_batch_tokens=tokens,
-            pad_to_multiple_of=pad,
+            mini_batch_length_multiple=pad,
         )
         trainer = trainer_class(model, args, train_dataset=sample_rows, processing_class=tokenizer)
         trainer.train()
@@ -110,6 +110,86 @@ def test_cached_trainer_matches_uncached_splade_loss(
         )
     moved = max((params["cached"][k] - initial[k]).abs().max().item() for k in initial)
     assert moved > 1e-4, f"parameters moved by at most {moved}: the comparison would be vacuous"
+
+
+_EVERY_FIELD_FLAGS = {
+    "mini_batch_size": "4",
+    "query_mini_batch_size": "2",
+    "mini_batch_tokens": "256",
+    "mini_batch_length_multiple": "8",
+    "same_batch_size": "false",
+    "allow_non_finite": "true",
+    "show_mini_batch_progress": "true",
+    "gather_across_ranks": "false",
+    "check_replay": "false",
+    "sparse_reps": "auto",
+    "reuse_argmax": "false",
+}
+_EVERY_FIELD_CONFIG = {
+    "mini_batch_size": {"query": 2, "positive": 4, "negative_1": 4},
+    "mini_batch_tokens": 256,
+    "mini_batch_length_multiple": 8,
+    "same_batch_size": False,
+    "allow_non_finite": True,
+    "show_mini_batch_progress": True,
+    "gather_across_ranks": False,
+    "check_replay": False,
+    "sparse_reps": "auto",
+    "reuse_argmax": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (_EVERY_FIELD_FLAGS, _EVERY_FIELD_CONFIG),
+        (
+            {"mini_batch_length_multiple": "16", "cuda_graphs": "true", "sparse_reps": "true"},
+            {"mini_batch_length_multiple": 16, "cuda_graphs": True, "sparse_reps": "true"},
+        ),
+    ],
+    ids=["every-field", "cuda-graphs"],
+)
+def test_every_engine_option_is_a_trainer_flag_that_reaches_the_engine(
+    tmp_path, tokenizer, flags: dict[str, str], expected: dict[str, Any]
+) -> None:
+    """Each GradCacheConfig field is a `train` flag (HfArgumentParser), and the values given on the command
+    line are the ones the trainer's engine is built with (query_mini_batch_size: the query column's size);
+    the trainer keeps one engine across steps and builds another for another model."""
+    from dataclasses import fields
+
+    from transformers import HfArgumentParser
+
+    from gradcache_sparton.engine import GradCacheConfig
+
+    names = [f.name for f in fields(GradCacheConfig)]
+    parser = HfArgumentParser(CachedSpladeTrainingArguments)
+    assert set(names) <= {action.dest for action in parser._actions}
+    default = GradCacheConfig()  # the first case sets every field but cuda_graphs to another value
+    assert flags is not _EVERY_FIELD_FLAGS or all(
+        getattr(GradCacheConfig(**expected), name) != getattr(default, name)
+        for name in names
+        if name != "cuda_graphs"
+    )
+    argv = [
+        "--output_dir",
+        str(tmp_path),
+        "--use_cpu",
+        "true",
+        "--report_to",
+        "none",
+        "--query_max_length",
+        "16",
+    ]
+    argv += ["--document_max_length", "32"]
+    (args,) = parser.parse_args_into_dataclasses([*argv, *(f"--{k}={v}" for k, v in flags.items())])
+    model = _encoder(tokenizer, dropout=0.0)
+    trainer = CachedSpladeTrainer(model, args, processing_class=tokenizer)
+    columns = {"query": {}, "positive": {}, "negative_1": {}}
+    engine = trainer._cached_loss(model, columns).engine
+    assert engine.config == GradCacheConfig(**expected).for_encoder(model)
+    assert trainer._cached_loss(model, columns).engine is engine
+    assert trainer._cached_loss(_encoder(tokenizer, dropout=0.0), columns).engine is not engine
 
 
 def test_resume_from_checkpoint_continues_the_same_run(tmp_path, tokenizer, sample_rows) -> None:
@@ -192,10 +272,14 @@ def test_trainer_rejects_bad_input_before_training(tmp_path, tokenizer, sample_r
         build(sample_rows.select(range(10)))
     with pytest.raises(ValueError, match="mini_batch_size"):
         _args(tmp_path, per_device_train_batch_size=4, mini_batch_size=8)
-    with pytest.raises(ValueError, match="cuda_graphs=True needs pad_to_multiple_of"):
-        _args(tmp_path, cuda_graphs=True)
     with pytest.raises(ValueError, match=r"cuda_graphs=True needs no mini_batch_tokens .*; reuse_argmax off"):
-        _args(tmp_path, cuda_graphs=True, pad_to_multiple_of=16, mini_batch_tokens=512, reuse_argmax=True)
+        _args(
+            tmp_path,
+            cuda_graphs=True,
+            mini_batch_length_multiple=16,
+            mini_batch_tokens=512,
+            reuse_argmax=True,
+        )
     ragged = datasets.Dataset.from_list(
         [{"query": "q", "positive": "p", "negatives": ["n"] * (1 + i % 2)} for i in range(40)]
     )
@@ -278,7 +362,7 @@ def test_bf16_training_on_gpu_runs_the_triton_head(tmp_path, tokenizer, sample_r
     torch_compile or activation checkpointing): steps run, losses are finite and fall on one batch seen at
     every step without dropout, at lr 1e-4 (as the CPU test: lr 1e-3 diverges on this random-init model)."""
     model = _encoder(tokenizer, dropout=0.0)
-    graphs = {"cuda_graphs": True, "pad_to_multiple_of": 16} if "cuda_graphs" in mode else {}
+    graphs = {"cuda_graphs": True, "mini_batch_length_multiple": 16} if "cuda_graphs" in mode else {}
     args = _args(
         tmp_path / "run",
         use_cpu=False,

@@ -47,7 +47,7 @@ Backbone options, given to both providers alike (each provider runs once per set
                     picks torch.compile's mode (``+compile-ro``: reduce-overhead, CUDA graphs; each
                     encoder call is then marked as a new iteration);
   ours+pad<m>-...   ``--pad_to_multiple_of m``: ours rounds each mini-batch's length up to a multiple of
-                    m (``GradCache(pad_to_multiple_of=m)``; the same loss and gradients, a few shapes),
+                    m (``GradCache(mini_batch_length_multiple=m)``; the same loss and gradients, a few shapes),
                     and a compiled backbone of ours is compiled with static shapes (dynamo's recompile
                     limit raised to 64). sentence-transformers has no such option: its compiled
                     backbone stays dynamic.

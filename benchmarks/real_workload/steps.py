@@ -3,7 +3,7 @@ loss uncached) and sentence-transformers' ``CachedSpladeLoss``; the backbone opt
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ from benchmarks.harness import Step, autocast
 from benchmarks.real_workload.configs import Config
 from benchmarks.real_workload.models import build_sparse_encoder
 from benchmarks.real_workload.workloads import COLUMNS
-from gradcache_sparton import CachedLoss, GradCache, SpladeEncoder, SpladeLoss, SpladeLossConfig
+from gradcache_sparton import CachedLoss, SpladeEncoder, SpladeLoss, SpladeLossConfig
+from gradcache_sparton.engine import GradCacheConfig
 
 __all__ = [
     "make_ours",
@@ -30,10 +31,8 @@ LEARNING_RATE = 1e-5
 
 
 def token_budget_parameter() -> str | None:
-    """The name of GradCache's token-budget argument, if this version has one (e.g. ``mini_batch_tokens``)."""
-    names = [n for n in inspect.signature(GradCache.__init__).parameters if "token" in n]
-    cached = set(inspect.signature(CachedLoss.__init__).parameters)
-    names = [n for n in names if n in cached]
+    """The name of GradCache's token-budget option, if this version has one (e.g. ``mini_batch_tokens``)."""
+    names = [f.name for f in dataclasses.fields(GradCacheConfig) if "token" in f.name]
     return names[0] if names else None
 
 
@@ -83,20 +82,15 @@ def make_ours(config: Config, path: Path, device: torch.device, token_param: str
     if config.provider == "ours":
         if config.tokens is not None:
             assert token_param is not None
-            kwargs: dict[str, Any] = {token_param: config.tokens}
-            if (
-                inspect.signature(CachedLoss.__init__).parameters["mini_batch_size"].default
-                is inspect.Parameter.empty
-            ):
-                kwargs["mini_batch_size"] = config.batch  # required: rows are then bounded by tokens only
+            # Rows are then bounded by tokens only.
+            kwargs: dict[str, Any] = {token_param: config.tokens, "mini_batch_size": config.batch}
         else:
             kwargs = {"mini_batch_size": config.mini_batch}
-        if config.reuse_argmax:
-            kwargs["reuse_argmax"] = True
+        kwargs["reuse_argmax"] = bool(config.reuse_argmax)  # explicit: the engine's default is automatic
         if config.sparse_reps:
             kwargs["sparse_reps"] = True
         if config.pad_to_multiple_of is not None:
-            kwargs["pad_to_multiple_of"] = config.pad_to_multiple_of
+            kwargs["mini_batch_length_multiple"] = config.pad_to_multiple_of
         if config.cuda_graphs:
             kwargs["cuda_graphs"] = True
         if config.compiled:

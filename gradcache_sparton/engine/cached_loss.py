@@ -1,7 +1,8 @@
 """``CachedLoss``: GradCache as a drop-in loss whose ``.backward()`` runs the replay.
 
 Uncached training reads ``loss = loss_fn({c: encoder(**columns[c]) for c in columns}); loss.backward()``.
-With ``cached = CachedLoss(encoder, loss_fn, mini_batch_size=32)`` it reads
+With ``cached = CachedLoss(encoder, loss_fn, GradCacheConfig(mini_batch_size=32))`` (or
+``CachedLoss(encoder, loss_fn, mini_batch_size=32)``: the config's fields as keywords) it reads
 ``loss = cached(columns); loss.backward()``, with the same loss value and the same gradients, at
 the activation memory of one mini-batch.
 
@@ -12,7 +13,7 @@ across the two calls: its forward here, its backward inside ``loss.backward()``.
 step needs lives in that autograd node (freed with the graph), never on ``self``: several forwards
 before one backward each replay their own mini-batches.
 
-With ``sparse_reps`` (the engine's option, see :class:`~gradcache_sparton.engine.GradCache`) Step (1)
+With ``sparse_reps`` (the engine's option, see :class:`~gradcache_sparton.engine.GradCacheConfig`) Step (1)
 keeps each column as its non-zeros, a :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps`;
 the loss receives it with its ``weights`` routed through the same node, so ``loss.backward()`` brings
 the node dL/d weights [nnz], the gradient at the non-zeros only, and Step (3) replays it as a
@@ -35,15 +36,11 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from gradcache_sparton.engine.gradcache import (
-    Columns,
-    GradCache,
-    LossFn,
-    LossOutput,
-    ReplayState,
-    check_autograd_inputs,
-)
+from gradcache_sparton.engine.checks import check_autograd_inputs
+from gradcache_sparton.engine.config import GradCacheConfig
+from gradcache_sparton.engine.gradcache import GradCache
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
+from gradcache_sparton.engine.types import Columns, LossFn, LossOutput, MiniBatchContext, ReplayState
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["CachedLoss"]
@@ -59,13 +56,13 @@ class CachedLoss:
             :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps` (``weights`` differentiable,
             ``offsets`` and ``token_ids`` fixed), which :class:`~gradcache_sparton.losses.SpladeLoss`
             accepts.
-        mini_batch_size, mini_batch_tokens, **engine_options: the engine's settings, passed on as
-            ``GradCache(encoder, mini_batch_size=..., mini_batch_tokens=..., **engine_options)``
-            (documented there; the two that cut the batch are named here), e.g.
+        config: the engine's options, a :class:`~gradcache_sparton.engine.GradCacheConfig` (e.g.
             ``allow_non_finite=True`` under an fp16 ``GradScaler``, which then skips non-finite steps
-            as usual, ``check_replay=False``, or ``sparse_reps=True`` / ``"auto"`` (reps kept as their
-            non-zeros from Step (1) to Step (3); ``"auto"`` decides per call, from the first
-            mini-batch, as the engine does). The engine is the ``engine`` attribute.
+            as usual, or ``sparse_reps=True`` / ``"auto"``: reps kept as their non-zeros from Step (1)
+            to Step (3)).
+        mini_batch_context: the engine's (see :class:`~gradcache_sparton.engine.GradCache`).
+        **options: instead of ``config``, its fields as keywords (``mini_batch_size=32``). The engine is
+            the ``engine`` attribute.
 
     Calling it returns the full-batch loss as a tensor whose ``.backward()`` runs Step (3); with
     ``return_components=True`` it returns :class:`LossOutput` ``(loss, components)``, the
@@ -81,23 +78,16 @@ class CachedLoss:
         self,
         encoder: Callable[..., Tensor],
         loss_fn: LossFn,
+        config: GradCacheConfig | None = None,
         *,
-        mini_batch_size: int | Mapping[str, int],
-        mini_batch_tokens: int | None = None,
-        **engine_options: Any,
+        mini_batch_context: MiniBatchContext | None = None,
+        **options: Any,
     ) -> None:
         if not callable(loss_fn):
             raise TypeError(
                 f"loss_fn must be callable as loss_fn(reps, **loss_kwargs), got {type(loss_fn).__name__}"
             )
-        self.engine = GradCache(
-            encoder, mini_batch_size=mini_batch_size, mini_batch_tokens=mini_batch_tokens, **engine_options
-        )
-        if self.engine.sparse_rep_grads:
-            raise ValueError(
-                "sparse_rep_grads applies to GradCache.step only: inside loss.backward() autograd holds the "
-                "dense rep gradients for the whole replay, so a sparse copy would save nothing"
-            )
+        self.engine = GradCache(encoder, config, mini_batch_context=mini_batch_context, **options)
         self.loss_fn = loss_fn
 
     @overload

@@ -10,7 +10,7 @@ mini-batch shape, two CUDA graphs and replays them instead:
   accumulates into the parameters' ``.grad``.
 
 A shape is the features' shapes and dtypes, the encoder's train/eval mode and the autocast state;
-``GradCache(pad_to_multiple_of=...)`` keeps the mini-batch lengths to a few values, so few graphs are
+``GradCacheConfig.mini_batch_length_multiple`` keeps the mini-batch lengths to a few values, so few graphs are
 recorded. Each is recorded the first time its shape comes: one eager warm-up run (Triton's compile and
 autotuning, cuBLAS's workspaces), then the capture, then the replay that computes the mini-batch.
 
@@ -41,7 +41,7 @@ of the Step (3) graph) and a ``torch.compile``'d encoder (its kernels are compil
 run it with ``check_replay=False``, as for any compiled encoder). Both are tested against the eager
 engine on a GPU.
 
-Not supported (refused by :class:`~gradcache_sparton.engine.GradCache` with a clear error): data
+Not supported (refused by :class:`~gradcache_sparton.engine.GradCacheConfig` and the engine with a clear error): data
 parallelism (DDP's gradient hooks communicate), ``reuse_argmax`` (host-side records), token-budget
 mini-batches (a row count per mini-batch: too many shapes); reentrant activation checkpointing (refused
 when the first Step (3) graph is recorded). The encoder must run on one CUDA device and issue no host
@@ -52,49 +52,23 @@ Legend: mb mini-batch rows, S sequence, V rep width.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from gradcache_sparton.engine.argmax_reuse import ArgmaxMemo
 from gradcache_sparton.engine.autocast_state import AutocastState
-from gradcache_sparton.engine.rng_state import RngState
+from gradcache_sparton.engine.checks import check_graphable
+from gradcache_sparton.engine.mini_batch import Rows
+from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
+from gradcache_sparton.engine.types import Columns, Features, MiniBatch
 
-__all__ = ["GraphedEncoder", "check_cuda_graph_options"]
+__all__ = ["GraphRun", "GraphedEncoder"]
 
 # (feature name, shape, dtype) per feature, the encoder's training flag, the autocast settings.
 ShapeKey = tuple[tuple[tuple[str, tuple[int, ...], torch.dtype], ...], bool, tuple[object, ...]]
-
-
-def check_cuda_graph_options(
-    *,
-    pad_to_multiple_of: int | None,
-    mini_batch_tokens: int | None,
-    reuse_argmax: bool | None,
-    module_encoder: bool = True,
-    data_parallel: bool = False,
-) -> None:
-    """Raise one ``ValueError`` naming every option that ``cuda_graphs=True`` cannot run with.
-
-    Shared by :class:`~gradcache_sparton.engine.GradCache` and the trainer's arguments (which check it
-    before a model exists: there ``reuse_argmax`` None means its default, which graphs turn off).
-    """
-    refusals = (
-        (not module_encoder, "an nn.Module encoder (its parameters' .grad are recorded)"),
-        (
-            pad_to_multiple_of is None,
-            "pad_to_multiple_of (e.g. 32), so that mini-batches come in a few shapes",
-        ),
-        (mini_batch_tokens is not None, "no mini_batch_tokens (a row count per mini-batch: a graph each)"),
-        (reuse_argmax is True, "reuse_argmax off (its records are kept on the host)"),
-        (data_parallel, "no data parallelism (DDP's gradient hooks communicate)"),
-    )
-    unmet = [need for refused, need in refusals if refused]
-    if unmet:
-        raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
 
 
 @dataclass
@@ -125,34 +99,18 @@ class GraphedEncoder:
     :meth:`check_parameters` before each step's first :meth:`encode` and first :meth:`replay`. Both run the
     mini-batch from its captured :class:`RngState` under the step's :class:`AutocastState`.
 
-    Get one with :meth:`of`: the graphs belong to the encoder, so every engine built on it (the
-    trainer builds one per step) replays the same recordings.
+    The recordings belong to this object: the engine that built it (one per engine, kept across steps)
+    replays them step after step.
     """
 
-    _instances: ClassVar[weakref.WeakKeyDictionary[nn.Module, GraphedEncoder]] = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def of(cls, encoder: nn.Module) -> GraphedEncoder:
-        """The encoder's graphs (created empty the first time)."""
-        graphed = cls._instances.get(encoder)
-        if graphed is None:
-            graphed = cls._instances[encoder] = cls(encoder)
-        return graphed
-
     def __init__(self, encoder: nn.Module) -> None:
-        self._encoder = weakref.ref(encoder)  # the graphs die with the encoder
+        self.encoder = encoder
         self._pool: tuple[int, int] | None = None
         self._forward_graphs: dict[ShapeKey, _Graph] = {}
         self._backward_graphs: dict[ShapeKey, _Graph] = {}
         # Per trained parameter that receives a gradient: the .grad tensor the graphs add into.
         self._grads: dict[nn.Parameter, Tensor] = {}
         self._parameter_addresses: tuple[int, ...] = ()
-
-    @property
-    def encoder(self) -> nn.Module:
-        encoder = self._encoder()
-        assert encoder is not None, "the encoder of these graphs was freed"
-        return encoder
 
     @property
     def graph_count(self) -> int:
@@ -288,6 +246,33 @@ class GraphedEncoder:
                 "another stream; run it without cuda_graphs"
             ) from error
         return _Graph(graph=graph, inputs=inputs, rep=rep, rep_grad=static_grad)
+
+
+class GraphRun:
+    """Running each mini-batch as CUDA graph launches (``cuda_graphs``), with the recordings of one
+    :class:`GraphedEncoder` kept for the engine's lifetime; the same methods as
+    :class:`~gradcache_sparton.engine.run_eager.EagerRun`."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        self.graphs = GraphedEncoder(encoder)
+
+    def start_encode(self, columns: Columns) -> None:
+        check_graphable(columns, cuda_devices_of(self.graphs.encoder.parameters()))
+        self.graphs.check_parameters()
+
+    def encode(
+        self, column: str, rows: Rows, features: Features, rng: RngState, autocast: AutocastState
+    ) -> tuple[Tensor, ArgmaxMemo | None]:
+        return self.graphs.encode(features, rng, autocast), None  # [mb, V]
+
+    def start_replay(self) -> None:
+        self.graphs.check_parameters()
+        self.graphs.attach_grads()  # after the engine captured .grad: a failure puts it back
+
+    def replay(self, column: str, mb: MiniBatch, grad: Tensor | None, autocast: AutocastState) -> Tensor:
+        assert grad is not None  # zero-gradient replays come with data parallelism only, which graphs refuse
+        # Forward and backward in one graph launch.
+        return self.graphs.replay(mb.features, grad, mb.rng, autocast)
 
 
 def _reentrant_checkpoint_in(rep: Tensor) -> bool:

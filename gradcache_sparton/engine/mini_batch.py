@@ -2,7 +2,7 @@
 
 Mini-batches are consecutive rows, or rows grouped by length under a token budget: GradCache's result
 does not depend on which rows share a mini-batch, so grouping only saves padding. Cut lengths can be
-rounded up to a multiple (``pad_to_multiple_of``), so that mini-batches come in a few shapes: what a
+rounded up to a multiple (``mini_batch_length_multiple``), so that mini-batches come in a few shapes: what a
 compiled encoder with static shapes, or one replayed from CUDA graphs, needs.
 
 Legend: B batch (rows of a column), S sequence, mb rows of a mini-batch.
@@ -44,7 +44,7 @@ def iter_mini_batches(
     mini_batch_size: int,
     *,
     mini_batch_tokens: int | None = None,
-    pad_to_multiple_of: int | None = None,
+    mini_batch_length_multiple: int | None = None,
 ) -> Iterator[tuple[Rows, dict[str, Tensor]]]:
     """(rows, features of those rows) per mini-batch, each cut to its own longest row.
 
@@ -62,7 +62,7 @@ def iter_mini_batches(
     mini-batch of its own. ``rows`` is then a [mb] index tensor on the mask's device, and the caller
     puts each mini-batch's results back at those rows. This needs a 2-D ``attention_mask``.
 
-    With ``pad_to_multiple_of`` = m, each cut length (the longest row kept) is rounded up to a multiple
+    With ``mini_batch_length_multiple`` = m, each cut length (the longest row kept) is rounded up to a multiple
     of m, at most the column's own width: the extra positions are the column's padding, masked as
     before, so only the shapes change (at most ceil(S / m) + 1 lengths per column), not the result.
     A token budget counts the rounded length.
@@ -76,7 +76,7 @@ def iter_mini_batches(
     if mini_batch_tokens is None:
         kept = lengths.tolist() if lengths is not None else None
         for rows in row_slices(batch_size, mini_batch_size):
-            cut = None if kept is None else _rounded(max(kept[rows]), pad_to_multiple_of, width)
+            cut = None if kept is None else _rounded(max(kept[rows]), mini_batch_length_multiple, width)
             yield rows, _cut(features, rows, rows.stop - rows.start, cut)
         return
     if lengths is None:
@@ -85,7 +85,7 @@ def iter_mini_batches(
     sorted_lengths = lengths[order].tolist()
     start = 0
     while start < batch_size:
-        longest = _rounded(sorted_lengths[start], pad_to_multiple_of, width)
+        longest = _rounded(sorted_lengths[start], mini_batch_length_multiple, width)
         count = max(1, min(mini_batch_size, mini_batch_tokens // longest, batch_size - start))
         rows = order[start : start + count]  # [mb], a view: no transfer
         yield rows, _cut(features, rows, count, longest)

@@ -1,14 +1,10 @@
-"""Rep gradients kept only at the non-zeros of the reps: a sparse cache between Step (2) and Step (3).
+"""Rep gradients at the non-zeros of sparse reps, placed by Step (1)'s mini-batches for Step (3).
 
-A SPLADE head's reps are relu'd: wherever a rep is 0 its gradient reaches no parameter (the head's
-backward multiplies it by 1[y > 0]), so Step (3) needs dL/dr only at the non-zeros of Step (1)'s
-reps. Trained SPLADE reps are more than 98% zeros: keeping (row, column, value) per non-zero instead
-of the dense [B, V] gradient frees most of that memory for the replay, and each replayed mini-batch
-gets back exactly the dense gradient at the non-zeros (zeros elsewhere, which such an encoder
-ignores). The engine cannot check that property of the encoder: it is opt-in.
-
-The same layout carries the gradient of sparse reps (``sparse_reps``: Step (2) differentiates the
-weights of a :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps`), see :meth:`SparseRepGrad.at_sparse_reps`.
+With ``sparse_reps`` Step (2) differentiates the weights of each column's
+:class:`~gradcache_sparton.primitives.sparse_reps.SparseReps`: its gradient is dL/dr at the reps' non-zeros only.
+A SPLADE head's reps are relu'd, so wherever a rep is 0 its gradient reaches no parameter (the head's
+backward multiplies it by 1[y > 0]): Step (3) needs nothing else, and each replayed mini-batch gets
+back the dense gradient at its non-zeros (zeros elsewhere, which such an encoder ignores).
 
 Layout: the non-zeros of one column in the order of Step (1)'s mini-batches (row-major within each),
 with per-mini-batch offsets read back once, so Step (3) slices its entries without a device sync.
@@ -42,28 +38,6 @@ class SparseRepGrad:
     width: int  # V
 
     @classmethod
-    def at_nonzeros(cls, reps: Tensor, grad: Tensor, mini_batch_rows: Sequence[Rows]) -> SparseRepGrad:
-        """``grad`` [B, V] kept where ``reps`` [B, V] is non-zero, in the order of ``mini_batch_rows``.
-
-        Two device syncs per column: the running count of non-zeros per row, and ``nonzero``'s size.
-        """
-        order = mini_batch_order(mini_batch_rows, reps.device)  # [B], None: already in that order
-        if order is not None:  # grouped by length: each mini-batch's rows together, in its order
-            reps, grad = reps[order], grad[order]  # [B, V] in mini-batch order
-        nonzero = reps.ne(0)  # [B, V]
-        running = nonzero.sum(dim=1).cumsum(dim=0).tolist()  # [B]: non-zeros up to and including each row
-        entries = nonzero.nonzero()  # [nnz, 2] (row, column), row-major
-        starts = mini_batch_starts(mini_batch_rows)
-        return cls(
-            rows=entries[:, 0].to(torch.int32),
-            cols=entries[:, 1].to(torch.int32),
-            values=grad[entries[:, 0], entries[:, 1]],  # [nnz]
-            starts=starts,
-            offsets=tuple(running[start - 1] if start else 0 for start in starts),
-            width=reps.shape[1],
-        )
-
-    @classmethod
     def at_sparse_reps(cls, reps: SparseReps, grad: Tensor, mini_batch_rows: Sequence[Rows]) -> SparseRepGrad:
         """``grad`` [nnz], dL/d ``reps.weights`` (rows in the column's order), in the order of ``mini_batch_rows``.
 
@@ -87,11 +61,6 @@ class SparseRepGrad:
             offsets=tuple(offsets[list(starts)].tolist()),
             width=reps.vocab_size,
         )
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: indices and values."""
-        return sum(t.numel() * t.element_size() for t in (self.rows, self.cols, self.values))
 
     def mini_batch(self, index: int) -> Tensor:
         """Mini-batch ``index``'s dense gradient [mb, V]: the kept values, zeros elsewhere."""

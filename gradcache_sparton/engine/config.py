@@ -1,0 +1,221 @@
+"""``GradCacheConfig``: every option of the GradCache engine, in one dataclass.
+
+:class:`~gradcache_sparton.engine.GradCache` and :class:`~gradcache_sparton.engine.CachedLoss` take it
+(or its fields as keywords, which build it), and the trainer's
+:class:`~gradcache_sparton.arguments.CachedSpladeTrainingArguments` inherits it, so each field is also a
+command-line flag and a YAML/JSON key with the help text below. ``__post_init__`` is the one place the
+options are checked (a ``TypeError`` or ``ValueError`` naming the field) and their automatic defaults
+decided; :meth:`GradCacheConfig.for_encoder` decides the few that depend on the encoder (a compiled one).
+Adding an engine option is one field here and its use in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from torch import nn
+
+__all__ = ["GradCacheConfig", "is_compiled"]
+
+# ``mini_batch_length_multiple`` under ``cuda_graphs`` when not given: rows the collator pads to multiples
+# of 8 then come in at most S / 32 + 1 lengths per column, one graph pair each.
+_GRAPHED_LENGTH_MULTIPLE = 32
+
+
+@dataclass
+class GradCacheConfig:
+    """How the GradCache engine cuts, runs and checks a batch. Every field has the engine's default.
+
+    ``mini_batch_size`` may also be a mapping with one entry per column (e.g. short queries in larger
+    mini-batches than long passages); the trainer's flags set it through ``mini_batch_size`` and
+    ``query_mini_batch_size``.
+
+    Automatic defaults (None): ``check_replay`` is on and ``reuse_argmax`` on where it is safe, except
+    for a compiled encoder (``torch.compile``: its graph-less and graph-recording programs may round
+    differently, and its head records nothing) and, for ``reuse_argmax``, under ``cuda_graphs``, which
+    also rounds mini-batch lengths to multiples of 32 unless ``mini_batch_length_multiple`` is given;
+    ``gather_across_ranks`` gathers when ``torch.distributed`` runs more than one rank.
+
+    ``sparse_reps`` is ``"false"``, ``"true"`` or ``"auto"`` (a bool, or any case, is taken and written so).
+    """
+
+    mini_batch_size: int | dict[str, int] = field(
+        default=32,
+        metadata={
+            "help": "Rows encoded at once by the GradCache engine: bounds activation memory (that of one "
+            "mini-batch), never changes the loss or gradients. Larger is faster until it no longer fits."
+        },
+    )
+    mini_batch_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Also bound each mini-batch by padded tokens (rows x its longest row): each column's rows "
+            "are taken longest first and packed under this budget, saving the padding of mixed lengths; the "
+            "reps are put back in order, so the loss and gradients do not change (up to fp32 summation "
+            "order). Needs a 2-D attention_mask in every column. Default: rows only (mini_batch_size)."
+        },
+    )
+    mini_batch_length_multiple: int | None = field(
+        default=None,
+        metadata={
+            "help": "Round each mini-batch's length (its longest row) up to a multiple of this, within the "
+            "batch's padding: mini-batches then come in a few shapes (at most ceil(S / m) + 1 lengths per "
+            "column), which a compiled encoder with static shapes and cuda_graphs need; the loss and "
+            "gradients are unchanged. Default: each mini-batch is cut to its longest row; 32 under cuda_graphs."
+        },
+    )
+    same_batch_size: bool = field(
+        default=True,
+        metadata={
+            "help": "Require every column, and every batch-first tensor among the loss's inputs, to have the "
+            "same number of rows, checked before any encoding (what contrastive losses need)."
+        },
+    )
+    allow_non_finite: bool = field(
+        default=False,
+        metadata={
+            "help": "Let a non-finite loss or rep gradient through instead of stopping with "
+            "FloatingPointError: for when a GradScaler (fp16) is in charge, which then skips the step and "
+            "lowers its scale, as in uncached training."
+        },
+    )
+    show_mini_batch_progress: bool = field(
+        default=False, metadata={"help": "Show a tqdm bar over the mini-batches of each step."}
+    )
+    gather_across_ranks: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Compute the loss on every process's reps (the global batch: in-batch negatives across "
+            "processes), with gradients equal to one process training on it. Default: when torch.distributed "
+            "runs more than one process; false: each process's loss sees its own rows only."
+        },
+    )
+    check_replay: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Prove on every step that the replay reproduced the first pass (a bitwise fingerprint of "
+            "each mini-batch's reps, read back once per step) and stop with an error naming the likely causes "
+            "if not. Default: on, except for a compiled encoder (torch_compile), whose graph-less and "
+            "graph-recording programs may round differently."
+        },
+    )
+    sparse_reps: str = field(
+        default="false",
+        metadata={
+            "metavar": "{false,true,auto}",
+            "help": "Keep each step's reps as their non-zeros (ids and weights) from the first pass to the "
+            "replay, instead of dense [batch, vocabulary] reps and gradients: memory grows with the non-zeros "
+            "rather than batch x vocabulary, which lets trained (sparse) models take far larger batches; the "
+            "loss and gradients are the dense path's up to fp32 summation order. Exact for encoders whose "
+            "gradient is zero wherever a rep is zero (a SPLADE head's relu; not checked). 'true': always; "
+            "'auto': each step, when the first mini-batch's non-zeros take fewer bytes than its dense reps "
+            "(below ~1/2 density in fp32; on every process alike); 'false' (default): dense reps. The loss must "
+            "accept sparse reps (SpladeLoss does). 'auto' costs one device sync per step.",
+        },
+    )
+    reuse_argmax: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Skip the SPLADE head's forward in the replay: the first pass records the head's max and "
+            "argmax over the sequence where its gradient can be non-zero (12 bytes per such entry, about one per "
+            "non-zero rep entry), and the replay rebuilds the head's output and gradient from them, bit for bit. "
+            "Saves the head's hidden x vocabulary product once per step (measured: 1.71x faster steps on a 2-core "
+            "CPU in the default run's setting, 1.01-1.06x on an H100 at 64-256 rows; docs/benchmarks.md). "
+            "Default: on where it is safe (not for a compiled encoder, whose head records nothing, nor under "
+            "cuda_graphs); an encoder that records nothing (no Sparton head) runs without it.",
+        },
+    )
+    cuda_graphs: bool = field(
+        default=False,
+        metadata={
+            "help": "Replay each mini-batch's first pass, and its replay's forward and backward, as one CUDA graph "
+            "per mini-batch shape: removes the host's per-kernel cost, which bounds small mini-batches (measured "
+            "on an H100: 2.50x the pairs/s at 16 rows, 1.72x at 32; docs/benchmarks.md). The loss and gradients "
+            "are those without graphs. Needs an nn.Module encoder on one CUDA device and no data parallelism; "
+            "not with mini_batch_tokens or reuse_argmax (its default turns off); mini_batch_length_multiple "
+            "defaults to 32 here (few shapes).",
+        },
+    )
+
+    def __post_init__(self) -> None:
+        self._check_sizes()
+        for name in ("same_batch_size", "allow_non_finite", "show_mini_batch_progress", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        for name in ("gather_across_ranks", "check_replay", "reuse_argmax"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool or None, got {type(value).__name__}")
+        # One spelling: "false", "true" or "auto" (a bool, or any case, as a YAML file or a caller may give it).
+        value = self.sparse_reps
+        choice = str(value).lower() if isinstance(value, (bool, str)) else None
+        if choice not in ("false", "true", "auto"):
+            raise ValueError(f"sparse_reps must be one of false, true, auto, got {value!r}")
+        self.sparse_reps = choice
+        if self.cuda_graphs:
+            self._check_cuda_graphs()
+
+    def _check_sizes(self) -> None:
+        if isinstance(self.mini_batch_size, Mapping):
+            if not self.mini_batch_size:
+                raise ValueError(
+                    "mini_batch_size must be an int or a mapping with one entry per column, got {}"
+                )
+            self.mini_batch_size = dict(self.mini_batch_size)
+            named = [(f"mini_batch_size[{column!r}]", size) for column, size in self.mini_batch_size.items()]
+        else:
+            named = [("mini_batch_size", self.mini_batch_size)]
+        for name in ("mini_batch_tokens", "mini_batch_length_multiple"):
+            if getattr(self, name) is not None:
+                named.append((name, getattr(self, name)))
+        for where, size in named:
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise TypeError(f"{where} must be an int, got {type(size).__name__}")
+            if size < 1:
+                raise ValueError(f"{where} must be >= 1, got {size}")
+
+    def _check_cuda_graphs(self) -> None:
+        """Raise one ``ValueError`` naming every option ``cuda_graphs=True`` cannot run with; turn its
+        ``reuse_argmax`` default off and round lengths to a multiple of 32 unless given another. (The
+        encoder's part, an ``nn.Module`` without data parallelism, is checked when the engine is built.)"""
+        refusals = (
+            (
+                self.mini_batch_tokens is not None,
+                "no mini_batch_tokens (a row count per mini-batch: a graph each)",
+            ),
+            (self.reuse_argmax is True, "reuse_argmax off (its records are kept on the host)"),
+        )
+        unmet = [need for refused, need in refusals if refused]
+        if unmet:
+            raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
+        self.reuse_argmax = False
+        if self.mini_batch_length_multiple is None:  # one graph pair per shape: few shapes
+            self.mini_batch_length_multiple = _GRAPHED_LENGTH_MULTIPLE
+
+    def for_encoder(self, encoder: object) -> GradCacheConfig:
+        """A copy with the automatic defaults that depend on ``encoder`` decided: ``check_replay`` and
+        ``reuse_argmax`` off for a compiled encoder unless set, on otherwise."""
+        compiled = is_compiled(encoder)
+        return replace(
+            self,
+            check_replay=not compiled if self.check_replay is None else self.check_replay,
+            reuse_argmax=not compiled if self.reuse_argmax is None else self.reuse_argmax,
+        )
+
+    def mini_batch_sizes(self, columns: Mapping[str, object]) -> dict[str, int]:
+        """Each column's mini-batch size (``columns`` checked against a mapping by the engine's checks)."""
+        if isinstance(self.mini_batch_size, Mapping):
+            return {column: self.mini_batch_size[column] for column in columns}
+        return dict.fromkeys(columns, self.mini_batch_size)
+
+
+def is_compiled(encoder: object) -> bool:
+    """Whether ``encoder`` is, or holds, a module compiled with ``torch.compile`` (a wrapper) or
+    ``nn.Module.compile()`` (in place)."""
+    if not isinstance(encoder, nn.Module):
+        return False
+    return any(
+        hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
+        for module in encoder.modules()
+    )
