@@ -75,12 +75,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="every provider with its backbone eager / under torch.compile, or both")  # fmt: skip
     parser.add_argument("--compile_mode", choices=("default", "reduce-overhead"),
                         default="default", help="torch.compile's mode for compiled backbones (reduce-overhead: CUDA graphs)")  # fmt: skip
-    parser.add_argument("--pad_to_multiple_of", type=int, default=None,
+    parser.add_argument("--mini_batch_length_multiple", type=int, default=None,
                         help="ours: round each mini-batch's length up to this multiple (few static shapes; "
                         "a compiled backbone of ours is then compiled with static shapes)")  # fmt: skip
     parser.add_argument("--cuda_graphs", choices=("off", "on", "both"), default="off",
                         help="ours without / with each mini-batch replayed as a CUDA graph (GradCache(cuda_graphs=True); "
-                        "needs --pad_to_multiple_of), or both")  # fmt: skip
+                        "needs --mini_batch_length_multiple), or both")  # fmt: skip
     parser.add_argument("--token_budgets", action=argparse.BooleanOptionalAction, default=True,
                         help="also run every provider with token-budget mini-batches")  # fmt: skip
     parser.add_argument("--effective_batch", type=int, default=1024, help="pairs per step (every provider)")
@@ -114,10 +114,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.effective_batch < 1:
         parser.error(f"--effective_batch must be >= 1, got {args.effective_batch}")
-    if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
-        parser.error(f"--pad_to_multiple_of must be >= 1, got {args.pad_to_multiple_of}")
-    if args.cuda_graphs != "off" and args.pad_to_multiple_of is None:
-        parser.error("--cuda_graphs needs --pad_to_multiple_of (one graph per mini-batch shape)")
+    if args.mini_batch_length_multiple is not None and args.mini_batch_length_multiple < 1:
+        parser.error(f"--mini_batch_length_multiple must be >= 1, got {args.mini_batch_length_multiple}")
+    if args.cuda_graphs != "off" and args.mini_batch_length_multiple is None:
+        parser.error("--cuda_graphs needs --mini_batch_length_multiple (one graph per mini-batch shape)")
     if not 0 < args.target_density < 1:
         parser.error(f"--target_density must be in (0, 1), got {args.target_density}")
     if "tiny" in args.models and not args.smoke and not (args.model_path / "config.json").is_file():
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "st" in args.providers and not with_st:
         print("sentence-transformers is not installed: its rows are skipped", flush=True)
     bench = Bench(args, device)
-    if args.pad_to_multiple_of is not None and args.compile != "off":
+    if args.mini_batch_length_multiple is not None and args.compile != "off":
         # One program per static shape: (lengths per column) x (graph-less, graph-recording) passes.
         torch._dynamo.config.recompile_limit = 64
     meta["token_budget_parameter"] = bench.token_param
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    reuse=SETTINGS[args.reuse_argmax], sparse_reps=SETTINGS[args.sparse_reps],
                                    token_budgets=args.token_budgets, checkpointing=SETTINGS[args.checkpointing],
                                    compiled=SETTINGS[args.compile], compile_mode=args.compile_mode,
-                                   pad_to_multiple_of=args.pad_to_multiple_of,
+                                   mini_batch_length_multiple=args.mini_batch_length_multiple,
                                    cuda_graphs=SETTINGS[args.cuda_graphs])  # fmt: skip
                     if "ours" not in args.providers:
                         configs = [c for c in configs if c.provider != "ours"]

@@ -167,7 +167,7 @@ def test_plan_gives_both_providers_the_same_backbone_options() -> None:
     plain = plan("base", workload, [16], 64, None, False)
     assert [c.variant for c in plain] == ["ours"]
     rounded = plan("base", workload, [16], 64, None, True, compiled=both, token_budgets=False,
-                         compile_mode="reduce-overhead", pad_to_multiple_of=32)  # fmt: skip
+                         compile_mode="reduce-overhead", mini_batch_length_multiple=32)  # fmt: skip
     assert [c.variant for c in rounded] == ["ours+pad32", "ours+compile-ro+pad32", "st", "st+compile-ro"]
     assert [c.compile_mode for c in rounded] == ["default", "reduce-overhead", "default", "reduce-overhead"]
 
@@ -290,7 +290,7 @@ def test_smoke_run_with_sparse_reps(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_smoke_run_with_rounded_lengths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--pad_to_multiple_of reaches ours' engine (CachedLoss's mini_batch_length_multiple) and names the rows."""
+    """--mini_batch_length_multiple reaches ours' engine (CachedLoss's mini_batch_length_multiple) and names the rows."""
     seen = []
 
     class Spy(steps.CachedLoss):
@@ -300,7 +300,7 @@ def test_smoke_run_with_rounded_lengths(tmp_path: Path, monkeypatch: pytest.Monk
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(steps, "CachedLoss", Spy)
-    options = ("--pad_to_multiple_of", "16", "--reuse_argmax", "off", "--no-token_budgets")
+    options = ("--mini_batch_length_multiple", "16", "--reuse_argmax", "off", "--no-token_budgets")
     payload = _smoke(tmp_path, "ours", *options)
     assert [r["family"] for r in payload["rows"]] == ["ours+pad16-mb"]
     assert seen == [16] and payload["rows"][0]["status"] == "ok"

@@ -46,12 +46,12 @@ Backbone options, given to both providers alike (each provider runs once per set
                     two warm-up steps (the row's ``warmup_s`` is the first). ``--compile_mode``
                     picks torch.compile's mode (``+compile-ro``: reduce-overhead, CUDA graphs; each
                     encoder call is then marked as a new iteration);
-  ours+pad<m>-...   ``--pad_to_multiple_of m``: ours rounds each mini-batch's length up to a multiple of
+  ours+pad<m>-...   ``--mini_batch_length_multiple m``: ours rounds each mini-batch's length up to a multiple of
                     m (``GradCache(mini_batch_length_multiple=m)``; the same loss and gradients, a few shapes),
                     and a compiled backbone of ours is compiled with static shapes (dynamo's recompile
                     limit raised to 64). sentence-transformers has no such option: its compiled
                     backbone stays dynamic.
-  ours+...+graphs   ``--cuda_graphs on|both`` (with ``--pad_to_multiple_of``): ours replays each
+  ours+...+graphs   ``--cuda_graphs on|both`` (with ``--mini_batch_length_multiple``): ours replays each
                     mini-batch's Step (1), and its Step (3) forward and backward, as one CUDA graph per
                     mini-batch shape (``GradCache(cuda_graphs=True)``), recorded in the warm-up steps;
                     row budgets only, not with ``reuse_argmax``.

@@ -39,7 +39,7 @@ class Config:
     checkpointing: bool = False  # activation checkpointing in the backbone (either provider)
     compiled: bool = False  # the backbone under torch.compile (either provider)
     compile_mode: str = "default"  # torch.compile's mode when compiled ("reduce-overhead": CUDA graphs)
-    pad_to_multiple_of: int | None = None  # ours: mini-batch lengths rounded up (static shapes)
+    mini_batch_length_multiple: int | None = None  # ours: mini-batch lengths rounded up (static shapes)
     cuda_graphs: bool = False  # ours: each mini-batch's Step (1) and Step (3) as one CUDA graph per shape
 
     @property
@@ -73,8 +73,8 @@ def variant_name(row: dict) -> str:
     name = row["provider"] + "".join(suffix for key, suffix in options if row.get(key))
     if row.get("compiled") and row.get("compile_mode", "default") != "default":
         name += "-ro"  # reduce-overhead, the one other mode
-    if row.get("pad_to_multiple_of"):
-        name += f"+pad{row['pad_to_multiple_of']}"
+    if row.get("mini_batch_length_multiple"):
+        name += f"+pad{row['mini_batch_length_multiple']}"
     if row.get("cuda_graphs"):
         name += "+graphs"
     return name
@@ -103,7 +103,7 @@ def plan(
     checkpointing: Sequence[bool] = (False,),
     compiled: Sequence[bool] = (False,),
     compile_mode: str = "default",
-    pad_to_multiple_of: int | None = None,
+    mini_batch_length_multiple: int | None = None,
     cuda_graphs: Sequence[bool] = (False,),
 ) -> list[Config]:
     """The configurations of one (model, workload), budget by budget, ours and theirs side by side: each
@@ -111,7 +111,7 @@ def plan(
     compiled ones in ``compile_mode``), ours also once per ``reuse`` x ``sparse_reps`` setting (reuse
     not with ``compiled``: a compiled encoder records no argmax to reuse) and per ``cuda_graphs``
     setting (not with reuse, nor by tokens), with its mini-batch lengths rounded up to
-    ``pad_to_multiple_of``; by tokens too unless ``token_budgets`` is False."""
+    ``mini_batch_length_multiple``; by tokens too unless ``token_budgets`` is False."""
     backbone_options = [
         {"checkpointing": c, "compiled": k, "compile_mode": compile_mode if k else "default"}
         for c in checkpointing
@@ -121,7 +121,7 @@ def plan(
         {
             "reuse_argmax": r,
             "sparse_reps": sr,
-            "pad_to_multiple_of": pad_to_multiple_of,
+            "mini_batch_length_multiple": mini_batch_length_multiple,
             "cuda_graphs": g,
             **o,
         }

@@ -54,7 +54,7 @@ def prepare_backbone(backbone: PreTrainedModel, config: Config) -> None:
     if config.compiled:
         # Static shapes where ours rounds its mini-batch lengths (one program per shape; dynamo's
         # recompile limit raised in main), dynamic ones otherwise (every mini-batch its own length).
-        static = config.provider != "st" and config.pad_to_multiple_of is not None
+        static = config.provider != "st" and config.mini_batch_length_multiple is not None
         backbone.base_model.compile(dynamic=not static, mode=config.compile_mode)
 
 
@@ -89,8 +89,8 @@ def make_ours(config: Config, path: Path, device: torch.device, token_param: str
         kwargs["reuse_argmax"] = bool(config.reuse_argmax)  # explicit: the engine's default is automatic
         if config.sparse_reps:
             kwargs["sparse_reps"] = True
-        if config.pad_to_multiple_of is not None:
-            kwargs["mini_batch_length_multiple"] = config.pad_to_multiple_of
+        if config.mini_batch_length_multiple is not None:
+            kwargs["mini_batch_length_multiple"] = config.mini_batch_length_multiple
         if config.cuda_graphs:
             kwargs["cuda_graphs"] = True
         if config.compiled:
