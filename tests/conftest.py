@@ -20,6 +20,9 @@ if not CUDA:
 # it, so that a name which is no local folder fails at once instead of after connection timeouts (46 s
 # and 70 s for two tests on a machine without internet). CLI tests' subprocesses inherit it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# bm25s (imported by the mining tests at collection) runs a JAX op at import: on a GPU machine with JAX,
+# each test process would hold 75% of the first GPU (as gradcache_sparton.mining avoids for users).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase  # noqa: E402

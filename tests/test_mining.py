@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -512,3 +513,18 @@ def test_cli_mines_the_shipped_scifact_sample(tmp_path: Path) -> None:
     before = out.read_bytes()
     assert main(command[3:]) == 2  # in-process: same flags, the file exists
     assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("chosen", [None, "cuda"])
+def test_bm25_keeps_jax_off_the_gpu_unless_chosen(monkeypatch, chosen: str | None) -> None:
+    """Loading bm25s for mining leaves JAX on the CPU (bm25s runs a JAX op at import, which on a GPU machine
+    would hold 75% of the first GPU), and keeps a platform the user chose."""
+    from gradcache_sparton.mining.rankings import check_bm25_installed
+
+    monkeypatch.delitem(sys.modules, "jax", raising=False)
+    if chosen is None:
+        monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    else:
+        monkeypatch.setenv("JAX_PLATFORMS", chosen)
+    check_bm25_installed(None)
+    assert os.environ["JAX_PLATFORMS"] == (chosen or "cpu")

@@ -10,6 +10,8 @@ function of the inputs alone (no dependence on chunk sizes, threads or selection
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +42,11 @@ def check_bm25_installed(stemmer: str | None) -> None:
 
 def _bm25_pieces(stemmer: str | None) -> tuple[Any, Callable[[str], str] | None]:
     """The bm25s module and the stemmer object (None without stemming)."""
+    if "jax" not in sys.modules:
+        # bm25s runs a JAX op at import where JAX is installed; on a GPU machine JAX then takes 75% of the
+        # first GPU's memory for the life of the process (the training or encoding beside it runs out of
+        # memory). BM25's top-k is CPU work: keep JAX there unless the user chose its platform.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     try:
         import bm25s
     except ImportError as exc:
