@@ -16,11 +16,15 @@ from dataclasses import dataclass, field, replace
 
 from torch import nn
 
+from gradcache_sparton.engine.memory_size import parse_max_memory
+
 __all__ = ["GradCacheConfig", "is_compiled"]
 
 # ``mini_batch_length_multiple`` under ``cuda_graphs`` when not given: rows the collator pads to multiples
 # of 8 then come in at most S / 32 + 1 lengths per column, one graph pair each.
 _GRAPHED_LENGTH_MULTIPLE = 32
+# Rows per mini-batch when neither mini_batch_size nor max_memory says.
+_DEFAULT_MINI_BATCH_SIZE = 32
 
 
 @dataclass
@@ -38,13 +42,30 @@ class GradCacheConfig:
     ``gather_across_ranks`` gathers when ``torch.distributed`` runs more than one rank.
 
     ``sparse_reps`` is ``"false"``, ``"true"`` or ``"auto"`` (a bool, or any case, is taken and written so).
+
+    ``max_memory`` (a size such as ``"4GiB"``, or ``"auto"``) lets the engine plan, on the first step, the
+    options left unset (None): ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax`` and activation
+    checkpointing (:mod:`~gradcache_sparton.engine.memory_plan`). Without it the unset ones take the
+    engine's defaults: 32 rows, no CUDA graphs.
     """
 
-    mini_batch_size: int | dict[str, int] = field(
-        default=32,
+    mini_batch_size: int | dict[str, int | None] | None = field(
+        default=None,
         metadata={
             "help": "Rows encoded at once by the GradCache engine: bounds activation memory (that of one "
-            "mini-batch), never changes the loss or gradients. Larger is faster until it no longer fits."
+            "mini-batch), never changes the loss or gradients. Larger is faster until it no longer fits. "
+            "Default: planned within max_memory when that is set, else 32."
+        },
+    )
+    max_memory: str | None = field(
+        default=None,
+        metadata={
+            "help": "GPU memory budget of a training step, e.g. 4GiB, 512MiB, 24GB (units B, KB, MB, GB, TB and "
+            "KiB, MiB, GiB, TiB), or auto (what the CUDA device has free at the start, less 10%). On the first "
+            "step a short measured probe picks what is left unset (mini_batch_size, cuda_graphs, reuse_argmax, "
+            "activation checkpointing) for the fastest step whose peak stays within it; explicit settings are "
+            "kept; the loss and gradients never change. Bounds torch.cuda.max_memory_allocated. CUDA only (on "
+            "a CPU a size is ignored with a warning). Default: none (off).",
         },
     )
     mini_batch_tokens: int | None = field(
@@ -126,24 +147,30 @@ class GradCacheConfig:
             "cuda_graphs); an encoder that records nothing (no Sparton head) runs without it.",
         },
     )
-    cuda_graphs: bool = field(
-        default=False,
+    cuda_graphs: bool | None = field(
+        default=None,
         metadata={
             "help": "Replay each mini-batch's first pass, and its replay's forward and backward, as one CUDA graph "
             "per mini-batch shape: removes the host's per-kernel cost, which bounds small mini-batches (measured "
             "on an H100: 2.50x the pairs/s at 16 rows, 1.72x at 32; docs/benchmarks.md). The loss and gradients "
             "are those without graphs. Needs an nn.Module encoder on one CUDA device and no data parallelism; "
             "not with mini_batch_tokens or reuse_argmax (its default turns off); mini_batch_length_multiple "
-            "defaults to 32 here (few shapes).",
+            "defaults to 32 here (few shapes). Default: planned within max_memory when that is set, else off.",
         },
     )
 
     def __post_init__(self) -> None:
+        self.max_memory = parse_max_memory(self.max_memory)
+        if self.max_memory is None:  # nothing to plan: the engine's defaults
+            if self.mini_batch_size is None:
+                self.mini_batch_size = _DEFAULT_MINI_BATCH_SIZE
+            if self.cuda_graphs is None:
+                self.cuda_graphs = False
         self._check_sizes()
-        for name in ("same_batch_size", "allow_non_finite", "show_mini_batch_progress", "cuda_graphs"):
+        for name in ("same_batch_size", "allow_non_finite", "show_mini_batch_progress"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
-        for name in ("gather_across_ranks", "check_replay", "reuse_argmax"):
+        for name in ("gather_across_ranks", "check_replay", "reuse_argmax", "cuda_graphs"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool or None, got {type(value).__name__}")
@@ -166,6 +193,12 @@ class GradCacheConfig:
             named = [(f"mini_batch_size[{column!r}]", size) for column, size in self.mini_batch_size.items()]
         else:
             named = [("mini_batch_size", self.mini_batch_size)]
+        if self.max_memory is None and any(size is None for _, size in named):
+            raise ValueError(
+                "mini_batch_size entries may be None (planned) only with max_memory set; got "
+                f"{self.mini_batch_size!r}"
+            )
+        named = [(where, size) for where, size in named if size is not None]
         for name in ("mini_batch_tokens", "mini_batch_length_multiple"):
             if getattr(self, name) is not None:
                 named.append((name, getattr(self, name)))
@@ -195,18 +228,27 @@ class GradCacheConfig:
 
     def for_encoder(self, encoder: object) -> GradCacheConfig:
         """A copy with the automatic defaults that depend on ``encoder`` decided: ``check_replay`` and
-        ``reuse_argmax`` off for a compiled encoder unless set, on otherwise."""
+        ``reuse_argmax`` off for a compiled encoder unless set, on otherwise; what ``max_memory`` would plan
+        and is not planned yet takes the engine's defaults (32 rows, no CUDA graphs)."""
         compiled = is_compiled(encoder)
+        sizes = self.mini_batch_size
+        if isinstance(sizes, Mapping):
+            sizes = {
+                column: _DEFAULT_MINI_BATCH_SIZE if size is None else size for column, size in sizes.items()
+            }
         return replace(
             self,
+            mini_batch_size=_DEFAULT_MINI_BATCH_SIZE if sizes is None else sizes,
+            cuda_graphs=bool(self.cuda_graphs),
             check_replay=not compiled if self.check_replay is None else self.check_replay,
             reuse_argmax=not compiled if self.reuse_argmax is None else self.reuse_argmax,
         )
 
-    def mini_batch_sizes(self, columns: Mapping[str, object]) -> dict[str, int]:
-        """Each column's mini-batch size (``columns`` checked against a mapping by the engine's checks)."""
+    def mini_batch_sizes(self, columns: Mapping[str, object]) -> dict[str, int | None]:
+        """Each column's mini-batch size (``columns`` checked against a mapping by the engine's checks); None
+        where ``max_memory`` is to plan it."""
         if isinstance(self.mini_batch_size, Mapping):
-            return {column: self.mini_batch_size[column] for column in columns}
+            return {column: self.mini_batch_size.get(column) for column in columns}
         return dict.fromkeys(columns, self.mini_batch_size)
 
 

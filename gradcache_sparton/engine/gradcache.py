@@ -68,6 +68,7 @@ from gradcache_sparton.engine.distributed import (
     gather_global_batch,
 )
 from gradcache_sparton.engine.grad_state import GradState
+from gradcache_sparton.engine.memory_plan import MemoryPlan, MemoryPlanner
 from gradcache_sparton.engine.mini_batch import Rows, iter_mini_batches
 from gradcache_sparton.engine.reps import StepReps, leaf, leaf_grad, mini_batch_grad, replay_grads
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
@@ -113,7 +114,8 @@ class GradCache:
 
     Attributes:
         config: the options, with the automatic defaults that depend on the encoder decided
-            (:meth:`GradCacheConfig.for_encoder`).
+            (:meth:`GradCacheConfig.for_encoder`); with ``max_memory``, those the first training step's plan
+            chose (:attr:`memory_plan`; planned again for a batch longer or larger than the planned one).
         world_size: how many ranks' batches the loss sees (1 when not gathering).
     """
 
@@ -147,7 +149,20 @@ class GradCache:
         self._data_parallel = self.world_size > 1 or ddp is not None or fsdp is not None
         # Under FSDP each forward and backward is a collective: every rank must run as many of each.
         self._equal_passes = fsdp is not None and data_parallel_world_size(None) > 1
-        self._run = self._mini_batch_run(warn_unrecorded=given.reuse_argmax is True)
+        self._warn_unrecorded = given.reuse_argmax is True
+        self._run = self._mini_batch_run(warn_unrecorded=self._warn_unrecorded)
+        # max_memory: the options left unset are planned on the first step (memory_plan).
+        self._planner = (
+            None
+            if given.max_memory is None
+            else MemoryPlanner(given, encoder, data_parallel=self._data_parallel)
+        )
+
+    @property
+    def memory_plan(self) -> MemoryPlan | None:
+        """The options ``max_memory`` chose, with the measured numbers (None before the first planned step,
+        or without ``max_memory``)."""
+        return None if self._planner is None else self._planner.plan
 
     def _mini_batch_run(self, *, warn_unrecorded: bool) -> EagerRun | MemoRun | GraphRun:
         """How every mini-batch of Step (1) and Step (3) runs, chosen once from the options."""
@@ -214,11 +229,15 @@ class GradCache:
         if loss_kwargs and self.config.same_batch_size:
             check_loss_kwargs(columns, loss_kwargs)
         check_token_ids(columns, self.encoder)
-        self._run.start_encode(columns)
-        encoder_devices = _cuda_devices_of_encoder(self.encoder)
         autocast = AutocastState.capture(
             {t.device.type for features in columns.values() for t in features.values()}
         )
+        if self._planner is not None and self._planner.needs_plan(columns):
+            self._run = EagerRun(self.encoder)  # a previous plan's CUDA graphs are freed before measuring
+            self.config = self._planner.plan_for(columns, autocast).for_encoder(self.encoder)
+            self._run = self._mini_batch_run(warn_unrecorded=self._warn_unrecorded)
+        self._run.start_encode(columns)
+        encoder_devices = _cuda_devices_of_encoder(self.encoder)
         sizes = self.config.mini_batch_sizes(columns)
         plans = {
             column: list(

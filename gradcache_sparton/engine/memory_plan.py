@@ -1,0 +1,597 @@
+"""``max_memory``: the engine options that make a step fastest within a memory budget, from a measured probe.
+
+On the first training step (and again when a batch is longer or larger than the one planned for), on
+CUDA only, :class:`MemoryPlanner` measures, per column at the batch's padded length, the peak memory
+(``torch.cuda.max_memory_allocated``) of one mini-batch's forward and backward as Step (3) runs it (under
+the step's autocast) at a few row counts, fits ``peak(rows) = fixed + per_row * rows``
+(:class:`ColumnFit`), and :func:`choose_plan` picks:
+
+- the largest mini-batch per column whose predicted peak, plus what stays resident during the step
+  (:class:`Footprint`: weights and whatever is allocated, gradients, the optimizer's state, the reps of the
+  whole batch and their gradients, ``reuse_argmax``'s records), stays within the budget less a margin;
+- ``reuse_argmax`` (when left to its default) off where its records would cost more than a tenth of the
+  mini-batch (they hold about 12 bytes per non-zero rep entry: much at a fresh model's density);
+- CUDA graphs at 32 rows where the largest eager mini-batch is small (under 96 rows: there the host's
+  per-kernel cost dominates; issue 37's table) and the graphs' pool fits;
+- activation checkpointing of the backbone where not even 16 rows fit without it (and the model has
+  ``gradient_checkpointing_enable``), measured again with it.
+
+Every explicit setting is kept (a ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, checkpointing
+turned on); the plan only decides how rows are cut and run, never the loss or the gradients: the probe's
+gradients and RNG draws are put back. It logs one line with the measured numbers
+(:meth:`MemoryPlan.describe`) and is kept on the engine (``GradCache.memory_plan``).
+
+Off CUDA there is nothing to measure: a size is ignored with one warning, ``"auto"`` quietly. Under data
+parallelism the ranks would have to agree on one plan: a size is refused when the engine is built,
+``"auto"`` is ignored.
+
+Legend: B rows of a column, S its padded length, V rep width.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+
+from gradcache_sparton.engine.autocast_state import AutocastState
+from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
+from gradcache_sparton.engine.grad_state import GradState
+from gradcache_sparton.engine.memory_size import AUTO, format_bytes, size_bytes
+from gradcache_sparton.engine.types import Columns
+
+__all__ = [
+    "ColumnFit",
+    "Footprint",
+    "MemoryPlan",
+    "MemoryPlanner",
+    "PlanChoices",
+    "choose_plan",
+]
+
+logger = logging.getLogger(__name__)
+
+PLAN_MARGIN = 0.10
+"""Fraction of the budget kept free: the fit's error, the allocator's rounding, small temporaries."""
+AUTO_MARGIN = 0.10
+"""``"auto"``: this fraction of what the device has free (plus what this process holds) is left aside."""
+MIN_ROWS = 16
+"""Fewer rows than this (or the column's rows, if fewer) per mini-batch: activation checkpointing instead."""
+GRAPH_ROWS = 32
+"""Rows per mini-batch under CUDA graphs chosen by the plan."""
+GRAPHS_BELOW_ROWS = 96
+"""CUDA graphs (at ``GRAPH_ROWS``) when the largest eager mini-batch is under this many rows."""
+GRAPH_POOL_FACTOR = 1.25
+"""A graphed mini-batch's peak over its eager one: the pool, and each shape's static inputs and outputs."""
+REUSE_ARGMAX_KEEP = 0.9
+"""``reuse_argmax`` stays on (when left to its default) if it keeps this fraction of the mini-batch rows."""
+PROBE_ROWS = (8, 16, 32)
+"""Row counts the probe measures (those up to the column's rows)."""
+_RECORD_BYTES = 12  # reuse_argmax: a max (4 bytes) and an argmax (8) per non-zero rep entry
+_SPARSE_ENTRY_BYTES = 12  # sparse_reps: a weight (4 bytes) and an int64 id (8) per non-zero
+
+
+@dataclass(frozen=True)
+class ColumnFit:
+    """Measured peak of one mini-batch's forward and backward in a column: ``fixed + per_row * rows`` bytes
+    above what was allocated before it, at padded ``length``; and the column's reps (width, bytes per
+    entry, fraction non-zero) as the probe saw them."""
+
+    fixed: float
+    per_row: float
+    length: int
+    width: int = 0
+    rep_bytes: int = 4
+    density: float = 1.0
+
+    @classmethod
+    def from_points(cls, points: Sequence[tuple[int, int]], length: int, **reps: float) -> ColumnFit:
+        """The least-squares line through (rows, peak bytes) ``points``, raised so that it lies on or
+        above every point (a conservative fit). One point: a line through the origin."""
+        if not points:
+            raise ValueError("ColumnFit needs at least one measured point")
+        rows = [float(r) for r, _ in points]
+        peaks = [float(p) for _, p in points]
+        if len(set(rows)) < 2:
+            per_row, fixed = max(peaks) / max(rows[0], 1.0), 0.0
+        else:
+            mean_r, mean_p = sum(rows) / len(rows), sum(peaks) / len(peaks)
+            per_row = sum((r - mean_r) * (p - mean_p) for r, p in zip(rows, peaks, strict=True)) / sum(
+                (r - mean_r) ** 2 for r in rows
+            )
+            per_row = max(per_row, 0.0)
+            fixed = max(p - per_row * r for r, p in zip(rows, peaks, strict=True))
+        return cls(fixed=fixed, per_row=per_row, length=length, **reps)
+
+    def peak(self, rows: int) -> float:
+        """Predicted peak bytes of a mini-batch of ``rows`` rows."""
+        return self.fixed + self.per_row * rows
+
+    def largest(self, room: float, cap: int, factor: float = 1.0) -> int:
+        """Most rows (at most ``cap``) whose ``factor`` x peak fits in ``room`` bytes; 0 if none."""
+        if self.per_row <= 0:
+            return cap if factor * self.fixed <= room else 0
+        return max(0, min(cap, math.floor((room / factor - self.fixed) / self.per_row)))
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What stays allocated during a step besides the mini-batch being run, in bytes.
+
+    ``allocated``: already allocated when planning (weights, the batch, gradients and optimizer state
+    that exist); ``grads``: parameter gradients not allocated yet; ``optimizer``: optimizer state not
+    allocated yet (estimated); ``trainable``: the trained parameters' size (CUDA graphs keep one more
+    gradient-sized buffer); ``rep_cache``: the whole batch's reps and their gradients; ``records``:
+    ``reuse_argmax``'s records of the whole batch, were it on.
+    """
+
+    allocated: int
+    grads: int
+    optimizer: int
+    trainable: int
+    rep_cache: int
+    records: int
+
+    def resident(self, *, records: bool, graphs: bool) -> int:
+        """Bytes held through Step (3) with or without ``reuse_argmax``'s records and CUDA graphs."""
+        base = self.allocated + self.grads + self.optimizer + self.rep_cache
+        return base + (self.records if records else 0) + (self.trainable if graphs else 0)
+
+
+@dataclass(frozen=True)
+class PlanChoices:
+    """What the plan may decide. ``mini_batch_size``: per column, an explicit size or None (planned);
+    ``cuda_graphs`` / ``reuse_argmax``: True or False explicit, None planned; ``checkpointing``: already on;
+    ``can_checkpoint``: the model can turn it on; ``graphs_possible``: the engine could run CUDA graphs
+    (an ``nn.Module`` encoder, not compiled, no token budget)."""
+
+    mini_batch_size: Mapping[str, int | None]
+    cuda_graphs: bool | None = None
+    reuse_argmax: bool | None = None
+    checkpointing: bool = False
+    can_checkpoint: bool = False
+    graphs_possible: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The options chosen for a budget, with the numbers they were chosen from."""
+
+    budget: int
+    mini_batch_size: dict[str, int]
+    cuda_graphs: bool
+    reuse_argmax: bool | None
+    checkpointing: bool
+    predicted_peak: int
+    resident: int
+    fits: dict[str, ColumnFit]
+    rows: dict[str, int]
+    reason: str
+
+    def covers(self, columns: Columns) -> bool:
+        """Whether ``columns`` are no larger (rows, padded length) than the batch this plan measured."""
+        if set(columns) != set(self.rows):
+            return False
+        return all(
+            _rows(features) <= self.rows[column] and _length(features) <= self.fits[column].length
+            for column, features in columns.items()
+        )
+
+    def apply(self, config: GradCacheConfig) -> GradCacheConfig:
+        """``config`` with the planned options (its explicit ones were kept when planning)."""
+        return replace(
+            config,
+            mini_batch_size=dict(self.mini_batch_size),
+            cuda_graphs=self.cuda_graphs,
+            reuse_argmax=self.reuse_argmax if self.reuse_argmax is not None else config.reuse_argmax,
+        )
+
+    def describe(self) -> str:
+        """One line: what was chosen and why, with the measured numbers."""
+        columns = ", ".join(
+            f"{column} {size} rows (probe at length {self.fits[column].length}: "
+            f"{format_bytes(self.fits[column].fixed)} + {format_bytes(self.fits[column].per_row)}/row)"
+            for column, size in self.mini_batch_size.items()
+        )
+        reuse = "as configured" if self.reuse_argmax is None else ("on" if self.reuse_argmax else "off")
+        return (
+            f"max_memory {format_bytes(self.budget)}: mini-batches {columns}; CUDA graphs "
+            f"{'on' if self.cuda_graphs else 'off'}, activation checkpointing "
+            f"{'on' if self.checkpointing else 'off'}, reuse_argmax {reuse}; predicted peak "
+            f"{format_bytes(self.predicted_peak)} (resident {format_bytes(self.resident)}); {self.reason}"
+        )
+
+    def log_values(self) -> dict[str, float]:
+        """The plan as numbers for a trainer's logs."""
+        values = {
+            "memory_plan_budget_gib": round(self.budget / 2**30, 3),
+            "memory_plan_predicted_peak_gib": round(self.predicted_peak / 2**30, 3),
+            "memory_plan_cuda_graphs": float(self.cuda_graphs),
+            "memory_plan_checkpointing": float(self.checkpointing),
+        }
+        for column, size in self.mini_batch_size.items():
+            values[f"memory_plan_mini_batch_size_{column}"] = float(size)
+        return values
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    sizes: dict[str, int]
+    graphs: bool
+    records: bool
+    peak: int
+    resident: int
+
+
+def choose_plan(
+    budget: int,
+    rows: Mapping[str, int],
+    measure: Callable[[bool], Mapping[str, ColumnFit]],
+    footprint: Footprint,
+    choices: PlanChoices,
+) -> MemoryPlan:
+    """The fastest options whose predicted peak stays within ``budget`` bytes (less ``PLAN_MARGIN``).
+
+    ``measure(checkpointing)`` gives each column's :class:`ColumnFit` (called again with True only when
+    nothing fits without checkpointing). Mini-batch rows never exceed a column's ``rows``.
+
+    Raises:
+        ValueError: naming ``max_memory``, when not even ``MIN_ROWS`` rows fit (with checkpointing where
+            possible) and no mini-batch size was set explicitly.
+    """
+    usable = budget * (1 - PLAN_MARGIN)
+    modes = [True] if choices.checkpointing else [False, *([True] if choices.can_checkpoint else [])]
+    last: tuple[bool, dict[str, ColumnFit], _Candidate] | None = None
+    for checkpointing in modes:
+        fits = dict(measure(checkpointing))
+        candidates = _candidates(usable, rows, fits, footprint, choices, checkpointing)
+        chosen = _pick(candidates, rows, choices, usable)
+        if chosen is not None:
+            return _plan(budget, rows, fits, chosen, choices, checkpointing, usable)
+        eager = [c for c in candidates if not c.graphs]
+        last = (checkpointing, fits, min(eager, key=lambda c: c.peak))
+    assert last is not None
+    checkpointing, fits, smallest = last
+    if any(size is not None for size in choices.mini_batch_size.values()):
+        return _plan(budget, rows, fits, smallest, choices, checkpointing, usable)  # explicit: kept, warned
+    need = smallest.resident + max(fits[c].peak(min(MIN_ROWS, rows[c])) for c in rows)
+    raise ValueError(
+        f"max_memory {format_bytes(budget)} is too small for this model and batch: {MIN_ROWS} rows per "
+        f"mini-batch need a predicted {format_bytes(need)} (resident {format_bytes(smallest.resident)}: "
+        f"weights, gradients, optimizer state, the batch's reps), activation checkpointing "
+        f"{'on' if checkpointing else 'not available'}, and {PLAN_MARGIN:.0%} is kept free; raise max_memory, "
+        "lower per_device_train_batch_size, or set mini_batch_size to run regardless"
+    )
+
+
+def _candidates(
+    usable: float,
+    rows: Mapping[str, int],
+    fits: Mapping[str, ColumnFit],
+    footprint: Footprint,
+    choices: PlanChoices,
+    checkpointing: bool,
+) -> list[_Candidate]:
+    graphs_options = [False]
+    if choices.cuda_graphs is not False and choices.graphs_possible and choices.reuse_argmax is not True:
+        graphs_options = [True] if choices.cuda_graphs else [False, True]
+    candidates = []
+    for graphs in graphs_options:
+        if graphs:
+            records_options = [False]
+        else:
+            records_options = [True, False] if choices.reuse_argmax is None else [choices.reuse_argmax]
+        for records in records_options:
+            resident = footprint.resident(records=records, graphs=graphs)
+            factor = GRAPH_POOL_FACTOR if graphs else 1.0
+            sizes = {}
+            for column, cap in rows.items():
+                explicit = choices.mini_batch_size.get(column)
+                largest = fits[column].largest(usable - resident, cap, factor)
+                if graphs and choices.cuda_graphs is None:
+                    largest = min(largest, GRAPH_ROWS)
+                sizes[column] = explicit if explicit is not None else largest
+            peak = resident + max(factor * fits[c].peak(sizes[c]) for c in rows)
+            candidates.append(_Candidate(sizes, graphs, records, int(peak), resident))
+    return candidates
+
+
+def _pick(
+    candidates: list[_Candidate], rows: Mapping[str, int], choices: PlanChoices, usable: float
+) -> _Candidate | None:
+    """The fitting candidate expected fastest: the largest eager mini-batches (``reuse_argmax`` on if it
+    keeps ``REUSE_ARGMAX_KEEP`` of the rows), CUDA graphs instead where those are under ``GRAPHS_BELOW_ROWS``
+    rows (or graphs were asked for); None if none fits."""
+    planned = [c for c in rows if choices.mini_batch_size.get(c) is None]
+
+    def fitting(candidate: _Candidate) -> bool:
+        enough = all(candidate.sizes[c] >= min(MIN_ROWS, rows[c]) for c in planned)
+        return enough and candidate.peak <= usable
+
+    eager = [c for c in candidates if not c.graphs and fitting(c)]
+    graphed = [c for c in candidates if c.graphs and fitting(c)]
+    best = None
+    if eager:
+        on = next((c for c in eager if c.records), None)
+        off = next((c for c in eager if not c.records), None)
+        best = on or off
+        if on is not None and off is not None:
+            kept = min(on.sizes[c] / max(off.sizes[c], 1) for c in rows)
+            best = on if kept >= REUSE_ARGMAX_KEEP else off
+    if not graphed:
+        return best
+    if choices.cuda_graphs is True or best is None:
+        return graphed[0]
+    # Graphs pay where the eager mini-batches are small; a column that fits whole is not "small".
+    split = [best.sizes[c] for c in planned if best.sizes[c] < rows[c]]
+    return graphed[0] if split and min(split) < GRAPHS_BELOW_ROWS else best
+
+
+def _plan(
+    budget: int,
+    rows: Mapping[str, int],
+    fits: dict[str, ColumnFit],
+    chosen: _Candidate,
+    choices: PlanChoices,
+    checkpointing: bool,
+    usable: float,
+) -> MemoryPlan:
+    reasons = []
+    planned = [c for c in rows if choices.mini_batch_size.get(c) is None]
+    if chosen.peak > usable:
+        reasons.append(
+            f"WARNING: the explicit mini_batch_size is predicted to exceed the budget less {PLAN_MARGIN:.0%}"
+        )
+    if chosen.graphs and choices.cuda_graphs is None:
+        reasons.append(
+            f"CUDA graphs: the largest eager mini-batch that fits is under {GRAPHS_BELOW_ROWS} rows"
+        )
+    if checkpointing and not choices.checkpointing:
+        reasons.append(f"activation checkpointing: not {MIN_ROWS} rows fit without it")
+    if planned and all(chosen.sizes[c] >= rows[c] for c in planned):
+        reasons.append("the whole batch fits in one mini-batch per column")
+    if not reasons:
+        reasons.append("the largest mini-batches within the budget")
+    return MemoryPlan(
+        budget=budget,
+        mini_batch_size={c: max(1, chosen.sizes[c]) for c in rows},
+        cuda_graphs=chosen.graphs,
+        reuse_argmax=chosen.records if choices.reuse_argmax is None and not chosen.graphs else None,
+        checkpointing=checkpointing,
+        predicted_peak=chosen.peak,
+        resident=chosen.resident,
+        fits=fits,
+        rows=dict(rows),
+        reason="; ".join(reasons),
+    )
+
+
+class MemoryPlanner:
+    """Plans ``config``'s unset options within its ``max_memory`` for the batches an engine runs.
+
+    Args:
+        config: the options as given (before the engine's automatic defaults), with ``max_memory`` set.
+        encoder: the engine's encoder.
+        data_parallel: the engine runs under data parallelism (a size is refused: the ranks would have to
+            agree on one plan; ``"auto"`` is ignored).
+
+    Attributes:
+        plan: the plan in effect (None before the first planned step, or where nothing is planned).
+    """
+
+    def __init__(self, config: GradCacheConfig, encoder: object, *, data_parallel: bool) -> None:
+        if data_parallel and config.max_memory != AUTO:
+            raise ValueError(
+                f"max_memory={config.max_memory!r} is not supported under data parallelism (DDP, FSDP, gathering "
+                "across ranks): every rank would have to run the same plan; set mini_batch_size (and "
+                "activation_checkpointing) instead, or max_memory auto, which is ignored there"
+            )
+        self.config = config
+        self.encoder = encoder
+        self.plan: MemoryPlan | None = None
+        self._off = data_parallel
+        if data_parallel:
+            logger.info("max_memory auto is not planned under data parallelism: the engine's defaults apply")
+        self._planned_once = False
+
+    def needs_plan(self, columns: Columns) -> bool:
+        """Whether ``columns`` are to be planned for now: a training step (autograd on) on CUDA, the first
+        or one larger (rows, padded length) than the plan's. Off CUDA, warns once (for a size) and says no."""
+        if self._off or not torch.is_grad_enabled():
+            return False
+        device = _device(columns)
+        if device.type != "cuda":
+            self._off = True
+            if self.config.max_memory != AUTO:
+                warnings.warn(
+                    f"max_memory={self.config.max_memory!r} is ignored on {device.type}: the memory plan measures "
+                    "CUDA memory; the engine's defaults apply (mini_batch_size 32 unless set)",
+                    stacklevel=3,
+                )
+            return False
+        return self.plan is None or not self.plan.covers(columns)
+
+    def plan_for(self, columns: Columns, autocast: AutocastState) -> GradCacheConfig:
+        """Measure, choose and log a plan for ``columns``; the given config with it applied. Turns on the
+        encoder's activation checkpointing when the plan needs it."""
+        device = _device(columns)
+        budget = _budget_bytes(self.config.max_memory, device)
+        checkpointing = _checkpointing_on(self.encoder)
+        choices = PlanChoices(
+            mini_batch_size=self.config.mini_batch_sizes(columns),
+            cuda_graphs=self.config.cuda_graphs,
+            reuse_argmax=self.config.reuse_argmax,
+            checkpointing=checkpointing,
+            can_checkpoint=_checkpointing_owner(self.encoder) is not None,
+            graphs_possible=isinstance(self.encoder, nn.Module)
+            and self.config.mini_batch_tokens is None
+            and not is_compiled(self.encoder),
+        )
+        modules = self.encoder if isinstance(self.encoder, nn.Module) else nn.Module()
+        trained = [p for p in modules.parameters() if p.requires_grad]
+        measured: dict[bool, dict[str, ColumnFit]] = {}
+
+        def measure(with_checkpointing: bool) -> dict[str, ColumnFit]:
+            owner = _checkpointing_owner(self.encoder)
+            if with_checkpointing and owner is not None and not _checkpointing_on(self.encoder):
+                owner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            measured[with_checkpointing] = measure_fits(self.encoder, columns, autocast, trained, device)
+            return measured[with_checkpointing]
+
+        # The footprint needs the reps' width and density: measure once without, before choosing.
+        fits = measure(checkpointing)
+        footprint = _footprint(columns, fits, trained, device, self.config, first=not self._planned_once)
+        owner = _checkpointing_owner(self.encoder)
+        try:
+            plan = choose_plan(
+                budget,
+                {column: _rows(features) for column, features in columns.items()},
+                lambda on: measured[on] if on in measured else measure(on),
+                footprint,
+                choices,
+            )
+        except ValueError:
+            if owner is not None and not checkpointing and _checkpointing_on(self.encoder):
+                owner.gradient_checkpointing_disable()  # turned on to measure: back as it was
+            raise
+        if (
+            owner is not None
+            and not checkpointing
+            and not plan.checkpointing
+            and _checkpointing_on(self.encoder)
+        ):
+            owner.gradient_checkpointing_disable()
+        self.plan = plan
+        self._planned_once = True
+        logger.info("%s", plan.describe())
+        return plan.apply(self.config)
+
+
+def measure_fits(
+    encoder: object,
+    columns: Columns,
+    autocast: AutocastState,
+    trained: Sequence[nn.Parameter],
+    device: torch.device,
+    probe_rows: Sequence[int] = PROBE_ROWS,
+) -> dict[str, ColumnFit]:
+    """Each column's :class:`ColumnFit`: the peak ``torch.cuda.max_memory_allocated`` above what was
+    allocated, of one forward and backward of its first r rows at its padded length, for r in
+    ``probe_rows`` (those up to its rows), as Step (3) runs a mini-batch (under ``autocast``).
+
+    The gradients the probe accumulates, and its RNG draws (dropout), are put back: training continues as
+    if it had not run. Gradients that did not exist are created (zeros) before measuring, so the fit holds
+    activations only, and removed after. Resets the device's peak-memory statistics.
+    """
+    grads = GradState.capture(trained)
+    for p in trained:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    fits = {}
+    try:
+        with torch.random.fork_rng(devices=[device]):
+            for column, features in columns.items():
+                batch = _rows(features)
+                points, rep = [], None
+                for rows in sorted({min(r, batch) for r in probe_rows}):
+                    part = {name: tensor[:rows] for name, tensor in features.items()}
+                    torch.cuda.synchronize(device)
+                    before = torch.cuda.memory_allocated(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                    with autocast.replay(), torch.enable_grad():
+                        rep = encoder(**part)  # [rows, V]
+                    rep.backward(torch.ones_like(rep))
+                    torch.cuda.synchronize(device)
+                    points.append((rows, torch.cuda.max_memory_allocated(device) - before))
+                    rep = rep.detach()
+                assert rep is not None
+                fits[column] = ColumnFit.from_points(
+                    points,
+                    _length(features),
+                    width=rep.shape[-1],
+                    rep_bytes=rep.element_size(),
+                    density=float((rep != 0).float().mean()),
+                )
+                del rep
+    finally:
+        grads.restore()
+    return fits
+
+
+def _footprint(
+    columns: Columns,
+    fits: Mapping[str, ColumnFit],
+    trained: Sequence[nn.Parameter],
+    device: torch.device,
+    config: GradCacheConfig,
+    *,
+    first: bool,
+) -> Footprint:
+    """What a step holds besides its mini-batch. The optimizer's state is estimated, before the first
+    optimizer step, as an Adam-like two values per trained weight; later it is allocated already."""
+    trainable = sum(p.numel() * p.element_size() for p in trained)
+    missing = sum(p.numel() * p.element_size() for p in trained if p.grad is None)
+    rep_cache = records = 0
+    for column, features in columns.items():
+        fit, rows = fits[column], _rows(features)
+        nnz = rows * fit.width * fit.density
+        dense = rows * fit.width * fit.rep_bytes
+        # Reps and their gradients; sparse_reps "true" holds the non-zeros ("auto" may stay dense).
+        rep_cache += 2 * (nnz * _SPARSE_ENTRY_BYTES if config.sparse_reps == "true" else dense)
+        records += nnz * _RECORD_BYTES
+    return Footprint(
+        allocated=torch.cuda.memory_allocated(device),
+        grads=missing,
+        optimizer=2 * trainable if first else 0,
+        trainable=trainable,
+        rep_cache=int(rep_cache),
+        records=int(records),
+    )
+
+
+def _budget_bytes(max_memory: str | None, device: torch.device) -> int:
+    """``max_memory`` in bytes on ``device``: a size as written, or for ``"auto"`` what is free there plus
+    what this process's allocator holds, less ``AUTO_MARGIN``."""
+    assert max_memory is not None
+    if max_memory != AUTO:
+        return size_bytes(max_memory)
+    free, _ = torch.cuda.mem_get_info(device)
+    return int((free + torch.cuda.memory_reserved(device)) * (1 - AUTO_MARGIN))
+
+
+def _checkpointing_owner(encoder: object) -> nn.Module | None:
+    """The outermost module that can turn on activation checkpointing (``gradient_checkpointing_enable``)."""
+    if not isinstance(encoder, nn.Module):
+        return None
+    for module in encoder.modules():
+        if callable(getattr(module, "gradient_checkpointing_enable", None)) and callable(
+            getattr(module, "gradient_checkpointing_disable", None)
+        ):
+            return module
+    return None
+
+
+def _checkpointing_on(encoder: object) -> bool:
+    """Whether a module of ``encoder`` has activation checkpointing on (transformers' flag)."""
+    if not isinstance(encoder, nn.Module):
+        return False
+    return any(getattr(module, "gradient_checkpointing", False) is True for module in encoder.modules())
+
+
+def _device(columns: Columns) -> torch.device:
+    return next(iter(next(iter(columns.values())).values())).device
+
+
+def _rows(features: Mapping[str, Tensor]) -> int:
+    return len(next(iter(features.values())))
+
+
+def _length(features: Mapping[str, Tensor]) -> int:
+    """The column's padded length (its attention mask's width; 1 without a 2-D one)."""
+    mask = features.get("attention_mask")
+    return int(mask.shape[1]) if mask is not None and mask.ndim == 2 else 1
