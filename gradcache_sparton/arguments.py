@@ -402,11 +402,12 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
     )
     prediction_loss_only: bool = field(default=True, metadata={"help": "Evaluation computes the loss only."})
     # The engine's fields (GradCacheConfig) that take another type or default as training flags:
-    mini_batch_size: int = field(
-        default=32,
+    mini_batch_size: int | None = field(
+        default=None,
         metadata={
             "help": "Rows encoded at once by the GradCache engine: bounds activation memory, never changes the "
-            "loss or gradients. Larger is faster until it no longer fits."
+            "loss or gradients. Larger is faster until it no longer fits. Default: planned within max_memory "
+            "when that is set, else 32."
         },
     )
     allow_non_finite: bool | None = field(
@@ -449,12 +450,12 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         TrainingArguments.__post_init__(self)
         if self.allow_non_finite is None:
             self.allow_non_finite = bool(self.fp16)  # a GradScaler skips non-finite steps
-        _positive(self.mini_batch_size, "mini_batch_size")
+        _positive(self.mini_batch_size, "mini_batch_size", allow_none=True)
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
         GradCacheConfig.__post_init__(self)  # the engine settings, checked now, not at the first step
         _positive(self.query_max_length, "query_max_length")
         _positive(self.document_max_length, "document_max_length")
-        if self.per_device_train_batch_size < self.mini_batch_size:
+        if self.mini_batch_size is not None and self.per_device_train_batch_size < self.mini_batch_size:
             raise ValueError(
                 f"per_device_train_batch_size={self.per_device_train_batch_size} (the effective batch) is smaller "
                 f"than mini_batch_size={self.mini_batch_size}: lower mini_batch_size or raise the batch"
@@ -464,7 +465,8 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
 
     def grad_cache_config(self, columns: Iterable[str]) -> GradCacheConfig:
         """The :class:`GradCacheConfig` these arguments describe for a batch of ``columns``: a copy of the
-        inherited fields, with ``query_mini_batch_size`` for the query column when given."""
+        inherited fields, with ``query_mini_batch_size`` for the query column when given (the other columns'
+        left to ``max_memory``'s plan when ``mini_batch_size`` is not set)."""
         values = {f.name: getattr(self, f.name) for f in fields(GradCacheConfig)}
         if self.query_mini_batch_size is not None:
             values["mini_batch_size"] = {

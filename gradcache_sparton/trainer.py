@@ -4,7 +4,8 @@ What it overrides, and why (everything else, from optimizers and schedulers to m
 gradient accumulation, checkpoints and ``report_to`` integrations, is the Trainer's own):
 - ``compute_loss``: the loss is :class:`~gradcache_sparton.engine.CachedLoss` over the batch's
   columns; the Trainer's own ``accelerator.backward(loss)`` then runs GradCache Step (3).
-- ``log``: adds the loss components, the sparsity statistics and the training throughput.
+- ``log``: adds the loss components, the sparsity statistics and the training throughput, and with
+  ``max_memory`` the engine's plan (``memory_plan_*`` entries, once per plan; ``memory_plan`` holds it).
 - ``_save`` / ``_load_from_checkpoint`` / ``_load_best_model``: checkpoints are standard masked-LM
   checkpoints (``SpladeEncoder.save_pretrained``), not a state dict of the wrapper, and are read back
   strictly (every tensor from the file).
@@ -51,6 +52,7 @@ from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import TrainingCollator, validate_training_dataset
 from gradcache_sparton.engine import CachedLoss
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
+from gradcache_sparton.engine.memory_plan import MemoryPlan
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
     from_sentence_transformers_columns,
@@ -169,6 +171,9 @@ class CachedSpladeTrainer(Trainer):
         self._component_calls = 0
         self._sequences_since_log = 0
         self._last_log_time: float | None = None
+        # max_memory: the engine's plan in effect (logged once per plan; see log).
+        self.memory_plan: MemoryPlan | None = None
+        self._memory_plan_logged: MemoryPlan | None = None
 
     # ------------------------------------------------------------------ training
 
@@ -191,13 +196,15 @@ class CachedSpladeTrainer(Trainer):
         if self.is_world_process_zero():
             logger.info(
                 "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "
-                "per optimizer step); mini_batch_size %d; sparse_reps %s.",
+                "per optimizer step); mini_batch_size %s; sparse_reps %s.",
                 self.args.per_device_train_batch_size,
                 world,
                 self.args.per_device_train_batch_size * world,
                 " (reps gathered across processes)" if world > 1 else "",
                 self.args.gradient_accumulation_steps,
-                self.args.mini_batch_size,
+                self.args.mini_batch_size
+                if self.args.max_memory is None
+                else f"{self.args.mini_batch_size or 'planned'} within max_memory {self.args.max_memory}",
                 self.args.sparse_reps,
             )
         if isinstance(
@@ -239,6 +246,8 @@ class CachedSpladeTrainer(Trainer):
         loss, components = cached(columns, return_components=True, step=self.state.global_step, **loss_kwargs)
         if model.training:
             self._record(components, columns)
+            if cached.engine.memory_plan is not None:
+                self.memory_plan = cached.engine.memory_plan
         return (loss, components) if return_outputs else loss
 
     def _cached_loss(self, model: nn.Module, columns: Mapping[str, Any]) -> CachedLoss:
@@ -294,6 +303,9 @@ class CachedSpladeTrainer(Trainer):
                     ", ".join(collapsed),
                     self.state.global_step,
                 )
+            if self.memory_plan is not None and self.memory_plan is not self._memory_plan_logged:
+                logs.update(self.memory_plan.log_values())  # each plan once, with the first log after it
+                self._memory_plan_logged = self.memory_plan
             self._component_sums, self._component_calls, self._sequences_since_log = {}, 0, 0
             self._last_log_time = now
         super().log(logs, start_time)

@@ -473,43 +473,46 @@ class MemoryPlanner:
 
 
 def measure_fits(
-    encoder: object,
+    encoder: Callable[..., Tensor],
     columns: Columns,
     autocast: AutocastState,
     trained: Sequence[nn.Parameter],
     device: torch.device,
     probe_rows: Sequence[int] = PROBE_ROWS,
+    peak_bytes: Callable[[Callable[[], Tensor], torch.device], tuple[int, Tensor]] | None = None,
 ) -> dict[str, ColumnFit]:
-    """Each column's :class:`ColumnFit`: the peak ``torch.cuda.max_memory_allocated`` above what was
-    allocated, of one forward and backward of its first r rows at its padded length, for r in
-    ``probe_rows`` (those up to its rows), as Step (3) runs a mini-batch (under ``autocast``).
+    """Each column's :class:`ColumnFit`: the peak memory of one forward and backward of its first r rows at
+    its padded length, for r in ``probe_rows`` (those up to its rows), as Step (3) runs a mini-batch
+    (under ``autocast``). ``peak_bytes(run, device)`` calls ``run`` and returns the peak bytes allocated
+    above what was allocated before, with ``run``'s reps (default: ``torch.cuda.max_memory_allocated``,
+    which it resets).
 
     The gradients the probe accumulates, and its RNG draws (dropout), are put back: training continues as
     if it had not run. Gradients that did not exist are created (zeros) before measuring, so the fit holds
-    activations only, and removed after. Resets the device's peak-memory statistics.
+    activations only, and removed after.
     """
+    peak_bytes = peak_bytes or _cuda_peak_bytes
     grads = GradState.capture(trained)
     for p in trained:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     fits = {}
     try:
-        with torch.random.fork_rng(devices=[device]):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             for column, features in columns.items():
                 batch = _rows(features)
-                points, rep = [], None
+                points = []
                 for rows in sorted({min(r, batch) for r in probe_rows}):
                     part = {name: tensor[:rows] for name, tensor in features.items()}
-                    torch.cuda.synchronize(device)
-                    before = torch.cuda.memory_allocated(device)
-                    torch.cuda.reset_peak_memory_stats(device)
-                    with autocast.replay(), torch.enable_grad():
-                        rep = encoder(**part)  # [rows, V]
-                    rep.backward(torch.ones_like(rep))
-                    torch.cuda.synchronize(device)
-                    points.append((rows, torch.cuda.max_memory_allocated(device) - before))
-                    rep = rep.detach()
-                assert rep is not None
+
+                    def run(part: Mapping[str, Tensor] = part) -> Tensor:
+                        with autocast.replay(), torch.enable_grad():
+                            rep = encoder(**part)  # [rows, V]
+                        rep.backward(torch.ones_like(rep))
+                        return rep.detach()
+
+                    peak, rep = peak_bytes(run, device)
+                    points.append((rows, peak))
                 fits[column] = ColumnFit.from_points(
                     points,
                     _length(features),
@@ -517,10 +520,19 @@ def measure_fits(
                     rep_bytes=rep.element_size(),
                     density=float((rep != 0).float().mean()),
                 )
-                del rep
     finally:
         grads.restore()
     return fits
+
+
+def _cuda_peak_bytes(run: Callable[[], Tensor], device: torch.device) -> tuple[int, Tensor]:
+    """``run()``'s peak ``torch.cuda.max_memory_allocated`` above what was allocated before, and its result."""
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    result = run()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before, result
 
 
 def _footprint(

@@ -103,7 +103,7 @@ def run_model_card(trainer: Any, encoder: SpladeEncoder) -> str:
     world = max(1, args.world_size)
     settings: dict[str, object] = {
         "global batch (rows per loss)": args.per_device_train_batch_size * world,
-        "mini_batch_size": args.mini_batch_size,
+        "mini_batch_size": args.mini_batch_size or f"planned within max_memory {args.max_memory}",
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "optimizer steps": state.global_step,
         "learning_rate": args.learning_rate,

@@ -1,0 +1,299 @@
+"""``max_memory``: its spelling, the planner's choices from injected measurements, and that a plan never
+changes the loss or gradients (fp32 tolerance as tests/test_engine.py: rtol 1e-5 per parameter's largest
+gradient; the plan only changes which rows share a mini-batch, a few fp32 ulps of summation order)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from engine_helpers import (
+    assert_grads_close,
+    contrastive_flops_loss,
+    grads_of,
+    make_columns,
+    make_encoder,
+    small_config,
+    uncached_loss,
+)
+
+from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+from gradcache_sparton.engine import GradCache, GradCacheConfig
+from gradcache_sparton.engine.autocast_state import AutocastState
+from gradcache_sparton.engine.memory_plan import (
+    GRAPH_ROWS,
+    MIN_ROWS,
+    PLAN_MARGIN,
+    ColumnFit,
+    Footprint,
+    MemoryPlanner,
+    PlanChoices,
+    choose_plan,
+    measure_fits,
+)
+from gradcache_sparton.engine.memory_size import format_bytes, parse_max_memory, size_bytes
+
+RTOL_FP32 = 1e-5  # see the module docstring
+GIB, MIB = 2**30, 2**20
+ROWS = {"query": 1024, "positive": 1024}
+
+
+@pytest.fixture
+def config(tiny_bert_config):
+    return small_config(tiny_bert_config)
+
+
+def _footprint(resident: int = GIB, records: int = 0) -> Footprint:
+    return Footprint(allocated=resident, grads=0, optimizer=0, trainable=0, rep_cache=0, records=records)
+
+
+def _measure(fits: dict[bool, dict[str, ColumnFit]], calls: list[bool]):
+    def measure(checkpointing: bool) -> dict[str, ColumnFit]:
+        calls.append(checkpointing)
+        return fits[checkpointing]
+
+    return measure
+
+
+def _fits(fixed: float, per_row: float, length: int = 256) -> dict[str, ColumnFit]:
+    return {column: ColumnFit(fixed, per_row, length) for column in ROWS}
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("4GiB", "4GiB"),
+        (" 512 mib ", "512 mib"),
+        ("24GB", "24GB"),
+        ("1.5GiB", "1.5GiB"),
+        ("AUTO", "auto"),
+        ("none", None),
+        (None, None),
+    ],
+)
+def test_max_memory_spellings_are_accepted(given, expected) -> None:
+    """Sizes with a unit, auto and none (any case) parse to one spelling; sizes keep their own."""
+    assert parse_max_memory(given) == expected
+    assert GradCacheConfig(max_memory=given).max_memory == expected
+
+
+def test_sizes_are_bytes_in_their_units() -> None:
+    """Binary units are powers of 1024, decimal ones of 1000."""
+    assert size_bytes("4GiB") == 4 * GIB
+    assert size_bytes("1.5gib") == 3 * GIB // 2
+    assert size_bytes("24GB") == 24 * 10**9
+    assert size_bytes("512MiB") == 512 * MIB
+    assert format_bytes(3.5 * GIB) == "3.50 GiB"
+
+
+@pytest.mark.parametrize("bad", ["4", "4G", "4 gigabytes", "0GiB", "-1GiB", "GiB", "", 4, 4.0, True])
+def test_bad_max_memory_is_one_clear_error(bad) -> None:
+    """A number without a unit, an unknown unit, zero or a non-string: a ValueError naming max_memory."""
+    with pytest.raises(ValueError, match="max_memory"):
+        GradCacheConfig(max_memory=bad)
+
+
+def test_without_max_memory_the_defaults_are_unchanged(tmp_path) -> None:
+    """Unset options take the engine's defaults (32 rows, no graphs) unless max_memory is to plan them."""
+    config = GradCacheConfig()
+    assert (config.mini_batch_size, config.cuda_graphs) == (32, False)
+    planned = GradCacheConfig(max_memory="4GiB")
+    assert (planned.mini_batch_size, planned.cuda_graphs) == (None, None)
+    decided = planned.for_encoder(torch.nn.Linear(2, 2))
+    assert (decided.mini_batch_size, decided.cuda_graphs) == (32, False)
+    args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none")
+    assert args.mini_batch_size == 32
+    args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none", max_memory="4GiB")
+    assert args.mini_batch_size is None and args.grad_cache_config(ROWS).max_memory == "4GiB"
+    with pytest.raises(ValueError, match="max_memory"):
+        CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none", max_memory="lots")
+
+
+def test_fit_lies_on_or_above_every_measured_point() -> None:
+    """The conservative fit: an exact line is recovered, a noisy one is raised to cover every point."""
+    exact = ColumnFit.from_points([(8, 100 + 8 * 10), (16, 100 + 16 * 10), (32, 100 + 32 * 10)], 256)
+    assert (exact.fixed, exact.per_row) == pytest.approx((100, 10))
+    points = [(8, 190), (16, 250), (32, 430)]
+    noisy = ColumnFit.from_points(points, 256)
+    assert all(noisy.peak(rows) >= peak - 1e-9 for rows, peak in points)
+
+
+def test_plan_takes_the_largest_mini_batch_that_fits() -> None:
+    """Without explicit settings: the most rows whose predicted peak stays within the budget less its margin."""
+    calls: list[bool] = []
+    fit = ColumnFit(0.5 * GIB, 40 * MIB, 256)
+    plan = choose_plan(
+        16 * GIB,
+        ROWS,
+        _measure({False: {c: fit for c in ROWS}}, calls),
+        _footprint(),
+        PlanChoices(dict.fromkeys(ROWS)),
+    )
+    usable = 16 * GIB * (1 - PLAN_MARGIN)
+    size = plan.mini_batch_size["positive"]
+    assert GIB + fit.peak(size) <= usable < GIB + fit.peak(size + 1)
+    assert plan.predicted_peak <= usable and not plan.checkpointing and not plan.cuda_graphs
+    assert calls == [False]  # checkpointing was never needed
+
+
+def test_whole_batch_when_it_fits() -> None:
+    """A mini-batch never has more rows than its column."""
+    plan = choose_plan(
+        64 * GIB, ROWS, _measure({False: _fits(GIB, MIB)}, []), _footprint(), PlanChoices(dict.fromkeys(ROWS))
+    )
+    assert plan.mini_batch_size == ROWS
+
+
+def test_checkpointing_when_nothing_fits_without_it() -> None:
+    """Under MIN_ROWS rows fitting eagerly: the probe runs again with checkpointing, which the plan turns on."""
+    calls: list[bool] = []
+    fits = {False: _fits(GIB, 200 * MIB), True: _fits(0.5 * GIB, 10 * MIB)}
+    choices = PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True)
+    plan = choose_plan(4 * GIB, ROWS, _measure(fits, calls), _footprint(), choices)
+    assert calls == [False, True] and plan.checkpointing
+    assert plan.mini_batch_size["positive"] >= MIN_ROWS and plan.predicted_peak <= 4 * GIB * (1 - PLAN_MARGIN)
+
+
+def test_too_small_a_budget_is_one_clear_error() -> None:
+    """Not even MIN_ROWS rows with checkpointing: a ValueError naming max_memory and what to change."""
+    fits = {False: _fits(GIB, 200 * MIB), True: _fits(GIB, 100 * MIB)}
+    with pytest.raises(ValueError, match=r"max_memory .* too small"):
+        choose_plan(
+            2 * GIB,
+            ROWS,
+            _measure(fits, []),
+            _footprint(),
+            PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True),
+        )
+
+
+def test_explicit_settings_are_kept() -> None:
+    """An explicit mini_batch_size, cuda_graphs=False or reuse_argmax=True is what the plan runs."""
+    fits = {False: _fits(0.5 * GIB, 40 * MIB)}
+    explicit = PlanChoices(
+        {"query": 8, "positive": None}, cuda_graphs=False, reuse_argmax=True, graphs_possible=True
+    )
+    plan = choose_plan(4 * GIB, ROWS, _measure(fits, []), _footprint(), explicit)
+    assert plan.mini_batch_size["query"] == 8 and not plan.cuda_graphs and plan.reuse_argmax is None
+    config = plan.apply(GradCacheConfig(max_memory="4GiB", mini_batch_size={"query": 8, "positive": None}))
+    assert config.mini_batch_size == plan.mini_batch_size and config.reuse_argmax is None
+
+
+def test_cuda_graphs_where_eager_mini_batches_are_small() -> None:
+    """Graphs at GRAPH_ROWS when eager mini-batches would be small; not where large ones fit."""
+    choices = PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
+    small = choose_plan(
+        4 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), choices
+    )
+    assert small.cuda_graphs and set(small.mini_batch_size.values()) == {GRAPH_ROWS}
+    config = small.apply(GradCacheConfig(max_memory="4GiB"))
+    assert config.cuda_graphs and config.reuse_argmax is False and config.mini_batch_length_multiple == 32
+    large = choose_plan(
+        24 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), choices
+    )
+    assert not large.cuda_graphs and min(large.mini_batch_size.values()) > GRAPH_ROWS
+
+
+def test_reuse_argmax_off_where_its_records_crowd_out_rows() -> None:
+    """reuse_argmax (left to its default) stays on when its records cost few rows, turns off otherwise."""
+    choices = PlanChoices(dict.fromkeys(ROWS))
+    measure = _measure({False: _fits(0.5 * GIB, 40 * MIB)}, [])
+    cheap = choose_plan(16 * GIB, ROWS, measure, _footprint(records=10 * MIB), choices)
+    costly = choose_plan(16 * GIB, ROWS, measure, _footprint(records=4 * GIB), choices)
+    assert cheap.reuse_argmax is True and costly.reuse_argmax is False
+
+
+def test_plan_never_changes_the_loss_or_gradients(config) -> None:
+    """A cached step under a plan's configuration equals the uncached step (within RTOL_FP32)."""
+    rows = {"query": 32, "positive": 32, "negative": 32}
+    fits = {column: ColumnFit(0.0, 45 * MIB, 16) for column in rows}
+    plan = choose_plan(GIB, rows, lambda on: fits, _footprint(0), PlanChoices(dict.fromkeys(rows)))
+    assert plan.mini_batch_size["query"] == 20  # floor(0.9 GiB / 45 MiB): a real split
+    planned = plan.apply(GradCacheConfig(max_memory="1GiB"))
+
+    encoder = make_encoder(config)
+    columns = make_columns(32, 3)
+    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="max_memory=")  # on a CPU: the plan's sizes are explicit
+        loss, _ = GradCache(encoder, planned).step(columns, contrastive_flops_loss)
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+def test_probe_leaves_gradients_and_rng_as_they_were(config) -> None:
+    """measure_fits (here with a peak reading injected) puts back .grad values, None grads and the RNG."""
+    encoder = make_encoder(config, train=True)  # dropout draws from the RNG
+    columns = make_columns(8, 2)
+    encoder.mlm.cls.predictions.transform.dense.weight.grad = torch.ones_like(
+        encoder.mlm.cls.predictions.transform.dense.weight
+    )
+    before = {name: None if p.grad is None else p.grad.clone() for name, p in encoder.named_parameters()}
+    rng = torch.get_rng_state()
+    trained = [p for p in encoder.parameters() if p.requires_grad]
+
+    def rows_as_bytes(run, device):
+        rep = run()
+        return 1000 + 10 * len(rep), rep
+
+    fits = measure_fits(
+        encoder, columns, AutocastState.capture(), trained, torch.device("cpu"), (2, 4), rows_as_bytes
+    )
+    assert fits["query"].fixed == pytest.approx(1000) and fits["query"].per_row == pytest.approx(10)
+    assert fits["query"].length == 7 and fits["query"].width == encoder.mlm.config.vocab_size
+    assert torch.equal(torch.get_rng_state(), rng)
+    for name, p in encoder.named_parameters():
+        assert (p.grad is None) == (before[name] is None), name
+        if p.grad is not None:
+            assert torch.equal(p.grad, before[name]), name
+
+
+def test_cpu_ignores_a_size_with_one_warning(config) -> None:
+    """On a CPU a size is ignored with one warning (the defaults run), auto quietly."""
+    encoder = make_encoder(config)
+    engine = GradCache(encoder, max_memory="4GiB")
+    with pytest.warns(UserWarning, match="max_memory='4GiB' is ignored on cpu"):
+        engine.step(make_columns(4, 2), contrastive_flops_loss)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine.step(make_columns(4, 2), contrastive_flops_loss)  # once only
+        GradCache(encoder, max_memory="auto").step(make_columns(4, 2), contrastive_flops_loss)
+    assert engine.memory_plan is None and engine.config.mini_batch_size == 32
+
+
+def test_data_parallel_refuses_a_size(config) -> None:
+    """Under data parallelism a size is refused (ranks must agree on one plan); auto is ignored."""
+    with pytest.raises(ValueError, match="max_memory='4GiB' is not supported under data parallelism"):
+        MemoryPlanner(GradCacheConfig(max_memory="4GiB"), make_encoder(config), data_parallel=True)
+    planner = MemoryPlanner(GradCacheConfig(max_memory="auto"), make_encoder(config), data_parallel=True)
+    assert not planner.needs_plan(make_columns(4, 2))
+
+
+@pytest.mark.gpu
+def test_real_probe_keeps_the_measured_peak_within_the_budget(config) -> None:
+    """On a GPU: the planned step's measured peak stays under max_memory, with the gradients of the same
+    mini-batches run without a plan (bitwise: the probe restores gradients and RNG)."""
+    columns = {k: {n: t.cuda() for n, t in f.items()} for k, f in make_columns(256, 2).items()}
+    encoder = make_encoder(config, train=True).cuda()
+    torch.cuda.synchronize()
+    budget = torch.cuda.memory_allocated() + 96 * MIB
+    engine = GradCache(encoder, max_memory=f"{budget}B")
+    torch.manual_seed(0)
+    engine.step(columns, contrastive_flops_loss)
+    plan = engine.memory_plan
+    assert plan is not None and plan.predicted_peak <= budget
+    planned_grads = grads_of(encoder)
+    encoder.zero_grad(set_to_none=True)
+    torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    engine.step(columns, contrastive_flops_loss)  # the plan reused
+    assert torch.cuda.max_memory_allocated() <= budget, (plan.describe(), torch.cuda.max_memory_allocated())
+    encoder.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    GradCache(encoder, plan.apply(GradCacheConfig())).step(columns, contrastive_flops_loss)
+    for name, grad in grads_of(encoder).items():
+        assert torch.equal(grad, planned_grads[name]), name
