@@ -165,7 +165,7 @@ class MemoryPlan:
     budget: int
     mini_batch_size: dict[str, int]
     cuda_graphs: bool
-    reuse_argmax: bool | None
+    reuse_argmax: bool | None  # False: turned off by the plan; None: as configured
     checkpointing: bool
     predicted_peak: int
     resident: int
@@ -198,7 +198,7 @@ class MemoryPlan:
             f"{format_bytes(self.fits[column].fixed)} + {format_bytes(self.fits[column].per_row)}/row)"
             for column, size in self.mini_batch_size.items()
         )
-        reuse = "as configured" if self.reuse_argmax is None else ("on" if self.reuse_argmax else "off")
+        reuse = "as configured" if self.reuse_argmax is None else "off (its records would cost rows)"
         return (
             f"max_memory {format_bytes(self.budget)}: mini-batches {columns}; CUDA graphs "
             f"{'on' if self.cuda_graphs else 'off'}, activation checkpointing "
@@ -361,7 +361,10 @@ def _plan(
         budget=budget,
         mini_batch_size={c: max(1, chosen.sizes[c]) for c in rows},
         cuda_graphs=chosen.graphs,
-        reuse_argmax=chosen.records if choices.reuse_argmax is None and not chosen.graphs else None,
+        # Turned off only where left to its default and its records cost rows (graphs turn it off themselves).
+        reuse_argmax=False
+        if choices.reuse_argmax is None and not chosen.records and not chosen.graphs
+        else None,
         checkpointing=checkpointing,
         predicted_peak=chosen.peak,
         resident=chosen.resident,
