@@ -297,3 +297,13 @@ def test_real_probe_keeps_the_measured_peak_within_the_budget(config) -> None:
     GradCache(encoder, plan.apply(GradCacheConfig())).step(columns, contrastive_flops_loss)
     for name, grad in grads_of(encoder).items():
         assert torch.equal(grad, planned_grads[name]), name
+
+
+def test_explicit_cuda_graphs_plans_rows_under_graphs() -> None:
+    """cuda_graphs=True given: the plan keeps graphs and sizes the mini-batches for their pool."""
+    choices = PlanChoices(dict.fromkeys(ROWS), cuda_graphs=True, graphs_possible=True)
+    plan = choose_plan(
+        24 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), choices
+    )
+    assert plan.cuda_graphs and plan.mini_batch_size["query"] > GRAPH_ROWS
+    assert plan.predicted_peak <= 24 * GIB * (1 - PLAN_MARGIN)

@@ -253,8 +253,7 @@ def choose_plan(
         chosen = _pick(candidates, rows, choices, usable)
         if chosen is not None:
             return _plan(budget, rows, fits, chosen, choices, checkpointing, usable)
-        eager = [c for c in candidates if not c.graphs]
-        last = (checkpointing, fits, min(eager, key=lambda c: c.peak))
+        last = (checkpointing, fits, min(candidates, key=lambda c: c.peak))
     assert last is not None
     checkpointing, fits, smallest = last
     if any(size is not None for size in choices.mini_batch_size.values()):
