@@ -59,7 +59,7 @@ from benchmarks.real_workload.workloads import (
 from gradcache_sparton import CachedLoss, SpladeEncoder
 from gradcache_sparton.resources import default_tokenizer_path
 
-__all__ = ["Config", "HAND_TUNED", "main", "parse_args", "ratios"]
+__all__ = ["HAND_TUNED", "Config", "main", "parse_args", "ratios"]
 
 BUDGETS = ("2GiB", "4GiB", "8GiB", "auto")
 
