@@ -124,6 +124,7 @@ _EVERY_FIELD_FLAGS = {
     "check_replay": "false",
     "sparse_reps": "auto",
     "reuse_argmax": "false",
+    "max_memory": "4GiB",
 }
 _EVERY_FIELD_CONFIG = {
     "mini_batch_size": {"query": 2, "positive": 4, "negative_1": 4},
@@ -136,6 +137,7 @@ _EVERY_FIELD_CONFIG = {
     "check_replay": False,
     "sparse_reps": "auto",
     "reuse_argmax": False,
+    "max_memory": "4GiB",
 }
 
 
