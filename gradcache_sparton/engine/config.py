@@ -61,7 +61,7 @@ class GradCacheConfig:
         default=None,
         metadata={
             "help": "GPU memory budget of a training step, e.g. 4GiB, 512MiB, 24GB (units B, KB, MB, GB, TB and "
-            "KiB, MiB, GiB, TiB), or auto (what the CUDA device has free at the start, less 10%). On the first "
+            "KiB, MiB, GiB, TiB), or auto (what the CUDA device has free at the start, less a tenth). On the first "
             "step a short measured probe picks what is left unset (mini_batch_size, cuda_graphs, reuse_argmax, "
             "activation checkpointing) for the fastest step whose peak stays within it; explicit settings are "
             "kept; the loss and gradients never change. Bounds torch.cuda.max_memory_allocated. CUDA only (on "
