@@ -668,3 +668,23 @@ def test_several_visible_gpus_never_mean_data_parallel(tmp_path, monkeypatch) ->
     args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), use_cpu=True)
     assert args.n_gpu == 1
     assert args.train_batch_size == args.per_device_train_batch_size
+
+
+def test_trainer_logs_the_memory_plan_once(tmp_path, tokenizer) -> None:
+    """A max_memory plan reaches the trainer's logs (memory_plan_* entries) with the first log after it, once."""
+    from gradcache_sparton.engine.memory_plan import ColumnFit, Footprint, PlanChoices, choose_plan
+
+    rows = {"query": 32, "positive": 32}
+    fits = {column: ColumnFit(0.0, 2**20, 16) for column in rows}
+    footprint = Footprint(allocated=0, grads=0, optimizer=0, trainable=0, rep_cache=0, records=0)
+    plan = choose_plan(2**30, rows, lambda on: fits, footprint, PlanChoices(dict.fromkeys(rows)))
+    trainer = CachedSpladeTrainer(
+        _encoder(tokenizer, dropout=0.0), _args(tmp_path, max_memory="1GiB"), processing_class=tokenizer
+    )
+    trainer.memory_plan = plan
+    for expected in (True, False):
+        trainer._component_sums, trainer._component_calls = {"contrastive": torch.tensor(1.0)}, 1
+        logs = {"loss": 1.0}
+        trainer.log(logs)
+        assert ("memory_plan_mini_batch_size_query" in logs) is expected
+        assert not expected or logs["memory_plan_budget_gib"] == 1.0

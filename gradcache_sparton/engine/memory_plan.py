@@ -56,7 +56,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PLAN_MARGIN = 0.10
+PLAN_MARGIN = 0.05
 """Fraction of the budget kept free: the fit's error, the allocator's rounding, small temporaries."""
 AUTO_MARGIN = 0.10
 """``"auto"``: this fraction of what the device has free (plus what this process holds) is left aside."""
