@@ -307,3 +307,18 @@ def test_explicit_cuda_graphs_plans_rows_under_graphs() -> None:
     )
     assert plan.cuda_graphs and plan.mini_batch_size["query"] > GRAPH_ROWS
     assert plan.predicted_peak <= 24 * GIB * (1 - PLAN_MARGIN)
+
+
+def test_the_loss_over_the_whole_batch_counts_too() -> None:
+    """A batch whose reps alone (Step (2)) exceed the budget fits no plan, whatever the mini-batch."""
+    footprint = Footprint(allocated=GIB, grads=0, optimizer=0, trainable=0, rep_cache=2 * GIB, records=0)
+    assert footprint.loss_peak() == 4 * GIB
+    fits = {False: _fits(0.0, MIB), True: _fits(0.0, MIB)}
+    with pytest.raises(ValueError, match="too small"):
+        choose_plan(
+            4 * GIB,
+            ROWS,
+            _measure(fits, []),
+            footprint,
+            PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True),
+        )

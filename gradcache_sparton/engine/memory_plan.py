@@ -142,6 +142,11 @@ class Footprint:
         base = self.allocated + self.grads + self.optimizer + self.rep_cache
         return base + (self.records if records else 0) + (self.trainable if graphs else 0)
 
+    def loss_peak(self) -> int:
+        """Bytes at Step (2), the loss over the whole batch: what is resident, the reps and their gradients,
+        and temporaries of about half as much again (a regularizer's |r|, the loss's own gradients)."""
+        return self.allocated + self.grads + self.optimizer + self.rep_cache * 3 // 2
+
 
 @dataclass(frozen=True)
 class PlanChoices:
@@ -262,9 +267,11 @@ def choose_plan(
     raise ValueError(
         f"max_memory {format_bytes(budget)} is too small for this model and batch: {MIN_ROWS} rows per "
         f"mini-batch need a predicted {format_bytes(need)} (resident {format_bytes(smallest.resident)}: "
-        f"weights, gradients, optimizer state, the batch's reps), activation checkpointing "
+        f"weights, gradients, optimizer state, the batch's reps), the loss over the whole batch "
+        f"{format_bytes(footprint.loss_peak())}, activation checkpointing "
         f"{'on' if checkpointing else 'not available'}, and {PLAN_MARGIN:.0%} is kept free; raise max_memory, "
-        "lower per_device_train_batch_size, or set mini_batch_size to run regardless"
+        "lower per_device_train_batch_size, keep the reps sparse (sparse_reps), or set mini_batch_size to run "
+        "regardless"
     )
 
 
@@ -295,7 +302,7 @@ def _candidates(
                 if graphs and choices.cuda_graphs is None:
                     largest = min(largest, GRAPH_ROWS)
                 sizes[column] = explicit if explicit is not None else largest
-            peak = resident + max(factor * fits[c].peak(sizes[c]) for c in rows)
+            peak = max(resident + max(factor * fits[c].peak(sizes[c]) for c in rows), footprint.loss_peak())
             candidates.append(_Candidate(sizes, graphs, records, int(peak), resident))
     return candidates
 
