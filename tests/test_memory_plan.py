@@ -274,29 +274,30 @@ def test_data_parallel_refuses_a_size(config) -> None:
 
 
 @pytest.mark.gpu
-def test_real_probe_keeps_the_measured_peak_within_the_budget(config) -> None:
-    """On a GPU: the planned step's measured peak stays under max_memory, with the gradients of the same
-    mini-batches run without a plan (bitwise: the probe restores gradients and RNG)."""
+def test_real_probe_keeps_the_measured_peak_within_the_budget(tiny_bert_config) -> None:
+    """On a GPU: a budget the probe's own fit puts at about 64 of 256 rows splits the batch, the planned
+    step's measured peak stays under it, and the gradients are those of the plan's options run without a
+    plan (the probe put back what it accumulated; RTOL_FP32: CUDA's embedding backward sums atomically)."""
+    config = small_config(tiny_bert_config, dropout=0.0)
     columns = {k: {n: t.cuda() for n, t in f.items()} for k, f in make_columns(256, 2).items()}
     encoder = make_encoder(config, train=True).cuda()
-    torch.cuda.synchronize()
-    budget = torch.cuda.memory_allocated() + 96 * MIB
+    measuring = GradCache(encoder, max_memory="auto")
+    measuring.encode(columns)  # plans (autograd on), then Step (1) only
+    first = measuring.memory_plan
+    assert first is not None and first.mini_batch_size == {"query": 256, "positive": 256}
+    budget = int((first.resident + max(fit.peak(64) for fit in first.fits.values())) / (1 - PLAN_MARGIN))
     engine = GradCache(encoder, max_memory=f"{budget}B")
-    torch.manual_seed(0)
     engine.step(columns, contrastive_flops_loss)
     plan = engine.memory_plan
-    assert plan is not None and plan.predicted_peak <= budget
+    assert plan is not None and plan.predicted_peak <= budget and max(plan.mini_batch_size.values()) < 256
     planned_grads = grads_of(encoder)
     encoder.zero_grad(set_to_none=True)
     torch.cuda.reset_peak_memory_stats()
-    torch.manual_seed(0)
     engine.step(columns, contrastive_flops_loss)  # the plan reused
     assert torch.cuda.max_memory_allocated() <= budget, (plan.describe(), torch.cuda.max_memory_allocated())
     encoder.zero_grad(set_to_none=True)
-    torch.manual_seed(0)
     GradCache(encoder, plan.apply(GradCacheConfig())).step(columns, contrastive_flops_loss)
-    for name, grad in grads_of(encoder).items():
-        assert torch.equal(grad, planned_grads[name]), name
+    assert_grads_close(grads_of(encoder), planned_grads, rtol=RTOL_FP32)
 
 
 def test_explicit_cuda_graphs_plans_rows_under_graphs() -> None:
