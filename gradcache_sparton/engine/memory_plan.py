@@ -43,6 +43,7 @@ from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
 from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.memory_size import AUTO, format_bytes, size_bytes
+from gradcache_sparton.engine.rng_state import cuda_devices_of
 from gradcache_sparton.engine.types import Columns
 
 __all__ = [
@@ -507,7 +508,9 @@ def measure_fits(
             p.grad = torch.zeros_like(p)
     fits = {}
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        # Dropout draws from the generators of the inputs' device and of every device holding a weight.
+        cuda = {*cuda_devices_of(trained), *([device.index] if device.type == "cuda" else [])}
+        with torch.random.fork_rng(devices=sorted(cuda)):
             for column, features in columns.items():
                 batch = _rows(features)
                 points = []
