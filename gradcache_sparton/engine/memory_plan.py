@@ -285,8 +285,10 @@ def _candidates(
     checkpointing: bool,
 ) -> list[_Candidate]:
     graphs_options = [False]
-    if choices.cuda_graphs is not False and choices.graphs_possible and choices.reuse_argmax is not True:
-        graphs_options = [True] if choices.cuda_graphs else [False, True]
+    if choices.cuda_graphs is True:  # asked for: kept (the engine says if it cannot run them)
+        graphs_options = [True]
+    elif choices.cuda_graphs is None and choices.graphs_possible and choices.reuse_argmax is not True:
+        graphs_options = [False, True]
     candidates = []
     for graphs in graphs_options:
         if graphs:
@@ -478,7 +480,8 @@ class MemoryPlanner:
             owner.gradient_checkpointing_disable()
         self.plan = plan
         self._planned_once = True
-        logger.info("%s", plan.describe())
+        over = plan.predicted_peak > budget * (1 - PLAN_MARGIN)  # an explicit mini_batch_size kept
+        logger.log(logging.WARNING if over else logging.INFO, "%s", plan.describe())
         return plan.apply(self.config)
 
 
