@@ -45,7 +45,7 @@ def config(tiny_bert_config):
 
 
 def _footprint(resident: int = GIB, records: int = 0) -> Footprint:
-    return Footprint(allocated=resident, grads=0, optimizer=0, trainable=0, rep_cache=0, records=records)
+    return Footprint(allocated=resident, grads=0, optimizer=0, rep_cache=0, records=records)
 
 
 def _measure(fits: dict[bool, dict[str, ColumnFit]], calls: list[bool]):
@@ -312,7 +312,7 @@ def test_explicit_cuda_graphs_plans_rows_under_graphs() -> None:
 
 def test_the_loss_over_the_whole_batch_counts_too() -> None:
     """A batch whose reps alone (Step (2)) exceed the budget fits no plan, whatever the mini-batch."""
-    footprint = Footprint(allocated=GIB, grads=0, optimizer=0, trainable=0, rep_cache=2 * GIB, records=0)
+    footprint = Footprint(allocated=GIB, grads=0, optimizer=0, rep_cache=2 * GIB, records=0)
     assert footprint.loss_peak() == 4 * GIB
     fits = {False: _fits(0.0, MIB), True: _fits(0.0, MIB)}
     with pytest.raises(ValueError, match="too small"):

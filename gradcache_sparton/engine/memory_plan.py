@@ -126,22 +126,22 @@ class Footprint:
 
     ``allocated``: already allocated when planning (weights, the batch, gradients and optimizer state
     that exist); ``grads``: parameter gradients not allocated yet; ``optimizer``: optimizer state not
-    allocated yet (estimated); ``trainable``: the trained parameters' size (CUDA graphs keep one more
-    gradient-sized buffer); ``rep_cache``: the whole batch's reps and their gradients; ``records``:
-    ``reuse_argmax``'s records of the whole batch, were it on.
+    allocated yet (estimated); ``rep_cache``: the whole batch's reps and their gradients; ``records``:
+    ``reuse_argmax``'s records of the whole batch, were it on. (CUDA graphs add into buffers that become
+    the parameters' ``.grad``: no more than ``grads``.)
     """
 
     allocated: int
     grads: int
     optimizer: int
-    trainable: int
     rep_cache: int
     records: int
 
-    def resident(self, *, records: bool, graphs: bool) -> int:
-        """Bytes held through Step (3) with or without ``reuse_argmax``'s records and CUDA graphs."""
-        base = self.allocated + self.grads + self.optimizer + self.rep_cache
-        return base + (self.records if records else 0) + (self.trainable if graphs else 0)
+    def resident(self, *, records: bool) -> int:
+        """Bytes held through Step (3), with or without ``reuse_argmax``'s records."""
+        return (
+            self.allocated + self.grads + self.optimizer + self.rep_cache + (self.records if records else 0)
+        )
 
     def loss_peak(self) -> int:
         """Bytes at Step (2), the loss over the whole batch: what is resident, the reps and their gradients,
@@ -296,7 +296,7 @@ def _candidates(
         else:
             records_options = [True, False] if choices.reuse_argmax is None else [choices.reuse_argmax]
         for records in records_options:
-            resident = footprint.resident(records=records, graphs=graphs)
+            resident = footprint.resident(records=records)
             factor = GRAPH_POOL_FACTOR if graphs else 1.0
             sizes = {}
             for column, cap in rows.items():
@@ -575,7 +575,6 @@ def _footprint(
         allocated=torch.cuda.memory_allocated(device),
         grads=missing,
         optimizer=2 * trainable if first else 0,
-        trainable=trainable,
         rep_cache=int(rep_cache),
         records=int(records),
     )
