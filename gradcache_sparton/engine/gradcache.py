@@ -21,7 +21,8 @@ The pieces, one concept a module: the options (:mod:`~gradcache_sparton.engine.c
 (:mod:`~gradcache_sparton.engine.checks`), how one mini-batch runs (eagerly,
 :mod:`~gradcache_sparton.engine.run_eager`; with a forward memo, :mod:`~gradcache_sparton.engine.run_memo`;
 as CUDA graphs, :mod:`~gradcache_sparton.engine.cuda_graphs`; chosen once, when the engine is built),
-the reps in either layout (:mod:`~gradcache_sparton.engine.reps`), the captured states
+the options a memory budget chooses on the first step (``max_memory``,
+:mod:`~gradcache_sparton.engine.memory_plan`), the reps in either layout (:mod:`~gradcache_sparton.engine.reps`), the captured states
 (:mod:`~gradcache_sparton.engine.rng_state`, :mod:`~gradcache_sparton.engine.autocast_state`,
 :mod:`~gradcache_sparton.engine.grad_state`) and data parallelism
 (:mod:`~gradcache_sparton.engine.distributed`: Step (2) sees every rank's reps, Step (3) replays W
