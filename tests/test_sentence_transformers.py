@@ -549,6 +549,33 @@ def test_data_parallel_replicas_run_their_own_weights(backbone_dir) -> None:
         assert (ours - theirs).abs().max() > 1.0
 
 
+def test_data_parallel_replicas_keep_the_callers_autocast_dtype(backbone_dir) -> None:
+    """A DataParallel replica of a converted model, run in a thread of its own with autocast re-entered
+    without a dtype (as parallel_apply does), computes in the dtype of the thread that replicated it, not in
+    that thread's default (the GPU acceptance run's bf16 trainer on 2 GPUs computed in fp16)."""
+    import threading
+
+    model = use_sparton_head(sparse_encoder(backbone_dir).to(torch.float32))
+    batch = {k: v for k, v in features(model, QUERIES).items() if isinstance(v, torch.Tensor)}
+    with torch.autocast("cpu", dtype=torch.float16):  # the caller's dtype, not the CPU default (bf16)
+        replica = model._replicate_for_data_parallel()
+    seen = _AutocastSeen(model[0].auto_model.cls.predictions.transform, "cpu")  # the replica shares it
+    failures = []
+
+    def replica_thread() -> None:
+        try:
+            with torch.no_grad(), torch.autocast("cpu", enabled=True):
+                replica(dict(batch))
+        except Exception as exc:  # re-raised in the test's thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=replica_thread)
+    thread.start()
+    thread.join()
+    assert not failures, failures
+    assert seen.dtypes == [torch.float16]
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_cached_bf16_gradients_match_sentence_transformers_splade_loss(backbone_dir, device: str) -> None:
     """Under bf16 autocast, our cached loss on the converted model gives sentence-transformers' own

@@ -11,10 +11,12 @@ modules, parameters and save format. :func:`as_rep_encoder` gives the engine's v
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
 
 from gradcache_sparton.modeling import SpladeEncoder
@@ -29,6 +31,8 @@ _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids"
 
 # The instance attribute use_sparton_head sets on the model it converts (copied with it by deepcopy).
 _CONVERTED_MARK = "_gradcache_sparton_head"
+# On a DataParallel replica: (device type, autocast dtype) of the thread that replicated it.
+_REPLICA_AUTOCAST = "_gradcache_sparton_replica_autocast"
 
 
 def _import_sentence_transformers() -> types.ModuleType:
@@ -159,12 +163,18 @@ def _replicate_with_own_forward(self: SparseEncoder) -> SparseEncoder:
 
     The converted forward (and any wrapper bound over it, such as accelerate's autocast) is a method bound
     to ``self``: copied as is, every replica would run the original model's weights on its own device.
+    The replica also keeps the autocast dtype in force here, in the caller's thread: DataParallel runs
+    each replica in a thread of its own and re-enters autocast there without a dtype, so a bf16 run would
+    get the thread default, fp16 (autocast state is thread-local).
     """
     replica = type(self)._replicate_for_data_parallel(self)
     forward = replica.__dict__.get("forward")
     if isinstance(forward, types.MethodType) and forward.__self__ is self:
         replica.forward = types.MethodType(forward.__func__, replica)
     replica.__dict__.pop("_replicate_for_data_parallel", None)
+    device_type = next(self.parameters()).device.type
+    if torch.is_autocast_enabled(device_type):
+        replica.__dict__[_REPLICA_AUTOCAST] = (device_type, torch.get_autocast_dtype(device_type))
     return replica
 
 
@@ -185,8 +195,18 @@ def _sparton_forward(self: SparseEncoder, input: dict[str, Any], **kwargs: Any) 
     # Built per call: it holds no state, only the backbone's own modules and parameters, so it can
     # never go stale (device moves, dtype casts, re-tied decoders).
     encoder = SpladeEncoder(self[0].auto_model, special_token_ids=getattr(self[1], "special_token_ids", ()))
-    input["sentence_embedding"] = encoder(**{key: input[key] for key in _MODEL_INPUTS if key in input})
+    with _replica_autocast(self):
+        input["sentence_embedding"] = encoder(**{key: input[key] for key in _MODEL_INPUTS if key in input})
     return input
+
+
+def _replica_autocast(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """The caller's autocast dtype again, in a DataParallel replica's thread where autocast is on (else
+    nothing): see :func:`_replicate_with_own_forward`."""
+    kept = model.__dict__.get(_REPLICA_AUTOCAST)
+    if kept is None or not torch.is_autocast_enabled(kept[0]):
+        return contextlib.nullcontext()
+    return torch.autocast(kept[0], dtype=kept[1])
 
 
 class _RepEncoder(nn.Module):
