@@ -27,11 +27,10 @@ from gradcache_sparton.engine.memory_plan import (
     PLAN_MARGIN,
     ColumnFit,
     Footprint,
-    MemoryPlanner,
     PlanChoices,
     choose_plan,
-    measure_fits,
 )
+from gradcache_sparton.engine.memory_probe import MemoryPlanner, measure_fits
 from gradcache_sparton.engine.memory_size import format_bytes, parse_max_memory, size_bytes
 
 RTOL_FP32 = 1e-5  # see the module docstring

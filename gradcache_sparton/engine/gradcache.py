@@ -69,7 +69,8 @@ from gradcache_sparton.engine.distributed import (
     gather_global_batch,
 )
 from gradcache_sparton.engine.grad_state import GradState
-from gradcache_sparton.engine.memory_plan import MemoryPlan, MemoryPlanner
+from gradcache_sparton.engine.memory_plan import MemoryPlan
+from gradcache_sparton.engine.memory_probe import MemoryPlanner
 from gradcache_sparton.engine.mini_batch import Rows, iter_mini_batches
 from gradcache_sparton.engine.reps import StepReps, leaf, leaf_grad, mini_batch_grad, replay_grads
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of

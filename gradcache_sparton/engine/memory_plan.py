@@ -1,7 +1,7 @@
 """``max_memory``: the engine options that make a step fastest within a memory budget, from a measured probe.
 
 On the first training step (and again when a batch is longer or larger than the one planned for), on
-CUDA only, :class:`MemoryPlanner` measures, per column at the batch's padded length, the peak memory
+CUDA only, :class:`~gradcache_sparton.engine.memory_probe.MemoryPlanner` measures, per column at the batch's padded length, the peak memory
 (``torch.cuda.max_memory_allocated``) of one mini-batch's forward and backward as Step (3) runs it (under
 the step's autocast) at a few row counts, fits ``peak(rows) = fixed + per_row * rows``
 (:class:`ColumnFit`), and :func:`choose_plan` picks:
@@ -30,37 +30,26 @@ Legend: B rows of a column, S its padded length, V rep width.
 
 from __future__ import annotations
 
-import logging
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from gradcache_sparton.engine.autocast_state import AutocastState
-from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
-from gradcache_sparton.engine.grad_state import GradState
-from gradcache_sparton.engine.memory_size import AUTO, format_bytes, size_bytes
-from gradcache_sparton.engine.rng_state import cuda_devices_of
+from gradcache_sparton.engine.config import GradCacheConfig
+from gradcache_sparton.engine.memory_size import format_bytes
 from gradcache_sparton.engine.types import Columns
 
 __all__ = [
     "ColumnFit",
     "Footprint",
     "MemoryPlan",
-    "MemoryPlanner",
     "PlanChoices",
     "choose_plan",
 ]
 
-logger = logging.getLogger(__name__)
-
 PLAN_MARGIN = 0.05
 """Fraction of the budget kept free: the fit's error, the allocator's rounding, small temporaries."""
-AUTO_MARGIN = 0.10
-"""``"auto"``: this fraction of what the device has free (plus what this process holds) is left aside."""
 MIN_ROWS = 16
 """Fewer rows than this (or the column's rows, if fewer) per mini-batch: activation checkpointing instead."""
 GRAPH_ROWS = 32
@@ -71,10 +60,6 @@ GRAPH_POOL_FACTOR = 1.25
 """A graphed mini-batch's peak over its eager one: the pool, and each shape's static inputs and outputs."""
 REUSE_ARGMAX_KEEP = 0.9
 """``reuse_argmax`` stays on (when left to its default) if it keeps this fraction of the mini-batch rows."""
-PROBE_ROWS = (8, 16, 32)
-"""Row counts the probe measures (those up to the column's rows)."""
-_RECORD_BYTES = 12  # reuse_argmax: a max (4 bytes) and an argmax (8) per non-zero rep entry
-_SPARSE_ENTRY_BYTES = 12  # sparse_reps: a weight (4 bytes) and an int64 id (8) per non-zero
 
 
 @dataclass(frozen=True)
@@ -381,236 +366,6 @@ def _plan(
         rows=dict(rows),
         reason="; ".join(reasons),
     )
-
-
-class MemoryPlanner:
-    """Plans ``config``'s unset options within its ``max_memory`` for the batches an engine runs.
-
-    Args:
-        config: the options as given (before the engine's automatic defaults), with ``max_memory`` set.
-        encoder: the engine's encoder.
-        data_parallel: the engine runs under data parallelism (a size is refused: the ranks would have to
-            agree on one plan; ``"auto"`` is ignored).
-
-    Attributes:
-        plan: the plan in effect (None before the first planned step, or where nothing is planned).
-    """
-
-    def __init__(self, config: GradCacheConfig, encoder: object, *, data_parallel: bool) -> None:
-        if data_parallel and config.max_memory != AUTO:
-            raise ValueError(
-                f"max_memory={config.max_memory!r} is not supported under data parallelism (DDP, FSDP, gathering "
-                "across ranks): every rank would have to run the same plan; set mini_batch_size (and "
-                "activation_checkpointing) instead, or max_memory auto, which is ignored there"
-            )
-        self.config = config
-        self.encoder = encoder
-        self.plan: MemoryPlan | None = None
-        self._off = data_parallel
-        if data_parallel:
-            logger.info("max_memory auto is not planned under data parallelism: the engine's defaults apply")
-        self._planned_once = False
-
-    def needs_plan(self, columns: Columns) -> bool:
-        """Whether ``columns`` are to be planned for now: a training step (autograd on) on CUDA, the first
-        or one larger (rows, padded length) than the plan's. Off CUDA, warns once (for a size) and says no."""
-        if self._off or not torch.is_grad_enabled():
-            return False
-        device = _device(columns)
-        if device.type != "cuda":
-            self._off = True
-            if self.config.max_memory != AUTO:
-                warnings.warn(
-                    f"max_memory={self.config.max_memory!r} is ignored on {device.type}: the memory plan measures "
-                    "CUDA memory; the engine's defaults apply (mini_batch_size 32 unless set)",
-                    stacklevel=3,
-                )
-            return False
-        return self.plan is None or not self.plan.covers(columns)
-
-    def plan_for(self, columns: Columns, autocast: AutocastState) -> GradCacheConfig:
-        """Measure, choose and log a plan for ``columns``; the given config with it applied. Turns on the
-        encoder's activation checkpointing when the plan needs it."""
-        device = _device(columns)
-        budget = _budget_bytes(self.config.max_memory, device)
-        checkpointing = _checkpointing_on(self.encoder)
-        choices = PlanChoices(
-            mini_batch_size=self.config.mini_batch_sizes(columns),
-            cuda_graphs=self.config.cuda_graphs,
-            reuse_argmax=self.config.reuse_argmax,
-            checkpointing=checkpointing,
-            can_checkpoint=_checkpointing_owner(self.encoder) is not None,
-            graphs_possible=isinstance(self.encoder, nn.Module)
-            and self.config.mini_batch_tokens is None
-            and not is_compiled(self.encoder),
-        )
-        modules = self.encoder if isinstance(self.encoder, nn.Module) else nn.Module()
-        trained = [p for p in modules.parameters() if p.requires_grad]
-        measured: dict[bool, dict[str, ColumnFit]] = {}
-
-        def measure(with_checkpointing: bool) -> dict[str, ColumnFit]:
-            owner = _checkpointing_owner(self.encoder)
-            if with_checkpointing and owner is not None and not _checkpointing_on(self.encoder):
-                owner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            measured[with_checkpointing] = measure_fits(self.encoder, columns, autocast, trained, device)
-            return measured[with_checkpointing]
-
-        # The footprint needs the reps' width and density: measure once without, before choosing.
-        fits = measure(checkpointing)
-        footprint = _footprint(columns, fits, trained, device, self.config, first=not self._planned_once)
-        owner = _checkpointing_owner(self.encoder)
-        try:
-            plan = choose_plan(
-                budget,
-                {column: _rows(features) for column, features in columns.items()},
-                lambda on: measured[on] if on in measured else measure(on),
-                footprint,
-                choices,
-            )
-        except ValueError:
-            if owner is not None and not checkpointing and _checkpointing_on(self.encoder):
-                owner.gradient_checkpointing_disable()  # turned on to measure: back as it was
-            raise
-        if (
-            owner is not None
-            and not checkpointing
-            and not plan.checkpointing
-            and _checkpointing_on(self.encoder)
-        ):
-            owner.gradient_checkpointing_disable()
-        self.plan = plan
-        self._planned_once = True
-        over = plan.predicted_peak > budget * (1 - PLAN_MARGIN)  # an explicit mini_batch_size kept
-        logger.log(logging.WARNING if over else logging.INFO, "%s", plan.describe())
-        return plan.apply(self.config)
-
-
-def measure_fits(
-    encoder: Callable[..., Tensor],
-    columns: Columns,
-    autocast: AutocastState,
-    trained: Sequence[nn.Parameter],
-    device: torch.device,
-    probe_rows: Sequence[int] = PROBE_ROWS,
-    peak_bytes: Callable[[Callable[[], Tensor], torch.device], tuple[int, Tensor]] | None = None,
-) -> dict[str, ColumnFit]:
-    """Each column's :class:`ColumnFit`: the peak memory of one forward and backward of its first r rows at
-    its padded length, for r in ``probe_rows`` (those up to its rows), as Step (3) runs a mini-batch
-    (under ``autocast``). ``peak_bytes(run, device)`` calls ``run`` and returns the peak bytes allocated
-    above what was allocated before, with ``run``'s reps (default: ``torch.cuda.max_memory_allocated``,
-    which it resets).
-
-    The gradients the probe accumulates, and its RNG draws (dropout), are put back: training continues as
-    if it had not run. Gradients that did not exist are created (zeros) before measuring, so the fit holds
-    activations only, and removed after.
-    """
-    peak_bytes = peak_bytes or _cuda_peak_bytes
-    grads = GradState.capture(trained)
-    for p in trained:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    fits = {}
-    try:
-        # Dropout draws from the generators of the inputs' device and of every device holding a weight.
-        cuda = {*cuda_devices_of(trained), *([device.index] if device.type == "cuda" else [])}
-        with torch.random.fork_rng(devices=sorted(cuda)):
-            for column, features in columns.items():
-                batch = _rows(features)
-                points = []
-                for rows in sorted({min(r, batch) for r in probe_rows}):
-                    part = {name: tensor[:rows] for name, tensor in features.items()}
-
-                    def run(part: Mapping[str, Tensor] = part) -> Tensor:
-                        with autocast.replay(), torch.enable_grad():
-                            rep = encoder(**part)  # [rows, V]
-                        rep.backward(torch.ones_like(rep))
-                        return rep.detach()
-
-                    peak, rep = peak_bytes(run, device)
-                    points.append((rows, peak))
-                fits[column] = ColumnFit.from_points(
-                    points,
-                    _length(features),
-                    width=rep.shape[-1],
-                    rep_bytes=rep.element_size(),
-                    density=float((rep != 0).float().mean()),
-                )
-    finally:
-        grads.restore()
-    return fits
-
-
-def _cuda_peak_bytes(run: Callable[[], Tensor], device: torch.device) -> tuple[int, Tensor]:
-    """``run()``'s peak ``torch.cuda.max_memory_allocated`` above what was allocated before, and its result."""
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    result = run()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before, result
-
-
-def _footprint(
-    columns: Columns,
-    fits: Mapping[str, ColumnFit],
-    trained: Sequence[nn.Parameter],
-    device: torch.device,
-    config: GradCacheConfig,
-    *,
-    first: bool,
-) -> Footprint:
-    """What a step holds besides its mini-batch. The optimizer's state is estimated, before the first
-    optimizer step, as an Adam-like two values per trained weight; later it is allocated already."""
-    trainable = sum(p.numel() * p.element_size() for p in trained)
-    missing = sum(p.numel() * p.element_size() for p in trained if p.grad is None)
-    rep_cache = records = 0
-    for column, features in columns.items():
-        fit, rows = fits[column], _rows(features)
-        nnz = rows * fit.width * fit.density
-        dense = rows * fit.width * fit.rep_bytes
-        # Reps and their gradients; sparse_reps "true" holds the non-zeros ("auto" may stay dense).
-        rep_cache += 2 * (nnz * _SPARSE_ENTRY_BYTES if config.sparse_reps == "true" else dense)
-        records += nnz * _RECORD_BYTES
-    return Footprint(
-        allocated=torch.cuda.memory_allocated(device),
-        grads=missing,
-        optimizer=2 * trainable if first else 0,
-        rep_cache=int(rep_cache),
-        records=int(records),
-    )
-
-
-def _budget_bytes(max_memory: str | None, device: torch.device) -> int:
-    """``max_memory`` in bytes on ``device``: a size as written, or for ``"auto"`` what is free there plus
-    what this process's allocator holds, less ``AUTO_MARGIN``."""
-    assert max_memory is not None
-    if max_memory != AUTO:
-        return size_bytes(max_memory)
-    free, _ = torch.cuda.mem_get_info(device)
-    return int((free + torch.cuda.memory_reserved(device)) * (1 - AUTO_MARGIN))
-
-
-def _checkpointing_owner(encoder: object) -> nn.Module | None:
-    """The outermost module that can turn on activation checkpointing (``gradient_checkpointing_enable``)."""
-    if not isinstance(encoder, nn.Module):
-        return None
-    for module in encoder.modules():
-        if callable(getattr(module, "gradient_checkpointing_enable", None)) and callable(
-            getattr(module, "gradient_checkpointing_disable", None)
-        ):
-            return module
-    return None
-
-
-def _checkpointing_on(encoder: object) -> bool:
-    """Whether a module of ``encoder`` has activation checkpointing on (transformers' flag)."""
-    if not isinstance(encoder, nn.Module):
-        return False
-    return any(getattr(module, "gradient_checkpointing", False) is True for module in encoder.modules())
-
-
-def _device(columns: Columns) -> torch.device:
-    return next(iter(next(iter(columns.values())).values())).device
 
 
 def _rows(features: Mapping[str, Tensor]) -> int:
