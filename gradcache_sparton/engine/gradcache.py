@@ -204,9 +204,8 @@ class GradCache:
         check_autograd_inputs(columns)
         reps, replay_state = self.encode(columns, loss_kwargs=loss_kwargs)  # Step (1)
         output, rep_grads = self.rep_gradients(reps, loss_fn, **loss_kwargs)  # Step (2)
-        grads = replay_grads(
-            reps, rep_grads, replay_state.mini_batches
-        )  # sparse columns: placed by mini-batch
+        # Sparse columns' gradients are placed by mini-batch.
+        grads = replay_grads(reps, rep_grads, replay_state.mini_batches)
         del reps  # Step (3) needs only the gradients: free the reps before re-encoding
         self.replay(replay_state, grads)  # Step (3)
         return output
