@@ -130,7 +130,7 @@ def test_parse_recipe_refuses_flags_the_protocol_owns() -> None:
 
 def test_crossval_cli_end_to_end(tmp_path: Path, capsys) -> None:
     """Two folds x one seed on a tiny folder: every query held out once, training rows never from a held-out
-    query, the table and the three comparisons written."""
+    query, the table and the three comparisons written, with where the numbers came from."""
     pytest.importorskip("bm25s")
     beir = write_beir(tmp_path / "beir")
     out = tmp_path / "cv"
@@ -153,6 +153,7 @@ def test_crossval_cli_end_to_end(tmp_path: Path, capsys) -> None:
     recipe = results["systems"]["recipe"]["seeds"]["1"]["per_query"]["ndcg_at_10"]
     assert sorted(recipe) == sorted(f"q{i}" for i in range(8))
     assert set(results["comparisons"]) == {"recipe - zero-shot", "recipe - bm25", "zero-shot - bm25"}
+    assert {"device", "torch", "transformers", "gradcache_sparton", "date"} <= set(results["meta"])
     assert (out / "crossval.md").read_text() in report
     assert (out / "runs" / "zero-shot.trec").is_file() and (
         out / "runs" / "recipe-seed1-fold1.trec"

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import json
 import logging
+import platform
 import random
 import time
 from collections.abc import Sequence
@@ -325,6 +328,7 @@ def run_crossval(
     )
 
     results: dict[str, Any] = {
+        "meta": _run_meta(),
         "settings": {**vars(settings), "recipe_flags": list(recipe_flags)},
         "model": model_args.model_name_or_path or model_args.config_name,
         "folds": fold_info,
@@ -402,3 +406,17 @@ def _trained_model_args(model_args: Any, run_dir: Path) -> Any:
     from gradcache_sparton.arguments import ModelArguments
 
     return ModelArguments(model_name_or_path=str(run_dir))
+
+
+def _run_meta() -> dict[str, str]:
+    """Where the numbers came from (``crossval.json`` is a raw result): device, versions, UTC date."""
+    from gradcache_sparton.version import __version__
+
+    on_cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name() if on_cuda else (platform.processor() or "cpu"),
+        "torch": torch.__version__,
+        "transformers": importlib.metadata.version("transformers"),
+        "gradcache_sparton": __version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+    }
