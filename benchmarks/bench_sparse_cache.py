@@ -63,7 +63,7 @@ from torch import Tensor
 from transformers import AutoTokenizer
 
 from benchmarks.common import headless_pyplot, run_stamp
-from benchmarks.harness import autocast, free_memory, int_list, is_oom, name_list
+from benchmarks.harness import autocast, free_memory, int_list, is_oom, measured_row, name_list
 from benchmarks.real_workload.models import calibrate_decoder_bias, nonzeros_per_row, random_model
 from benchmarks.real_workload.steps import splade_loss
 from benchmarks.real_workload.workloads import (
@@ -173,18 +173,7 @@ class Bench:
             "batch": batch,
             "mini_batch": self.args.mini_batch,
         }
-        status = "ok"
-        try:
-            row.update(self.measure(cache, batch, steps))
-        except Exception as exc:  # one configuration's failure must not lose the others' rows
-            if is_oom(exc):
-                status = "OOM"
-            else:
-                traceback.print_exc()
-                status = f"error: {type(exc).__name__}: {exc}"[:300]
-        free_memory(self.device)
-        row["status"] = status
-        return row
+        return measured_row(row, lambda: self.measure(cache, batch, steps), self.device)
 
 
 def synthetic_sparse(rows: int, nnz: int, vocab: int, device: torch.device, seed: int) -> SparseReps:

@@ -28,6 +28,7 @@ __all__ = [
     "free_memory",
     "int_list",
     "is_oom",
+    "measured_row",
     "name_list",
 ]
 
@@ -53,6 +54,26 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "ALLOC_FAILED" in text)
+
+
+def measured_row(
+    row: dict[str, Any], measure: Callable[[], dict[str, Any]], device: torch.device
+) -> dict[str, Any]:
+    """``row`` updated with ``measure()``'s numbers and ``status`` "ok", or status "OOM" / "error: ..." (one
+    broken configuration must not lose the others' rows); memory is freed either way."""
+    status = "ok"
+    try:
+        row.update(measure())
+    except Exception as exc:
+        if is_oom(exc):
+            status = "OOM"
+        else:
+            traceback.print_exc()
+            status = f"error: {type(exc).__name__}: {exc}"[:300]
+    # Outside the except block: the traceback (and the step's graph it references) is gone.
+    free_memory(device)
+    row["status"] = status
+    return row
 
 
 def int_list(text: str) -> list[int]:

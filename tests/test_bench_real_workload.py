@@ -344,3 +344,25 @@ def test_python_profile_writes_the_step_table(tmp_path: Path) -> None:
     text = (tmp_path / "cprofile_base_scifact_ours_reuse-mb16-b64.txt").read_text()
     assert seconds > 0 and "busy_step" in text and "Ordered by: internal time" in text
     assert "Ordered by: cumulative time" in text
+
+
+def test_a_failing_configuration_keeps_its_row() -> None:
+    """harness.measured_row: a configuration that runs out of memory or fails is a row with that status (the
+    error named), one that runs is a row with its numbers and status ok; the header stays either way."""
+    from benchmarks.harness import measured_row
+
+    cpu = torch.device("cpu")
+
+    def oom() -> dict:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    def broken() -> dict:
+        raise ValueError("bad shape")
+
+    assert measured_row({"name": "a"}, lambda: {"pairs_per_s": 3.0}, cpu) == {
+        "name": "a",
+        "pairs_per_s": 3.0,
+        "status": "ok",
+    }
+    assert measured_row({"name": "b"}, oom, cpu) == {"name": "b", "status": "OOM"}
+    assert measured_row({"name": "c"}, broken, cpu) == {"name": "c", "status": "error: ValueError: bad shape"}

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.harness import GiB, StepTimer, free_memory, is_oom
+from benchmarks.harness import GiB, StepTimer, measured_row
 from benchmarks.real_workload.configs import Config, file_stem, header
 from benchmarks.real_workload.models import nonzeros_per_row
 from benchmarks.real_workload.steps import make_ours, make_sentence_transformers, token_budget_parameter
@@ -83,17 +82,4 @@ class Bench:
 
     def run(self, config: Config, path: Path, workload: Workload) -> dict[str, Any]:
         """One row: the measurements, or status "OOM" / "error: ..."; memory is freed either way."""
-        row = header(config)
-        status = "ok"
-        try:
-            row.update(self.measure(config, path, workload))
-        except Exception as exc:  # one broken configuration must not lose the others' rows
-            if is_oom(exc):
-                status = "OOM"
-            else:
-                traceback.print_exc()
-                status = f"error: {type(exc).__name__}: {exc}"[:300]
-        # Outside the except block: the traceback (and the step's graph it references) is gone.
-        free_memory(self.device)
-        row["status"] = status
-        return row
+        return measured_row(header(config), lambda: self.measure(config, path, workload), self.device)
