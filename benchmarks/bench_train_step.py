@@ -341,7 +341,11 @@ class Bench:
         model: nn.Module = encoder if config.head == "sparton" else TorchHeadEncoder(encoder)
         optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-5, fused=self.cuda)
         columns = synthetic_columns(self.scale, config.batch, config.vocab, self.device)
-        cached = CachedLoss(model, self.loss, mini_batch_size=config.mini_batch) if config.cached else None
+        cached = None
+        if config.cached:
+            choice = self.args.reuse_argmax
+            reuse = {} if choice == "auto" else {"reuse_argmax": choice == "on"}
+            cached = CachedLoss(model, self.loss, mini_batch_size=config.mini_batch, **reuse)
 
         def step() -> dict[str, Tensor]:
             with self.autocast():
@@ -798,6 +802,13 @@ def main() -> int:
         "--profile", metavar="NAMES", help="comma list of configurations to profile instead of benchmarking"
     )
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge train_step.json files into --out")
+    parser.add_argument(
+        "--reuse-argmax",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the cached step's reuse_argmax: the engine's automatic default, or forced (to compare with "
+        "trees from before it was automatic, where CachedLoss left it off)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes for a CPU check of the script")
     args = parser.parse_args()
     out = Path(args.out)

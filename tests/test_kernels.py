@@ -559,6 +559,45 @@ def test_triton_forward_nan_beats_inf_and_first_nan_wins(kernel_device, forward)
     torch.testing.assert_close(mx, mx_ref, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.parametrize(
+    ("site", "value", "bounded"),
+    [
+        ("none", 0.0, 1),
+        ("hidden-masked", 1e3, 1),  # large but bounded: D · 1e3 · max|E| stays far below 2^126
+        ("hidden-masked", NAN, 0),  # masked positions count: they only cost the redo
+        ("weight", INF, 0),
+        ("bias", -INF, 0),
+        ("hidden-unmasked", 1e37, 0),  # finite, but D · 1e37 · max|E| passes 2^126: may overflow
+    ],
+)
+def test_logits_bounded_says_when_no_logit_can_be_non_finite(site, value, bounded) -> None:
+    """The forward's fast pass (the plain max) is trusted exactly where this flag is 1: ordinary inputs
+    give 1 (so the fast pass runs), a NaN / inf input or finite inputs whose products may overflow give 0."""
+    from gradcache_sparton.kernels.sparton_forward import _logits_bounded
+
+    h, e, b, _ = _inputs(*NON_FINITE_SHAPE, True, torch.float32, torch.device("cpu"), seed=35)
+    if site != "none":
+        _plant(site, value, h, e, b, torch.zeros(3, 37))
+    assert _logits_bounded(h, e, b).tolist() == [bounded]
+    assert _logits_bounded(h.bfloat16(), e.bfloat16(), None).dtype == torch.int32
+
+
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_triton_forward_finite_inputs_with_overflowing_logits_match_reference(kernel_device, forward) -> None:
+    """Finite inputs whose products overflow fp32 (±inf logits, and inf · 0 = NaN where E is 0) take the
+    NaN-aware pass: max and first argmax as the reference's, although no input is NaN or inf."""
+    h, e, b, m = _inputs(*NON_FINITE_SHAPE, True, torch.float32, kernel_device, seed=36)
+    h[2, 17, 5] = 1e30
+    e[10:20, 5] = 1e20  # logits ±1e50 -> ±inf in columns 10..19 of row 2
+    y, mx, arg = _launch_forward(h, e, b, m, forward)
+    y_ref, mx_ref, arg_ref = sparton_head_reference(h, e, b, m, return_argmax=True)
+    assert mx[2, 10:20].isposinf().all()  # the case is not vacuous
+    _assert_same_non_finite(mx, mx_ref, rtol=1e-5, atol=1e-5)
+    _assert_same_non_finite(y, y_ref, rtol=1e-5, atol=1e-6)
+    clear = ~mx_ref.isfinite() | ((mx_ref > 0) & (_top2_gap(h, e, b, m) > 1e-4))
+    assert torch.equal(arg[clear].long(), arg_ref[clear])
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
 @pytest.mark.parametrize(
     ("value", "site"), [(NAN, "hidden-unmasked"), (INF, "weight"), (NAN, "hidden-masked")]

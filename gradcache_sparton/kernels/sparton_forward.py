@@ -14,8 +14,10 @@ positions folded into a running (max, argmax) kept in registers. The running max
 (equivalent to -inf after relu) and is replaced only on a strictly larger value, so the first sequence
 position wins ties (``tl.max`` breaks ties left inside a tile, ``>`` across tiles). NaN ranks above
 +inf and the first NaN wins, as in ``Tensor.max(dim)``: the reference's non-finite semantics exactly
-(see ``reference.py``). Only the fp32 max [B, V] and int32 argmax [B, V] are written: the [B, S, V]
-logits never exist.
+(see ``reference.py``). That order costs a pass over every tile, so each forward is two launches: the
+plain max, then a NaN-aware launch whose programs redo the work only where the inputs' bound
+(``_logits_bounded``, read on the device) cannot rule out a NaN or infinite logit, and otherwise exit.
+Only the fp32 max [B, V] and int32 argmax [B, V] are written: the [B, S, V] logits never exist.
 
 Packed forward, for short sequences (SPLADE queries, S <= 64): one program per (group of G batch rows,
 vocabulary tile). The G rows' positions, each row padded to S_pad (the next power of two >= S), sit
@@ -54,6 +56,7 @@ def _sparton_fwd_kernel(
     bias_ptr,  # [V] or a dummy when HAS_BIAS is False
     mask_ptr,  # [B, S] uint8 0/1 attention mask
     len_ptr,  # [B] int32: 1 + the last unmasked position of each row (0 for a fully masked row)
+    bounded_ptr,  # [1] int32: 1 where no logit can be NaN or infinite (see _logits_bounded)
     max_ptr,  # [B, V] fp32 out: max_s of the masked logits, clamped at 0
     arg_ptr,  # [B, V] int32 out: first s attaining it (0 where the max is 0)
     B,
@@ -68,6 +71,7 @@ def _sparton_fwd_kernel(
     EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    NAN_AWARE: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -96,6 +100,12 @@ def _sparton_fwd_kernel(
     # Right padding costs nothing: only the S tiles up to the row's last unmasked position are computed.
     k_tiles = tl.cdiv(D, BLOCK_D)
     n_iters = tl.cdiv(tl.load(len_ptr + b), BLOCK_S) * k_tiles
+    # The NaN-aware launch redoes the work only where a logit may be non-finite; elsewhere it does nothing.
+    store_ok = v_ok
+    if NAN_AWARE:
+        bounded = tl.load(bounded_ptr)
+        n_iters = tl.where(bounded == 0, n_iters, 0)
+        store_ok = v_ok & (offs_v * 0 + bounded == 0)  # a [BLOCK_V] mask (the interpreter wants a block)
     acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
     # One flat loop over (S tile, K step) instead of two nested loops: the software pipeline then runs
     # across S tiles, and the next tile's loads overlap the max/argmax epilogue of the previous one.
@@ -127,30 +137,37 @@ def _sparton_fwd_kernel(
             if HAS_BIAS:
                 x = x + bias[:, None]
             x = tl.where(keep[None, :], x, float("-inf"))
-            # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost) position,
-            # in Tensor.max(dim)'s order: NaN above +inf, the first NaN wins. tl.max's own comparisons
-            # drop or keep a NaN depending on where it sits, so NaN is read as +inf here ...
-            is_nan = x != x
-            tile_max, tile_arg = tl.max(
-                tl.where(is_nan, float("inf"), x),
-                axis=1,
-                return_indices=True,
-                return_indices_tie_break_left=True,
-            )
-            if tl.max(tile_max, axis=0) == float("inf"):  # ... and only a tile holding NaN or +inf
-                first_nan = tl.min(tl.where(is_nan, offs_t[None, :], BLOCK_S), axis=1)  # pays for this
-                has_nan = first_nan < BLOCK_S
-                tile_max = tl.where(has_nan, float("nan"), tile_max)
-                tile_arg = tl.where(has_nan, first_nan, tile_arg)
-            # strict: an earlier tile keeps a tie; the first NaN replaces any number and then stays
-            better = (tile_max > run_max) | ((tile_max != tile_max) & (run_max == run_max))
+            if NAN_AWARE:
+                # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost)
+                # position, in Tensor.max(dim)'s order: NaN above +inf, the first NaN wins. tl.max's own
+                # comparisons drop or keep a NaN depending on where it sits, so NaN is read as +inf ...
+                is_nan = x != x
+                tile_max, tile_arg = tl.max(
+                    tl.where(is_nan, float("inf"), x),
+                    axis=1,
+                    return_indices=True,
+                    return_indices_tie_break_left=True,
+                )
+                if tl.max(tile_max, axis=0) == float("inf"):  # ... and only a tile holding NaN or +inf
+                    first_nan = tl.min(tl.where(is_nan, offs_t[None, :], BLOCK_S), axis=1)  # pays for this
+                    has_nan = first_nan < BLOCK_S
+                    tile_max = tl.where(has_nan, float("nan"), tile_max)
+                    tile_arg = tl.where(has_nan, first_nan, tile_arg)
+                # strict: an earlier tile keeps a tie; the first NaN replaces any number and then stays
+                better = (tile_max > run_max) | ((tile_max != tile_max) & (run_max == run_max))
+            else:
+                # Every logit finite: the plain max and its first position; strict across tiles (ties).
+                tile_max, tile_arg = tl.max(
+                    x, axis=1, return_indices=True, return_indices_tie_break_left=True
+                )
+                better = tile_max > run_max
             run_max = tl.where(better, tile_max, run_max)
             run_arg = tl.where(better, s0 + tile_arg, run_arg)
             acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
 
     out = b.to(tl.int64) * V + offs_v
-    tl.store(max_ptr + out, run_max, mask=v_ok)
-    tl.store(arg_ptr + out, run_arg, mask=v_ok)
+    tl.store(max_ptr + out, run_max, mask=store_ok)
+    tl.store(arg_ptr + out, run_arg, mask=store_ok)
 
 
 @triton.jit(do_not_specialize=["B", "S"])
@@ -159,6 +176,7 @@ def _sparton_fwd_packed_kernel(
     e_ptr,  # [V, D] vocabulary embeddings
     bias_ptr,  # [V] or a dummy when HAS_BIAS is False
     mask_ptr,  # [B, S] uint8 0/1 attention mask
+    bounded_ptr,  # [1] int32: 1 where no logit can be NaN or infinite (see _logits_bounded)
     max_ptr,  # [B, V] fp32 out: max_s of the masked logits, clamped at 0
     arg_ptr,  # [B, V] int32 out: first s attaining it (0 where the max is 0)
     B,
@@ -173,6 +191,7 @@ def _sparton_fwd_packed_kernel(
     EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    NAN_AWARE: tl.constexpr,
     S_PAD: tl.constexpr,  # next power of two >= S: the N columns of one batch row
     ROWS: tl.constexpr,  # G batch rows per program; the product's N is ROWS * S_PAD
     BLOCK_V: tl.constexpr,
@@ -200,8 +219,13 @@ def _sparton_fwd_packed_kernel(
     n_ok = (rows < B) & (pos < S)
     e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
     h_cols = h_ptr + rows.to(tl.int64)[:, None] * stride_hb + pos[:, None] * stride_hs  # [BLOCK_N, 1]
+    k_steps = tl.cdiv(D, BLOCK_D)
+    # The NaN-aware launch redoes the work only where a logit may be non-finite; elsewhere it does nothing.
+    if NAN_AWARE:
+        bounded = tl.load(bounded_ptr)
+        k_steps = tl.where(bounded == 0, k_steps, 0)
     acc = tl.zeros([BLOCK_V, ROWS * S_PAD], dtype=tl.float32)
-    for k in range(0, tl.cdiv(D, BLOCK_D)):
+    for k in range(0, k_steps):
         dd = k * BLOCK_D + offs_d
         if EVEN_D:
             e = tl.load(e_rows + dd[None, :], mask=v_ok[:, None], other=0.0)
@@ -220,27 +244,37 @@ def _sparton_fwd_packed_kernel(
     if HAS_BIAS:
         x = x + tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)[:, None]
     x = tl.where(keep[None, :], x, float("-inf"))
-    # [BLOCK_V, G·S_PAD] -> [BLOCK_V, G, S_PAD] -> [BLOCK_V, G]: each row's max and first position, in
-    # Tensor.max(dim)'s order, as in _sparton_fwd_kernel: NaN read as +inf by tl.max, and only a tile
-    # holding NaN or +inf looks for the first NaN. Whole rows in one tile: no running max across tiles.
-    is_nan = x != x
-    row_max, row_arg = tl.max(
-        tl.reshape(tl.where(is_nan, float("inf"), x), [BLOCK_V, ROWS, S_PAD]),
-        axis=2,
-        return_indices=True,
-        return_indices_tie_break_left=True,
-    )
-    if tl.max(tl.max(row_max, axis=1), axis=0) == float("inf"):
-        nan_at = tl.where(is_nan, pos[None, :], S_PAD)  # [BLOCK_V, G·S_PAD]
-        first_nan = tl.min(tl.reshape(nan_at, [BLOCK_V, ROWS, S_PAD]), axis=2)  # [BLOCK_V, G]
-        has_nan = first_nan < S_PAD
-        row_max = tl.where(has_nan, float("nan"), row_max)
-        row_arg = tl.where(has_nan, first_nan, row_arg)
+    # [BLOCK_V, G·S_PAD] -> [BLOCK_V, G, S_PAD] -> [BLOCK_V, G]: each row's max and first position; NaN-aware
+    # as in _sparton_fwd_kernel (NaN read as +inf by tl.max, and only a tile holding NaN or +inf looks for
+    # the first NaN). Whole rows in one tile: no running max across tiles.
+    if NAN_AWARE:
+        is_nan = x != x
+        row_max, row_arg = tl.max(
+            tl.reshape(tl.where(is_nan, float("inf"), x), [BLOCK_V, ROWS, S_PAD]),
+            axis=2,
+            return_indices=True,
+            return_indices_tie_break_left=True,
+        )
+        if tl.max(tl.max(row_max, axis=1), axis=0) == float("inf"):
+            nan_at = tl.where(is_nan, pos[None, :], S_PAD)  # [BLOCK_V, G·S_PAD]
+            first_nan = tl.min(tl.reshape(nan_at, [BLOCK_V, ROWS, S_PAD]), axis=2)  # [BLOCK_V, G]
+            has_nan = first_nan < S_PAD
+            row_max = tl.where(has_nan, float("nan"), row_max)
+            row_arg = tl.where(has_nan, first_nan, row_arg)
+    else:
+        row_max, row_arg = tl.max(
+            tl.reshape(x, [BLOCK_V, ROWS, S_PAD]),
+            axis=2,
+            return_indices=True,
+            return_indices_tie_break_left=True,
+        )
     # relu: the max starts at 0 (a max <= 0, -inf for a fully masked row, gives (0, 0)); NaN passes
     live = (row_max > 0) | (row_max != row_max)
     out_rows = first_row + tl.arange(0, ROWS)  # [G]
     out = out_rows.to(tl.int64)[None, :] * V + offs_v[:, None]  # [BLOCK_V, G]
     out_ok = v_ok[:, None] & (out_rows < B)[None, :]
+    if NAN_AWARE:
+        out_ok = out_ok & (out * 0 + bounded == 0)  # a [BLOCK_V, G] mask (the interpreter wants a block)
     tl.store(max_ptr + out, tl.where(live, row_max, 0.0), mask=out_ok)
     tl.store(arg_ptr + out, tl.where(live, row_arg, 0).to(tl.int32), mask=out_ok)
 
@@ -285,14 +319,46 @@ def sparton_forward(
     mask = attention_mask.to(torch.uint8).contiguous()
     mx = torch.empty(B, V, device=h.device, dtype=torch.float32)
     arg = torch.empty(B, V, device=h.device, dtype=torch.int32)
+    bias = bias.contiguous() if bias is not None else None
+    bounded = _logits_bounded(h, e, bias)
     launch = _forward_packed if isinstance(blocks, PackedForwardBlocks) else _forward_one_row
-    launch(h, e, bias.contiguous() if bias is not None else None, mask, mx, arg, blocks)
+    # The plain max everywhere, then a NaN-aware pass that redoes the work only if a logit may be NaN or
+    # infinite (decided on the device: no sync); Tensor.max(dim)'s NaN order costs the common case nothing.
+    for nan_aware in (False, True):
+        launch(h, e, bias, mask, bounded, mx, arg, blocks, nan_aware=nan_aware)
     y = torch.log1p(mx).to(hidden_states.dtype)  # [B, V]; relu already applied (max starts at 0)
     return y, mx, arg
 
 
+def _logits_bounded(h: Tensor, e: Tensor, bias: Tensor | None) -> Tensor:
+    """[1] int32 on the device: 1 where every logit is provably finite, else 0 (no host sync).
+
+    |H[b, s] . E[v] + bias[v]| <= D max|H| max|E| + max|bias|, also for the fp32 accumulation of the
+    products up to a relative D·2^-24; below 2^126 (a quarter of fp32's largest) no sum overflows, so no
+    logit is +-inf or NaN. A NaN or inf input makes the bound NaN or inf (max |x| propagates both), and
+    the comparison false. Masked positions count too: their non-finite values only cost the redo.
+    """
+    bound = (
+        torch.linalg.vector_norm(h, ord=float("inf")).float()
+        * torch.linalg.vector_norm(e, ord=float("inf")).float()
+        * h.shape[-1]
+    )
+    if bias is not None:
+        bound = bound + torch.linalg.vector_norm(bias, ord=float("inf")).float()
+    return (bound < 2.0**126).to(torch.int32).reshape(1)
+
+
 def _forward_one_row(
-    h: Tensor, e: Tensor, bias: Tensor | None, mask: Tensor, mx: Tensor, arg: Tensor, blocks: ForwardBlocks
+    h: Tensor,
+    e: Tensor,
+    bias: Tensor | None,
+    mask: Tensor,
+    bounded: Tensor,
+    mx: Tensor,
+    arg: Tensor,
+    blocks: ForwardBlocks,
+    *,
+    nan_aware: bool,
 ) -> None:
     """One program per (batch row, V tile), walking the row's S tiles (``_sparton_fwd_kernel``)."""
     B, S, D = h.shape
@@ -307,6 +373,7 @@ def _forward_one_row(
         bias if bias is not None else mx,  # dummy pointer, never read without bias
         mask,
         lengths,
+        bounded,
         mx,
         arg,
         B,
@@ -320,6 +387,7 @@ def _forward_one_row(
         HAS_BIAS=bias is not None,
         EVEN_D=D % blocks.block_d == 0,
         **_forward_dot_mode(h.dtype),
+        NAN_AWARE=nan_aware,
         BLOCK_S=blocks.block_s,
         BLOCK_V=blocks.block_v,
         BLOCK_D=blocks.block_d,
@@ -334,9 +402,12 @@ def _forward_packed(
     e: Tensor,
     bias: Tensor | None,
     mask: Tensor,
+    bounded: Tensor,
     mx: Tensor,
     arg: Tensor,
     blocks: PackedForwardBlocks,
+    *,
+    nan_aware: bool,
 ) -> None:
     """One program per (G batch rows, V tile), G = block_n // S_pad (``_sparton_fwd_packed_kernel``).
 
@@ -353,6 +424,7 @@ def _forward_packed(
         e,
         bias if bias is not None else mx,  # dummy pointer, never read without bias
         mask,
+        bounded,
         mx,
         arg,
         B,
@@ -366,6 +438,7 @@ def _forward_packed(
         HAS_BIAS=bias is not None,
         EVEN_D=D % blocks.block_d == 0,
         **_forward_dot_mode(h.dtype),
+        NAN_AWARE=nan_aware,
         S_PAD=s_pad,
         ROWS=rows,
         BLOCK_V=blocks.block_v,
