@@ -28,6 +28,7 @@ from gradcache_sparton.data import (
 from gradcache_sparton.mining import (
     beir_mining_pairs,
     bm25_rankings,
+    bm25_scores,
     load_mining_pairs,
     mine_hard_negatives,
     run_mining,
@@ -107,6 +108,40 @@ def test_bm25_rankings_match_full_sort_with_ties_by_index() -> None:
             scores = retriever.get_scores(tokens)
             expected = np.argsort(-scores, kind="stable")[:depth]
             assert got[row].tolist() == expected.tolist()
+
+
+def test_bm25_scores_are_bm25s_scores_of_any_text() -> None:
+    """bm25_scores gives a corpus document bm25s's own score and each query its top-depth bm25s scores; a
+    text outside the corpus is scored under the corpus's statistics alone (equal to a corpus document
+    with the same text), and a text sharing no query token scores 0."""
+    import bm25s
+    import Stemmer
+
+    beir, _ = _random_corpus()
+    docs = list(beir.corpus.values())
+    queries = list(beir.queries.values())
+    outside = docs[3]  # a text given as a candidate, not by its corpus position
+    candidates = [
+        [docs[i % len(docs)], docs[(5 * i + 1) % len(docs)], outside, "zzz qqq"] for i in range(len(queries))
+    ]
+    got, top = bm25_scores(queries, candidates, docs, depth=7, show_progress=False)
+    assert got.shape == (len(queries), 4) and top.shape == (len(queries), 7)
+    stemmer = Stemmer.Stemmer("english")
+    tokenize = dict(stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False)
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(docs, **tokenize), show_progress=False)
+    for row, tokens in enumerate(bm25s.tokenize(queries, **tokenize)):
+        scores = torch.from_numpy(retriever.get_scores(tokens)).double()  # [N], bm25s computes in float32
+        expected = torch.stack(
+            [scores[row % len(docs)], scores[(5 * row + 1) % len(docs)], scores[3], scores[3] * 0]
+        )
+        # float32 vs float64: each term idf · tfc rounds ~4 times and a query sums < 20 terms, so the
+        # relative error is below 24 · 2**-24 ≈ 1.4e-6; 1e-5 leaves room without hiding a formula change.
+        torch.testing.assert_close(got[row], expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(top[row], scores.sort(descending=True).values[:7], rtol=1e-5, atol=1e-6)
+    assert (got[:, 0] > 0).any()
+    with pytest.raises(ValueError, match="same number"):
+        bm25_scores(queries[:2], [["a"], ["a", "b"]], docs, depth=3)
 
 
 # ------------------------------------------------------------------------------------ negative selection

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from gradcache_sparton.crossval.protocol import CrossvalSettings, parse_recipe, run_crossval
 from gradcache_sparton.crossval.report import format_report
+from gradcache_sparton.crossval.teacher import DEFAULT_TEACHER_WEIGHT, TEACHERS
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
 
 __all__ = ["build_parser", "main"]
@@ -44,6 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bm25_negatives", type=int, default=0, help="BM25 negatives per training pair (0: none)."
     )
+    p.add_argument(
+        "--teacher",
+        choices=TEACHERS,
+        default="none",
+        help="distillation teacher written as each training row's teacher_scores (needs --bm25_negatives >= 1 "
+        "and a recipe with --contrastive kl_div or margin_mse): 'bm25+model' mixes BM25's and the starting "
+        "model's scores of the row's positive and negatives, each z-normalised over the query's top 100.",
+    )
+    p.add_argument(
+        "--teacher_weight",
+        type=float,
+        default=DEFAULT_TEACHER_WEIGHT,
+        help="BM25's share of the bm25+model teacher, in [0, 1] (the starting model gets the rest).",
+    )
     p.add_argument("--no_bm25", action="store_true", help="skip the BM25 reference (needs no bm25s then).")
     p.add_argument("--query_max_length", type=int, default=32, help="evaluation query tokens.")
     p.add_argument("--document_max_length", type=int, default=256, help="evaluation document tokens.")
@@ -72,6 +87,8 @@ def main(argv: Sequence[str]) -> int:
         seeds=args.seeds,
         self_supervised_pairs=args.self_supervised_pairs,
         bm25_negatives=args.bm25_negatives,
+        teacher=args.teacher,
+        teacher_weight=args.teacher_weight,
         bm25_reference=not args.no_bm25,
         query_max_length=args.query_max_length,
         document_max_length=args.document_max_length,

@@ -10,7 +10,7 @@ import logging
 import platform
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gradcache_sparton.crossval.report import BM25, PRIMARY, RECIPE, ZERO_SHOT, _mean, _summarise, _write
+from gradcache_sparton.crossval.teacher import (
+    DEFAULT_TEACHER_WEIGHT,
+    LOSSES_READING_TEACHER,
+    TEACHERS,
+    ensemble_teacher_scores,
+)
 from gradcache_sparton.data import BeirData, load_beir, read_corpus, self_supervised_pairs, split_sentences
 from gradcache_sparton.evaluation.evaluator import SparseRetrievalEvaluator
 from gradcache_sparton.evaluation.runs import write_trec_run
@@ -28,12 +34,13 @@ if TYPE_CHECKING:
 
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, ModelArguments
 
-__all__ = ["CrossvalSettings", "make_folds", "parse_recipe", "run_crossval"]
+__all__ = ["CrossvalSettings", "check_recipe_loss", "make_folds", "parse_recipe", "run_crossval"]
 
 logger = logging.getLogger(__name__)
 
 MEASURES = ("nDCG@10", "RR@10", "R@100")  # the default of per_query_metrics
 TOP_K = 100
+TEACHER_COLUMN = "teacher_scores"  # the data column the distillation losses read
 FOLDS_FILE = "folds.json"
 # train flags the protocol sets itself: the training data and evaluation of each fold.
 _OWNED_FLAGS = (
@@ -63,6 +70,8 @@ class CrossvalSettings:
     seeds: list[int] = field(default_factory=lambda: [42])
     self_supervised_pairs: int = 0
     bm25_negatives: int = 0
+    teacher: str = "none"
+    teacher_weight: float = DEFAULT_TEACHER_WEIGHT
     bm25_reference: bool = True
     query_max_length: int = 32
     document_max_length: int = 256
@@ -82,6 +91,38 @@ class CrossvalSettings:
         for name in ("query_max_length", "document_max_length", "eval_batch_size", "resamples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.teacher not in TEACHERS:
+            raise ValueError(f"teacher must be one of {TEACHERS}, got {self.teacher!r}")
+        if self.teacher != "none" and self.bm25_negatives < 1:
+            raise ValueError(
+                f"teacher={self.teacher!r} scores each training pair's positive against its negatives: it needs "
+                f"bm25_negatives >= 1, got {self.bm25_negatives}"
+            )
+        if not 0.0 <= self.teacher_weight <= 1.0:
+            raise ValueError(f"teacher_weight (BM25's share) must be in [0, 1], got {self.teacher_weight!r}")
+        if self.teacher == "none" and self.teacher_weight != DEFAULT_TEACHER_WEIGHT:
+            raise ValueError(
+                f"teacher_weight applies to a teacher only, got teacher_weight={self.teacher_weight} with "
+                "teacher='none'"
+            )
+
+
+def check_recipe_loss(settings: CrossvalSettings, training_args: CachedSpladeTrainingArguments) -> None:
+    """``ValueError`` unless the recipe's loss and the teacher go together: a teacher's scores are read
+    only by ``--contrastive kl_div`` or ``margin_mse`` (any other loss would train as if there were no
+    teacher, so the run would measure something else than asked), and those two need a teacher."""
+    contrastive = training_args.contrastive
+    if settings.teacher != "none" and contrastive not in LOSSES_READING_TEACHER:
+        raise ValueError(
+            f"teacher={settings.teacher!r} writes teacher_scores that only the losses {LOSSES_READING_TEACHER} "
+            f"read, but the recipe trains with contrastive={contrastive!r}: add `--contrastive kl_div` to the "
+            "train flags (after --), or drop --teacher"
+        )
+    if settings.teacher == "none" and contrastive in LOSSES_READING_TEACHER:
+        raise ValueError(
+            f"the recipe trains with contrastive={contrastive!r}, which needs teacher scores: pass "
+            f"--teacher {TEACHERS[1]} (with --bm25_negatives >= 1)"
+        )
 
 
 def make_folds(query_ids: Sequence[str], *, folds: int, seed: int) -> list[list[str]]:
@@ -162,10 +203,11 @@ class _Pool:
     selfsup_doc_ids: list[str]
 
 
-def _build_pool(beir: BeirData, settings: CrossvalSettings) -> _Pool:
+def _build_pool(beir: BeirData, settings: CrossvalSettings, teacher: Callable[[Any], list] | None) -> _Pool:
     """Labelled pairs of every judged query and (if asked) one self-supervised pair per corpus document
     whose query sentence occurs in no other document; BM25 negatives mined once for all of them (a row's
-    negatives depend only on its own query and known positives, not on the folds)."""
+    negatives depend only on its own query and known positives, not on the folds), then ``teacher``'s
+    scores of each row as its ``teacher_scores`` column (a function of the row alone, likewise)."""
     from gradcache_sparton.mining import beir_mining_pairs, mine_hard_negatives
 
     labelled = beir_mining_pairs(beir)
@@ -198,7 +240,52 @@ def _build_pool(beir: BeirData, settings: CrossvalSettings) -> _Pool:
     text_columns = [c for c in labelled.column_names if c not in ("query_id", "positive_id")]
     labelled = labelled.select_columns(text_columns)
     selfsup = selfsup.select_columns(text_columns) if selfsup is not None else None
+    if teacher is not None:
+        labelled = labelled.add_column(TEACHER_COLUMN, teacher(labelled))
+        selfsup = selfsup.add_column(TEACHER_COLUMN, teacher(selfsup)) if selfsup is not None else None
     return _Pool(labelled, labelled_query_ids, selfsup, selfsup_doc_ids)
+
+
+def _teacher(
+    settings: CrossvalSettings,
+    encoder: Any,
+    tokenizer: Any,
+    corpus: Sequence[str],
+    bf16: bool,
+    progress: bool,
+) -> Callable[[Any], list[list[float]]]:
+    """Training rows -> their ``bm25+model`` teacher scores [C] each (:mod:`.teacher`): the starting model
+    on the GPU when there is one (bf16 autocast with the recipe's ``--bf16``), at the evaluation lengths,
+    normalised over each query's top ``TOP_K``, the window the negatives come from."""
+    from gradcache_sparton.data import POSITIVE_COLUMN, QUERY_COLUMN
+    from gradcache_sparton.data.columns import negative_number
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    encoder.to(device)
+
+    def scores(rows: Any) -> list[list[float]]:
+        columns = rows[:]
+        negatives = sorted((c for c in columns if negative_number(c)), key=negative_number)
+        candidates = [
+            list(texts) for texts in zip(*(columns[c] for c in [POSITIVE_COLUMN, *negatives]), strict=True)
+        ]
+        return ensemble_teacher_scores(
+            columns[QUERY_COLUMN],
+            candidates,
+            corpus,
+            encoder=encoder,
+            tokenizer=tokenizer,
+            bm25_weight=settings.teacher_weight,
+            depth=TOP_K,
+            query_max_length=settings.query_max_length,
+            document_max_length=settings.document_max_length,
+            batch_size=settings.eval_batch_size,
+            device=device,
+            autocast_dtype=torch.bfloat16 if device == "cuda" and bf16 else None,
+            show_progress=progress,
+        ).tolist()
+
+    return scores
 
 
 def _fold_rows(
@@ -297,6 +384,7 @@ def run_crossval(
     from gradcache_sparton.pipeline import run_training
 
     settings.check()
+    check_recipe_loss(settings, training_args)
     if settings.bm25_reference or settings.bm25_negatives:
         check_bm25_installed("english")
     beir = load_beir(settings.beir_path, split=settings.split)
@@ -312,7 +400,15 @@ def run_crossval(
         json.dumps({"fold_seed": settings.fold_seed, "folds": folds}, indent=1) + "\n"
     )
     began = time.monotonic()
-    pool = _build_pool(beir, settings)
+    tokenizer = build_tokenizer(model_args)
+    bf16 = bool(training_args.bf16)
+    set_seed(settings.seeds[0])
+    start_encoder = build_encoder(model_args, tokenizer)
+    teacher = None
+    if settings.teacher != "none":
+        progress = not training_args.disable_tqdm
+        teacher = _teacher(settings, start_encoder, tokenizer, list(beir.corpus.values()), bf16, progress)
+    pool = _build_pool(beir, settings, teacher)
     fold_info = []
     for k, held in enumerate(folds):
         rows, counts = _fold_rows(pool, beir, set(held), settings)
@@ -334,14 +430,11 @@ def run_crossval(
         "folds": fold_info,
         "systems": {},
     }
-    tokenizer = build_tokenizer(model_args)
-    bf16 = bool(training_args.bf16)
-    set_seed(settings.seeds[0])
     runs = out / "runs" if settings.write_runs else None
     if runs is not None:
         runs.mkdir(exist_ok=True)
     start = _evaluate_model(
-        build_encoder(model_args, tokenizer),
+        start_encoder,
         tokenizer,
         beir,
         settings,

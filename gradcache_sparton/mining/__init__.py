@@ -27,6 +27,7 @@ from gradcache_sparton.mining.pairs import (
 from gradcache_sparton.mining.rankings import (
     BM25_STEMMER,
     bm25_rankings,
+    bm25_scores,
     check_bm25_installed,
     splade_rankings,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "SAMPLINGS",
     "beir_mining_pairs",
     "bm25_rankings",
+    "bm25_scores",
     "check_bm25_installed",
     "check_mining_pairs",
     "check_mining_settings",

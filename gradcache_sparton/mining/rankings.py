@@ -5,13 +5,17 @@ Legend: Q queries, N corpus documents, K ranking depth, V vocabulary.
 Both rankers return [Q, K] int64 corpus indices, best first. Equal scores rank the earlier document
 (lower index) first, the rule of :func:`gradcache_sparton.evaluation.retrieve`, so a ranking is a
 function of the inputs alone (no dependence on chunk sizes, threads or selection algorithms).
+:func:`bm25_scores` gives BM25's scores themselves, of any text (in the corpus or not) under the
+corpus's index: what a teacher built from BM25 needs (:mod:`gradcache_sparton.crossval.teacher`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gradcache_sparton.evaluation import encode_texts, retrieve
 
-__all__ = ["BM25_STEMMER", "bm25_rankings", "check_bm25_installed", "splade_rankings"]
+__all__ = ["BM25_STEMMER", "bm25_rankings", "bm25_scores", "check_bm25_installed", "splade_rankings"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +36,12 @@ logger = logging.getLogger(__name__)
 BM25_STEMMER = "english"
 # English stop words, bm25s's own list (shipped in the package: nothing to download).
 _BM25_STOPWORDS = "en"
+# bm25s's defaults (Lucene BM25), named so that bm25_rankings and bm25_scores score alike.
+_BM25_K1 = 1.5
+_BM25_B = 0.75
+_BM25_METHOD = "lucene"
+# Queries per block of bm25_scores's corpus scores: a dense [block, N] float64 array (40 MB at N = 5,000).
+_SCORE_BLOCK = 1024
 
 
 def check_bm25_installed(stemmer: str | None) -> None:
@@ -108,14 +118,12 @@ def bm25_rankings(
     Ties rank the earlier document first.
     """
     _check_depth(depth, len(queries), len(documents))
-    bm25s, stemmer_object = _bm25_pieces(stemmer)
-    tokenize = dict(stopwords=_BM25_STOPWORDS, stemmer=stemmer_object, return_ids=False)
+    bm25s, tokenize = _bm25_tokenizer(stemmer)
     # bm25s's own eight bars (and its DEBUG line) stay off: one bar, the ranking's, covers this phase.
     logger.info("BM25: indexing %d documents.", len(documents))
-    doc_tokens = bm25s.tokenize(list(documents), show_progress=False, **tokenize)
-    retriever = bm25s.BM25()
-    retriever.index(doc_tokens, show_progress=False)
-    query_tokens = bm25s.tokenize(list(queries), show_progress=False, **tokenize)
+    retriever = bm25s.BM25(k1=_BM25_K1, b=_BM25_B, method=_BM25_METHOD)
+    retriever.index(tokenize(documents), show_progress=False)
+    query_tokens = tokenize(queries)
     rankings = np.empty((len(queries), depth), dtype=np.int64)  # [Q, K]
     for row, tokens in enumerate(tqdm(query_tokens, desc="BM25 ranking", disable=not show_progress)):
         known = retriever.get_tokens_ids(tokens)
@@ -126,6 +134,113 @@ def bm25_rankings(
         )
         rankings[row] = _top_depth(scores, depth)
     return torch.from_numpy(rankings)
+
+
+def _bm25_tokenizer(stemmer: str | None) -> tuple[Any, Callable[[Sequence[str]], list[list[str]]]]:
+    """bm25s and its tokenizer as the rankings use it: texts -> lists of (stemmed) tokens, stop words out."""
+    bm25s, stemmer_object = _bm25_pieces(stemmer)
+
+    def tokenize(texts: Sequence[str]) -> list[list[str]]:
+        return bm25s.tokenize(
+            list(texts),
+            stopwords=_BM25_STOPWORDS,
+            stemmer=stemmer_object,
+            return_ids=False,
+            show_progress=False,
+        )
+
+    return bm25s, tokenize
+
+
+def _bm25_weights(
+    token_lists: list[list[str]], vocab: dict[str, int], idf: np.ndarray, avg_length: float
+) -> Any:
+    """[n, T] scipy CSR: the Lucene BM25 weight of every vocabulary token in each text,
+    idf · tf / (tf + k1 · (1 - b + b · length / avg_length)), the text's length counting all its tokens."""
+    from scipy import sparse
+
+    rows, cols, values = [], [], []
+    for row, tokens in enumerate(token_lists):
+        norm = _BM25_K1 * (1 - _BM25_B + _BM25_B * len(tokens) / avg_length)
+        for token, tf in Counter(t for t in tokens if t in vocab).items():
+            rows.append(row)
+            cols.append(vocab[token])
+            values.append(idf[vocab[token]] * tf / (tf + norm))
+    return sparse.csr_matrix((values, (rows, cols)), shape=(len(token_lists), len(vocab)), dtype=np.float64)
+
+
+def _bm25_query_counts(token_lists: list[list[str]], vocab: dict[str, int]) -> Any:
+    """[n, T] scipy CSR: how often each vocabulary token occurs in each query (bm25s sums a repeated
+    query token once per occurrence and drops tokens the corpus never uses)."""
+    from scipy import sparse
+
+    rows, cols, values = [], [], []
+    for row, tokens in enumerate(token_lists):
+        for token, count in Counter(t for t in tokens if t in vocab).items():
+            rows.append(row)
+            cols.append(vocab[token])
+            values.append(float(count))
+    return sparse.csr_matrix((values, (rows, cols)), shape=(len(token_lists), len(vocab)), dtype=np.float64)
+
+
+def bm25_scores(
+    queries: Sequence[str],
+    candidates: Sequence[Sequence[str]],
+    documents: Sequence[str],
+    *,
+    depth: int,
+    stemmer: str | None = BM25_STEMMER,
+    show_progress: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """BM25 scores of each query's own candidate texts, and its ``depth`` best scores over the corpus.
+
+    Legend: C candidates per query.
+
+    Returns ``(candidate_scores [Q, C], top_scores [Q, K])``, float64: query i against
+    ``candidates[i][j]``, and query i's K = ``depth`` highest scores over ``documents``, descending.
+    Every text is scored under the index :func:`bm25_rankings` builds over ``documents`` (its document
+    count, document frequencies and mean length; the same tokenizer and ``stemmer``; Lucene BM25,
+    k1 = 1.5, b = 0.75): a candidate that is a corpus document gets the score bm25s gives it, a text outside
+    the corpus (a self-supervised positive: an abstract less one sentence) the score it would get in that
+    index. Query tokens the corpus never uses count 0, as in bm25s. ``ValueError`` unless every query has
+    the same number C >= 1 of candidates and ``depth`` is in [1, N].
+    """
+    _check_depth(depth, len(queries), len(documents))
+    if len(candidates) != len(queries):
+        raise ValueError(
+            f"candidates must hold one list per query: {len(candidates)} lists, {len(queries)} queries"
+        )
+    widths = {len(texts) for texts in candidates}
+    if len(widths) != 1 or 0 in widths:
+        raise ValueError(f"every query needs the same number (>= 1) of candidates, got {sorted(widths)}")
+    (width,) = widths
+    _, tokenize = _bm25_tokenizer(stemmer)
+    doc_tokens = tokenize(documents)
+    vocab: dict[str, int] = {}
+    doc_freq: Counter[str] = Counter()
+    for tokens in doc_tokens:
+        for token in dict.fromkeys(tokens):
+            vocab.setdefault(token, len(vocab))
+            doc_freq[token] += 1
+    num_docs = len(documents)
+    idf = np.array([math.log(1 + (num_docs - doc_freq[t] + 0.5) / (doc_freq[t] + 0.5)) for t in vocab])  # [T]
+    avg_length = max(sum(map(len, doc_tokens)) / num_docs, 1e-12)  # an all-stop-word corpus scores 0 anyway
+    doc_weights = _bm25_weights(doc_tokens, vocab, idf, avg_length).T.tocsr()  # [T, N]
+    counts = _bm25_query_counts(tokenize(queries), vocab)  # [Q, T]
+    flat = [text for texts in candidates for text in texts]
+    candidate_weights = _bm25_weights(tokenize(flat), vocab, idf, avg_length)  # [Q·C, T]
+    repeated = counts[np.repeat(np.arange(len(queries)), width)]  # [Q·C, T]
+    candidate_scores = np.asarray(repeated.multiply(candidate_weights).sum(axis=1)).reshape(
+        len(queries), width
+    )
+    top = np.empty((len(queries), depth), dtype=np.float64)  # [Q, K]
+    for start in tqdm(
+        range(0, len(queries), _SCORE_BLOCK), desc="BM25 teacher scores", disable=not show_progress
+    ):
+        block = (counts[start : start + _SCORE_BLOCK] @ doc_weights).toarray()  # [b, T] @ [T, N] -> [b, N]
+        best = -np.partition(-block, depth - 1, axis=1)[:, :depth] if depth < num_docs else block
+        top[start : start + _SCORE_BLOCK] = -np.sort(-best, axis=1)
+    return torch.from_numpy(candidate_scores), torch.from_numpy(top)
 
 
 def splade_rankings(
