@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from gradcache_sparton.cli import main
+from gradcache_sparton.crossval import main as crossval_main
 from gradcache_sparton.crossval import make_folds, parse_recipe
+from gradcache_sparton.crossval.teacher import ensemble_teacher_scores, model_scores, normalise_scores
 from gradcache_sparton.evaluation.significance import (
     paired_comparison,
     paired_run_comparison,
@@ -48,6 +50,22 @@ TINY_RECIPE = [
     "--per_device_train_batch_size", "4", "--mini_batch_size", "4", "--query_max_length", "16",
     "--document_max_length", "32", "--max_steps", "1", "--use_cpu", "--disable_tqdm", "True",
 ]  # fmt: skip
+
+
+# The shipped pretrained model as the recipe's start (the teacher's model half), one step, on the CPU.
+SHIPPED_RECIPE = [
+    "--model_name_or_path", "splade-tiny-msmarco", "--per_device_train_batch_size", "4", "--mini_batch_size", "4",
+    "--query_max_length", "16", "--document_max_length", "32", "--max_steps", "1", "--use_cpu",
+    "--disable_tqdm", "True", "--contrastive", "kl_div",
+]  # fmt: skip
+
+
+def _shipped_model() -> tuple:
+    from gradcache_sparton.model_loading import build_encoder, build_tokenizer
+
+    model_args, _ = parse_recipe(SHIPPED_RECIPE)
+    tokenizer = build_tokenizer(model_args)
+    return build_encoder(model_args, tokenizer), tokenizer
 
 
 def test_make_folds_partition_and_seed() -> None:
@@ -174,3 +192,118 @@ def test_train_prints_the_paired_gain_on_its_dev_queries(tmp_path: Path, capsys)
     assert gain == pytest.approx(summary["eval_ndcg_at_10"] - summary["eval_before_ndcg_at_10"])
     assert summary["eval_gain_ndcg_at_10_ci95_low"] <= gain <= summary["eval_gain_ndcg_at_10_ci95_high"]
     assert "95% interval" in stdout and f"{summary['eval_gain_ndcg_at_10_queries']:.0f} queries" in stdout
+
+
+def test_normalise_scores_against_each_querys_top_k() -> None:
+    """Candidates become z-scores against their query's own top-K scores (not the candidates'), so a
+    two-candidate margin keeps its size; a query whose top K are all equal gives zeros."""
+    top = torch.tensor([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0], [5.0, 5.0, 5.0]])
+    candidates = torch.tensor([[3.0, 1.0], [3.0, 2.5], [5.0, 1.0]])
+    z = normalise_scores(candidates, top)
+    std = (2 / 3) ** 0.5
+    expected = torch.tensor([[1 / std, -1 / std], [1 / std, 0.5 / std], [0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(z, expected)
+    with pytest.raises(ValueError, match="share R"):
+        normalise_scores(candidates[:2], top)
+
+
+def test_teacher_mixes_the_two_normalised_systems(tmp_path: Path) -> None:
+    """The bm25+model teacher is bm25_weight · z_bm25 + (1 - bm25_weight) · z_model, its model half scores a
+    corpus document as the model's own retrieval does, and both systems put a query's topic document above
+    noise."""
+    pytest.importorskip("bm25s")
+    from gradcache_sparton.data import load_beir
+    from gradcache_sparton.mining import bm25_scores
+
+    beir = load_beir(write_beir(tmp_path / "beir"), split="train")
+    docs = list(beir.corpus.values())
+    queries = [beir.queries[f"q{i}"] for i in range(4)]
+    candidates = [
+        [beir.corpus[f"d{i}"], beir.corpus[f"x{i}"], "The star is not here. A lab."] for i in range(4)
+    ]
+    encoder, tokenizer = _shipped_model()
+    lengths = dict(query_max_length=16, document_max_length=32)
+    model = model_scores(encoder, queries, candidates, docs, tokenizer=tokenizer, depth=len(docs), **lengths)
+    bm25 = bm25_scores(queries, candidates, docs, depth=len(docs), show_progress=False)
+    for scores, top in (model, bm25):
+        assert (scores[:, 0] > scores[:, 1]).all()  # topic document above noise
+        assert top.shape == (4, len(docs))
+    # The model's best corpus score is its score of some corpus document: the candidates' scale is the corpus's.
+    assert torch.isclose(model[0].max(dim=1).values, model[1][:, 0]).sum() >= 1
+    z_model, z_bm25 = normalise_scores(*model), normalise_scores(*bm25)
+    common = dict(encoder=encoder, tokenizer=tokenizer, depth=len(docs), show_progress=False, **lengths)
+    for weight in (0.0, 0.3, 1.0):
+        got = ensemble_teacher_scores(queries, candidates, docs, bm25_weight=weight, **common)
+        # float32 result of a float64 mix of z-scores (|z| < sqrt(K) = 4): 4 · 2**-24 relative is below 1e-6.
+        torch.testing.assert_close(
+            got, (weight * z_bm25 + (1 - weight) * z_model).float(), rtol=1e-6, atol=1e-6
+        )
+    with pytest.raises(ValueError, match="bm25_weight"):
+        ensemble_teacher_scores(queries, candidates, docs, bm25_weight=1.5, **common)
+
+
+def test_crossval_teacher_scores_come_from_the_training_row_alone(tmp_path: Path) -> None:
+    """With --teacher bm25+model every fold's training row carries teacher_scores [1+k], no held-out claim's
+    text is among the rows, and each row's scores equal the teacher run on that row alone (nothing of
+    another row, fold or judgement enters them); kl_div trains on them."""
+    pytest.importorskip("bm25s")
+    import gzip
+
+    from gradcache_sparton.data import load_beir
+
+    beir = write_beir(tmp_path / "beir")
+    out = tmp_path / "cv"
+    argv = ["crossval", "--beir_path", str(beir), "--output_dir", str(out), "--folds", "2", "--seeds", "1",
+            "--self_supervised_pairs", "2", "--bm25_negatives", "2", "--teacher", "bm25+model",
+            "--teacher_weight", "0.7", "--document_max_length", "32", "--resamples", "20", "--no_bm25",
+            "--", *SHIPPED_RECIPE]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads((out / "crossval.json").read_text())
+    assert results["settings"]["teacher"] == "bm25+model" and results["settings"]["teacher_weight"] == 0.7
+    docs = list(load_beir(beir, split="train").corpus.values())
+    encoder, tokenizer = _shipped_model()
+    folds = json.loads((out / "folds.json").read_text())["folds"]
+    for k, held in enumerate(folds):
+        with gzip.open(out / f"fold{k}" / "train.jsonl.gz", "rt") as lines:
+            rows = [json.loads(line) for line in lines]
+        held_texts = {f"what about the {TOPICS[int(q[1:])]}" for q in held}
+        assert not held_texts & {r["query"] for r in rows} and len(rows) == 4 + 2
+        for row in rows:
+            alone = ensemble_teacher_scores(
+                [row["query"]],
+                [[row["positive"], row["negative_1"], row["negative_2"]]],
+                docs,
+                encoder=encoder,
+                tokenizer=tokenizer,
+                bm25_weight=0.7,
+                query_max_length=32,  # crossval's evaluation lengths
+                document_max_length=32,
+                show_progress=False,
+            )
+            # fp32 encodings differ between batch shapes by summation order only (~1e-6 of scores of O(10)),
+            # divided by a top-K std of O(1): far below 1e-4.
+            torch.testing.assert_close(torch.tensor([row["teacher_scores"]]), alone, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("flags", "recipe", "message"),
+    [
+        (["--teacher", "bm25+model"], SHIPPED_RECIPE, "needs bm25_negatives >= 1"),
+        (
+            ["--bm25_negatives", "1", "--teacher", "bm25+model", "--teacher_weight", "1.5"],
+            SHIPPED_RECIPE,
+            "in \\[0, 1\\]",
+        ),
+        (["--teacher_weight", "0.3"], TINY_RECIPE, "applies to a teacher only"),
+        (["--bm25_negatives", "1", "--teacher", "bm25+model"], TINY_RECIPE, "contrastive='infonce'"),
+        (["--bm25_negatives", "1"], SHIPPED_RECIPE, "needs teacher scores"),
+    ],
+)
+def test_crossval_teacher_misuse_fails_before_any_work(tmp_path: Path, flags, recipe, message) -> None:
+    """A teacher without negatives, a weight outside [0, 1] or without a teacher, a teacher whose scores the
+    recipe's loss would ignore, and a distillation loss without a teacher: one ValueError, nothing written."""
+    beir = write_beir(tmp_path / "beir")
+    out = tmp_path / "cv"
+    with pytest.raises(ValueError, match=message):
+        crossval_main(["--beir_path", str(beir), "--output_dir", str(out), *flags, "--", *recipe])
+    assert not out.exists()

@@ -9,8 +9,9 @@ Protocol (docs/experiments.md):
    trains on pairs built only from the *other* folds: one (query, relevant document) pair per judgement,
    plus optionally ``self_supervised_pairs`` (sentence, rest of the abstract) pairs from corpus documents
    that no training query judges, and optionally ``bm25_negatives`` BM25-mined negatives per pair (ranks
-   10..100 of the full corpus, the query's judged documents skipped). No held-out query text or judgement
-   is read to build them.
+   10..100 of the full corpus, the query's judged documents skipped), and with ``teacher="bm25+model"``
+   each row's ``teacher_scores`` for distillation (:mod:`.teacher`: BM25 and the starting model, a function
+   of the row alone). No held-out query text or judgement is read to build them.
 3. The trained model ranks the **whole corpus** for the held-out fold's queries (exhaustive search).
 4. References on the same queries: the recipe's starting model untrained (``zero-shot``) and BM25 (bm25s,
    the mining's BM25), each evaluated once.
@@ -25,9 +26,9 @@ fold's training rows), ``seed<s>/fold<k>/`` (each trained model), ``crossval.jso
 per-query numbers, comparisons; rewritten after every trained model, so a stopped run keeps what finished)
 and ``crossval.md`` (the tables).
 
-Modules: :mod:`.protocol` (settings, folds, the recipe, each fold's rows, the run),
-:mod:`.report` (means over folds, paired comparisons, the markdown tables) and :mod:`.command`
-(``gradcache-sparton crossval``'s flags).
+Modules: :mod:`.protocol` (settings, folds, the recipe, each fold's rows, the run), :mod:`.teacher` (the
+distillation teacher), :mod:`.report` (means over folds, paired comparisons, the markdown tables) and
+:mod:`.command` (``gradcache-sparton crossval``'s flags).
 """
 
 from gradcache_sparton.crossval.command import build_parser, main
