@@ -240,9 +240,13 @@ def _build_pool(beir: BeirData, settings: CrossvalSettings, teacher: Callable[[A
     text_columns = [c for c in labelled.column_names if c not in ("query_id", "positive_id")]
     labelled = labelled.select_columns(text_columns)
     selfsup = selfsup.select_columns(text_columns) if selfsup is not None else None
-    if teacher is not None:
-        labelled = labelled.add_column(TEACHER_COLUMN, teacher(labelled))
-        selfsup = selfsup.add_column(TEACHER_COLUMN, teacher(selfsup)) if selfsup is not None else None
+    if teacher is not None:  # one call: the corpus is indexed and encoded once
+        import datasets
+
+        parts = [labelled] if selfsup is None else [labelled, selfsup]
+        scores = teacher(datasets.concatenate_datasets(parts))
+        labelled = labelled.add_column(TEACHER_COLUMN, scores[: len(labelled)])
+        selfsup = selfsup.add_column(TEACHER_COLUMN, scores[len(labelled) :]) if selfsup is not None else None
     return _Pool(labelled, labelled_query_ids, selfsup, selfsup_doc_ids)
 
 
