@@ -202,9 +202,7 @@ class CachedSpladeTrainer(Trainer):
                 self.args.per_device_train_batch_size * world,
                 " (reps gathered across processes)" if world > 1 else "",
                 self.args.gradient_accumulation_steps,
-                self.args.mini_batch_size
-                if self.args.max_memory is None
-                else f"{self.args.mini_batch_size or 'planned'} within max_memory {self.args.max_memory}",
+                _mini_batch_note(self.args),
                 self.args.sparse_reps,
             )
         if isinstance(
@@ -495,3 +493,13 @@ def _check_output_dir_is_free(output_dir: str | None) -> None:
             f"{', ...' if len(found) > 4 else ''}): choose a new output_dir, pass resume_from_checkpoint to "
             "continue that run, or set overwrite_output_dir to write over it"
         )
+
+
+def _mini_batch_note(args: CachedSpladeTrainingArguments) -> str:
+    """The mini-batch size as the first step will have it: given, planned within max_memory (one CUDA
+    device), or the engine's default where max_memory plans nothing."""
+    if args.max_memory is None:
+        return str(args.mini_batch_size)
+    if args.device.type != "cuda" or args.world_size > 1:
+        return f"{args.mini_batch_size or 32} (max_memory {args.max_memory} plans on one CUDA device only)"
+    return f"{args.mini_batch_size or 'planned'} within max_memory {args.max_memory}"

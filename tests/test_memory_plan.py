@@ -5,6 +5,7 @@ gradient; the plan only changes which rows share a mini-batch, a few fp32 ulps o
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ from gradcache_sparton.engine.memory_plan import (
     PlanChoices,
     choose_plan,
 )
-from gradcache_sparton.engine.memory_probe import MemoryPlanner, measure_fits
+from gradcache_sparton.engine.memory_probe import MemoryPlanner, _fits_checked_at, measure_fits
 from gradcache_sparton.engine.memory_size import format_bytes, parse_max_memory, size_bytes
 
 RTOL_FP32 = 1e-5  # see the module docstring
@@ -94,15 +95,18 @@ def test_bad_max_memory_is_one_clear_error(bad) -> None:
 
 
 def test_without_max_memory_the_defaults_are_unchanged(tmp_path) -> None:
-    """Unset options take the engine's defaults (32 rows, no graphs) unless max_memory is to plan them."""
+    """Unset options take the engine's defaults (32 rows, no graphs) unless max_memory is to plan them; the
+    engine's max_memory is off by default, the trainer's auto."""
     config = GradCacheConfig()
     assert (config.mini_batch_size, config.cuda_graphs) == (32, False)
     planned = GradCacheConfig(max_memory="4GiB")
     assert (planned.mini_batch_size, planned.cuda_graphs) == (None, None)
     decided = planned.for_encoder(torch.nn.Linear(2, 2))
     assert (decided.mini_batch_size, decided.cuda_graphs) == (32, False)
-    args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none")
-    assert args.mini_batch_size == 32
+    args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none", max_memory="none")
+    assert args.mini_batch_size == 32 and args.max_memory is None
+    args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none")  # the trainer plans
+    assert args.max_memory == "auto" and args.mini_batch_size is None
     args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none", max_memory="4GiB")
     assert args.mini_batch_size is None and args.grad_cache_config(ROWS).max_memory == "4GiB"
     with pytest.raises(ValueError, match="max_memory"):
@@ -194,6 +198,24 @@ def test_cuda_graphs_where_eager_mini_batches_are_small() -> None:
     assert not large.cuda_graphs and min(large.mini_batch_size.values()) > GRAPH_ROWS
 
 
+def test_graphs_pay_for_their_recording_stream() -> None:
+    """The recording stream's workspace (Footprint.graphs) counts against graphed plans only: a little
+    more than the graphed plan leaves free shrinks its mini-batches, more than the budget leaves graphs out
+    and gives the eager plan unchanged."""
+    choices = PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
+    fits = _measure({False: _fits(0.5 * GIB, 40 * MIB)}, [])
+    usable = 4 * GIB * (1 - PLAN_MARGIN)
+    plain = choose_plan(4 * GIB, ROWS, fits, _footprint(), choices)
+    assert plain.cuda_graphs and set(plain.mini_batch_size.values()) == {GRAPH_ROWS}
+    tighter = replace(_footprint(), graphs=int(usable - plain.predicted_peak) + MIB)
+    shrunk = choose_plan(4 * GIB, ROWS, fits, tighter, choices)
+    assert shrunk.cuda_graphs and max(shrunk.mini_batch_size.values()) < GRAPH_ROWS
+    assert shrunk.predicted_peak <= usable
+    costly = choose_plan(4 * GIB, ROWS, fits, replace(_footprint(), graphs=int(usable)), choices)
+    eager = choose_plan(4 * GIB, ROWS, fits, _footprint(), PlanChoices(dict.fromkeys(ROWS)))
+    assert not costly.cuda_graphs and costly.mini_batch_size == eager.mini_batch_size
+
+
 def test_reuse_argmax_off_where_its_records_crowd_out_rows() -> None:
     """reuse_argmax (left to its default) stays on when its records cost few rows, turns off otherwise."""
     choices = PlanChoices(dict.fromkeys(ROWS))
@@ -249,6 +271,31 @@ def test_probe_leaves_gradients_and_rng_as_they_were(config) -> None:
         assert (p.grad is None) == (before[name] is None), name
         if p.grad is not None:
             assert torch.equal(p.grad, before[name]), name
+
+
+def test_a_plan_beyond_the_probe_is_measured_at_its_own_size(config) -> None:
+    """A planned mini-batch larger than the probe's rows is measured at its size: a peak above the line
+    (here quadratic growth the small probe cannot see) comes back as a fit through that point, which then
+    predicts it; a peak on or below the line leaves the fits as they were (None)."""
+    encoder = make_encoder(config)
+    columns = make_columns(64, 2)
+    trained = [p for p in encoder.parameters() if p.requires_grad]
+    line = {c: ColumnFit.from_points([(8, 1080), (16, 1160), (32, 1320)], 7) for c in columns}
+    rows = {c: 64 for c in columns}
+    plan = choose_plan(10**9, rows, lambda on: line, _footprint(0), PlanChoices({"query": 64, "positive": 8}))
+
+    def peak(curve):
+        def peak_bytes(run, device):
+            rep = run()
+            return curve(len(rep)), rep
+
+        return peak_bytes
+
+    args = (plan, columns, AutocastState.capture(), trained, torch.device("cpu"), encoder)
+    quadratic = _fits_checked_at(*args, peak(lambda r: 1000 + 10 * r + r * r))
+    assert quadratic is not None and quadratic["query"].peak(64) >= 1000 + 640 + 64 * 64
+    assert quadratic["positive"] == line["positive"]  # 8 rows: inside the probe, not measured again
+    assert _fits_checked_at(*args, peak(lambda r: 1000 + 10 * r)) is None
 
 
 def test_cpu_ignores_a_size_with_one_warning(config) -> None:

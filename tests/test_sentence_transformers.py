@@ -538,8 +538,13 @@ def test_data_parallel_replicas_run_their_own_weights(backbone_dir) -> None:
     for original in (model, wrapped):
         replica = original._replicate_for_data_parallel()
         assert replica.forward.__self__ is replica and uses_sparton_head(replica)
-        # DataParallel gives each replica its own parameter tensors: here, a changed decoder bias.
+        # DataParallel gives each replica its own parameter tensors, plain tensors in each module's
+        # _parameters as torch's replicate() leaves them (not nn.Parameter): here, a changed decoder bias.
         replica._modules = {name: copy.deepcopy(module) for name, module in original._modules.items()}
+        for module in replica.modules():
+            for name, parameter in module._parameters.items():
+                if parameter is not None:
+                    module._parameters[name] = parameter.detach().clone().requires_grad_()
         replica[0].auto_model.get_output_embeddings().bias.data += 5.0
         with torch.no_grad():
             ours, theirs = (

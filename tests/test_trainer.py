@@ -147,7 +147,13 @@ _EVERY_FIELD_CONFIG = {
         (_EVERY_FIELD_FLAGS, _EVERY_FIELD_CONFIG),
         (
             {"mini_batch_length_multiple": "16", "cuda_graphs": "true", "sparse_reps": "true"},
-            {"mini_batch_length_multiple": 16, "cuda_graphs": True, "sparse_reps": "true"},
+            # max_memory not given: the trainer's default (auto; the engine's own default is off)
+            {
+                "mini_batch_length_multiple": 16,
+                "cuda_graphs": True,
+                "sparse_reps": "true",
+                "max_memory": "auto",
+            },
         ),
     ],
     ids=["every-field", "cuda-graphs"],

@@ -106,6 +106,8 @@ class GraphedEncoder:
     def __init__(self, encoder: nn.Module) -> None:
         self.encoder = encoder
         self._pool: tuple[int, int] | None = None
+        # One stream warms up and records every graph: each new stream costs its own cuBLAS workspace.
+        self._stream: torch.cuda.Stream | None = None
         self._forward_graphs: dict[ShapeKey, _Graph] = {}
         self._backward_graphs: dict[ShapeKey, _Graph] = {}
         # Per trained parameter that receives a gradient: the .grad tensor the graphs add into.
@@ -219,10 +221,12 @@ class GraphedEncoder:
         device = next(iter(features.values())).device
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+            self._stream = torch.cuda.Stream(device)
+        side = self._stream
+        assert side is not None
         inputs = {name: value.clone() for name, value in features.items()}
         static_grad = None if rep_grad is None else rep_grad.clone()
         with rng.replay():
-            side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side), autocast.replay(cache_enabled=False):
                 body(inputs, static_grad, warm_up=True)
@@ -233,7 +237,7 @@ class GraphedEncoder:
         try:
             with (
                 rng.replay(),
-                torch.cuda.graph(graph, pool=self._pool),
+                torch.cuda.graph(graph, pool=self._pool, stream=side),
                 autocast.replay(cache_enabled=False),
             ):
                 rep = body(inputs, static_grad, warm_up=False)

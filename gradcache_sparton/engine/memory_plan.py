@@ -74,6 +74,7 @@ class ColumnFit:
     width: int = 0
     rep_bytes: int = 4
     density: float = 1.0
+    points: tuple[tuple[int, int], ...] = ()  # the measured (rows, peak bytes) the line was fitted to
 
     @classmethod
     def from_points(cls, points: Sequence[tuple[int, int]], length: int, **reps: float) -> ColumnFit:
@@ -92,7 +93,12 @@ class ColumnFit:
             )
             per_row = max(per_row, 0.0)
             fixed = max(p - per_row * r for r, p in zip(rows, peaks, strict=True))
-        return cls(fixed=fixed, per_row=per_row, length=length, **reps)
+        return cls(fixed=fixed, per_row=per_row, length=length, **reps, points=tuple(points))
+
+    def with_point(self, rows: int, peak: int) -> ColumnFit:
+        """The fit again with one more measured point (it then lies on or above that one too)."""
+        reps = {"width": self.width, "rep_bytes": self.rep_bytes, "density": self.density}
+        return ColumnFit.from_points([*self.points, (rows, peak)], self.length, **reps)
 
     def peak(self, rows: int) -> float:
         """Predicted peak bytes of a mini-batch of ``rows`` rows."""
@@ -112,8 +118,9 @@ class Footprint:
     ``allocated``: already allocated when planning (weights, the batch, gradients and optimizer state
     that exist); ``grads``: parameter gradients not allocated yet; ``optimizer``: optimizer state not
     allocated yet (estimated); ``rep_cache``: the whole batch's reps and their gradients; ``records``:
-    ``reuse_argmax``'s records of the whole batch, were it on. (CUDA graphs add into buffers that become
-    the parameters' ``.grad``: no more than ``grads``.)
+    ``reuse_argmax``'s records of the whole batch, were it on; ``graphs``: what recording CUDA graphs adds
+    once besides each graph's pool, the recording stream's cuBLAS workspaces (measured). (CUDA graphs add
+    into buffers that become the parameters' ``.grad``: no more than ``grads``.)
     """
 
     allocated: int
@@ -121,6 +128,7 @@ class Footprint:
     optimizer: int
     rep_cache: int
     records: int
+    graphs: int = 0
 
     def resident(self, *, records: bool) -> int:
         """Bytes held through Step (3), with or without ``reuse_argmax``'s records."""
@@ -281,7 +289,7 @@ def _candidates(
         else:
             records_options = [True, False] if choices.reuse_argmax is None else [choices.reuse_argmax]
         for records in records_options:
-            resident = footprint.resident(records=records)
+            resident = footprint.resident(records=records) + (footprint.graphs if graphs else 0)
             factor = GRAPH_POOL_FACTOR if graphs else 1.0
             sizes = {}
             for column, cap in rows.items():

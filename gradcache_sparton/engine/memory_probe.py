@@ -37,6 +37,9 @@ AUTO_MARGIN = 0.10
 """``"auto"``: this fraction of what the device has free (plus what this process holds) is left aside."""
 PROBE_ROWS = (8, 16, 32)
 """Row counts the probe measures (those up to the column's rows)."""
+CHECK_ROUNDS = 2
+"""Times a plan's mini-batches beyond ``PROBE_ROWS`` are measured at their own size (the line fitted to
+small mini-batches may under-predict large ones) and the plan chosen again with those points."""
 _RECORD_BYTES = 12  # reuse_argmax: a max (4 bytes) and an argmax (8) per non-zero rep entry
 _SPARSE_ENTRY_BYTES = 12  # sparse_reps: a weight (4 bytes) and an int64 id (8) per non-zero
 
@@ -117,14 +120,25 @@ class MemoryPlanner:
         fits = measure(checkpointing)
         footprint = _footprint(columns, fits, trained, device, self.config, first=not self._planned_once)
         owner = _checkpointing_owner(self.encoder)
+        rows = {column: _rows(features) for column, features in columns.items()}
         try:
             plan = choose_plan(
-                budget,
-                {column: _rows(features) for column, features in columns.items()},
-                lambda on: measured[on] if on in measured else measure(on),
-                footprint,
-                choices,
+                budget, rows, lambda on: measured[on] if on in measured else measure(on), footprint, choices
             )
+            # The line is fitted to small mini-batches: measure the plan's larger ones at their own size
+            # (the encoder's checkpointing is as the plan has it) and choose again where one peaks higher.
+            for _ in range(CHECK_ROUNDS):
+                checked = _fits_checked_at(plan, columns, autocast, trained, device, self.encoder)
+                if checked is None:
+                    break
+                measured[plan.checkpointing] = checked
+                plan = choose_plan(
+                    budget,
+                    rows,
+                    lambda on: measured[on] if on in measured else measure(on),
+                    footprint,
+                    choices,
+                )
         except ValueError:
             if owner is not None and not checkpointing and _checkpointing_on(self.encoder):
                 owner.gradient_checkpointing_disable()  # turned on to measure: back as it was
@@ -198,6 +212,29 @@ def measure_fits(
     return fits
 
 
+def _fits_checked_at(
+    plan: MemoryPlan,
+    columns: Columns,
+    autocast: AutocastState,
+    trained: Sequence[nn.Parameter],
+    device: torch.device,
+    encoder: object,
+    peak_bytes: Callable[[Callable[[], Tensor], torch.device], tuple[int, Tensor]] | None = None,
+) -> dict[str, ColumnFit] | None:
+    """The plan's fits with each mini-batch larger than the probe's measured at its own size and added
+    where it peaks above the prediction; None where none does (``peak_bytes`` as in :func:`measure_fits`)."""
+    fits, raised = dict(plan.fits), False
+    for column, size in plan.mini_batch_size.items():
+        if size <= max(PROBE_ROWS):
+            continue
+        part = {column: columns[column]}
+        measured = measure_fits(encoder, part, autocast, trained, device, (size,), peak_bytes)
+        peak = measured[column].points[0][1]
+        if peak > plan.fits[column].peak(size):
+            fits[column], raised = fits[column].with_point(size, peak), True
+    return fits if raised else None
+
+
 def _cuda_peak_bytes(run: Callable[[], Tensor], device: torch.device) -> tuple[int, Tensor]:
     """``run()``'s peak ``torch.cuda.max_memory_allocated`` above what was allocated before, and its result."""
     torch.cuda.synchronize(device)
@@ -235,7 +272,27 @@ def _footprint(
         optimizer=2 * trainable if first else 0,
         rep_cache=int(rep_cache),
         records=int(records),
+        graphs=_stream_workspace_bytes(device),
     )
+
+
+def _stream_workspace_bytes(device: torch.device) -> int:
+    """Bytes a new CUDA stream's first matmuls allocate (its cuBLAS and cuBLASLt workspaces, per stream,
+    through the caching allocator): what the stream recording CUDA graphs holds. Freed again after."""
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        for dtype in (torch.float32, torch.bfloat16):
+            square = torch.ones(16, 16, device=device, dtype=dtype)
+            product = square @ square  # allocates the stream's workspace (kept by the handle pool)
+            del square, product
+    torch.cuda.synchronize(device)
+    used = torch.cuda.memory_allocated(device) - before
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # private; present in CUDA builds
+    if clear is not None:
+        clear()
+    return max(used, 0)
 
 
 def _budget_bytes(max_memory: str | None, device: torch.device) -> int:

@@ -62,8 +62,12 @@ class SpartonHead(nn.Module):
         """Share the parameters of a masked-LM decoder (``nn.Linear(D, V)``) instead of owning copies."""
         if not isinstance(decoder, nn.Linear):
             raise TypeError(f"decoder must be an nn.Linear, got {type(decoder).__name__}")
-        self.weight = decoder.weight
-        self.bias = decoder.bias
+        for name in ("weight", "bias"):
+            value = getattr(decoder, name)
+            if value is None or isinstance(value, nn.Parameter):
+                setattr(self, name, value)
+            else:  # a DataParallel replica's decoder: torch's replicate() puts plain tensors in _parameters
+                self._parameters[name] = value
 
     def forward(self, hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
         """[B, S, D] hidden states and [B, S] 0/1 mask -> [B, V] sparse reps."""
