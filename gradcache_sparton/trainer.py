@@ -498,7 +498,7 @@ def _check_output_dir_is_free(output_dir: str | None) -> None:
 def _mini_batch_note(args: CachedSpladeTrainingArguments) -> str:
     """The mini-batch size as the first step will have it: given, planned within max_memory (one CUDA
     device), or the engine's default where max_memory plans nothing."""
-    if args.max_memory is None:
+    if args.max_memory is None or (args.mini_batch_size is not None and args.device.type != "cuda"):
         return str(args.mini_batch_size)
     if args.device.type != "cuda" or args.world_size > 1:
         return f"{args.mini_batch_size or 32} (max_memory {args.max_memory} plans on one CUDA device only)"
