@@ -77,6 +77,9 @@ def _sparton_fwd_kernel(
     BLOCK_D: tl.constexpr,
     GROUP_B: tl.constexpr,
 ):
+    if NAN_AWARE:  # noqa: SIM102 (compile-time, then run-time) the NaN-aware launch: only where a logit may be non-finite
+        if tl.load(bounded_ptr) != 0:
+            return
     # Grouped launch order: consecutive programs walk GROUP_B batch rows first, then the next V tile, so
     # the programs resident at once read a few H[b] and a few E tiles, all of which stay in L2.
     pid = tl.program_id(0)
@@ -100,12 +103,6 @@ def _sparton_fwd_kernel(
     # Right padding costs nothing: only the S tiles up to the row's last unmasked position are computed.
     k_tiles = tl.cdiv(D, BLOCK_D)
     n_iters = tl.cdiv(tl.load(len_ptr + b), BLOCK_S) * k_tiles
-    # The NaN-aware launch redoes the work only where a logit may be non-finite; elsewhere it does nothing.
-    store_ok = v_ok
-    if NAN_AWARE:
-        bounded = tl.load(bounded_ptr)
-        n_iters = tl.where(bounded == 0, n_iters, 0)
-        store_ok = v_ok & (offs_v * 0 + bounded == 0)  # a [BLOCK_V] mask (the interpreter wants a block)
     acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
     # One flat loop over (S tile, K step) instead of two nested loops: the software pipeline then runs
     # across S tiles, and the next tile's loads overlap the max/argmax epilogue of the previous one.
@@ -166,8 +163,8 @@ def _sparton_fwd_kernel(
             acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
 
     out = b.to(tl.int64) * V + offs_v
-    tl.store(max_ptr + out, run_max, mask=store_ok)
-    tl.store(arg_ptr + out, run_arg, mask=store_ok)
+    tl.store(max_ptr + out, run_max, mask=v_ok)
+    tl.store(arg_ptr + out, run_arg, mask=v_ok)
 
 
 @triton.jit(do_not_specialize=["B", "S"])
@@ -198,6 +195,9 @@ def _sparton_fwd_packed_kernel(
     BLOCK_D: tl.constexpr,
     GROUP_N: tl.constexpr,
 ):
+    if NAN_AWARE:  # noqa: SIM102 (compile-time, then run-time) as in _sparton_fwd_kernel
+        if tl.load(bounded_ptr) != 0:
+            return
     # Grouped launch order, as in _sparton_fwd_kernel, over groups of ROWS batch rows.
     pid = tl.program_id(0)
     num_v_tiles = tl.cdiv(V, BLOCK_V)
@@ -220,10 +220,6 @@ def _sparton_fwd_packed_kernel(
     e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
     h_cols = h_ptr + rows.to(tl.int64)[:, None] * stride_hb + pos[:, None] * stride_hs  # [BLOCK_N, 1]
     k_steps = tl.cdiv(D, BLOCK_D)
-    # The NaN-aware launch redoes the work only where a logit may be non-finite; elsewhere it does nothing.
-    if NAN_AWARE:
-        bounded = tl.load(bounded_ptr)
-        k_steps = tl.where(bounded == 0, k_steps, 0)
     acc = tl.zeros([BLOCK_V, ROWS * S_PAD], dtype=tl.float32)
     for k in range(0, k_steps):
         dd = k * BLOCK_D + offs_d
@@ -273,8 +269,6 @@ def _sparton_fwd_packed_kernel(
     out_rows = first_row + tl.arange(0, ROWS)  # [G]
     out = out_rows.to(tl.int64)[None, :] * V + offs_v[:, None]  # [BLOCK_V, G]
     out_ok = v_ok[:, None] & (out_rows < B)[None, :]
-    if NAN_AWARE:
-        out_ok = out_ok & (out * 0 + bounded == 0)  # a [BLOCK_V, G] mask (the interpreter wants a block)
     tl.store(max_ptr + out, tl.where(live, row_max, 0.0), mask=out_ok)
     tl.store(arg_ptr + out, tl.where(live, row_arg, 0).to(tl.int32), mask=out_ok)
 
