@@ -56,7 +56,7 @@ SHORT_SHAPES = [
 ]
 # The two forward kernels: one program per (batch row, V tile) walking S tiles, and the packed-rows
 # kernel (G whole rows per product, meant for S <= 64), which the GPU picks for short 16-bit inputs.
-FORWARDS = ["one-row", "packed"]
+FORWARDS = ["one-row", "two-pass", "packed"]  # one-row: one NaN-aware launch; two-pass: plain, then redo
 
 
 def _inputs(
@@ -88,8 +88,9 @@ def _launch_forward(
     from gradcache_sparton.kernels.sparton_forward import sparton_forward
 
     # on a GPU the interpreter's small tiles are valid too (N = 128, 16-wide K): same kernels, same code
-    blocks = {"one-row": _FWD_INTERPRET, "packed": _FWD_PACKED_INTERPRET}[forward]
-    return sparton_forward(h, e, b, m, blocks=blocks)
+    if forward == "packed":
+        return sparton_forward(h, e, b, m, blocks=_FWD_PACKED_INTERPRET)
+    return sparton_forward(h, e, b, m, blocks=_FWD_INTERPRET, two_pass=forward == "two-pass")
 
 
 def _launch_backward(
@@ -247,6 +248,27 @@ def test_forward_kernel_follows_sequence_length(monkeypatch) -> None:
             assert sparton_blocks._default_forward_blocks(dtype, S).block_s == 256
     for S in (16, 512):
         assert sparton_blocks._default_forward_blocks(torch.float32, S).block_s == 64
+
+
+def test_forward_launches_follow_the_product_size(monkeypatch) -> None:
+    """By default the one-row forward runs as two launches (plain, then redo) from 2^39 multiply-adds on (the
+    measured shapes: B 128 S 256 and larger, not B 32 S 256), one NaN-aware launch below; packed always one."""
+    from gradcache_sparton.kernels import sparton_blocks, sparton_forward
+
+    assert sparton_blocks._two_pass_forward(128, 256, 768, 30522)
+    assert sparton_blocks._two_pass_forward(16, 512, 2048, 128256)
+    assert not sparton_blocks._two_pass_forward(32, 256, 768, 30522)
+    passes: list[str] = []
+    monkeypatch.setattr(
+        sparton_forward, "_forward_one_row", lambda *a, nan_pass, **k: passes.append(nan_pass)
+    )
+    monkeypatch.setattr(sparton_forward, "_two_pass_forward", lambda *shape: shape == (3, 40, 16, 24))
+    h, e, b, m = _inputs(3, 40, 16, 24, True, torch.float32, torch.device("cpu"), seed=37)
+    from gradcache_sparton.kernels.sparton_blocks import _FWD_INTERPRET
+
+    sparton_forward.sparton_forward(h, e, b, m, blocks=_FWD_INTERPRET)
+    sparton_forward.sparton_forward(h[:, :39], e, b, m[:, :39], blocks=_FWD_INTERPRET)
+    assert passes == ["plain", "redo", "only"]
 
 
 @pytest.mark.parametrize("forward", FORWARDS)
@@ -487,9 +509,10 @@ def test_reference_backward_non_finite_matches_autograd(site, value) -> None:
 
 def _kernel_non_finite_cases() -> list:
     """Every site and value in fp32 (a fully masked row only with NaN: the one-row kernel skips such rows
-    whatever they hold); bf16, whose tensor-core products are the other path, for a few. The packed
-    kernel (all three rows in one tile, the fully masked one computed and masked) for NaN and +inf at
-    every site the forward reads."""
+    whatever they hold); bf16, whose tensor-core products are the other path, for a few. The two-pass
+    forward (its redo launch must take over wherever the bound fails) and the packed kernel (all three
+    rows in one tile, the fully masked one computed and masked) for NaN and +inf at every site the
+    forward reads."""
     fp32, bf16 = DTYPES[0].values, DTYPES[1].values
     cases = [
         pytest.param(value, site, *fp32, "one-row", id=f"{name}-{site}-fp32")
@@ -502,7 +525,8 @@ def _kernel_non_finite_cases() -> list:
         pytest.param(v, site, *bf16, "one-row", id=f"{name}-{site}-bf16") for v, name, site in bf16_cases
     ]
     cases += [
-        pytest.param(value, site, *fp32, "packed", id=f"packed-{name}-{site}-fp32")
+        pytest.param(value, site, *fp32, forward, id=f"{forward}-{name}-{site}-fp32")
+        for forward in ("two-pass", "packed")
         for value, name in ((NAN, "nan"), (INF, "+inf"))
         for site in NON_FINITE_SITES
         if site != "grad_y"

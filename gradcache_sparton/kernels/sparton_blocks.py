@@ -85,6 +85,14 @@ _FWD_GPU_FP32 = ForwardBlocks(block_s=64, block_v=64, block_d=32, group_b=8, num
 # Interpreter: the smallest tiles tl.dot accepts (16), so the tests' awkward shapes span several tiles.
 _FWD_INTERPRET = ForwardBlocks(block_s=16, block_v=16, block_d=16, group_b=2, num_warps=1, num_stages=1)
 
+# One-row forward in two launches (the plain max, then a NaN-aware redo only where the inputs' bound fails)
+# from this many multiply-adds B·S·V·D on; one NaN-aware launch below. H200, bf16, head_regression A/B against
+# the one-launch kernel (2026-11-26, three calls): 2-9% faster forward at 7.7e11 and above (B 128 S 256,
+# B 64 / 128 S 512, B 16 S 512 D 2,048 V 128,256); at 1.9e11 (B 32 S 256) the bound's reductions and the
+# second launch cost as much as they save. The packed kernel (S <= 64) stays one launch (1.3-1.5x slower
+# in two at S 32).
+_TWO_PASS_MIN_MACS = 2**39
+
 # 16-bit sequences up to this length (queries, issue 15's bound) take the packed-rows kernel.
 _PACKED_MAX_S = 64
 # Packed rows, 16-bit: N = 128 (4 rows at S = 32) x M = 128, the fastest tile timed on an H100.
@@ -182,3 +190,8 @@ def _default_backward_blocks(dtype: torch.dtype) -> BackwardBlocks:
     kernel multiplies fp32 in IEEE FMA, slower than the gather), the interpreter making the same choice."""
     blocks = _BWD_INTERPRET if _interpreting() else _BWD_GPU
     return replace(blocks, short_s=0) if dtype == torch.float32 else blocks
+
+
+def _two_pass_forward(B: int, S: int, D: int, V: int) -> bool:
+    """Whether the one-row forward runs as two launches (see ``_TWO_PASS_MIN_MACS``)."""
+    return B * S * D * V >= _TWO_PASS_MIN_MACS

@@ -14,9 +14,10 @@ positions folded into a running (max, argmax) kept in registers. The running max
 (equivalent to -inf after relu) and is replaced only on a strictly larger value, so the first sequence
 position wins ties (``tl.max`` breaks ties left inside a tile, ``>`` across tiles). NaN ranks above
 +inf and the first NaN wins, as in ``Tensor.max(dim)``: the reference's non-finite semantics exactly
-(see ``reference.py``). That order costs a pass over every tile, so each forward is two launches: the
-plain max, then a NaN-aware launch whose programs redo the work only where the inputs' bound
-(``_logits_bounded``, read on the device) cannot rule out a NaN or infinite logit, and otherwise exit.
+(see ``reference.py``). That order costs a pass over every tile, so large products run in two launches:
+the plain max, then a NaN-aware launch whose programs redo the work only where the inputs' bound
+(``_logits_bounded``, read on the device) cannot rule out a NaN or infinite logit, and otherwise exit;
+smaller ones, where the bound would cost more than it saves, in one NaN-aware launch.
 Only the fp32 max [B, V] and int32 argmax [B, V] are written: the [B, S, V] logits never exist.
 
 Packed forward, for short sequences (SPLADE queries, S <= 64): one program per (group of G batch rows,
@@ -39,6 +40,7 @@ from gradcache_sparton.kernels.sparton_blocks import (
     PackedForwardBlocks,
     _default_forward_blocks,
     _interpreting,
+    _two_pass_forward,
 )
 
 __all__ = ["sparton_forward"]
@@ -56,7 +58,7 @@ def _sparton_fwd_kernel(
     bias_ptr,  # [V] or a dummy when HAS_BIAS is False
     mask_ptr,  # [B, S] uint8 0/1 attention mask
     len_ptr,  # [B] int32: 1 + the last unmasked position of each row (0 for a fully masked row)
-    bounded_ptr,  # [1] int32: 1 where no logit can be NaN or infinite (see _logits_bounded)
+    bounded_ptr,  # [1] int32 ("redo" only): 1 where no logit can be NaN or infinite (see _logits_bounded)
     max_ptr,  # [B, V] fp32 out: max_s of the masked logits, clamped at 0
     arg_ptr,  # [B, V] int32 out: first s attaining it (0 where the max is 0)
     B,
@@ -71,14 +73,14 @@ def _sparton_fwd_kernel(
     EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    NAN_AWARE: tl.constexpr,
+    NAN_PASS: tl.constexpr,  # "only": one NaN-aware launch; "plain" then "redo": see sparton_forward
     BLOCK_S: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GROUP_B: tl.constexpr,
 ):
-    if NAN_AWARE:  # noqa: SIM102 (compile-time, then run-time) the NaN-aware launch: only where a logit may be non-finite
-        if tl.load(bounded_ptr) != 0:
+    if NAN_PASS == "redo":  # noqa: SIM102 (compile-time, then run-time)
+        if tl.load(bounded_ptr) != 0:  # the plain launch's result stands: every logit was finite
             return
     # Grouped launch order: consecutive programs walk GROUP_B batch rows first, then the next V tile, so
     # the programs resident at once read a few H[b] and a few E tiles, all of which stay in L2.
@@ -134,7 +136,7 @@ def _sparton_fwd_kernel(
             if HAS_BIAS:
                 x = x + bias[:, None]
             x = tl.where(keep[None, :], x, float("-inf"))
-            if NAN_AWARE:
+            if NAN_PASS != "plain":
                 # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost)
                 # position, in Tensor.max(dim)'s order: NaN above +inf, the first NaN wins. tl.max's own
                 # comparisons drop or keep a NaN depending on where it sits, so NaN is read as +inf ...
@@ -173,7 +175,6 @@ def _sparton_fwd_packed_kernel(
     e_ptr,  # [V, D] vocabulary embeddings
     bias_ptr,  # [V] or a dummy when HAS_BIAS is False
     mask_ptr,  # [B, S] uint8 0/1 attention mask
-    bounded_ptr,  # [1] int32: 1 where no logit can be NaN or infinite (see _logits_bounded)
     max_ptr,  # [B, V] fp32 out: max_s of the masked logits, clamped at 0
     arg_ptr,  # [B, V] int32 out: first s attaining it (0 where the max is 0)
     B,
@@ -188,16 +189,12 @@ def _sparton_fwd_packed_kernel(
     EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    NAN_AWARE: tl.constexpr,
     S_PAD: tl.constexpr,  # next power of two >= S: the N columns of one batch row
     ROWS: tl.constexpr,  # G batch rows per program; the product's N is ROWS * S_PAD
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GROUP_N: tl.constexpr,
 ):
-    if NAN_AWARE:  # noqa: SIM102 (compile-time, then run-time) as in _sparton_fwd_kernel
-        if tl.load(bounded_ptr) != 0:
-            return
     # Grouped launch order, as in _sparton_fwd_kernel, over groups of ROWS batch rows.
     pid = tl.program_id(0)
     num_v_tiles = tl.cdiv(V, BLOCK_V)
@@ -219,9 +216,8 @@ def _sparton_fwd_packed_kernel(
     n_ok = (rows < B) & (pos < S)
     e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
     h_cols = h_ptr + rows.to(tl.int64)[:, None] * stride_hb + pos[:, None] * stride_hs  # [BLOCK_N, 1]
-    k_steps = tl.cdiv(D, BLOCK_D)
     acc = tl.zeros([BLOCK_V, ROWS * S_PAD], dtype=tl.float32)
-    for k in range(0, k_steps):
+    for k in range(0, tl.cdiv(D, BLOCK_D)):
         dd = k * BLOCK_D + offs_d
         if EVEN_D:
             e = tl.load(e_rows + dd[None, :], mask=v_ok[:, None], other=0.0)
@@ -240,30 +236,22 @@ def _sparton_fwd_packed_kernel(
     if HAS_BIAS:
         x = x + tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)[:, None]
     x = tl.where(keep[None, :], x, float("-inf"))
-    # [BLOCK_V, G·S_PAD] -> [BLOCK_V, G, S_PAD] -> [BLOCK_V, G]: each row's max and first position; NaN-aware
-    # as in _sparton_fwd_kernel (NaN read as +inf by tl.max, and only a tile holding NaN or +inf looks for
-    # the first NaN). Whole rows in one tile: no running max across tiles.
-    if NAN_AWARE:
-        is_nan = x != x
-        row_max, row_arg = tl.max(
-            tl.reshape(tl.where(is_nan, float("inf"), x), [BLOCK_V, ROWS, S_PAD]),
-            axis=2,
-            return_indices=True,
-            return_indices_tie_break_left=True,
-        )
-        if tl.max(tl.max(row_max, axis=1), axis=0) == float("inf"):
-            nan_at = tl.where(is_nan, pos[None, :], S_PAD)  # [BLOCK_V, G·S_PAD]
-            first_nan = tl.min(tl.reshape(nan_at, [BLOCK_V, ROWS, S_PAD]), axis=2)  # [BLOCK_V, G]
-            has_nan = first_nan < S_PAD
-            row_max = tl.where(has_nan, float("nan"), row_max)
-            row_arg = tl.where(has_nan, first_nan, row_arg)
-    else:
-        row_max, row_arg = tl.max(
-            tl.reshape(x, [BLOCK_V, ROWS, S_PAD]),
-            axis=2,
-            return_indices=True,
-            return_indices_tie_break_left=True,
-        )
+    # [BLOCK_V, G·S_PAD] -> [BLOCK_V, G, S_PAD] -> [BLOCK_V, G]: each row's max and first position, in
+    # Tensor.max(dim)'s order, as in _sparton_fwd_kernel: NaN read as +inf by tl.max, and only a tile
+    # holding NaN or +inf looks for the first NaN. Whole rows in one tile: no running max across tiles.
+    is_nan = x != x
+    row_max, row_arg = tl.max(
+        tl.reshape(tl.where(is_nan, float("inf"), x), [BLOCK_V, ROWS, S_PAD]),
+        axis=2,
+        return_indices=True,
+        return_indices_tie_break_left=True,
+    )
+    if tl.max(tl.max(row_max, axis=1), axis=0) == float("inf"):
+        nan_at = tl.where(is_nan, pos[None, :], S_PAD)  # [BLOCK_V, G·S_PAD]
+        first_nan = tl.min(tl.reshape(nan_at, [BLOCK_V, ROWS, S_PAD]), axis=2)  # [BLOCK_V, G]
+        has_nan = first_nan < S_PAD
+        row_max = tl.where(has_nan, float("nan"), row_max)
+        row_arg = tl.where(has_nan, first_nan, row_arg)
     # relu: the max starts at 0 (a max <= 0, -inf for a fully masked row, gives (0, 0)); NaN passes
     live = (row_max > 0) | (row_max != row_max)
     out_rows = first_row + tl.arange(0, ROWS)  # [G]
@@ -296,6 +284,7 @@ def sparton_forward(
     attention_mask: Tensor,
     *,
     blocks: ForwardBlocks | PackedForwardBlocks | None = None,
+    two_pass: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fused forward: (Y [B, V] in the dtype of H, fp32 max [B, V], int32 argmax [B, V]).
 
@@ -303,9 +292,12 @@ def sparton_forward(
     fp16/bf16/fp32 on one device, bias [V] or None, a 0/1 mask [B, S]. Y = log1p(max), computed from the
     fp32 max and rounded once to the output dtype. ``blocks`` picks the kernel: ``ForwardBlocks`` the
     one-row kernel (any S), ``PackedForwardBlocks`` the packed-rows one (short S); by default the
-    packed one for 16-bit inputs with S <= 64, the one-row one otherwise.
+    packed one for 16-bit inputs with S <= 64, the one-row one otherwise. ``two_pass`` (one-row kernel
+    only): the plain max, then a NaN-aware launch that redoes the work only where the inputs' bound cannot
+    rule out a NaN or infinite logit (read on the device, no sync), instead of one NaN-aware launch; by
+    default where the product is large enough to pay for the bound (``_two_pass_forward``).
     """
-    B, S, _ = hidden_states.shape
+    B, S, D = hidden_states.shape
     V = weight.shape[0]
     blocks = blocks or _default_forward_blocks(hidden_states.dtype, S)
     h = hidden_states.contiguous()
@@ -314,12 +306,16 @@ def sparton_forward(
     mx = torch.empty(B, V, device=h.device, dtype=torch.float32)
     arg = torch.empty(B, V, device=h.device, dtype=torch.int32)
     bias = bias.contiguous() if bias is not None else None
-    bounded = _logits_bounded(h, e, bias)
-    launch = _forward_packed if isinstance(blocks, PackedForwardBlocks) else _forward_one_row
-    # The plain max everywhere, then a NaN-aware pass that redoes the work only if a logit may be NaN or
-    # infinite (decided on the device: no sync); Tensor.max(dim)'s NaN order costs the common case nothing.
-    for nan_aware in (False, True):
-        launch(h, e, bias, mask, bounded, mx, arg, blocks, nan_aware=nan_aware)
+    if isinstance(blocks, PackedForwardBlocks):
+        if two_pass:
+            raise ValueError("two_pass=True runs the one-row kernel only (blocks: ForwardBlocks)")
+        _forward_packed(h, e, bias, mask, mx, arg, blocks)
+    elif _two_pass_forward(B, S, D, V) if two_pass is None else two_pass:
+        bounded = _logits_bounded(h, e, bias)
+        for nan_pass in ("plain", "redo"):
+            _forward_one_row(h, e, bias, mask, mx, arg, blocks, nan_pass=nan_pass, bounded=bounded)
+    else:
+        _forward_one_row(h, e, bias, mask, mx, arg, blocks, nan_pass="only")
     y = torch.log1p(mx).to(hidden_states.dtype)  # [B, V]; relu already applied (max starts at 0)
     return y, mx, arg
 
@@ -347,12 +343,12 @@ def _forward_one_row(
     e: Tensor,
     bias: Tensor | None,
     mask: Tensor,
-    bounded: Tensor,
     mx: Tensor,
     arg: Tensor,
     blocks: ForwardBlocks,
     *,
-    nan_aware: bool,
+    nan_pass: str,
+    bounded: Tensor | None = None,
 ) -> None:
     """One program per (batch row, V tile), walking the row's S tiles (``_sparton_fwd_kernel``)."""
     B, S, D = h.shape
@@ -367,7 +363,7 @@ def _forward_one_row(
         bias if bias is not None else mx,  # dummy pointer, never read without bias
         mask,
         lengths,
-        bounded,
+        bounded if bounded is not None else lengths,  # dummy pointer, read only by the "redo" pass
         mx,
         arg,
         B,
@@ -381,7 +377,7 @@ def _forward_one_row(
         HAS_BIAS=bias is not None,
         EVEN_D=D % blocks.block_d == 0,
         **_forward_dot_mode(h.dtype),
-        NAN_AWARE=nan_aware,
+        NAN_PASS=nan_pass,
         BLOCK_S=blocks.block_s,
         BLOCK_V=blocks.block_v,
         BLOCK_D=blocks.block_d,
@@ -396,12 +392,9 @@ def _forward_packed(
     e: Tensor,
     bias: Tensor | None,
     mask: Tensor,
-    bounded: Tensor,
     mx: Tensor,
     arg: Tensor,
     blocks: PackedForwardBlocks,
-    *,
-    nan_aware: bool,
 ) -> None:
     """One program per (G batch rows, V tile), G = block_n // S_pad (``_sparton_fwd_packed_kernel``).
 
@@ -418,7 +411,6 @@ def _forward_packed(
         e,
         bias if bias is not None else mx,  # dummy pointer, never read without bias
         mask,
-        bounded,
         mx,
         arg,
         B,
@@ -432,7 +424,6 @@ def _forward_packed(
         HAS_BIAS=bias is not None,
         EVEN_D=D % blocks.block_d == 0,
         **_forward_dot_mode(h.dtype),
-        NAN_AWARE=nan_aware,
         S_PAD=s_pad,
         ROWS=rows,
         BLOCK_V=blocks.block_v,
