@@ -52,6 +52,7 @@ Legend: mb mini-batch rows, S sequence, V rep width.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ from gradcache_sparton.engine.mini_batch import Rows
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.types import Columns, Features, MiniBatch
 
-__all__ = ["GraphRun", "GraphedEncoder"]
+__all__ = ["GraphRun", "GraphedEncoder", "recording_stream"]
 
 # (feature name, shape, dtype) per feature, the encoder's training flag, the autocast settings.
 ShapeKey = tuple[tuple[tuple[str, tuple[int, ...], torch.dtype], ...], bool, tuple[object, ...]]
@@ -106,8 +107,6 @@ class GraphedEncoder:
     def __init__(self, encoder: nn.Module) -> None:
         self.encoder = encoder
         self._pool: tuple[int, int] | None = None
-        # One stream warms up and records every graph: each new stream costs its own cuBLAS workspace.
-        self._stream: torch.cuda.Stream | None = None
         self._forward_graphs: dict[ShapeKey, _Graph] = {}
         self._backward_graphs: dict[ShapeKey, _Graph] = {}
         # Per trained parameter that receives a gradient: the .grad tensor the graphs add into.
@@ -221,9 +220,7 @@ class GraphedEncoder:
         device = next(iter(features.values())).device
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-            self._stream = torch.cuda.Stream(device)
-        side = self._stream
-        assert side is not None
+        side = recording_stream(device.index if device.index is not None else torch.cuda.current_device())
         inputs = {name: value.clone() for name, value in features.items()}
         static_grad = None if rep_grad is None else rep_grad.clone()
         with rng.replay():
@@ -277,6 +274,14 @@ class GraphRun:
         assert grad is not None  # zero-gradient replays come with data parallelism only, which graphs refuse
         # Forward and backward in one graph launch.
         return self.graphs.replay(mb.features, grad, mb.rng, autocast)
+
+
+@functools.cache
+def recording_stream(device: int) -> torch.cuda.Stream:
+    """The one stream that warms up and records every CUDA graph on GPU ``device``: each stream a matmul
+    runs on holds its own cuBLAS workspace, so one stream for all recordings holds one (which
+    ``max_memory``'s plan measures on this same stream)."""
+    return torch.cuda.Stream(device)
 
 
 def _reentrant_checkpoint_in(rep: Tensor) -> bool:

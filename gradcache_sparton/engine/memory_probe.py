@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
+from gradcache_sparton.engine.cuda_graphs import recording_stream
 from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.memory_plan import (
     PLAN_MARGIN,
@@ -42,6 +43,7 @@ CHECK_ROUNDS = 2
 small mini-batches may under-predict large ones) and the plan chosen again with those points."""
 _RECORD_BYTES = 12  # reuse_argmax: a max (4 bytes) and an argmax (8) per non-zero rep entry
 _SPARSE_ENTRY_BYTES = 12  # sparse_reps: a weight (4 bytes) and an int64 id (8) per non-zero
+_WORKSPACE_BYTES: dict[int, int] = {}  # per GPU: the recording stream's workspace (_stream_workspace_bytes)
 
 
 class MemoryPlanner:
@@ -266,33 +268,35 @@ def _footprint(
         # Reps and their gradients; sparse_reps "true" holds the non-zeros ("auto" may stay dense).
         rep_cache += 2 * (nnz * _SPARSE_ENTRY_BYTES if config.sparse_reps == "true" else dense)
         records += nnz * _RECORD_BYTES
+    # First, so that the recording stream's workspace is among what is allocated whatever the plan; a
+    # graphed plan counts it once more: a capture may take its workspace anew from the graphs' pool.
+    workspace = _stream_workspace_bytes(device)
     return Footprint(
         allocated=torch.cuda.memory_allocated(device),
         grads=missing,
         optimizer=2 * trainable if first else 0,
         rep_cache=int(rep_cache),
         records=int(records),
-        graphs=_stream_workspace_bytes(device),
+        graphs=workspace,
     )
 
 
 def _stream_workspace_bytes(device: torch.device) -> int:
-    """Bytes a new CUDA stream's first matmuls allocate (its cuBLAS and cuBLASLt workspaces, per stream,
-    through the caching allocator): what the stream recording CUDA graphs holds. Freed again after."""
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    stream = torch.cuda.Stream(device)
-    with torch.cuda.stream(stream):
-        for dtype in (torch.float32, torch.bfloat16):
-            square = torch.ones(16, 16, device=device, dtype=dtype)
-            product = square @ square  # allocates the stream's workspace (kept by the handle pool)
-            del square, product
-    torch.cuda.synchronize(device)
-    used = torch.cuda.memory_allocated(device) - before
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # private; present in CUDA builds
-    if clear is not None:
-        clear()
-    return max(used, 0)
+    """Bytes the first matmuls on the stream that records CUDA graphs allocate (its cuBLAS and cuBLASLt
+    workspaces, kept per stream through the caching allocator), measured once per process and device: the
+    first call allocates them, later calls return the same number."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _WORKSPACE_BYTES:
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        with torch.cuda.stream(recording_stream(index)):
+            for dtype in (torch.float32, torch.bfloat16):
+                square = torch.ones(16, 16, device=device, dtype=dtype)
+                product = square @ square  # allocates the stream's workspace the first time
+                del square, product
+        torch.cuda.synchronize(device)
+        _WORKSPACE_BYTES[index] = max(torch.cuda.memory_allocated(device) - before, 0)
+    return _WORKSPACE_BYTES[index]
 
 
 def _budget_bytes(max_memory: str | None, device: torch.device) -> int:
