@@ -617,19 +617,28 @@ def test_config_or_its_fields_as_keywords_build_the_same_engine(config) -> None:
 
 def test_config_decides_its_automatic_defaults(config) -> None:
     """check_replay and reuse_argmax left None are on for an eager encoder and off for a compiled one (a
-    torch.compile wrapper or a module compiled in place inside it), unless set; cuda_graphs turns the
-    reuse_argmax default off; sparse_reps takes bools and any case and keeps one spelling."""
+    torch.compile wrapper or a module compiled in place inside it), unless set; a compiled encoder's lengths
+    are rounded to multiples of 32 unless set; cuda_graphs turns the reuse_argmax default off; sparse_reps
+    takes bools and any case and keeps one spelling."""
     encoder = make_encoder(config)
     eager = GradCacheConfig().for_encoder(encoder)
-    assert (eager.check_replay, eager.reuse_argmax) == (True, True)
+    assert (eager.check_replay, eager.reuse_argmax, eager.mini_batch_length_multiple) == (True, True, None)
     for compiled in (torch.compile(encoder), torch.nn.Sequential(make_encoder(config))):
         if isinstance(compiled, torch.nn.Sequential):
             compiled[0].compile()
         assert is_compiled(compiled) and not is_compiled(encoder)
         decided = GradCacheConfig().for_encoder(compiled)
-        assert (decided.check_replay, decided.reuse_argmax) == (False, False)
-        kept = GradCacheConfig(check_replay=True, reuse_argmax=True).for_encoder(compiled)
-        assert (kept.check_replay, kept.reuse_argmax) == (True, True)
+        assert (decided.check_replay, decided.reuse_argmax, decided.mini_batch_length_multiple) == (
+            False,
+            False,
+            32,
+        )
+        kept = GradCacheConfig(check_replay=True, reuse_argmax=True, mini_batch_length_multiple=8)
+        assert (kept.for_encoder(compiled).check_replay, kept.for_encoder(compiled).reuse_argmax) == (
+            True,
+            True,
+        )
+        assert kept.for_encoder(compiled).mini_batch_length_multiple == 8
     graphed = GradCacheConfig(cuda_graphs=True, mini_batch_length_multiple=8)
     assert graphed.reuse_argmax is False and graphed.for_encoder(encoder).reuse_argmax is False
     spellings = [GradCacheConfig(sparse_reps=value).sparse_reps for value in (True, False, "AUTO", "False")]

@@ -20,8 +20,9 @@ from gradcache_sparton.engine.memory_size import parse_max_memory
 
 __all__ = ["GradCacheConfig", "is_compiled"]
 
-# ``mini_batch_length_multiple`` under ``cuda_graphs`` when not given: rows the collator pads to multiples
-# of 8 then come in at most S / 32 + 1 lengths per column, one graph pair each.
+# ``mini_batch_length_multiple`` under ``cuda_graphs`` or for a compiled encoder when not given: rows the
+# collator pads to multiples of 8 then come in at most S / 32 + 1 lengths per column, one graph pair (or one
+# compiled program) each.
 _GRAPHED_LENGTH_MULTIPLE = 32
 # Rows per mini-batch when neither mini_batch_size nor max_memory says.
 _DEFAULT_MINI_BATCH_SIZE = 32
@@ -83,7 +84,8 @@ class GradCacheConfig:
             "help": "Round each mini-batch's length (its longest row) up to a multiple of this, within the "
             "batch's padding: mini-batches then come in a few shapes (at most ceil(S / m) + 1 lengths per "
             "column), which a compiled encoder with static shapes and cuda_graphs need; the loss and "
-            "gradients are unchanged. Default: each mini-batch is cut to its longest row; 32 under cuda_graphs."
+            "gradients are unchanged. Default: each mini-batch is cut to its longest row; 32 under cuda_graphs and "
+            "for a compiled encoder (torch_compile)."
         },
     )
     same_batch_size: bool = field(
@@ -228,8 +230,10 @@ class GradCacheConfig:
 
     def for_encoder(self, encoder: object) -> GradCacheConfig:
         """A copy with the automatic defaults that depend on ``encoder`` decided: ``check_replay`` and
-        ``reuse_argmax`` off for a compiled encoder unless set, on otherwise; what ``max_memory`` would plan
-        and is not planned yet takes the engine's defaults (32 rows, no CUDA graphs)."""
+        ``reuse_argmax`` off for a compiled encoder unless set, on otherwise; a compiled encoder's
+        mini-batch lengths rounded to multiples of 32 unless ``mini_batch_length_multiple`` is set (few
+        shapes: few recompilations); what ``max_memory`` would plan and is not planned yet takes the engine's
+        defaults (32 rows, no CUDA graphs)."""
         compiled = is_compiled(encoder)
         sizes = self.mini_batch_size
         if isinstance(sizes, Mapping):
@@ -242,6 +246,9 @@ class GradCacheConfig:
             cuda_graphs=bool(self.cuda_graphs),
             check_replay=not compiled if self.check_replay is None else self.check_replay,
             reuse_argmax=not compiled if self.reuse_argmax is None else self.reuse_argmax,
+            mini_batch_length_multiple=_GRAPHED_LENGTH_MULTIPLE
+            if compiled and self.mini_batch_length_multiple is None
+            else self.mini_batch_length_multiple,
         )
 
     def mini_batch_sizes(self, columns: Mapping[str, object]) -> dict[str, int | None]:
