@@ -134,7 +134,9 @@ class CachedSpladeTrainer(Trainer):
         if train_dataset is not None:
             # sentence-transformers' columns: anchor/negative names; by position for its own models.
             train_dataset = from_sentence_transformers_columns(train_dataset, positional=self._sparse_encoder)
-            text_columns = validate_training_dataset(train_dataset)
+            # Repeated pairs: load_training_data warns of them in the data (once, not again here), and the
+            # collator of each batch where copies meet (the in-batch false negatives themselves).
+            text_columns = validate_training_dataset(train_dataset, warn_repeats=False)
         validate_run(
             args,
             num_train_rows=None if train_dataset is None else len(train_dataset),

@@ -576,13 +576,17 @@ def test_empty_text_is_refused_with_file_and_line(tmp_path: Path, row: dict, col
 
 
 def test_repeated_pairs_are_reported_in_the_data_and_in_a_batch(tmp_path: Path, tokenizer, caplog) -> None:
-    """A (query, positive) pair repeated in the data is a warning with its count; a positive repeated inside
-    one batch (an in-batch false negative) is a warning and counted by the collator."""
+    """A (query, positive) pair repeated in the data is a warning with its count, once (not again when the
+    trainer checks the loaded data); a positive repeated inside one batch (an in-batch false negative) is a
+    warning and counted by the collator."""
     rows = [{"query": "q", "positive": "p"}, {"query": "r", "positive": "s"}, {"query": "q", "positive": "p"}]
     with caplog.at_level("WARNING"):
         dataset = load_training_data(_write_jsonl(tmp_path / "rows.jsonl", rows))
     assert "1 row(s) repeat an earlier row's (query, positive) pair (e.g. row 2 repeats row 0)" in caplog.text
     caplog.clear()
+    with caplog.at_level("WARNING"):  # the trainer's second look at loaded data: no second warning
+        validate_training_dataset(dataset, warn_repeats=False)
+    assert not caplog.text
     collator = TrainingCollator(tokenizer, query_max_length=8, document_max_length=8)
     with caplog.at_level("WARNING"):
         collator([dataset[0], dataset[1]])

@@ -74,7 +74,7 @@ def check_dataset_type(value: object, *, name: str) -> None:
     raise TypeError(f"{name} must be a datasets.Dataset, got {type(value).__name__}")
 
 
-def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
+def validate_training_dataset(dataset: datasets.Dataset, *, warn_repeats: bool = True) -> list[str]:
     """Check a training dataset and return its text columns in collator order.
 
     Checks, each raising ``ValueError`` that names the column (and row, where one is at fault):
@@ -83,7 +83,7 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
     cell (a null ``negative_i`` cell is a row with fewer negatives); every ``negatives`` list has the
     same length; no text is empty or whitespace only; every other column is numeric, and a list-valued one
     has the same length in every row. A row-level fault is a :class:`RowError` (with ``.row``). Rows that
-    repeat an earlier row's (query, positive) pair are counted and logged as a warning.
+    repeat an earlier row's (query, positive) pair are counted and logged as a warning (``warn_repeats``).
 
     Returns e.g. ``["query", "positive", "negative_1", "negative_2"]`` or
     ``["query", "positive", "negatives"]``.
@@ -131,7 +131,8 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
                 )
         for name in columns:
             _check_no_blank_text(table.column(name), name, offset)
-        pair_hashes.append(_pair_hashes(table))
+        if warn_repeats:
+            pair_hashes.append(_pair_hashes(table))
         for name in list_columns:
             lengths = pc.list_value_length(table.column(name))
             expected = first_lengths.setdefault(name, lengths[0].as_py())
@@ -146,6 +147,8 @@ def validate_training_dataset(dataset: datasets.Dataset) -> list[str]:
         offset += table.num_rows
     if first_lengths.get(NEGATIVES_COLUMN) == 0:
         raise ValueError(f"column {NEGATIVES_COLUMN!r} holds empty lists: drop the column instead")
+    if not warn_repeats:
+        return columns
     repeated, row, first = _repeated_pairs(np.concatenate(pair_hashes))
     if repeated:
         logger.warning(
