@@ -220,7 +220,7 @@ class GraphedEncoder:
         device = next(iter(features.values())).device
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        side = recording_stream(device.index if device.index is not None else torch.cuda.current_device())
+        side = recording_stream(device)
         inputs = {name: value.clone() for name, value in features.items()}
         static_grad = None if rep_grad is None else rep_grad.clone()
         with rng.replay():
@@ -276,12 +276,16 @@ class GraphRun:
         return self.graphs.replay(mb.features, grad, mb.rng, autocast)
 
 
+def recording_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one stream that warms up and records every CUDA graph on ``device``: each stream a matmul runs
+    on holds its own cuBLAS workspace, so one stream for all recordings holds one (which ``max_memory``'s
+    plan measures on this same stream)."""
+    return _stream_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.cache
-def recording_stream(device: int) -> torch.cuda.Stream:
-    """The one stream that warms up and records every CUDA graph on GPU ``device``: each stream a matmul
-    runs on holds its own cuBLAS workspace, so one stream for all recordings holds one (which
-    ``max_memory``'s plan measures on this same stream)."""
-    return torch.cuda.Stream(device)
+def _stream_of(index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(index)
 
 
 def _reentrant_checkpoint_in(rep: Tensor) -> bool:

@@ -43,7 +43,8 @@ CHECK_ROUNDS = 2
 small mini-batches may under-predict large ones) and the plan chosen again with those points."""
 _RECORD_BYTES = 12  # reuse_argmax: a max (4 bytes) and an argmax (8) per non-zero rep entry
 _SPARSE_ENTRY_BYTES = 12  # sparse_reps: a weight (4 bytes) and an int64 id (8) per non-zero
-_WORKSPACE_BYTES: dict[int, int] = {}  # per GPU: the recording stream's workspace (_stream_workspace_bytes)
+# The recording stream's workspace bytes, per stream (one per GPU): _stream_workspace_bytes
+_WORKSPACE_BYTES: dict[torch.cuda.Stream, int] = {}
 
 
 class MemoryPlanner:
@@ -123,10 +124,12 @@ class MemoryPlanner:
         footprint = _footprint(columns, fits, trained, device, self.config, first=not self._planned_once)
         owner = _checkpointing_owner(self.encoder)
         rows = {column: _rows(features) for column, features in columns.items()}
+
+        def fits_for(on: bool) -> dict[str, ColumnFit]:
+            return measured[on] if on in measured else measure(on)
+
         try:
-            plan = choose_plan(
-                budget, rows, lambda on: measured[on] if on in measured else measure(on), footprint, choices
-            )
+            plan = choose_plan(budget, rows, fits_for, footprint, choices)
             # The line is fitted to small mini-batches: measure the plan's larger ones at their own size
             # (the encoder's checkpointing is as the plan has it) and choose again where one peaks higher.
             for _ in range(CHECK_ROUNDS):
@@ -134,13 +137,7 @@ class MemoryPlanner:
                 if checked is None:
                     break
                 measured[plan.checkpointing] = checked
-                plan = choose_plan(
-                    budget,
-                    rows,
-                    lambda on: measured[on] if on in measured else measure(on),
-                    footprint,
-                    choices,
-                )
+                plan = choose_plan(budget, rows, fits_for, footprint, choices)
         except ValueError:
             if owner is not None and not checkpointing and _checkpointing_on(self.encoder):
                 owner.gradient_checkpointing_disable()  # turned on to measure: back as it was
@@ -285,18 +282,18 @@ def _stream_workspace_bytes(device: torch.device) -> int:
     """Bytes the first matmuls on the stream that records CUDA graphs allocate (its cuBLAS and cuBLASLt
     workspaces, kept per stream through the caching allocator), measured once per process and device: the
     first call allocates them, later calls return the same number."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _WORKSPACE_BYTES:
+    stream = recording_stream(device)
+    if stream not in _WORKSPACE_BYTES:
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
-        with torch.cuda.stream(recording_stream(index)):
+        with torch.cuda.stream(stream):
             for dtype in (torch.float32, torch.bfloat16):
                 square = torch.ones(16, 16, device=device, dtype=dtype)
                 product = square @ square  # allocates the stream's workspace the first time
                 del square, product
         torch.cuda.synchronize(device)
-        _WORKSPACE_BYTES[index] = max(torch.cuda.memory_allocated(device) - before, 0)
-    return _WORKSPACE_BYTES[index]
+        _WORKSPACE_BYTES[stream] = max(torch.cuda.memory_allocated(device) - before, 0)
+    return _WORKSPACE_BYTES[stream]
 
 
 def _budget_bytes(max_memory: str | None, device: torch.device) -> int:
