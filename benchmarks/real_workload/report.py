@@ -20,7 +20,17 @@ from benchmarks.real_workload.configs import variant_name
 from benchmarks.real_workload.models import sentence_transformers_version
 from benchmarks.real_workload.targets import evaluate_targets
 
-__all__ = ["finish", "markdown", "merge", "metadata", "plot", "plot_style", "record", "write_outputs"]
+__all__ = [
+    "finish",
+    "markdown",
+    "merge",
+    "metadata",
+    "plot",
+    "plot_style",
+    "record",
+    "show",
+    "write_outputs",
+]
 
 
 def _cell(x: object, fmt: str = "{:.2f}") -> str:
