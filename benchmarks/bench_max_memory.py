@@ -13,8 +13,8 @@ order (``--providers ours,st``, both by default, picks them):
                     and 64, 128, 256 and 512 rows eagerly;
   st-mb<N>          sentence-transformers' ``CachedSpladeLoss`` over a ``SparseEncoder`` of the same
                     weights (``benchmarks.real_workload.steps.make_sentence_transformers``) at 16, 32, 64,
-                    128 and 512 rows per mini-batch, and 160 rows with activation checkpointing
-                    (``st+ckpt-mb160``); run only where sentence-transformers is installed (otherwise
+                    128, 256 and 512 rows per mini-batch, and 16 and 160 rows with activation
+                    checkpointing (``st+ckpt-mb16``, ``st+ckpt-mb160``); run only where sentence-transformers is installed (otherwise
                     recorded as skipped, with a note).
 
 Per configuration: two warm-up steps (the first plans, or records graphs), then ``--steps`` timed steps;
@@ -33,9 +33,9 @@ Run from the repository root on the GPU machine:
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True HF_HUB_OFFLINE=1 \\
         python -m benchmarks.bench_max_memory --out $OUT/max_memory
 
-At the defaults that is 18 configurations of 2 warm-up and 2 timed steps each; estimated from earlier
-per-step times, about 6 minutes on an H100: about 4 for ours (12 rows of 1-3 s steps, model setup and
-calibration included) and about 1.5 for sentence-transformers' (steps of 2-6 s; 512 rows run out of
+At the defaults that is 20 configurations of 2 warm-up and 2 timed steps each; estimated from earlier
+per-step times, about 7 minutes on an H100: about 4 for ours (12 rows of 1-3 s steps, model setup and
+calibration included) and about 2.5 for sentence-transformers' (steps of 2-6 s; 512 rows run out of
 memory on an 80 GB card). ``--budget_s`` (480) records every configuration not started by then as
 skipped, so a call ends within about 8 minutes. ``--smoke`` runs a tiny random model on a few rows on
 the CPU in seconds (max_memory is ignored there with a warning; one sentence-transformers row where it
@@ -126,7 +126,8 @@ HAND_TUNED = (
 )
 # The row most likely to run out of memory (512 rows: 48 GiB at 256 on an H100) last.
 SENTENCE_TRANSFORMERS = (
-    *(Config(f"st-mb{n}", mini_batch_size=n, provider="st") for n in (16, 32, 64, 128)),
+    Config("st+ckpt-mb16", mini_batch_size=16, checkpointing=True, provider="st"),
+    *(Config(f"st-mb{n}", mini_batch_size=n, provider="st") for n in (16, 32, 64, 128, 256)),
     Config("st+ckpt-mb160", mini_batch_size=160, checkpointing=True, provider="st"),
     Config("st-mb512", mini_batch_size=512, provider="st"),
 )
