@@ -415,6 +415,26 @@ def test_triton_backward_follows_the_density_of_y(kernel_device) -> None:
             assert torch.equal(got, want)
 
 
+def test_triton_backward_takes_the_b_loop_under_by_column_min_b_rows(kernel_device) -> None:
+    """Under ``by_column_min_b`` rows the backward takes the dense regime's kernels (grad_E's b loop; at
+    this short S, grad_H on the tensor cores) even where Y is sparse: bitwise the forced dense path, and
+    not the sparse one's (the two sum in different orders on these inputs)."""
+    from gradcache_sparton.kernels.sparton_backward import sparton_backward
+    from gradcache_sparton.kernels.sparton_blocks import _BWD_INTERPRET
+
+    V = 211
+    h, e, b, m = _inputs(5, 29, 24, V, True, torch.float32, kernel_device, seed=29)
+    _, mx, arg = _launch_forward(h, e, b, m)
+    g = torch.randn(5, V, generator=torch.Generator().manual_seed(30)).to(kernel_device)
+    sparse = g * (torch.rand(5, V, generator=torch.Generator().manual_seed(31)) < 0.2).to(kernel_device)
+    few_rows = replace(_BWD_INTERPRET, by_column_min_b=6)  # B = 5
+    got = sparton_backward(sparse, h, e, mx, arg, blocks=few_rows)[:2]
+    forced = {k: _launch_backward(sparse, h, e, mx, arg, k)[:2] for k in ("sparse-short", "dense-short")}
+    assert any(not torch.equal(one, other) for one, other in zip(*forced.values(), strict=True))
+    for one, want in zip(got, forced["dense-short"], strict=True):
+        assert torch.equal(one, want)
+
+
 @pytest.mark.parametrize("path", BACKWARD_PATHS)
 def test_triton_backward_zero_where_output_zero_or_masked(kernel_device, path) -> None:
     """Masked positions, fully masked rows and all-negative columns get exactly zero gradient."""

@@ -362,13 +362,15 @@ def _sparse_backward(
     blocks: BackwardBlocks,
 ) -> tuple[Tensor | None, Tensor | None]:
     """(grad_H, grad_E), each None where ``needs`` (H, E) says it is not needed. The count of non-zeros,
-    read on the device, picks each one's kernel (``blocks.by_column_below``, ``blocks.short_s``)."""
+    read on the device, picks each one's kernel (``blocks.by_column_below``, ``blocks.short_s``); under
+    ``blocks.by_column_min_b`` rows, the dense regime's kernels whatever the count."""
     need_h, need_e = needs
     B, S, _ = h.shape
     V = e.shape[0]
     live = torch.count_nonzero(coef)  # [] int64, read by the kernels on the device
     # the sparse regime where live < limit; clamped so that 0 means never and anything above 1 always
-    limit = min(max(int(blocks.by_column_below * B * V), 0), B * V + 1)
+    below = blocks.by_column_below if blocks.by_column_min_b <= B else 0.0
+    limit = min(max(int(below * B * V), 0), B * V + 1)
     short = blocks.short_s >= S
     order = col_offsets = None
     if limit > 0 and (need_e or (need_h and short)):

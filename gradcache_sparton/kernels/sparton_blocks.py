@@ -57,6 +57,9 @@ class BackwardBlocks:
     # grad_E runs by column where fewer than this fraction of Y's B·V entries are non-zero, else the b
     # loop; decided on the device (no sync). 0: always the b loop; above 1: always by column.
     by_column_below: float
+    # Fewer batch rows than this: the b loop whatever the density (its B dependent steps are few, and the
+    # column layout's launches cost more than they save).
+    by_column_min_b: int
     # S <= short_s: grad_H's layout is built from grad_E's column layout where Y is sparse, and grad_H
     # runs on the tensor cores where it is dense. Longer S: grad_H's layout by a stable sort of all B·V
     # keys, whatever the density. (The default blocks set it to 0 for fp32 inputs.)
@@ -118,6 +121,7 @@ _BWD_GPU = BackwardBlocks(
     c_block_d=128,
     c_num_warps=1,
     by_column_below=0.25,
+    by_column_min_b=64,
     short_s=64,
 )
 # grad_E's column layout (a two-pass counting sort): rows x columns per program, the fastest timed on an H100.
@@ -141,6 +145,7 @@ _BWD_INTERPRET = BackwardBlocks(
     c_block_d=16,
     c_num_warps=1,
     by_column_below=0.25,
+    by_column_min_b=1,  # the tests' B are 1-8: both regimes reachable
     short_s=64,
 )
 
