@@ -3,7 +3,7 @@ a recorded baseline (or another tree measured in the same call), failing where o
 
 Legend: B batch, S sequence, D hidden, V vocabulary.
 
-The standard set (bf16, all-ones mask): documents (B 32 / 128 at S 256, B 64 / 128 at S 512), queries
+The standard set (bf16, all-ones bool mask, as the encoder passes it): documents (B 32 / 128 at S 256, B 64 / 128 at S 512), queries
 (B 128 / 512 at S 32, B 512 at S 64), at D 768 and V 30,522, and one LLM shape (B 16, S 512, D 2,048,
 V 128,256); each at two densities of Y set by the random bias's mean: ``sparse`` (-3.2, a few percent of
 Y > 0, as a trained SPLADE model's reps) and ``dense`` (-2.9, about half, as a random-init head's). Each
@@ -73,7 +73,9 @@ def measure(shape: tuple[int, int, int, int], density: str) -> dict:
     e = (torch.randn(V, D, device="cuda", generator=generator) / D**0.5).to(torch.bfloat16)
     bias = BIAS_MEANS[density] + 0.1 * torch.randn(V, device="cuda", generator=generator)
     bias = bias.to(torch.bfloat16)
-    mask = torch.ones(B, S, device="cuda", dtype=torch.long)
+    # bool, as SpladeEncoder passes it: an integer mask costs the head a 0/1 value check, a device sync per
+    # call, which would time the host's launch latency after each sync instead of the kernels' work
+    mask = torch.ones(B, S, device="cuda", dtype=torch.bool)
     grad_y = torch.randn(B, V, device="cuda", generator=generator).to(torch.bfloat16)
     with torch.no_grad():
         y = sparton_head(h, e, bias, mask).float()
