@@ -16,7 +16,7 @@ For every shape: Sparton's output is checked against eager before any timing (sa
 then forward and forward+backward (gradients for H, E and bias) are timed with triton.testing.do_bench
 (CUDA events, warm-up, median), and the peak memory above the inputs is read from
 torch.cuda.max_memory_allocated. A provider that runs out of memory is reported as "OOM".
-Inputs are random with an all-ones mask; the bias mean (--bias-mean) sets how much of Y is positive:
+Inputs are random with an all-ones bool mask (as the encoder passes it); the bias mean (--bias-mean) sets how much of Y is positive:
 about half by default, unlike a trained SPLADE model's >99% zeros, so the sparse backward does far more
 work here than in training. Each row records the measured fraction.
 
@@ -148,7 +148,7 @@ def bench_shape(B: int, S: int, D: int, V: int, providers: list[str], bias_mean:
     h = torch.randn(B, S, D, device=dev, dtype=torch.bfloat16)
     e = (torch.randn(V, D, device=dev) / D**0.5).to(torch.bfloat16)
     bias = (bias_mean + 0.1 * torch.randn(V, device=dev)).to(torch.bfloat16)
-    mask = torch.ones(B, S, device=dev, dtype=torch.long)
+    mask = torch.ones(B, S, device=dev, dtype=torch.bool)  # as the encoder passes it: no 0/1 check, no sync
     g = torch.randn(B, V, device=dev, dtype=torch.bfloat16)
     row: dict = {"B": B, "S": S, "D": D, "V": V, "dtype": "bfloat16", "gflop_fwd": 2 * B * S * D * V / 1e9}
     # Correctness first: Sparton against the eager head (eager rounds logits to bf16 before the max, so
