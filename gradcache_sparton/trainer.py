@@ -205,7 +205,7 @@ class CachedSpladeTrainer(Trainer):
                 " (reps gathered across processes)" if world > 1 else "",
                 self.args.gradient_accumulation_steps,
                 _mini_batch_note(self.args),
-                self.args.sparse_reps,
+                _sparse_reps_note(self.args),
             )
         if isinstance(
             self.model, SpladeEncoder
@@ -495,6 +495,16 @@ def _check_output_dir_is_free(output_dir: str | None) -> None:
             f"{', ...' if len(found) > 4 else ''}): choose a new output_dir, pass resume_from_checkpoint to "
             "continue that run, or set overwrite_output_dir to write over it"
         )
+
+
+def _sparse_reps_note(args: CachedSpladeTrainingArguments) -> str:
+    """``sparse_reps`` as the first step will have it: given, planned within max_memory (one CUDA device),
+    or the engine's default (false) where max_memory plans nothing."""
+    if args.sparse_reps is not None:
+        return args.sparse_reps
+    if args.device.type != "cuda" or args.world_size > 1:
+        return "false"
+    return f"planned within max_memory {args.max_memory} (dense unless only sparse reps fit)"
 
 
 def _mini_batch_note(args: CachedSpladeTrainingArguments) -> str:

@@ -20,7 +20,7 @@ from engine_helpers import (
 )
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
-from gradcache_sparton.engine import GradCache, GradCacheConfig
+from gradcache_sparton.engine import GradCache, GradCacheConfig, memory_probe
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.memory_plan import (
     GRAPH_ROWS,
@@ -31,8 +31,16 @@ from gradcache_sparton.engine.memory_plan import (
     PlanChoices,
     choose_plan,
 )
-from gradcache_sparton.engine.memory_probe import MemoryPlanner, _fits_checked_at, measure_fits
+from gradcache_sparton.engine.memory_probe import (
+    _SPARSE_LOSS_ENTRY_BYTES,
+    SPARSE_DENSITY_HEADROOM,
+    MemoryPlanner,
+    _fits_checked_at,
+    measure_fits,
+)
 from gradcache_sparton.engine.memory_size import format_bytes, parse_max_memory, size_bytes
+from gradcache_sparton.losses.sparse import sparse_block_size
+from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES
 
 RTOL_FP32 = 1e-5  # see the module docstring
 GIB, MIB = 2**30, 2**20
@@ -45,7 +53,15 @@ def config(tiny_bert_config):
 
 
 def _footprint(resident: int = GIB, records: int = 0) -> Footprint:
-    return Footprint(allocated=resident, grads=0, optimizer=0, rep_cache=0, records=records)
+    return Footprint(
+        allocated=resident,
+        grads=0,
+        optimizer=0,
+        rep_cache=0,
+        records=records,
+        sparse_rep_cache=0,
+        sparse_loss=0,
+    )
 
 
 def _measure(fits: dict[bool, dict[str, ColumnFit]], calls: list[bool]):
@@ -357,15 +373,136 @@ def test_explicit_cuda_graphs_plans_rows_under_graphs() -> None:
 
 
 def test_the_loss_over_the_whole_batch_counts_too() -> None:
-    """A batch whose reps alone (Step (2)) exceed the budget fits no plan, whatever the mini-batch."""
-    footprint = Footprint(allocated=GIB, grads=0, optimizer=0, rep_cache=2 * GIB, records=0)
-    assert footprint.loss_peak() == 4 * GIB
+    """A batch whose dense reps alone (Step (2)) exceed the budget fits no plan with dense reps, whatever
+    the mini-batch; the refusal then suggests sparse reps."""
+    footprint = Footprint(
+        allocated=GIB, grads=0, optimizer=0, rep_cache=2 * GIB, records=0, sparse_rep_cache=0, sparse_loss=0
+    )
+    assert footprint.loss_peak(sparse=False) == 4 * GIB
     fits = {False: _fits(0.0, MIB), True: _fits(0.0, MIB)}
-    with pytest.raises(ValueError, match="too small"):
+    with pytest.raises(ValueError, match=r"too small.*keep the reps sparse \(sparse_reps true\)"):
         choose_plan(
             4 * GIB,
             ROWS,
             _measure(fits, []),
             footprint,
-            PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True),
+            PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True, sparse_reps="false"),
+        )
+
+
+# The benchmark's refused case (docs/benchmarks.md, "Only a memory budget", H200): a 6-layer BERT-base-width
+# model, 1,024 rows per column, V 30,522, reps ~2% non-zero, 2 GiB: "16 rows per mini-batch need a predicted
+# 2.04 GiB (resident 1.57 GiB)", 0.47 GiB of which the dense reps and their gradients.
+BERT_V, BERT_DENSITY = 30_522, 0.02
+BERT_FIT = ColumnFit(0.22 * GIB, 16 * MIB, 256, width=BERT_V, rep_bytes=4, density=BERT_DENSITY)
+BERT_DENSE_REPS = 2 * 2 * 1024 * BERT_V * 4  # two columns, reps and their gradients, fp32 [1,024, V] each
+
+
+def _bert_footprint(monkeypatch, rows: dict[str, int] = ROWS) -> Footprint:
+    """The probe's footprint of the benchmark's batch (weights, gradients and optimizer state allocated)."""
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: int(1.57 * GIB) - BERT_DENSE_REPS)
+    monkeypatch.setattr(memory_probe, "_stream_workspace_bytes", lambda device: 0)
+    columns = {column: {"input_ids": torch.zeros(size, 1, dtype=torch.long)} for column, size in rows.items()}
+    fits = dict.fromkeys(rows, BERT_FIT)
+    return memory_probe._footprint(columns, fits, [], torch.device("cpu"), first=False)
+
+
+def test_the_refused_2gib_case_plans_sparse_reps(monkeypatch) -> None:
+    """The benchmark's 2 GiB case: dense reps are refused with the numbers it printed; left unset, the plan
+    keeps the reps sparse, which fits at least MIN_ROWS rows, and says so."""
+    footprint = _bert_footprint(monkeypatch)
+    assert footprint.rep_cache == BERT_DENSE_REPS
+    assert footprint.resident(records=False, sparse=False) == int(1.57 * GIB)
+    assert footprint.sparse_rep_cache < 64 * MIB  # ~2% of the entries (twice that planned), 12 bytes each
+    measure = _measure({False: dict.fromkeys(ROWS, BERT_FIT)}, [])
+    dense = PlanChoices(dict.fromkeys(ROWS), graphs_possible=True, sparse_reps="false")
+    with pytest.raises(
+        ValueError, match=r"16 rows per mini-batch need a predicted 2.04 GiB \(resident 1.57 GiB"
+    ):
+        choose_plan(2 * GIB, ROWS, measure, footprint, dense)
+
+    plan = choose_plan(
+        2 * GIB, ROWS, measure, footprint, PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
+    )
+    assert plan.sparse_reps is True and not plan.checkpointing
+    assert min(plan.mini_batch_size.values()) >= MIN_ROWS and plan.predicted_peak <= 2 * GIB * (
+        1 - PLAN_MARGIN
+    )
+    assert plan.predicted_peak >= footprint.loss_peak(sparse=True)  # the sparse loss is counted
+    assert "reps sparse" in plan.describe() and "sparse reps: with the dense reps" in plan.reason
+    assert plan.log_values()["memory_plan_sparse_reps"] == 1.0
+    assert plan.apply(GradCacheConfig(max_memory="2GiB")).sparse_reps == "true"
+
+
+def test_dense_reps_stay_where_they_fit(monkeypatch) -> None:
+    """The same batch in 4 GiB: dense reps fit (and are the faster cache), so the plan keeps them dense."""
+    footprint = _bert_footprint(monkeypatch)
+    measure = _measure({False: dict.fromkeys(ROWS, BERT_FIT)}, [])
+    plan = choose_plan(
+        4 * GIB, ROWS, measure, footprint, PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
+    )
+    assert plan.sparse_reps is False and "reps dense" in plan.describe()
+    assert plan.resident >= footprint.rep_cache
+    assert plan.apply(GradCacheConfig(max_memory="4GiB")).sparse_reps == "false"
+
+
+@pytest.mark.parametrize("given", ["true", "false", "auto"])
+def test_explicit_sparse_reps_are_kept(monkeypatch, given) -> None:
+    """An explicit sparse_reps runs as given at 4 GiB (true counted sparse; false and auto, which may stay
+    dense, counted dense); at 2 GiB true fits and false and auto are refused, never switched to sparse."""
+    footprint = _bert_footprint(monkeypatch)
+    measure = _measure({False: dict.fromkeys(ROWS, BERT_FIT)}, [])
+    choices = PlanChoices(dict.fromkeys(ROWS), sparse_reps=given)
+    plan = choose_plan(4 * GIB, ROWS, measure, footprint, choices)
+    assert (
+        plan.sparse_reps is None
+        and plan.apply(GradCacheConfig(max_memory="4GiB", sparse_reps=given)).sparse_reps == given
+    )
+    assert plan.resident == footprint.resident(records=plan.reuse_argmax is None, sparse=given == "true")
+    if given == "true":
+        assert choose_plan(2 * GIB, ROWS, measure, footprint, choices).sparse_reps is None
+    else:
+        with pytest.raises(ValueError, match="too small"):
+            choose_plan(2 * GIB, ROWS, measure, footprint, choices)
+
+
+def test_sparse_reps_where_the_dense_loss_does_not_fit() -> None:
+    """Mini-batches that fit beside dense reps, but a loss over the whole dense batch beyond the budget:
+    the plan keeps the reps sparse and names the loss as the reason."""
+    footprint = Footprint(
+        allocated=GIB, grads=0, optimizer=0, rep_cache=2 * GIB, records=0, sparse_rep_cache=64 * MIB,
+        sparse_loss=512 * MIB,
+    )  # fmt: skip
+    plan = choose_plan(
+        4 * GIB, ROWS, _measure({False: _fits(0.0, MIB)}, []), footprint, PlanChoices(dict.fromkeys(ROWS))
+    )
+    assert plan.sparse_reps is True and "the loss over the whole batch would peak at 4.00 GiB" in plan.reason
+
+
+def test_sparse_reps_before_activation_checkpointing() -> None:
+    """Where dense reps leave under MIN_ROWS rows and sparse ones do not, the plan keeps them sparse
+    without measuring or turning on checkpointing (the dearer of the two)."""
+    calls: list[bool] = []
+    footprint = Footprint(
+        allocated=GIB, grads=0, optimizer=0, rep_cache=2 * GIB, records=0, sparse_rep_cache=64 * MIB,
+        sparse_loss=512 * MIB,
+    )  # fmt: skip
+    fits = {False: _fits(0.5 * GIB, 40 * MIB), True: _fits(0.1 * GIB, 5 * MIB)}
+    choices = PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True)
+    plan = choose_plan(4 * GIB, ROWS, _measure(fits, calls), footprint, choices)
+    assert calls == [False] and plan.sparse_reps is True and not plan.checkpointing
+    assert min(plan.mini_batch_size.values()) >= MIN_ROWS
+
+
+def test_sparse_loss_estimate_covers_its_densified_blocks(monkeypatch) -> None:
+    """The loss over sparse reps is counted with its four densified fp32 [block, V] buffers at the block
+    the loss uses (whole columns of 1,024 rows; sparse_block_size rows of a 65,536-row batch), each at most
+    SPARSE_BLOCK_MAX_BYTES, beside its copies per (planned) non-zero."""
+    for rows in (1024, 65_536):
+        footprint = _bert_footprint(monkeypatch, dict.fromkeys(ROWS, rows))
+        block = min(rows, sparse_block_size(BERT_V))
+        planned_nnz = len(ROWS) * rows * BERT_V * BERT_DENSITY * SPARSE_DENSITY_HEADROOM
+        assert footprint.sparse_loss >= 4 * block * BERT_V * 4
+        assert (
+            footprint.sparse_loss <= 4 * SPARSE_BLOCK_MAX_BYTES + _SPARSE_LOSS_ENTRY_BYTES * planned_nnz + 1
         )

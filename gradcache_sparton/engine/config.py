@@ -42,12 +42,13 @@ class GradCacheConfig:
     also rounds mini-batch lengths to multiples of 32 unless ``mini_batch_length_multiple`` is given;
     ``gather_across_ranks`` gathers when ``torch.distributed`` runs more than one rank.
 
-    ``sparse_reps`` is ``"false"``, ``"true"`` or ``"auto"`` (a bool, or any case, is taken and written so).
+    ``sparse_reps`` is ``"false"``, ``"true"`` or ``"auto"`` (a bool, or any case, is taken and written so),
+    or None: left to ``max_memory``'s plan, else ``"false"``.
 
     ``max_memory`` (a size such as ``"4GiB"``, or ``"auto"``) lets the engine plan, on the first step, the
-    options left unset (None): ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax`` and activation
-    checkpointing (:mod:`~gradcache_sparton.engine.memory_plan`). Without it the unset ones take the
-    engine's defaults: 32 rows, no CUDA graphs.
+    options left unset (None): ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, ``sparse_reps`` and
+    activation checkpointing (:mod:`~gradcache_sparton.engine.memory_plan`). Without it the unset ones take
+    the engine's defaults: 32 rows, no CUDA graphs, dense reps.
     """
 
     mini_batch_size: int | dict[str, int | None] | None = field(
@@ -64,9 +65,9 @@ class GradCacheConfig:
             "help": "GPU memory budget of a training step, e.g. 4GiB, 512MiB, 24GB (units B, KB, MB, GB, TB and "
             "KiB, MiB, GiB, TiB), or auto (what the CUDA device has free at the start, less a tenth). On the first "
             "step a short measured probe picks what is left unset (mini_batch_size, cuda_graphs, reuse_argmax, "
-            "activation checkpointing) for the fastest step whose peak stays within it; explicit settings are "
-            "kept; the loss and gradients never change. Bounds torch.cuda.max_memory_allocated. CUDA only (on "
-            "a CPU a size is ignored with a warning). Default: none (off).",
+            "activation checkpointing, sparse_reps) for the fastest step whose peak stays within it; explicit "
+            "settings are kept; the loss and gradients never change. Bounds torch.cuda.max_memory_allocated. "
+            "CUDA only (on a CPU a size is ignored with a warning). Default: none (off).",
         },
     )
     mini_batch_tokens: int | None = field(
@@ -123,8 +124,8 @@ class GradCacheConfig:
             "graph-recording programs may round differently."
         },
     )
-    sparse_reps: str = field(
-        default="false",
+    sparse_reps: str | None = field(
+        default=None,
         metadata={
             "metavar": "{false,true,auto}",
             "help": "Keep each step's reps as their non-zeros (ids and weights) from the first pass to the "
@@ -133,8 +134,10 @@ class GradCacheConfig:
             "loss and gradients are the dense path's up to fp32 summation order. Exact for encoders whose "
             "gradient is zero wherever a rep is zero (a SPLADE head's relu; not checked). 'true': always; "
             "'auto': each step, when the first mini-batch's non-zeros take fewer bytes than its dense reps "
-            "(below ~1/2 density in fp32; on every process alike); 'false' (default): dense reps. The loss must "
-            "accept sparse reps (SpladeLoss does). 'auto' costs one device sync per step.",
+            "(below ~1/2 density in fp32; on every process alike); 'false': dense reps. The loss must accept "
+            "sparse reps (SpladeLoss does). 'auto' costs one device sync per step. Default: false, unless "
+            "max_memory is set and its plan fits only with sparse reps, or would otherwise need activation "
+            "checkpointing: it then keeps them sparse ('true'; give false for a loss that takes dense reps only).",
         },
     )
     reuse_argmax: bool | None = field(
@@ -168,6 +171,8 @@ class GradCacheConfig:
                 self.mini_batch_size = _DEFAULT_MINI_BATCH_SIZE
             if self.cuda_graphs is None:
                 self.cuda_graphs = False
+            if self.sparse_reps is None:
+                self.sparse_reps = "false"
         self._check_sizes()
         for name in ("same_batch_size", "allow_non_finite", "show_mini_batch_progress"):
             if not isinstance(getattr(self, name), bool):
@@ -176,12 +181,14 @@ class GradCacheConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool or None, got {type(value).__name__}")
-        # One spelling: "false", "true" or "auto" (a bool, or any case, as a YAML file or a caller may give it).
+        # One spelling: "false", "true" or "auto" (a bool, or any case, as a YAML file or a caller may give it);
+        # None (left to max_memory's plan) only with max_memory set.
         value = self.sparse_reps
-        choice = str(value).lower() if isinstance(value, (bool, str)) else None
-        if choice not in ("false", "true", "auto"):
-            raise ValueError(f"sparse_reps must be one of false, true, auto, got {value!r}")
-        self.sparse_reps = choice
+        if value is not None:
+            choice = str(value).lower() if isinstance(value, (bool, str)) else None
+            if choice not in ("false", "true", "auto"):
+                raise ValueError(f"sparse_reps must be one of false, true, auto, got {value!r}")
+            self.sparse_reps = choice
         if self.cuda_graphs:
             self._check_cuda_graphs()
 
@@ -233,7 +240,7 @@ class GradCacheConfig:
         ``reuse_argmax`` off for a compiled encoder unless set, on otherwise; a compiled encoder's
         mini-batch lengths rounded to multiples of 32 unless ``mini_batch_length_multiple`` is set (few
         shapes: few recompilations); what ``max_memory`` would plan and is not planned yet takes the engine's
-        defaults (32 rows, no CUDA graphs)."""
+        defaults (32 rows, no CUDA graphs, dense reps)."""
         compiled = is_compiled(encoder)
         sizes = self.mini_batch_size
         if isinstance(sizes, Mapping):
@@ -244,6 +251,7 @@ class GradCacheConfig:
             self,
             mini_batch_size=_DEFAULT_MINI_BATCH_SIZE if sizes is None else sizes,
             cuda_graphs=bool(self.cuda_graphs),
+            sparse_reps="false" if self.sparse_reps is None else self.sparse_reps,
             check_replay=not compiled if self.check_replay is None else self.check_replay,
             reuse_argmax=not compiled if self.reuse_argmax is None else self.reuse_argmax,
             mini_batch_length_multiple=_GRAPHED_LENGTH_MULTIPLE

@@ -409,7 +409,8 @@ class GradCache:
         Raises:
             TypeError/ValueError: ``loss_fn`` returned something other than a scalar floating
                 tensor (optionally with a dict of tensor components), or a loss that does not
-                depend on the reps while gradients are enabled.
+                depend on the reps while gradients are enabled. Whatever ``loss_fn`` raises on reps
+                that ``max_memory``'s plan made sparse carries a note saying so.
             FloatingPointError: the loss is not finite, unless ``allow_non_finite``.
             ValueError: when gathering across ranks, ranks passed different columns, keywords,
                 trailing shapes, dtypes or rep layouts (dense or sparse) (raised on every rank).
@@ -417,7 +418,16 @@ class GradCache:
         if self.world_size > 1:
             # Every rank's rows in rank order; only this rank's slice carries a graph (to ``reps``).
             reps, loss_kwargs = gather_global_batch(reps, loss_kwargs)
-        loss, components = check_loss_output(loss_fn(reps, **loss_kwargs))
+        try:
+            loss, components = check_loss_output(loss_fn(reps, **loss_kwargs))
+        except Exception as error:
+            if self.memory_plan is not None and self.memory_plan.sparse_reps:
+                error.add_note(
+                    "max_memory's plan keeps the reps sparse (SparseReps: sparse_reps was left unset and dense "
+                    "reps do not fit the budget); a loss that takes dense [B, V] reps only needs "
+                    "sparse_reps='false' (and a larger max_memory or an explicit mini_batch_size)"
+                )
+            raise
         if not self.config.allow_non_finite:
             raise_if_non_finite({"the loss": loss.detach()}, components=components)
         return LossOutput(loss, components)

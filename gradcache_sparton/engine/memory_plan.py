@@ -13,11 +13,14 @@ the step's autocast) at a few row counts, fits ``peak(rows) = fixed + per_row * 
   mini-batch (they hold about 12 bytes per non-zero rep entry: much at a fresh model's density);
 - CUDA graphs at 32 rows where the largest eager mini-batch is small (under 96 rows: there the host's
   per-kernel cost dominates; issue 37's table) and the graphs' pool fits;
+- the sparse rep cache (``sparse_reps``, when left unset) where the dense reps and their gradients leave
+  no plan that fits (mini-batches under 16 rows, or the loss over the whole batch beyond the budget), before
+  activation checkpointing (:func:`choose_plan` says why);
 - activation checkpointing of the backbone where not even 16 rows fit without it (and the model has
   ``gradient_checkpointing_enable``), measured again with it.
 
-Every explicit setting is kept (a ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, checkpointing
-turned on); the plan only decides how rows are cut and run, never the loss or the gradients: the probe's
+Every explicit setting is kept (a ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, ``sparse_reps``,
+checkpointing turned on); the plan only decides how rows are cut and run, never the loss or the gradients: the probe's
 gradients and RNG draws are put back. It logs one line with the measured numbers
 (:meth:`MemoryPlan.describe`) and is kept on the engine (``GradCache.memory_plan``).
 
@@ -117,10 +120,13 @@ class Footprint:
 
     ``allocated``: already allocated when planning (weights, the batch, gradients and optimizer state
     that exist); ``grads``: parameter gradients not allocated yet; ``optimizer``: optimizer state not
-    allocated yet (estimated); ``rep_cache``: the whole batch's reps and their gradients; ``records``:
-    ``reuse_argmax``'s records of the whole batch, were it on; ``graphs``: what recording CUDA graphs adds
-    once besides each graph's pool, the recording stream's cuBLAS workspaces (measured). (CUDA graphs add
-    into buffers that become the parameters' ``.grad``: no more than ``grads``.)
+    allocated yet (estimated); ``rep_cache``: the whole batch's dense [B, V] reps and their gradients;
+    ``records``: ``reuse_argmax``'s records of the whole batch, were it on; ``sparse_rep_cache``: the reps
+    and their gradients kept as their non-zeros instead (``sparse_reps``); ``sparse_loss``: the
+    temporaries of the loss over sparse reps (its densified [block, V] buffers and its copies per non-zero);
+    ``graphs``: what recording CUDA graphs adds once besides each graph's pool, the recording stream's
+    cuBLAS workspaces (measured). (CUDA graphs add into buffers that become the parameters' ``.grad``: no
+    more than ``grads``.)
     """
 
     allocated: int
@@ -128,30 +134,37 @@ class Footprint:
     optimizer: int
     rep_cache: int
     records: int
+    sparse_rep_cache: int
+    sparse_loss: int
     graphs: int = 0
 
-    def resident(self, *, records: bool) -> int:
-        """Bytes held through Step (3), with or without ``reuse_argmax``'s records."""
-        return (
-            self.allocated + self.grads + self.optimizer + self.rep_cache + (self.records if records else 0)
-        )
+    def resident(self, *, records: bool, sparse: bool) -> int:
+        """Bytes held through Step (3), with or without ``reuse_argmax``'s records, with dense or sparse reps."""
+        reps = self.sparse_rep_cache if sparse else self.rep_cache
+        return self.allocated + self.grads + self.optimizer + reps + (self.records if records else 0)
 
-    def loss_peak(self) -> int:
+    def loss_peak(self, *, sparse: bool) -> int:
         """Bytes at Step (2), the loss over the whole batch: what is resident, the reps and their gradients,
-        and temporaries of about half as much again (a regularizer's |r|, the loss's own gradients)."""
-        return self.allocated + self.grads + self.optimizer + self.rep_cache * 3 // 2
+        and the loss's temporaries: for dense reps about half as much again (a regularizer's |r|, the loss's
+        own gradients), for sparse ones ``sparse_loss``."""
+        held = self.allocated + self.grads + self.optimizer
+        if sparse:
+            return held + self.sparse_rep_cache + self.sparse_loss
+        return held + self.rep_cache * 3 // 2
 
 
 @dataclass(frozen=True)
 class PlanChoices:
     """What the plan may decide. ``mini_batch_size``: per column, an explicit size or None (planned);
-    ``cuda_graphs`` / ``reuse_argmax``: True or False explicit, None planned; ``checkpointing``: already on;
-    ``can_checkpoint``: the model can turn it on; ``graphs_possible``: the engine could run CUDA graphs
-    (an ``nn.Module`` encoder, not compiled, no token budget)."""
+    ``cuda_graphs`` / ``reuse_argmax``: True or False explicit, None planned; ``sparse_reps``: ``"false"``,
+    ``"true"`` or ``"auto"`` explicit (``"auto"`` is planned as dense: it may stay dense), None planned;
+    ``checkpointing``: already on; ``can_checkpoint``: the model can turn it on; ``graphs_possible``: the
+    engine could run CUDA graphs (an ``nn.Module`` encoder, not compiled, no token budget)."""
 
     mini_batch_size: Mapping[str, int | None]
     cuda_graphs: bool | None = None
     reuse_argmax: bool | None = None
+    sparse_reps: str | None = None
     checkpointing: bool = False
     can_checkpoint: bool = False
     graphs_possible: bool = False
@@ -165,6 +178,9 @@ class MemoryPlan:
     mini_batch_size: dict[str, int]
     cuda_graphs: bool
     reuse_argmax: bool | None  # False: turned off by the plan; None: as configured
+    sparse_reps: (
+        bool | None
+    )  # True / False: sparse / dense reps by the plan (left unset); None: as configured
     checkpointing: bool
     predicted_peak: int
     resident: int
@@ -188,6 +204,7 @@ class MemoryPlan:
             mini_batch_size=dict(self.mini_batch_size),
             cuda_graphs=self.cuda_graphs,
             reuse_argmax=self.reuse_argmax if self.reuse_argmax is not None else config.reuse_argmax,
+            sparse_reps=config.sparse_reps if self.sparse_reps is None else str(self.sparse_reps).lower(),
         )
 
     def describe(self) -> str:
@@ -198,10 +215,11 @@ class MemoryPlan:
             for column, size in self.mini_batch_size.items()
         )
         reuse = "as configured" if self.reuse_argmax is None else "off (its records would cost rows)"
+        reps = {None: "as configured", True: "sparse (non-zeros)", False: "dense"}[self.sparse_reps]
         return (
             f"max_memory {format_bytes(self.budget)}: mini-batches {columns}; CUDA graphs "
             f"{'on' if self.cuda_graphs else 'off'}, activation checkpointing "
-            f"{'on' if self.checkpointing else 'off'}, reuse_argmax {reuse}; predicted peak "
+            f"{'on' if self.checkpointing else 'off'}, reuse_argmax {reuse}, reps {reps}; predicted peak "
             f"{format_bytes(self.predicted_peak)} (resident {format_bytes(self.resident)}); {self.reason}"
         )
 
@@ -213,6 +231,8 @@ class MemoryPlan:
             "memory_plan_cuda_graphs": float(self.cuda_graphs),
             "memory_plan_checkpointing": float(self.checkpointing),
         }
+        if self.sparse_reps is not None:
+            values["memory_plan_sparse_reps"] = float(self.sparse_reps)
         for column, size in self.mini_batch_size.items():
             values[f"memory_plan_mini_batch_size_{column}"] = float(size)
         return values
@@ -223,6 +243,7 @@ class _Candidate:
     sizes: dict[str, int]
     graphs: bool
     records: bool
+    sparse: bool
     peak: int
     resident: int
 
@@ -239,33 +260,48 @@ def choose_plan(
     ``measure(checkpointing)`` gives each column's :class:`ColumnFit` (called again with True only when
     nothing fits without checkpointing). Mini-batch rows never exceed a column's ``rows``.
 
+    The rep cache, when ``sparse_reps`` is left unset: dense first, sparse (the reps and their gradients
+    kept as their non-zeros) only where no dense plan fits in that checkpointing mode, i.e. where dense
+    mini-batches would be under ``MIN_ROWS`` rows or the loss over the whole batch would exceed the budget.
+    Dense where it fits: it is the faster cache at batches that fit dense at all (BERT-base width, V 30,522,
+    1,024 rows, reps ~2% non-zero: 1.19 s a step against 1.33 s sparse; docs/benchmarks.md), and its memory
+    does not depend on how many non-zeros training makes. Sparse before activation checkpointing: that
+    recomputes the backbone's forward in every replayed mini-batch (about a quarter more encoder work a
+    step), more than the sparse cache's ~12%, so a sparse plan without checkpointing is the better of the two.
+
     Raises:
         ValueError: naming ``max_memory``, when not even ``MIN_ROWS`` rows fit (with checkpointing where
-            possible) and no mini-batch size was set explicitly.
+            possible, and sparse reps where left unset) and no mini-batch size was set explicitly.
     """
     usable = budget * (1 - PLAN_MARGIN)
     modes = [True] if choices.checkpointing else [False, *([True] if choices.can_checkpoint else [])]
+    layouts = [False, True] if choices.sparse_reps is None else [choices.sparse_reps == "true"]
     last: tuple[bool, dict[str, ColumnFit], _Candidate] | None = None
     for checkpointing in modes:
         fits = dict(measure(checkpointing))
-        candidates = _candidates(usable, rows, fits, footprint, choices, checkpointing)
-        chosen = _pick(candidates, rows, choices, usable)
-        if chosen is not None:
-            return _plan(budget, rows, fits, chosen, choices, checkpointing, usable)
-        last = (checkpointing, fits, min(candidates, key=lambda c: c.peak))
+        tried = []
+        for sparse in layouts:
+            candidates = _candidates(usable, rows, fits, footprint, choices, checkpointing, sparse)
+            chosen = _pick(candidates, rows, choices, usable)
+            if chosen is not None:
+                return _plan(budget, rows, fits, chosen, choices, checkpointing, usable, footprint)
+            tried += candidates
+        last = (checkpointing, fits, min(tried, key=lambda c: c.peak))
     assert last is not None
     checkpointing, fits, smallest = last
     if any(size is not None for size in choices.mini_batch_size.values()):
-        return _plan(budget, rows, fits, smallest, choices, checkpointing, usable)  # explicit: kept, warned
+        # explicit: kept, warned
+        return _plan(budget, rows, fits, smallest, choices, checkpointing, usable, footprint)
     need = smallest.resident + max(fits[c].peak(min(MIN_ROWS, rows[c])) for c in rows)
+    reps = "the batch's reps as their non-zeros" if smallest.sparse else "the batch's dense reps"
+    advice = "" if True in layouts else " keep the reps sparse (sparse_reps true),"
     raise ValueError(
         f"max_memory {format_bytes(budget)} is too small for this model and batch: {MIN_ROWS} rows per "
         f"mini-batch need a predicted {format_bytes(need)} (resident {format_bytes(smallest.resident)}: "
-        f"weights, gradients, optimizer state, the batch's reps), the loss over the whole batch "
-        f"{format_bytes(footprint.loss_peak())}, activation checkpointing "
+        f"weights, gradients, optimizer state, {reps}), the loss over the whole batch "
+        f"{format_bytes(footprint.loss_peak(sparse=smallest.sparse))}, activation checkpointing "
         f"{'on' if checkpointing else 'not available'}, and {PLAN_MARGIN:.0%} is kept free; raise max_memory, "
-        "lower per_device_train_batch_size, keep the reps sparse (sparse_reps), or set mini_batch_size to run "
-        "regardless"
+        f"lower per_device_train_batch_size,{advice} or set mini_batch_size to run regardless"
     )
 
 
@@ -276,6 +312,7 @@ def _candidates(
     footprint: Footprint,
     choices: PlanChoices,
     checkpointing: bool,
+    sparse: bool,
 ) -> list[_Candidate]:
     graphs_options = [False]
     if choices.cuda_graphs is True:  # asked for: kept (the engine says if it cannot run them)
@@ -289,7 +326,8 @@ def _candidates(
         else:
             records_options = [True, False] if choices.reuse_argmax is None else [choices.reuse_argmax]
         for records in records_options:
-            resident = footprint.resident(records=records) + (footprint.graphs if graphs else 0)
+            resident = footprint.resident(records=records, sparse=sparse)
+            resident += footprint.graphs if graphs else 0
             factor = GRAPH_POOL_FACTOR if graphs else 1.0
             sizes = {}
             for column, cap in rows.items():
@@ -298,8 +336,9 @@ def _candidates(
                 if graphs and choices.cuda_graphs is None:
                     largest = min(largest, GRAPH_ROWS)
                 sizes[column] = explicit if explicit is not None else largest
-            peak = max(resident + max(factor * fits[c].peak(sizes[c]) for c in rows), footprint.loss_peak())
-            candidates.append(_Candidate(sizes, graphs, records, int(peak), resident))
+            mini_batch = max(factor * fits[c].peak(sizes[c]) for c in rows)
+            peak = max(resident + mini_batch, footprint.loss_peak(sparse=sparse))
+            candidates.append(_Candidate(sizes, graphs, records, sparse, int(peak), resident))
     return candidates
 
 
@@ -342,6 +381,7 @@ def _plan(
     choices: PlanChoices,
     checkpointing: bool,
     usable: float,
+    footprint: Footprint,
 ) -> MemoryPlan:
     reasons = []
     planned = [c for c in rows if choices.mini_batch_size.get(c) is None]
@@ -352,6 +392,18 @@ def _plan(
     if chosen.graphs and choices.cuda_graphs is None:
         reasons.append(
             f"CUDA graphs: the largest eager mini-batch that fits is under {GRAPHS_BELOW_ROWS} rows"
+        )
+    if chosen.sparse and choices.sparse_reps is None:
+        dense_loss = footprint.loss_peak(sparse=False)
+        if dense_loss > usable:
+            why = f"the loss over the whole batch would peak at {format_bytes(dense_loss)}"
+        elif planned:
+            why = f"not {MIN_ROWS} rows per mini-batch fit beside them"
+        else:
+            why = "the explicit mini-batches would not fit beside them"
+        reasons.append(
+            f"sparse reps: with the dense reps and their gradients ({format_bytes(footprint.rep_cache)}) {why}; "
+            f"as their non-zeros they take {format_bytes(footprint.sparse_rep_cache)}"
         )
     if checkpointing and not choices.checkpointing:
         reasons.append(f"activation checkpointing: not {MIN_ROWS} rows fit without it")
@@ -367,6 +419,7 @@ def _plan(
         reuse_argmax=False
         if choices.reuse_argmax is None and not chosen.records and not chosen.graphs
         else None,
+        sparse_reps=chosen.sparse if choices.sparse_reps is None else None,
         checkpointing=checkpointing,
         predicted_peak=chosen.peak,
         resident=chosen.resident,

@@ -29,6 +29,7 @@ from gradcache_sparton.engine.memory_plan import (
 from gradcache_sparton.engine.memory_size import AUTO, size_bytes
 from gradcache_sparton.engine.rng_state import cuda_devices_of
 from gradcache_sparton.engine.types import Columns
+from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES
 
 __all__ = ["MemoryPlanner", "measure_fits"]
 
@@ -43,6 +44,14 @@ CHECK_ROUNDS = 2
 small mini-batches may under-predict large ones) and the plan chosen again with those points."""
 _RECORD_BYTES = 12  # reuse_argmax: a max (4 bytes) and an argmax (8) per non-zero rep entry
 _SPARSE_ENTRY_BYTES = 12  # sparse_reps: a weight (4 bytes) and an int64 id (8) per non-zero
+# The loss over sparse reps (losses/sparse.py), per non-zero: the weights' fp32 copy and its gradient (4 + 4),
+# the paired scores' int64 keys and search positions (8 + 8 + 8) and the weights they gather (4 + 4).
+_SPARSE_LOSS_ENTRY_BYTES = 40
+_SPARSE_LOSS_BLOCKS = 4  # ... and at most four densified fp32 [block, V] buffers at once (losses/blocked.py)
+SPARSE_DENSITY_HEADROOM = 2.0
+"""The sparse rep cache is planned for reps this many times as dense as the probe saw (at most all
+non-zero): its memory follows the non-zeros, which training changes after the one plan (a regularizer
+warming up from zero lets them grow), where dense reps take the same bytes at any density."""
 # The recording stream's workspace bytes, per stream (one per GPU): _stream_workspace_bytes
 _WORKSPACE_BYTES: dict[torch.cuda.Stream, int] = {}
 
@@ -102,6 +111,7 @@ class MemoryPlanner:
             mini_batch_size=self.config.mini_batch_sizes(columns),
             cuda_graphs=self.config.cuda_graphs,
             reuse_argmax=self.config.reuse_argmax,
+            sparse_reps=self.config.sparse_reps,
             checkpointing=checkpointing,
             can_checkpoint=_checkpointing_owner(self.encoder) is not None,
             graphs_possible=isinstance(self.encoder, nn.Module)
@@ -121,7 +131,7 @@ class MemoryPlanner:
 
         # The footprint needs the reps' width and density: measure once without, before choosing.
         fits = measure(checkpointing)
-        footprint = _footprint(columns, fits, trained, device, self.config, first=not self._planned_once)
+        footprint = _footprint(columns, fits, trained, device, first=not self._planned_once)
         owner = _checkpointing_owner(self.encoder)
         rows = {column: _rows(features) for column, features in columns.items()}
 
@@ -249,22 +259,29 @@ def _footprint(
     fits: Mapping[str, ColumnFit],
     trained: Sequence[nn.Parameter],
     device: torch.device,
-    config: GradCacheConfig,
     *,
     first: bool,
 ) -> Footprint:
     """What a step holds besides its mini-batch. The optimizer's state is estimated, before the first
-    optimizer step, as an Adam-like two values per trained weight; later it is allocated already."""
+    optimizer step, as an Adam-like two values per trained weight; later it is allocated already. The
+    reps and their gradients both dense and as their non-zeros (the plan picks; ``"auto"`` is planned
+    dense, as it may stay so), the latter at ``SPARSE_DENSITY_HEADROOM`` times the probe's density."""
     trainable = sum(p.numel() * p.element_size() for p in trained)
     missing = sum(p.numel() * p.element_size() for p in trained if p.grad is None)
-    rep_cache = records = 0
+    rep_cache = sparse_rep_cache = sparse_nnz = records = 0
+    widest = 0  # the largest column's fp32 [B, V] bytes: a densified block of the sparse loss is no larger
     for column, features in columns.items():
         fit, rows = fits[column], _rows(features)
         nnz = rows * fit.width * fit.density
-        dense = rows * fit.width * fit.rep_bytes
-        # Reps and their gradients; sparse_reps "true" holds the non-zeros ("auto" may stay dense).
-        rep_cache += 2 * (nnz * _SPARSE_ENTRY_BYTES if config.sparse_reps == "true" else dense)
+        planned_nnz = min(rows * fit.width, SPARSE_DENSITY_HEADROOM * nnz)
+        rep_cache += 2 * rows * fit.width * fit.rep_bytes  # reps and their gradients, [B, V] each
+        sparse_rep_cache += 2 * planned_nnz * _SPARSE_ENTRY_BYTES
+        sparse_nnz += planned_nnz
         records += nnz * _RECORD_BYTES
+        widest = max(widest, 4 * rows * fit.width)
+    sparse_loss = (
+        _SPARSE_LOSS_BLOCKS * min(widest, SPARSE_BLOCK_MAX_BYTES) + _SPARSE_LOSS_ENTRY_BYTES * sparse_nnz
+    )
     # First, so that the recording stream's workspace is among what is allocated whatever the plan; a
     # graphed plan counts it once more: a capture may take its workspace anew from the graphs' pool.
     workspace = _stream_workspace_bytes(device)
@@ -274,6 +291,8 @@ def _footprint(
         optimizer=2 * trainable if first else 0,
         rep_cache=int(rep_cache),
         records=int(records),
+        sparse_rep_cache=int(sparse_rep_cache),
+        sparse_loss=int(sparse_loss),
         graphs=workspace,
     )
 

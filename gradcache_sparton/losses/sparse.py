@@ -33,7 +33,7 @@ from torch import Tensor
 from gradcache_sparton.losses.blocked import AUTO_BLOCK_SIZE, RowBlocks, _BlockedLogSumExp
 from gradcache_sparton.losses.columns import accumulation_dtype
 from gradcache_sparton.losses.contrastive import _kl_div_of_log_student, _margin_mse_of_scores
-from gradcache_sparton.primitives.sparse_reps import SparseReps
+from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
 
 __all__ = [
     "SPARSE_BLOCK_MAX_BYTES",
@@ -51,13 +51,6 @@ __all__ = [
     "split_sparse_columns",
     "upcast_sparse",
 ]
-
-
-# Bytes of one densified fp32 [block, V] buffer under the automatic block size. Four live at once, so
-# 2 GiB in all: at V = 30,522 the block is AUTO_BLOCK_SIZE rows (4,096; 477 MiB each), at V = 250,002
-# it is 536 rows, where 4,096 rows would take 3.8 GiB each, 15 GiB for the four (issue 18's V = 250,002
-# target is a whole step in 16 GiB).
-SPARSE_BLOCK_MAX_BYTES = 512 << 20
 
 
 def sparse_block_size(vocab_size: int) -> int:
