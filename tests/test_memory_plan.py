@@ -39,8 +39,9 @@ from gradcache_sparton.engine.memory_probe import (
     measure_fits,
 )
 from gradcache_sparton.engine.memory_size import format_bytes, parse_max_memory, size_bytes
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.losses.sparse import sparse_block_size
-from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES
+from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
 
 RTOL_FP32 = 1e-5  # see the module docstring
 GIB, MIB = 2**30, 2**20
@@ -506,3 +507,61 @@ def test_sparse_loss_estimate_covers_its_densified_blocks(monkeypatch) -> None:
         assert (
             footprint.sparse_loss <= 4 * SPARSE_BLOCK_MAX_BYTES + _SPARSE_LOSS_ENTRY_BYTES * planned_nnz + 1
         )
+
+
+def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeypatch) -> None:
+    """The probe path on a CPU (peak readings and the allocator injected): a budget that leaves dense reps
+    under MIN_ROWS rows but sparse ones 20 plans sparse reps, which that very step runs (the loss receives
+    SparseReps) with the uncached loss and gradients (RTOL_FP32, as tests/test_sparse_reps_training.py);
+    a budget that fits dense reps keeps them dense."""
+    monkeypatch.setattr(MemoryPlanner, "needs_plan", lambda self, columns: self.plan is None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(memory_probe, "_stream_workspace_bytes", lambda device: 0)
+    columns = make_columns(32, 3)
+
+    def encoder_3pct():
+        encoder = make_encoder(config)
+        with torch.no_grad():
+            encoder.mlm.cls.predictions.bias -= 0.3  # reps ~3% non-zero (tests/test_sparse_reps_training.py)
+        return encoder
+
+    encoder = encoder_3pct()
+    trained = [p for p in encoder.parameters() if p.requires_grad]
+    per_row = [1]  # peak bytes per mini-batch row, as the probe will read them
+
+    def peak_bytes(run, device):
+        rep = run()
+        return per_row[0] * len(rep), rep
+
+    cpu = torch.device("cpu")
+    probe = measure_fits(encoder, columns, AutocastState.capture(), trained, cpu, (8,), peak_bytes)
+    footprint = memory_probe._footprint(columns, probe, trained, cpu, first=True)
+    per_row[0] = footprint.rep_cache // 8  # dense reps cost 8 rows' activations
+    budget = (footprint.resident(records=True, sparse=True) + 20.5 * per_row[0]) / (1 - PLAN_MARGIN)
+    monkeypatch.setattr(memory_probe, "_cuda_peak_bytes", peak_bytes)
+
+    layouts: list[set[type]] = []
+
+    def loss_fn(reps, **loss_kwargs):
+        layouts.append({type(rep) for rep in reps.values()})
+        return SpladeLoss(SpladeLossConfig())(reps, **loss_kwargs)
+
+    reference = encoder_3pct()
+    ref_loss, _ = uncached_loss(reference, columns, loss_fn)
+    ref_loss.backward()
+    layouts.clear()
+    engine = GradCache(encoder, max_memory=f"{int(budget)}B", cuda_graphs=False)
+    loss, _ = engine.step(columns, loss_fn)
+    plan = engine.memory_plan
+    assert plan is not None and plan.sparse_reps is True and engine.config.sparse_reps == "true"
+    assert set(plan.mini_batch_size.values()) == {20} and layouts == [{SparseReps}]
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), grads_of(reference), rtol=RTOL_FP32)
+
+    layouts.clear()
+    roomy = GradCache(
+        encoder_3pct(), max_memory=f"{int(budget + footprint.rep_cache * 2)}B", cuda_graphs=False
+    )
+    roomy.step(columns, loss_fn)
+    assert roomy.memory_plan is not None and roomy.memory_plan.sparse_reps is False
+    assert roomy.config.sparse_reps == "false" and layouts == [{torch.Tensor}]
