@@ -275,13 +275,17 @@ def test_trainer_with_sparse_reps_matches_dense(tmp_path, tokenizer, sample_rows
 def test_bad_sparse_reps_values_are_refused(tmp_path, capsys, monkeypatch, config) -> None:
     """sparse_reps other than false/true/auto (any case, or a YAML bool) is refused by the training
     arguments with one error naming it, by the CLI as one line before any model is built, and by
-    CachedLoss; the accepted spellings are normalised to false/true/auto and reach the engine so."""
-    for value in ("yes", "1", 1, None, "sparse"):
+    CachedLoss; the accepted spellings are normalised to false/true/auto and reach the engine so; left
+    unset it is false without max_memory and left to max_memory's plan (None) with it."""
+    for value in ("yes", "1", 1, "none", "sparse"):
         with pytest.raises(ValueError, match=r"sparse_reps must be one of false, true, auto, got"):
             _args(tmp_path, sparse_reps=value)
     for value, normalised in ((True, "true"), ("False", "false"), ("AUTO", "auto")):
         args = _args(tmp_path, sparse_reps=value)
         assert args.sparse_reps == args.grad_cache_config(["query"]).sparse_reps == normalised
+    for max_memory, unset in (("none", "false"), ("auto", None), ("4GiB", None)):
+        args = _args(tmp_path, sparse_reps=None, max_memory=max_memory)
+        assert args.sparse_reps == args.grad_cache_config(["query"]).sparse_reps == unset
 
     def never_build_the_model(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the model was built: the bad argument should have been refused before")
