@@ -26,6 +26,7 @@ from gradcache_sparton.engine.memory_plan import (
     GRAPH_ROWS,
     MIN_ROWS,
     PLAN_MARGIN,
+    SPARSE_DENSITY_HEADROOM,
     ColumnFit,
     Footprint,
     PlanChoices,
@@ -33,7 +34,6 @@ from gradcache_sparton.engine.memory_plan import (
 )
 from gradcache_sparton.engine.memory_probe import (
     _SPARSE_LOSS_ENTRY_BYTES,
-    SPARSE_DENSITY_HEADROOM,
     MemoryPlanner,
     _fits_checked_at,
     measure_fits,
@@ -513,7 +513,8 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     """The probe path on a CPU (peak readings and the allocator injected): a budget that leaves dense reps
     under MIN_ROWS rows but sparse ones 20 plans sparse reps, which that very step runs (the loss receives
     SparseReps) with the uncached loss and gradients (RTOL_FP32, as tests/test_sparse_reps_training.py);
-    a budget that fits dense reps keeps them dense."""
+    reps that then outgrow the non-zeros it counted have the next step planned again, at their density; a
+    budget that fits dense reps keeps them dense."""
     monkeypatch.setattr(MemoryPlanner, "needs_plan", lambda self, columns: self.plan is None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(memory_probe, "_stream_workspace_bytes", lambda device: 0)
@@ -557,6 +558,15 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     assert set(plan.mini_batch_size.values()) == {20} and layouts == [{SparseReps}]
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), grads_of(reference), rtol=RTOL_FP32)
+
+    with torch.no_grad():
+        encoder.mlm.cls.predictions.bias += 0.3  # reps ~93% non-zero: beyond the plan's count
+    engine.step(columns, loss_fn)
+    assert engine.memory_plan is None  # planned again on the next step, at the reps' new density
+    engine.step(columns, loss_fn)
+    assert (
+        engine.memory_plan is not None and min(fit.density for fit in engine.memory_plan.fits.values()) > 0.5
+    )
 
     layouts.clear()
     roomy = GradCache(

@@ -281,6 +281,8 @@ class GradCache:
                 mini_batches[column] = tuple(encoded)
                 reps[column] = step_reps.column(column, mini_batches[column])
             padding = self._encode_padding(plans, extra, encoder_devices, bar)
+        if self._planner is not None:
+            self._planner.check_entries(reps)  # sparse reps beyond the plan's count: planned again
         return EncodedBatch(reps, ReplayState(mini_batches=mini_batches, autocast=autocast, padding=padding))
 
     def rep_gradients(
@@ -421,7 +423,11 @@ class GradCache:
         try:
             loss, components = check_loss_output(loss_fn(reps, **loss_kwargs))
         except Exception as error:
-            if self.memory_plan is not None and self.memory_plan.sparse_reps:
+            if (
+                self._planner is not None
+                and self._planner.config.sparse_reps is None
+                and self.config.sparse_reps == "true"
+            ):
                 error.add_note(
                     "max_memory's plan keeps the reps sparse (SparseReps: sparse_reps was left unset and dense "
                     "reps do not fit the budget); a loss that takes dense [B, V] reps only needs "

@@ -63,6 +63,11 @@ GRAPH_POOL_FACTOR = 1.25
 """A graphed mini-batch's peak over its eager one: the pool, and each shape's static inputs and outputs."""
 REUSE_ARGMAX_KEEP = 0.9
 """``reuse_argmax`` stays on (when left to its default) if it keeps this fraction of the mini-batch rows."""
+SPARSE_DENSITY_HEADROOM = 1.5
+"""Sparse reps are planned for this many times the non-zeros the probe saw (at most every entry): their memory
+follows the non-zeros, which training moves after the plan (a regularizer warming up from zero lets them
+grow), where dense reps take the same bytes at any density. A step whose reps outgrow it has the next step
+planned again (:meth:`~gradcache_sparton.engine.memory_probe.MemoryPlanner.check_entries`)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,10 @@ class ColumnFit:
     def peak(self, rows: int) -> float:
         """Predicted peak bytes of a mini-batch of ``rows`` rows."""
         return self.fixed + self.per_row * rows
+
+    def sparse_entries(self, rows: int) -> float:
+        """Non-zero rep entries that ``rows`` rows are planned for as sparse reps (``SPARSE_DENSITY_HEADROOM``)."""
+        return min(rows * self.width, SPARSE_DENSITY_HEADROOM * rows * self.width * self.density)
 
     def largest(self, room: float, cap: int, factor: float = 1.0) -> int:
         """Most rows (at most ``cap``) whose ``factor`` x peak fits in ``room`` bytes; 0 if none."""
@@ -196,6 +205,10 @@ class MemoryPlan:
             _rows(features) <= self.rows[column] and _length(features) <= self.fits[column].length
             for column, features in columns.items()
         )
+
+    def sparse_entries(self) -> int:
+        """The non-zero rep entries of the whole batch (every column) the plan counted for sparse reps."""
+        return int(sum(self.fits[column].sparse_entries(rows) for column, rows in self.rows.items()))
 
     def apply(self, config: GradCacheConfig) -> GradCacheConfig:
         """``config`` with the planned options (its explicit ones were kept when planning)."""

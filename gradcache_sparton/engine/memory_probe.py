@@ -18,6 +18,7 @@ from gradcache_sparton.engine.cuda_graphs import recording_stream
 from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.memory_plan import (
     PLAN_MARGIN,
+    SPARSE_DENSITY_HEADROOM,
     ColumnFit,
     Footprint,
     MemoryPlan,
@@ -29,7 +30,7 @@ from gradcache_sparton.engine.memory_plan import (
 from gradcache_sparton.engine.memory_size import AUTO, size_bytes
 from gradcache_sparton.engine.rng_state import cuda_devices_of
 from gradcache_sparton.engine.types import Columns
-from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES
+from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
 
 __all__ = ["MemoryPlanner", "measure_fits"]
 
@@ -48,10 +49,6 @@ _SPARSE_ENTRY_BYTES = 12  # sparse_reps: a weight (4 bytes) and an int64 id (8) 
 # the paired scores' int64 keys and search positions (8 + 8 + 8) and the weights they gather (4 + 4).
 _SPARSE_LOSS_ENTRY_BYTES = 40
 _SPARSE_LOSS_BLOCKS = 4  # ... and at most four densified fp32 [block, V] buffers at once (losses/blocked.py)
-SPARSE_DENSITY_HEADROOM = 2.0
-"""The sparse rep cache is planned for reps this many times as dense as the probe saw (at most all
-non-zero): its memory follows the non-zeros, which training changes after the one plan (a regularizer
-warming up from zero lets them grow), where dense reps take the same bytes at any density."""
 # The recording stream's workspace bytes, per stream (one per GPU): _stream_workspace_bytes
 _WORKSPACE_BYTES: dict[torch.cuda.Stream, int] = {}
 
@@ -83,6 +80,7 @@ class MemoryPlanner:
         if data_parallel:
             logger.info("max_memory auto is not planned under data parallelism: the engine's defaults apply")
         self._planned_once = False
+        self._counted_sparse = False  # the plan counted the reps as their non-zeros
 
     def needs_plan(self, columns: Columns) -> bool:
         """Whether ``columns`` are to be planned for now: a training step (autograd on) on CUDA, the first
@@ -161,9 +159,28 @@ class MemoryPlanner:
             owner.gradient_checkpointing_disable()
         self.plan = plan
         self._planned_once = True
+        self._counted_sparse = plan.sparse_reps is True or (
+            plan.sparse_reps is None and self.config.sparse_reps == "true"
+        )
         over = plan.predicted_peak > budget * (1 - PLAN_MARGIN)  # an explicit mini_batch_size kept
         logger.log(logging.WARNING if over else logging.INFO, "%s", plan.describe())
         return plan.apply(self.config)
+
+    def check_entries(self, reps: Mapping[str, Tensor | SparseReps]) -> None:
+        """After Step (1): where the plan counted sparse reps and this step's non-zeros (known on the host,
+        no device sync) exceed those it counted, plan the next step again at their density (one warning)."""
+        if self.plan is None or not self._counted_sparse:
+            return
+        entries = sum(rep.weights.numel() for rep in reps.values() if isinstance(rep, SparseReps))
+        if entries > self.plan.sparse_entries():
+            logger.warning(
+                "max_memory: this step's reps have %d non-zeros, more than the %d its plan counted (%.1fx the "
+                "probe's density); the next step is planned again",
+                entries,
+                self.plan.sparse_entries(),
+                SPARSE_DENSITY_HEADROOM,
+            )
+            self.plan = None
 
 
 def measure_fits(
@@ -265,7 +282,8 @@ def _footprint(
     """What a step holds besides its mini-batch. The optimizer's state is estimated, before the first
     optimizer step, as an Adam-like two values per trained weight; later it is allocated already. The
     reps and their gradients both dense and as their non-zeros (the plan picks; ``"auto"`` is planned
-    dense, as it may stay so), the latter at ``SPARSE_DENSITY_HEADROOM`` times the probe's density."""
+    dense, as it may stay so), the latter at ``SPARSE_DENSITY_HEADROOM`` times the probe's non-zeros
+    (:meth:`ColumnFit.sparse_entries`)."""
     trainable = sum(p.numel() * p.element_size() for p in trained)
     missing = sum(p.numel() * p.element_size() for p in trained if p.grad is None)
     rep_cache = sparse_rep_cache = sparse_nnz = records = 0
@@ -273,7 +291,7 @@ def _footprint(
     for column, features in columns.items():
         fit, rows = fits[column], _rows(features)
         nnz = rows * fit.width * fit.density
-        planned_nnz = min(rows * fit.width, SPARSE_DENSITY_HEADROOM * nnz)
+        planned_nnz = fit.sparse_entries(rows)
         rep_cache += 2 * rows * fit.width * fit.rep_bytes  # reps and their gradients, [B, V] each
         sparse_rep_cache += 2 * planned_nnz * _SPARSE_ENTRY_BYTES
         sparse_nnz += planned_nnz
