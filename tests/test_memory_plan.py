@@ -509,12 +509,10 @@ def test_sparse_loss_estimate_covers_its_densified_blocks(monkeypatch) -> None:
         )
 
 
-def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeypatch) -> None:
-    """The probe path on a CPU (peak readings and the allocator injected): a budget that leaves dense reps
-    under MIN_ROWS rows but sparse ones 20 plans sparse reps, which that very step runs (the loss receives
-    SparseReps) with the uncached loss and gradients (RTOL_FP32, as tests/test_sparse_reps_training.py);
-    reps that then outgrow the non-zeros it counted have the next step planned again, at their density; a
-    budget that fits dense reps keeps them dense."""
+def _sparse_planning_on_cpu(config, monkeypatch):
+    """The probe path on a CPU, its peak readings and allocator injected: an encoder factory (reps ~3%
+    non-zero, as tests/test_sparse_reps_training.py), 32-row columns, a budget that leaves dense reps under
+    MIN_ROWS rows per mini-batch and sparse ones 20, and the footprint it was sized from."""
     monkeypatch.setattr(MemoryPlanner, "needs_plan", lambda self, columns: self.plan is None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(memory_probe, "_stream_workspace_bytes", lambda device: 0)
@@ -523,7 +521,7 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     def encoder_3pct():
         encoder = make_encoder(config)
         with torch.no_grad():
-            encoder.mlm.cls.predictions.bias -= 0.3  # reps ~3% non-zero (tests/test_sparse_reps_training.py)
+            encoder.mlm.cls.predictions.bias -= 0.3
         return encoder
 
     encoder = encoder_3pct()
@@ -540,7 +538,15 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     per_row[0] = footprint.rep_cache // 8  # dense reps cost 8 rows' activations
     budget = (footprint.resident(records=True, sparse=True) + 20.5 * per_row[0]) / (1 - PLAN_MARGIN)
     monkeypatch.setattr(memory_probe, "_cuda_peak_bytes", peak_bytes)
+    return encoder_3pct, columns, int(budget), footprint
 
+
+def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeypatch) -> None:
+    """A budget that leaves dense reps under MIN_ROWS rows but sparse ones 20 plans sparse reps, which that
+    very step runs (the loss receives SparseReps) with the uncached loss and gradients (RTOL_FP32, as
+    tests/test_sparse_reps_training.py); reps that then outgrow the non-zeros it counted have the next step
+    planned again, at their density; a budget that fits dense reps keeps them dense."""
+    encoder_3pct, columns, budget, footprint = _sparse_planning_on_cpu(config, monkeypatch)
     layouts: list[set[type]] = []
 
     def loss_fn(reps, **loss_kwargs):
@@ -551,7 +557,8 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     ref_loss, _ = uncached_loss(reference, columns, loss_fn)
     ref_loss.backward()
     layouts.clear()
-    engine = GradCache(encoder, max_memory=f"{int(budget)}B", cuda_graphs=False)
+    encoder = encoder_3pct()
+    engine = GradCache(encoder, max_memory=f"{budget}B", cuda_graphs=False)
     loss, _ = engine.step(columns, loss_fn)
     plan = engine.memory_plan
     assert plan is not None and plan.sparse_reps is True and engine.config.sparse_reps == "true"
@@ -564,14 +571,25 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     engine.step(columns, loss_fn)
     assert engine.memory_plan is None  # planned again on the next step, at the reps' new density
     engine.step(columns, loss_fn)
-    assert (
-        engine.memory_plan is not None and min(fit.density for fit in engine.memory_plan.fits.values()) > 0.5
-    )
+    assert engine.memory_plan is not None
+    assert min(fit.density for fit in engine.memory_plan.fits.values()) > 0.5
 
     layouts.clear()
-    roomy = GradCache(
-        encoder_3pct(), max_memory=f"{int(budget + footprint.rep_cache * 2)}B", cuda_graphs=False
-    )
+    roomy = GradCache(encoder_3pct(), max_memory=f"{budget + footprint.rep_cache * 2}B", cuda_graphs=False)
     roomy.step(columns, loss_fn)
     assert roomy.memory_plan is not None and roomy.memory_plan.sparse_reps is False
     assert roomy.config.sparse_reps == "false" and layouts == [{torch.Tensor}]
+
+
+def test_a_dense_only_loss_on_planned_sparse_reps_is_told_why(config, monkeypatch) -> None:
+    """A loss that takes dense reps only, handed sparse reps the plan chose, fails with its own error and a
+    note naming the plan and sparse_reps='false'; given sparse_reps='false' the same budget is refused."""
+    encoder_3pct, columns, budget, _ = _sparse_planning_on_cpu(config, monkeypatch)
+    with pytest.raises(TypeError, match="SparseReps") as raised:
+        GradCache(encoder_3pct(), max_memory=f"{budget}B", cuda_graphs=False).step(
+            columns, contrastive_flops_loss
+        )
+    assert any("sparse_reps='false'" in note for note in raised.value.__notes__)
+    dense = GradCache(encoder_3pct(), max_memory=f"{budget}B", cuda_graphs=False, sparse_reps="false")
+    with pytest.raises(ValueError, match="too small"):
+        dense.step(columns, contrastive_flops_loss)

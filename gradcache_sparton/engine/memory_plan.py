@@ -20,7 +20,8 @@ the step's autocast) at a few row counts, fits ``peak(rows) = fixed + per_row * 
   ``gradient_checkpointing_enable``), measured again with it.
 
 Every explicit setting is kept (a ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, ``sparse_reps``,
-checkpointing turned on); the plan only decides how rows are cut and run, never the loss or the gradients: the probe's
+checkpointing turned on); the plan only decides how rows are cut and run and how the reps are held, never
+the loss or the gradients (sparse reps give the dense ones up to fp32 summation order): the probe's
 gradients and RNG draws are put back. It logs one line with the measured numbers
 (:meth:`MemoryPlan.describe`) and is kept on the engine (``GradCache.memory_plan``).
 
@@ -187,9 +188,7 @@ class MemoryPlan:
     mini_batch_size: dict[str, int]
     cuda_graphs: bool
     reuse_argmax: bool | None  # False: turned off by the plan; None: as configured
-    sparse_reps: (
-        bool | None
-    )  # True / False: sparse / dense reps by the plan (left unset); None: as configured
+    sparse_reps: bool | None  # True / False: sparse / dense reps chosen by the plan; None: as configured
     checkpointing: bool
     predicted_peak: int
     resident: int

@@ -18,7 +18,6 @@ from gradcache_sparton.engine.cuda_graphs import recording_stream
 from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.memory_plan import (
     PLAN_MARGIN,
-    SPARSE_DENSITY_HEADROOM,
     ColumnFit,
     Footprint,
     MemoryPlan,
@@ -45,10 +44,12 @@ CHECK_ROUNDS = 2
 small mini-batches may under-predict large ones) and the plan chosen again with those points."""
 _RECORD_BYTES = 12  # reuse_argmax: a max (4 bytes) and an argmax (8) per non-zero rep entry
 _SPARSE_ENTRY_BYTES = 12  # sparse_reps: a weight (4 bytes) and an int64 id (8) per non-zero
-# The loss over sparse reps (losses/sparse.py), per non-zero: the weights' fp32 copy and its gradient (4 + 4),
-# the paired scores' int64 keys and search positions (8 + 8 + 8) and the weights they gather (4 + 4).
+# The loss over sparse reps (losses/sparse.py) beside them: per non-zero, the weights' fp32 copy and its
+# gradient (4 + 4), the paired scores' int64 keys and search positions (8 + 8 + 8) and the weights they
+# gather (4 + 4); and at most four densified fp32 [block, V] buffers at once (losses/blocked.py's backward:
+# a query and a document block, a product and its partial sum).
 _SPARSE_LOSS_ENTRY_BYTES = 40
-_SPARSE_LOSS_BLOCKS = 4  # ... and at most four densified fp32 [block, V] buffers at once (losses/blocked.py)
+_SPARSE_LOSS_BLOCKS = 4
 # The recording stream's workspace bytes, per stream (one per GPU): _stream_workspace_bytes
 _WORKSPACE_BYTES: dict[torch.cuda.Stream, int] = {}
 
@@ -174,11 +175,10 @@ class MemoryPlanner:
         entries = sum(rep.weights.numel() for rep in reps.values() if isinstance(rep, SparseReps))
         if entries > self.plan.sparse_entries():
             logger.warning(
-                "max_memory: this step's reps have %d non-zeros, more than the %d its plan counted (%.1fx the "
-                "probe's density); the next step is planned again",
+                "max_memory: this step's reps have %d non-zeros, more than the %d its plan counted; the next "
+                "step is planned again at their density",
                 entries,
                 self.plan.sparse_entries(),
-                SPARSE_DENSITY_HEADROOM,
             )
             self.plan = None
 

@@ -17,8 +17,9 @@ from torch import Tensor
 
 __all__ = ["SPARSE_BLOCK_MAX_BYTES", "SparseReps"]
 
-# Bytes of one densified fp32 [block, V] buffer of a loss over sparse reps under the automatic block size
-# (``losses.sparse.sparse_block_size``; here so that the engine's memory plan can bound that loss too).
+# Bytes of one densified fp32 [block, V] buffer of the loss over sparse reps under its automatic block size
+# (``losses.sparse.sparse_block_size``; defined here, below the losses and the engine, so that the engine's
+# memory plan bounds that loss with the same number).
 # Four live at once, so 2 GiB in all: at V = 30,522 the block is AUTO_BLOCK_SIZE rows (4,096; 477 MiB
 # each), at V = 250,002 it is 536 rows, where 4,096 rows would take 3.8 GiB each, 15 GiB for the four
 # (issue 18's V = 250,002 target is a whole step in 16 GiB).
