@@ -22,16 +22,20 @@ Protocol (docs/experiments.md):
    (:mod:`~gradcache_sparton.evaluation.significance`); the same per seed.
 
 Output in ``output_dir``: ``folds.json`` (the query ids of each fold), ``fold<k>/train.jsonl.gz`` (each
-fold's training rows), ``seed<s>/fold<k>/`` (each trained model), ``crossval.json`` (settings, per-fold and
-per-query numbers, comparisons; rewritten after every trained model, so a stopped run keeps what finished)
-and ``crossval.md`` (the tables).
+fold's training rows), ``seed<s>/fold<k>/`` (each trained model), ``crossval.json`` (settings, each fold's
+held-out query ids, per-fold and per-query numbers, comparisons; rewritten after every trained model, so a
+stopped run keeps what finished) and ``crossval.md`` (the tables).
+
+Seeds run as separate jobs are combined afterwards (``crossval --merge``, :mod:`.merge`) into the result
+one run with all the seeds would have written.
 
 Modules: :mod:`.protocol` (settings, folds, the recipe, each fold's rows, the run), :mod:`.teacher` (the
-distillation teacher), :mod:`.report` (means over folds, paired comparisons, the markdown tables) and
-:mod:`.command` (``gradcache-sparton crossval``'s flags).
+distillation teacher), :mod:`.report` (means over folds, paired comparisons, the markdown tables),
+:mod:`.merge` (runs of one experiment combined) and :mod:`.command` (``gradcache-sparton crossval``'s flags).
 """
 
 from gradcache_sparton.crossval.command import build_parser, main
+from gradcache_sparton.crossval.merge import merge_crossval
 from gradcache_sparton.crossval.protocol import CrossvalSettings, make_folds, parse_recipe, run_crossval
 from gradcache_sparton.crossval.report import format_report
 
@@ -41,6 +45,7 @@ __all__ = [
     "format_report",
     "main",
     "make_folds",
+    "merge_crossval",
     "parse_recipe",
     "run_crossval",
 ]

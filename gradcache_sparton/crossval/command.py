@@ -1,16 +1,20 @@
-"""``gradcache-sparton crossval [options] -- [train flags]``: the flags, the run, the printed report."""
+"""``gradcache-sparton crossval [options] -- [train flags]``: the flags, the run, the printed report; and
+``gradcache-sparton crossval --merge FILE ... --output_dir OUT``: runs of one experiment combined."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
+from gradcache_sparton.crossval.merge import merge_crossval
 from gradcache_sparton.crossval.protocol import CrossvalSettings, parse_recipe, run_crossval
 from gradcache_sparton.crossval.report import format_report
 from gradcache_sparton.crossval.teacher import DEFAULT_TEACHER_WEIGHT, TEACHERS
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
 
 __all__ = ["build_parser", "main"]
+
+MERGE_FLAGS = ("merge", "output_dir", "beir_path", "overwrite")  # all --merge reads; the rest is the files'
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,10 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="k-fold cross-validation of a training recipe: each fold's queries ranked against the full "
         "corpus by a model trained on the other folds only; zero-shot and BM25 as references; paired "
         "bootstrap intervals and randomization p-values over all held-out queries.",
-        usage="gradcache-sparton crossval --beir_path DIR [options] [-- TRAIN FLAGS (as `train` takes them)]",
+        usage="gradcache-sparton crossval --beir_path DIR [options] [-- TRAIN FLAGS (as `train` takes them)]\n"
+        "       gradcache-sparton crossval --merge FILE [FILE ...] --output_dir DIR [--beir_path DIR] [--overwrite]",
     )
     p.add_argument(
-        "--beir_path", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."
+        "--beir_path",
+        help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv (with --merge: optional, rebuilds "
+        "the folds of result files that do not record their query ids).",
     )
     p.add_argument("--split", default="train", help="qrels split whose judged queries are cross-validated.")
     p.add_argument(
@@ -69,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--write_runs", action="store_true", help="write every model's top 100 as TREC runs in runs/."
     )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="FILE",
+        help="instead of running: combine the crossval.json of runs of one experiment (e.g. one seed each, run "
+        "as separate jobs) into the result one run with all their seeds would have written, in --output_dir; "
+        "settings come from the files, which must agree (docs/experiments.md).",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --merge: replace an existing --output_dir/crossval.json.",
+    )
     return p
 
 
@@ -76,8 +96,26 @@ def main(argv: Sequence[str]) -> int:
     """``gradcache-sparton crossval [options] -- [train flags]``: run and print the markdown report."""
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
-    args = build_parser().parse_args(argv[:split])
+    parser = build_parser()
+    args = parser.parse_args(argv[:split])
     recipe_flags = argv[split + 1 :]
+    if args.merge is not None:
+        given = [
+            f"--{k}" for k, v in vars(args).items() if k not in MERGE_FLAGS and v != parser.get_default(k)
+        ]
+        if given or split < len(argv):
+            raise ValueError(
+                f"--merge takes the settings and recipe from the merged files: leave out {given or 'the train flags'}"
+            )
+        results = merge_crossval(
+            args.merge, output_dir=args.output_dir, beir_path=args.beir_path, overwrite=args.overwrite
+        )
+        print(format_report(results))
+        return 0
+    if args.beir_path is None:
+        parser.error("the following arguments are required: --beir_path (or --merge)")
+    if args.overwrite:
+        raise ValueError("--overwrite applies to --merge only (a run rewrites its own output_dir's results)")
     settings = CrossvalSettings(
         beir_path=args.beir_path,
         output_dir=args.output_dir,

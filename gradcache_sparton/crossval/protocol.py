@@ -137,6 +137,13 @@ def make_folds(query_ids: Sequence[str], *, folds: int, seed: int) -> list[list[
     return [sorted(ids[k::folds]) for k in range(folds)]
 
 
+def _judged_queries(beir: BeirData) -> BeirData:
+    """The queries the protocol cross-validates: those with at least one positive judgement, in the
+    qrels file's order, with their judgements (the corpus unchanged)."""
+    qrels = {q: rel for q, rel in beir.qrels.items() if any(r > 0 for r in rel.values())}
+    return BeirData(corpus=beir.corpus, queries={q: beir.queries[q] for q in qrels}, qrels=qrels)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The recipe: train flags
 # ---------------------------------------------------------------------------------------------------
@@ -391,12 +398,7 @@ def run_crossval(
     check_recipe_loss(settings, training_args)
     if settings.bm25_reference or settings.bm25_negatives:
         check_bm25_installed("english")
-    beir = load_beir(settings.beir_path, split=settings.split)
-    beir = BeirData(
-        corpus=beir.corpus,
-        queries={q: beir.queries[q] for q, rel in beir.qrels.items() if any(r > 0 for r in rel.values())},
-        qrels={q: rel for q, rel in beir.qrels.items() if any(r > 0 for r in rel.values())},
-    )
+    beir = _judged_queries(load_beir(settings.beir_path, split=settings.split))
     folds = make_folds(list(beir.qrels), folds=settings.folds, seed=settings.fold_seed)
     out = Path(settings.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -418,7 +420,13 @@ def run_crossval(
         rows, counts = _fold_rows(pool, beir, set(held), settings)
         path = write_training_file(rows, out / f"fold{k}" / "train.jsonl.gz", overwrite=True)
         fold_info.append(
-            {"fold": k, "queries": len(held), **counts, "train_file": str(path.relative_to(out))}
+            {
+                "fold": k,
+                "queries": len(held),
+                **counts,
+                "train_file": str(path.relative_to(out)),
+                "query_ids": held,
+            }
         )
     logger.info(
         "crossval: %d folds of %s built in %.0f s",

@@ -1,0 +1,241 @@
+"""``gradcache-sparton crossval --merge A/crossval.json B/crossval.json ... --output_dir OUT``: the
+``crossval.json`` of separate runs of one experiment (the seeds of one recipe run as separate jobs, one per
+GPU) combined into the result one run with all their seeds would have written: the same folds, references
+and recipe, each query's recipe score averaged over the seeds before the paired interval.
+
+The inputs must be one experiment: the same settings (except ``seeds``, ``output_dir``, ``write_runs``
+and ``beir_path``: where the data lives changes no number, and the data itself is compared directly),
+the same recipe flags and starting model, the same folds (each fold's held-out query ids, and the
+counts of its training rows) and the same zero-shot and BM25 numbers per query. A recipe seed is merged
+only where its run finished every fold; an unfinished one is skipped with a warning and listed in the
+result's ``meta``. A seed finished in two inputs is an error (which run should count?).
+
+Result files written before each fold recorded its ``query_ids`` are merged by rebuilding the folds
+from ``beir_path`` exactly as the protocol deals them (the queries judged relevant at least once in the
+split's qrels, :func:`~gradcache_sparton.crossval.protocol.make_folds` with the files' ``fold_seed``),
+checked against each file's fold sizes and per-query numbers."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gradcache_sparton.crossval.protocol import _judged_queries, make_folds
+from gradcache_sparton.crossval.report import PRIMARY, RECIPE, RESULTS_FILE, _summarise, _write
+from gradcache_sparton.data import load_beir
+
+__all__ = ["merge_crossval"]
+
+logger = logging.getLogger(__name__)
+
+# Settings that may differ between the runs merged: the seeds are what is merged, the output folder and
+# the TREC runs change no number, and the data behind ``beir_path`` is compared directly (folds, references).
+MERGED_SETTINGS = ("seeds", "output_dir", "write_runs", "beir_path")
+# Two runs compute a reference's per-query metrics from the same ranking by the same arithmetic, so they
+# agree to a few ulps (< 1e-15 for numbers <= 1, ~1e-13 for mean non-zeros in the hundreds); the smallest
+# real change of a query's nDCG@10 (one document moved by one rank) is above 1e-3.
+TOLERANCE = 1e-9
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"--merge: {str(path)!r} does not exist (give crossval.json files)")
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--merge: {str(path)!r} is not JSON ({error})") from None
+    missing = [k for k in ("settings", "model", "folds", "systems") if k not in results]
+    if missing:
+        raise ValueError(f"--merge: {str(path)!r} is not a crossval.json: no {missing}")
+    return results
+
+
+def _check_same_experiment(results: list[dict[str, Any]], paths: list[Path]) -> None:
+    """``ValueError`` naming the first input that differs from the first input in a setting or model."""
+    first = results[0]
+    for path, other in zip(paths[1:], results[1:], strict=True):
+        keys = sorted((set(first["settings"]) | set(other["settings"])) - set(MERGED_SETTINGS))
+        differ = [k for k in keys if first["settings"].get(k) != other["settings"].get(k)]
+        if first["model"] != other["model"]:
+            differ.append("model")
+        if differ:
+            shown = "; ".join(f"{k}: {_setting(first, k)!r} vs {_setting(other, k)!r}" for k in differ)
+            raise ValueError(
+                f"--merge: {str(path)!r} is another experiment than {str(paths[0])!r}: settings {differ} "
+                f"differ ({shown}); only {list(MERGED_SETTINGS)} may"
+            )
+
+
+def _setting(results: dict[str, Any], key: str) -> Any:
+    return results["model"] if key == "model" else results["settings"].get(key, "(absent)")
+
+
+def _rebuilt_folds(beir_path: str, settings: dict[str, Any]) -> list[list[str]]:
+    """The folds the protocol deals from ``beir_path`` under ``settings`` (split, folds, fold_seed)."""
+    beir = _judged_queries(load_beir(beir_path, split=settings["split"]))
+    return make_folds(list(beir.qrels), folds=settings["folds"], seed=settings["fold_seed"])
+
+
+def _folds_of(results: dict[str, Any], path: Path, rebuilt: list[list[str]] | None) -> list[dict[str, Any]]:
+    """The file's fold entries, each with its ``query_ids`` (rebuilt ones where the file has none, checked
+    against its fold sizes; checked against the file's where both exist); every per-query number the file
+    holds must be for exactly the folds' queries."""
+    entries = [dict(entry) for entry in results["folds"]]
+    if all("query_ids" in entry for entry in entries):
+        if rebuilt is not None and [e["query_ids"] for e in entries] != rebuilt:
+            raise ValueError(
+                f"--merge: the folds rebuilt from --beir_path differ from the query_ids of {str(path)!r}'s folds"
+            )
+    elif rebuilt is None:
+        raise ValueError(
+            f"--merge: {str(path)!r} does not record its folds' query_ids (written before they were): pass "
+            "--beir_path (the BEIR folder it ran on) to rebuild them"
+        )
+    else:
+        sizes = [entry["queries"] for entry in entries]
+        if sizes != [len(fold) for fold in rebuilt]:
+            raise ValueError(
+                f"--merge: the folds rebuilt from --beir_path hold {[len(f) for f in rebuilt]} queries, "
+                f"{str(path)!r}'s folds {sizes}: not the data it ran on"
+            )
+        for entry, fold in zip(entries, rebuilt, strict=True):
+            entry["query_ids"] = fold
+    queries = {q for entry in entries for q in entry["query_ids"]}
+    for system, entry in results["systems"].items():
+        for seed, run in entry["seeds"].items():
+            if (
+                run.get("folds_done", len(entries)) == len(entries)
+                and set(run["per_query"][PRIMARY]) != queries
+            ):
+                raise ValueError(
+                    f"--merge: {str(path)!r}: {system} (seed {seed}) scores other queries than its folds hold"
+                )
+    return entries
+
+
+def _check_references(results: list[dict[str, Any]], paths: list[Path]) -> None:
+    """``ValueError`` unless every input holds the same references with the same numbers (``TOLERANCE``)."""
+    first = results[0]["systems"]
+    for path, other in zip(paths[1:], results[1:], strict=True):
+        systems = other["systems"]
+        if set(first) != set(systems):
+            raise ValueError(
+                f"--merge: {str(path)!r} holds systems {sorted(systems)}, {str(paths[0])!r} {sorted(first)}"
+            )
+        for system in sorted(set(first) - {RECIPE}):
+            if not _close(first[system]["seeds"], systems[system]["seeds"]):
+                raise ValueError(
+                    f"--merge: {system}'s per-query numbers differ between {str(paths[0])!r} and {str(path)!r} "
+                    f"(beyond {TOLERANCE}): not the same data or evaluation"
+                )
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Same structure, numbers within ``TOLERANCE``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=0.0, abs_tol=TOLERANCE)
+    return a == b
+
+
+def merge_crossval(
+    paths: Sequence[str | Path],
+    *,
+    output_dir: str | Path,
+    beir_path: str | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Merge the ``crossval.json`` files ``paths`` (module docstring) and write ``crossval.json`` and
+    ``crossval.md`` in ``output_dir`` (an existing ``crossval.json`` there needs ``overwrite``); returns
+    what ``crossval.json`` holds. ``beir_path`` rebuilds the folds of files that do not record them (and
+    checks those that do); the merged settings name it, else the first file's ``beir_path``."""
+    if not paths:
+        raise ValueError("--merge needs at least one crossval.json")
+    out = Path(output_dir)
+    if (out / RESULTS_FILE).exists() and not overwrite:
+        raise ValueError(f"--output_dir {str(out)!r} holds a {RESULTS_FILE}: pass --overwrite to replace it")
+    files = [Path(p) for p in paths]
+    results = [_read(path) for path in files]
+    _check_same_experiment(results, files)
+    rebuilt = _rebuilt_folds(beir_path, results[0]["settings"]) if beir_path is not None else None
+    folds = [_folds_of(r, path, rebuilt) for r, path in zip(results, files, strict=True)]
+    for path, entries in zip(files[1:], folds[1:], strict=True):
+        if entries != folds[0]:
+            differ = [k for k, (a, b) in enumerate(zip(folds[0], entries, strict=True)) if a != b]
+            raise ValueError(
+                f"--merge: folds {differ} of {str(path)!r} differ from {str(files[0])!r}'s (held-out query ids "
+                "or training rows): not the same folds"
+            )
+    _check_references(results, files)
+
+    seeds: dict[str, Any] = {}  # recipe seed -> its run's numbers
+    source: dict[str, Path] = {}
+    merged_from = []
+    for path, r in zip(files, results, strict=True):
+        done, skipped = [], {}
+        for seed, run in r["systems"].get(RECIPE, {"seeds": {}})["seeds"].items():
+            folds_done = run.get("folds_done", len(folds[0]))
+            if folds_done != len(folds[0]):
+                skipped[seed] = folds_done
+                logger.warning(
+                    "crossval --merge: %s: recipe seed %s finished %d of %d folds: left out",
+                    path,
+                    seed,
+                    folds_done,
+                    len(folds[0]),
+                )
+                continue
+            if seed in seeds:
+                raise ValueError(
+                    f"--merge: recipe seed {seed} is in both {str(source[seed])!r} and {str(path)!r}: merge each "
+                    "seed once"
+                )
+            seeds[seed], source[seed] = run, path
+            done.append(int(seed))
+        merged_from.append(
+            {
+                "file": str(path),
+                "seeds": done,
+                "skipped_unfinished_seeds": skipped,
+                "beir_path": r["settings"].get("beir_path"),
+                "output_dir": r["settings"].get("output_dir"),
+                "meta": r.get("meta", {}),
+            }
+        )
+    if not seeds:
+        raise ValueError(
+            f"--merge: no recipe seed finished all {len(folds[0])} folds in {[str(f) for f in files]}"
+        )
+
+    first = results[0]
+    metas = [r.get("meta", {}) for r in results]
+    common = {k: v for k, v in metas[0].items() if all(m.get(k) == v for m in metas)}
+    merged = {
+        "meta": {
+            **common,
+            "merged_from": merged_from,
+            "merge_date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        },
+        "settings": {
+            **first["settings"],
+            "beir_path": beir_path if beir_path is not None else first["settings"]["beir_path"],
+            "output_dir": str(out),
+            "seeds": [int(s) for s in seeds],
+        },
+        "model": first["model"],
+        "folds": folds[0],
+        "systems": {
+            **{name: entry for name, entry in first["systems"].items() if name != RECIPE},
+            RECIPE: {"seeds": seeds},
+        },
+    }
+    _summarise(merged, [entry["query_ids"] for entry in folds[0]])
+    out.mkdir(parents=True, exist_ok=True)
+    _write(merged, out)
+    return merged
