@@ -148,7 +148,8 @@ def test_parse_recipe_refuses_flags_the_protocol_owns() -> None:
 
 def test_crossval_cli_end_to_end(tmp_path: Path, capsys) -> None:
     """Two folds x one seed on a tiny folder: every query held out once, training rows never from a held-out
-    query, the table and the three comparisons written, with where the numbers came from."""
+    query, the table and the three comparisons written, with where the numbers came from and each fold's
+    held-out query ids."""
     pytest.importorskip("bm25s")
     beir = write_beir(tmp_path / "beir")
     out = tmp_path / "cv"
@@ -161,6 +162,7 @@ def test_crossval_cli_end_to_end(tmp_path: Path, capsys) -> None:
     results = json.loads((out / "crossval.json").read_text())
     folds = json.loads((out / "folds.json").read_text())["folds"]
     assert sorted(q for f in folds for q in f) == sorted(f"q{i}" for i in range(8))
+    assert [f["query_ids"] for f in results["folds"]] == folds  # the result file names its folds
     for k, held in enumerate(folds):
         rows = [
             json.loads(line) for line in __import__("gzip").open(out / f"fold{k}" / "train.jsonl.gz", "rt")
@@ -307,3 +309,180 @@ def test_crossval_teacher_misuse_fails_before_any_work(tmp_path: Path, flags, re
     with pytest.raises(ValueError, match=message):
         crossval_main(["--beir_path", str(beir), "--output_dir", str(out), *flags, "--", *recipe])
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# crossval --merge: seeds run as separate jobs
+# ---------------------------------------------------------------------------------------------------
+
+QUERIES = [f"q{i}" for i in range(8)]  # write_beir's judged queries
+
+
+def _per_query(generator: torch.Generator) -> dict[str, dict[str, float]]:
+    return {
+        key: {q: torch.rand((), generator=generator, dtype=torch.float64).item() for q in QUERIES}
+        for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100")
+    }
+
+
+def _synthetic_run(seeds: dict[int, int], *, beir_path: str = "beir") -> dict:
+    """A crossval.json as `run_crossval` writes it (2 folds of write_beir's queries), with random per-query
+    numbers: the references drawn from fixed streams (equal in every run), each recipe seed from its own
+    stream; ``seeds`` maps a recipe seed to its folds done."""
+    from gradcache_sparton.crossval import CrossvalSettings
+    from gradcache_sparton.crossval.report import _summarise
+
+    folds = make_folds(QUERIES, folds=2, seed=0)
+    config = CrossvalSettings(beir_path=beir_path, output_dir=f"out{list(seeds)}", folds=2, resamples=200)
+    zero_shot = {"per_query": _per_query(torch.Generator().manual_seed(0)), "query_nonzeros": 40.0}
+    results = {
+        "meta": {"device": "cpu", "date": "2026-11-26"},
+        "settings": {**vars(config), "seeds": list(seeds), "recipe_flags": ["--max_steps", "1"]},
+        "model": "splade-tiny-msmarco",
+        "folds": [
+            {
+                "fold": k,
+                "queries": len(fold),
+                "labelled_pairs": len(QUERIES) - len(fold),
+                "self_supervised_pairs": 0,
+                "train_file": f"fold{k}/train.jsonl.gz",
+                "query_ids": fold,
+            }
+            for k, fold in enumerate(folds)
+        ],
+        "systems": {
+            "zero-shot": {"seeds": {"-": zero_shot}},
+            "bm25": {"seeds": {"-": {"per_query": _per_query(torch.Generator().manual_seed(1))}}},
+            "recipe": {"seeds": {}},
+        },
+    }
+    for seed, done in seeds.items():
+        per_query = _per_query(torch.Generator().manual_seed(100 + seed))
+        kept = {q for fold in folds[:done] for q in fold}
+        results["systems"]["recipe"]["seeds"][str(seed)] = {
+            "per_query": {
+                key: {q: v for q, v in values.items() if q in kept} for key, values in per_query.items()
+            },
+            "query_nonzeros": 30.0 + seed,
+            "doc_nonzeros": 150.0 + seed,
+            "folds_done": done,
+        }
+    _summarise(results, folds)
+    return results
+
+
+def _write_json(path: Path, results: dict) -> Path:
+    path.write_text(json.dumps(results))
+    return path
+
+
+def test_merge_equals_one_run_with_all_seeds(tmp_path: Path, caplog) -> None:
+    """Merging a run of seed 7 (seed 8 unfinished in it) with a run of seed 8 gives the table, comparisons
+    (seeds averaged per query, per-seed lines) and markdown of one run of seeds [7, 8]; the unfinished seed
+    is left out with a warning and listed in meta."""
+    from gradcache_sparton.crossval import format_report, merge_crossval
+    from gradcache_sparton.crossval.report import _summarise
+
+    a = _write_json(tmp_path / "a.json", _synthetic_run({7: 2, 8: 1}))
+    b = _write_json(tmp_path / "b.json", _synthetic_run({8: 2}, beir_path="/elsewhere/beir"))
+    merged = merge_crossval([a, b], output_dir=tmp_path / "merged")
+
+    expected = _synthetic_run({7: 2, 8: 2})
+    expected["systems"]["recipe"]["seeds"]["8"] = json.loads(b.read_text())["systems"]["recipe"]["seeds"]["8"]
+    _summarise(expected, [f["query_ids"] for f in expected["folds"]])
+    assert merged["settings"]["seeds"] == [7, 8] and merged["settings"]["beir_path"] == "beir"
+    assert merged["table"] == expected["table"] and merged["comparisons"] == expected["comparisons"]
+    assert list(merged["comparisons"]["recipe - zero-shot"]["per_seed"]) == ["7", "8"]
+    assert merged["folds"] == expected["folds"]
+    assert (tmp_path / "merged" / "crossval.md").read_text() == format_report(expected)
+    assert json.loads((tmp_path / "merged" / "crossval.json").read_text()) == merged
+    assert [m["skipped_unfinished_seeds"] for m in merged["meta"]["merged_from"]] == [{"8": 1}, {}]
+    assert "seed 8 finished 1 of 2 folds" in caplog.text
+
+
+def _other_recipe(r: dict) -> None:
+    r["settings"]["recipe_flags"] = ["--max_steps", "2"]
+
+
+def _other_folds(r: dict) -> None:
+    first, second = r["folds"][0]["query_ids"], r["folds"][1]["query_ids"]
+    first[0], second[0] = second[0], first[0]
+
+
+def _other_reference(r: dict) -> None:
+    r["systems"]["bm25"]["seeds"]["-"]["per_query"]["ndcg_at_10"]["q3"] += 1e-6
+
+
+def _repeated_seed(r: dict) -> None:
+    r["systems"]["recipe"]["seeds"] = {"7": r["systems"]["recipe"]["seeds"].pop("8")}
+
+
+def _unfinished(r: dict) -> None:
+    r["systems"]["recipe"]["seeds"]["8"]["folds_done"] = 1
+
+
+@pytest.mark.parametrize(
+    ("first_seeds", "change", "message"),
+    [
+        ({7: 2}, _other_recipe, r"settings \['recipe_flags'\] differ"),
+        ({7: 2}, lambda r: r["settings"].update(resamples=100), r"settings \['resamples'\] differ"),
+        ({7: 2}, lambda r: r.update(model="other"), r"settings \['model'\] differ"),
+        ({7: 2}, _other_folds, r"folds \[0, 1\] of .*b.json.* differ"),
+        ({7: 2}, _other_reference, "bm25's per-query numbers differ"),
+        ({7: 2}, _repeated_seed, "recipe seed 7 is in both"),
+        ({7: 1}, _unfinished, "no recipe seed finished all 2 folds"),
+    ],
+)
+def test_merge_refuses_another_experiment(tmp_path: Path, first_seeds, change, message) -> None:
+    """Runs that differ in a setting, the recipe, the model, the folds or a reference's per-query numbers
+    (by 1e-6), that repeat a seed, or with no finished seed: one ValueError naming the problem, nothing
+    written."""
+    from gradcache_sparton.crossval import merge_crossval
+
+    a = _write_json(tmp_path / "a.json", _synthetic_run(first_seeds))
+    other = _synthetic_run({8: 2})
+    change(other)
+    b = _write_json(tmp_path / "b.json", other)
+    with pytest.raises(ValueError, match=message):
+        merge_crossval([a, b], output_dir=tmp_path / "merged")
+    assert not (tmp_path / "merged").exists()
+
+
+def test_merge_rebuilds_the_folds_of_old_files(tmp_path: Path) -> None:
+    """A result file without fold query ids merges only with --beir_path, whose rebuilt folds (the protocol's
+    query selection and make_folds) equal the recorded ones; a folder giving other fold sizes is refused."""
+    from gradcache_sparton.crossval import merge_crossval
+
+    beir = write_beir(tmp_path / "beir")
+    old = _synthetic_run({7: 2})
+    for fold in old["folds"]:
+        del fold["query_ids"]
+    a = _write_json(tmp_path / "a.json", old)
+    b = _write_json(tmp_path / "b.json", _synthetic_run({8: 2}))
+    with pytest.raises(ValueError, match="pass --beir_path"):
+        merge_crossval([a, b], output_dir=tmp_path / "m0")
+    merged = merge_crossval([a, b], output_dir=tmp_path / "m1", beir_path=str(beir))
+    assert merged["folds"] == _synthetic_run({7: 2})["folds"] and merged["settings"]["beir_path"] == str(beir)
+    qrels = beir / "qrels" / "train.tsv"
+    qrels.write_text(qrels.read_text().replace("q7\td7\t1\n", "q7\td7\t0\n"))  # q7 no longer judged relevant
+    with pytest.raises(ValueError, match=r"rebuilt from --beir_path hold \[4, 3\]"):
+        merge_crossval([a, b], output_dir=tmp_path / "m2", beir_path=str(beir))
+
+
+def test_merge_cli_flags(tmp_path: Path, capsys) -> None:
+    """`crossval --merge` prints the report, refuses settings or train flags (they come from the files) and an
+    existing crossval.json without --overwrite; --overwrite without --merge is refused."""
+    a = _write_json(tmp_path / "a.json", _synthetic_run({7: 2}))
+    b = _write_json(tmp_path / "b.json", _synthetic_run({8: 2}))
+    argv = ["crossval", "--merge", str(a), str(b), "--output_dir", str(tmp_path / "m")]
+    assert main(argv) == 0 and "recipe seeds [7, 8]" in capsys.readouterr().out
+    assert main(argv) == 2 and "pass --overwrite" in capsys.readouterr().err
+    assert main([*argv, "--overwrite"]) == 0
+    assert (
+        main([*argv, "--overwrite", "--folds", "3"]) == 2
+        and "leave out ['--folds']" in capsys.readouterr().err
+    )
+    assert main([*argv, "--overwrite", "--", "--max_steps", "2"]) == 2
+    assert "leave out the train flags" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--overwrite applies to --merge only"):
+        crossval_main(["--beir_path", "x", "--output_dir", str(tmp_path / "run"), "--overwrite"])
