@@ -153,11 +153,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--target_density", type=float, default=0.02, help="rep non-zeros of the model's start"
     )
+    parser.add_argument(
+        "--only", type=lambda text: [n for n in text.split(",") if n], default=None,
+        help="run only these configurations, by name (e.g. max_memory=4GiB,mb16+graphs); others are skipped",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (plumbing only)")
     args = parser.parse_args(argv)
     if args.effective_batch < 1 or args.steps < 1:
         parser.error("--effective_batch and --steps must be >= 1")
+    known = [c.name for c in configs(args.smoke, True, args.providers)]
+    unknown = sorted(set(args.only or ()) - set(known))
+    if unknown:
+        parser.error(f"--only: no configuration named {unknown}; these run: {known}")
     if not 0 < args.target_density < 1:
         parser.error(f"--target_density must be in (0, 1), got {args.target_density}")
     return args
@@ -363,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = prepare_models(model_args, scale, tokenizer, [workload], Path(tmp), device)
         path, meta["model"] = models["base"]
         for config in configs(args.smoke, device.type == "cuda", args.providers):
+            if args.only is not None and config.name not in args.only:
+                continue
             if config.provider == "st" and st_version is None:
                 rows.append({**asdict(config), "status": "skipped (sentence-transformers not installed)"})
                 continue

@@ -204,7 +204,7 @@ def test_cuda_graphs_where_eager_mini_batches_are_small() -> None:
     """Graphs at GRAPH_ROWS when eager mini-batches would be small; not where large ones fit."""
     choices = PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
     small = choose_plan(
-        4 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), choices
+        4 * GIB, ROWS, _measure({False: _fits(0.2 * GIB, 40 * MIB)}, []), _footprint(), choices
     )
     assert small.cuda_graphs and set(small.mini_batch_size.values()) == {GRAPH_ROWS}
     config = small.apply(GradCacheConfig(max_memory="4GiB"))
@@ -220,7 +220,7 @@ def test_graphs_pay_for_their_recording_stream() -> None:
     more than the graphed plan leaves free shrinks its mini-batches, more than the budget leaves graphs out
     and gives the eager plan unchanged."""
     choices = PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
-    fits = _measure({False: _fits(0.5 * GIB, 40 * MIB)}, [])
+    fits = _measure({False: _fits(0.2 * GIB, 40 * MIB)}, [])
     usable = 4 * GIB * (1 - PLAN_MARGIN)
     plain = choose_plan(4 * GIB, ROWS, fits, _footprint(), choices)
     assert plain.cuda_graphs and set(plain.mini_batch_size.values()) == {GRAPH_ROWS}

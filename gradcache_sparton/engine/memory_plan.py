@@ -60,8 +60,15 @@ GRAPH_ROWS = 32
 """Rows per mini-batch under CUDA graphs chosen by the plan."""
 GRAPHS_BELOW_ROWS = 96
 """CUDA graphs (at ``GRAPH_ROWS``) when the largest eager mini-batch is under this many rows."""
-GRAPH_POOL_FACTOR = 1.25
-"""A graphed mini-batch's peak over its eager one: the pool, and each shape's static inputs and outputs."""
+GRAPH_FIXED_FACTOR = 4.0
+GRAPH_ROW_FACTOR = 1.15
+"""A graphed mini-batch's peak against its eager fit (``fixed + per_row * rows``): ``GRAPH_FIXED_FACTOR *
+fixed + GRAPH_ROW_FACTOR * per_row * rows``. Once recorded, every shape's graphs keep their pool reserved,
+with their static inputs and outputs and the autocast copies of the weights: what an eager mini-batch
+frees. Fitted to the reserved peaks of 16 and 32 graphed rows (3.39 and 4.34 GiB; 6-layer BERT-base width,
+three columns, 1,024 rows, H200, benchmarks/results/max_memory_h200_reserved.json), whose eager fit was
+221.55 MiB + 51.61 MiB per row at 256 tokens, with 1.61 GiB resident; one factor of 1.25 on both before
+predicted 3.77 GiB for 30 graphed rows, which held 4.26."""
 REUSE_ARGMAX_KEEP = 0.9
 """``reuse_argmax`` stays on (when left to its default) if it keeps this fraction of the mini-batch rows."""
 SPARSE_DENSITY_HEADROOM = 1.5
@@ -117,11 +124,18 @@ class ColumnFit:
         """Non-zero rep entries that ``rows`` rows are planned for as sparse reps (``SPARSE_DENSITY_HEADROOM``)."""
         return min(rows * self.width, SPARSE_DENSITY_HEADROOM * rows * self.width * self.density)
 
-    def largest(self, room: float, cap: int, factor: float = 1.0) -> int:
-        """Most rows (at most ``cap``) whose ``factor`` x peak fits in ``room`` bytes; 0 if none."""
-        if self.per_row <= 0:
-            return cap if factor * self.fixed <= room else 0
-        return max(0, min(cap, math.floor((room / factor - self.fixed) / self.per_row)))
+    def graphed_peak(self, rows: int) -> float:
+        """Predicted peak bytes of a mini-batch of ``rows`` rows replayed as CUDA graphs."""
+        return GRAPH_FIXED_FACTOR * self.fixed + GRAPH_ROW_FACTOR * self.per_row * rows
+
+    def largest(self, room: float, cap: int, graphs: bool = False) -> int:
+        """Most rows (at most ``cap``) whose peak (graphed where ``graphs``) fits in ``room`` bytes; 0 if none."""
+        fixed, per_row = self.fixed, self.per_row
+        if graphs:
+            fixed, per_row = GRAPH_FIXED_FACTOR * fixed, GRAPH_ROW_FACTOR * per_row
+        if per_row <= 0:
+            return cap if fixed <= room else 0
+        return max(0, min(cap, math.floor((room - fixed) / per_row)))
 
 
 @dataclass(frozen=True)
@@ -298,7 +312,7 @@ def choose_plan(
             if chosen is not None:
                 return _plan(budget, rows, fits, chosen, choices, checkpointing, usable, footprint)
             tried += candidates
-        last = (checkpointing, fits, min(tried, key=lambda c: c.peak))
+        last = (checkpointing, fits, min(tried, key=lambda c: c.resident))
     assert last is not None
     checkpointing, fits, smallest = last
     if any(size is not None for size in choices.mini_batch_size.values()):
@@ -340,15 +354,16 @@ def _candidates(
         for records in records_options:
             resident = footprint.resident(records=records, sparse=sparse)
             resident += footprint.graphs if graphs else 0
-            factor = GRAPH_POOL_FACTOR if graphs else 1.0
             sizes = {}
             for column, cap in rows.items():
                 explicit = choices.mini_batch_size.get(column)
-                largest = fits[column].largest(usable - resident, cap, factor)
+                largest = fits[column].largest(usable - resident, cap, graphs)
                 if graphs and choices.cuda_graphs is None:
                     largest = min(largest, GRAPH_ROWS)
                 sizes[column] = explicit if explicit is not None else largest
-            mini_batch = max(factor * fits[c].peak(sizes[c]) for c in rows)
+            mini_batch = max(
+                fits[c].graphed_peak(sizes[c]) if graphs else fits[c].peak(sizes[c]) for c in rows
+            )
             peak = max(resident + mini_batch, footprint.loss_peak(sparse=sparse))
             candidates.append(_Candidate(sizes, graphs, records, sparse, int(peak), resident))
     return candidates
