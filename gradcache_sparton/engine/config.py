@@ -66,7 +66,8 @@ class GradCacheConfig:
             "KiB, MiB, GiB, TiB), or auto (what the CUDA device has free at the start, less a tenth). On the first "
             "step a short measured probe picks what is left unset (mini_batch_size, cuda_graphs, reuse_argmax, "
             "activation checkpointing, sparse_reps) for the fastest step whose peak stays within it; explicit "
-            "settings are kept; the loss and gradients never change. Bounds torch.cuda.max_memory_allocated. "
+            "settings are kept; the loss and gradients never change. Bounds torch.cuda.max_memory_allocated and "
+            "CUDA graphs' pool. "
             "CUDA only (on a CPU a size is ignored with a warning). Default: none (off).",
         },
     )
