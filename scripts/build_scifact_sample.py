@@ -20,7 +20,8 @@ encoded in fp32 on the CPU). Needs bm25s (the ``mining`` extra). What it writes:
 - ``train.jsonl.gz``: (query, positive) rows, shuffled:
   * every (claim, relevant abstract) judgement of the other labelled claims, the abstract as
     ``title + " " + text`` (the BEIR convention), except those whose abstract is relevant to a dev
-    claim (SciFact has several claims per abstract: keeping them would let training see dev answers);
+    claim (SciFact has several claims per abstract: keeping them would let training see dev answers),
+    and one row per repeated (claim text, abstract) pair (a few claims recur under other ids);
   * self-supervised pairs (:func:`gradcache_sparton.data.self_supervised_pairs`, one per abstract)
     from ``NUM_SELF_SUPERVISED_DOCS`` abstracts drawn from those *not* relevant to a dev claim.
   No abstract relevant to a dev claim appears anywhere in the training rows.
@@ -171,10 +172,15 @@ def build(source: Path, output: Path, *, rankings_file: Path | None = None) -> d
         for d, r in qrels[q].items()
         if r > 0 and d not in dev_relevant
     ]
-    train_rows = [
-        {QUERY_COLUMN: queries_by_id[q]["text"], POSITIVE_COLUMN: _doc_text(docs_by_id[d])}
-        for q, d in labelled_pairs
-    ]
+    # SciFact repeats a few claims under other ids with the same abstract: one row per (claim text, abstract),
+    # else the copies meet in a batch as each other's in-batch false negatives.
+    train_rows, seen = [], set()
+    for q, d in labelled_pairs:
+        key = (queries_by_id[q]["text"], _doc_text(docs_by_id[d]))
+        if key not in seen:
+            seen.add(key)
+            train_rows.append({QUERY_COLUMN: key[0], POSITIVE_COLUMN: key[1]})
+    repeats = len(labelled_pairs) - len(train_rows)
     ss_ids = rng.sample(others, NUM_SELF_SUPERVISED_DOCS)
     position = {doc["_id"]: i for i, doc in enumerate(corpus)}
     ss_ids.sort(key=position.__getitem__)  # source order, independent of the sampling order
@@ -198,7 +204,8 @@ def build(source: Path, output: Path, *, rankings_file: Path | None = None) -> d
         "dev_corpus_pool": f"relevant + top {POOL_DEPTHS['splade']} of {POOL_MODEL} "
         f"({POOL_LENGTHS['query_max_length']}/{POOL_LENGTHS['document_max_length']} tokens, fp32 CPU) and top "
         f"{POOL_DEPTHS['bm25']} of BM25 (bm25s) per dev claim in the full corpus",
-        "train_labelled_pairs": len(labelled_pairs),
+        "train_labelled_pairs": len(labelled_pairs) - repeats,
+        "train_labelled_repeats_dropped": repeats,
         "train_labelled_claims": len({q for q, _ in labelled_pairs}),
         "train_self_supervised_pairs": len(pairs),
         "train_rows": len(train_rows),

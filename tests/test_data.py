@@ -517,6 +517,14 @@ def test_collator_in_dataloader_drops_last_incomplete_batch(tokenizer) -> None:
 # -------------------------------------------------------------------------------------- shipped sample
 
 
+def test_shipped_sample_holds_each_pair_once(tmp_path: Path) -> None:
+    """No (query, positive) pair repeats in the shipped train rows (SciFact repeats a few claims under other
+    ids): the default run starts without the repeated-pairs warning, and no copy is another's false negative."""
+    train = load_training_data(default_train_data_path(), cache_dir=tmp_path)
+    pairs = list(zip(train["query"], train["positive"], strict=True))
+    assert len(set(pairs)) == len(pairs)
+
+
 def test_shipped_sample_loads_and_holds_out_dev(tokenizer, tmp_path: Path) -> None:
     """The shipped train pairs and dev BEIR folder load, match the manifest; no dev claim is trained on."""
     manifest = json.loads((default_train_data_path().parent / "manifest.json").read_text())
