@@ -124,15 +124,20 @@ class ColumnFit:
         """Non-zero rep entries that ``rows`` rows are planned for as sparse reps (``SPARSE_DENSITY_HEADROOM``)."""
         return min(rows * self.width, SPARSE_DENSITY_HEADROOM * rows * self.width * self.density)
 
+    def _line(self, graphs: bool) -> tuple[float, float]:
+        """(fixed, per_row) bytes of a mini-batch run eagerly, or replayed as CUDA graphs."""
+        if graphs:
+            return GRAPH_FIXED_FACTOR * self.fixed, GRAPH_ROW_FACTOR * self.per_row
+        return self.fixed, self.per_row
+
     def graphed_peak(self, rows: int) -> float:
         """Predicted peak bytes of a mini-batch of ``rows`` rows replayed as CUDA graphs."""
-        return GRAPH_FIXED_FACTOR * self.fixed + GRAPH_ROW_FACTOR * self.per_row * rows
+        fixed, per_row = self._line(graphs=True)
+        return fixed + per_row * rows
 
     def largest(self, room: float, cap: int, graphs: bool = False) -> int:
         """Most rows (at most ``cap``) whose peak (graphed where ``graphs``) fits in ``room`` bytes; 0 if none."""
-        fixed, per_row = self.fixed, self.per_row
-        if graphs:
-            fixed, per_row = GRAPH_FIXED_FACTOR * fixed, GRAPH_ROW_FACTOR * per_row
+        fixed, per_row = self._line(graphs)
         if per_row <= 0:
             return cap if fixed <= room else 0
         return max(0, min(cap, math.floor((room - fixed) / per_row)))

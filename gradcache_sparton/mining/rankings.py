@@ -152,35 +152,33 @@ def _bm25_tokenizer(stemmer: str | None) -> tuple[Any, Callable[[Sequence[str]],
     return bm25s, tokenize
 
 
+def _token_matrix(
+    token_lists: list[list[str]], vocab: dict[str, int], value: Callable[[int, int], float]
+) -> Any:
+    """[n, T] scipy CSR: ``value(tf, length)`` for every vocabulary token of each text, tf its count there
+    and length the text's token count (all its tokens); tokens outside ``vocab`` are dropped."""
+    from scipy import sparse
+
+    rows, cols, values = [], [], []
+    for row, tokens in enumerate(token_lists):
+        for token, tf in Counter(t for t in tokens if t in vocab).items():
+            rows.append(row)
+            cols.append(vocab[token])
+            values.append(value(tf, len(tokens)))
+    return sparse.csr_matrix((values, (rows, cols)), shape=(len(token_lists), len(vocab)), dtype=np.float64)
+
+
 def _bm25_weights(
     token_lists: list[list[str]], vocab: dict[str, int], idf: np.ndarray, avg_length: float
 ) -> Any:
     """[n, T] scipy CSR: the Lucene BM25 weight of every vocabulary token in each text,
-    idf · tf / (tf + k1 · (1 - b + b · length / avg_length)), the text's length counting all its tokens."""
+    idf · tf / (tf + k1 · (1 - b + b · length / avg_length)) (idf applied per column)."""
     from scipy import sparse
 
-    rows, cols, values = [], [], []
-    for row, tokens in enumerate(token_lists):
-        norm = _BM25_K1 * (1 - _BM25_B + _BM25_B * len(tokens) / avg_length)
-        for token, tf in Counter(t for t in tokens if t in vocab).items():
-            rows.append(row)
-            cols.append(vocab[token])
-            values.append(idf[vocab[token]] * tf / (tf + norm))
-    return sparse.csr_matrix((values, (rows, cols)), shape=(len(token_lists), len(vocab)), dtype=np.float64)
+    def saturation(tf: int, length: int) -> float:
+        return tf / (tf + _BM25_K1 * (1 - _BM25_B + _BM25_B * length / avg_length))
 
-
-def _bm25_query_counts(token_lists: list[list[str]], vocab: dict[str, int]) -> Any:
-    """[n, T] scipy CSR: how often each vocabulary token occurs in each query (bm25s sums a repeated
-    query token once per occurrence and drops tokens the corpus never uses)."""
-    from scipy import sparse
-
-    rows, cols, values = [], [], []
-    for row, tokens in enumerate(token_lists):
-        for token, count in Counter(t for t in tokens if t in vocab).items():
-            rows.append(row)
-            cols.append(vocab[token])
-            values.append(float(count))
-    return sparse.csr_matrix((values, (rows, cols)), shape=(len(token_lists), len(vocab)), dtype=np.float64)
+    return (_token_matrix(token_lists, vocab, saturation) @ sparse.diags(idf)).tocsr()
 
 
 def bm25_scores(
@@ -226,7 +224,9 @@ def bm25_scores(
     idf = np.array([math.log(1 + (num_docs - doc_freq[t] + 0.5) / (doc_freq[t] + 0.5)) for t in vocab])  # [T]
     avg_length = max(sum(map(len, doc_tokens)) / num_docs, 1e-12)  # an all-stop-word corpus scores 0 anyway
     doc_weights = _bm25_weights(doc_tokens, vocab, idf, avg_length).T.tocsr()  # [T, N]
-    counts = _bm25_query_counts(tokenize(queries), vocab)  # [Q, T]
+    # [Q, T] query token counts: bm25s sums a repeated query token once per occurrence and drops tokens
+    # the corpus never uses
+    counts = _token_matrix(tokenize(queries), vocab, lambda tf, _: float(tf))
     flat = [text for texts in candidates for text in texts]
     candidate_weights = _bm25_weights(tokenize(flat), vocab, idf, avg_length)  # [Q·C, T]
     repeated = counts[np.repeat(np.arange(len(queries)), width)]  # [Q·C, T]
