@@ -7,7 +7,13 @@ import argparse
 from collections.abc import Sequence
 
 from gradcache_sparton.crossval.merge import merge_crossval
-from gradcache_sparton.crossval.protocol import CrossvalSettings, parse_recipe, run_crossval
+from gradcache_sparton.crossval.protocol import (
+    NEGATIVE_RANKS,
+    ROUND_STARTS,
+    CrossvalSettings,
+    parse_recipe,
+    run_crossval,
+)
 from gradcache_sparton.crossval.report import format_report
 from gradcache_sparton.crossval.teacher import DEFAULT_TEACHER_WEIGHT, TEACHERS
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
@@ -65,6 +71,32 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_TEACHER_WEIGHT,
         help="BM25's share of the bm25+model teacher, in [0, 1] (the starting model gets the rest).",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="train each fold this many times: round r > 1 trains on the fold's rows plus --model_negatives "
+        "negatives a pair mined by the same fold's (and seed's) round r-1 model, which never saw the held-out "
+        "claims; with --teacher, that model is the teacher's model half. The recipe row is the last round; "
+        "earlier rounds are the systems recipe-round<r>, each compared with it. More rounds: harder negatives, "
+        "R times the training.",
+    )
+    p.add_argument(
+        "--model_negatives",
+        type=int,
+        default=0,
+        help=f"with --rounds >= 2: negatives a pair from the previous round's model's ranking of the full corpus "
+        f"(ranks {NEGATIVE_RANKS[0]}..{NEGATIVE_RANKS[1]}, the pair's known positives skipped), after any BM25 "
+        "ones. More: harder contrast, more documents a step.",
+    )
+    p.add_argument(
+        "--round_start",
+        choices=ROUND_STARTS,
+        default=ROUND_STARTS[0],
+        help="where round r > 1 starts: 'previous' continues the round r-1 fold model (the model its negatives "
+        "are hard for; R times the steps in all), 'start' retrains the recipe's starting model (the same steps, "
+        "only the negatives differ).",
     )
     p.add_argument("--no_bm25", action="store_true", help="skip the BM25 reference (needs no bm25s then).")
     p.add_argument("--query_max_length", type=int, default=32, help="evaluation query tokens.")
@@ -127,6 +159,9 @@ def main(argv: Sequence[str]) -> int:
         bm25_negatives=args.bm25_negatives,
         teacher=args.teacher,
         teacher_weight=args.teacher_weight,
+        rounds=args.rounds,
+        model_negatives=args.model_negatives,
+        round_start=args.round_start,
         bm25_reference=not args.no_bm25,
         query_max_length=args.query_max_length,
         document_max_length=args.document_max_length,

@@ -17,6 +17,7 @@ checked against each file's fold sizes and per-query numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -25,8 +26,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradcache_sparton.crossval.protocol import _judged_queries, make_folds
-from gradcache_sparton.crossval.report import PRIMARY, RECIPE, RESULTS_FILE, _summarise, _write
+from gradcache_sparton.crossval.protocol import CrossvalSettings, _judged_queries, make_folds
+from gradcache_sparton.crossval.report import (
+    PRIMARY,
+    RECIPE,
+    RESULTS_FILE,
+    _summarise,
+    _write,
+    is_recipe_system,
+)
 from gradcache_sparton.data import load_beir
 
 __all__ = ["merge_crossval"]
@@ -36,6 +44,11 @@ logger = logging.getLogger(__name__)
 # Settings that may differ between the runs merged: the seeds are what is merged, the output folder and
 # the TREC runs change no number, and the data behind ``beir_path`` is compared directly (folds, references).
 MERGED_SETTINGS = ("seeds", "output_dir", "write_runs", "beir_path")
+# A setting a file does not record (written before the setting existed) ran at its default: every setting
+# is added with the default that keeps the earlier behaviour (e.g. rounds = 1).
+DEFAULTS = {
+    f.name: f.default for f in dataclasses.fields(CrossvalSettings) if f.default is not dataclasses.MISSING
+}
 # Two runs compute a reference's per-query metrics from the same ranking by the same arithmetic, so they
 # agree to a few ulps (< 1e-15 for numbers <= 1, ~1e-13 for mean non-zeros in the hundreds); the smallest
 # real change of a query's nDCG@10 (one document moved by one rank) is above 1e-3.
@@ -60,7 +73,7 @@ def _check_same_experiment(results: list[dict[str, Any]], paths: list[Path]) -> 
     first = results[0]
     for path, other in zip(paths[1:], results[1:], strict=True):
         keys = sorted((set(first["settings"]) | set(other["settings"])) - set(MERGED_SETTINGS))
-        differ = [k for k in keys if first["settings"].get(k) != other["settings"].get(k)]
+        differ = [k for k in keys if _setting(first, k) != _setting(other, k)]
         if first["model"] != other["model"]:
             differ.append("model")
         if differ:
@@ -72,7 +85,9 @@ def _check_same_experiment(results: list[dict[str, Any]], paths: list[Path]) -> 
 
 
 def _setting(results: dict[str, Any], key: str) -> Any:
-    return results["model"] if key == "model" else results["settings"].get(key, "(absent)")
+    if key == "model":
+        return results["model"]
+    return results["settings"].get(key, DEFAULTS.get(key, "(absent)"))
 
 
 def _rebuilt_folds(beir_path: str, settings: dict[str, Any]) -> list[list[str]]:
@@ -127,7 +142,7 @@ def _check_references(results: list[dict[str, Any]], paths: list[Path]) -> None:
             raise ValueError(
                 f"--merge: {str(path)!r} holds systems {sorted(systems)}, {str(paths[0])!r} {sorted(first)}"
             )
-        for system in sorted(set(first) - {RECIPE}):
+        for system in sorted(name for name in first if not is_recipe_system(name)):
             if not _close(first[system]["seeds"], systems[system]["seeds"]):
                 raise ValueError(
                     f"--merge: {system}'s per-query numbers differ between {str(paths[0])!r} and {str(path)!r} "
@@ -175,6 +190,7 @@ def merge_crossval(
     _check_references(results, files)
 
     seeds: dict[str, Any] = {}  # recipe seed -> its run's numbers
+    rounds: dict[str, dict[str, Any]] = {}  # earlier round's system -> recipe seed -> its numbers
     source: dict[str, Path] = {}
     merged_from = []
     for path, r in zip(files, results, strict=True):
@@ -197,6 +213,9 @@ def merge_crossval(
                     "seed once"
                 )
             seeds[seed], source[seed] = run, path
+            for name, entry in r["systems"].items():  # the same seed's earlier rounds come with it
+                if name != RECIPE and is_recipe_system(name):
+                    rounds.setdefault(name, {})[seed] = entry["seeds"][seed]
             done.append(int(seed))
         merged_from.append(
             {
@@ -231,8 +250,8 @@ def merge_crossval(
         "model": first["model"],
         "folds": folds[0],
         "systems": {
-            **{name: entry for name, entry in first["systems"].items() if name != RECIPE},
-            RECIPE: {"seeds": seeds},
+            name: {"seeds": seeds if name == RECIPE else rounds[name]} if is_recipe_system(name) else entry
+            for name, entry in first["systems"].items()
         },
     }
     _summarise(merged, [entry["query_ids"] for entry in folds[0]])

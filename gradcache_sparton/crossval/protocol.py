@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradcache_sparton.crossval.report import BM25, PRIMARY, RECIPE, ZERO_SHOT, _mean, _summarise, _write
+from gradcache_sparton.crossval.report import (
+    BM25,
+    PRIMARY,
+    RECIPE,
+    ZERO_SHOT,
+    _mean,
+    _summarise,
+    _write,
+    round_system,
+)
 from gradcache_sparton.crossval.teacher import (
     DEFAULT_TEACHER_WEIGHT,
     LOSSES_READING_TEACHER,
@@ -34,7 +43,15 @@ if TYPE_CHECKING:
 
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, ModelArguments
 
-__all__ = ["CrossvalSettings", "check_recipe_loss", "make_folds", "parse_recipe", "run_crossval"]
+__all__ = [
+    "NEGATIVE_RANKS",
+    "ROUND_STARTS",
+    "CrossvalSettings",
+    "check_recipe_loss",
+    "make_folds",
+    "parse_recipe",
+    "run_crossval",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +59,12 @@ MEASURES = ("nDCG@10", "RR@10", "R@100")  # the default of per_query_metrics
 TOP_K = 100
 TEACHER_COLUMN = "teacher_scores"  # the data column the distillation losses read
 FOLDS_FILE = "folds.json"
+# The rank window (1-based, inclusive) both miners draw negatives from, BM25 in round 1 and the fold model in
+# later rounds: ``mine``'s defaults. Ranks 1..9 are skipped to keep unjudged relevant abstracts (false
+# negatives) out; 100 is the teacher's normalisation depth (TOP_K), so every negative sits inside it.
+NEGATIVE_RANKS = (10, 100)
+# Where round r > 1 starts: the same fold's round r-1 model, or the recipe's starting model (docs/experiments.md).
+ROUND_STARTS = ("previous", "start")
 # train flags the protocol sets itself: the training data and evaluation of each fold.
 _OWNED_FLAGS = (
     "train_data",
@@ -72,6 +95,9 @@ class CrossvalSettings:
     bm25_negatives: int = 0
     teacher: str = "none"
     teacher_weight: float = DEFAULT_TEACHER_WEIGHT
+    rounds: int = 1
+    model_negatives: int = 0
+    round_start: str = "previous"
     bm25_reference: bool = True
     query_max_length: int = 32
     document_max_length: int = 256
@@ -85,7 +111,7 @@ class CrossvalSettings:
             raise ValueError(f"folds must be >= 2, got {self.folds}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
-        for name in ("self_supervised_pairs", "bm25_negatives"):
+        for name in ("self_supervised_pairs", "bm25_negatives", "model_negatives"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("query_max_length", "document_max_length", "eval_batch_size", "resamples"):
@@ -105,6 +131,40 @@ class CrossvalSettings:
                 f"teacher_weight applies to a teacher only, got teacher_weight={self.teacher_weight} with "
                 "teacher='none'"
             )
+        self._check_rounds()
+
+    def _check_rounds(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if self.model_negatives and self.rounds < 2:
+            raise ValueError(
+                f"model_negatives={self.model_negatives} are mined by a fold's previous round's model: they need "
+                f"rounds >= 2, got rounds={self.rounds}"
+            )
+        if self.round_start not in ROUND_STARTS:
+            raise ValueError(f"round_start must be one of {ROUND_STARTS}, got {self.round_start!r}")
+        if self.rounds == 1 and self.round_start != ROUND_STARTS[0]:
+            raise ValueError(
+                f"round_start applies to rounds >= 2, got round_start={self.round_start!r} with rounds=1"
+            )
+        if self.rounds > 1 and not self.model_negatives and self.teacher == "none":
+            raise ValueError(
+                f"rounds={self.rounds} without model_negatives or a teacher trains every round on round 1's rows: "
+                "give model_negatives >= 1 (or a teacher, which round r > 1 takes from the round r-1 model)"
+            )
+        if self.model_negatives:
+            window = NEGATIVE_RANKS[1] - NEGATIVE_RANKS[0] + 1
+            if self.model_negatives > window:
+                raise ValueError(
+                    f"model_negatives={self.model_negatives} are drawn from the fold model's ranks "
+                    f"{NEGATIVE_RANKS[0]}..{NEGATIVE_RANKS[1]}: at most {window}"
+                )
+            for name in ("query_max_length", "document_max_length"):
+                if getattr(self, name) % 8:
+                    raise ValueError(
+                        f"model_negatives rank the corpus at the evaluation lengths, which the miner needs as "
+                        f"multiples of 8 (as in training): got {name}={getattr(self, name)}"
+                    )
 
 
 def check_recipe_loss(settings: CrossvalSettings, training_args: CachedSpladeTrainingArguments) -> None:
@@ -202,10 +262,12 @@ def _read_config(path: Path) -> dict[str, Any]:
 @dataclass
 class _Pool:
     """Every candidate training row once, with what decides its fold: rows of labelled pairs carry their
-    query id, self-supervised rows their source document id."""
+    query id, self-supervised rows their source document id; and each labelled row's positive id (what
+    model negatives must skip, with the source documents)."""
 
     labelled: datasets.Dataset
     labelled_query_ids: list[str]
+    labelled_positive_ids: list[str]
     selfsup: datasets.Dataset | None
     selfsup_doc_ids: list[str]
 
@@ -218,7 +280,7 @@ def _build_pool(beir: BeirData, settings: CrossvalSettings, teacher: Callable[[A
     from gradcache_sparton.mining import beir_mining_pairs, mine_hard_negatives
 
     labelled = beir_mining_pairs(beir)
-    labelled_query_ids = list(labelled["query_id"])
+    labelled_query_ids, labelled_positive_ids = list(labelled["query_id"]), list(labelled["positive_id"])
     selfsup, selfsup_doc_ids = None, []
     if settings.self_supervised_pairs:
         documents = read_corpus(settings.beir_path)
@@ -239,6 +301,8 @@ def _build_pool(beir: BeirData, settings: CrossvalSettings, teacher: Callable[[A
         mine = {
             "corpus": beir.corpus,
             "num_negatives": settings.bm25_negatives,
+            "rank_start": NEGATIVE_RANKS[0],
+            "rank_end": NEGATIVE_RANKS[1],
             "seed": settings.fold_seed,
             "show_progress": False,
         }
@@ -254,7 +318,7 @@ def _build_pool(beir: BeirData, settings: CrossvalSettings, teacher: Callable[[A
         scores = teacher(datasets.concatenate_datasets(parts))
         labelled = labelled.add_column(TEACHER_COLUMN, scores[: len(labelled)])
         selfsup = selfsup.add_column(TEACHER_COLUMN, scores[len(labelled) :]) if selfsup is not None else None
-    return _Pool(labelled, labelled_query_ids, selfsup, selfsup_doc_ids)
+    return _Pool(labelled, labelled_query_ids, labelled_positive_ids, selfsup, selfsup_doc_ids)
 
 
 def _teacher(
@@ -299,9 +363,18 @@ def _teacher(
     return scores
 
 
-def _fold_rows(
-    pool: _Pool, beir: BeirData, held_out: set[str], settings: CrossvalSettings
-) -> tuple[Any, dict]:
+@dataclass
+class _FoldRows:
+    """A fold's training rows and, row for row, the ids model negatives group and skip them by: a labelled
+    row's claim id and judged document id, a self-supervised row's own id and its source document id."""
+
+    rows: datasets.Dataset
+    counts: dict[str, int]
+    query_ids: list[str]
+    positive_ids: list[str]
+
+
+def _fold_rows(pool: _Pool, beir: BeirData, held_out: set[str], settings: CrossvalSettings) -> _FoldRows:
     """The training rows of the fold holding out ``held_out``: every labelled pair of the other queries, plus
     a seeded choice of ``self_supervised_pairs`` from documents no training query judges."""
     import datasets
@@ -309,6 +382,8 @@ def _fold_rows(
     rows = [i for i, q in enumerate(pool.labelled_query_ids) if q not in held_out]
     parts = [pool.labelled.select(rows)]
     counts = {"labelled_pairs": len(rows), "self_supervised_pairs": 0}
+    query_ids = [pool.labelled_query_ids[i] for i in rows]
+    positive_ids = [pool.labelled_positive_ids[i] for i in rows]
     if pool.selfsup is not None:
         judged = {d for q, rel in beir.qrels.items() if q not in held_out for d, r in rel.items() if r > 0}
         eligible = [i for i, d in enumerate(pool.selfsup_doc_ids) if d not in judged]
@@ -320,7 +395,53 @@ def _fold_rows(
         chosen = sorted(random.Random(settings.fold_seed).sample(eligible, settings.self_supervised_pairs))
         parts.append(pool.selfsup.select(chosen))
         counts["self_supervised_pairs"] = len(chosen)
-    return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0], counts
+        query_ids += [f"selfsup-{i}" for i in chosen]
+        positive_ids += [pool.selfsup_doc_ids[i] for i in chosen]
+    joined = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    return _FoldRows(joined, counts, query_ids, positive_ids)
+
+
+def _with_model_negatives(
+    fold: _FoldRows, corpus: dict[str, str], settings: CrossvalSettings, encoder: Any, tokenizer: Any
+) -> datasets.Dataset:
+    """The fold's rows with ``model_negatives`` more negative columns after its BM25 ones (and without
+    teacher scores, which belong to the candidates they were computed for): ``encoder`` (a fold model that
+    never saw the held-out claims) ranks the full corpus for each row's query at the evaluation lengths and
+    :func:`~gradcache_sparton.mining.mine_hard_negatives` (``method="splade"``, as ``mine`` does) draws them
+    from ranks ``NEGATIVE_RANKS`` less the row's known positives: every judged abstract of a labelled row's
+    claim, a self-supervised row's source abstract. A model negative may repeat one of the row's BM25
+    negatives (the two miners draw independently)."""
+    from gradcache_sparton.data import NEGATIVE_PREFIX, POSITIVE_COLUMN, QUERY_COLUMN
+    from gradcache_sparton.data.columns import negative_number
+    from gradcache_sparton.mining import POSITIVE_ID_COLUMN, QUERY_ID_COLUMN, mine_hard_negatives
+
+    pairs = fold.rows.select_columns([QUERY_COLUMN, POSITIVE_COLUMN])
+    pairs = pairs.add_column(QUERY_ID_COLUMN, fold.query_ids).add_column(
+        POSITIVE_ID_COLUMN, fold.positive_ids
+    )
+    mined = mine_hard_negatives(
+        pairs,
+        corpus=corpus,
+        method="splade",
+        num_negatives=settings.model_negatives,
+        rank_start=NEGATIVE_RANKS[0],
+        rank_end=NEGATIVE_RANKS[1],
+        seed=settings.fold_seed,
+        encoder=encoder,
+        tokenizer=tokenizer,
+        query_max_length=settings.query_max_length,
+        document_max_length=settings.document_max_length,
+        batch_size=settings.eval_batch_size,
+        show_progress=False,
+    )
+    rows = fold.rows
+    if TEACHER_COLUMN in rows.column_names:
+        rows = rows.remove_columns([TEACHER_COLUMN])
+    have = sum(1 for name in rows.column_names if negative_number(name))
+    columns = mined[:]
+    for i in range(1, settings.model_negatives + 1):
+        rows = rows.add_column(f"{NEGATIVE_PREFIX}{have + i}", columns[f"{NEGATIVE_PREFIX}{i}"])
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -410,20 +531,20 @@ def run_crossval(
     bf16 = bool(training_args.bf16)
     set_seed(settings.seeds[0])
     start_encoder = build_encoder(model_args, tokenizer)
-    teacher = None
+    teacher, progress = None, not training_args.disable_tqdm
     if settings.teacher != "none":
-        progress = not training_args.disable_tqdm
         teacher = _teacher(settings, start_encoder, tokenizer, list(beir.corpus.values()), bf16, progress)
     pool = _build_pool(beir, settings, teacher)
-    fold_info = []
+    fold_info, fold_rows = [], []
     for k, held in enumerate(folds):
-        rows, counts = _fold_rows(pool, beir, set(held), settings)
-        path = write_training_file(rows, out / f"fold{k}" / "train.jsonl.gz", overwrite=True)
+        fold = _fold_rows(pool, beir, set(held), settings)
+        path = write_training_file(fold.rows, out / f"fold{k}" / "train.jsonl.gz", overwrite=True)
+        fold_rows.append(fold)
         fold_info.append(
             {
                 "fold": k,
                 "queries": len(held),
-                **counts,
+                **fold.counts,
                 "train_file": str(path.relative_to(out)),
                 "query_ids": held,
             }
@@ -456,43 +577,114 @@ def run_crossval(
     results["systems"][ZERO_SHOT] = {"seeds": {"-": start}}
     if settings.bm25_reference:
         results["systems"][BM25] = {"seeds": {"-": _bm25(beir)}}
-    results["systems"][RECIPE] = {"seeds": {}}
+    # Round r's models form system names[r - 1]: the last round is the recipe, earlier ones recipe-round<r>.
+    names = [round_system(r) for r in range(1, settings.rounds)] + [RECIPE]
+    for name in names:
+        results["systems"][name] = {"seeds": {}}
     for seed in settings.seeds:
-        per_query: dict[str, dict[str, float]] = {}
-        nonzeros = []
+        per_query: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
+        nonzeros: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}
         for k, held in enumerate(folds):
-            run_dir = out / f"seed{seed}" / f"fold{k}"
-            fold_args = _fold_training_args(training_args, output_dir=str(run_dir), seed=seed)
-            data_args = _fold_data_args(out / fold_info[k]["train_file"])
-            t0 = time.monotonic()
-            run_training(model_args, data_args, fold_args)
-            trained = build_encoder(_trained_model_args(model_args, run_dir), tokenizer)
             data = BeirData(
                 corpus=beir.corpus,
                 queries={q: beir.queries[q] for q in held},
                 qrels={q: beir.qrels[q] for q in held},
             )
-            run_file = runs and runs / f"{RECIPE}-seed{seed}-fold{k}.trec"
-            fold_result = _evaluate_model(trained, tokenizer, data, settings, bf16, run_file)
-            for key, values in fold_result["per_query"].items():
-                per_query.setdefault(key, {}).update(values)
-            nonzeros.append((len(held), fold_result["query_nonzeros"], fold_result["doc_nonzeros"]))
-            logger.info(
-                "crossval: seed %d fold %d: nDCG@10 %.4f (%.0f s)",
-                seed,
-                k,
-                _mean(fold_result["per_query"][PRIMARY].values()),
-                time.monotonic() - t0,
-            )
-            results["systems"][RECIPE]["seeds"][str(seed)] = {
-                "per_query": per_query,
-                "query_nonzeros": sum(n * q for n, q, _ in nonzeros) / sum(n for n, _, _ in nonzeros),
-                "doc_nonzeros": sum(n * d for n, _, d in nonzeros) / sum(n for n, _, _ in nonzeros),
-                "folds_done": k + 1,
-            }
+            train_file, round_args, trained = out / fold_info[k]["train_file"], model_args, None
+            for r, name in enumerate(names, start=1):
+                t0 = time.monotonic()
+                run_dir = _run_dir(out, seed, k, r)
+                if r > 1:  # rows and start from the same fold's (and seed's) round r - 1 model, `trained`
+                    rows = _round_rows(
+                        fold_rows[k], beir.corpus, settings, trained, tokenizer, bf16, progress
+                    )
+                    train_file = write_training_file(
+                        rows, out / f"fold{k}" / f"train-seed{seed}-round{r}.jsonl.gz", overwrite=True
+                    )
+                    logger.info(
+                        "crossval: seed %d fold %d round %d: %d rows, %d model negatives each, mined by round "
+                        "%d's model (%.0f s)",
+                        seed,
+                        k,
+                        r,
+                        len(rows),
+                        settings.model_negatives,
+                        r - 1,
+                        time.monotonic() - t0,
+                    )
+                    if settings.round_start == "previous":
+                        round_args = _continued_model_args(model_args, _run_dir(out, seed, k, r - 1))
+                fold_args = _fold_training_args(training_args, output_dir=str(run_dir), seed=seed)
+                run_training(round_args, _fold_data_args(train_file), fold_args)
+                trained = build_encoder(_trained_model_args(model_args, run_dir), tokenizer)
+                run_file = runs and runs / f"{name}-seed{seed}-fold{k}.trec"
+                fold_result = _evaluate_model(trained, tokenizer, data, settings, bf16, run_file)
+                for key, values in fold_result["per_query"].items():
+                    per_query[name].setdefault(key, {}).update(values)
+                nonzeros[name].append((len(held), fold_result["query_nonzeros"], fold_result["doc_nonzeros"]))
+                logger.info(
+                    "crossval: seed %d fold %d%s: nDCG@10 %.4f (%.0f s)",
+                    seed,
+                    k,
+                    f" round {r} of {settings.rounds}" if settings.rounds > 1 else "",
+                    _mean(fold_result["per_query"][PRIMARY].values()),
+                    time.monotonic() - t0,
+                )
+            for name in names:
+                counts = nonzeros[name]
+                results["systems"][name]["seeds"][str(seed)] = {
+                    "per_query": per_query[name],
+                    "query_nonzeros": sum(n * q for n, q, _ in counts) / sum(n for n, _, _ in counts),
+                    "doc_nonzeros": sum(n * d for n, _, d in counts) / sum(n for n, _, _ in counts),
+                    "folds_done": k + 1,
+                }
             _summarise(results, folds)
             _write(results, out)
     return results
+
+
+def _run_dir(out: Path, seed: int, fold: int, round_: int) -> Path:
+    """Where round ``round_`` of ``fold`` trains its model: ``seed<s>/fold<k>`` for round 1 (as runs of one
+    round), ``seed<s>/round<r>/fold<k>`` after."""
+    return out / f"seed{seed}" / (f"fold{fold}" if round_ == 1 else f"round{round_}/fold{fold}")
+
+
+def _round_rows(
+    fold: _FoldRows,
+    corpus: dict[str, str],
+    settings: CrossvalSettings,
+    previous: Any,
+    tokenizer: Any,
+    bf16: bool,
+    progress: bool,
+) -> datasets.Dataset:
+    """The training rows of a round r > 1 of ``fold``: its round-1 rows, with ``model_negatives`` more
+    negatives mined by ``previous`` (the fold's round r - 1 model; :func:`_with_model_negatives`) and, with a
+    teacher, ``teacher_scores`` of the new candidates from BM25 and ``previous`` (the "model" of ``bm25+model``
+    in round r > 1)."""
+    rows = fold.rows
+    if settings.model_negatives:
+        rows = _with_model_negatives(fold, corpus, settings, previous, tokenizer)
+    if settings.teacher != "none":
+        if TEACHER_COLUMN in rows.column_names:
+            rows = rows.remove_columns([TEACHER_COLUMN])
+        teacher = _teacher(settings, previous, tokenizer, list(corpus.values()), bf16, progress)
+        rows = rows.add_column(TEACHER_COLUMN, teacher(rows))
+    return rows
+
+
+def _continued_model_args(model_args: Any, previous_dir: Path) -> Any:
+    """The recipe's model arguments starting from the checkpoint in ``previous_dir`` instead: a checkpoint
+    keeps the shape it was saved with, so the random-init settings (shape, decoder bias) are dropped."""
+    from dataclasses import replace
+
+    random_init = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    return replace(
+        model_args,
+        model_name_or_path=str(previous_dir),
+        init_decoder_bias=None,
+        **dict.fromkeys(random_init),
+    )
 
 
 def _fold_training_args(training_args: Any, *, output_dir: str, seed: int) -> Any:

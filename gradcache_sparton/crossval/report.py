@@ -12,11 +12,25 @@ import torch
 
 from gradcache_sparton.evaluation.significance import paired_comparison, paired_statistics
 
-__all__ = ["format_report"]
+__all__ = ["format_report", "is_recipe_system", "round_system"]
 
 PRIMARY = "ndcg_at_10"
 RESULTS_FILE, REPORT_FILE = "crossval.json", "crossval.md"
 ZERO_SHOT, BM25, RECIPE = "zero-shot", "bm25", "recipe"
+ROUND_PREFIX = (
+    "recipe-round"  # a run of R rounds: recipe-round1 .. recipe-round<R-1>, then the recipe (round R)
+)
+
+
+def round_system(round_: int) -> str:
+    """The system name of round ``round_``'s models when a later round exists (the last round is ``recipe``)."""
+    return f"{ROUND_PREFIX}{round_}"
+
+
+def is_recipe_system(name: str) -> bool:
+    """Whether ``name`` holds trained models, one entry per seed (the recipe or an earlier round of it), as
+    opposed to a reference evaluated once."""
+    return name == RECIPE or name.startswith(ROUND_PREFIX)
 
 
 def _mean(values: Any) -> float:
@@ -29,7 +43,7 @@ def _summarise(results: dict[str, Any], folds: list[list[str]]) -> None:
     from the per-query numbers; a recipe seed with folds still missing is left out."""
     table = {}
     scores: dict[str, dict[str, list[float]]] = {}  # system -> query -> nDCG@10 per seed
-    per_seed: dict[str, dict[str, float]] = {}  # recipe seed -> query -> nDCG@10
+    per_seed: dict[str, dict[str, dict[str, float]]] = {}  # recipe system -> seed -> query -> nDCG@10
     for system, entry in results["systems"].items():
         complete = {s: r for s, r in entry["seeds"].items() if r.get("folds_done", len(folds)) == len(folds)}
         if not complete:
@@ -50,22 +64,27 @@ def _summarise(results: dict[str, Any], folds: list[list[str]]) -> None:
             q: [r["per_query"][PRIMARY][q] for r in complete.values()]
             for q in next(iter(complete.values()))["per_query"][PRIMARY]
         }
-        if system == RECIPE:
-            per_seed = {s: r["per_query"][PRIMARY] for s, r in complete.items()}
+        if is_recipe_system(system):
+            per_seed[system] = {s: r["per_query"][PRIMARY] for s, r in complete.items()}
     results["table"] = table
     resamples = results["settings"]["resamples"]
     comparisons = {}
-    for candidate, baseline in ((RECIPE, ZERO_SHOT), (RECIPE, BM25), (ZERO_SHOT, BM25)):
+    rounds = [name for name in results["systems"] if name.startswith(ROUND_PREFIX)]
+    pairs = [(RECIPE, ZERO_SHOT), (RECIPE, BM25), (ZERO_SHOT, BM25), *((RECIPE, name) for name in rounds)]
+    for candidate, baseline in pairs:
         if candidate in scores and baseline in scores:
             stats = paired_comparison(scores[baseline], scores[candidate], resamples=resamples)
-            if candidate == RECIPE:
-                base = {q: _mean(v) for q, v in scores[baseline].items()}
+            if candidate == RECIPE:  # each seed against the reference, or against its own earlier round
+                mean = {q: _mean(v) for q, v in scores[baseline].items()}
                 stats["per_seed"] = {
                     seed: paired_statistics(
-                        torch.tensor([values[q] - base[q] for q in sorted(base)], dtype=torch.float64),
+                        torch.tensor(
+                            [values[q] - per_seed.get(baseline, {}).get(seed, mean)[q] for q in sorted(mean)],
+                            dtype=torch.float64,
+                        ),
                         resamples=resamples,
                     )
-                    for seed, values in per_seed.items()
+                    for seed, values in per_seed[RECIPE].items()
                 }
             comparisons[f"{candidate} - {baseline}"] = stats
     results["comparisons"] = comparisons
@@ -85,7 +104,9 @@ def format_report(results: Mapping[str, Any]) -> str:
         f"(split {settings['split']}, fold seed {settings['fold_seed']}), each fold ranked against the full corpus "
         f"({settings['query_max_length']}/{settings['document_max_length']} tokens); recipe seeds {settings['seeds']}; "
         f"recipe: `{' '.join(settings['recipe_flags']) or '(dataclass defaults)'}`, "
-        f"self-supervised pairs {settings['self_supervised_pairs']}, BM25 negatives {settings['bm25_negatives']}.",
+        f"self-supervised pairs {settings['self_supervised_pairs']}, BM25 negatives {settings['bm25_negatives']}"
+        + _rounds_line(settings)
+        + ".",
         "",
         "| system | seeds | nDCG@10 | MRR@10 | R@100 | query nnz | doc nnz | nDCG@10 per fold |",
         "|---|---|---|---|---|---|---|---|",
@@ -112,3 +133,16 @@ def format_report(results: Mapping[str, Any]) -> str:
             f"{c['p_value']:.4f} | {c['queries_up']} / {c['queries_down']} / {c['queries_same']} | {seeds or '-'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _rounds_line(settings: Mapping[str, Any]) -> str:
+    """The rounds part of the report's first line: nothing for one round (a file written before rounds
+    existed ran one)."""
+    rounds = settings.get("rounds", 1)
+    if rounds == 1:
+        return ""
+    return (
+        f"; {rounds} rounds (round r > 1: {settings['model_negatives']} negatives a pair mined by the fold's "
+        f"round r-1 model, trained from {'that model' if settings['round_start'] == 'previous' else 'the start'}"
+        f"; the recipe row is round {rounds}, recipe-round<r> the earlier rounds)"
+    )
