@@ -486,3 +486,220 @@ def test_merge_cli_flags(tmp_path: Path, capsys) -> None:
     assert "leave out the train flags" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--overwrite applies to --merge only"):
         crossval_main(["--beir_path", "x", "--output_dir", str(tmp_path / "run"), "--overwrite"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# crossval --rounds: negatives mined by each fold's previous model
+# ---------------------------------------------------------------------------------------------------
+
+
+def _read_rows(path: Path) -> list[dict]:
+    import gzip
+
+    with gzip.open(path, "rt") as lines:
+        return [json.loads(line) for line in lines]
+
+
+def _spy_training(monkeypatch) -> list[tuple[str | None, str]]:
+    """Record (model_name_or_path, output_dir) of every training run crossval starts; training still runs."""
+    import gradcache_sparton.pipeline as pipeline
+
+    calls, real = [], pipeline.run_training
+
+    def run_training(model_args, data_args, training_args):
+        calls.append((model_args.model_name_or_path, training_args.output_dir))
+        return real(model_args, data_args, training_args)
+
+    monkeypatch.setattr(pipeline, "run_training", run_training)
+    return calls
+
+
+def test_crossval_rounds_mine_with_each_folds_previous_model(tmp_path: Path, monkeypatch) -> None:
+    """rounds=1 trains each fold once, as before; rounds=2 trains it twice, round 1 exactly as a one-round run,
+    round 2 from round 1's model of the same fold, on round 1's rows plus one negative that is no known positive
+    of the row and sits in that model's own ranks of the window for the row's query."""
+    pytest.importorskip("bm25s")
+    from gradcache_sparton.arguments import ModelArguments
+    from gradcache_sparton.crossval import protocol
+    from gradcache_sparton.data import load_beir
+    from gradcache_sparton.mining import splade_rankings
+    from gradcache_sparton.model_loading import build_encoder, build_tokenizer
+
+    # A window of 4 ranks in a 16-document corpus: a negative from any other ranking would miss it often.
+    monkeypatch.setattr(protocol, "NEGATIVE_RANKS", (2, 5))
+    beir = write_beir(tmp_path / "beir")
+    common = ["--beir_path", str(beir), "--folds", "2", "--seeds", "1", "--self_supervised_pairs", "2",
+              "--bm25_negatives", "1", "--document_max_length", "32", "--resamples", "20", "--no_bm25"]  # fmt: skip
+    calls = _spy_training(monkeypatch)
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert crossval_main([*common, "--output_dir", str(one), "--", *TINY_RECIPE]) == 0
+    assert calls == [(None, str(one / "seed1" / f"fold{k}")) for k in range(2)]
+    assert not list(one.glob("fold*/train-seed*"))
+    calls.clear()
+    flags = ["--rounds", "2", "--model_negatives", "1"]
+    assert crossval_main([*common, *flags, "--output_dir", str(two), "--", *TINY_RECIPE]) == 0
+    assert calls == [
+        call
+        for k in range(2)
+        for call in ((None, str(two / "seed1" / f"fold{k}")), (str(two / "seed1" / f"fold{k}"), str(two / "seed1" / "round2" / f"fold{k}")))
+    ]  # fmt: skip
+    first, second = (json.loads((d / "crossval.json").read_text()) for d in (one, two))
+    assert set(first["systems"]) == {"zero-shot", "recipe"}
+    assert set(second["systems"]) == {"zero-shot", "recipe-round1", "recipe"}
+    assert second["systems"]["recipe-round1"]["seeds"] == first["systems"]["recipe"]["seeds"]
+    assert "recipe - recipe-round1" in second["comparisons"] and second["settings"]["rounds"] == 2
+
+    data = load_beir(beir, split="train")
+    docs = list(data.corpus.values())
+    tokenizer = build_tokenizer(parse_recipe(TINY_RECIPE)[0])
+    for k in range(2):
+        rows = _read_rows(two / f"fold{k}" / "train.jsonl.gz")
+        mined = _read_rows(two / f"fold{k}" / "train-seed1-round2.jsonl.gz")
+        assert rows == _read_rows(one / f"fold{k}" / "train.jsonl.gz")
+        assert [{c: r[c] for c in ("query", "positive", "negative_1")} for r in mined] == rows
+        assert all(set(r) == {"query", "positive", "negative_1", "negative_2"} for r in mined)
+        model = ModelArguments(model_name_or_path=str(two / "seed1" / f"fold{k}"))
+        encoder = build_encoder(model, tokenizer).eval()
+        queries = list(dict.fromkeys(r["query"] for r in mined))  # the miner's queries, in its order
+        ranking = splade_rankings(
+            encoder, queries, docs, tokenizer=tokenizer, depth=5, query_max_length=32, document_max_length=32,
+            show_progress=False,
+        )  # fmt: skip
+        for row in mined:
+            assert row["negative_2"] != _known_positive(row["query"], data.corpus)
+            assert docs.index(row["negative_2"]) in ranking[queries.index(row["query"])][1:5].tolist()
+
+
+def _known_positive(query: str, corpus: dict[str, str]) -> str:
+    """write_beir's one judged abstract of a claim, or the one abstract a self-supervised sentence comes from."""
+    claim = "what about the "
+    if query.startswith(claim):
+        return corpus[f"d{TOPICS.index(query.removeprefix(claim))}"]
+    (source,) = [text for text in corpus.values() if query in text]
+    return source
+
+
+def test_crossval_round_teacher_is_the_previous_model(tmp_path: Path, monkeypatch) -> None:
+    """With --teacher and rounds=2, round 2's rows carry teacher_scores of all their candidates (positive, BM25
+    and model negatives) from BM25 and the fold's round-1 model, not the starting model; --round_start start
+    trains round 2 from the recipe's starting model."""
+    pytest.importorskip("bm25s")
+    from gradcache_sparton.arguments import ModelArguments
+    from gradcache_sparton.data import load_beir
+    from gradcache_sparton.model_loading import build_encoder
+
+    beir = write_beir(tmp_path / "beir")
+    out = tmp_path / "cv"
+    recipe = [*SHIPPED_RECIPE, "--learning_rate", "1e-3"]  # one step that moves the model's scores clearly
+    argv = ["--beir_path", str(beir), "--output_dir", str(out), "--folds", "2", "--seeds", "1",
+            "--self_supervised_pairs", "2", "--bm25_negatives", "1", "--teacher", "bm25+model", "--rounds", "2",
+            "--model_negatives", "1", "--round_start", "start", "--document_max_length", "32", "--resamples", "20",
+            "--no_bm25", "--", *recipe]  # fmt: skip
+    calls = _spy_training(monkeypatch)
+    assert crossval_main(argv) == 0
+    assert [name for name, _ in calls] == ["splade-tiny-msmarco"] * 4
+    docs = list(load_beir(beir, split="train").corpus.values())
+    start, tokenizer = _shipped_model()
+    lengths = dict(
+        query_max_length=32, document_max_length=32, show_progress=False
+    )  # crossval's evaluation lengths
+    moved = 0.0
+    for k in range(2):
+        rows = _read_rows(out / f"fold{k}" / "train-seed1-round2.jsonl.gz")
+        previous = build_encoder(
+            ModelArguments(model_name_or_path=str(out / "seed1" / f"fold{k}")), tokenizer
+        )
+        queries = [row["query"] for row in rows]
+        candidates = [[row["positive"], row["negative_1"], row["negative_2"]] for row in rows]
+        teacher = dict(tokenizer=tokenizer, bm25_weight=0.5, **lengths)
+        expected = ensemble_teacher_scores(queries, candidates, docs, encoder=previous.eval(), **teacher)
+        # fp32 encodings differ between batch shapes by summation order only (~1e-6 of scores of O(10)),
+        # divided by a top-K std of O(1): far below 1e-4.
+        got = torch.tensor([row["teacher_scores"] for row in rows])
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        of_start = ensemble_teacher_scores(queries, candidates, docs, encoder=start.eval(), **teacher)
+        moved = max(moved, (got - of_start).abs().max().item())
+    assert moved > 0.1  # the starting model's teacher is another one, by far more than the 1e-4 above
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--rounds", "0"], "rounds must be >= 1"),
+        (["--model_negatives", "1"], "model_negatives=1 .* need rounds >= 2"),
+        (["--rounds", "2", "--model_negatives", "-1"], "model_negatives must be >= 0"),
+        (["--round_start", "start"], "round_start applies to rounds >= 2"),
+        (["--rounds", "2"], "give model_negatives >= 1"),
+        (["--rounds", "2", "--model_negatives", "92"], "ranks 10..100: at most 91"),
+        (
+            ["--rounds", "2", "--model_negatives", "1", "--document_max_length", "100"],
+            "document_max_length=100",
+        ),
+    ],
+)
+def test_crossval_rounds_misuse_fails_before_any_work(tmp_path: Path, flags, message) -> None:
+    """Rounds < 1, model negatives without a second round or beyond the rank window or at lengths the miner
+    refuses, a round start with one round, and later rounds with nothing new to train on: one ValueError naming
+    the flag, nothing written."""
+    beir = write_beir(tmp_path / "beir")
+    out = tmp_path / "cv"
+    with pytest.raises(ValueError, match=message):
+        crossval_main(["--beir_path", str(beir), "--output_dir", str(out), *flags, "--", *TINY_RECIPE])
+    assert not out.exists()
+
+
+def _with_rounds(run: dict) -> dict:
+    """``run`` as a two-round run: its recipe numbers become round 1's, round 2's are round 1's plus 0.05 (a
+    seed-dependent 0.01 more for seed 8), so each seed's round comparison is known."""
+    from gradcache_sparton.crossval.report import _summarise
+
+    run["settings"].update(rounds=2, model_negatives=1)
+    first = run["systems"].pop("recipe")
+    second = json.loads(json.dumps(first))
+    for seed, entry in second["seeds"].items():
+        for values in entry["per_query"].values():
+            for q in values:
+                values[q] += 0.05 + (0.01 if seed == "8" else 0.0)
+    run["systems"].update({"recipe-round1": first, "recipe": second})
+    _summarise(run, [f["query_ids"] for f in run["folds"]])
+    return run
+
+
+def test_merge_of_rounds_pairs_each_seed_with_its_own_round(tmp_path: Path) -> None:
+    """Two-round runs merge as one run of their seeds: every earlier round merged per seed with the recipe,
+    the round comparison's per-seed line pairs a seed with its own round 1 (+0.05 and +0.06 exactly); a
+    one-round file and a two-round file are refused as other experiments."""
+    from gradcache_sparton.crossval import merge_crossval
+
+    a = _write_json(tmp_path / "a.json", _with_rounds(_synthetic_run({7: 2})))
+    b = _write_json(tmp_path / "b.json", _with_rounds(_synthetic_run({8: 2})))
+    merged = merge_crossval([a, b], output_dir=tmp_path / "merged")
+    expected = _with_rounds(_synthetic_run({7: 2, 8: 2}))
+    assert merged["systems"] == expected["systems"] and merged["table"] == expected["table"]
+    assert merged["comparisons"] == expected["comparisons"]
+    per_seed = merged["comparisons"]["recipe - recipe-round1"]["per_seed"]
+    assert per_seed["7"]["mean_difference"] == pytest.approx(0.05)
+    assert per_seed["8"]["mean_difference"] == pytest.approx(0.06)
+    assert per_seed["8"]["ci95_low"] == pytest.approx(0.06) == per_seed["8"]["ci95_high"]
+    assert "recipe-round1 |" in (tmp_path / "merged" / "crossval.md").read_text()
+    one_round = _write_json(tmp_path / "c.json", _synthetic_run({9: 2}))
+    with pytest.raises(ValueError, match=r"settings \['model_negatives', 'rounds'\] differ"):
+        merge_crossval([a, one_round], output_dir=tmp_path / "m2")
+
+
+def test_merge_reads_a_setting_a_file_lacks_as_its_default(tmp_path: Path) -> None:
+    """A file written before rounds existed (no rounds, model_negatives, round_start) ran one round: it merges
+    with a file that records rounds=1, but not with one that records rounds=2."""
+    from gradcache_sparton.crossval import merge_crossval
+
+    old = _synthetic_run({7: 2})
+    for key in ("rounds", "model_negatives", "round_start"):
+        del old["settings"][key]
+    a = _write_json(tmp_path / "a.json", old)
+    merged = merge_crossval(
+        [a, _write_json(tmp_path / "b.json", _synthetic_run({8: 2}))], output_dir=tmp_path / "m"
+    )
+    assert merged["settings"]["seeds"] == [7, 8]
+    two = _write_json(tmp_path / "c.json", _with_rounds(_synthetic_run({8: 2})))
+    with pytest.raises(ValueError, match="rounds: 1 vs 2"):
+        merge_crossval([a, two], output_dir=tmp_path / "m2")
