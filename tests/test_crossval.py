@@ -520,13 +520,14 @@ def test_crossval_rounds_mine_with_each_folds_previous_model(tmp_path: Path, mon
     of the row and sits in that model's own ranks of the window for the row's query."""
     pytest.importorskip("bm25s")
     from gradcache_sparton.arguments import ModelArguments
-    from gradcache_sparton.crossval import protocol
+    from gradcache_sparton.crossval import rows as crossval_rows
     from gradcache_sparton.data import load_beir
     from gradcache_sparton.mining import splade_rankings
     from gradcache_sparton.model_loading import build_encoder, build_tokenizer
 
-    # A window of 4 ranks in a 16-document corpus: a negative from any other ranking would miss it often.
-    monkeypatch.setattr(protocol, "NEGATIVE_RANKS", (2, 5))
+    # A window of 4 ranks in a 16-document corpus, the top rank included, and 3 negatives a row: a negative
+    # from another ranking would often miss it, and a known positive left in would often be drawn.
+    monkeypatch.setattr(crossval_rows, "NEGATIVE_RANKS", (1, 4))
     beir = write_beir(tmp_path / "beir")
     common = ["--beir_path", str(beir), "--folds", "2", "--seeds", "1", "--self_supervised_pairs", "2",
               "--bm25_negatives", "1", "--document_max_length", "32", "--resamples", "20", "--no_bm25"]  # fmt: skip
@@ -536,13 +537,13 @@ def test_crossval_rounds_mine_with_each_folds_previous_model(tmp_path: Path, mon
     assert calls == [(None, str(one / "seed1" / f"fold{k}")) for k in range(2)]
     assert not list(one.glob("fold*/train-seed*"))
     calls.clear()
-    flags = ["--rounds", "2", "--model_negatives", "1"]
+    flags = ["--rounds", "2", "--model_negatives", "3"]
     assert crossval_main([*common, *flags, "--output_dir", str(two), "--", *TINY_RECIPE]) == 0
+    round1, round2 = (str(two / "seed1" / "fold{}"), str(two / "seed1" / "round2" / "fold{}"))
+    # per fold: round 1 from the recipe's start (random init), round 2 from that fold's round-1 model
     assert calls == [
-        call
-        for k in range(2)
-        for call in ((None, str(two / "seed1" / f"fold{k}")), (str(two / "seed1" / f"fold{k}"), str(two / "seed1" / "round2" / f"fold{k}")))
-    ]  # fmt: skip
+        c for k in range(2) for c in ((None, round1.format(k)), (round1.format(k), round2.format(k)))
+    ]
     first, second = (json.loads((d / "crossval.json").read_text()) for d in (one, two))
     assert set(first["systems"]) == {"zero-shot", "recipe"}
     assert set(second["systems"]) == {"zero-shot", "recipe-round1", "recipe"}
@@ -557,17 +558,20 @@ def test_crossval_rounds_mine_with_each_folds_previous_model(tmp_path: Path, mon
         mined = _read_rows(two / f"fold{k}" / "train-seed1-round2.jsonl.gz")
         assert rows == _read_rows(one / f"fold{k}" / "train.jsonl.gz")
         assert [{c: r[c] for c in ("query", "positive", "negative_1")} for r in mined] == rows
-        assert all(set(r) == {"query", "positive", "negative_1", "negative_2"} for r in mined)
+        model_negatives = ("negative_2", "negative_3", "negative_4")  # after the BM25 one
+        assert all(set(r) == {"query", "positive", "negative_1", *model_negatives} for r in mined)
         model = ModelArguments(model_name_or_path=str(two / "seed1" / f"fold{k}"))
         encoder = build_encoder(model, tokenizer).eval()
         queries = list(dict.fromkeys(r["query"] for r in mined))  # the miner's queries, in its order
         ranking = splade_rankings(
-            encoder, queries, docs, tokenizer=tokenizer, depth=5, query_max_length=32, document_max_length=32,
+            encoder, queries, docs, tokenizer=tokenizer, depth=4, query_max_length=32, document_max_length=32,
             show_progress=False,
         )  # fmt: skip
         for row in mined:
-            assert row["negative_2"] != _known_positive(row["query"], data.corpus)
-            assert docs.index(row["negative_2"]) in ranking[queries.index(row["query"])][1:5].tolist()
+            top = ranking[queries.index(row["query"])].tolist()
+            for column in model_negatives:
+                assert row[column] != _known_positive(row["query"], data.corpus)
+                assert docs.index(row[column]) in top
 
 
 def _known_positive(query: str, corpus: dict[str, str]) -> str:

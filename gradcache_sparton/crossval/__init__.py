@@ -11,33 +11,41 @@ Protocol (docs/experiments.md):
    that no training query judges, and optionally ``bm25_negatives`` BM25-mined negatives per pair (ranks
    10..100 of the full corpus, the query's judged documents skipped), and with ``teacher="bm25+model"``
    each row's ``teacher_scores`` for distillation (:mod:`.teacher`: BM25 and the starting model, a function
-   of the row alone). No held-out query text or judgement is read to build them.
+   of the row alone). No held-out query text or judgement is read to build them. With ``rounds`` R > 1 each
+   fold trains R times: round r > 1 adds ``model_negatives`` negatives a row mined by the same fold's (and
+   seed's) round r-1 model (which never saw the held-out queries), and takes that model as the teacher's
+   model half; it starts from that model (``round_start="previous"``) or the recipe's start (``"start"``).
 3. The trained model ranks the **whole corpus** for the held-out fold's queries (exhaustive search).
 4. References on the same queries: the recipe's starting model untrained (``zero-shot``) and BM25 (bm25s,
    the mining's BM25), each evaluated once.
-5. Per system: nDCG@10, MRR@10, Recall@100 and non-zeros, the mean over folds (and seeds). Per comparison
-   (recipe - zero-shot, recipe - BM25, zero-shot - BM25): the per-query nDCG@10 differences over all held-out
-   queries (each query held out exactly once; the recipe's score averaged over the seeds first), their mean,
+5. Per system (the recipe is the last round's models; earlier rounds are ``recipe-round<r>``): nDCG@10,
+   MRR@10, Recall@100 and non-zeros, the mean over folds (and seeds). Per comparison (recipe - zero-shot,
+   recipe - BM25, zero-shot - BM25, recipe - recipe-round<r>): the per-query nDCG@10 differences over all
+   held-out queries (each query held out exactly once; the recipe's score averaged over the seeds first), their
+   mean,
    a 95% paired bootstrap interval and a paired randomization p-value
    (:mod:`~gradcache_sparton.evaluation.significance`); the same per seed.
 
 Output in ``output_dir``: ``folds.json`` (the query ids of each fold), ``fold<k>/train.jsonl.gz`` (each
-fold's training rows), ``seed<s>/fold<k>/`` (each trained model), ``crossval.json`` (settings, each fold's
-held-out query ids, per-fold and per-query numbers, comparisons; rewritten after every trained model, so a
+fold's training rows; later rounds' ``fold<k>/train-seed<s>-round<r>.jsonl.gz``), ``seed<s>/fold<k>/`` (each
+trained model; later rounds' ``seed<s>/round<r>/fold<k>/``), ``crossval.json`` (settings, each fold's
+held-out query ids, per-fold and per-query numbers, comparisons; rewritten after every fold, all its rounds, so a
 stopped run keeps what finished) and ``crossval.md`` (the tables).
 
 Seeds run as separate jobs are combined afterwards (``crossval --merge``, :mod:`.merge`) into the result
 one run with all the seeds would have written.
 
-Modules: :mod:`.protocol` (settings, folds, the recipe, each fold's rows, the run), :mod:`.teacher` (the
-distillation teacher), :mod:`.report` (means over folds, paired comparisons, the markdown tables),
-:mod:`.merge` (runs of one experiment combined) and :mod:`.command` (``gradcache-sparton crossval``'s flags).
+Modules: :mod:`.settings` (the settings and their checks), :mod:`.protocol` (folds, the recipe, the
+evaluation, the run), :mod:`.rows` (each fold's and round's training rows), :mod:`.teacher` (the distillation
+teacher), :mod:`.report` (means over folds, paired comparisons, the markdown tables), :mod:`.merge` (runs of
+one experiment combined) and :mod:`.command` (``gradcache-sparton crossval``'s flags).
 """
 
 from gradcache_sparton.crossval.command import build_parser, main
 from gradcache_sparton.crossval.merge import merge_crossval
-from gradcache_sparton.crossval.protocol import CrossvalSettings, make_folds, parse_recipe, run_crossval
+from gradcache_sparton.crossval.protocol import make_folds, parse_recipe, run_crossval
 from gradcache_sparton.crossval.report import format_report
+from gradcache_sparton.crossval.settings import CrossvalSettings
 
 __all__ = [
     "CrossvalSettings",

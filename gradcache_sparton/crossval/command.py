@@ -7,14 +7,9 @@ import argparse
 from collections.abc import Sequence
 
 from gradcache_sparton.crossval.merge import merge_crossval
-from gradcache_sparton.crossval.protocol import (
-    NEGATIVE_RANKS,
-    ROUND_STARTS,
-    CrossvalSettings,
-    parse_recipe,
-    run_crossval,
-)
+from gradcache_sparton.crossval.protocol import parse_recipe, run_crossval
 from gradcache_sparton.crossval.report import format_report
+from gradcache_sparton.crossval.settings import NEGATIVE_RANKS, ROUND_STARTS, CrossvalSettings
 from gradcache_sparton.crossval.teacher import DEFAULT_TEACHER_WEIGHT, TEACHERS
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
 

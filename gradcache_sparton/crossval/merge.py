@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradcache_sparton.crossval.protocol import CrossvalSettings, _judged_queries, make_folds
+from gradcache_sparton.crossval.protocol import _judged_queries, make_folds
 from gradcache_sparton.crossval.report import (
     PRIMARY,
     RECIPE,
@@ -35,6 +35,7 @@ from gradcache_sparton.crossval.report import (
     _write,
     is_recipe_system,
 )
+from gradcache_sparton.crossval.settings import CrossvalSettings
 from gradcache_sparton.data import load_beir
 
 __all__ = ["merge_crossval"]

@@ -1,5 +1,6 @@
-"""The cross-validation protocol (:mod:`gradcache_sparton.crossval`): its settings, the folds, the recipe's
-``train`` flags, each fold's training rows, the evaluation of each model and the run."""
+"""The cross-validation protocol (:mod:`gradcache_sparton.crossval`): the folds, the recipe's ``train`` flags,
+the evaluation of each model and the run (its settings: :mod:`.settings`; each fold's training rows:
+:mod:`.rows`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import logging
 import platform
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,44 +27,28 @@ from gradcache_sparton.crossval.report import (
     _write,
     round_system,
 )
-from gradcache_sparton.crossval.teacher import (
-    DEFAULT_TEACHER_WEIGHT,
-    LOSSES_READING_TEACHER,
-    TEACHERS,
-    ensemble_teacher_scores,
+from gradcache_sparton.crossval.rows import (
+    TOP_K,
+    build_pool,
+    fold_rows,
+    round_rows,
+    teacher_scorer,
 )
-from gradcache_sparton.data import BeirData, load_beir, read_corpus, self_supervised_pairs, split_sentences
+from gradcache_sparton.crossval.settings import CrossvalSettings, check_recipe_loss
+from gradcache_sparton.data import BeirData, load_beir
 from gradcache_sparton.evaluation.evaluator import SparseRetrievalEvaluator
 from gradcache_sparton.evaluation.runs import write_trec_run
-from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES, per_query_metrics
+from gradcache_sparton.evaluation.significance import per_query_metrics
 
 if TYPE_CHECKING:
-    import datasets
-
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, ModelArguments
 
-__all__ = [
-    "NEGATIVE_RANKS",
-    "ROUND_STARTS",
-    "CrossvalSettings",
-    "check_recipe_loss",
-    "make_folds",
-    "parse_recipe",
-    "run_crossval",
-]
+__all__ = ["make_folds", "parse_recipe", "run_crossval"]
 
 logger = logging.getLogger(__name__)
 
 MEASURES = ("nDCG@10", "RR@10", "R@100")  # the default of per_query_metrics
-TOP_K = 100
-TEACHER_COLUMN = "teacher_scores"  # the data column the distillation losses read
 FOLDS_FILE = "folds.json"
-# The rank window (1-based, inclusive) both miners draw negatives from, BM25 in round 1 and the fold model in
-# later rounds: ``mine``'s defaults. Ranks 1..9 are skipped to keep unjudged relevant abstracts (false
-# negatives) out; 100 is the teacher's normalisation depth (TOP_K), so every negative sits inside it.
-NEGATIVE_RANKS = (10, 100)
-# Where round r > 1 starts: the same fold's round r-1 model, or the recipe's starting model (docs/experiments.md).
-ROUND_STARTS = ("previous", "start")
 # train flags the protocol sets itself: the training data and evaluation of each fold.
 _OWNED_FLAGS = (
     "train_data",
@@ -79,110 +63,6 @@ _OWNED_FLAGS = (
     "output_dir",
     "seed",
 )
-
-
-@dataclass
-class CrossvalSettings:
-    """What ``run_crossval`` does besides the recipe itself (see the module docstring)."""
-
-    beir_path: str
-    output_dir: str
-    split: str = "train"
-    folds: int = 5
-    fold_seed: int = 0
-    seeds: list[int] = field(default_factory=lambda: [42])
-    self_supervised_pairs: int = 0
-    bm25_negatives: int = 0
-    teacher: str = "none"
-    teacher_weight: float = DEFAULT_TEACHER_WEIGHT
-    rounds: int = 1
-    model_negatives: int = 0
-    round_start: str = "previous"
-    bm25_reference: bool = True
-    query_max_length: int = 32
-    document_max_length: int = 256
-    eval_batch_size: int = 64
-    resamples: int = DEFAULT_RESAMPLES
-    write_runs: bool = False
-
-    def check(self) -> None:
-        """``ValueError`` naming the first bad setting."""
-        if self.folds < 2:
-            raise ValueError(f"folds must be >= 2, got {self.folds}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
-        for name in ("self_supervised_pairs", "bm25_negatives", "model_negatives"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("query_max_length", "document_max_length", "eval_batch_size", "resamples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.teacher not in TEACHERS:
-            raise ValueError(f"teacher must be one of {TEACHERS}, got {self.teacher!r}")
-        if self.teacher != "none" and self.bm25_negatives < 1:
-            raise ValueError(
-                f"teacher={self.teacher!r} scores each training pair's positive against its negatives: it needs "
-                f"bm25_negatives >= 1, got {self.bm25_negatives}"
-            )
-        if not 0.0 <= self.teacher_weight <= 1.0:
-            raise ValueError(f"teacher_weight (BM25's share) must be in [0, 1], got {self.teacher_weight!r}")
-        if self.teacher == "none" and self.teacher_weight != DEFAULT_TEACHER_WEIGHT:
-            raise ValueError(
-                f"teacher_weight applies to a teacher only, got teacher_weight={self.teacher_weight} with "
-                "teacher='none'"
-            )
-        self._check_rounds()
-
-    def _check_rounds(self) -> None:
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
-        if self.model_negatives and self.rounds < 2:
-            raise ValueError(
-                f"model_negatives={self.model_negatives} are mined by a fold's previous round's model: they need "
-                f"rounds >= 2, got rounds={self.rounds}"
-            )
-        if self.round_start not in ROUND_STARTS:
-            raise ValueError(f"round_start must be one of {ROUND_STARTS}, got {self.round_start!r}")
-        if self.rounds == 1 and self.round_start != ROUND_STARTS[0]:
-            raise ValueError(
-                f"round_start applies to rounds >= 2, got round_start={self.round_start!r} with rounds=1"
-            )
-        if self.rounds > 1 and not self.model_negatives and self.teacher == "none":
-            raise ValueError(
-                f"rounds={self.rounds} without model_negatives or a teacher trains every round on round 1's rows: "
-                "give model_negatives >= 1 (or a teacher, which round r > 1 takes from the round r-1 model)"
-            )
-        if self.model_negatives:
-            window = NEGATIVE_RANKS[1] - NEGATIVE_RANKS[0] + 1
-            if self.model_negatives > window:
-                raise ValueError(
-                    f"model_negatives={self.model_negatives} are drawn from the fold model's ranks "
-                    f"{NEGATIVE_RANKS[0]}..{NEGATIVE_RANKS[1]}: at most {window}"
-                )
-            for name in ("query_max_length", "document_max_length"):
-                if getattr(self, name) % 8:
-                    raise ValueError(
-                        f"model_negatives rank the corpus at the evaluation lengths, which the miner needs as "
-                        f"multiples of 8 (as in training): got {name}={getattr(self, name)}"
-                    )
-
-
-def check_recipe_loss(settings: CrossvalSettings, training_args: CachedSpladeTrainingArguments) -> None:
-    """``ValueError`` unless the recipe's loss and the teacher go together: a teacher's scores are read
-    only by ``--contrastive kl_div`` or ``margin_mse`` (any other loss would train as if there were no
-    teacher, so the run would measure something else than asked), and those two need a teacher."""
-    contrastive = training_args.contrastive
-    if settings.teacher != "none" and contrastive not in LOSSES_READING_TEACHER:
-        raise ValueError(
-            f"teacher={settings.teacher!r} writes teacher_scores that only the losses {LOSSES_READING_TEACHER} "
-            f"read, but the recipe trains with contrastive={contrastive!r}: add `--contrastive kl_div` to the "
-            "train flags (after --), or drop --teacher"
-        )
-    if settings.teacher == "none" and contrastive in LOSSES_READING_TEACHER:
-        raise ValueError(
-            f"the recipe trains with contrastive={contrastive!r}, which needs teacher scores: pass "
-            f"--teacher {TEACHERS[1]} (with --bm25_negatives >= 1)"
-        )
 
 
 def make_folds(query_ids: Sequence[str], *, folds: int, seed: int) -> list[list[str]]:
@@ -252,196 +132,6 @@ def _read_config(path: Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"--config {str(path)!r} must hold a mapping of argument names to values")
     return values
-
-
-# ---------------------------------------------------------------------------------------------------
-# Training rows of a fold
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Pool:
-    """Every candidate training row once, with what decides its fold: rows of labelled pairs carry their
-    query id, self-supervised rows their source document id; and each labelled row's positive id (what
-    model negatives must skip, with the source documents)."""
-
-    labelled: datasets.Dataset
-    labelled_query_ids: list[str]
-    labelled_positive_ids: list[str]
-    selfsup: datasets.Dataset | None
-    selfsup_doc_ids: list[str]
-
-
-def _build_pool(beir: BeirData, settings: CrossvalSettings, teacher: Callable[[Any], list] | None) -> _Pool:
-    """Labelled pairs of every judged query and (if asked) one self-supervised pair per corpus document
-    whose query sentence occurs in no other document; BM25 negatives mined once for all of them (a row's
-    negatives depend only on its own query and known positives, not on the folds), then ``teacher``'s
-    scores of each row as its ``teacher_scores`` column (a function of the row alone, likewise)."""
-    from gradcache_sparton.mining import beir_mining_pairs, mine_hard_negatives
-
-    labelled = beir_mining_pairs(beir)
-    labelled_query_ids, labelled_positive_ids = list(labelled["query_id"]), list(labelled["positive_id"])
-    selfsup, selfsup_doc_ids = None, []
-    if settings.self_supervised_pairs:
-        documents = read_corpus(settings.beir_path)
-        owner: dict[str, str | None] = {}  # sentence -> the one document holding it (None: several)
-        for doc in documents:
-            for sentence in split_sentences(doc.text):
-                owner[sentence] = doc.doc_id if owner.get(sentence, doc.doc_id) == doc.doc_id else None
-        pairs = self_supervised_pairs(
-            [doc.text for doc in documents], titles=[doc.title for doc in documents], seed=settings.fold_seed
-        )
-        sources = [owner.get(query) for query in pairs["query"]]
-        keep = [row for row, doc_id in enumerate(sources) if doc_id is not None]
-        selfsup = pairs.select(keep)
-        selfsup_doc_ids = [sources[row] for row in keep]
-        selfsup = selfsup.add_column("query_id", [f"selfsup-{row}" for row in range(len(selfsup))])
-        selfsup = selfsup.add_column("positive_id", selfsup_doc_ids)
-    if settings.bm25_negatives:
-        mine = {
-            "corpus": beir.corpus,
-            "num_negatives": settings.bm25_negatives,
-            "rank_start": NEGATIVE_RANKS[0],
-            "rank_end": NEGATIVE_RANKS[1],
-            "seed": settings.fold_seed,
-            "show_progress": False,
-        }
-        labelled = mine_hard_negatives(labelled, **mine)
-        selfsup = mine_hard_negatives(selfsup, **mine) if selfsup is not None else None
-    text_columns = [c for c in labelled.column_names if c not in ("query_id", "positive_id")]
-    labelled = labelled.select_columns(text_columns)
-    selfsup = selfsup.select_columns(text_columns) if selfsup is not None else None
-    if teacher is not None:  # one call: the corpus is indexed and encoded once
-        import datasets
-
-        parts = [labelled] if selfsup is None else [labelled, selfsup]
-        scores = teacher(datasets.concatenate_datasets(parts))
-        labelled = labelled.add_column(TEACHER_COLUMN, scores[: len(labelled)])
-        selfsup = selfsup.add_column(TEACHER_COLUMN, scores[len(labelled) :]) if selfsup is not None else None
-    return _Pool(labelled, labelled_query_ids, labelled_positive_ids, selfsup, selfsup_doc_ids)
-
-
-def _teacher(
-    settings: CrossvalSettings,
-    encoder: Any,
-    tokenizer: Any,
-    corpus: Sequence[str],
-    bf16: bool,
-    progress: bool,
-) -> Callable[[Any], list[list[float]]]:
-    """Training rows -> their ``bm25+model`` teacher scores [C] each (:mod:`.teacher`): the starting model
-    on the GPU when there is one (bf16 autocast with the recipe's ``--bf16``), at the evaluation lengths,
-    normalised over each query's top ``TOP_K``, the window the negatives come from."""
-    from gradcache_sparton.data import POSITIVE_COLUMN, QUERY_COLUMN
-    from gradcache_sparton.data.columns import negative_number
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    encoder.to(device)
-
-    def scores(rows: Any) -> list[list[float]]:
-        columns = rows[:]
-        negatives = sorted((c for c in columns if negative_number(c)), key=negative_number)
-        candidates = [
-            list(texts) for texts in zip(*(columns[c] for c in [POSITIVE_COLUMN, *negatives]), strict=True)
-        ]
-        return ensemble_teacher_scores(
-            columns[QUERY_COLUMN],
-            candidates,
-            corpus,
-            encoder=encoder,
-            tokenizer=tokenizer,
-            bm25_weight=settings.teacher_weight,
-            depth=TOP_K,
-            query_max_length=settings.query_max_length,
-            document_max_length=settings.document_max_length,
-            batch_size=settings.eval_batch_size,
-            device=device,
-            autocast_dtype=torch.bfloat16 if device == "cuda" and bf16 else None,
-            show_progress=progress,
-        ).tolist()
-
-    return scores
-
-
-@dataclass
-class _FoldRows:
-    """A fold's training rows and, row for row, the ids model negatives group and skip them by: a labelled
-    row's claim id and judged document id, a self-supervised row's own id and its source document id."""
-
-    rows: datasets.Dataset
-    counts: dict[str, int]
-    query_ids: list[str]
-    positive_ids: list[str]
-
-
-def _fold_rows(pool: _Pool, beir: BeirData, held_out: set[str], settings: CrossvalSettings) -> _FoldRows:
-    """The training rows of the fold holding out ``held_out``: every labelled pair of the other queries, plus
-    a seeded choice of ``self_supervised_pairs`` from documents no training query judges."""
-    import datasets
-
-    rows = [i for i, q in enumerate(pool.labelled_query_ids) if q not in held_out]
-    parts = [pool.labelled.select(rows)]
-    counts = {"labelled_pairs": len(rows), "self_supervised_pairs": 0}
-    query_ids = [pool.labelled_query_ids[i] for i in rows]
-    positive_ids = [pool.labelled_positive_ids[i] for i in rows]
-    if pool.selfsup is not None:
-        judged = {d for q, rel in beir.qrels.items() if q not in held_out for d, r in rel.items() if r > 0}
-        eligible = [i for i, d in enumerate(pool.selfsup_doc_ids) if d not in judged]
-        if len(eligible) < settings.self_supervised_pairs:
-            raise ValueError(
-                f"self_supervised_pairs={settings.self_supervised_pairs} but only {len(eligible)} corpus "
-                "documents give one that no training query judges"
-            )
-        chosen = sorted(random.Random(settings.fold_seed).sample(eligible, settings.self_supervised_pairs))
-        parts.append(pool.selfsup.select(chosen))
-        counts["self_supervised_pairs"] = len(chosen)
-        query_ids += [f"selfsup-{i}" for i in chosen]
-        positive_ids += [pool.selfsup_doc_ids[i] for i in chosen]
-    joined = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-    return _FoldRows(joined, counts, query_ids, positive_ids)
-
-
-def _with_model_negatives(
-    fold: _FoldRows, corpus: dict[str, str], settings: CrossvalSettings, encoder: Any, tokenizer: Any
-) -> datasets.Dataset:
-    """The fold's rows with ``model_negatives`` more negative columns after its BM25 ones (and without
-    teacher scores, which belong to the candidates they were computed for): ``encoder`` (a fold model that
-    never saw the held-out claims) ranks the full corpus for each row's query at the evaluation lengths and
-    :func:`~gradcache_sparton.mining.mine_hard_negatives` (``method="splade"``, as ``mine`` does) draws them
-    from ranks ``NEGATIVE_RANKS`` less the row's known positives: every judged abstract of a labelled row's
-    claim, a self-supervised row's source abstract. A model negative may repeat one of the row's BM25
-    negatives (the two miners draw independently)."""
-    from gradcache_sparton.data import NEGATIVE_PREFIX, POSITIVE_COLUMN, QUERY_COLUMN
-    from gradcache_sparton.data.columns import negative_number
-    from gradcache_sparton.mining import POSITIVE_ID_COLUMN, QUERY_ID_COLUMN, mine_hard_negatives
-
-    pairs = fold.rows.select_columns([QUERY_COLUMN, POSITIVE_COLUMN])
-    pairs = pairs.add_column(QUERY_ID_COLUMN, fold.query_ids).add_column(
-        POSITIVE_ID_COLUMN, fold.positive_ids
-    )
-    mined = mine_hard_negatives(
-        pairs,
-        corpus=corpus,
-        method="splade",
-        num_negatives=settings.model_negatives,
-        rank_start=NEGATIVE_RANKS[0],
-        rank_end=NEGATIVE_RANKS[1],
-        seed=settings.fold_seed,
-        encoder=encoder,
-        tokenizer=tokenizer,
-        query_max_length=settings.query_max_length,
-        document_max_length=settings.document_max_length,
-        batch_size=settings.eval_batch_size,
-        show_progress=False,
-    )
-    rows = fold.rows
-    if TEACHER_COLUMN in rows.column_names:
-        rows = rows.remove_columns([TEACHER_COLUMN])
-    have = sum(1 for name in rows.column_names if negative_number(name))
-    columns = mined[:]
-    for i in range(1, settings.model_negatives + 1):
-        rows = rows.add_column(f"{NEGATIVE_PREFIX}{have + i}", columns[f"{NEGATIVE_PREFIX}{i}"])
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -533,13 +223,15 @@ def run_crossval(
     start_encoder = build_encoder(model_args, tokenizer)
     teacher, progress = None, not training_args.disable_tqdm
     if settings.teacher != "none":
-        teacher = _teacher(settings, start_encoder, tokenizer, list(beir.corpus.values()), bf16, progress)
-    pool = _build_pool(beir, settings, teacher)
-    fold_info, fold_rows = [], []
+        teacher = teacher_scorer(
+            settings, start_encoder, tokenizer, list(beir.corpus.values()), bf16, progress
+        )
+    pool = build_pool(beir, settings, teacher)
+    fold_info, training_rows = [], []
     for k, held in enumerate(folds):
-        fold = _fold_rows(pool, beir, set(held), settings)
+        fold = fold_rows(pool, beir, set(held), settings)
         path = write_training_file(fold.rows, out / f"fold{k}" / "train.jsonl.gz", overwrite=True)
-        fold_rows.append(fold)
+        training_rows.append(fold)
         fold_info.append(
             {
                 "fold": k,
@@ -595,8 +287,8 @@ def run_crossval(
                 t0 = time.monotonic()
                 run_dir = _run_dir(out, seed, k, r)
                 if r > 1:  # rows and start from the same fold's (and seed's) round r - 1 model, `trained`
-                    rows = _round_rows(
-                        fold_rows[k], beir.corpus, settings, trained, tokenizer, bf16, progress
+                    rows = round_rows(
+                        training_rows[k], beir.corpus, settings, trained, tokenizer, bf16, progress
                     )
                     train_file = write_training_file(
                         rows, out / f"fold{k}" / f"train-seed{seed}-round{r}.jsonl.gz", overwrite=True
@@ -647,30 +339,6 @@ def _run_dir(out: Path, seed: int, fold: int, round_: int) -> Path:
     """Where round ``round_`` of ``fold`` trains its model: ``seed<s>/fold<k>`` for round 1 (as runs of one
     round), ``seed<s>/round<r>/fold<k>`` after."""
     return out / f"seed{seed}" / (f"fold{fold}" if round_ == 1 else f"round{round_}/fold{fold}")
-
-
-def _round_rows(
-    fold: _FoldRows,
-    corpus: dict[str, str],
-    settings: CrossvalSettings,
-    previous: Any,
-    tokenizer: Any,
-    bf16: bool,
-    progress: bool,
-) -> datasets.Dataset:
-    """The training rows of a round r > 1 of ``fold``: its round-1 rows, with ``model_negatives`` more
-    negatives mined by ``previous`` (the fold's round r - 1 model; :func:`_with_model_negatives`) and, with a
-    teacher, ``teacher_scores`` of the new candidates from BM25 and ``previous`` (the "model" of ``bm25+model``
-    in round r > 1)."""
-    rows = fold.rows
-    if settings.model_negatives:
-        rows = _with_model_negatives(fold, corpus, settings, previous, tokenizer)
-    if settings.teacher != "none":
-        if TEACHER_COLUMN in rows.column_names:
-            rows = rows.remove_columns([TEACHER_COLUMN])
-        teacher = _teacher(settings, previous, tokenizer, list(corpus.values()), bf16, progress)
-        rows = rows.add_column(TEACHER_COLUMN, teacher(rows))
-    return rows
 
 
 def _continued_model_args(model_args: Any, previous_dir: Path) -> Any:

@@ -1,0 +1,127 @@
+"""The settings of a cross-validation (:mod:`gradcache_sparton.crossval`) besides the recipe, their checks,
+and the check that the recipe's loss goes with the teacher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gradcache_sparton.crossval.teacher import DEFAULT_TEACHER_WEIGHT, LOSSES_READING_TEACHER, TEACHERS
+from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
+
+if TYPE_CHECKING:
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+
+__all__ = ["NEGATIVE_RANKS", "ROUND_STARTS", "CrossvalSettings", "check_recipe_loss"]
+
+# The rank window (1-based, inclusive) both miners draw negatives from, BM25 in round 1 and the fold model in
+# later rounds: ``mine``'s defaults. Ranks 1..9 are skipped to keep unjudged relevant abstracts (false
+# negatives) out; 100 is the teacher's normalisation depth (:data:`.rows.TOP_K`), so every negative sits
+# inside it.
+NEGATIVE_RANKS = (10, 100)
+# Where round r > 1 starts: the same fold's round r-1 model, or the recipe's starting model (docs/experiments.md).
+ROUND_STARTS = ("previous", "start")
+
+
+@dataclass
+class CrossvalSettings:
+    """What ``run_crossval`` does besides the recipe itself (see the module docstring)."""
+
+    beir_path: str
+    output_dir: str
+    split: str = "train"
+    folds: int = 5
+    fold_seed: int = 0
+    seeds: list[int] = field(default_factory=lambda: [42])
+    self_supervised_pairs: int = 0
+    bm25_negatives: int = 0
+    teacher: str = "none"
+    teacher_weight: float = DEFAULT_TEACHER_WEIGHT
+    rounds: int = 1
+    model_negatives: int = 0
+    round_start: str = "previous"
+    bm25_reference: bool = True
+    query_max_length: int = 32
+    document_max_length: int = 256
+    eval_batch_size: int = 64
+    resamples: int = DEFAULT_RESAMPLES
+    write_runs: bool = False
+
+    def check(self) -> None:
+        """``ValueError`` naming the first bad setting."""
+        if self.folds < 2:
+            raise ValueError(f"folds must be >= 2, got {self.folds}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
+        for name in ("self_supervised_pairs", "bm25_negatives", "model_negatives"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("query_max_length", "document_max_length", "eval_batch_size", "resamples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.teacher not in TEACHERS:
+            raise ValueError(f"teacher must be one of {TEACHERS}, got {self.teacher!r}")
+        if self.teacher != "none" and self.bm25_negatives < 1:
+            raise ValueError(
+                f"teacher={self.teacher!r} scores each training pair's positive against its negatives: it needs "
+                f"bm25_negatives >= 1, got {self.bm25_negatives}"
+            )
+        if not 0.0 <= self.teacher_weight <= 1.0:
+            raise ValueError(f"teacher_weight (BM25's share) must be in [0, 1], got {self.teacher_weight!r}")
+        if self.teacher == "none" and self.teacher_weight != DEFAULT_TEACHER_WEIGHT:
+            raise ValueError(
+                f"teacher_weight applies to a teacher only, got teacher_weight={self.teacher_weight} with "
+                "teacher='none'"
+            )
+        self._check_rounds()
+
+    def _check_rounds(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if self.model_negatives and self.rounds < 2:
+            raise ValueError(
+                f"model_negatives={self.model_negatives} are mined by a fold's previous round's model: they need "
+                f"rounds >= 2, got rounds={self.rounds}"
+            )
+        if self.round_start not in ROUND_STARTS:
+            raise ValueError(f"round_start must be one of {ROUND_STARTS}, got {self.round_start!r}")
+        if self.rounds == 1 and self.round_start != ROUND_STARTS[0]:
+            raise ValueError(
+                f"round_start applies to rounds >= 2, got round_start={self.round_start!r} with rounds=1"
+            )
+        if self.rounds > 1 and not self.model_negatives and self.teacher == "none":
+            raise ValueError(
+                f"rounds={self.rounds} without model_negatives or a teacher trains every round on round 1's rows: "
+                "give model_negatives >= 1 (or a teacher, which round r > 1 takes from the round r-1 model)"
+            )
+        if self.model_negatives:
+            window = NEGATIVE_RANKS[1] - NEGATIVE_RANKS[0] + 1
+            if self.model_negatives > window:
+                raise ValueError(
+                    f"model_negatives={self.model_negatives} are drawn from the fold model's ranks "
+                    f"{NEGATIVE_RANKS[0]}..{NEGATIVE_RANKS[1]}: at most {window}"
+                )
+            for name in ("query_max_length", "document_max_length"):
+                if getattr(self, name) % 8:
+                    raise ValueError(
+                        f"model_negatives rank the corpus at the evaluation lengths, which the miner needs as "
+                        f"multiples of 8 (as in training): got {name}={getattr(self, name)}"
+                    )
+
+
+def check_recipe_loss(settings: CrossvalSettings, training_args: CachedSpladeTrainingArguments) -> None:
+    """``ValueError`` unless the recipe's loss and the teacher go together: a teacher's scores are read
+    only by ``--contrastive kl_div`` or ``margin_mse`` (any other loss would train as if there were no
+    teacher, so the run would measure something else than asked), and those two need a teacher."""
+    contrastive = training_args.contrastive
+    if settings.teacher != "none" and contrastive not in LOSSES_READING_TEACHER:
+        raise ValueError(
+            f"teacher={settings.teacher!r} writes teacher_scores that only the losses {LOSSES_READING_TEACHER} "
+            f"read, but the recipe trains with contrastive={contrastive!r}: add `--contrastive kl_div` to the "
+            "train flags (after --), or drop --teacher"
+        )
+    if settings.teacher == "none" and contrastive in LOSSES_READING_TEACHER:
+        raise ValueError(
+            f"the recipe trains with contrastive={contrastive!r}, which needs teacher scores: pass "
+            f"--teacher {TEACHERS[1]} (with --bm25_negatives >= 1)"
+        )
