@@ -404,6 +404,10 @@ def _other_recipe(r: dict) -> None:
     r["settings"]["recipe_flags"] = ["--max_steps", "2"]
 
 
+def _other_recipe_with_workers(r: dict) -> None:
+    r["settings"]["recipe_flags"] = ["--dataloader_num_workers", "4", "--max_steps", "2"]
+
+
 def _other_folds(r: dict) -> None:
     first, second = r["folds"][0]["query_ids"], r["folds"][1]["query_ids"]
     first[0], second[0] = second[0], first[0]
@@ -425,6 +429,7 @@ def _unfinished(r: dict) -> None:
     ("first_seeds", "change", "message"),
     [
         ({7: 2}, _other_recipe, r"settings \['recipe_flags'\] differ"),
+        ({7: 2}, _other_recipe_with_workers, r"\['--max_steps', '1'\] vs \['--max_steps', '2'\]"),
         ({7: 2}, lambda r: r["settings"].update(resamples=100), r"settings \['resamples'\] differ"),
         ({7: 2}, lambda r: r.update(model="other"), r"settings \['model'\] differ"),
         ({7: 2}, _other_folds, r"folds \[0, 1\] of .*b.json.* differ"),
@@ -446,6 +451,28 @@ def test_merge_refuses_another_experiment(tmp_path: Path, first_seeds, change, m
     with pytest.raises(ValueError, match=message):
         merge_crossval([a, b], output_dir=tmp_path / "merged")
     assert not (tmp_path / "merged").exists()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--dataloader_num_workers", "4", "--max_steps", "1"],
+        ["--max_steps", "1", "--dataloader_num_workers=4", "--disable_tqdm", "--dataloader_persistent_workers", "True"],
+    ],
+)
+def test_merge_accepts_runs_that_differ_only_in_data_loading(tmp_path: Path, flags: list[str]) -> None:
+    """Recipe flags that change how batches are loaded, not which (data-loading workers, progress bars), may
+    differ between merged runs, in either flag form and with or without a value; each file's own flags are
+    kept in meta.merged_from."""
+    from gradcache_sparton.crossval import merge_crossval
+
+    a = _write_json(tmp_path / "a.json", _synthetic_run({7: 2}))
+    other = _synthetic_run({8: 2})
+    other["settings"]["recipe_flags"] = flags
+    b = _write_json(tmp_path / "b.json", other)
+    merged = merge_crossval([a, b], output_dir=tmp_path / "merged")
+    assert merged["settings"]["seeds"] == [7, 8]
+    assert [m["recipe_flags"] for m in merged["meta"]["merged_from"]] == [["--max_steps", "1"], flags]
 
 
 def test_merge_rebuilds_the_folds_of_old_files(tmp_path: Path) -> None:

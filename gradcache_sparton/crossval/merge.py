@@ -45,6 +45,14 @@ logger = logging.getLogger(__name__)
 # Settings that may differ between the runs merged: the seeds are what is merged, the output folder and
 # the TREC runs change no number, and the data behind ``beir_path`` is compared directly (folds, references).
 MERGED_SETTINGS = ("seeds", "output_dir", "write_runs", "beir_path")
+# Recipe flags that change how a run goes, not what it trains: the collator is deterministic and the
+# sampler runs in the main process, so data-loading workers give the same batches in the same order.
+RUN_ONLY_FLAGS = (
+    "dataloader_num_workers",
+    "dataloader_persistent_workers",
+    "dataloader_prefetch_factor",
+    "disable_tqdm",
+)
 # A setting a file does not record (written before the setting existed) ran at its default: every setting
 # is added with the default that keeps the earlier behaviour (e.g. rounds = 1).
 DEFAULTS = {
@@ -81,14 +89,34 @@ def _check_same_experiment(results: list[dict[str, Any]], paths: list[Path]) -> 
             shown = "; ".join(f"{k}: {_setting(first, k)!r} vs {_setting(other, k)!r}" for k in differ)
             raise ValueError(
                 f"--merge: {str(path)!r} is another experiment than {str(paths[0])!r}: settings {differ} "
-                f"differ ({shown}); only {list(MERGED_SETTINGS)} may"
+                f"differ ({shown}); only {list(MERGED_SETTINGS)} and the recipe flags {list(RUN_ONLY_FLAGS)} "
+                "may"
             )
 
 
 def _setting(results: dict[str, Any], key: str) -> Any:
     if key == "model":
         return results["model"]
+    if key == "recipe_flags":
+        return _training_flags(results["settings"]["recipe_flags"])
     return results["settings"].get(key, DEFAULTS.get(key, "(absent)"))
+
+
+def _training_flags(flags: list[str]) -> list[str]:
+    """``flags`` without the ``RUN_ONLY_FLAGS`` (``--name value`` or ``--name=value``) and their values."""
+    kept: list[str] = []
+    skip_value = False
+    for flag in flags:
+        if skip_value:
+            skip_value = False
+            if not flag.startswith("--"):
+                continue
+        name, has_value, _ = flag.removeprefix("--").partition("=")
+        if flag.startswith("--") and name in RUN_ONLY_FLAGS:
+            skip_value = not has_value
+            continue
+        kept.append(flag)
+    return kept
 
 
 def _rebuilt_folds(beir_path: str, settings: dict[str, Any]) -> list[list[str]]:
@@ -225,6 +253,7 @@ def merge_crossval(
                 "skipped_unfinished_seeds": skipped,
                 "beir_path": r["settings"].get("beir_path"),
                 "output_dir": r["settings"].get("output_dir"),
+                "recipe_flags": r["settings"].get("recipe_flags"),
                 "meta": r.get("meta", {}),
             }
         )
