@@ -56,7 +56,9 @@ SHORT_SHAPES = [
 ]
 # The two forward kernels: one program per (batch row, V tile) walking S tiles, and the packed-rows
 # kernel (G whole rows per product, meant for S <= 64), which the GPU picks for short 16-bit inputs.
-FORWARDS = ["one-row", "two-pass", "packed"]  # one-row: one NaN-aware launch; two-pass: plain, then redo
+# one-row: one NaN-aware launch; two-pass: plain, then redo; both load 16-bit tiles by tensor descriptors
+# (TMA) where the inputs allow, as all the tests' 16-bit shapes do; pointers: one-row with pointer loads.
+FORWARDS = ["one-row", "two-pass", "pointers", "packed"]
 
 
 def _inputs(
@@ -90,6 +92,8 @@ def _launch_forward(
     # on a GPU the interpreter's small tiles are valid too (N = 128, 16-wide K): same kernels, same code
     if forward == "packed":
         return sparton_forward(h, e, b, m, blocks=_FWD_PACKED_INTERPRET)
+    if forward == "pointers":
+        return sparton_forward(h, e, b, m, blocks=replace(_FWD_INTERPRET, tma=False), two_pass=False)
     return sparton_forward(h, e, b, m, blocks=_FWD_INTERPRET, two_pass=forward == "two-pass")
 
 
@@ -233,6 +237,27 @@ def test_triton_forward_matches_reference(kernel_device, dtype, rtol, forward, B
     # probability ~1/2, and at S = 1 two of the 7 rows are fully masked)
     assert clear.float().mean() > (0.25 if S == 1 else 0.5)
     assert torch.equal(arg[clear].long(), arg_ref[clear])
+
+
+def test_forward_loads_by_descriptors_only_where_the_copy_engine_allows(kernel_device) -> None:
+    """TMA loads for 16-bit inputs with 16-byte aligned bases and row strides; fp32, a 40-byte row (D = 20)
+    and a base 2 bytes off fall back to pointer loads, with the reference's results."""
+    from gradcache_sparton.kernels.sparton_forward import _tma_loads
+
+    h, e, b, m = _inputs(3, 37, 20, 53, True, torch.bfloat16, kernel_device, seed=41)
+    h24, e24, _, _ = _inputs(3, 37, 24, 53, True, torch.bfloat16, kernel_device, seed=41)
+    shifted = torch.empty(53 * 24 + 1, dtype=torch.bfloat16, device=kernel_device)[1:].view(53, 24)
+    shifted.copy_(e24)
+    assert _tma_loads(h24, e24)
+    assert not _tma_loads(h24.float(), e24.float())
+    assert not _tma_loads(h, e)  # D * 2 bytes = 40, not a multiple of 16
+    assert not _tma_loads(h24, shifted)  # contiguous, but its base is 2 bytes past an aligned address
+    for args in ((h, e, b, m), (h24, shifted, b, m)):
+        _, mx, arg = _launch_forward(*args)
+        _, mx_ref, arg_ref = sparton_head_reference(*args, return_argmax=True)
+        torch.testing.assert_close(mx, mx_ref, rtol=1e-5, atol=1e-5)
+        clear = (mx_ref > 0) & (_top2_gap(*args) > 1e-4)
+        assert clear.float().mean() > 0.5 and torch.equal(arg[clear].long(), arg_ref[clear])
 
 
 def test_forward_kernel_follows_sequence_length(monkeypatch) -> None:

@@ -26,6 +26,8 @@ class ForwardBlocks:
     group_b: int  # batch rows scheduled together, so their H[b] and E tiles share L2
     num_warps: int
     num_stages: int
+    tma: bool = True  # 16-bit inputs on sm90+: tiles by tensor descriptors where the inputs allow
+    warp_specialize: bool = False  # the K loop as producer / consumer warps (tl.range(warp_specialize))
 
 
 @dataclass(frozen=True)

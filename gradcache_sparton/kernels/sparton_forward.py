@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gradcache_sparton.kernels.sparton_blocks import (
     ForwardBlocks,
@@ -53,8 +54,8 @@ __all__ = ["sparton_forward"]
 
 @triton.jit(do_not_specialize=["B", "S"])
 def _sparton_fwd_kernel(
-    h_ptr,  # [B, S, D] hidden states
-    e_ptr,  # [V, D] vocabulary embeddings
+    h_ptr,  # [B, S, D] hidden states; TMA: a tensor descriptor, block [1, BLOCK_S, BLOCK_D]
+    e_ptr,  # [V, D] vocabulary embeddings; TMA: a tensor descriptor, block [BLOCK_V, BLOCK_D]
     bias_ptr,  # [V] or a dummy when HAS_BIAS is False
     mask_ptr,  # [B, S] uint8 0/1 attention mask
     len_ptr,  # [B] int32: 1 + the last unmasked position of each row (0 for a fully masked row)
@@ -74,6 +75,8 @@ def _sparton_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     NAN_PASS: tl.constexpr,  # "only": one NaN-aware launch; "plain" then "redo": see sparton_forward
+    TMA: tl.constexpr,  # H and E tiles by tensor descriptors (Hopper TMA), else by pointer tensors
+    WARP_SPECIALIZE: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -94,35 +97,42 @@ def _sparton_fwd_kernel(
 
     offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
     v_ok = offs_v < V
-    offs_d = tl.arange(0, BLOCK_D)
     offs_t = tl.arange(0, BLOCK_S)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
     run_max = tl.zeros([BLOCK_V], dtype=tl.float32)
     run_arg = tl.zeros([BLOCK_V], dtype=tl.int32)
-    h_row = h_ptr + b.to(tl.int64) * stride_hb
-    e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
+    if not TMA:
+        offs_d = tl.arange(0, BLOCK_D)
+        h_row = h_ptr + b.to(tl.int64) * stride_hb
+        e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
     # Right padding costs nothing: only the S tiles up to the row's last unmasked position are computed.
     k_tiles = tl.cdiv(D, BLOCK_D)
     n_iters = tl.cdiv(tl.load(len_ptr + b), BLOCK_S) * k_tiles
     acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
     # One flat loop over (S tile, K step) instead of two nested loops: the software pipeline then runs
     # across S tiles, and the next tile's loads overlap the max/argmax epilogue of the previous one.
-    for it in range(0, n_iters):
+    for it in tl.range(0, n_iters, warp_specialize=WARP_SPECIALIZE):
         kt = it % k_tiles
         s0 = (it // k_tiles) * BLOCK_S
         offs_s = s0 + offs_t
         s_ok = offs_s < S
-        dd = kt * BLOCK_D + offs_d
-        e_ptrs = e_rows + dd[None, :]  # [BLOCK_V, BLOCK_D]
-        h_ptrs = h_row + offs_s[:, None] * stride_hs + dd[None, :]  # [BLOCK_S, BLOCK_D]
-        if EVEN_D:
-            e = tl.load(e_ptrs, mask=v_ok[:, None], other=0.0)
-            h = tl.load(h_ptrs, mask=s_ok[:, None], other=0.0)
+        if TMA:
+            # The copy engine fills what lies outside [V, D] or outside row b's [S, D] with zeros (the
+            # descriptor is 3-D: past S comes zero, never row b + 1), as the pointer loads' masks do.
+            e = e_ptr.load([v_tile * BLOCK_V, kt * BLOCK_D])
+            h = h_ptr.load([b, s0, kt * BLOCK_D]).reshape([BLOCK_S, BLOCK_D])
         else:
-            d_ok = dd < D
-            e = tl.load(e_ptrs, mask=v_ok[:, None] & d_ok[None, :], other=0.0)
-            h = tl.load(h_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+            dd = kt * BLOCK_D + offs_d
+            e_ptrs = e_rows + dd[None, :]  # [BLOCK_V, BLOCK_D]
+            h_ptrs = h_row + offs_s[:, None] * stride_hs + dd[None, :]  # [BLOCK_S, BLOCK_D]
+            if EVEN_D:
+                e = tl.load(e_ptrs, mask=v_ok[:, None], other=0.0)
+                h = tl.load(h_ptrs, mask=s_ok[:, None], other=0.0)
+            else:
+                d_ok = dd < D
+                e = tl.load(e_ptrs, mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+                h = tl.load(h_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST_DOT:
             e = e.to(tl.float32)
             h = h.to(tl.float32)
@@ -338,6 +348,22 @@ def _logits_bounded(h: Tensor, e: Tensor, bias: Tensor | None) -> Tensor:
     return (bound < 2.0**126).to(torch.int32).reshape(1)
 
 
+def _tma_loads(h: Tensor, e: Tensor) -> bool:
+    """Whether the one-row kernel can load H and E by tensor descriptors: 16-bit inputs on an sm90+ GPU (or
+    the interpreter), base addresses and row strides multiples of 16 bytes, the last dim contiguous (the
+    copy engine's rules). Otherwise the kernel loads through pointer tensors."""
+    if h.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not _interpreting() and torch.cuda.get_device_capability(h.device)[0] < 9:
+        return False
+    return all(
+        t.data_ptr() % 16 == 0
+        and t.stride(-1) == 1
+        and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
+        for t in (h, e)
+    )
+
+
 def _forward_one_row(
     h: Tensor,
     e: Tensor,
@@ -357,9 +383,13 @@ def _forward_one_row(
     positions = torch.arange(1, S + 1, device=h.device, dtype=torch.int32)
     lengths = (mask * positions).amax(dim=1).to(torch.int32)
     grid = (B * triton.cdiv(V, blocks.block_v),)
+    tma = blocks.tma and _tma_loads(h, e)
+    if tma:
+        h_in = TensorDescriptor(h, list(h.shape), list(h.stride()), [1, blocks.block_s, blocks.block_d])
+        e_in = TensorDescriptor(e, list(e.shape), list(e.stride()), [blocks.block_v, blocks.block_d])
     _sparton_fwd_kernel[grid](
-        h,
-        e,
+        h_in if tma else h,
+        e_in if tma else e,
         bias if bias is not None else mx,  # dummy pointer, never read without bias
         mask,
         lengths,
@@ -378,6 +408,8 @@ def _forward_one_row(
         EVEN_D=D % blocks.block_d == 0,
         **_forward_dot_mode(h.dtype),
         NAN_PASS=nan_pass,
+        TMA=tma,
+        WARP_SPECIALIZE=blocks.warp_specialize,
         BLOCK_S=blocks.block_s,
         BLOCK_V=blocks.block_v,
         BLOCK_D=blocks.block_d,
