@@ -50,38 +50,36 @@ from gradcache_sparton.kernels.sparton_blocks import (
 )
 from gradcache_sparton.kernels.sparton_forward import sparton_forward
 
-# ForwardBlocks(block_s, block_v, block_d, group_b, num_warps, num_stages); the product is
-# [block_v, D] @ [D, block_s], so block_v is the MMA's M and block_s its N.
+# ForwardBlocks(block_s, block_v, block_d, group_b, num_warps, num_stages, tma, persistent); the product
+# is [block_v, D] @ [D, block_s], so block_v is the MMA's M and block_s its N. The first is the committed
+# 16-bit default (TMA loads, persistent grid); then the same tile with pointer loads, and other tiles.
 FWD_CANDIDATES = [
-    ForwardBlocks(128, 128, 64, 8, 8, 3),
-    ForwardBlocks(128, 128, 64, 8, 4, 4),
-    ForwardBlocks(128, 256, 64, 8, 8, 3),
-    ForwardBlocks(128, 256, 64, 8, 8, 4),
-    ForwardBlocks(256, 128, 64, 8, 8, 3),
-    ForwardBlocks(64, 256, 64, 8, 4, 4),
-    ForwardBlocks(256, 128, 64, 8, 8, 4),
-    ForwardBlocks(128, 256, 32, 8, 8, 5),
+    ForwardBlocks(256, 128, 64, 8, 8, 3, True, True),
+    ForwardBlocks(256, 128, 64, 8, 8, 3, False, False),
+    ForwardBlocks(256, 128, 64, 8, 8, 3, True, False),
+    ForwardBlocks(256, 128, 64, 8, 8, 4, True, True),
+    ForwardBlocks(256, 128, 64, 8, 8, 4, True, False),
+    ForwardBlocks(128, 256, 64, 8, 8, 3, True, False),
+    ForwardBlocks(128, 256, 64, 8, 8, 4, True, False),
+    ForwardBlocks(128, 128, 64, 8, 8, 4, True, False),
+    ForwardBlocks(128, 128, 64, 8, 8, 3, False, False),
+    ForwardBlocks(128, 256, 64, 8, 8, 3, False, False),
     # short sequences (queries, S = 32) in the one-row kernel; 32 x 256, 8 warps, 3 stages was the
     # S <= 32 default before the packed kernel
-    ForwardBlocks(32, 128, 64, 8, 4, 4),
-    ForwardBlocks(32, 128, 64, 8, 4, 3),
-    ForwardBlocks(32, 256, 64, 8, 8, 3),
-    ForwardBlocks(32, 64, 64, 8, 4, 4),
-    ForwardBlocks(64, 128, 64, 8, 4, 3),
-    # PackedForwardBlocks(block_n, block_v, block_d, group_n, num_warps, num_stages): G = block_n // S_pad
-    # batch rows per product [block_v, D] @ [D, block_n] (S <= 64; at S = 32, 256 packs 8 rows). The
-    # committed default for 16-bit S <= 64 is (128, 128, 64, 8, 4, 3), fastest at B=512, S=32 on an H100.
-    PackedForwardBlocks(256, 128, 64, 8, 8, 3),
-    PackedForwardBlocks(256, 128, 64, 8, 8, 4),
-    PackedForwardBlocks(256, 128, 64, 4, 8, 3),
-    PackedForwardBlocks(256, 128, 64, 16, 8, 3),
-    PackedForwardBlocks(256, 128, 32, 8, 8, 4),
-    PackedForwardBlocks(256, 64, 64, 8, 4, 3),
-    PackedForwardBlocks(128, 256, 64, 8, 8, 3),
-    PackedForwardBlocks(128, 256, 64, 8, 8, 4),
-    PackedForwardBlocks(128, 128, 64, 8, 4, 3),
-    PackedForwardBlocks(128, 128, 64, 8, 4, 4),
-    PackedForwardBlocks(64, 128, 64, 8, 4, 3),
+    ForwardBlocks(32, 128, 64, 8, 4, 3, True, False),
+    ForwardBlocks(32, 256, 64, 8, 8, 3, True, False),
+    ForwardBlocks(64, 128, 64, 8, 4, 3, True, False),
+    # PackedForwardBlocks(block_n, block_v, block_d, group_n, num_warps, num_stages, tma): G = block_n //
+    # S_pad batch rows per product [block_v, D] @ [D, block_n] (S <= 64; at S = 32, 256 packs 8 rows). The
+    # first is the committed default for 16-bit S <= 64.
+    PackedForwardBlocks(128, 128, 64, 8, 4, 3, False),
+    PackedForwardBlocks(128, 128, 64, 8, 4, 3, True),
+    PackedForwardBlocks(128, 128, 64, 8, 4, 4, True),
+    PackedForwardBlocks(256, 128, 64, 8, 8, 3, True),
+    PackedForwardBlocks(256, 128, 64, 8, 8, 4, True),
+    PackedForwardBlocks(128, 256, 64, 8, 8, 3, True),
+    PackedForwardBlocks(256, 128, 64, 8, 8, 3, False),
+    PackedForwardBlocks(128, 256, 64, 8, 8, 3, False),
 ]
 # BackwardBlocks: the first is the committed default (by the density of Y: below 25% of Y non-zero
 # grad_E by column and, at S <= short_s, grad_H's rows from the column layout; above it, at S <= short_s,

@@ -37,6 +37,7 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gradcache_sparton.kernels.sparton_blocks import (
+    _PERSISTENT_PROGRAMS_INTERPRET,
     ForwardBlocks,
     PackedForwardBlocks,
     _default_forward_blocks,
@@ -76,7 +77,7 @@ def _sparton_fwd_kernel(
     UPCAST_DOT: tl.constexpr,
     NAN_PASS: tl.constexpr,  # "only": one NaN-aware launch; "plain" then "redo": see sparton_forward
     TMA: tl.constexpr,  # H and E tiles by tensor descriptors (Hopper TMA), else by pointer tensors
-    WARP_SPECIALIZE: tl.constexpr,
+    PERSISTENT: tl.constexpr,  # a grid of one program per SM, each looping over (b, V tile) pairs
     BLOCK_S: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -85,104 +86,109 @@ def _sparton_fwd_kernel(
     if NAN_PASS == "redo":  # noqa: SIM102 (compile-time, then run-time)
         if tl.load(bounded_ptr) != 0:  # the plain launch's result stands: every logit was finite
             return
-    # Grouped launch order: consecutive programs walk GROUP_B batch rows first, then the next V tile, so
-    # the programs resident at once read a few H[b] and a few E tiles, all of which stay in L2.
-    pid = tl.program_id(0)
-    num_v_tiles = tl.cdiv(V, BLOCK_V)
-    per_group = GROUP_B * num_v_tiles
-    first_b = (pid // per_group) * GROUP_B
-    group_rows = tl.minimum(B - first_b, GROUP_B)
-    b = first_b + (pid % per_group) % group_rows
-    v_tile = (pid % per_group) // group_rows
+    # Each program strides over the (batch row, V tile) pairs by the grid's size: one pair per program in a
+    # full grid; persistent (one program per SM), the loop (flattened) overlaps a pair's first loads with
+    # the previous pair's last products.
+    for pid in tl.range(tl.program_id(0), B * tl.cdiv(V, BLOCK_V), tl.num_programs(0), flatten=PERSISTENT):
+        # Grouped launch order: consecutive programs walk GROUP_B batch rows first, then the next V tile, so
+        # the programs resident at once read a few H[b] and a few E tiles, all of which stay in L2.
+        num_v_tiles = tl.cdiv(V, BLOCK_V)
+        per_group = GROUP_B * num_v_tiles
+        first_b = (pid // per_group) * GROUP_B
+        group_rows = tl.minimum(B - first_b, GROUP_B)
+        b = first_b + (pid % per_group) % group_rows
+        v_tile = (pid % per_group) // group_rows
 
-    offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
-    v_ok = offs_v < V
-    offs_t = tl.arange(0, BLOCK_S)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-    run_max = tl.zeros([BLOCK_V], dtype=tl.float32)
-    run_arg = tl.zeros([BLOCK_V], dtype=tl.int32)
-    if not TMA:
-        offs_d = tl.arange(0, BLOCK_D)
-        h_row = h_ptr + b.to(tl.int64) * stride_hb
-        e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
-    # Right padding costs nothing: only the S tiles up to the row's last unmasked position are computed.
-    k_tiles = tl.cdiv(D, BLOCK_D)
-    n_iters = tl.cdiv(tl.load(len_ptr + b), BLOCK_S) * k_tiles
-    acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
-    # One flat loop over (S tile, K step) instead of two nested loops: the software pipeline then runs
-    # across S tiles, and the next tile's loads overlap the max/argmax epilogue of the previous one.
-    for it in tl.range(0, n_iters, warp_specialize=WARP_SPECIALIZE):
-        kt = it % k_tiles
-        s0 = (it // k_tiles) * BLOCK_S
-        offs_s = s0 + offs_t
-        s_ok = offs_s < S
-        if TMA:
-            # The copy engine fills what lies outside [V, D] or outside row b's [S, D] with zeros (the
-            # descriptor is 3-D: past S comes zero, never row b + 1), as the pointer loads' masks do.
-            e = e_ptr.load([v_tile * BLOCK_V, kt * BLOCK_D])
-            h = h_ptr.load([b, s0, kt * BLOCK_D]).reshape([BLOCK_S, BLOCK_D])
-        else:
-            dd = kt * BLOCK_D + offs_d
-            e_ptrs = e_rows + dd[None, :]  # [BLOCK_V, BLOCK_D]
-            h_ptrs = h_row + offs_s[:, None] * stride_hs + dd[None, :]  # [BLOCK_S, BLOCK_D]
-            if EVEN_D:
-                e = tl.load(e_ptrs, mask=v_ok[:, None], other=0.0)
-                h = tl.load(h_ptrs, mask=s_ok[:, None], other=0.0)
+        offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
+        v_ok = offs_v < V
+        offs_t = tl.arange(0, BLOCK_S)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+        run_max = tl.zeros([BLOCK_V], dtype=tl.float32)
+        run_arg = tl.zeros([BLOCK_V], dtype=tl.int32)
+        if not TMA:
+            offs_d = tl.arange(0, BLOCK_D)
+            h_row = h_ptr + b.to(tl.int64) * stride_hb
+            e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
+        # Right padding costs nothing: only the S tiles up to the row's last unmasked position are computed.
+        k_tiles = tl.cdiv(D, BLOCK_D)
+        n_iters = tl.cdiv(tl.load(len_ptr + b), BLOCK_S) * k_tiles
+        acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
+        # One flat loop over (S tile, K step) instead of two nested loops: the software pipeline then runs
+        # across S tiles, and the next tile's loads overlap the max/argmax epilogue of the previous one.
+        for it in range(0, n_iters):
+            kt = it % k_tiles
+            s0 = (it // k_tiles) * BLOCK_S
+            offs_s = s0 + offs_t
+            s_ok = offs_s < S
+            if TMA:
+                # The copy engine fills what lies outside [V, D] or outside row b's [S, D] with zeros (the
+                # descriptor is 3-D: past S comes zero, never row b + 1), as the pointer loads' masks do.
+                e = e_ptr.load([v_tile * BLOCK_V, kt * BLOCK_D])
+                h = h_ptr.load([b, s0, kt * BLOCK_D]).reshape([BLOCK_S, BLOCK_D])
             else:
-                d_ok = dd < D
-                e = tl.load(e_ptrs, mask=v_ok[:, None] & d_ok[None, :], other=0.0)
-                h = tl.load(h_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST_DOT:
-            e = e.to(tl.float32)
-            h = h.to(tl.float32)
-        # Logits transposed, [BLOCK_V, BLOCK_D] @ [BLOCK_D, BLOCK_S] -> [BLOCK_V, BLOCK_S], fp32
-        # accumulation: the reduction over S then runs along the MMA's N axis, which lives inside a warp
-        # (shuffles), not across warps (shared memory) as an M-axis reduction would.
-        acc = tl.dot(e, tl.trans(h), acc, input_precision=DOT_PRECISION)
-        if kt == k_tiles - 1:
-            keep = tl.load(mask_ptr + b * stride_mb + offs_s, mask=s_ok, other=0) != 0
-            x = acc
-            if HAS_BIAS:
-                x = x + bias[:, None]
-            x = tl.where(keep[None, :], x, float("-inf"))
-            if NAN_PASS != "plain":
-                # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost)
-                # position, in Tensor.max(dim)'s order: NaN above +inf, the first NaN wins. tl.max's own
-                # comparisons drop or keep a NaN depending on where it sits, so NaN is read as +inf ...
-                is_nan = x != x
-                tile_max, tile_arg = tl.max(
-                    tl.where(is_nan, float("inf"), x),
-                    axis=1,
-                    return_indices=True,
-                    return_indices_tie_break_left=True,
-                )
-                if tl.max(tile_max, axis=0) == float("inf"):  # ... and only a tile holding NaN or +inf
-                    first_nan = tl.min(tl.where(is_nan, offs_t[None, :], BLOCK_S), axis=1)  # pays for this
-                    has_nan = first_nan < BLOCK_S
-                    tile_max = tl.where(has_nan, float("nan"), tile_max)
-                    tile_arg = tl.where(has_nan, first_nan, tile_arg)
-                # strict: an earlier tile keeps a tie; the first NaN replaces any number and then stays
-                better = (tile_max > run_max) | ((tile_max != tile_max) & (run_max == run_max))
-            else:
-                # Every logit finite: the plain max and its first position; strict across tiles (ties).
-                tile_max, tile_arg = tl.max(
-                    x, axis=1, return_indices=True, return_indices_tie_break_left=True
-                )
-                better = tile_max > run_max
-            run_max = tl.where(better, tile_max, run_max)
-            run_arg = tl.where(better, s0 + tile_arg, run_arg)
-            acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
+                dd = kt * BLOCK_D + offs_d
+                e_ptrs = e_rows + dd[None, :]  # [BLOCK_V, BLOCK_D]
+                h_ptrs = h_row + offs_s[:, None] * stride_hs + dd[None, :]  # [BLOCK_S, BLOCK_D]
+                if EVEN_D:
+                    e = tl.load(e_ptrs, mask=v_ok[:, None], other=0.0)
+                    h = tl.load(h_ptrs, mask=s_ok[:, None], other=0.0)
+                else:
+                    d_ok = dd < D
+                    e = tl.load(e_ptrs, mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+                    h = tl.load(h_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+            if UPCAST_DOT:
+                e = e.to(tl.float32)
+                h = h.to(tl.float32)
+            # Logits transposed, [BLOCK_V, BLOCK_D] @ [BLOCK_D, BLOCK_S] -> [BLOCK_V, BLOCK_S], fp32
+            # accumulation: the reduction over S then runs along the MMA's N axis, which lives inside a warp
+            # (shuffles), not across warps (shared memory) as an M-axis reduction would.
+            acc = tl.dot(e, tl.trans(h), acc, input_precision=DOT_PRECISION)
+            if kt == k_tiles - 1:
+                keep = tl.load(mask_ptr + b * stride_mb + offs_s, mask=s_ok, other=0) != 0
+                x = acc
+                if HAS_BIAS:
+                    x = x + bias[:, None]
+                x = tl.where(keep[None, :], x, float("-inf"))
+                if NAN_PASS != "plain":
+                    # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost)
+                    # position, in Tensor.max(dim)'s order: NaN above +inf, the first NaN wins. tl.max's own
+                    # comparisons drop or keep a NaN depending on where it sits, so NaN is read as +inf ...
+                    is_nan = x != x
+                    tile_max, tile_arg = tl.max(
+                        tl.where(is_nan, float("inf"), x),
+                        axis=1,
+                        return_indices=True,
+                        return_indices_tie_break_left=True,
+                    )
+                    if tl.max(tile_max, axis=0) == float("inf"):  # ... and only a tile holding NaN / +inf
+                        first_nan = tl.min(
+                            tl.where(is_nan, offs_t[None, :], BLOCK_S), axis=1
+                        )  # pays for this
+                        has_nan = first_nan < BLOCK_S
+                        tile_max = tl.where(has_nan, float("nan"), tile_max)
+                        tile_arg = tl.where(has_nan, first_nan, tile_arg)
+                    # strict: an earlier tile keeps a tie; the first NaN replaces any number and then stays
+                    better = (tile_max > run_max) | ((tile_max != tile_max) & (run_max == run_max))
+                else:
+                    # Every logit finite: the plain max and its first position; strict across tiles (ties).
+                    tile_max, tile_arg = tl.max(
+                        x, axis=1, return_indices=True, return_indices_tie_break_left=True
+                    )
+                    better = tile_max > run_max
+                run_max = tl.where(better, tile_max, run_max)
+                run_arg = tl.where(better, s0 + tile_arg, run_arg)
+                acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
 
-    out = b.to(tl.int64) * V + offs_v
-    tl.store(max_ptr + out, run_max, mask=v_ok)
-    tl.store(arg_ptr + out, run_arg, mask=v_ok)
+        out = b.to(tl.int64) * V + offs_v
+        tl.store(max_ptr + out, run_max, mask=v_ok)
+        tl.store(arg_ptr + out, run_arg, mask=v_ok)
 
 
 @triton.jit(do_not_specialize=["B", "S"])
 def _sparton_fwd_packed_kernel(
-    h_ptr,  # [B, S, D] hidden states
-    e_ptr,  # [V, D] vocabulary embeddings
+    h_ptr,  # [B, S, D] hidden states; TMA: a tensor descriptor, block [ROWS, S_PAD, BLOCK_D]
+    e_ptr,  # [V, D] vocabulary embeddings; TMA: a tensor descriptor, block [BLOCK_V, BLOCK_D]
     bias_ptr,  # [V] or a dummy when HAS_BIAS is False
     mask_ptr,  # [B, S] uint8 0/1 attention mask
     max_ptr,  # [B, V] fp32 out: max_s of the masked logits, clamped at 0
@@ -199,6 +205,7 @@ def _sparton_fwd_packed_kernel(
     EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    TMA: tl.constexpr,  # H and E tiles by tensor descriptors (Hopper TMA), else by pointer tensors
     S_PAD: tl.constexpr,  # next power of two >= S: the N columns of one batch row
     ROWS: tl.constexpr,  # G batch rows per program; the product's N is ROWS * S_PAD
     BLOCK_V: tl.constexpr,
@@ -217,25 +224,31 @@ def _sparton_fwd_packed_kernel(
 
     offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
     v_ok = offs_v < V
-    offs_d = tl.arange(0, BLOCK_D)
     # Column n of the product is position n % S_PAD of batch row first_row + n // S_PAD: [BLOCK_N]
     offs_n = tl.arange(0, ROWS * S_PAD)
     first_row = row_group * ROWS
     rows = first_row + offs_n // S_PAD
     pos = offs_n % S_PAD
     n_ok = (rows < B) & (pos < S)
-    e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
-    h_cols = h_ptr + rows.to(tl.int64)[:, None] * stride_hb + pos[:, None] * stride_hs  # [BLOCK_N, 1]
+    if not TMA:
+        offs_d = tl.arange(0, BLOCK_D)
+        e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
+        h_cols = h_ptr + rows.to(tl.int64)[:, None] * stride_hb + pos[:, None] * stride_hs  # [BLOCK_N, 1]
     acc = tl.zeros([BLOCK_V, ROWS * S_PAD], dtype=tl.float32)
     for k in range(0, tl.cdiv(D, BLOCK_D)):
-        dd = k * BLOCK_D + offs_d
-        if EVEN_D:
-            e = tl.load(e_rows + dd[None, :], mask=v_ok[:, None], other=0.0)
-            h = tl.load(h_cols + dd[None, :], mask=n_ok[:, None], other=0.0)
+        if TMA:
+            # zeros outside [V, D], past S within each row (S_PAD > S) and past the last row B - 1
+            e = e_ptr.load([v_tile * BLOCK_V, k * BLOCK_D])
+            h = h_ptr.load([first_row, 0, k * BLOCK_D]).reshape([ROWS * S_PAD, BLOCK_D])
         else:
-            d_ok = dd < D
-            e = tl.load(e_rows + dd[None, :], mask=v_ok[:, None] & d_ok[None, :], other=0.0)
-            h = tl.load(h_cols + dd[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            dd = k * BLOCK_D + offs_d
+            if EVEN_D:
+                e = tl.load(e_rows + dd[None, :], mask=v_ok[:, None], other=0.0)
+                h = tl.load(h_cols + dd[None, :], mask=n_ok[:, None], other=0.0)
+            else:
+                d_ok = dd < D
+                e = tl.load(e_rows + dd[None, :], mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+                h = tl.load(h_cols + dd[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST_DOT:
             e = e.to(tl.float32)
             h = h.to(tl.float32)
@@ -364,6 +377,14 @@ def _tma_loads(h: Tensor, e: Tensor) -> bool:
     )
 
 
+def _persistent_programs(device: torch.device) -> int:
+    """Programs of a persistent launch: one per SM (the 16-bit tile's shared memory fits one per SM); under
+    the interpreter a few, so that each test program walks several (batch row, V tile) pairs."""
+    if _interpreting():
+        return _PERSISTENT_PROGRAMS_INTERPRET
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _forward_one_row(
     h: Tensor,
     e: Tensor,
@@ -382,8 +403,10 @@ def _forward_one_row(
     # [B, S] -> [B]: 1 + last unmasked position (0 if none), so right padding is never computed
     positions = torch.arange(1, S + 1, device=h.device, dtype=torch.int32)
     lengths = (mask * positions).amax(dim=1).to(torch.int32)
-    grid = (B * triton.cdiv(V, blocks.block_v),)
     tma = blocks.tma and _tma_loads(h, e)
+    persistent = blocks.persistent and tma
+    n_tiles = B * triton.cdiv(V, blocks.block_v)
+    grid = (min(n_tiles, _persistent_programs(h.device)) if persistent else n_tiles,)
     if tma:
         h_in = TensorDescriptor(h, list(h.shape), list(h.stride()), [1, blocks.block_s, blocks.block_d])
         e_in = TensorDescriptor(e, list(e.shape), list(e.stride()), [blocks.block_v, blocks.block_d])
@@ -409,7 +432,7 @@ def _forward_one_row(
         **_forward_dot_mode(h.dtype),
         NAN_PASS=nan_pass,
         TMA=tma,
-        WARP_SPECIALIZE=blocks.warp_specialize,
+        PERSISTENT=persistent,
         BLOCK_S=blocks.block_s,
         BLOCK_V=blocks.block_v,
         BLOCK_D=blocks.block_d,
@@ -438,9 +461,13 @@ def _forward_packed(
     s_pad = triton.next_power_of_2(S)
     rows = max(1, blocks.block_n // s_pad)
     grid = (triton.cdiv(B, rows) * triton.cdiv(V, blocks.block_v),)
+    tma = blocks.tma and _tma_loads(h, e)
+    if tma:
+        h_in = TensorDescriptor(h, list(h.shape), list(h.stride()), [rows, s_pad, blocks.block_d])
+        e_in = TensorDescriptor(e, list(e.shape), list(e.stride()), [blocks.block_v, blocks.block_d])
     _sparton_fwd_packed_kernel[grid](
-        h,
-        e,
+        h_in if tma else h,
+        e_in if tma else e,
         bias if bias is not None else mx,  # dummy pointer, never read without bias
         mask,
         mx,
@@ -456,6 +483,7 @@ def _forward_packed(
         HAS_BIAS=bias is not None,
         EVEN_D=D % blocks.block_d == 0,
         **_forward_dot_mode(h.dtype),
+        TMA=tma,
         S_PAD=s_pad,
         ROWS=rows,
         BLOCK_V=blocks.block_v,
