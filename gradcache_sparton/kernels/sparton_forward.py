@@ -20,12 +20,21 @@ the plain max, then a NaN-aware launch whose programs redo the work only where t
 smaller ones, where the bound would cost more than it saves, in one NaN-aware launch.
 Only the fp32 max [B, V] and int32 argmax [B, V] are written: the [B, S, V] logits never exist.
 
+Loads, both kernels: 16-bit inputs on sm90+ (and under the interpreter) read their H and E tiles through
+tensor descriptors, the Hopper copy engine (TMA): one instruction per tile, no per-element address
+registers, and zeros outside the tensor, which stand in for the pointer loads' masks (H's descriptor is
+3-D, so an S tile past the row's end reads zeros, never the next row's positions). The copy engine needs
+16-byte aligned base addresses and row strides; inputs without them (and fp32) take pointer loads, the
+same kernels otherwise. With TMA loads the one-row kernel's default grid is persistent: one program per
+SM, striding over the (batch row, V tile) pairs.
+
 Packed forward, for short sequences (SPLADE queries, S <= 64): one program per (group of G batch rows,
 vocabulary tile). The G rows' positions, each row padded to S_pad (the next power of two >= S), sit
 side by side in the product's N: [BLOCK_V, D] @ [D, G·S_pad], so each E tile loaded serves G rows
 instead of one. The epilogue views the fp32 tile as [BLOCK_V, G, S_pad] (a relabelling of registers, no
 data movement) and takes each row's max and leftmost argmax over its own segment, with the same
 masking, NaN order and clamp at 0 as above; a whole row fits in one tile, so there is no running max.
+Its H descriptor's block is [G, S_pad, BLOCK_D]: positions S..S_pad-1 and rows past B read zeros.
 """
 
 from __future__ import annotations
@@ -397,7 +406,8 @@ def _forward_one_row(
     nan_pass: str,
     bounded: Tensor | None = None,
 ) -> None:
-    """One program per (batch row, V tile), walking the row's S tiles (``_sparton_fwd_kernel``)."""
+    """One program per (batch row, V tile), walking the row's S tiles (``_sparton_fwd_kernel``); with TMA
+    loads one program per SM, each taking every grid-size-th pair."""
     B, S, D = h.shape
     V = e.shape[0]
     # [B, S] -> [B]: 1 + last unmasked position (0 if none), so right padding is never computed
