@@ -62,6 +62,129 @@ __all__ = ["sparton_forward"]
 # ---------------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _sparton_fwd_pair(
+    pid,  # which (batch row, V tile) pair, in the grouped order below
+    h_ptr,  # [B, S, D] hidden states; TMA: a tensor descriptor, block [1, BLOCK_S, BLOCK_D]
+    e_ptr,  # [V, D] vocabulary embeddings; TMA: a tensor descriptor, block [BLOCK_V, BLOCK_D]
+    bias_ptr,  # [V] or a dummy when HAS_BIAS is False
+    mask_ptr,  # [B, S] uint8 0/1 attention mask
+    len_ptr,  # [B] int32: 1 + the last unmasked position of each row (0 for a fully masked row)
+    max_ptr,  # [B, V] fp32 out: max_s of the masked logits, clamped at 0
+    arg_ptr,  # [B, V] int32 out: first s attaining it (0 where the max is 0)
+    B,
+    S,
+    V,
+    D,
+    stride_hb,
+    stride_hs,
+    stride_ev,
+    stride_mb,
+    HAS_BIAS: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    NAN_PASS: tl.constexpr,  # "only": one NaN-aware launch; "plain" then "redo": see sparton_forward
+    TMA: tl.constexpr,  # H and E tiles by tensor descriptors (Hopper TMA), else by pointer tensors
+    BLOCK_S: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP_B: tl.constexpr,
+):
+    """One (batch row, V tile) pair of ``_sparton_fwd_kernel``: the running max/argmax over the row's S tiles."""
+    # Grouped launch order: consecutive programs walk GROUP_B batch rows first, then the next V tile, so
+    # the programs resident at once read a few H[b] and a few E tiles, all of which stay in L2.
+    num_v_tiles = tl.cdiv(V, BLOCK_V)
+    per_group = GROUP_B * num_v_tiles
+    first_b = (pid // per_group) * GROUP_B
+    group_rows = tl.minimum(B - first_b, GROUP_B)
+    b = first_b + (pid % per_group) % group_rows
+    v_tile = (pid % per_group) // group_rows
+
+    offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
+    v_ok = offs_v < V
+    offs_t = tl.arange(0, BLOCK_S)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+    run_max = tl.zeros([BLOCK_V], dtype=tl.float32)
+    run_arg = tl.zeros([BLOCK_V], dtype=tl.int32)
+    if not TMA:
+        offs_d = tl.arange(0, BLOCK_D)
+        h_row = h_ptr + b.to(tl.int64) * stride_hb
+        e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
+    # Right padding costs nothing: only the S tiles up to the row's last unmasked position are computed.
+    k_tiles = tl.cdiv(D, BLOCK_D)
+    n_iters = tl.cdiv(tl.load(len_ptr + b), BLOCK_S) * k_tiles
+    acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
+    # One flat loop over (S tile, K step) instead of two nested loops: the software pipeline then runs
+    # across S tiles, and the next tile's loads overlap the max/argmax epilogue of the previous one.
+    for it in range(0, n_iters):
+        kt = it % k_tiles
+        s0 = (it // k_tiles) * BLOCK_S
+        offs_s = s0 + offs_t
+        s_ok = offs_s < S
+        if TMA:
+            # The copy engine fills what lies outside [V, D] or outside row b's [S, D] with zeros (the
+            # descriptor is 3-D: past S comes zero, never row b + 1), as the pointer loads' masks do.
+            e = e_ptr.load([v_tile * BLOCK_V, kt * BLOCK_D])
+            h = h_ptr.load([b, s0, kt * BLOCK_D]).reshape([BLOCK_S, BLOCK_D])
+        else:
+            dd = kt * BLOCK_D + offs_d
+            e_ptrs = e_rows + dd[None, :]  # [BLOCK_V, BLOCK_D]
+            h_ptrs = h_row + offs_s[:, None] * stride_hs + dd[None, :]  # [BLOCK_S, BLOCK_D]
+            if EVEN_D:
+                e = tl.load(e_ptrs, mask=v_ok[:, None], other=0.0)
+                h = tl.load(h_ptrs, mask=s_ok[:, None], other=0.0)
+            else:
+                d_ok = dd < D
+                e = tl.load(e_ptrs, mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+                h = tl.load(h_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST_DOT:
+            e = e.to(tl.float32)
+            h = h.to(tl.float32)
+        # Logits transposed, [BLOCK_V, BLOCK_D] @ [BLOCK_D, BLOCK_S] -> [BLOCK_V, BLOCK_S], fp32
+        # accumulation: the reduction over S then runs along the MMA's N axis, which lives inside a warp
+        # (shuffles), not across warps (shared memory) as an M-axis reduction would.
+        acc = tl.dot(e, tl.trans(h), acc, input_precision=DOT_PRECISION)
+        if kt == k_tiles - 1:
+            keep = tl.load(mask_ptr + b * stride_mb + offs_s, mask=s_ok, other=0) != 0
+            x = acc
+            if HAS_BIAS:
+                x = x + bias[:, None]
+            x = tl.where(keep[None, :], x, float("-inf"))
+            if NAN_PASS != "plain":
+                # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost)
+                # position, in Tensor.max(dim)'s order: NaN above +inf, the first NaN wins. tl.max's own
+                # comparisons drop or keep a NaN depending on where it sits, so NaN is read as +inf ...
+                is_nan = x != x
+                tile_max, tile_arg = tl.max(
+                    tl.where(is_nan, float("inf"), x),
+                    axis=1,
+                    return_indices=True,
+                    return_indices_tie_break_left=True,
+                )
+                if tl.max(tile_max, axis=0) == float("inf"):  # ... and only a tile holding NaN or +inf
+                    first_nan = tl.min(tl.where(is_nan, offs_t[None, :], BLOCK_S), axis=1)  # pays for this
+                    has_nan = first_nan < BLOCK_S
+                    tile_max = tl.where(has_nan, float("nan"), tile_max)
+                    tile_arg = tl.where(has_nan, first_nan, tile_arg)
+                # strict: an earlier tile keeps a tie; the first NaN replaces any number and then stays
+                better = (tile_max > run_max) | ((tile_max != tile_max) & (run_max == run_max))
+            else:
+                # Every logit finite: the plain max and its first position; strict across tiles (ties).
+                tile_max, tile_arg = tl.max(
+                    x, axis=1, return_indices=True, return_indices_tie_break_left=True
+                )
+                better = tile_max > run_max
+            run_max = tl.where(better, tile_max, run_max)
+            run_arg = tl.where(better, s0 + tile_arg, run_arg)
+            acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
+
+    out = b.to(tl.int64) * V + offs_v
+    tl.store(max_ptr + out, run_max, mask=v_ok)
+    tl.store(arg_ptr + out, run_arg, mask=v_ok)
+
+
 @triton.jit(do_not_specialize=["B", "S"])
 def _sparton_fwd_kernel(
     h_ptr,  # [B, S, D] hidden states; TMA: a tensor descriptor, block [1, BLOCK_S, BLOCK_D]
@@ -95,103 +218,68 @@ def _sparton_fwd_kernel(
     if NAN_PASS == "redo":  # noqa: SIM102 (compile-time, then run-time)
         if tl.load(bounded_ptr) != 0:  # the plain launch's result stands: every logit was finite
             return
-    # Each program strides over the (batch row, V tile) pairs by the grid's size: one pair per program in a
-    # full grid; persistent (one program per SM), the loop (flattened) overlaps a pair's first loads with
-    # the previous pair's last products.
-    for pid in tl.range(tl.program_id(0), B * tl.cdiv(V, BLOCK_V), tl.num_programs(0), flatten=PERSISTENT):
-        # Grouped launch order: consecutive programs walk GROUP_B batch rows first, then the next V tile, so
-        # the programs resident at once read a few H[b] and a few E tiles, all of which stay in L2.
-        num_v_tiles = tl.cdiv(V, BLOCK_V)
-        per_group = GROUP_B * num_v_tiles
-        first_b = (pid // per_group) * GROUP_B
-        group_rows = tl.minimum(B - first_b, GROUP_B)
-        b = first_b + (pid % per_group) % group_rows
-        v_tile = (pid % per_group) // group_rows
-
-        offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
-        v_ok = offs_v < V
-        offs_t = tl.arange(0, BLOCK_S)
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-        run_max = tl.zeros([BLOCK_V], dtype=tl.float32)
-        run_arg = tl.zeros([BLOCK_V], dtype=tl.int32)
-        if not TMA:
-            offs_d = tl.arange(0, BLOCK_D)
-            h_row = h_ptr + b.to(tl.int64) * stride_hb
-            e_rows = e_ptr + offs_v.to(tl.int64)[:, None] * stride_ev  # [BLOCK_V, 1] row starts
-        # Right padding costs nothing: only the S tiles up to the row's last unmasked position are computed.
-        k_tiles = tl.cdiv(D, BLOCK_D)
-        n_iters = tl.cdiv(tl.load(len_ptr + b), BLOCK_S) * k_tiles
-        acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
-        # One flat loop over (S tile, K step) instead of two nested loops: the software pipeline then runs
-        # across S tiles, and the next tile's loads overlap the max/argmax epilogue of the previous one.
-        for it in range(0, n_iters):
-            kt = it % k_tiles
-            s0 = (it // k_tiles) * BLOCK_S
-            offs_s = s0 + offs_t
-            s_ok = offs_s < S
-            if TMA:
-                # The copy engine fills what lies outside [V, D] or outside row b's [S, D] with zeros (the
-                # descriptor is 3-D: past S comes zero, never row b + 1), as the pointer loads' masks do.
-                e = e_ptr.load([v_tile * BLOCK_V, kt * BLOCK_D])
-                h = h_ptr.load([b, s0, kt * BLOCK_D]).reshape([BLOCK_S, BLOCK_D])
-            else:
-                dd = kt * BLOCK_D + offs_d
-                e_ptrs = e_rows + dd[None, :]  # [BLOCK_V, BLOCK_D]
-                h_ptrs = h_row + offs_s[:, None] * stride_hs + dd[None, :]  # [BLOCK_S, BLOCK_D]
-                if EVEN_D:
-                    e = tl.load(e_ptrs, mask=v_ok[:, None], other=0.0)
-                    h = tl.load(h_ptrs, mask=s_ok[:, None], other=0.0)
-                else:
-                    d_ok = dd < D
-                    e = tl.load(e_ptrs, mask=v_ok[:, None] & d_ok[None, :], other=0.0)
-                    h = tl.load(h_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-            if UPCAST_DOT:
-                e = e.to(tl.float32)
-                h = h.to(tl.float32)
-            # Logits transposed, [BLOCK_V, BLOCK_D] @ [BLOCK_D, BLOCK_S] -> [BLOCK_V, BLOCK_S], fp32
-            # accumulation: the reduction over S then runs along the MMA's N axis, which lives inside a warp
-            # (shuffles), not across warps (shared memory) as an M-axis reduction would.
-            acc = tl.dot(e, tl.trans(h), acc, input_precision=DOT_PRECISION)
-            if kt == k_tiles - 1:
-                keep = tl.load(mask_ptr + b * stride_mb + offs_s, mask=s_ok, other=0) != 0
-                x = acc
-                if HAS_BIAS:
-                    x = x + bias[:, None]
-                x = tl.where(keep[None, :], x, float("-inf"))
-                if NAN_PASS != "plain":
-                    # [BLOCK_V, BLOCK_S] -> [BLOCK_V]: max over this S tile and its first (leftmost)
-                    # position, in Tensor.max(dim)'s order: NaN above +inf, the first NaN wins. tl.max's own
-                    # comparisons drop or keep a NaN depending on where it sits, so NaN is read as +inf ...
-                    is_nan = x != x
-                    tile_max, tile_arg = tl.max(
-                        tl.where(is_nan, float("inf"), x),
-                        axis=1,
-                        return_indices=True,
-                        return_indices_tie_break_left=True,
-                    )
-                    if tl.max(tile_max, axis=0) == float("inf"):  # ... and only a tile holding NaN / +inf
-                        first_nan = tl.min(
-                            tl.where(is_nan, offs_t[None, :], BLOCK_S), axis=1
-                        )  # pays for this
-                        has_nan = first_nan < BLOCK_S
-                        tile_max = tl.where(has_nan, float("nan"), tile_max)
-                        tile_arg = tl.where(has_nan, first_nan, tile_arg)
-                    # strict: an earlier tile keeps a tie; the first NaN replaces any number and then stays
-                    better = (tile_max > run_max) | ((tile_max != tile_max) & (run_max == run_max))
-                else:
-                    # Every logit finite: the plain max and its first position; strict across tiles (ties).
-                    tile_max, tile_arg = tl.max(
-                        x, axis=1, return_indices=True, return_indices_tie_break_left=True
-                    )
-                    better = tile_max > run_max
-                run_max = tl.where(better, tile_max, run_max)
-                run_arg = tl.where(better, s0 + tile_arg, run_arg)
-                acc = tl.zeros([BLOCK_V, BLOCK_S], dtype=tl.float32)
-
-        out = b.to(tl.int64) * V + offs_v
-        tl.store(max_ptr + out, run_max, mask=v_ok)
-        tl.store(arg_ptr + out, run_arg, mask=v_ok)
+    if PERSISTENT:
+        # One program per SM strides over the pairs by the grid's size (flatten: the compiler may fuse this
+        # loop with the pair's own, so one pair's first loads can overlap the previous pair's tail). The
+        # pointer loads keep one program per pair and no loop (a one-trip loop around them ran slower).
+        for pid in tl.range(tl.program_id(0), B * tl.cdiv(V, BLOCK_V), tl.num_programs(0), flatten=True):
+            _sparton_fwd_pair(
+                pid,
+                h_ptr,
+                e_ptr,
+                bias_ptr,
+                mask_ptr,
+                len_ptr,
+                max_ptr,
+                arg_ptr,
+                B,
+                S,
+                V,
+                D,
+                stride_hb,
+                stride_hs,
+                stride_ev,
+                stride_mb,
+                HAS_BIAS,
+                EVEN_D,
+                DOT_PRECISION,
+                UPCAST_DOT,
+                NAN_PASS,
+                TMA,
+                BLOCK_S,
+                BLOCK_V,
+                BLOCK_D,
+                GROUP_B,
+            )
+    else:
+        _sparton_fwd_pair(
+            tl.program_id(0),
+            h_ptr,
+            e_ptr,
+            bias_ptr,
+            mask_ptr,
+            len_ptr,
+            max_ptr,
+            arg_ptr,
+            B,
+            S,
+            V,
+            D,
+            stride_hb,
+            stride_hs,
+            stride_ev,
+            stride_mb,
+            HAS_BIAS,
+            EVEN_D,
+            DOT_PRECISION,
+            UPCAST_DOT,
+            NAN_PASS,
+            TMA,
+            BLOCK_S,
+            BLOCK_V,
+            BLOCK_D,
+            GROUP_B,
+        )
 
 
 @triton.jit(do_not_specialize=["B", "S"])
