@@ -153,10 +153,13 @@ def _reference(
             logits += bias[v0 : v0 + C].to(compute_dtype)
         logits.masked_fill_(~keep[:, :, None], float("-inf"))
         mx, idx = logits.max(dim=1)  # [B, C]; first maximal position on ties
-        act = torch.relu(mx)  # [B, C]; -inf (fully masked) -> 0, zero gradient at <= 0
+        # [B, C]; -inf (fully masked) -> 0, zero gradient at <= 0. Rounded to the saved max's dtype before
+        # log1p, as the kernels compute Y from their fp32 max: a sum past fp32's range (finite in fp64) is
+        # +inf there, and Y with it.
+        act = torch.relu(mx).to(max_dtype)
         ys.append(torch.log1p(act))
         if return_argmax:
-            maxes.append(act.detach().to(max_dtype))
+            maxes.append(act.detach())
             argmaxes.append(idx)
     y = torch.cat(ys, dim=1).to(hidden_states.dtype)  # [B, V]
     if return_argmax:
