@@ -457,7 +457,14 @@ def test_merge_refuses_another_experiment(tmp_path: Path, first_seeds, change, m
     "flags",
     [
         ["--dataloader_num_workers", "4", "--max_steps", "1"],
-        ["--max_steps", "1", "--dataloader_num_workers=4", "--disable_tqdm", "--dataloader_persistent_workers", "True"],
+        [
+            "--max_steps",
+            "1",
+            "--dataloader_num_workers=4",
+            "--disable_tqdm",
+            "--dataloader_persistent_workers",
+            "True",
+        ],
     ],
 )
 def test_merge_accepts_runs_that_differ_only_in_data_loading(tmp_path: Path, flags: list[str]) -> None:
