@@ -173,6 +173,9 @@ class CachedSpladeTrainer(Trainer):
         self._component_calls = 0
         self._sequences_since_log = 0
         self._last_log_time: float | None = None
+        # Rows so far whose positive repeated another row's in its batch, as the batches report them (the
+        # collator's own count stays in a dataloader worker's process when there are workers).
+        self._repeated_positives = 0
         # max_memory: the engine's plan in effect (logged once per plan; see log).
         self.memory_plan: MemoryPlan | None = None
         self._memory_plan_logged: MemoryPlan | None = None
@@ -246,6 +249,7 @@ class CachedSpladeTrainer(Trainer):
         loss, components = cached(columns, return_components=True, step=self.state.global_step, **loss_kwargs)
         if model.training:
             self._record(components, columns)
+            self._repeated_positives += inputs.get("repeated_positives", 0)
             if cached.engine.memory_plan is not None:
                 self.memory_plan = cached.engine.memory_plan
         return (loss, components) if return_outputs else loss
@@ -290,9 +294,8 @@ class CachedSpladeTrainer(Trainer):
                     self._sequences_since_log * max(1, self.args.world_size) / (now - self._last_log_time), 2
                 )
             logs["global_batch_size"] = self.args.per_device_train_batch_size * max(1, self.args.world_size)
-            repeated = getattr(self.data_collator, "repeated_positives", 0)
-            if repeated:  # rows so far (this process) whose positive repeated another's in its batch
-                logs["repeated_positives"] = repeated
+            if self._repeated_positives:  # rows so far (this process) whose positive repeated another's
+                logs["repeated_positives"] = self._repeated_positives
             collapsed = [name for name in _NONZERO_COMPONENTS if logs.get(name) == 0.0]
             if collapsed:
                 # relu passes no gradient once every activation is <= 0: training cannot recover from this.

@@ -402,7 +402,7 @@ def test_collator_pads_each_column_to_multiple_of_8(tokenizer) -> None:
     rows[2]["positive"] = "word " * 5  # positives stay short: S is set by the longest row
     collator = TrainingCollator(tokenizer, query_max_length=16, document_max_length=64)
     batch = collator(rows)
-    assert list(batch) == ["columns", "loss_kwargs"]
+    assert list(batch) == ["columns", "loss_kwargs", "repeated_positives"]
     assert list(batch["columns"]) == ["query", "positive", "negative_1", "negative_2"]
     for name, features in batch["columns"].items():
         max_length = 16 if name == "query" else 64
@@ -597,9 +597,9 @@ def test_repeated_pairs_are_reported_in_the_data_and_in_a_batch(tmp_path: Path, 
     assert not caplog.text
     collator = TrainingCollator(tokenizer, query_max_length=8, document_max_length=8)
     with caplog.at_level("WARNING"):
-        collator([dataset[0], dataset[1]])
+        assert collator([dataset[0], dataset[1]])["repeated_positives"] == 0
         assert collator.repeated_positives == 0 and not caplog.text
-        collator([dataset[0], dataset[1], dataset[2]])
+        assert collator([dataset[0], dataset[1], dataset[2]])["repeated_positives"] == 1
     assert collator.repeated_positives == 1 and "1 row(s) of a batch of 3 repeat" in caplog.text
 
 

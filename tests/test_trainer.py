@@ -411,6 +411,22 @@ def test_collapsed_reps_are_reported(tmp_path, tokenizer, sample_rows, caplog) -
         assert ("collapsed to all zeros (nnz_query = 0" in caplog.text) == expect_warning, caplog.text
 
 
+@pytest.mark.slow
+def test_repeated_positives_are_counted_with_dataloader_workers(tmp_path, tokenizer, sample_rows) -> None:
+    """The logged repeated_positives is the run's total of in-batch repeated positives also when dataloader
+    workers collate (each worker's collator keeps its own count, which never reaches the trainer)."""
+    rows = sample_rows.select(range(16))
+    rows = datasets.concatenate_datasets([rows, rows.select(range(4))])  # 20 rows, 4 positives twice
+    args = _args(tmp_path / "run", per_device_train_batch_size=20, max_steps=2, dataloader_num_workers=1)
+    trainer = CachedSpladeTrainer(
+        _encoder(tokenizer, dropout=0.0), args, train_dataset=rows, processing_class=tokenizer
+    )
+    trainer.train()
+    logged = [entry["repeated_positives"] for entry in trainer.state.log_history if "loss" in entry]
+    assert logged == [4, 8]  # every batch holds all 20 rows: 4 repeats a step
+    assert trainer.data_collator.repeated_positives == 0  # the main process's collator collated nothing
+
+
 def test_random_init_decoder_bias_scales_with_width(tokenizer) -> None:
     """The default decoder-bias start is -2.2 initial-logit deviations (-0.5 for bert-tiny, -1.0 for bert-small);
     an explicit value wins."""

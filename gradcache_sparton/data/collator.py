@@ -42,10 +42,13 @@ class TrainingBatch(TypedDict):
       [B, S_column], in column order query, positive, negative_1, ..., negative_k (the engine contract).
     - ``loss_kwargs``: extra numeric column name -> tensor with the batch dimension first (e.g.
       ``teacher_scores`` [B, 1 + k]); empty when the data has no extra column.
+    - ``repeated_positives``: rows of this batch whose positive repeats another row's (in-batch false
+      negatives); the trainer sums them, which also works when dataloader workers collate.
     """
 
     columns: dict[str, dict[str, Tensor]]
     loss_kwargs: dict[str, Tensor]
+    repeated_positives: int
 
 
 @dataclass
@@ -102,7 +105,7 @@ class TrainingCollator:
         if len(rows) == 0:
             raise ValueError("rows is empty: a batch needs at least one row")
         texts = self._text_columns(rows)
-        self._count_repeated_positives(texts[POSITIVE_COLUMN])
+        repeated = self._count_repeated_positives(texts[POSITIVE_COLUMN])
         columns: dict[str, dict[str, Tensor]] = {}
         for name, values in texts.items():
             max_length = self.query_max_length if name == QUERY_COLUMN else self.document_max_length
@@ -115,27 +118,31 @@ class TrainingCollator:
                 return_tensors="pt",
             )
             columns[name] = dict(encoded)  # [B, S_column] each
-        return TrainingBatch(columns=columns, loss_kwargs=self._loss_kwargs(rows))
+        return TrainingBatch(
+            columns=columns, loss_kwargs=self._loss_kwargs(rows), repeated_positives=repeated
+        )
 
-    def _count_repeated_positives(self, positives: Sequence[str]) -> None:
-        """Count rows whose positive repeats an earlier row's in this batch; warn at the first such batch.
+    def _count_repeated_positives(self, positives: Sequence[str]) -> int:
+        """The rows whose positive repeats an earlier row's in this batch; warn at the first such batch.
 
         Under in-batch negatives the repeated text is scored as a negative of the other row's query although
         it is that query's positive (an in-batch false negative), which pushes a relevant document down. Not
         an error: a shuffled batch of real data may rightly hold two queries with one relevant document, and
-        the loss of the other rows is unaffected. ``repeated_positives`` keeps the running count.
+        the loss of the other rows is unaffected. ``repeated_positives`` keeps this collator's running count
+        (in a dataloader worker, that worker's: the batch's own count is what reaches the trainer).
         """
         repeated = len(positives) - len(set(positives))
         if repeated and not self.repeated_positives:
             logger.warning(
                 "%d row(s) of a batch of %d repeat another row's positive: under in-batch negatives each copy "
                 "is a false negative of the other's query. Deduplicate (query, positive) pairs in the data if "
-                "this is not intended; the running count is TrainingCollator.repeated_positives (logged as "
-                "repeated_positives).",
+                "this is not intended; each batch reports its count (repeated_positives), which the trainer "
+                "logs as the run's total.",
                 repeated,
                 len(positives),
             )
         self.repeated_positives += repeated
+        return repeated
 
     def _text_columns(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
         names = text_columns_of(rows[0].keys())
