@@ -415,7 +415,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         metadata={
             "help": "GPU memory budget of a training step, e.g. 4GiB, 512MiB, 24GB, or auto (what the CUDA device "
             "has free at the start, less a tenth). On the first step a short measured probe picks what is left "
-            "unset (mini_batch_size, cuda_graphs, reuse_argmax, activation checkpointing) for the fastest step "
+            "unset (mini_batch_size, cuda_graphs, reuse_argmax, activation checkpointing, sparse_reps) for the fastest step "
             "whose peak stays within it, and logs its choice; explicit settings are kept; the loss and gradients "
             "never change. Planned on one CUDA device only: on a CPU, and under DDP / FSDP, auto changes nothing "
             "(mini-batches of 32 unless set). 'none' turns planning off. Default: auto."
