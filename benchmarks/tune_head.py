@@ -72,8 +72,8 @@ FWD_CANDIDATES = [
     # PackedForwardBlocks(block_n, block_v, block_d, group_n, num_warps, num_stages, tma): G = block_n //
     # S_pad batch rows per product [block_v, D] @ [D, block_n] (S <= 64; at S = 32, 256 packs 8 rows). The
     # first is the committed default for 16-bit S <= 64.
-    PackedForwardBlocks(128, 128, 64, 8, 4, 3, False),
     PackedForwardBlocks(128, 128, 64, 8, 4, 3, True),
+    PackedForwardBlocks(128, 128, 64, 8, 4, 3, False),
     PackedForwardBlocks(128, 128, 64, 8, 4, 4, True),
     PackedForwardBlocks(256, 128, 64, 8, 8, 3, True),
     PackedForwardBlocks(256, 128, 64, 8, 8, 4, True),
@@ -84,7 +84,8 @@ FWD_CANDIDATES = [
 # BackwardBlocks: the first is the committed default (by the density of Y: below 25% of Y non-zero
 # grad_E by column and, at S <= short_s, grad_H's rows from the column layout; above it, at S <= short_s,
 # both gradients on the tensor cores, else the gathering b loop and grad_H's rows by a sort of all B·V
-# keys). The others force one path (by_column_below 0: the dense regime's, 2: the sparse regime's;
+# keys; under by_column_min_b rows the dense regime's). The others force one path (by_column_below 0: the
+# dense regime's, 2 with by_column_min_b 1: the sparse regime's at any B;
 # short_s 0: the longer sequences' kernels at any S) or change one kernel's tiles: grad_E by column
 # (c_block_n non-zeros per step, c_block_d wide), the b loop (e_block_b rows per step; 1 was its fastest
 # at B=128, S=512 and at B=512, S=32 on an H100, 2026-11-23). The dense regime's grad_H at short S takes
@@ -96,10 +97,10 @@ BWD_CANDIDATES = [
     replace(_DEFAULT, by_column_below=0.0),
     replace(_DEFAULT, by_column_below=0.0, short_s=0),
     replace(_DEFAULT, by_column_below=0.0, short_s=0, e_block_v=32, e_block_d=64, h_block_n=64, h_block_d=64, h_num_warps=2),
-    replace(_DEFAULT, by_column_below=2.0),
-    replace(_DEFAULT, by_column_below=2.0, short_s=0),
-    replace(_DEFAULT, by_column_below=2.0, c_block_n=16, c_block_d=128),
-    replace(_DEFAULT, by_column_below=2.0, c_block_n=32, c_block_d=64),
+    replace(_DEFAULT, by_column_below=2.0, by_column_min_b=1),
+    replace(_DEFAULT, by_column_below=2.0, by_column_min_b=1, short_s=0),
+    replace(_DEFAULT, by_column_below=2.0, by_column_min_b=1, c_block_n=16, c_block_d=128),
+    replace(_DEFAULT, by_column_below=2.0, by_column_min_b=1, c_block_n=32, c_block_d=64),
 ]  # fmt: skip
 
 
