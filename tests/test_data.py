@@ -118,6 +118,15 @@ def test_load_beir_qrels_without_header_keeps_first_judgement(tmp_path: Path) ->
     assert load_beir(folder, split="test").qrels == {"q2": {"d2": 1}, "q1": {"d1": 2}}
 
 
+def test_load_beir_graded_first_line_is_a_judgement_not_a_header(tmp_path: Path) -> None:
+    """A headerless qrels file whose first line has a graded score (2.5) is refused naming that line, never
+    dropped as a header (which silently lost the query)."""
+    folder = write_beir(tmp_path / "beir")
+    (folder / "qrels" / "test.tsv").write_text("q2\td2\t2.5\nq1\td1\t2\n")
+    with pytest.raises(ValueError, match=r"test\.tsv:1: score '2\.5' is not an integer"):
+        load_beir(folder, split="test")
+
+
 def rewrite_jsonl(path: Path, line: int, record: dict) -> None:
     """Replace the 1-based ``line`` of a jsonl file with ``record``."""
     lines = path.read_text().splitlines()

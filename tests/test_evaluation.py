@@ -327,19 +327,22 @@ def write_fruit_beir(folder: Path) -> Path:
 
 
 def test_evaluator_matches_hand_computed_metrics(tmp_path: Path, tokenizer, bag_of_words: BagOfWords) -> None:
-    """End to end on a hand-built BEIR folder: term-overlap scores, ties by corpus order, known metrics."""
+    """End to end on a hand-built BEIR folder: term-overlap scores, ties by corpus order, documents that
+    share no term with the query (score 0) never retrieved, known metrics."""
     data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
     evaluator = SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=10, show_progress=False)
     metrics = evaluator(bag_of_words)
-    # q1 "apple": d1 and d3 score 1 (tie -> d1 first by corpus order), d2, d4 score 0 -> [d1, d3, d2, d4]:
+    # q1 "apple": d1 and d3 score 1 (tie -> d1 first by corpus order), d2, d4 score 0 -> [d1, d3]:
     #   nDCG = (2/1 + 1/log2 3) / (2/1 + 1/log2 3) = 1, RR = 1, recall = 1.
-    # q2 "cherry": d2, d4 score 1, d1, d3 score 0 -> [d2, d4, d1, d3]: nDCG = (1/log2 4)/1 = 0.5, RR = 1/3.
+    # q2 "cherry": d2, d4 score 1; its relevant d1 scores 0, so it is not retrieved -> [d2, d4]: nDCG 0,
+    #   RR 0, recall 0 (ranking it by corpus order would have given 0.5, 1/3 and 1).
     # q3 has no relevant doc: left out.
+    assert evaluator.search(*evaluator.encode(bag_of_words), device="cpu")["q2"] == [("d2", 1.0), ("d4", 1.0)]
     assert metrics == pytest.approx(
         {
-            "ndcg_at_10": 0.75,
-            "mrr_at_10": 2 / 3,
-            "recall_at_10": 1.0,
+            "ndcg_at_10": 0.5,
+            "mrr_at_10": 0.5,
+            "recall_at_10": 0.5,
             "query_nonzeros": 1.0,
             "doc_nonzeros": 1.5,
             "postings": 6.0,  # 2 + 1 + 1 + 2 terms
@@ -449,14 +452,14 @@ def test_evaluate_at_budgets_reports_metrics_and_index_size(
     assert top1.metrics["postings"] == 4.0 and top1.metrics["doc_nonzeros"] == 1.0
     assert full.metrics["postings"] == 6.0
     # Top-1 per doc: d1 "apple banana" and d4 "banana cherry" keep "banana" (weight 2), d2 "cherry",
-    # d3 "apple". q1 "apple" -> [d3, d1, d2, d4] (d3: 1, d1 now 0): DCG = 1 + 2/log2 3 over IDCG =
-    # 2 + 1/log2 3, RR 1. q2 "cherry" -> [d2, d1, d3, d4]: relevant d1 at rank 2: nDCG 1/log2 3, RR 1/2.
-    assert [d for d, _ in top1.run["q1"]] == ["d3", "d1", "d2", "d4"]
-    assert [d for d, _ in top1.run["q2"]] == ["d2", "d1", "d3", "d4"]
-    ndcg_q1 = (1 + 2 / math.log2(3)) / (2 + 1 / math.log2(3))
-    assert top1.metrics["ndcg_at_10"] == pytest.approx((ndcg_q1 + 1 / math.log2(3)) / 2)
-    assert top1.metrics["mrr_at_10"] == pytest.approx((1 + 1 / 2) / 2)
-    assert (full.metrics["ndcg_at_10"], full.metrics["mrr_at_10"]) == pytest.approx((0.75, 2 / 3))
+    # d3 "apple". q1 "apple" -> [d3] (d1 now scores 0 and is not retrieved): DCG = 1 over IDCG =
+    # 2 + 1/log2 3, RR 1. q2 "cherry" -> [d2]: its relevant d1 scores 0: nDCG 0, RR 0.
+    assert [d for d, _ in top1.run["q1"]] == ["d3"]
+    assert [d for d, _ in top1.run["q2"]] == ["d2"]
+    ndcg_q1 = 1 / (2 + 1 / math.log2(3))
+    assert top1.metrics["ndcg_at_10"] == pytest.approx(ndcg_q1 / 2)
+    assert top1.metrics["mrr_at_10"] == pytest.approx(1 / 2)
+    assert (full.metrics["ndcg_at_10"], full.metrics["mrr_at_10"]) == pytest.approx((0.5, 0.5))
 
 
 def test_evaluate_several_folders_budgets_and_runs(tmp_path: Path, tiny_checkpoint: Path, capsys) -> None:
@@ -642,6 +645,15 @@ def test_evaluator_through_seismic_equals_exhaustive(
     exhaustive = SparseRetrievalEvaluator(data, **kwargs)(bag_of_words)
     seismic = SparseRetrievalEvaluator(data, retrieval="seismic", **kwargs)(bag_of_words)
     assert seismic == pytest.approx(exhaustive, rel=1e-6)
+    # The same documents in the same order: d2 shares no term with the query, and neither path returns it.
+    runs = [
+        SparseRetrievalEvaluator(data, retrieval=retrieval, **kwargs).search(
+            *SparseRetrievalEvaluator(data, **kwargs).encode(bag_of_words), device="cpu"
+        )
+        for retrieval in ("exhaustive", "seismic")
+    ]
+    assert [[doc for doc, _ in hits] for hits in runs[0].values()] == [["d1", "d4", "d3"]]
+    assert [[doc for doc, _ in hits] for hits in runs[1].values()] == [["d1", "d4", "d3"]]
     with pytest.raises(ValueError, match="retrieval must be one of"):
         SparseRetrievalEvaluator(data, retrieval="faiss", **kwargs)
 
@@ -787,10 +799,9 @@ def test_callback_on_evaluate_adds_metrics(tmp_path: Path, tokenizer, bag_of_wor
     trainer.add_callback(RetrievalEvalCallback(evaluator, trainer=trainer))
     metrics = trainer.evaluate()
     assert "eval_loss" in metrics
-    assert metrics["eval_ndcg_at_10"] == pytest.approx(
-        0.75
-    )  # untrained bag of words: the hand-computed value
-    assert any(entry.get("eval_mrr_at_10") == pytest.approx(2 / 3) for entry in trainer.state.log_history)
+    # Untrained bag of words: the hand-computed value (test_evaluator_matches_hand_computed_metrics).
+    assert metrics["eval_ndcg_at_10"] == pytest.approx(0.5)
+    assert any(entry.get("eval_mrr_at_10") == pytest.approx(0.5) for entry in trainer.state.log_history)
 
 
 def test_callback_rejects_bad_arguments(tokenizer) -> None:

@@ -138,19 +138,28 @@ def _is_integer(text: str) -> bool:
     return True
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _read_qrels(
     qrels_path: Path, *, queries: Mapping[str, str], corpus: Mapping[str, str]
 ) -> dict[str, dict[str, int]]:
     """query id -> {doc id: relevance} of a tab-separated qrels file (query-id, corpus-id, score).
 
-    The first line is a header when its score field is not an integer (BEIR's ``query-id corpus-id
-    score``); otherwise it is a judgement like every other line.
+    The first line is a header when its score field is not a number (BEIR's ``query-id corpus-id
+    score``); otherwise it is a judgement like every other line, so a graded score (``2.5``) on the
+    first line is checked as a judgement, never dropped as a header.
     """
     qrels: dict[str, dict[str, int]] = {}
     first_line: dict[tuple[str, str], int] = {}
     with qrels_path.open("r", encoding="utf-8", newline="") as handle:
         rows = [(n, row) for n, row in enumerate(csv.reader(handle, delimiter="\t"), start=1) if row]
-    if rows and len(rows[0][1]) == 3 and not _is_integer(rows[0][1][2]):
+    if rows and len(rows[0][1]) == 3 and not _is_number(rows[0][1][2]):
         rows = rows[1:]  # the header: its score field names the column
     for line_number, row in rows:
         where = f"{qrels_path}:{line_number}"
@@ -158,7 +167,9 @@ def _read_qrels(
             raise ValueError(f"{where}: expected 3 tab-separated fields, got {row}")
         query_id, doc_id, score = row
         if not _is_integer(score):
-            raise ValueError(f"{where}: score {score!r} is not an integer")
+            raise ValueError(
+                f"{where}: score {score!r} is not an integer (relevance grades are integers: 0, 1, 2, ...)"
+            )
         if query_id not in queries:
             raise ValueError(f"{where}: query id {query_id!r} is not in the folder's queries")
         if doc_id not in corpus:
@@ -179,7 +190,7 @@ def load_beir(path: str | Path, *, split: str) -> BeirData:
     """Load a BEIR-format folder: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
 
     The qrels file is tab-separated (query-id, corpus-id, score), with or without a header line (told
-    apart by its content: a header's score field is not an integer). Raises ``ValueError`` naming the
+    apart by its content: a header's score field is not a number). Raises ``ValueError`` naming the
     file and line for a malformed line, a duplicate id or judgement, a text that is not a string, a
     qrels line naming a query or doc that is not in the folder, or an empty corpus or split.
     """

@@ -137,10 +137,12 @@ class SparseRetrievalEvaluator:
         return q_reps, d_reps
 
     def search(self, q_reps: SparseReps, d_reps: SparseReps, *, device: torch.device | str) -> Run:
-        """The top ``top_k`` (doc id, score) of every judged query, best first (ties: earlier doc).
+        """The top ``top_k`` (doc id, score) of every judged query with a positive score, best first
+        (ties: earlier doc). A document sharing no term with the query (score 0) is never retrieved, as
+        an inverted index never returns it: the metrics do not depend on the corpus's order.
 
         ``retrieval="seismic"`` searches a seismic index instead (:func:`retrieve_seismic`, exact by
-        default; documents sharing no term with the query are not returned, ties in seismic's order).
+        default: the same documents; ties in seismic's order).
         """
         if self.retrieval == "seismic":
             found = retrieve_seismic(q_reps, d_reps, top_k=self.top_k)
@@ -150,7 +152,7 @@ class SparseRetrievalEvaluator:
             }
         scores, doc_index = retrieve(q_reps, d_reps, top_k=self.top_k, device=device)  # [Q, K] each
         return {
-            query_id: [(self.doc_ids[i], s) for i, s in zip(indices, row_scores, strict=True)]
+            query_id: [(self.doc_ids[i], s) for i, s in zip(indices, row_scores, strict=True) if s > 0]
             for query_id, indices, row_scores in zip(
                 self.query_ids, doc_index.tolist(), scores.tolist(), strict=True
             )
