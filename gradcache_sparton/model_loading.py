@@ -276,7 +276,8 @@ def checkpoint_max_lengths(
     than the default 256 unless given (nor past the position table): training truncates documents to save
     time, retrieval reads them whole, and a model trained at 128 tokens ranks better at 256 (5-fold
     ``crossval`` of the default run, docs/experiments.md), so every model is compared at one length by
-    default. For a local checkpoint, its files are checked
+    default. A length not given is capped at what the model's position table holds (with a warning); a given
+    one past it is an error. For a local checkpoint, its files are checked
     (:func:`~gradcache_sparton.modeling.check_checkpoint_files`) and each length against its position table,
     before any weights load: ``ValueError`` naming the length, its value and the limit."""
     location = resolve_model_location(model_name_or_path)
@@ -291,9 +292,14 @@ def checkpoint_max_lengths(
         value = given if given is not None else trained.get(name) or DEFAULT_MAX_LENGTHS[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+        limit = position_limit(config, echo=bool(trained.get("echo"))) if config is not None else None
         if given is None and name == "document_max_length":
-            limit = position_limit(config, echo=bool(trained.get("echo"))) if config is not None else None
             value = max(value, min(DEFAULT_MAX_LENGTHS[name], limit or DEFAULT_MAX_LENGTHS[name]))
+        if given is None and limit is not None and value > limit:  # what the model can read, said
+            value = limit // 8 * 8  # lengths are multiples of 8, as the collator pads them
+            logger.warning(
+                "%s: %d tokens, what %s's position table holds (%d).", name, value, model_name_or_path, limit
+            )
         if config is not None:
             check_max_length(config, name, value, echo=bool(trained.get("echo")))
         lengths.append(value)

@@ -41,6 +41,7 @@ from gradcache_sparton.evaluation import (
     PruningBudget,
     RetrievalEvalCallback,
     SparseRetrievalEvaluator,
+    check_scale,
     check_trec_ids,
     export_corpus,
     mean_metrics,
@@ -356,8 +357,7 @@ def run_export(
     for name, value in (("batch_size", batch_size), ("chunk_size", chunk_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale!r}")
+    check_scale(scale)
     # JSON lines, uncompressed: what export_corpus writes, and what seismic and Anserini read.
     output_file = check_output_path(output_file, overwrite=overwrite, suffixes=(".jsonl", ".json"))
     device = _check_device(device)

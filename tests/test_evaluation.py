@@ -17,6 +17,7 @@ from gradcache_sparton.arguments import ModelArguments
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import BeirData, TrainingCollator, load_beir
 from gradcache_sparton.evaluation import (
+    MAX_SEISMIC_NONZEROS,
     PruningBudget,
     RetrievalEvalCallback,
     SparseReps,
@@ -490,7 +491,8 @@ def test_evaluate_several_folders_budgets_and_runs(tmp_path: Path, tiny_checkpoi
 def test_evaluate_refuses_bad_measures_budgets_and_missing_cuda(
     tmp_path: Path, tiny_checkpoint: Path, capsys, monkeypatch
 ) -> None:
-    """An unknown measure, a malformed or repeated budget, --device cuda without CUDA and (with an
+    """An unknown measure or a cutoff below 1, --top_k below 1, a malformed or repeated budget, --device
+    cuda without CUDA and (with an
     --output_file for the runs) an id that cannot go into a TREC run are one clear line each, before
     the model is built (building it fails the test here)."""
 
@@ -504,6 +506,8 @@ def test_evaluate_refuses_bad_measures_budgets_and_missing_cuda(
     (spaced / "qrels" / "test.tsv").write_text("q1\td1\t1\n")
     for extra, message in (
         (["--measures", "Foo@10"], "is not an ir_measures measure"),
+        (["--measures", "nDCG@0"], "its cutoff must be an integer >= 1"),  # pytrec_eval aborted on it
+        (["--top_k", "-3"], "--top_k must be an int >= 1"),  # not a measure the user did not write
         (["--budgets", "32"], "must be 'full' or Q:D"),
         (["--budgets", "full", "full"], "budgets must be distinct"),
         (["--device", "cuda"], "CUDA is not available"),
@@ -573,6 +577,20 @@ def test_seismic_index_agrees_with_exhaustive_search(seed: int) -> None:
         assert [s for _, s in hits] == pytest.approx(true_scores, rel=5e-3)
         for before, after in itertools.pairwise(true_scores):
             assert after <= before * (1 + 1e-2)
+
+
+@needs_seismic
+def test_seismic_build_keeps_stdout_for_results_and_refuses_dense_reps(capfd: pytest.CaptureFixture) -> None:
+    """seismic's build log goes to stderr (stdout holds only results, e.g. evaluate's JSON); reps denser
+    than MAX_SEISMIC_NONZEROS per document are refused before any build, naming the alternatives."""
+    d_reps = SparseReps.from_dense(random_sparse(30, 40, 6, seed=3))
+    build_seismic_index(d_reps, num_threads=1)
+    captured = capfd.readouterr()
+    assert captured.out == "" and "Building the index" in captured.err
+    dense = torch.zeros(2, MAX_SEISMIC_NONZEROS + 8)
+    dense[:, : MAX_SEISMIC_NONZEROS + 1] = 1.0
+    with pytest.raises(ValueError, match=r"non-zeros on average.*--retrieval exhaustive"):
+        build_seismic_index(SparseReps.from_dense(dense), num_threads=1)
 
 
 @needs_seismic
@@ -819,8 +837,9 @@ def test_cli_export_writes_every_document_and_refuses_bad_input_first(
 ) -> None:
     """`gradcache-sparton export` encodes every corpus document with the checkpoint at its training length
     (the shipped SPLADE-tiny's reps, as `encode_texts` gives them) into a new folder; an existing file
-    (without --overwrite), a bad --scale, a name other than .jsonl/.json or a missing corpus is one error
-    line (exit 2) before any model is loaded."""
+    (without --overwrite), a bad --scale (0, inf), a name other than .jsonl/.json or a missing corpus is one
+    error line (exit 2) before any model is loaded; a scale that rounds a document's every weight to 0 stops
+    the export with nothing written."""
     import gradcache_sparton.model_loading as model_loading
     import gradcache_sparton.pipeline as pipeline
 
@@ -852,10 +871,15 @@ def test_cli_export_writes_every_document_and_refuses_bad_input_first(
     for extra, message in (
         (["--output_file", str(out)], "exists"),
         (["--output_file", str(tmp_path / "x.jsonl"), "--scale", "0"], "scale"),
+        (["--output_file", str(tmp_path / "x.jsonl"), "--scale", "inf"], "scale must be a finite number"),
         (["--output_file", str(tmp_path / "x.jsonl.gz")], "must end in one of"),  # written uncompressed
     ):
         assert main([*argv, *extra]) == 2
         assert message in capsys.readouterr().err
+    monkeypatch.undo()
+    tiny = tmp_path / "tiny.anserini.jsonl"
+    assert main([*argv, "--output_file", str(tiny), "--format", "anserini", "--scale", "1e-6"]) == 2
+    assert "rounds to impact 0" in capsys.readouterr().err and not tiny.exists()  # nothing exported empty
     missing = ["export", "--model_name_or_path", "splade-tiny-msmarco", "--beir_path", str(tmp_path / "none")]
     assert main([*missing, "--output_file", str(tmp_path / "y.jsonl")]) == 2
     assert "gradcache-sparton export: error:" in capsys.readouterr().err

@@ -681,6 +681,22 @@ def test_documents_encode_at_256_tokens_at_most_the_position_table(tmp_path, tin
     assert checkpoint_max_lengths(str(tmp_path), document_max_length=40) == (16, 40)
 
 
+def test_a_short_position_table_caps_the_default_lengths_of_a_plain_checkpoint(
+    tmp_path, tiny_bert_config
+) -> None:
+    """A masked-LM checkpoint with no recorded lengths and 64 positions is read at 64 document tokens (what
+    it can read), not refused for the default 256; an explicit length past the table stays an error."""
+    from transformers import BertForMaskedLM
+
+    config = tiny_bert_config.__class__.from_dict(
+        {**tiny_bert_config.to_dict(), "max_position_embeddings": 64}
+    )
+    BertForMaskedLM(config).save_pretrained(tmp_path)
+    assert checkpoint_max_lengths(str(tmp_path)) == (32, 64)
+    with pytest.raises(ValueError, match="document_max_length=128"):
+        checkpoint_max_lengths(str(tmp_path), document_max_length=128)
+
+
 def test_several_visible_gpus_never_mean_data_parallel(tmp_path, monkeypatch) -> None:
     """With several GPUs visible and no distributed launch, the arguments report one GPU, so the Trainer
     never wraps the cached loss's encoder in nn.DataParallel (which would split replays across GPUs)."""

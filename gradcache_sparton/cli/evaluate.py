@@ -81,6 +81,8 @@ def evaluate_command(argv: Sequence[str]) -> int:
         "--overwrite", action="store_true", help="replace an existing --output_file and its TREC runs."
     )
     args = parser.parse_args(argv)
+    if args.top_k < 1:  # before the measures, whose default recall cutoff follows it
+        raise ValueError(f"--top_k must be an int >= 1 (documents retrieved per query), got {args.top_k}")
     budgets = [PruningBudget.parse(text) for text in args.budgets]
     if args.output_file is not None:
         # Before any work: a result is never lost to a bad path, nor a file to a result.

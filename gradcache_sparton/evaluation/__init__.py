@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from gradcache_sparton.evaluation.encoding import encode_texts
 from gradcache_sparton.evaluation.evaluator import RETRIEVALS, EvaluationResult, SparseRetrievalEvaluator
-from gradcache_sparton.evaluation.export import EXPORT_FORMATS, export_corpus, write_vectors
+from gradcache_sparton.evaluation.export import EXPORT_FORMATS, check_scale, export_corpus, write_vectors
 from gradcache_sparton.evaluation.metrics import (
     DEFAULT_MEASURES,
     measure_key,
@@ -49,6 +49,7 @@ from gradcache_sparton.evaluation.report import format_table, mean_metrics
 from gradcache_sparton.evaluation.retrieval import retrieve
 from gradcache_sparton.evaluation.runs import Run, check_trec_ids, write_trec_run
 from gradcache_sparton.evaluation.seismic_index import (
+    MAX_SEISMIC_NONZEROS,
     build_seismic_index,
     retrieve_seismic,
     search_seismic,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MEASURES",
     "EXPORT_FORMATS",
+    "MAX_SEISMIC_NONZEROS",
     "RETRIEVALS",
     "EvaluationResult",
     "PruningBudget",
@@ -70,6 +72,7 @@ __all__ = [
     "SparseReps",
     "SparseRetrievalEvaluator",
     "build_seismic_index",
+    "check_scale",
     "check_trec_ids",
     "encode_texts",
     "export_corpus",

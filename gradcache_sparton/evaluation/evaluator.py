@@ -89,6 +89,8 @@ class SparseRetrievalEvaluator:
             raise ValueError(
                 "retrieval='seismic' needs pyseismic-lsr: pip install 'gradcache_sparton[seismic]'"
             )
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k must be an int >= 1 (documents retrieved per query), got {top_k!r}")
         measures = tuple(measures) if measures is not None else (*DEFAULT_MEASURES[:2], f"R@{top_k}")
         cutoffs = [c for c in (measure_cutoff(m) for m in parse_measures(measures)) if c is not None]
         if top_k < max(cutoffs, default=1):

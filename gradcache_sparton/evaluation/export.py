@@ -7,7 +7,8 @@ One line per document, the rep as a ``{term: weight}`` map keyed by the tokenize
 
 - ``seismic``: ``{"id": ..., "content": "", "vector": {term: float weight}}`` (``SeismicIndex.build``);
 - ``anserini``: Anserini's ``JsonVectorCollection``, ``{"id": ..., "contents": "", "vector": {term:
-  int}}``, with quantized impact weights ``round(weight * scale)`` (entries that round to 0 are left out).
+  int}}``, with quantized impact weights ``round(weight * scale)`` (entries that round to 0 are left out;
+  a ``scale`` that empties a document, or overflows a 32-bit impact, is refused).
 
 :func:`export_corpus` streams: documents are read, encoded and written a chunk at a time, so memory is
 one chunk's texts and reps whatever the corpus size; a tqdm bar counts documents. The file is written
@@ -18,6 +19,7 @@ under the final name.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from itertools import islice
@@ -31,9 +33,11 @@ from transformers import PreTrainedTokenizerBase
 from gradcache_sparton.evaluation.encoding import Encoder, encode_texts
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
-__all__ = ["EXPORT_FORMATS", "export_corpus", "write_vectors"]
+__all__ = ["EXPORT_FORMATS", "check_scale", "export_corpus", "write_vectors"]
 
 EXPORT_FORMATS = ("seismic", "anserini")
+# Anserini stores impacts as Java ints.
+_MAX_IMPACT = 2**31 - 1
 
 
 def write_vectors(
@@ -55,8 +59,7 @@ def write_vectors(
         raise ValueError(f"ids has {len(ids)} entries but reps has {reps.num_rows} rows")
     if len(terms) != reps.vocab_size:
         raise ValueError(f"terms has {len(terms)} entries but the reps have V={reps.vocab_size}")
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale!r}")
+    check_scale(scale)
     offsets, token_ids, weights = reps.offsets.tolist(), reps.token_ids.tolist(), reps.weights.tolist()
     written = 0
     for row, doc_id in enumerate(ids):
@@ -67,11 +70,40 @@ def write_vectors(
             vector = {terms[v]: w for v, w in entries}
             line = {"id": doc_id, "content": "", "vector": vector}
         else:
+            entries = list(entries)
             vector = {terms[v]: q for v, w in entries if (q := round(w * scale)) > 0}
+            _check_impacts(doc_id, [w for _, w in entries], vector, scale)
             line = {"id": doc_id, "contents": "", "vector": vector}
         written += len(vector)
         handle.write(json.dumps(line, ensure_ascii=False) + "\n")
     return written
+
+
+def check_scale(scale: float) -> None:
+    """``ValueError`` naming ``scale`` unless it is a finite number > 0 (Anserini's impact multiplier)."""
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float))
+        or not (math.isfinite(scale) and scale > 0)
+    ):
+        raise ValueError(f"scale must be a finite number > 0 (impact = round(weight x scale)), got {scale!r}")
+
+
+def _check_impacts(doc_id: str, weights: Sequence[float], vector: dict[str, int], scale: float) -> None:
+    """``ValueError`` when ``scale`` loses a document: every non-zero weight rounds to impact 0 (an empty
+    vector, silently), or an impact leaves the 32-bit integers Anserini stores."""
+    largest = max(weights, default=0.0)
+    if largest > 0 and not vector:
+        raise ValueError(
+            f"scale={scale:g}: every one of document {doc_id!r}'s {len(weights)} non-zero weights rounds to "
+            f"impact 0 (its largest weight is {largest:.3g}); give a scale of at least {0.5 / largest:.3g} "
+            "(the default 100 keeps weights from 0.005)"
+        )
+    if round(largest * scale) > _MAX_IMPACT:
+        raise ValueError(
+            f"scale={scale:g}: document {doc_id!r}'s weight {largest:.3g} gives impact "
+            f"{round(largest * scale)}, past the 32-bit integers Anserini stores ({_MAX_IMPACT})"
+        )
 
 
 def export_corpus(

@@ -59,6 +59,11 @@ def parse_measures(measures: Sequence[str]) -> list[Any]:
             raise ValueError(
                 f"measure {name!r} is not an ir_measures measure ({exc}); e.g. nDCG@10, RR@10, R@100, AP, P@5"
             ) from None
+    for name, measure in zip(measures, parsed, strict=True):
+        cutoff = measure_cutoff(measure)
+        if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, int) or cutoff < 1):
+            # pytrec_eval aborts the process (signal 6) on a cutoff of 0.
+            raise ValueError(f"measure {name!r}: its cutoff must be an integer >= 1, got {cutoff!r}")
     keys = [measure_key(m) for m in parsed]
     if len(set(keys)) != len(keys):
         raise ValueError(f"measures name one measure twice: {list(measures)}")

@@ -15,6 +15,10 @@ documents whose scores are that close may swap places. Smaller ``n_postings``, `
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,7 +27,19 @@ from tqdm.auto import tqdm
 
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
-__all__ = ["build_seismic_index", "retrieve_seismic", "search_seismic", "seismic_available"]
+__all__ = [
+    "MAX_SEISMIC_NONZEROS",
+    "build_seismic_index",
+    "retrieve_seismic",
+    "search_seismic",
+    "seismic_available",
+]
+
+# The most non-zeros per document rep (the mean over the corpus) an index is built for. Trained SPLADE
+# reps hold 1-3% of the vocabulary (the shipped model: about 690 of 30,522 per passage); an untrained
+# model's hold most of it (27,867 of 30,522 seen), whose build ran past 45 s on 1,583 documents with no end
+# in sight (it grows about quadratically with the non-zeros), against 0.2 s for exhaustive search.
+MAX_SEISMIC_NONZEROS = 4096
 
 # The name of the document that :func:`_add_documents_one_by_one` adds first: every vocabulary id, in
 # order, each with weight 0. Its score is 0 for every query; :func:`search_seismic` never returns it.
@@ -65,6 +81,15 @@ def build_seismic_index(
     seismic = _seismic()
     if d_reps.num_rows == 0:
         raise ValueError("d_reps has no rows")
+    mean_nonzeros = d_reps.nonzeros_per_row().float().mean().item()
+    if mean_nonzeros > MAX_SEISMIC_NONZEROS:
+        raise ValueError(
+            f"seismic: the document reps hold {mean_nonzeros:,.0f} non-zeros on average (at most "
+            f"{MAX_SEISMIC_NONZEROS:,} here; trained SPLADE reps hold hundreds): an index of such dense reps "
+            "(an untrained or unsparsified model) takes minutes to hours, growing about quadratically with "
+            "the non-zeros. Use exhaustive retrieval (--retrieval exhaustive), or prune the documents "
+            "first (a budget such as --budgets all:256)."
+        )
     dataset = seismic.SeismicDataset()
     if hasattr(dataset, "add_documents_by_id"):  # pyseismic-lsr >= 0.5.4: all documents in one call
         dataset.add_documents_by_id(
@@ -75,14 +100,30 @@ def build_seismic_index(
         )
     else:
         _add_documents_one_by_one(dataset, d_reps, string_type=seismic.get_seismic_string())
-    return seismic.SeismicIndex.build_from_dataset(
-        dataset,
-        n_postings=n_postings or d_reps.num_rows,
-        centroid_fraction=centroid_fraction,
-        summary_energy=summary_energy,
-        max_fraction=1.0,
-        num_threads=num_threads,
-    )
+    with _stdout_to_stderr():  # seismic logs its build on the process's stdout, which is for results
+        return seismic.SeismicIndex.build_from_dataset(
+            dataset,
+            n_postings=n_postings or d_reps.num_rows,
+            centroid_fraction=centroid_fraction,
+            summary_energy=summary_energy,
+            max_fraction=1.0,
+            num_threads=num_threads,
+        )
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Point file descriptor 1 at stderr for the block: seismic's Rust code prints its progress there
+    directly, around Python's ``sys.stdout``, so only the descriptor can be moved."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _add_documents_one_by_one(dataset: Any, d_reps: SparseReps, *, string_type: Any) -> None:
