@@ -302,12 +302,31 @@ def test_validate_returns_column_order() -> None:
             ],
             r"column 'teacher_scores': row 1 has 1 entries",
         ),
+        (
+            [
+                {"query": "q", "positive": "p", "teacher_scores": [1.0, 2.0]},
+                {"query": "q", "positive": "p", "teacher_scores": [float("nan"), 2.0]},
+            ],
+            r"column 'teacher_scores' holds nan in row 1",
+        ),
+        ([{"query": "q", "positive": "p", "score": float("inf")}], r"column 'score' holds inf in row 0"),
     ],
 )
 def test_validate_rejects_bad_datasets(rows: list[dict], match: str) -> None:
-    """Missing columns, gaps, mixed negative forms, wrong types, ragged negatives: ValueError naming them."""
+    """Missing columns, gaps, mixed negative forms, wrong types, ragged negatives, non-finite numbers (NaN,
+    infinity: the loss would stop at its first step): ValueError naming them."""
     with pytest.raises(ValueError, match=match):
         validate_training_dataset(datasets.Dataset.from_list(rows))
+
+
+def test_a_nan_teacher_score_in_a_file_is_refused_at_load_naming_file_and_line(tmp_path: Path) -> None:
+    """NaN as Python's json writes it, in a JSON-lines training file: refused at load, naming file and line."""
+    path = tmp_path / "train.jsonl"
+    rows = [{"query": "q", "positive": "p", "teacher_scores": [1.0, 2.0]}] * 2
+    rows.append({"query": "q", "positive": "p", "teacher_scores": [float("nan"), 2.0]})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError, match=r"train\.jsonl:3: column 'teacher_scores' holds nan"):
+        load_training_data(str(path))
 
 
 def test_validate_rejects_empty_dataset_and_empty_negatives() -> None:

@@ -81,8 +81,8 @@ def validate_training_dataset(dataset: datasets.Dataset, *, warn_repeats: bool =
     the dataset is non-empty; ``query`` and ``positive`` exist; negatives are ``negative_1..k``
     without gaps or one ``negatives`` list column, not both; text columns are strings with no null
     cell (a null ``negative_i`` cell is a row with fewer negatives); every ``negatives`` list has the
-    same length; no text is empty or whitespace only; every other column is numeric, and a list-valued one
-    has the same length in every row. A row-level fault is a :class:`RowError` (with ``.row``). Rows that
+    same length; no text is empty or whitespace only; every other column is numeric with finite values
+    (no NaN or infinity), and a list-valued one has the same length in every row. A row-level fault is a :class:`RowError` (with ``.row``). Rows that
     repeat an earlier row's (query, positive) pair are counted and logged as a warning (``warn_repeats``).
 
     Returns e.g. ``["query", "positive", "negative_1", "negative_2"]`` or
@@ -131,6 +131,8 @@ def validate_training_dataset(dataset: datasets.Dataset, *, warn_repeats: bool =
                 )
         for name in columns:
             _check_no_blank_text(table.column(name), name, offset)
+        for name in extras:
+            _check_finite(table.column(name), name, offset)
         if warn_repeats:
             pair_hashes.append(_pair_hashes(table))
         for name in list_columns:
@@ -190,6 +192,31 @@ def _check_no_blank_text(column: pa.ChunkedArray, name: str, offset: int) -> Non
     raise RowError(
         f"column {name!r} is an empty text in row {row}: an empty query or document gives the loss nothing to "
         "score (its reps are only the special tokens'); fix or drop the row",
+        row=row,
+    )
+
+
+def _check_finite(column: pa.ChunkedArray, name: str, offset: int) -> None:
+    """``RowError`` naming the column and row of the first NaN or infinite number (a list's entries too):
+    a teacher score of NaN would stop training at its first step, far from the row at fault."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = column.combine_chunks()
+    rows = None
+    if _is_list(array.type):
+        rows = pc.list_parent_indices(array)
+        array = pc.list_flatten(array)
+    if len(array) == 0 or not pa.types.is_floating(array.type):
+        return
+    bad = pc.invert(pc.is_finite(array))
+    if not pc.any(bad).as_py():
+        return
+    index = pc.index(bad, True).as_py()
+    row = offset + (index if rows is None else pa.array(rows)[index].as_py())
+    raise RowError(
+        f"column {name!r} holds {array[index].as_py()} in row {row}: the loss needs finite numbers; fix or drop "
+        "the row",
         row=row,
     )
 
