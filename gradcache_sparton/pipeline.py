@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -352,8 +353,16 @@ def run_export(
     its folder can be created. The document max length defaults to the one the checkpoint was trained
     with.
     """
-    if export_format not in EXPORT_FORMATS:
-        raise ValueError(f"export_format must be one of {EXPORT_FORMATS}, got {export_format!r}")
+    if export_format not in (*EXPORT_FORMATS, "onnx"):
+        raise ValueError(f"export_format must be one of {(*EXPORT_FORMATS, 'onnx')}, got {export_format!r}")
+    if export_format == "onnx":
+        return _export_onnx(
+            model_name_or_path,
+            beir_path=beir_path,
+            output_file=output_file,
+            document_max_length=document_max_length,
+            overwrite=overwrite,
+        )
     for name, value in (("batch_size", batch_size), ("chunk_size", chunk_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -403,4 +412,66 @@ def run_export(
         "format": export_format,
         "document_max_length": document_max_length,
         "seconds": round(seconds, 2),
+    }
+
+
+# Documents of the corpus that an ONNX export is checked on (fp32 and fp64 PyTorch beside onnxruntime).
+ONNX_CHECK_DOCUMENTS = 32
+
+
+def _export_onnx(
+    model_name_or_path: str,
+    *,
+    beir_path: str | Path,
+    output_file: str | Path,
+    document_max_length: int | None,
+    overwrite: bool,
+) -> dict[str, Any]:
+    """``run_export(export_format="onnx")``: the document encoder as an ONNX model
+    (:func:`~gradcache_sparton.evaluation.onnx_export.export_onnx`), checked with onnxruntime against PyTorch
+    on the first :data:`ONNX_CHECK_DOCUMENTS` documents of the corpus within the derived bound; a failed check
+    removes the file and raises."""
+    from gradcache_sparton.evaluation.onnx_export import check_onnx_reps, export_onnx, onnx_available
+
+    if not onnx_available():
+        raise ValueError(
+            "--format onnx needs onnx, onnxscript and onnxruntime: pip install 'gradcache_sparton[onnx]'"
+        )
+    output_file = check_output_path(output_file, overwrite=overwrite, suffixes=(".onnx",))
+    _, document_max_length = checkpoint_max_lengths(
+        model_name_or_path, document_max_length=document_max_length
+    )
+    texts = [
+        document.full_text for document in islice(iter_corpus(beir_folder(beir_path)), ONNX_CHECK_DOCUMENTS)
+    ]
+    if not texts:
+        raise ValueError(
+            f"beir_path {str(beir_path)!r}: its corpus holds no documents to check the export on"
+        )
+    try:
+        output_file.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"output_file {str(output_file)!r}: cannot create its folder ({exc})") from None
+    model_args = ModelArguments(model_name_or_path=model_name_or_path)
+    tokenizer = build_tokenizer(model_args)
+    encoder = build_encoder(model_args, tokenizer)
+    encoder.check_max_length("document_max_length", document_max_length)
+    began = time.monotonic()
+    export_onnx(encoder, output_file)
+    check = check_onnx_reps(output_file, encoder, texts, tokenizer=tokenizer, max_length=document_max_length)
+    if not check.passed:
+        output_file.unlink()
+        raise RuntimeError(
+            f"the ONNX export's reps differ from PyTorch's beyond the bound ({check}): nothing was written"
+        )
+    logger.info("Exported the document encoder to %s (%s).", output_file, check)
+    return {
+        "output_file": str(output_file),
+        "format": "onnx",
+        "document_max_length": document_max_length,
+        "checked_documents": check.texts,
+        "max_abs_diff_to_pytorch": check.max_abs_diff_to_torch,
+        "onnx_error_vs_fp64": check.onnx_error,
+        "bound": check.bound,
+        "seconds": round(time.monotonic() - began, 2),
     }
