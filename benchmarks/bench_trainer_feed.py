@@ -45,7 +45,7 @@ from benchmarks.real_workload.models import random_model, save_model_dir
 from benchmarks.real_workload.workloads import FULL, SMOKE, Scale, read_scifact_pairs, scifact_triplets
 from gradcache_sparton.resources import default_tokenizer_path
 
-__all__ = ["VARIANTS", "main", "parse_args"]
+__all__ = ["VARIANTS", "StepClock", "main", "parse_args"]
 
 VARIANTS = ("engine", "engine+optimizer", "trainer", "trainer-no-workers", "cli")
 DECODER_BIAS = -1.9  # rep density of a trained SPLADE on this text (about 1-2% of the vocabulary)
@@ -73,7 +73,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class _Clock(TrainerCallback):
+class StepClock(TrainerCallback):
     """Wall time at the end of the warm-up's last step and of the last timed step (device synced there)."""
 
     def __init__(self, warmup: int, last: int, sync: Callable[[], None]) -> None:
@@ -203,7 +203,7 @@ def _trainer(
         torch.manual_seed(args.seed)
         encoder = SpladeEncoder.from_pretrained(model_dir)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    clock = _Clock(args.warmup, args.warmup + args.steps, sync)
+    clock = StepClock(args.warmup, args.warmup + args.steps, sync)
     trainer = CachedSpladeTrainer(
         encoder, training, train_dataset=dataset, processing_class=tokenizer, callbacks=[clock]
     )
