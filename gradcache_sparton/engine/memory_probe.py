@@ -265,9 +265,7 @@ def measure_fits(
                         points.append((rows, int(room) + 1))  # more than the room: these rows do not fit
                         break
                     points.append((rows, peak))
-                if (
-                    rep is None
-                ):  # not even the first point fitted: the reps' shape and density without a graph
+                if rep is None:  # not even the first point fitted: the reps' width and density, no graph
                     part = {name: tensor[: points[0][0]] for name, tensor in features.items()}
                     with autocast.replay(), torch.no_grad():
                         rep = encoder(**part)  # [rows, V]
