@@ -399,7 +399,8 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
     Changed defaults: ``per_device_train_batch_size=256`` (the effective batch per device),
     ``dataloader_drop_last=True`` (a small final batch spikes a contrastive loss),
     ``remove_unused_columns=False`` (the collator needs the text columns), ``prediction_loss_only=True``,
-    and on a GPU ``dataloader_num_workers`` (persistent) so that batches are tokenized while the device trains.
+    and on a GPU ``dataloader_num_workers`` (persistent) so that batches are tokenized while the device trains,
+    and the batch copied to it without waiting (``accelerator_config`` ``non_blocking``, from pinned memory).
     """
 
     output_dir: str | None = field(
@@ -505,6 +506,10 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
             raise ValueError(f"dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
         if self.dataloader_persistent_workers is None:
             self.dataloader_persistent_workers = self.dataloader_num_workers > 0
+        if self.accelerator_config is None and self.dataloader_pin_memory:
+            # From pinned memory the batch's copy to the device is queued, not waited for: the host goes on
+            # while the device finishes the step before (accelerate's default copy blocks).
+            self.accelerator_config = {"non_blocking": True}
         TrainingArguments.__post_init__(self)
         if self.allow_non_finite is None:
             self.allow_non_finite = bool(self.fp16)  # a GradScaler skips non-finite steps

@@ -36,15 +36,18 @@ def test_default_workers_leave_the_main_process_a_cpu(monkeypatch, cpus, process
 
 
 def test_workers_default_resolved_and_persistent(monkeypatch, tmp_path) -> None:
-    """The arguments resolve dataloader workers (persistent whenever there are some); an explicit count is kept
-    and a negative one is refused naming the field."""
+    """The arguments resolve dataloader workers (persistent whenever there are some) and, with pinned memory, a
+    copy to the device that does not wait; an explicit count is kept and a negative one is refused naming the
+    field."""
     monkeypatch.setattr("gradcache_sparton.arguments._has_accelerator", lambda: True)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), use_cpu=False, report_to="none")
     assert args.dataloader_num_workers == 4 and args.dataloader_persistent_workers is True
+    assert args.dataloader_pin_memory and args.accelerator_config.non_blocking is True
     cpu = CachedSpladeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     assert cpu.dataloader_num_workers == 0 and cpu.dataloader_persistent_workers is False
+    assert cpu.accelerator_config.non_blocking is False
     kept = CachedSpladeTrainingArguments(output_dir=str(tmp_path), dataloader_num_workers=2, report_to="none")
     assert kept.dataloader_num_workers == 2
     with pytest.raises(ValueError, match="dataloader_num_workers"):
