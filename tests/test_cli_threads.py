@@ -41,3 +41,16 @@ def test_busy_cpus_reads_the_machine() -> None:
     """On Linux the CPUs' use over a short window is a number of CPUs' worth, from 0 to the CPU count."""
     busy = threads.busy_cpus(0.05)
     assert busy is None or 0.0 <= busy <= (os.cpu_count() or 1) + 0.5
+
+
+def test_only_the_command_as_a_program_fits_the_threads(monkeypatch, capsys) -> None:
+    """The console command fits torch's threads; main(argv) called from Python leaves the caller's alone."""
+    from gradcache_sparton.cli import app
+
+    calls = []
+    monkeypatch.setattr(app, "fit_threads_to_free_cpus", lambda: calls.append(1))
+    assert app.main(["train", "--no_such_flag"]) == 2
+    assert calls == []
+    monkeypatch.setattr("sys.argv", ["gradcache-sparton", "train", "--no_such_flag"])
+    assert app.main() == 2
+    assert calls == [1]

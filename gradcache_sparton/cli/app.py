@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     _quiet_third_parties()
-    fit_threads_to_free_cpus()  # on a shared machine, torch's threads on the cores others leave free
+    if argv is None:  # the process is this command (called from Python, the threads stay the caller's)
+        fit_threads_to_free_cpus()  # on a shared machine, torch's threads on the cores others leave free
     from gradcache_sparton.run_state import CheckpointWriteError, TrainingStopped
 
     run = {

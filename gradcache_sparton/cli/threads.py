@@ -7,9 +7,10 @@ default run's steps take several times as long on 2 threads as on 1 (docs/traini
 The passive wait policy (``OMP_WAIT_POLICY=PASSIVE``) also helps, but OpenMP reads it once, when torch
 loads, before any command runs.
 
-So each command starts by measuring, over a short window, how busy the CPUs it may run on are (from
-``/proc/stat``, less its own use), and runs torch on the cores left free (at least one). ``OMP_NUM_THREADS``,
-when set, is the user's choice and is kept.
+So each command run as a program (``gradcache-sparton ...``, ``python -m gradcache_sparton.cli ...``; not
+``main(argv)`` called from Python, whose threads are the caller's) starts by measuring, over a short window,
+how busy the CPUs it may run on are (from ``/proc/stat``, less its own use), and runs torch on the cores
+left free (at least one). ``OMP_NUM_THREADS``, when set, is the user's choice and is kept.
 """
 
 from __future__ import annotations
