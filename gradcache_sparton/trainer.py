@@ -151,6 +151,11 @@ class CachedSpladeTrainer(Trainer):
             kwargs["eval_dataset"] = from_sentence_transformers_columns(
                 kwargs["eval_dataset"], positional=self._sparse_encoder
             )
+        if args.dataloader_num_workers > 0:
+            # The workers fork from this process, which may have tokenized with the tokenizer's thread pool (an
+            # evaluator's encoding): a forked pool deadlocks, so each worker tokenizes on one thread (which
+            # tokenizers would otherwise fall back to with a warning per worker).
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         if data_collator is None:
             data_collator = TrainingCollator(
                 processing_class,
