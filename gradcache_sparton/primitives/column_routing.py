@@ -19,10 +19,12 @@ from collections.abc import Callable, Mapping
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["ROUTED_COLUMN_KEYWORD", "call_encoder", "routes_by_column", "trains_column"]
+__all__ = ["DOCUMENT_COLUMN", "ROUTED_COLUMN_KEYWORD", "call_encoder", "routes_by_column", "trains_column"]
 
 #: The keyword a routed encoder receives its column by.
 ROUTED_COLUMN_KEYWORD = "column"
+#: The column a corpus is encoded as in retrieval, evaluation, mining and export (queries: ``"query"``).
+DOCUMENT_COLUMN = "document"
 
 
 def _routed_module(encoder: Callable[..., Tensor]) -> nn.Module | None:
