@@ -152,3 +152,96 @@ def test_cached_matches_uncached_inference_free(
     ) == frozen  # frozen: never replayed; learned: a gradient at the queries' tokens
     if not frozen:
         assert float(table_grad.abs().max()) > 0
+
+
+def _write_beir(folder) -> object:
+    """A BEIR folder of 8 topics: each query judges its own topic's document; 8 distractors."""
+    topics = ["protein", "star", "cell", "gene", "virus", "planet", "enzyme", "neuron"]
+    (folder / "qrels").mkdir(parents=True)
+    docs = [
+        {"_id": f"d{i}", "title": t, "text": f"the {t} was measured in a lab"} for i, t in enumerate(topics)
+    ]
+    docs += [{"_id": f"x{i}", "title": "", "text": f"noise number {i} says little"} for i in range(8)]
+    queries = [{"_id": f"q{i}", "text": f"what about the {t} {t}"} for i, t in enumerate(topics)]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    qrels = "".join(f"q{i}\td{i}\t1\n" for i in range(len(topics)))
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
+    return folder
+
+
+def test_cli_idf_train_evaluate_mine_export(tmp_path, tiny_bert_config, tokenizer, capsys) -> None:
+    """`idf` makes an inference-free model; `train --query_encoder learned_idf` trains its table and saves both
+    sides; `evaluate`, `mine` and `export` take it (queries by the table, the table exported as idf.json)."""
+    from gradcache_sparton.cli import main
+
+    beir = _write_beir(tmp_path / "beir")
+    torch.manual_seed(0)
+    SpladeEncoder.from_config(tiny_bert_config).save_pretrained(tmp_path / "doc", tokenizer=tokenizer)
+    start = tmp_path / "start"
+    assert main(["idf", "--model_name_or_path", str(tmp_path / "doc"), "--beir_path", str(beir),
+                 "--output_dir", str(start)]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["documents"] == 16
+    table = load_query_table(start)
+    assert table.frozen and table.weight[tokenizer.convert_tokens_to_ids("protein")] > 0
+    assert (start / "idf.json").is_file()
+    assert main(["idf", "--model_name_or_path", str(tmp_path / "doc"), "--beir_path", str(beir),
+                 "--output_dir", str(start)]) == 2  # fmt: skip
+    assert "already has a query_table.safetensors" in capsys.readouterr().err
+
+    run = tmp_path / "run"
+    argv = ["train", "--model_name_or_path", str(start), "--query_encoder", "learned_idf", "--train_beir",
+            str(beir), "--per_device_train_batch_size", "4", "--mini_batch_size", "2", "--query_max_length", "16",
+            "--document_max_length", "16", "--max_steps", "1", "--learning_rate", "0.1", "--use_cpu",
+            "--disable_tqdm", "True", "--output_dir", str(run)]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    trained = load_query_table(run)
+    assert not trained.frozen and not torch.equal(trained.weight, table.weight)  # learned: moved
+    noise = tokenizer.convert_tokens_to_ids("noise")  # in no query: its weight stays
+    assert trained.weight[noise] == table.weight[noise]
+
+    argv = ["evaluate", "--model_name_or_path", str(run), "--beir_path", str(beir), "--split", "train",
+            "--query_max_length", "16", "--document_max_length", "16", "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    queries = [json.loads(line)["text"] for line in (beir / "queries.jsonl").read_text().splitlines()]
+    distinct = [len(set(tokenizer(text, add_special_tokens=False)["input_ids"])) for text in queries]
+    assert metrics["query_nonzeros"] == pytest.approx(sum(distinct) / len(distinct))  # each token once
+    mined = tmp_path / "mined.jsonl"
+    argv = ["mine", "--beir_path", str(beir), "--method", "splade", "--model_name_or_path", str(run),
+            "--device", "cpu", "--output_file", str(mined), "--num_negatives", "1"]  # fmt: skip
+    assert main(argv) == 0 and mined.is_file()
+    capsys.readouterr()
+    out = tmp_path / "export" / "corpus.jsonl"
+    argv = ["export", "--model_name_or_path", str(run), "--beir_path", str(beir), "--output_file", str(out),
+            "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    weights = json.loads((tmp_path / "export" / "corpus.idf.json").read_text())
+    assert summary["query_weights_file"].endswith("corpus.idf.json") and len(weights) == len(tokenizer)
+    assert weights["protein"] == pytest.approx(
+        trained.weight[tokenizer.convert_tokens_to_ids("protein")].item()
+    )
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_doc_l0_threshold_masks_sparse_documents(sparse: bool) -> None:
+    """With doc_reg_l0_threshold t, documents of <= t non-zeros add nothing to FLOPS, still counted in its mean."""
+    from gradcache_sparton.primitives.sparse_reps import SparseReps
+
+    q = torch.rand(2, 6)
+    docs = torch.tensor(
+        [[1.0, 2.0, 0, 0, 0, 0], [0, 0, 3.0, 0, 0, 0], [0, 1.0, 1.0, 1.0, 0, 0], [2.0, 0, 0, 0, 0, 5]]
+    )
+    pos, neg = docs[:2].clone().requires_grad_(), docs[2:].clone().requires_grad_()
+    config = SpladeLossConfig(query_reg_weight=0.0, doc_reg_weight=1.0, doc_reg_l0_threshold=1)
+    reps = {"query": q, "positive": pos, "negative_1": neg}
+    if sparse:
+        reps = {name: SparseReps.from_dense(value, dtype=None) for name, value in reps.items()}
+    _, components = SpladeLoss(config)(reps)
+    kept = docs * torch.tensor([[1.0], [0.0], [1.0], [1.0]])  # row 1 has one non-zero: masked
+    expected = (kept.sum(0) / 4).square().sum()
+    torch.testing.assert_close(components["reg_doc"], expected)
+    with pytest.raises(ValueError, match="doc_reg_l0_threshold"):
+        SpladeLossConfig(doc_regularizer="l1", doc_reg_l0_threshold=1)
