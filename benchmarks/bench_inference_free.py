@@ -16,7 +16,8 @@ query, so a drift of the machine's speed reaches both):
 
 It prints and writes (``--output``) the median and 90th percentile of each and ``speedup_median``: the
 faster SPLADE route's median over the table's.
-Medians over many queries: the machine is shared, and a median is what one query usually costs.
+Medians over many queries: the machine may be shared (the 1-minute load average before and after is
+recorded), and a median is what one query usually costs.
 
 ``--mode gpu``: the document side at batch ``--batch`` (``--document_length`` tokens of random ids, bf16
 autocast, a training step's forward and backward of the reps' sum, and an encoding's forward under
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -242,9 +244,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if args.smoke:
             queries = queries[:5]
         result["meta"]["torch_threads"] = torch.get_num_threads()
+        result["meta"]["cpu_count"] = os.cpu_count()
+        load_before = os.getloadavg()[0]  # other processes share the cores: the medians are under this load
         result["cpu"] = cpu_query_times(
             queries, list(beir.corpus.values()), passes=1 if args.smoke else args.passes
         )
+        result["meta"]["load_average_1min"] = [load_before, os.getloadavg()[0]]
     else:
         if not torch.cuda.is_available():
             raise SystemExit("--mode gpu needs a CUDA GPU")

@@ -245,3 +245,22 @@ def test_doc_l0_threshold_masks_sparse_documents(sparse: bool) -> None:
     torch.testing.assert_close(components["reg_doc"], expected)
     with pytest.raises(ValueError, match="doc_reg_l0_threshold"):
         SpladeLossConfig(doc_regularizer="l1", doc_reg_l0_threshold=1)
+
+
+def test_data_parallel_learned_table_matches_one_process(tmp_path) -> None:
+    """Under DDP on 2 ranks the learned table's gradient is synchronised like the encoder's: every rank holds
+    the single process's gradients on the global batch (the last replayed mini-batch is a document one)."""
+    import inference_free_ranks as ranks
+    from rank_launch import launch_ranks
+
+    launch_ranks(
+        [ranks.__file__, str(tmp_path)], world_size=ranks.WORLD_SIZE, log_dir=tmp_path, timeout_s=150
+    )
+    model = ranks.learned_model()
+    reference = CachedLoss(model, ranks.loss(), mini_batch_size=ranks.MINI_BATCH)(ranks.global_batch())
+    reference.backward()
+    expected = grads_of(model)
+    for rank in range(ranks.WORLD_SIZE):
+        saved = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        torch.testing.assert_close(saved["loss"], reference.detach(), rtol=RTOL_FP32, atol=0)
+        assert_grads_close(saved["grads"], expected, rtol=RTOL_FP32)

@@ -7,7 +7,9 @@ Documents are encoded by the SPLADE encoder (the fused head, as :class:`SpladeEn
 transformer). The model routes by column (:mod:`~gradcache_sparton.primitives.column_routing`):
 ``model(**features, column="query")`` is the table, any other column (``"positive"``, ``"negative_1"``,
 ``"document"``) the encoder. One module holds both, so DDP, FSDP, the optimizer and checkpoints see one
-model; a frozen table has no trainable parameter and the GradCache engine skips replaying its column.
+model; a frozen table has no trainable parameter and the GradCache engine skips replaying its column. A
+learned table's gradient is synchronised under DDP like the encoder's when the query column comes before
+a document column (as the training data's columns do): see :meth:`InferenceFreeEncoder.forward`.
 
 On disk it is the document encoder's checkpoint (a standard masked-LM folder with its
 ``splade_config.json``) plus ``query_table.safetensors`` (:mod:`.query_table`): a folder with that file
@@ -21,6 +23,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
 from gradcache_sparton.data.columns import QUERY_COLUMN
@@ -138,7 +141,14 @@ class InferenceFreeEncoder(SpladeEncoder):
             )
         if column == QUERY_COLUMN:
             return self.query_table(input_ids, attention_mask)  # [B, V], no transformer
-        return super().forward(input_ids, attention_mask, token_type_ids, **kwargs)
+        reps = super().forward(input_ids, attention_mask, token_type_ids, **kwargs)  # [B, V]
+        weight = self.query_table.weight
+        if weight.requires_grad and torch.is_grad_enabled():
+            # Adds exactly 0, but the backward reaches the learned table: GradCache's last replayed mini-batch,
+            # the one whose backward synchronises data-parallel gradients, is a document one, and DDP reduces
+            # only parameters that backward reaches (the table's gradient from the query mini-batches included).
+            reps = reps + weight[:1].sum() * 0  # [B, V] + [] -> [B, V]
+        return reps
 
     def save_pretrained(
         self,
