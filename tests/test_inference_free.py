@@ -264,3 +264,13 @@ def test_data_parallel_learned_table_matches_one_process(tmp_path) -> None:
         saved = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         torch.testing.assert_close(saved["loss"], reference.detach(), rtol=RTOL_FP32, atol=0)
         assert_grads_close(saved["grads"], expected, rtol=RTOL_FP32)
+
+
+def test_not_written_as_a_siamese_sentence_transformers_model(tiny_bert_config) -> None:
+    """The trainer's sentence-transformers files describe a siamese SparseEncoder: never written for an
+    inference-free model, whose queries they would encode with SPLADE."""
+    from gradcache_sparton.integrations.sentence_transformers import sentence_transformers_can_load
+
+    model = _model(small_config(tiny_bert_config), frozen=True)
+    assert sentence_transformers_can_load(model.document_encoder())
+    assert not sentence_transformers_can_load(model)
