@@ -30,6 +30,7 @@ from gradcache_sparton.losses import SpladeLossConfig
 __all__ = [
     "BACKBONE_PRESETS",
     "INIT_DECODER_BIAS_SIGMAS",
+    "QUERY_ENCODERS",
     "CachedSpladeTrainingArguments",
     "DataArguments",
     "ModelArguments",
@@ -78,6 +79,9 @@ BACKBONE_PRESETS: dict[str, dict[str, int]] = {
 # at -0.5 and bert-small (sigma 0.45) at -1.0 both start with ~5k active terms per query and the best or
 # near-best nDCG@10 of their scans (0.157, 0.207); with bias 0 about 30k terms are active.
 INIT_DECODER_BIAS_SIGMAS = 2.2
+
+#: ``query_encoder``'s choices: the siamese SPLADE encoder, or an inference-free weight table, fixed or trained.
+QUERY_ENCODERS = ("splade", "idf", "learned_idf")
 
 
 def _has_accelerator() -> bool:
@@ -177,6 +181,16 @@ class ModelArguments:
             "embeddings; 2x the tokens). Default: the checkpoint's value (off for a new model)."
         },
     )
+    query_encoder: str | None = field(
+        default=None,
+        metadata={
+            "help": "How queries are encoded: 'splade' (the same SPLADE encoder as documents, siamese), 'idf' "
+            "(inference-free: a fixed weight per token, no transformer at query time) or 'learned_idf' (the same "
+            "table, trained). The table starts from the checkpoint's query_table.safetensors if it has one, else "
+            "from the IDF of the training documents (docs/inference_free.md). Default: as the checkpoint is "
+            "(inference-free if it has a query table, else splade)."
+        },
+    )
     lora_r: int = field(
         default=0,
         metadata={
@@ -229,6 +243,10 @@ class ModelArguments:
                 )
         if self.prefix_length is not None and self.prefix_length < 0:
             raise ValueError(f"prefix_length must be >= 0, got {self.prefix_length}")
+        if self.query_encoder is not None and self.query_encoder not in QUERY_ENCODERS:
+            raise ValueError(
+                f"query_encoder must be one of {list(QUERY_ENCODERS)}, got {self.query_encoder!r}"
+            )
         self._check_lora()
 
     def _check_lora(self) -> None:

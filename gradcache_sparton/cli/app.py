@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from gradcache_sparton.cli.commands import COMMANDS
 from gradcache_sparton.cli.evaluate import evaluate_command
 from gradcache_sparton.cli.export import export_command
+from gradcache_sparton.cli.idf import idf_command
 from gradcache_sparton.cli.mine import mine_command
 from gradcache_sparton.cli.threads import fit_threads_to_free_cpus
 from gradcache_sparton.cli.train import train_command
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "evaluate": evaluate_command,
         "mine": mine_command,
         "export": export_command,
+        "idf": idf_command,
         "crossval": _crossval_command,
     }[args.command]
     try:

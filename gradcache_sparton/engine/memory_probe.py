@@ -37,6 +37,7 @@ from gradcache_sparton.engine.memory_plan import (
 from gradcache_sparton.engine.memory_size import AUTO, size_bytes
 from gradcache_sparton.engine.rng_state import cuda_devices_of
 from gradcache_sparton.engine.types import Columns
+from gradcache_sparton.primitives.column_routing import call_encoder, routes_by_column
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
 
 __all__ = ["MemoryPlanner", "measure_fits"]
@@ -123,7 +124,8 @@ class MemoryPlanner:
             can_checkpoint=_checkpointing_owner(self.encoder) is not None,
             graphs_possible=isinstance(self.encoder, nn.Module)
             and self.config.mini_batch_tokens is None
-            and not is_compiled(self.encoder),
+            and not is_compiled(self.encoder)
+            and not routes_by_column(self.encoder),
         )
         modules = self.encoder if isinstance(self.encoder, nn.Module) else nn.Module()
         trained = [p for p in modules.parameters() if p.requires_grad]
@@ -247,10 +249,11 @@ def measure_fits(
                         break  # predicted beyond the budget: neither this point nor a larger one is run
                     part = {name: tensor[:rows] for name, tensor in features.items()}
 
-                    def run(part: Mapping[str, Tensor] = part) -> Tensor:
+                    def run(part: Mapping[str, Tensor] = part, column: str = column) -> Tensor:
                         with autocast.replay(), torch.enable_grad():
-                            rep = encoder(**part)  # [rows, V]
-                        rep.backward(torch.ones_like(rep))
+                            rep = call_encoder(encoder, column, part)  # [rows, V]
+                        if rep.requires_grad:  # not for a frozen route (a routed encoder's query table)
+                            rep.backward(torch.ones_like(rep))
                         return rep.detach()
 
                     out_of_memory = False
