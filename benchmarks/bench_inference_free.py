@@ -220,7 +220,8 @@ def gpu_document_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append(row)
     if args.memory_gib is not None:
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gib * 2**30 / total), device)
+        index = torch.cuda.current_device() if device.index is None else device.index  # it needs an index
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gib * 2**30 / total), index)
         limit = 64 if args.smoke else 1 << 20
         for row, route in zip(rows, routes.values(), strict=True):
             row["memory_gib"] = args.memory_gib

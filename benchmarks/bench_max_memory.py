@@ -373,7 +373,8 @@ def print_ratios(results: Sequence[dict]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.monotonic()
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    # An indexed device: set_per_process_memory_fraction (--cap) refuses a bare "cuda".
+    device = torch.device("cuda", 0) if torch.cuda.is_available() and not args.smoke else torch.device("cpu")
     if device.type == "cpu" and not args.smoke:
         print("no GPU: this benchmark needs one (use --smoke for a CPU check)", file=sys.stderr)
         return 2

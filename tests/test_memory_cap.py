@@ -118,7 +118,7 @@ def _encoder(device: torch.device) -> SpladeEncoder:
 def test_max_memory_holds_as_a_process_cap(budget_gib: int) -> None:
     """Capped at the budget, three steps planned by max_memory alone run without an out-of-memory error and
     their reserved peak (the first step's probe included) stays within the budget."""
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())  # the memory-fraction call needs an index
     columns = _columns(device)
     gc.collect()
     torch.cuda.empty_cache()
