@@ -14,11 +14,13 @@ Every ``__post_init__`` raises ``ValueError`` naming the field, before any model
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainingArguments
@@ -34,6 +36,7 @@ __all__ = [
     "CachedSpladeTrainingArguments",
     "DataArguments",
     "ModelArguments",
+    "load_config_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -496,6 +499,14 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         default=False,
         metadata={"help": "Allow writing into an output_dir that already holds another run's files."},
     )
+    allow_changed_train_data: bool = field(
+        default=False,
+        metadata={
+            "help": "Let resume_from_checkpoint continue on training data other than the checkpoint's (its rows "
+            "differ): the switch is logged and recorded in the checkpoints' train_data.json. Off: such a resume "
+            "is refused."
+        },
+    )
 
     @property
     def n_gpu(self) -> int:
@@ -559,3 +570,34 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
     def splade_loss_config(self) -> SpladeLossConfig:
         """The :class:`SpladeLossConfig` these arguments describe: a copy of the inherited fields."""
         return SpladeLossConfig(**{f.name: getattr(self, f.name) for f in fields(SpladeLossConfig)})
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """The mapping of argument names to values in a ``--config`` YAML or JSON file (``train``, and the recipe of
+    ``crossval``); ``ValueError`` naming file and line."""
+    if not path.is_file():
+        raise ValueError(f"--config {str(path)!r} does not exist (give a .yaml/.json file or 'default')")
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            values = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ValueError(f"--config {str(path)!r}{where}: not valid YAML ({problem})") from None
+    elif suffix == ".json":
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"--config {str(path)!r} line {exc.lineno}: not valid JSON ({exc.msg})"
+            ) from None
+    else:
+        raise ValueError(f"--config must be a .yaml, .yml or .json file or 'default', got {str(path)!r}")
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {str(path)!r} must hold a mapping of argument names to values")
+    return values

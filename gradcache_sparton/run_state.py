@@ -19,6 +19,7 @@ line can name the exception without loading the heavy packages.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -34,7 +35,9 @@ from typing import Any
 __all__ = [
     "INCOMPLETE_SUFFIX",
     "LOCK_FILE_NAME",
+    "TRAIN_DATA_FILE",
     "CheckpointWriteError",
+    "TrainDataRecord",
     "TrainingStopped",
     "checkpoint_write_error",
     "output_dir_lock",
@@ -243,3 +246,106 @@ def checkpoint_write_error(
         f"writing {target} failed: {cause}{moved}. Free space (or choose an output_dir with room) and resume "
         "from the last complete checkpoint",
     )
+
+
+#: The record of the training data a run's checkpoint (or final model) was trained on, in its folder.
+TRAIN_DATA_FILE = "train_data.json"
+# Rows hashed at once: a fixed size, so that the same rows always give the same digest.
+_HASH_BATCH_ROWS = 1024
+
+
+def _column_batches(dataset: Any) -> Iterator[dict[str, list[Any]]]:
+    """The rows of ``dataset`` as column batches of :data:`_HASH_BATCH_ROWS` rows (a ``datasets.Dataset``
+    through its own batched reader, any other sized dataset row by row)."""
+    if hasattr(dataset, "iter") and hasattr(dataset, "column_names"):
+        yield from dataset.iter(batch_size=_HASH_BATCH_ROWS)
+        return
+    for start in range(0, len(dataset), _HASH_BATCH_ROWS):
+        rows = [dataset[i] for i in range(start, min(start + _HASH_BATCH_ROWS, len(dataset)))]
+        yield {key: [row[key] for row in rows] for key in rows[0]}
+
+
+def _train_data_identity(dataset: Any) -> dict[str, Any] | None:
+    """The rows' count, columns and sha256 (each batch of rows as sorted-key JSON, in order) of a training
+    set; None for one without a length (a stream), which cannot be compared."""
+    if dataset is None or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        return None
+    digest, columns = hashlib.sha256(), None
+    for batch in _column_batches(dataset):
+        columns = columns or sorted(batch)
+        digest.update(json.dumps(batch, sort_keys=True, default=str).encode("utf-8"))
+    return {"rows": len(dataset), "columns": columns or [], "sha256": digest.hexdigest()}
+
+
+def _describe_data(identity: dict[str, Any]) -> str:
+    return f"{identity['rows']} rows of columns {identity['columns']}, sha256 {identity['sha256'][:12]}"
+
+
+class TrainDataRecord:
+    """What ``train_data.json`` says of a run's training data: its identity now and any switch a resume made
+    (see the module docstring). The identity is computed once, when first needed."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._dataset = dataset
+        self._identity: dict[str, Any] | None = None
+        self._switches: list[dict[str, Any]] = []
+
+    def identity(self) -> dict[str, Any] | None:
+        if self._identity is None:
+            self._identity = _train_data_identity(self._dataset)
+        return self._identity
+
+    def resume(self, checkpoint: str | os.PathLike, *, allow_changed: bool) -> None:
+        """Compare the data with ``checkpoint``'s record: ``ValueError`` if they differ, unless
+        ``allow_changed``, which logs the switch and keeps it (with the checkpoint's earlier switches)."""
+        path = Path(checkpoint) / TRAIN_DATA_FILE
+        if not path.is_file():
+            logger.warning(
+                "resume_from_checkpoint %s records no training data (no %s): whether this run's data are the "
+                "checkpoint's cannot be checked",
+                checkpoint,
+                TRAIN_DATA_FILE,
+            )
+            return
+        try:
+            earlier = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        self._switches = list(earlier.get("switches", []))
+        before, now = earlier.get("train_data"), self.identity()
+        if before is None or now is None or before == now:
+            return
+        step = _checkpoint_step(Path(checkpoint))
+        if not allow_changed:
+            raise ValueError(
+                f"resume_from_checkpoint {str(checkpoint)!r} was trained on other data ({_describe_data(before)}) "
+                f"than this run's training data ({_describe_data(now)}): resume with the checkpoint's training "
+                "data, or pass allow_changed_train_data to continue on these (the switch is recorded in "
+                f"{TRAIN_DATA_FILE})"
+            )
+        logger.warning(
+            "resume_from_checkpoint %s: the training data change at step %s (%s before, %s from now on); "
+            "allow_changed_train_data is set, the switch is recorded in %s",
+            checkpoint,
+            step,
+            _describe_data(before),
+            _describe_data(now),
+            TRAIN_DATA_FILE,
+        )
+        self._switches.append({"step": step, "before": before, "after": now})
+
+    def write(self, folder: str | os.PathLike) -> None:
+        """Write ``folder/train_data.json`` (nothing for data that cannot be identified)."""
+        identity = self.identity()
+        if identity is None:
+            return
+        record = {"train_data": identity, "switches": self._switches}
+        (Path(folder) / TRAIN_DATA_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def _checkpoint_step(checkpoint: Path) -> int | None:
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return state.get("global_step") if isinstance(state, dict) else None

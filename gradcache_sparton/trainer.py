@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase, Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import TrainingCollator, validate_training_dataset
@@ -73,7 +73,12 @@ from gradcache_sparton.modeling import (
     load_query_table,
     read_json_file,
 )
-from gradcache_sparton.run_state import CheckpointWriteError, checkpoint_write_error, output_dir_lock
+from gradcache_sparton.run_state import (
+    CheckpointWriteError,
+    TrainDataRecord,
+    checkpoint_write_error,
+    output_dir_lock,
+)
 
 __all__ = ["CachedSpladeTrainer", "validate_run"]
 
@@ -193,6 +198,7 @@ class CachedSpladeTrainer(Trainer):
         self.can_return_loss = True
         self._component_sums: dict[str, Tensor] = {}
         self._component_calls = 0
+        self._train_data = TrainDataRecord(self.train_dataset)  # train_data.json beside each checkpoint
         self._sequences_since_log = 0
         self._last_log_time: float | None = None
         # Rows so far whose positive repeated another row's in its batch, as the batches report them (the
@@ -210,6 +216,13 @@ class CachedSpladeTrainer(Trainer):
             _check_resume_checkpoint(resume_from_checkpoint)
         if not resume_from_checkpoint and not self.args.overwrite_output_dir:
             _check_output_dir_is_free(self.args.output_dir)
+        checkpoint = (
+            get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is True
+            else resume_from_checkpoint
+        )
+        if isinstance(checkpoint, str):  # the same training data as the checkpoint's, or the switch recorded
+            self._train_data.resume(checkpoint, allow_changed=self.args.allow_changed_train_data)
         world = max(1, self.args.world_size)
         if world == 1 and torch.cuda.is_available() and torch.cuda.device_count() > 1:
             logger.warning(
@@ -375,6 +388,7 @@ class CachedSpladeTrainer(Trainer):
                     card=run_model_card(self, encoder),
                 )
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+        self._train_data.write(output_dir)
 
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
         """``Trainer._save_checkpoint``; a failed write (a full disk) names the file and leaves no folder that

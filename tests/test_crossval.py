@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -741,3 +743,97 @@ def test_merge_reads_a_setting_a_file_lacks_as_its_default(tmp_path: Path) -> No
     two = _write_json(tmp_path / "c.json", _with_rounds(_synthetic_run({8: 2})))
     with pytest.raises(ValueError, match="rounds: 1 vs 2"):
         merge_crossval([a, two], output_dir=tmp_path / "m2")
+
+
+# ---------------------------------------------------------------------------------------------------
+# A run into a finished run's folder; the recipe's config file
+# ---------------------------------------------------------------------------------------------------
+
+
+def _crossval_argv(beir: Path, out: Path, *flags: str, recipe: Sequence[str] = TINY_RECIPE) -> list[str]:
+    return ["--beir_path", str(beir), "--output_dir", str(out), "--folds", "2", "--no_bm25",
+            "--document_max_length", "32", "--resamples", "50", *flags, "--", *recipe]  # fmt: skip
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_crossval_into_a_finished_run_adds_seeds_or_refuses_before_writing(tmp_path: Path) -> None:
+    """A run of seed 2 into a finished seed-1 folder keeps seed 1's results and adds seed 2's (as one run of
+    both seeds); another fold_seed there, or a seed whose models a stopped run left, is refused before any file
+    changes."""
+    beir = write_beir(tmp_path / "beir")
+    out = tmp_path / "cv"
+    assert crossval_main(_crossval_argv(beir, out, "--seeds", "1")) == 0
+    first = json.loads((out / "crossval.json").read_text())
+    assert crossval_main(_crossval_argv(beir, out, "--seeds", "2")) == 0
+    both = json.loads((out / "crossval.json").read_text())
+    assert both["settings"]["seeds"] == [1, 2] and both["table"]["recipe"]["seeds"] == 2
+    assert both["systems"]["recipe"]["seeds"]["1"] == first["systems"]["recipe"]["seeds"]["1"]
+    assert both["systems"]["recipe"]["seeds"]["2"]["folds_done"] == 2
+    assert list(both["comparisons"]["recipe - zero-shot"]["per_seed"]) == ["1", "2"]
+    before = _files(out)
+    with pytest.raises(ValueError, match=r"another experiment: settings \['fold_seed'\] differ"):
+        crossval_main(_crossval_argv(beir, out, "--seeds", "3", "--fold_seed", "7"))
+    assert _files(out) == before
+    (out / "seed4" / "fold0").mkdir(parents=True)  # what a run stopped in its first fold leaves
+    (out / "seed4" / "fold0" / "trainer_state.json").write_text("{}")
+    before = _files(out)
+    with pytest.raises(ValueError, match=r"already holds models of seed 4"):
+        crossval_main(_crossval_argv(beir, out, "--seeds", "4"))
+    assert _files(out) == before
+
+
+def _recipe_file(path: Path, text: str) -> list[str]:
+    path.write_text(text)
+    return ["--config", str(path), *TINY_RECIPE]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("learning_rte: 0.001\n", r"has unknown argument\(s\) \['learning_rte'\]"),
+        ("learning_rate: [0.001\n", r"recipe.yaml' line 2: not valid YAML"),
+    ],
+)
+def test_crossval_refuses_a_config_train_refuses_before_any_work(
+    tmp_path: Path, text, message, capsys
+) -> None:
+    """A recipe --config with an unknown key or invalid YAML: the error `train --config` gives, naming the file,
+    before any data is read or file written (crossval and train alike)."""
+    recipe = _recipe_file(tmp_path / "recipe.yaml", text)
+    out = tmp_path / "cv"
+    assert main(["crossval", *_crossval_argv(tmp_path / "nowhere", out, recipe=recipe)]) == 2
+    crossval_err = capsys.readouterr().err
+    assert "Traceback" not in crossval_err and len(re.findall(message, crossval_err)) == 1
+    assert main(["train", *recipe, "--output_dir", str(tmp_path / "run")]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_merge_refuses_recipes_whose_config_content_differs(tmp_path: Path) -> None:
+    """Runs given the same --config path whose content changed in between (learning rate 1e-4, then 0.5) are
+    refused, naming the file and the differing key; the same content at another path merges."""
+    from gradcache_sparton.crossval import merge_crossval
+    from gradcache_sparton.crossval.experiment import recipe_config
+
+    path = tmp_path / "recipe.yaml"
+    runs = []
+    for seed, text in ((7, "learning_rate: 1.0e-4\n"), (8, "learning_rate: 0.5\n")):
+        run = _synthetic_run({seed: 2})
+        run["settings"]["recipe_flags"] = _recipe_file(path, text)
+        run["settings"]["recipe_config"] = recipe_config(run["settings"]["recipe_flags"])
+        runs.append(_write_json(tmp_path / f"{seed}.json", run))
+    assert json.loads(runs[0].read_text())["settings"]["recipe_config"]["values"] == {"learning_rate": 1e-4}
+    with pytest.raises(
+        ValueError,
+        match=r"recipe.yaml' \(sha256 \w+\) differ in \['learning_rate'\] \(learning_rate: 0.0001 vs 0.5\)",
+    ):
+        merge_crossval(runs, output_dir=tmp_path / "merged")
+    assert not (tmp_path / "merged").exists()
+    other = json.loads(runs[1].read_text())
+    other["settings"]["recipe_config"]["values"]["learning_rate"] = 1e-4  # a comment's edit: same content
+    merged = merge_crossval([runs[0], _write_json(runs[1], other)], output_dir=tmp_path / "merged")
+    assert merged["settings"]["recipe_config"]["values"] == {"learning_rate": 1e-4}

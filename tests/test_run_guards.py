@@ -234,3 +234,40 @@ def test_half_a_trainer_state_is_named_before_the_model(tmp_path, capsys, monkey
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{checkpoint / 'trainer_state.json'} line 1: not valid JSON" in err and "Traceback" not in err
+
+
+def _pairs_file(path: Path, word: str) -> Path:
+    rows = [{"query": f"{word} question {i}", "positive": f"{word} answer number {i}"} for i in range(16)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.slow
+def test_resume_refuses_other_training_data_or_records_the_switch(tmp_path, capsys) -> None:
+    """A resume on other training data than its checkpoint's is refused before any step; with
+    --allow_changed_train_data it continues and the checkpoints' train_data.json record the switch."""
+    from gradcache_sparton.cli import main
+
+    first, other = _pairs_file(tmp_path / "a.jsonl", "alpha"), _pairs_file(tmp_path / "b.jsonl", "beta")
+    out = tmp_path / "run"
+    common = ("--max_steps", "4", "--save_steps", "2", "--save_strategy", "steps")
+    assert main(_tiny_train_argv(out, "--train_data", str(first), *common)) == 0
+    recorded = json.loads((out / "checkpoint-2" / "train_data.json").read_text())
+    assert recorded["train_data"]["rows"] == 16 and recorded["switches"] == []
+    capsys.readouterr()
+    resume = ("--resume_from_checkpoint", str(out / "checkpoint-2"), "--overwrite_output_dir", "True")
+    assert main(_tiny_train_argv(out, "--train_data", str(other), *common, *resume)) == 2
+    err = capsys.readouterr().err
+    assert "was trained on other data" in err and "allow_changed_train_data" in err and "Traceback" not in err
+    assert main(_tiny_train_argv(out, "--train_data", str(first), *common, *resume)) == 0  # the same data
+    argv = _tiny_train_argv(
+        out, "--train_data", str(other), *common, *resume, "--allow_changed_train_data", "True"
+    )
+    assert main(argv) == 0
+    (switch,) = json.loads((out / "checkpoint-4" / "train_data.json").read_text())["switches"]
+    assert (
+        switch["step"] == 2
+        and switch["before"] == recorded["train_data"]
+        and switch["after"] != switch["before"]
+    )
+    assert json.loads((out / "train_data.json").read_text())["switches"] == [switch]

@@ -94,37 +94,8 @@ def _config_path(config: str | None, named: set[str], names: dict[str, set[str]]
     return default_train_config_path()
 
 
-def _load_config(path: Path) -> dict[str, Any]:
-    """The mapping of argument names to values in a YAML or JSON file; ``ValueError`` naming file and line."""
-    if not path.is_file():
-        raise ValueError(f"--config {str(path)!r} does not exist (give a .yaml/.json file or 'default')")
-    text = path.read_text(encoding="utf-8")
-    suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            values = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise ValueError(f"--config {str(path)!r}{where}: not valid YAML ({problem})") from None
-    elif suffix == ".json":
-        try:
-            values = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"--config {str(path)!r} line {exc.lineno}: not valid JSON ({exc.msg})"
-            ) from None
-    else:
-        raise ValueError(f"--config must be a .yaml, .yml or .json file or 'default', got {str(path)!r}")
-    if not isinstance(values, dict):
-        raise ValueError(f"--config {str(path)!r} must hold a mapping of argument names to values")
-    return values
-
-
 def train_command(argv: Sequence[str]) -> int:
+    from gradcache_sparton.arguments import load_config_file
     from gradcache_sparton.pipeline import run_training
 
     if HELP_ALL in argv or "-h" in argv or "--help" in argv:
@@ -138,7 +109,7 @@ def train_command(argv: Sequence[str]) -> int:
     known = set().union(*names.values())
     named = _named_flags(argv, known | {"config"})
     config_path = _config_path(pre.config, named, names)
-    config = {} if config_path is None else _load_config(config_path)
+    config = {} if config_path is None else load_config_file(config_path)
     unknown = sorted(set(config) - known)
     if unknown:
         raise ValueError(f"--config {_shown_path(config_path)!r} has unknown argument(s) {unknown}")

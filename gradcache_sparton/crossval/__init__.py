@@ -29,14 +29,17 @@ Protocol (docs/experiments.md):
 Output in ``output_dir``: ``folds.json`` (the query ids of each fold), ``fold<k>/train.jsonl.gz`` (each
 fold's training rows; later rounds' ``fold<k>/train-seed<s>-round<r>.jsonl.gz``), ``seed<s>/fold<k>/`` (each
 trained model; later rounds' ``seed<s>/round<r>/fold<k>/``), ``crossval.json`` (settings, each fold's
-held-out query ids, per-fold and per-query numbers, comparisons; rewritten after every fold, all its rounds, so a
-stopped run keeps what finished) and ``crossval.md`` (the tables).
+held-out query ids, per-fold and per-query numbers, comparisons, the recipe's ``--config`` content; rewritten
+after every fold, all its rounds, so a stopped run keeps what finished) and ``crossval.md`` (the tables). A run
+into a folder holding a finished run's ``crossval.json`` of the same experiment (:mod:`.experiment`) adds its
+seeds to that result; any other run into it, or one whose seed already has models there, is refused before
+any file is written.
 
 Seeds run as separate jobs are combined afterwards (``crossval --merge``, :mod:`.merge`) into the result
 one run with all the seeds would have written.
 
 Modules: :mod:`.settings` (the settings and their checks), :mod:`.protocol` (folds, the recipe, the
-evaluation, the run), :mod:`.rows` (each fold's and round's training rows), :mod:`.teacher` (the distillation
+evaluation, the run), :mod:`.experiment` (what makes two results one experiment), :mod:`.rows` (each fold's and round's training rows), :mod:`.teacher` (the distillation
 teacher), :mod:`.report` (means over folds, paired comparisons, the markdown tables), :mod:`.merge` (runs of
 one experiment combined) and :mod:`.command` (``gradcache-sparton crossval``'s flags).
 """

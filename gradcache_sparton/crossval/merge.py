@@ -5,7 +5,8 @@ and recipe, each query's recipe score averaged over the seeds before the paired 
 
 The inputs must be one experiment: the same settings (except ``seeds``, ``output_dir``, ``write_runs``
 and ``beir_path``: where the data lives changes no number, and the data itself is compared directly),
-the same recipe flags and starting model, the same folds (each fold's held-out query ids, and the
+the same recipe flags, content of the recipe's ``--config`` file (each run records its sha256 and parsed
+content; differing keys are named) and starting model, the same folds (each fold's held-out query ids, and the
 counts of its training rows) and the same zero-shot and BM25 numbers per query. A recipe seed is merged
 only where its run finished every fold; an unfinished one is skipped with a warning and listed in the
 result's ``meta``. A seed finished in two inputs is an error (which run should count?).
@@ -17,15 +18,20 @@ checked against each file's fold sizes and per-query numbers."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import logging
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gradcache_sparton.crossval.experiment import (
+    MERGED_SETTINGS,
+    RUN_ONLY_FLAGS,
+    TOLERANCE,
+    _close,
+    experiment_differences,
+)
 from gradcache_sparton.crossval.protocol import _judged_queries, make_folds
 from gradcache_sparton.crossval.report import (
     PRIMARY,
@@ -35,33 +41,11 @@ from gradcache_sparton.crossval.report import (
     _write,
     is_recipe_system,
 )
-from gradcache_sparton.crossval.settings import CrossvalSettings
 from gradcache_sparton.data import load_beir
 
 __all__ = ["merge_crossval"]
 
 logger = logging.getLogger(__name__)
-
-# Settings that may differ between the runs merged: the seeds are what is merged, the output folder and
-# the TREC runs change no number, and the data behind ``beir_path`` is compared directly (folds, references).
-MERGED_SETTINGS = ("seeds", "output_dir", "write_runs", "beir_path")
-# Recipe flags that change how a run goes, not what it trains: the collator is deterministic and the
-# sampler runs in the main process, so data-loading workers give the same batches in the same order.
-RUN_ONLY_FLAGS = (
-    "dataloader_num_workers",
-    "dataloader_persistent_workers",
-    "dataloader_prefetch_factor",
-    "disable_tqdm",
-)
-# A setting a file does not record (written before the setting existed) ran at its default: every setting
-# is added with the default that keeps the earlier behaviour (e.g. rounds = 1).
-DEFAULTS = {
-    f.name: f.default for f in dataclasses.fields(CrossvalSettings) if f.default is not dataclasses.MISSING
-}
-# Two runs compute a reference's per-query metrics from the same ranking by the same arithmetic, so they
-# agree to a few ulps (< 1e-15 for numbers <= 1, ~1e-13 for mean non-zeros in the hundreds); the smallest
-# real change of a query's nDCG@10 (one document moved by one rank) is above 1e-3.
-TOLERANCE = 1e-9
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -78,45 +62,17 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _check_same_experiment(results: list[dict[str, Any]], paths: list[Path]) -> None:
-    """``ValueError`` naming the first input that differs from the first input in a setting or model."""
-    first = results[0]
+    """``ValueError`` naming the first input that differs from the first input in a setting, the recipe (its
+    flags, its config file's content) or the model."""
     for path, other in zip(paths[1:], results[1:], strict=True):
-        keys = sorted((set(first["settings"]) | set(other["settings"])) - set(MERGED_SETTINGS))
-        differ = [k for k in keys if _setting(first, k) != _setting(other, k)]
-        if first["model"] != other["model"]:
-            differ.append("model")
+        differ = experiment_differences(results[0], other)
         if differ:
-            shown = "; ".join(f"{k}: {_setting(first, k)!r} vs {_setting(other, k)!r}" for k in differ)
+            shown = "; ".join(f"{k}: {v}" for k, v in differ.items())
             raise ValueError(
-                f"--merge: {str(path)!r} is another experiment than {str(paths[0])!r}: settings {differ} "
+                f"--merge: {str(path)!r} is another experiment than {str(paths[0])!r}: settings {list(differ)} "
                 f"differ ({shown}); only {list(MERGED_SETTINGS)} and the recipe flags {list(RUN_ONLY_FLAGS)} "
                 "may"
             )
-
-
-def _setting(results: dict[str, Any], key: str) -> Any:
-    if key == "model":
-        return results["model"]
-    if key == "recipe_flags":
-        return _training_flags(results["settings"]["recipe_flags"])
-    return results["settings"].get(key, DEFAULTS.get(key, "(absent)"))
-
-
-def _training_flags(flags: list[str]) -> list[str]:
-    """``flags`` without the ``RUN_ONLY_FLAGS`` (``--name value`` or ``--name=value``) and their values."""
-    kept: list[str] = []
-    skip_value = False
-    for flag in flags:
-        if skip_value:
-            skip_value = False
-            if not flag.startswith("--"):
-                continue
-        name, has_value, _ = flag.removeprefix("--").partition("=")
-        if flag.startswith("--") and name in RUN_ONLY_FLAGS:
-            skip_value = not has_value
-            continue
-        kept.append(flag)
-    return kept
 
 
 def _rebuilt_folds(beir_path: str, settings: dict[str, Any]) -> list[list[str]]:
@@ -177,15 +133,6 @@ def _check_references(results: list[dict[str, Any]], paths: list[Path]) -> None:
                     f"--merge: {system}'s per-query numbers differ between {str(paths[0])!r} and {str(path)!r} "
                     f"(beyond {TOLERANCE}): not the same data or evaluation"
                 )
-
-
-def _close(a: Any, b: Any) -> bool:
-    """Same structure, numbers within ``TOLERANCE``."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return set(a) == set(b) and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=0.0, abs_tol=TOLERANCE)
-    return a == b
 
 
 def merge_crossval(

@@ -12,19 +12,29 @@ import platform
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gradcache_sparton.crossval.experiment import (
+    MERGED_SETTINGS,
+    TOLERANCE,
+    _close,
+    experiment_differences,
+    recipe_config,
+)
 from gradcache_sparton.crossval.report import (
     BM25,
     PRIMARY,
     RECIPE,
+    RESULTS_FILE,
     ZERO_SHOT,
     _mean,
     _summarise,
     _write,
+    is_recipe_system,
     round_system,
 )
 from gradcache_sparton.crossval.rows import (
@@ -96,11 +106,9 @@ def parse_recipe(argv: Sequence[str]) -> tuple[ModelArguments, CachedSpladeTrain
     from transformers import HfArgumentParser
 
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
-    from gradcache_sparton.resources import default_train_config_path
 
     parser = HfArgumentParser((ModelArguments, DataArguments, CachedSpladeTrainingArguments))
     parser.add_argument("--config", default=None)
-    pre, _ = parser.parse_known_args(list(argv))
     named = {token[2:].split("=", 1)[0] for token in argv if token.startswith("--")}
     owned = sorted(named & set(_OWNED_FLAGS))
     if owned:
@@ -108,30 +116,21 @@ def parse_recipe(argv: Sequence[str]) -> tuple[ModelArguments, CachedSpladeTrain
             f"train flags {['--' + n for n in owned]} are set by the protocol for each fold (training data from "
             "the other folds, evaluation on the held-out fold, one output folder and seed per run): leave them out"
         )
-    if pre.config is not None:
-        path = default_train_config_path() if pre.config == "default" else Path(pre.config)
-        config = _read_config(path)
-        config = {k: v for k, v in config.items() if k not in _OWNED_FLAGS}
-        parser.set_defaults(**config)
+    config = recipe_config(argv)
+    if config is not None:  # as `train --config` reads it: every key must be a train argument
+        known = {
+            f.name
+            for cls in (ModelArguments, DataArguments, CachedSpladeTrainingArguments)
+            for f in fields(cls)
+        }
+        unknown = sorted(set(config["values"]) - known)
+        if unknown:
+            raise ValueError(f"--config {config['file']!r} has unknown argument(s) {unknown}")
+        parser.set_defaults(**{k: v for k, v in config["values"].items() if k not in _OWNED_FLAGS})
     model_args, _, training_args, _ = parser.parse_args_into_dataclasses(
         args=[*argv, "--output_dir", "unused"], return_remaining_strings=False
     )
     return model_args, training_args
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ValueError(f"--config {str(path)!r} does not exist (give a .yaml/.json file or 'default')")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json":
-        values = json.loads(text)
-    else:
-        import yaml
-
-        values = yaml.safe_load(text) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"--config {str(path)!r} must hold a mapping of argument names to values")
-    return values
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -212,14 +211,26 @@ def run_crossval(
     beir = _judged_queries(load_beir(settings.beir_path, split=settings.split))
     folds = make_folds(list(beir.qrels), folds=settings.folds, seed=settings.fold_seed)
     out = Path(settings.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / FOLDS_FILE).write_text(
-        json.dumps({"fold_seed": settings.fold_seed, "folds": folds}, indent=1) + "\n"
-    )
+    results: dict[str, Any] = {
+        "meta": _run_meta(),
+        "settings": {
+            **vars(settings),
+            "recipe_flags": list(recipe_flags),
+            "recipe_config": recipe_config(recipe_flags),
+        },
+        "model": model_args.model_name_or_path or model_args.config_name,
+        "folds": [],
+        "systems": {},
+    }
+    # Before any file is written: a finished run in the folder is this experiment's (its seeds are kept, the
+    # new ones added), and no seed to train has models there already.
+    earlier = _earlier_run(out, results, folds)
+    seeds = _seeds_to_train(out, settings.seeds, earlier)
     began = time.monotonic()
     tokenizer = build_tokenizer(model_args)
     bf16 = bool(training_args.bf16)
-    set_seed(settings.seeds[0])
+    # The starting model (random-init recipes: the zero-shot row) as a run of all the seeds builds it.
+    set_seed(earlier["settings"]["seeds"][0] if earlier is not None else settings.seeds[0])
     # An inference-free start without its own query table takes the IDF of the corpus searched.
     start_encoder = build_encoder(model_args, tokenizer, idf_documents=beir.corpus.values())
     teacher, progress = None, not training_args.disable_tqdm
@@ -228,34 +239,41 @@ def run_crossval(
             settings, start_encoder, tokenizer, list(beir.corpus.values()), bf16, progress
         )
     pool = build_pool(beir, settings, teacher)
-    fold_info, training_rows = [], []
-    for k, held in enumerate(folds):
-        fold = fold_rows(pool, beir, set(held), settings)
-        path = write_training_file(fold.rows, out / f"fold{k}" / "train.jsonl.gz", overwrite=True)
-        training_rows.append(fold)
-        fold_info.append(
-            {
-                "fold": k,
-                "queries": len(held),
-                **fold.counts,
-                "train_file": str(path.relative_to(out)),
-                "query_ids": held,
-            }
-        )
+    training_rows = [fold_rows(pool, beir, set(held), settings) for held in folds]
+    fold_info = [
+        {
+            "fold": k,
+            "queries": len(held),
+            **fold.counts,
+            "train_file": f"fold{k}/train.jsonl.gz",
+            "query_ids": held,
+        }
+        for k, (held, fold) in enumerate(zip(folds, training_rows, strict=True))
+    ]
+    if earlier is not None:  # the same rows, by their counts (the query ids were checked above)
+        differ = [
+            k for k, (f, e) in enumerate(zip(fold_info, earlier["folds"], strict=True)) if {**f, **e} != f
+        ]
+        if differ:
+            shown = [f"fold {k}: {_counts(earlier['folds'][k])} vs {_counts(fold_info[k])}" for k in differ]
+            raise ValueError(
+                f"output_dir {str(out)!r} holds a {RESULTS_FILE} whose folds {differ} have other training rows "
+                f"than this run's ({'; '.join(shown)}): not the same data; choose another output_dir"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FOLDS_FILE).write_text(
+        json.dumps({"fold_seed": settings.fold_seed, "folds": folds}, indent=1) + "\n"
+    )
+    for info, fold in zip(fold_info, training_rows, strict=True):
+        if earlier is None or not (out / info["train_file"]).is_file():  # an earlier run's files are kept
+            write_training_file(fold.rows, out / info["train_file"], overwrite=True)
     logger.info(
         "crossval: %d folds of %s built in %.0f s",
         len(folds),
         [len(f) for f in folds],
         time.monotonic() - began,
     )
-
-    results: dict[str, Any] = {
-        "meta": _run_meta(),
-        "settings": {**vars(settings), "recipe_flags": list(recipe_flags)},
-        "model": model_args.model_name_or_path or model_args.config_name,
-        "folds": fold_info,
-        "systems": {},
-    }
+    results["folds"] = fold_info
     runs = out / "runs" if settings.write_runs else None
     if runs is not None:
         runs.mkdir(exist_ok=True)
@@ -274,7 +292,9 @@ def run_crossval(
     names = [round_system(r) for r in range(1, settings.rounds)] + [RECIPE]
     for name in names:
         results["systems"][name] = {"seeds": {}}
-    for seed in settings.seeds:
+    if earlier is not None:
+        _add_to_earlier(results, earlier, out)
+    for seed in seeds:
         per_query: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
         nonzeros: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}
         for k, held in enumerate(folds):
@@ -333,7 +353,85 @@ def run_crossval(
                 }
             _summarise(results, folds)
             _write(results, out)
+    if not seeds:  # every seed asked for was finished in the folder already
+        _summarise(results, folds)
+        _write(results, out)
     return results
+
+
+def _earlier_run(out: Path, results: dict[str, Any], folds: list[list[str]]) -> dict[str, Any] | None:
+    """The ``crossval.json`` a finished run left in ``out`` (None if there is none), checked to be the same
+    experiment as ``results`` (settings, recipe and its config's content, model, folds): ``ValueError``
+    naming what differs otherwise."""
+    path = out / RESULTS_FILE
+    if not path.is_file():
+        return None
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"output_dir {str(out)!r}: {str(path)!r} is not JSON ({error})") from None
+    differ = experiment_differences(earlier, results)
+    if differ:
+        shown = "; ".join(f"{k}: {v}" for k, v in differ.items())
+        raise ValueError(
+            f"output_dir {str(out)!r} holds the {RESULTS_FILE} of another experiment: settings {list(differ)} "
+            f"differ ({shown}). A run into a finished run's folder adds seeds to it, so only "
+            f"{list(MERGED_SETTINGS)} may differ: choose another output_dir"
+        )
+    recorded = [entry.get("query_ids", fold) for entry, fold in zip(earlier["folds"], folds, strict=False)]
+    sizes = [entry["queries"] for entry in earlier["folds"]]
+    if recorded != folds or sizes != [len(fold) for fold in folds]:  # files without query ids: their sizes
+        raise ValueError(
+            f"output_dir {str(out)!r} holds a {RESULTS_FILE} whose folds' query ids differ from the folds of "
+            f"{results['settings']['beir_path']!r}: not the same data; choose another output_dir"
+        )
+    return earlier
+
+
+def _counts(fold: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fold.items() if k not in ("fold", "query_ids", "train_file")}
+
+
+def _seeds_to_train(out: Path, seeds: Sequence[int], earlier: dict[str, Any] | None) -> list[int]:
+    """``seeds`` less those the earlier run finished (kept as they are); ``ValueError`` if the folder already
+    holds models of a seed to train (an unfinished earlier run: its results are not in ``crossval.json``)."""
+    finished = {
+        int(seed)
+        for seed, run in (earlier or {"systems": {}})["systems"].get(RECIPE, {"seeds": {}})["seeds"].items()
+        if run.get("folds_done") == len(earlier["folds"])
+    }
+    kept = [seed for seed in seeds if seed in finished]
+    if kept:
+        logger.info(
+            "crossval: seeds %s finished in %s already: kept, not trained again", kept, out / RESULTS_FILE
+        )
+    for seed in seeds:
+        folder = out / f"seed{seed}"
+        if seed not in finished and folder.is_dir() and any(folder.iterdir()):
+            raise ValueError(
+                f"output_dir {str(out)!r} already holds models of seed {seed} ({str(folder)!r}) from a run that did "
+                f"not finish it: delete {str(folder)!r} to train seed {seed} again, or choose another output_dir"
+            )
+    return [seed for seed in seeds if seed not in finished]
+
+
+def _add_to_earlier(results: dict[str, Any], earlier: dict[str, Any], out: Path) -> None:
+    """Carry the earlier run's trained systems (every seed) into ``results``, after checking that the
+    references it holds have this run's per-query numbers (``TOLERANCE``); the seeds are both runs'."""
+    for system, entry in earlier["systems"].items():
+        if is_recipe_system(system):
+            results["systems"][system]["seeds"].update(entry["seeds"])
+        elif not _close(entry["seeds"], results["systems"][system]["seeds"]):
+            raise ValueError(
+                f"output_dir {str(out)!r}: {system}'s per-query numbers in its {RESULTS_FILE} differ from this run's "
+                f"(beyond {TOLERANCE}): not the same data or evaluation; choose another output_dir"
+            )
+    given = results["settings"]["seeds"]
+    results["settings"]["seeds"] = [
+        *earlier["settings"]["seeds"],
+        *(s for s in given if s not in earlier["settings"]["seeds"]),
+    ]
+    results["meta"]["earlier_run"] = {"seeds": earlier["settings"]["seeds"], "meta": earlier.get("meta", {})}
 
 
 def _run_dir(out: Path, seed: int, fold: int, round_: int) -> Path:
