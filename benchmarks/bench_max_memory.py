@@ -21,7 +21,8 @@ Per configuration: two warm-up steps (the first plans, or records graphs), then 
 pairs/s from the median, and the peak memory from after the first step on (the planner's probe resets the
 peak statistics inside the first step; the allocator's cache is emptied after it), weights, gradients and
 AdamW state included: ``torch.cuda.max_memory_reserved``, what the steps hold on the device, and
-``max_memory_allocated`` beside it. The reserved peak is the one compared with budgets: once a CUDA graph
+``max_memory_allocated`` beside it; ``first_step_peak_reserved_gib`` is the first step's own (the
+planner's probe and any graph recording included). The reserved peak is the one compared with budgets: once a CUDA graph
 is recorded, its intermediates live in the graph's private pool, reserved and not allocated (16 rows under
 graphs measured 1.98 GiB allocated); a configuration that runs out of memory is a row with status "OOM". Per budget:
 
@@ -35,6 +36,14 @@ Run from the repository root on the GPU machine:
 
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True HF_HUB_OFFLINE=1 \\
         python -m benchmarks.bench_max_memory --out $OUT/max_memory
+
+``--cap`` runs each ``max_memory=<size>`` row with the process capped at its budget
+(``torch.cuda.set_per_process_memory_fraction``, lifted after the row): a row that runs out of memory
+there is status "OOM", so the budget holds as a cap where every such row is "ok" (``capped`` in the row).
+Without ``PYTORCH_CUDA_ALLOC_CONF`` the allocator's default (no expandable segments) is what is measured:
+
+    HF_HUB_OFFLINE=1 python -m benchmarks.bench_max_memory --out $OUT/max_memory_cap --cap \\
+        --only max_memory=2GiB,max_memory=4GiB,max_memory=8GiB --providers ours
 
 At the defaults that is 20 configurations of 2 warm-up and 2 timed steps each; estimated from earlier
 per-step times, about 7 minutes on an H100: about 4 for ours (12 rows of 1-3 s steps, model setup and
@@ -157,6 +166,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--only", type=lambda text: [n for n in text.split(",") if n], default=None,
         help="run only these configurations, by name (e.g. max_memory=4GiB,mb16+graphs); others are skipped",
     )  # fmt: skip
+    parser.add_argument("--cap", action="store_true",
+                        help="run each max_memory=<size> row with the process capped at its budget (CUDA)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (plumbing only)")
     args = parser.parse_args(argv)
@@ -220,6 +231,10 @@ def measure(
 ) -> dict:
     """Two warm-up steps, ``args.steps`` timed ones; pairs/s, peak memory after the first step, the plan."""
     row: dict[str, Any] = asdict(config)
+    cap = _cap_fraction(config, device) if args.cap else None
+    if cap is not None:
+        torch.cuda.set_per_process_memory_fraction(cap, device)
+        row["capped"] = True
     try:
         cached = None
         if config.provider == "st":
@@ -227,10 +242,13 @@ def measure(
         else:
             step, cached = make_ours(config, path, device)
         timer = StepTimer(device, Path(args.out))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="max_memory=")  # the smoke run's CPU
             row["first_step_s"] = timer.timed(step, batches[0])
             if device.type == "cuda":
+                row["first_step_peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GiB
                 # Cached blocks the first step freed go back, so the reserved peak that follows is what the
                 # steps hold: their tensors, the allocator's rounding, and CUDA graphs' private pools (whose
                 # intermediates are reserved but not allocated once a graph is recorded).
@@ -249,8 +267,21 @@ def measure(
         del step, cached
     except Exception as exc:  # one configuration's failure must not lose the others
         row["status"] = "OOM" if is_oom(exc) else f"error: {type(exc).__name__}: {exc}"[:400]
+    finally:
+        if cap is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
     free_memory(device)
     return row
+
+
+def _cap_fraction(config: Config, device: torch.device) -> float | None:
+    """The fraction of the device's memory that is ``config``'s ``max_memory`` size (None: not a size, or
+    not CUDA): ``--cap`` limits the process to it."""
+    if device.type != "cuda" or config.max_memory in (None, "auto"):
+        return None
+    from gradcache_sparton.engine.memory_size import size_bytes
+
+    return min(1.0, size_bytes(config.max_memory) / torch.cuda.get_device_properties(device).total_memory)
 
 
 def _peak(row: dict) -> float:

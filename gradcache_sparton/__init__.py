@@ -38,7 +38,7 @@ from gradcache_sparton.losses import (
     margin_mse_loss,
 )
 from gradcache_sparton.mining import mine_hard_negatives
-from gradcache_sparton.modeling import SpladeEncoder, register_masked_lm
+from gradcache_sparton.modeling import InferenceFreeEncoder, QueryTable, SpladeEncoder, register_masked_lm
 from gradcache_sparton.resources import default_tokenizer_path
 from gradcache_sparton.version import __version__
 
@@ -69,8 +69,10 @@ __all__ = [
     "DataArguments",
     "GradCache",
     "GradCacheConfig",
+    "InferenceFreeEncoder",
     "LossOutput",
     "ModelArguments",
+    "QueryTable",
     "RetrievalEvalCallback",
     "SparseRetrievalEvaluator",
     "SpartonHead",

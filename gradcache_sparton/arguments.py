@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -29,6 +30,7 @@ from gradcache_sparton.losses import SpladeLossConfig
 __all__ = [
     "BACKBONE_PRESETS",
     "INIT_DECODER_BIAS_SIGMAS",
+    "QUERY_ENCODERS",
     "CachedSpladeTrainingArguments",
     "DataArguments",
     "ModelArguments",
@@ -78,12 +80,32 @@ BACKBONE_PRESETS: dict[str, dict[str, int]] = {
 # near-best nDCG@10 of their scans (0.157, 0.207); with bias 0 about 30k terms are active.
 INIT_DECODER_BIAS_SIGMAS = 2.2
 
+#: ``query_encoder``'s choices: the siamese SPLADE encoder, or an inference-free weight table, fixed or trained.
+QUERY_ENCODERS = ("splade", "idf", "learned_idf")
+
 
 def _has_accelerator() -> bool:
     """Whether torch sees an accelerator (CUDA, XPU, MPS, ...), where pinned host memory is of use."""
     import torch
 
     return torch.accelerator.is_available()
+
+
+# Most dataloader workers a process starts by default: 4 keep one H200 busy on 512-pair batches of real text
+# (issue 48: 0.81 of the engine with 4 against 0.43 with none); more only take CPU from other processes.
+_MAX_DEFAULT_WORKERS = 4
+
+
+def _default_dataloader_workers(*, accelerator: bool) -> int:
+    """Dataloader workers a training process starts by default: on an accelerator, one per CPU this process
+    may use (its share of ``os.sched_getaffinity`` among the node's ``LOCAL_WORLD_SIZE`` processes) less the
+    one the main process keeps, at most ``_MAX_DEFAULT_WORKERS``; 0 on one CPU, and 0 without an accelerator
+    (the model then trains on the same cores that would tokenize: nothing runs beside it)."""
+    if not accelerator:
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(0, min(_MAX_DEFAULT_WORKERS, cpus // processes - 1))
 
 
 def _positive(value: Any, name: str, *, allow_none: bool = False) -> None:
@@ -159,6 +181,16 @@ class ModelArguments:
             "embeddings; 2x the tokens). Default: the checkpoint's value (off for a new model)."
         },
     )
+    query_encoder: str | None = field(
+        default=None,
+        metadata={
+            "help": "How queries are encoded: 'splade' (the same SPLADE encoder as documents, siamese), 'idf' "
+            "(inference-free: a fixed weight per token, no transformer at query time) or 'learned_idf' (the same "
+            "table, trained). The table starts from the checkpoint's query_table.safetensors if it has one, else "
+            "from the IDF of the training documents (docs/inference_free.md). Default: as the checkpoint is "
+            "(inference-free if it has a query table, else splade)."
+        },
+    )
     lora_r: int = field(
         default=0,
         metadata={
@@ -211,6 +243,10 @@ class ModelArguments:
                 )
         if self.prefix_length is not None and self.prefix_length < 0:
             raise ValueError(f"prefix_length must be >= 0, got {self.prefix_length}")
+        if self.query_encoder is not None and self.query_encoder not in QUERY_ENCODERS:
+            raise ValueError(
+                f"query_encoder must be one of {list(QUERY_ENCODERS)}, got {self.query_encoder!r}"
+            )
         self._check_lora()
 
     def _check_lora(self) -> None:
@@ -380,7 +416,9 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
 
     Changed defaults: ``per_device_train_batch_size=256`` (the effective batch per device),
     ``dataloader_drop_last=True`` (a small final batch spikes a contrastive loss),
-    ``remove_unused_columns=False`` (the collator needs the text columns), ``prediction_loss_only=True``.
+    ``remove_unused_columns=False`` (the collator needs the text columns), ``prediction_loss_only=True``,
+    and on a GPU ``dataloader_num_workers`` (persistent) so that batches are tokenized while the device trains,
+    and the batch copied to it without waiting (``accelerator_config`` ``non_blocking``, from pinned memory).
     """
 
     output_dir: str | None = field(
@@ -399,6 +437,21 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
     )
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Must stay False: the collator needs them."}
+    )
+    dataloader_num_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes that read, tokenize and pad the next batches while the device trains on this one (0: "
+            "the main process, between steps). Default: on a GPU, min(4, the CPUs this process may use - 1), 0 "
+            "on a single CPU; 0 when training on the CPU (the model uses those cores itself)."
+        },
+    )
+    dataloader_persistent_workers: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Keep the dataloader workers between epochs instead of starting them again. Default: on "
+            "whenever there are workers."
+        },
     )
     prediction_loss_only: bool = field(default=True, metadata={"help": "Evaluation computes the loss only."})
     # The engine's fields (GradCacheConfig) that take another type or default as training flags:
@@ -456,8 +509,25 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         if self.output_dir is None:
             self.output_dir = time.strftime("outputs/splade-%Y%m%d-%H%M%S")
         SpladeLossConfig.__post_init__(self)  # the loss settings, checked now, not at the first step
-        if self.dataloader_pin_memory and not _has_accelerator():
+        accelerator = _has_accelerator() and not self.use_cpu
+        if self.dataloader_pin_memory and not accelerator:
             self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every epoch
+        if self.dataloader_num_workers is None:
+            self.dataloader_num_workers = _default_dataloader_workers(accelerator=accelerator)
+        elif isinstance(self.dataloader_num_workers, bool) or not isinstance(
+            self.dataloader_num_workers, int
+        ):
+            raise ValueError(
+                f"dataloader_num_workers must be an int >= 0, got {self.dataloader_num_workers!r}"
+            )
+        elif self.dataloader_num_workers < 0:
+            raise ValueError(f"dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
+        if self.dataloader_persistent_workers is None:
+            self.dataloader_persistent_workers = self.dataloader_num_workers > 0
+        if self.accelerator_config is None and self.dataloader_pin_memory:
+            # From pinned memory the batch's copy to the device is queued, not waited for: the host goes on
+            # while the device finishes the step before (accelerate's default copy blocks).
+            self.accelerator_config = {"non_blocking": True}
         TrainingArguments.__post_init__(self)
         if self.allow_non_finite is None:
             self.allow_non_finite = bool(self.fp16)  # a GradScaler skips non-finite steps

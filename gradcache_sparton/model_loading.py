@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +18,14 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokeni
 
 from gradcache_sparton.arguments import INIT_DECODER_BIAS_SIGMAS, ModelArguments
 from gradcache_sparton.modeling import (
+    InferenceFreeEncoder,
+    QueryTable,
     SpladeEncoder,
     check_checkpoint_files,
     check_max_length,
+    has_query_table,
+    idf_weights,
+    load_query_table,
     position_limit,
     read_splade_config,
 )
@@ -157,11 +163,54 @@ def build_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
         raise _load_error(argument, named, exc) from None
 
 
-def build_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> SpladeEncoder:
+def build_encoder(
+    model_args: ModelArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    idf_documents: Iterable[str] | None = None,
+) -> SpladeEncoder:
     """Load the checkpoint (local folder, shipped name or hub id), or build the named BERT shape with random
     weights over the tokenizer's vocab. A checkpoint keeps the options it was saved with (splade_config.json)
     unless ``mask_special_tokens`` asks for masking or ``prefix_length`` / ``bidirectional`` / ``echo``
-    are given."""
+    are given.
+
+    The query side (``query_encoder``): a folder with a ``query_table.safetensors`` loads as an
+    :class:`~gradcache_sparton.modeling.InferenceFreeEncoder` unless ``query_encoder="splade"`` (then its
+    document encoder, siamese). ``"idf"`` / ``"learned_idf"`` give an inference-free model whose table is
+    frozen / trained, taken from the checkpoint, else the IDF of ``idf_documents`` (the training documents;
+    ``ValueError`` if there are none)."""
+    encoder = _build_document_encoder(model_args, tokenizer)
+    folder = _local_folder(model_args.model_name_or_path)
+    table = load_query_table(folder) if folder is not None and has_query_table(folder) else None
+    kind = model_args.query_encoder
+    if kind is None:
+        kind = "splade" if table is None else ("idf" if table.frozen else "learned_idf")
+    if kind == "splade":
+        if table is not None:
+            logger.info("query_encoder='splade': the checkpoint's query table is not used (siamese queries).")
+        return encoder
+    if table is None:
+        if idf_documents is None:
+            raise ValueError(
+                f"query_encoder={kind!r} needs a query table: model_name_or_path has no query_table.safetensors "
+                "and there are no training documents to compute the IDF from (`gradcache-sparton idf` writes one)"
+            )
+        table = QueryTable(idf_weights(idf_documents, tokenizer), special_token_ids=tokenizer.all_special_ids)
+        logger.info("Query table: the IDF of the training documents.")
+    table.weight.requires_grad_(kind == "learned_idf")
+    return InferenceFreeEncoder.from_document_encoder(encoder, table)
+
+
+def _local_folder(model_name_or_path: str | None) -> str | None:
+    """The local folder ``model_name_or_path`` names (a shipped model's too), else None."""
+    if model_name_or_path is None:
+        return None
+    location = resolve_model_location(model_name_or_path)
+    return location if Path(location).is_dir() else None
+
+
+def _build_document_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> SpladeEncoder:
+    """:func:`build_encoder`'s SPLADE encoder (the documents' side of an inference-free model)."""
     special = list(tokenizer.all_special_ids) if model_args.mask_special_tokens else None
     if model_args.model_name_or_path is not None:
         location = resolve_model_location(model_args.model_name_or_path)

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,17 @@ from gradcache_sparton.model_loading import (
     build_encoder,
     build_tokenizer,
     checkpoint_max_lengths,
+    resolve_model_location,
+)
+from gradcache_sparton.modeling import (
+    QUERY_TABLE_NAME,
+    TOKEN_WEIGHTS_NAME,
+    InferenceFreeEncoder,
+    QueryTable,
+    has_query_table,
+    idf_weights,
+    save_query_table,
+    write_token_weights,
 )
 from gradcache_sparton.run_state import TrainingStopped, output_dir_lock
 from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
@@ -60,8 +72,10 @@ from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
 __all__ = [
     "build_evaluator",
     "build_train_dataset",
+    "query_weights_file",
     "run_evaluation",
     "run_export",
+    "run_idf",
     "run_training",
 ]
 
@@ -190,7 +204,10 @@ def _run_training(
         document_max_length=training_args.document_max_length,
     )
     set_seed(training_args.seed)  # the random init too, not only what the Trainer seeds later
-    encoder = build_encoder(model_args, tokenizer)
+    idf_documents = (
+        _training_documents(train_dataset) if model_args.query_encoder in ("idf", "learned_idf") else None
+    )
+    encoder = build_encoder(model_args, tokenizer, idf_documents=idf_documents)
     encoder.lora = None  # this run's record, not a loaded checkpoint's
     peft_model = add_lora_adapters(encoder, model_args) if model_args.lora_r else None
     if evaluator is not None and torch.cuda.is_available() and training_args.bf16:
@@ -233,6 +250,16 @@ def _run_training(
             path = Path(training_args.output_dir) / RETRIEVAL_METRICS_FILE
             path.write_text(json.dumps(retrieval, indent=2) + "\n", encoding="utf-8")
     return metrics
+
+
+def _training_documents(train_dataset: Any) -> list[str]:
+    """The distinct document texts of the training rows (positives and hard negatives), in first-seen order:
+    the corpus an inference-free model's IDF query table is computed from when its checkpoint has none."""
+    texts: dict[str, None] = {}
+    for name in text_columns_of(train_dataset.column_names)[1:]:
+        for value in train_dataset[name]:
+            texts.update(dict.fromkeys(value if isinstance(value, list) else [value]))
+    return list(texts)
 
 
 def run_evaluation(
@@ -352,14 +379,27 @@ def run_export(
     its folder can be created. The document max length defaults to the one the checkpoint was trained
     with.
     """
-    if export_format not in EXPORT_FORMATS:
-        raise ValueError(f"export_format must be one of {EXPORT_FORMATS}, got {export_format!r}")
+    if export_format not in (*EXPORT_FORMATS, "onnx"):
+        raise ValueError(f"export_format must be one of {(*EXPORT_FORMATS, 'onnx')}, got {export_format!r}")
+    if export_format == "onnx":
+        return _export_onnx(
+            model_name_or_path,
+            beir_path=beir_path,
+            output_file=output_file,
+            document_max_length=document_max_length,
+            overwrite=overwrite,
+        )
     for name, value in (("batch_size", batch_size), ("chunk_size", chunk_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     check_scale(scale)
     # JSON lines, uncompressed: what export_corpus writes, and what seismic and Anserini read.
     output_file = check_output_path(output_file, overwrite=overwrite, suffixes=(".jsonl", ".json"))
+    location = resolve_model_location(model_name_or_path)
+    if Path(location).is_dir() and has_query_table(
+        location
+    ):  # an inference-free model's table goes beside it
+        check_output_path(query_weights_file(output_file), overwrite=overwrite, suffixes=(".json",))
     device = _check_device(device)
     _, document_max_length = checkpoint_max_lengths(
         model_name_or_path, document_max_length=document_max_length
@@ -397,10 +437,127 @@ def run_export(
     logger.info(
         "Exported %d documents to %s in %.1f s (%.0f docs/s).", count, output_file, seconds, count / seconds
     )
-    return {
+    summary = {
         "output_file": str(output_file),
         "documents": count,
         "format": export_format,
         "document_max_length": document_max_length,
         "seconds": round(seconds, 2),
     }
+    if isinstance(encoder, InferenceFreeEncoder):  # queries are looked up, not encoded: their table beside it
+        table_file = query_weights_file(output_file)
+        write_token_weights(encoder.query_table, tokenizer, table_file)
+        summary["query_weights_file"] = str(table_file)
+    return summary
+
+
+def query_weights_file(output_file: str | Path) -> Path:
+    """Where ``export`` writes an inference-free model's query table beside the index file ``output_file``:
+    ``corpus.jsonl`` -> ``corpus.idf.json`` (token -> weight, :func:`~gradcache_sparton.modeling.write_token_weights`)."""
+    output_file = Path(output_file)
+    return output_file.with_name(f"{output_file.stem}.{TOKEN_WEIGHTS_NAME}")
+
+
+# Documents of the corpus that an ONNX export is checked on (fp32 and fp64 PyTorch beside onnxruntime).
+ONNX_CHECK_DOCUMENTS = 32
+
+
+def _export_onnx(
+    model_name_or_path: str,
+    *,
+    beir_path: str | Path,
+    output_file: str | Path,
+    document_max_length: int | None,
+    overwrite: bool,
+) -> dict[str, Any]:
+    """``run_export(export_format="onnx")``: the document encoder as an ONNX model
+    (:func:`~gradcache_sparton.evaluation.onnx_export.export_onnx`), checked with onnxruntime against PyTorch
+    on the first :data:`ONNX_CHECK_DOCUMENTS` documents of the corpus within the derived bound; a failed check
+    removes the file and raises."""
+    from gradcache_sparton.evaluation.onnx_export import check_onnx_reps, export_onnx, onnx_available
+
+    if not onnx_available():
+        raise ValueError(
+            "--format onnx needs onnx, onnxscript and onnxruntime: pip install 'gradcache_sparton[onnx]'"
+        )
+    output_file = check_output_path(output_file, overwrite=overwrite, suffixes=(".onnx",))
+    _, document_max_length = checkpoint_max_lengths(
+        model_name_or_path, document_max_length=document_max_length
+    )
+    texts = [
+        document.full_text for document in islice(iter_corpus(beir_folder(beir_path)), ONNX_CHECK_DOCUMENTS)
+    ]
+    if not texts:
+        raise ValueError(
+            f"beir_path {str(beir_path)!r}: its corpus holds no documents to check the export on"
+        )
+    try:
+        output_file.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"output_file {str(output_file)!r}: cannot create its folder ({exc})") from None
+    model_args = ModelArguments(model_name_or_path=model_name_or_path)
+    tokenizer = build_tokenizer(model_args)
+    model = build_encoder(model_args, tokenizer)
+    model.check_max_length("document_max_length", document_max_length)
+    # An inference-free model serves its document side as ONNX, its query table as a token -> weight file.
+    encoder = model.document_encoder() if isinstance(model, InferenceFreeEncoder) else model
+    began = time.monotonic()
+    export_onnx(encoder, output_file)
+    check = check_onnx_reps(output_file, encoder, texts, tokenizer=tokenizer, max_length=document_max_length)
+    if not check.passed:
+        output_file.unlink()
+        raise RuntimeError(
+            f"the ONNX export's reps differ from PyTorch's beyond the bound ({check}): nothing was written"
+        )
+    logger.info("Exported the document encoder to %s (%s).", output_file, check)
+    summary = {
+        "output_file": str(output_file),
+        "format": "onnx",
+        "document_max_length": document_max_length,
+        "checked_documents": check.texts,
+        "max_abs_diff_to_pytorch": check.max_abs_diff_to_torch,
+        "onnx_error_vs_fp64": check.onnx_error,
+        "bound": check.bound,
+        "seconds": round(time.monotonic() - began, 2),
+    }
+    if isinstance(model, InferenceFreeEncoder):
+        table_file = query_weights_file(output_file)
+        write_token_weights(model.query_table, tokenizer, table_file)
+        summary["query_weights_file"] = str(table_file)
+    return summary
+
+
+def run_idf(
+    model_name_or_path: str, *, beir_path: str = "default", output_dir: str | Path, overwrite: bool = False
+) -> dict[str, Any]:
+    """Make an inference-free model: ``model_name_or_path``'s document encoder and a frozen query table holding
+    the IDF of a BEIR corpus (``"default"``: the shipped SciFact dev sample) under its tokenizer.
+
+    ``output_dir`` receives the document encoder's checkpoint and tokenizer (unless it is the model's own
+    folder, which then only gains the table), ``query_table.safetensors`` and ``idf.json``
+    (docs/inference_free.md). ``ValueError`` before any work if ``output_dir`` already has a query table
+    (unless ``overwrite``) or the corpus is empty or unreadable.
+    """
+    output_dir = Path(output_dir)
+    if output_dir.is_file():
+        raise ValueError(f"output_dir {str(output_dir)!r} is a file")
+    if (output_dir / QUERY_TABLE_NAME).exists() and not overwrite:
+        raise ValueError(
+            f"output_dir {str(output_dir)!r} already has a {QUERY_TABLE_NAME}: pass overwrite=True (CLI: --overwrite)"
+        )
+    beir_path = beir_folder(beir_path)
+    texts = [document.full_text for document in iter_corpus(beir_path)]  # every line checked before the model
+    if not texts:
+        raise ValueError(f"beir_path {str(beir_path)!r}: its corpus holds no documents")
+    model_args = ModelArguments(model_name_or_path=model_name_or_path, query_encoder="splade")
+    tokenizer = build_tokenizer(model_args)
+    encoder = build_encoder(model_args, tokenizer)  # the document side (a table the model had is replaced)
+    table = QueryTable(idf_weights(texts, tokenizer), special_token_ids=tokenizer.all_special_ids)
+    location = Path(resolve_model_location(model_name_or_path))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if not (location.is_dir() and location.resolve() == output_dir.resolve()):
+        encoder.save_pretrained(output_dir, tokenizer=tokenizer)
+    save_query_table(table, output_dir)
+    write_token_weights(table, tokenizer, output_dir / TOKEN_WEIGHTS_NAME)
+    logger.info("Query table: the IDF of %d documents, written to %s.", len(texts), output_dir)
+    return {"output_dir": str(output_dir), "documents": len(texts), "vocab_size": table.vocab_size}

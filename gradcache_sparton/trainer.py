@@ -35,6 +35,7 @@ checkpoint as one process, and resuming loads it back into the shards. FSDP vers
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -63,7 +64,15 @@ from gradcache_sparton.integrations.sentence_transformers import (
     write_sentence_transformers_files,
 )
 from gradcache_sparton.losses import SpladeLoss
-from gradcache_sparton.modeling import SpladeEncoder, check_checkpoint_files, load_backbone, read_json_file
+from gradcache_sparton.modeling import (
+    InferenceFreeEncoder,
+    SpladeEncoder,
+    check_checkpoint_files,
+    has_query_table,
+    load_backbone,
+    load_query_table,
+    read_json_file,
+)
 from gradcache_sparton.run_state import CheckpointWriteError, checkpoint_write_error, output_dir_lock
 
 __all__ = ["CachedSpladeTrainer", "validate_run"]
@@ -151,6 +160,11 @@ class CachedSpladeTrainer(Trainer):
             kwargs["eval_dataset"] = from_sentence_transformers_columns(
                 kwargs["eval_dataset"], positional=self._sparse_encoder
             )
+        if args.dataloader_num_workers > 0:
+            # The workers fork from this process, which may have tokenized with the tokenizer's thread pool (an
+            # evaluator's encoding): a forked pool deadlocks, so each worker tokenizes on one thread (which
+            # tokenizers would otherwise fall back to with a warning per worker).
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         if data_collator is None:
             data_collator = TrainingCollator(
                 processing_class,
@@ -166,7 +180,15 @@ class CachedSpladeTrainer(Trainer):
             **kwargs,
         )
         _check_sharding(self)
-        self.loss = SpladeLoss(args.splade_loss_config()) if loss is None else loss
+        loss_config = args.splade_loss_config()
+        if isinstance(model, InferenceFreeEncoder) and loss_config.query_reg_weight:
+            # A table query costs its tokens whatever its weights: the regularizer is on the documents only.
+            logger.info(
+                "Inference-free model: no query regularizer (query_reg_weight %g -> 0).",
+                args.query_reg_weight,
+            )
+            loss_config = dataclasses.replace(loss_config, query_reg_weight=0.0)
+        self.loss = SpladeLoss(loss_config) if loss is None else loss
         # The loss needs no labels: without this, evaluation calls model(**inputs) instead of compute_loss.
         self.can_return_loss = True
         self._component_sums: dict[str, Tensor] = {}
@@ -386,6 +408,13 @@ class CachedSpladeTrainer(Trainer):
             set_model_state_dict(encoder.model, loaded.state_dict(), options=options)
             return
         encoder.model.load_state_dict(loaded.state_dict(), strict=True)
+        if isinstance(encoder, InferenceFreeEncoder):  # the query table beside the backbone's weights
+            if not has_query_table(resume_from_checkpoint):
+                raise ValueError(
+                    f"checkpoint {resume_from_checkpoint} has no query table: not this inference-free run's"
+                )
+            with torch.no_grad():
+                encoder.query_table.weight.copy_(load_query_table(resume_from_checkpoint).weight)
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint

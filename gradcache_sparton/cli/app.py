@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from gradcache_sparton.cli.commands import COMMANDS
 from gradcache_sparton.cli.evaluate import evaluate_command
 from gradcache_sparton.cli.export import export_command
+from gradcache_sparton.cli.idf import idf_command
 from gradcache_sparton.cli.mine import mine_command
+from gradcache_sparton.cli.threads import fit_threads_to_free_cpus
 from gradcache_sparton.cli.train import train_command
 
 __all__ = ["build_parser", "main"]
@@ -65,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     _quiet_third_parties()
+    if argv is None:  # the process is this command (called from Python, the threads stay the caller's)
+        fit_threads_to_free_cpus()  # on a shared machine, torch's threads on the cores others leave free
     from gradcache_sparton.run_state import CheckpointWriteError, TrainingStopped
 
     run = {
@@ -72,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "evaluate": evaluate_command,
         "mine": mine_command,
         "export": export_command,
+        "idf": idf_command,
         "crossval": _crossval_command,
     }[args.command]
     try:

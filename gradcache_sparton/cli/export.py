@@ -33,14 +33,19 @@ def export_command(argv: Sequence[str]) -> int:
         help="BEIR folder whose corpus.jsonl[.gz] is encoded ('default': the shipped SciFact dev sample).",
     )
     parser.add_argument(
-        "--output_file", type=Path, required=True, help="the JSON-lines file to write (.jsonl or .json)."
+        "--output_file",
+        type=Path,
+        required=True,
+        help="the JSON-lines file to write (.jsonl or .json), or the .onnx model.",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_file.")
     parser.add_argument(
         "--format",
-        choices=EXPORT_FORMATS,
+        choices=(*EXPORT_FORMATS, "onnx"),
         default="seismic",
-        help="seismic: float weights (SeismicIndex.build); anserini: JsonVectorCollection, int impacts.",
+        help="seismic: float weights (SeismicIndex.build); anserini: JsonVectorCollection, int impacts; onnx: "
+        "the document encoder as an ONNX model (--output_file *.onnx), checked with onnxruntime against "
+        "PyTorch on the corpus's first documents.",
     )
     parser.add_argument(
         "--scale", type=float, default=100.0, help="anserini: impact = round(weight x scale); 0s left out."

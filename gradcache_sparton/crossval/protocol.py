@@ -220,7 +220,8 @@ def run_crossval(
     tokenizer = build_tokenizer(model_args)
     bf16 = bool(training_args.bf16)
     set_seed(settings.seeds[0])
-    start_encoder = build_encoder(model_args, tokenizer)
+    # An inference-free start without its own query table takes the IDF of the corpus searched.
+    start_encoder = build_encoder(model_args, tokenizer, idf_documents=beir.corpus.values())
     teacher, progress = None, not training_args.disable_tqdm
     if settings.teacher != "none":
         teacher = teacher_scorer(

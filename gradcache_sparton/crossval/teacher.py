@@ -23,7 +23,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from gradcache_sparton.data import QUERY_COLUMN
 from gradcache_sparton.evaluation import SparseReps, encode_texts, retrieve
+from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 
 __all__ = [
     "DEFAULT_TEACHER_WEIGHT",
@@ -107,16 +109,28 @@ def model_scores(
         autocast_dtype=autocast_dtype,
         show_progress=show_progress,
     )
-    q_reps = encode_texts(encoder, queries, max_length=query_max_length, desc="Teacher: queries", **common)
+    q_reps = encode_texts(
+        encoder, queries, max_length=query_max_length, desc="Teacher: queries", column=QUERY_COLUMN, **common
+    )
     d_reps = encode_texts(
-        encoder, documents, max_length=document_max_length, desc="Teacher: corpus", **common
+        encoder,
+        documents,
+        max_length=document_max_length,
+        desc="Teacher: corpus",
+        column=DOCUMENT_COLUMN,
+        **common,
     )
     row_of = {text: row for row, text in reversed(list(enumerate(documents)))}  # first occurrence
     extra = [text for text in dict.fromkeys(t for texts in candidates for t in texts) if text not in row_of]
     if extra:
         row_of.update({text: len(documents) + i for i, text in enumerate(extra)})
         e_reps = encode_texts(
-            encoder, extra, max_length=document_max_length, desc="Teacher: candidates", **common
+            encoder,
+            extra,
+            max_length=document_max_length,
+            desc="Teacher: candidates",
+            column=DOCUMENT_COLUMN,
+            **common,
         )
         all_reps = SparseReps.concat([d_reps, e_reps])
     else:

@@ -86,6 +86,7 @@ from gradcache_sparton.engine.types import (
     MiniBatchContext,
     ReplayState,
 )
+from gradcache_sparton.primitives.column_routing import call_encoder, routes_by_column, trains_column
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["GradCache"]
@@ -175,6 +176,7 @@ class GradCache:
                     "an nn.Module encoder (its parameters' .grad are recorded)",
                 ),
                 (self._data_parallel, "no data parallelism (DDP's gradient hooks communicate)"),
+                (routes_by_column(self.encoder), "an encoder that does not route by column"),
             )
             unmet = [need for refused, need in refusals if refused]
             if unmet:
@@ -450,10 +452,11 @@ class GradCache:
         """FSDP: ``extra`` encodes of the first mini-batch, whose reps no loss sees: they only join the
         other ranks' collectives (replayed with a zero gradient)."""
         padding = []
-        first_rows, first_features = next(iter(plans.values()))[0]
+        first_column = next(iter(plans))
+        first_rows, first_features = plans[first_column][0]
         for _ in range(extra):
             rng = RngState.capture((*cuda_devices_of(first_features.values()), *encoder_devices))
-            self.encoder(**first_features)
+            call_encoder(self.encoder, first_column, first_features)
             padding.append(MiniBatch(rows=first_rows, features=first_features, rng=rng))
             bar.update()
         return tuple(padding)
@@ -461,8 +464,11 @@ class GradCache:
     def _jobs(self, replay_state: ReplayState, grads: Mapping[str, object]) -> list[_Job]:
         """Step (3)'s replays: every mini-batch of every column with a gradient; under data parallelism at
         least one, and under FSDP as many as the rank with the most (the extra ones with a zero gradient)."""
-        jobs = [
-            _Job(column, k, mb) for column in grads for k, mb in enumerate(replay_state.mini_batches[column])
+        jobs = [  # a column that reaches no trainable parameter (a frozen query table) has nothing to replay
+            _Job(column, k, mb)
+            for column in grads
+            if trains_column(self.encoder, column)
+            for k, mb in enumerate(replay_state.mini_batches[column])
         ]
         first_column, first_mini_batches = next(iter(replay_state.mini_batches.items()))
         if not jobs and self._data_parallel:

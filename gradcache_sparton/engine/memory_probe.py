@@ -1,6 +1,14 @@
 """The measured side of ``max_memory``: :class:`MemoryPlanner` probes a column's peak memory on CUDA
 (:func:`measure_fits`), sizes what stays resident, reads the budget, and hands the numbers to
 :func:`~gradcache_sparton.engine.memory_plan.choose_plan` (the decision, which needs no GPU).
+
+Memory is counted as the process reserves it (``torch.cuda.memory_reserved``: what ``nvidia-smi``, other
+processes and ``torch.cuda.set_per_process_memory_fraction`` see), not only as its tensors allocate it:
+each probe point starts from an emptied allocator cache and records the larger of its reserved and
+allocated growth (the allocator's rounding and fragmentation included); what stays resident is what the
+process reserves once its cache is emptied; the probe's own points stay within the budget (a point
+predicted beyond it is not run, one that runs out of memory under a cap counts as not fitting); and the
+cache the probe filled is emptied once the plan is chosen, so that the step starts from what it holds.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from gradcache_sparton.engine.memory_plan import (
 from gradcache_sparton.engine.memory_size import AUTO, size_bytes
 from gradcache_sparton.engine.rng_state import cuda_devices_of
 from gradcache_sparton.engine.types import Columns
+from gradcache_sparton.primitives.column_routing import call_encoder, routes_by_column
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
 
 __all__ = ["MemoryPlanner", "measure_fits"]
@@ -115,17 +124,23 @@ class MemoryPlanner:
             can_checkpoint=_checkpointing_owner(self.encoder) is not None,
             graphs_possible=isinstance(self.encoder, nn.Module)
             and self.config.mini_batch_tokens is None
-            and not is_compiled(self.encoder),
+            and not is_compiled(self.encoder)
+            and not routes_by_column(self.encoder),
         )
         modules = self.encoder if isinstance(self.encoder, nn.Module) else nn.Module()
         trained = [p for p in modules.parameters() if p.requires_grad]
         measured: dict[bool, dict[str, ColumnFit]] = {}
+        # What one probe point may reserve: the budget less what is held and the gradients the probe creates.
+        missing_grads = sum(p.numel() * p.element_size() for p in trained if p.grad is None)
+        room = budget - _held_bytes(device) - missing_grads
 
         def measure(with_checkpointing: bool) -> dict[str, ColumnFit]:
             owner = _checkpointing_owner(self.encoder)
             if with_checkpointing and owner is not None and not _checkpointing_on(self.encoder):
                 owner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            measured[with_checkpointing] = measure_fits(self.encoder, columns, autocast, trained, device)
+            measured[with_checkpointing] = measure_fits(
+                self.encoder, columns, autocast, trained, device, room=room
+            )
             return measured[with_checkpointing]
 
         # The footprint needs the reps' width and density: measure once without, before choosing.
@@ -142,7 +157,7 @@ class MemoryPlanner:
             # The line is fitted to small mini-batches: measure the plan's larger ones at their own size
             # (the encoder's checkpointing is as the plan has it) and choose again where one peaks higher.
             for _ in range(CHECK_ROUNDS):
-                checked = _fits_checked_at(plan, columns, autocast, trained, device, self.encoder)
+                checked = _fits_checked_at(plan, columns, autocast, trained, device, self.encoder, room=room)
                 if checked is None:
                     break
                 measured[plan.checkpointing] = checked
@@ -151,6 +166,8 @@ class MemoryPlanner:
             if owner is not None and not checkpointing and _checkpointing_on(self.encoder):
                 owner.gradient_checkpointing_disable()  # turned on to measure: back as it was
             raise
+        finally:
+            torch.cuda.empty_cache()  # the probe's cached blocks: the step starts from what it holds
         if (
             owner is not None
             and not checkpointing
@@ -191,12 +208,19 @@ def measure_fits(
     device: torch.device,
     probe_rows: Sequence[int] = PROBE_ROWS,
     peak_bytes: Callable[[Callable[[], Tensor], torch.device], tuple[int, Tensor]] | None = None,
+    *,
+    room: float | None = None,
 ) -> dict[str, ColumnFit]:
     """Each column's :class:`ColumnFit`: the peak memory of one forward and backward of its first r rows at
     its padded length, for r in ``probe_rows`` (those up to its rows), as Step (3) runs a mini-batch
-    (under ``autocast``). ``peak_bytes(run, device)`` calls ``run`` and returns the peak bytes allocated
-    above what was allocated before, with ``run``'s reps (default: ``torch.cuda.max_memory_allocated``,
-    which it resets).
+    (under ``autocast``). ``peak_bytes(run, device)`` calls ``run`` and returns the peak bytes it took
+    above what was held before, with ``run``'s reps (default: :func:`_cuda_peak_bytes`, the larger of the
+    reserved and the allocated growth from an emptied cache).
+
+    ``room``: bytes a point may take (the budget less what is held). Given, a point whose peak the points
+    before it predict above ``room`` is not run, nor any larger one, and a point that runs out of memory
+    (under a process cap) is recorded as taking more than ``room``: the probe stays within the budget,
+    and the fit then says that those rows do not fit.
 
     The gradients the probe accumulates, and its RNG draws (dropout), are put back: training continues as
     if it had not run. Gradients that did not exist are created (zeros) before measuring, so the fit holds
@@ -213,22 +237,44 @@ def measure_fits(
         cuda = {*cuda_devices_of(trained), *([device.index] if device.type == "cuda" else [])}
         with torch.random.fork_rng(devices=sorted(cuda)):
             for column, features in columns.items():
-                batch = _rows(features)
-                points = []
+                batch, length = _rows(features), _length(features)
+                points: list[tuple[int, int]] = []
+                rep = None
                 for rows in sorted({min(r, batch) for r in probe_rows}):
+                    if (
+                        room is not None
+                        and points
+                        and ColumnFit.from_points(points, length).peak(rows) > room
+                    ):
+                        break  # predicted beyond the budget: neither this point nor a larger one is run
                     part = {name: tensor[:rows] for name, tensor in features.items()}
 
-                    def run(part: Mapping[str, Tensor] = part) -> Tensor:
+                    def run(part: Mapping[str, Tensor] = part, column: str = column) -> Tensor:
                         with autocast.replay(), torch.enable_grad():
-                            rep = encoder(**part)  # [rows, V]
-                        rep.backward(torch.ones_like(rep))
+                            rep = call_encoder(encoder, column, part)  # [rows, V]
+                        if rep.requires_grad:  # not for a frozen route (a routed encoder's query table)
+                            rep.backward(torch.ones_like(rep))
                         return rep.detach()
 
-                    peak, rep = peak_bytes(run, device)
+                    out_of_memory = False
+                    try:
+                        peak, rep = peak_bytes(run, device)
+                    except torch.OutOfMemoryError:
+                        if room is None:
+                            raise
+                        out_of_memory = True  # handled outside the except block, which holds the step's graph
+                    if out_of_memory:
+                        torch.cuda.empty_cache()
+                        points.append((rows, int(room) + 1))  # more than the room: these rows do not fit
+                        break
                     points.append((rows, peak))
+                if rep is None:  # not even the first point fitted: the reps' width and density, no graph
+                    part = {name: tensor[: points[0][0]] for name, tensor in features.items()}
+                    with autocast.replay(), torch.no_grad():
+                        rep = encoder(**part)  # [rows, V]
                 fits[column] = ColumnFit.from_points(
                     points,
-                    _length(features),
+                    length,
                     width=rep.shape[-1],
                     rep_bytes=rep.element_size(),
                     density=float((rep != 0).float().mean()),
@@ -246,15 +292,18 @@ def _fits_checked_at(
     device: torch.device,
     encoder: object,
     peak_bytes: Callable[[Callable[[], Tensor], torch.device], tuple[int, Tensor]] | None = None,
+    *,
+    room: float | None = None,
 ) -> dict[str, ColumnFit] | None:
     """The plan's fits with each mini-batch larger than the probe's measured at its own size and added
-    where it peaks above the prediction; None where none does (``peak_bytes`` as in :func:`measure_fits`)."""
+    where it peaks above the prediction; None where none does (``peak_bytes`` and ``room`` as in
+    :func:`measure_fits`)."""
     fits, raised = dict(plan.fits), False
     for column, size in plan.mini_batch_size.items():
         if size <= max(PROBE_ROWS):
             continue
         part = {column: columns[column]}
-        measured = measure_fits(encoder, part, autocast, trained, device, (size,), peak_bytes)
+        measured = measure_fits(encoder, part, autocast, trained, device, (size,), peak_bytes, room=room)
         peak = measured[column].points[0][1]
         if peak > plan.fits[column].peak(size):
             fits[column], raised = fits[column].with_point(size, peak), True
@@ -262,13 +311,26 @@ def _fits_checked_at(
 
 
 def _cuda_peak_bytes(run: Callable[[], Tensor], device: torch.device) -> tuple[int, Tensor]:
-    """``run()``'s peak ``torch.cuda.max_memory_allocated`` above what was allocated before, and its result."""
+    """``run()``'s peak above what the process held before, from an emptied cache, and its result: the
+    larger of the growth of ``torch.cuda.max_memory_reserved`` (the segments it took: the allocator's
+    rounding and fragmentation) and of ``max_memory_allocated`` (tensors placed in segments held before)."""
     torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
+    torch.cuda.empty_cache()  # blocks cached by an earlier run would hide this one's segments
+    allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
     torch.cuda.reset_peak_memory_stats(device)
     result = run()
     torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before, result
+    grown = max(
+        torch.cuda.max_memory_allocated(device) - allocated, torch.cuda.max_memory_reserved(device) - reserved
+    )
+    return grown, result
+
+
+def _held_bytes(device: torch.device) -> int:
+    """What the process holds on ``device`` with its allocator's cache emptied: the segments its tensors
+    occupy (``memory_reserved``; the free space between them included), at least what they allocate."""
+    torch.cuda.empty_cache()
+    return max(torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device))
 
 
 def _footprint(
@@ -304,7 +366,7 @@ def _footprint(
     # graphed plan counts it once more: a capture may take its workspace anew from the graphs' pool.
     workspace = _stream_workspace_bytes(device)
     return Footprint(
-        allocated=torch.cuda.memory_allocated(device),
+        allocated=_held_bytes(device),
         grads=missing,
         optimizer=2 * trainable if first else 0,
         rep_cache=int(rep_cache),

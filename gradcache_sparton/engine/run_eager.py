@@ -22,6 +22,7 @@ from gradcache_sparton.engine.checks import check_replayed_rep, encode_failure_n
 from gradcache_sparton.engine.mini_batch import Rows
 from gradcache_sparton.engine.rng_state import RngState
 from gradcache_sparton.engine.types import Columns, Features, MiniBatch
+from gradcache_sparton.primitives.column_routing import call_encoder, routes_by_column
 
 __all__ = ["EagerRun"]
 
@@ -31,6 +32,7 @@ class EagerRun:
 
     def __init__(self, encoder: Callable[..., Tensor]) -> None:
         self.encoder = encoder
+        self._routed = routes_by_column(encoder)  # called with its column (primitives/column_routing)
 
     def start_encode(self, columns: Columns) -> None:
         """Called once per step before Step (1)'s first mini-batch."""
@@ -42,7 +44,7 @@ class EagerRun:
         modules recorded for the replay (None: nothing). ``rng`` and ``autocast`` are the state it runs
         under (already in effect)."""
         try:
-            return self.encoder(**features), None  # [mb, V]
+            return call_encoder(self.encoder, column, features, routed=self._routed), None  # [mb, V]
         except Exception as error:
             error.add_note(encode_failure_note(self.encoder, column, rows, features))
             raise
@@ -63,4 +65,4 @@ class EagerRun:
 
     def replay_forward(self, column: str, mb: MiniBatch) -> Tensor:
         """Step (3)'s forward of one mini-batch, with a graph."""
-        return self.encoder(**mb.features)
+        return call_encoder(self.encoder, column, mb.features, routed=self._routed)

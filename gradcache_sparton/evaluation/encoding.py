@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from gradcache_sparton.primitives.column_routing import call_encoder
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["PAD_TO_MULTIPLE_OF", "Encoder", "encode_texts", "encoder_device"]
@@ -42,6 +43,7 @@ def encode_texts(
     autocast_dtype: torch.dtype | None = None,
     show_progress: bool = True,
     desc: str = "Encoding",
+    column: str | None = None,
 ) -> SparseReps:
     """Encode ``texts`` with ``encoder(**features) -> [B, V]`` and keep the reps sparsely, on CPU.
 
@@ -51,7 +53,9 @@ def encode_texts(
     ``device`` defaults to the device of the encoder's first parameter (CPU for a parameterless
     callable). An ``nn.Module`` encoder is put in eval mode for the call and restored afterwards.
     The result is in the order of ``texts``; peak memory is one dense [batch_size, V] batch on the
-    device plus the non-zeros on CPU.
+    device plus the non-zeros on CPU. ``column``: what the texts are (``"query"``, or ``"document"`` for a
+    corpus), for an encoder that encodes each column its own way (an inference-free model, see
+    :mod:`~gradcache_sparton.primitives.column_routing`); other encoders ignore it.
     """
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise TypeError(f"texts must be a sequence of str, got {type(texts).__name__}")
@@ -86,7 +90,10 @@ def encode_texts(
                     pad_to_multiple_of=PAD_TO_MULTIPLE_OF,
                     return_tensors="pt",
                 )
-                reps = encoder(**{name: tensor.to(device) for name, tensor in features.items()})  # [B, V]
+                inputs = {name: tensor.to(device) for name, tensor in features.items()}
+                reps = (
+                    call_encoder(encoder, column, inputs) if column is not None else encoder(**inputs)
+                )  # [B, V]
                 if not isinstance(reps, Tensor) or reps.dim() != 2 or reps.shape[0] != len(batch):
                     shape = tuple(reps.shape) if isinstance(reps, Tensor) else type(reps).__name__
                     raise ValueError(f"encoder must return a [B, V] tensor with B={len(batch)}, got {shape}")

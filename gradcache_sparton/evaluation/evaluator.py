@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from gradcache_sparton.data import BeirData
+from gradcache_sparton.data import QUERY_COLUMN, BeirData
 from gradcache_sparton.evaluation.encoding import PAD_TO_MULTIPLE_OF, Encoder, encode_texts, encoder_device
 from gradcache_sparton.evaluation.metrics import (
     DEFAULT_MEASURES,
@@ -23,6 +23,7 @@ from gradcache_sparton.evaluation.pruning import PruningBudget
 from gradcache_sparton.evaluation.retrieval import retrieve
 from gradcache_sparton.evaluation.runs import Run
 from gradcache_sparton.evaluation.seismic_index import retrieve_seismic, seismic_available
+from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["RETRIEVALS", "EvaluationResult", "SparseRetrievalEvaluator"]
@@ -127,6 +128,7 @@ class SparseRetrievalEvaluator:
             [self.data.queries[q] for q in self.query_ids],
             max_length=self.query_max_length,
             desc="Encoding queries",
+            column=QUERY_COLUMN,
             **common,
         )
         d_reps = encode_texts(
@@ -134,6 +136,7 @@ class SparseRetrievalEvaluator:
             [self.data.corpus[d] for d in self.doc_ids],
             max_length=self.document_max_length,
             desc="Encoding corpus",
+            column=DOCUMENT_COLUMN,
             **common,
         )
         return q_reps, d_reps

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from gradcache_sparton.evaluation.encoding import Encoder, encode_texts
+from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["EXPORT_FORMATS", "check_scale", "export_corpus", "write_vectors"]
@@ -157,6 +158,7 @@ def export_corpus(
                     device=device,
                     autocast_dtype=autocast_dtype,
                     show_progress=False,
+                    column=DOCUMENT_COLUMN,
                 )
                 write_vectors(handle, ids, reps, terms=terms, export_format=export_format, scale=scale)
                 count += len(chunk)

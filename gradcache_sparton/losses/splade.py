@@ -95,11 +95,28 @@ class _Layout(NamedTuple):
     regularizers: Mapping[str, Callable[..., Tensor]]  # name -> core over a list of columns
     mean_nonzeros: Callable[..., Tensor]
     expected_flops: Callable[..., Tensor]
+    l0_mask: Callable[
+        [Any, int], Any
+    ]  # (column, threshold) -> the column with rows of <= threshold non-zeros zeroed
 
 
 def _upcast(reps: Tensor) -> Tensor:
     """fp32 copy of half-precision reps (fp32 and fp64 pass unchanged)."""
     return reps.to(torch.promote_types(reps.dtype, torch.float32))
+
+
+def _l0_mask(reps: Tensor, threshold: int) -> Tensor:
+    """[B, V] reps with every row of at most ``threshold`` non-zeros zeroed (differentiable in the rest)."""
+    keep = (reps != 0).sum(dim=1, keepdim=True) > threshold  # [B, 1], no gradient
+    return reps * keep
+
+
+def _sparse_l0_mask(reps: SparseReps, threshold: int) -> SparseReps:
+    """:func:`_l0_mask` of sparse reps: the masked rows' weights zeroed in place of removing them (for the
+    regularizer only, which sums weights: the zeros add nothing)."""
+    counts = reps.nonzeros_per_row()  # [N]
+    keep = torch.repeat_interleave(counts > threshold, counts, output_size=reps.weights.numel())  # [nnz]
+    return SparseReps(reps.offsets, reps.token_ids, reps.weights * keep, reps.vocab_size)
 
 
 _DENSE = _Layout(
@@ -109,6 +126,7 @@ _DENSE = _Layout(
     _REGULARIZER_CORES,
     _mean_nonzeros,
     _expected_flops,
+    _l0_mask,
 )
 _SPARSE = _Layout(
     split_sparse_columns,
@@ -117,6 +135,7 @@ _SPARSE = _Layout(
     _SPARSE_REGULARIZER_CORES,
     sparse_mean_nonzeros,
     sparse_expected_flops,
+    _sparse_l0_mask,
 )
 
 
@@ -158,6 +177,15 @@ class SpladeLossConfig:
     )
     doc_regularizer: str = field(
         default="flops", metadata={"help": "Document sparsity regularizer: 'flops' (SPLADE) or 'l1'."}
+    )
+    doc_reg_l0_threshold: int | None = field(
+        default=None,
+        metadata={
+            "help": "doc_regularizer 'flops' only: documents with at most this many non-zeros add nothing to the "
+            "FLOPS sum (still counted in its mean), so only denser ones are pushed sparser: FLOPS with l0 masking "
+            "(arXiv 2504.14839; sentence-transformers' FlopsLoss(threshold)), for inference-free models. None: "
+            "every document."
+        },
     )
     temperature: float = field(
         default=1.0,
@@ -217,6 +245,14 @@ class SpladeLossConfig:
             )
         get_regularizer(self.query_regularizer, argument="query_regularizer")
         get_regularizer(self.doc_regularizer, argument="doc_regularizer")
+        if self.doc_reg_l0_threshold is not None:
+            threshold = self.doc_reg_l0_threshold
+            if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+                raise ValueError(f"doc_reg_l0_threshold must be an int >= 0 or None, got {threshold!r}")
+            if self.doc_regularizer != "flops":
+                raise ValueError(
+                    f"doc_reg_l0_threshold applies to doc_regularizer='flops' only, got {self.doc_regularizer!r}"
+                )
         check_temperature(self.temperature)
         if self.contrastive == "margin_mse" and self.temperature != 1.0:
             raise ValueError(
@@ -343,7 +379,9 @@ class SpladeLoss:
             columns, **self._contrastive_kwargs, **loss_kwargs
         )
         reg_query = layout.regularizers[self.config.query_regularizer]([q_reps])
-        reg_doc = layout.regularizers[self.config.doc_regularizer](d_reps)
+        threshold = self.config.doc_reg_l0_threshold
+        reg_d_reps = d_reps if threshold is None else [layout.l0_mask(column, threshold) for column in d_reps]
+        reg_doc = layout.regularizers[self.config.doc_regularizer](reg_d_reps)
         loss = contrastive + query_weight * reg_query + doc_weight * reg_doc
         device = contrastive.device
         components = {

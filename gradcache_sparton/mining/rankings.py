@@ -25,7 +25,9 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from gradcache_sparton.data import QUERY_COLUMN
 from gradcache_sparton.evaluation import encode_texts, retrieve
+from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 
 __all__ = ["BM25_STEMMER", "bm25_rankings", "bm25_scores", "check_bm25_installed", "splade_rankings"]
 
@@ -272,10 +274,15 @@ def splade_rankings(
         device = next(encoder.parameters(), torch.empty(0)).device
     common = dict(tokenizer=tokenizer, batch_size=batch_size, device=device, show_progress=show_progress)
     q_reps = encode_texts(
-        encoder, queries, max_length=query_max_length, desc="Encoding queries", **common
+        encoder, queries, max_length=query_max_length, desc="Encoding queries", column=QUERY_COLUMN, **common
     )  # Q sparse [V] reps
     d_reps = encode_texts(
-        encoder, documents, max_length=document_max_length, desc="Encoding corpus", **common
+        encoder,
+        documents,
+        max_length=document_max_length,
+        desc="Encoding corpus",
+        column=DOCUMENT_COLUMN,
+        **common,
     )  # N sparse [V] reps
     _, doc_index = retrieve(q_reps, d_reps, top_k=depth, device=device)  # [Q, K]
     return doc_index

@@ -7,7 +7,11 @@
 - :mod:`~gradcache_sparton.modeling.llm`: decoder-only LMs encoded as masked LMs (bidirectional
   attention, echo inputs);
 - :mod:`~gradcache_sparton.modeling.checkpoint`: ``splade_config.json`` and the checks made before any
-  weights load.
+  weights load;
+- :mod:`~gradcache_sparton.modeling.query_table`: :class:`QueryTable`, the query side of an inference-free
+  model (a weight per token, e.g. the corpus's IDF), its file ``query_table.safetensors`` and ``idf.json``;
+- :mod:`~gradcache_sparton.modeling.inference_free`: :class:`InferenceFreeEncoder`, the table for queries
+  and the SPLADE encoder for documents in one module, routed by column.
 """
 
 from gradcache_sparton.modeling.backbones import (
@@ -25,17 +29,37 @@ from gradcache_sparton.modeling.checkpoint import (
     read_splade_config,
 )
 from gradcache_sparton.modeling.encoder import SpladeEncoder
+from gradcache_sparton.modeling.inference_free import InferenceFreeEncoder
+from gradcache_sparton.modeling.query_table import (
+    QUERY_TABLE_NAME,
+    TOKEN_WEIGHTS_NAME,
+    QueryTable,
+    has_query_table,
+    idf_weights,
+    load_query_table,
+    save_query_table,
+    write_token_weights,
+)
 
 __all__ = [
+    "QUERY_TABLE_NAME",
     "SPLADE_CONFIG_NAME",
+    "TOKEN_WEIGHTS_NAME",
     "TRAINING_OPTIONS",
+    "InferenceFreeEncoder",
+    "QueryTable",
     "SpladeEncoder",
     "check_checkpoint_files",
     "check_max_length",
+    "has_query_table",
+    "idf_weights",
     "load_backbone",
+    "load_query_table",
     "position_limit",
     "read_json_file",
     "read_splade_config",
     "register_masked_lm",
+    "save_query_table",
     "supported_masked_lm_classes",
+    "write_token_weights",
 ]

@@ -7,7 +7,7 @@ import json
 import os
 
 from gradcache_sparton.integrations.sentence_transformers.model_card import model_card
-from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.modeling import InferenceFreeEncoder, SpladeEncoder
 
 __all__ = ["sentence_transformers_can_load", "write_sentence_transformers_files"]
 
@@ -30,10 +30,13 @@ def _write_json(path: str, value: object) -> None:
 
 def sentence_transformers_can_load(encoder: SpladeEncoder) -> bool:
     """Whether :func:`write_sentence_transformers_files` can describe ``encoder``: a masked LM whose
-    positions all pool (special tokens aside); not a decoder-only LM, nor echo or prefix options."""
+    positions all pool (special tokens aside); not a decoder-only LM, nor echo or prefix options, nor an
+    inference-free model (whose queries these files would describe as SPLADE's)."""
     from transformers import MODEL_FOR_MASKED_LM_MAPPING
 
     # sentence-transformers builds the backbone with AutoModelForMaskedLM from the saved config.
+    if isinstance(encoder, InferenceFreeEncoder):
+        return False
     auto_masked_lm = MODEL_FOR_MASKED_LM_MAPPING.get(type(encoder.config), None) is type(encoder.model)
     return auto_masked_lm and not (encoder.bidirectional or encoder.echo or encoder.prefix_length)
 
