@@ -1,4 +1,4 @@
-"""Every relative link in README.md, docs/ and benchmarks/ markdown resolves: the file exists and, for a
+"""Every relative link in README.md, docs/ (history/ included) and benchmarks/ markdown resolves: the file exists and, for a
 markdown target with a #fragment, the target has a heading with that GitHub anchor."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").rglob("*.md")])
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "benchmarks").rglob("*.md")])
 
 # [text](target) and ![alt](target); the target ends at whitespace (an optional "title") or ")".
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^\s)>]+)>?(?:\s+\"[^\"]*\")?\s*\)")

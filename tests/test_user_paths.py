@@ -265,7 +265,7 @@ def test_docs_recommend_no_deprecated_checkpointing_flag() -> None:
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     offenders = [p.name for p in pages if "--gradient_checkpointing True" in p.read_text(encoding="utf-8")]
     assert not offenders
-    assert "--activation_checkpointing True" in (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    assert "--activation_checkpointing True" in (ROOT / "docs" / "memory.md").read_text(encoding="utf-8")
 
 
 def test_readme_quick_subset_marker_exists() -> None:
