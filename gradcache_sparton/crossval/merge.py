@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# Private to crossval, kept as they are (also _summarise, _write below): a merge reads the judged queries and
+# writes the results file exactly as one run does (protocol.py).
 from gradcache_sparton.crossval.protocol import _judged_queries, make_folds
 from gradcache_sparton.crossval.report import (
     PRIMARY,

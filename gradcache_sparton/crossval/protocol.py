@@ -22,6 +22,8 @@ from gradcache_sparton.crossval.report import (
     PRIMARY,
     RECIPE,
     ZERO_SHOT,
+    # Private to crossval, kept as they are: the results file's steps, shared by a run and by merge.py so
+    # that a merge of runs writes exactly what one run does.
     _mean,
     _summarise,
     _write,

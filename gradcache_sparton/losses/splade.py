@@ -41,8 +41,8 @@ from gradcache_sparton.losses.contrastive import (
     margin_mse,
     margin_mse_loss,
 )
-from gradcache_sparton.losses.regularizers import _REGULARIZER_CORES, get_regularizer
-from gradcache_sparton.losses.schedule import WarmupSchedule, _check_step, check_warmup, check_weight
+from gradcache_sparton.losses.regularizers import REGULARIZER_CORES, get_regularizer
+from gradcache_sparton.losses.schedule import WarmupSchedule, check_step, check_warmup, check_weight
 from gradcache_sparton.losses.sparse import (
     SPARSE_SCORES,
     sparse_expected_flops,
@@ -52,7 +52,7 @@ from gradcache_sparton.losses.sparse import (
     split_sparse_columns,
     upcast_sparse,
 )
-from gradcache_sparton.losses.sparsity import _expected_flops, _mean_nonzeros
+from gradcache_sparton.losses.sparsity import unchecked_expected_flops, unchecked_mean_nonzeros
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["CONTRASTIVE_LOSSES", "SpladeLoss", "SpladeLossConfig"]
@@ -101,9 +101,9 @@ _DENSE = _Layout(
     split_columns,
     _upcast,
     DENSE_SCORES,
-    _REGULARIZER_CORES,
-    _mean_nonzeros,
-    _expected_flops,
+    REGULARIZER_CORES,
+    unchecked_mean_nonzeros,
+    unchecked_expected_flops,
 )
 _SPARSE = _Layout(
     split_sparse_columns,
@@ -305,13 +305,13 @@ class SpladeLoss:
 
     def set_step(self, step: int) -> None:
         """Set the step (optimizer steps taken, >= 0) for calls that pass no ``step``."""
-        _check_step(step)
+        check_step(step)
         self._step = step
 
     def weights(self, step: int | None = None) -> tuple[float, float]:
         """(query weight, document weight) at ``step`` (default: :attr:`step`)."""
         step = self._step if step is None else step
-        _check_step(step)
+        check_step(step)
         return self._query_schedule(step), self._doc_schedule(step)
 
     def __call__(
