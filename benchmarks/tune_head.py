@@ -39,7 +39,7 @@ from gradcache_sparton.kernels.sparton_backward import (
     _sparse_backward,
     sparton_backward,
 )
-from gradcache_sparton.kernels.sparton_backward_dense import _grad_e_dense, _grad_h_dense
+from gradcache_sparton.kernels.sparton_backward_dense import grad_e_dense, grad_h_dense
 from gradcache_sparton.kernels.sparton_blocks import (
     _BWD_GPU,
     _DENSE_BWD_GPU,
@@ -246,8 +246,8 @@ def main() -> int:
             pairs = zip(got, want, strict=True)
             same = all(torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3) for a, b in pairs)
             ms = bench(lambda blk=blk: sparton_backward(g, h, e, mx, arg, dense=True, blocks=blk))
-            ms_e = bench(lambda blk=blk: _grad_e_dense(h, coef, arg32, V, e.dtype, blk))
-            ms_h = bench(lambda blk=blk: _grad_h_dense(e, coef, arg32, S, h.dtype, blk))
+            ms_e = bench(lambda blk=blk: grad_e_dense(h, coef, arg32, V, e.dtype, blk))
+            ms_h = bench(lambda blk=blk: grad_h_dense(e, coef, arg32, S, h.dtype, blk))
             row = {
                 "kind": "bwd_dense",
                 "blocks": blk.__dict__,
@@ -265,9 +265,9 @@ def main() -> int:
         )
         blk = replace(_DENSE_BWD_GPU, **tiles)
         try:
-            got = _grad_h_dense(e, coef, arg32, S, h.dtype, blk)
+            got = grad_h_dense(e, coef, arg32, S, h.dtype, blk)
             same = torch.allclose(got.float(), want[0].float(), rtol=1e-2, atol=1e-3)
-            ms = bench(lambda blk=blk: _grad_h_dense(e, coef, arg32, S, h.dtype, blk))
+            ms = bench(lambda blk=blk: grad_h_dense(e, coef, arg32, S, h.dtype, blk))
             rows.append(
                 {
                     "kind": "grad_h_dense",

@@ -283,14 +283,14 @@ def test_forward_kernel_follows_sequence_length(monkeypatch) -> None:
     one-row kernel's 256-wide tile; fp32 the one-row kernel's FMA tile whatever S."""
     from gradcache_sparton.kernels import sparton_blocks
 
-    monkeypatch.setattr(sparton_blocks, "_interpreting", lambda: False)
+    monkeypatch.setattr(sparton_blocks, "interpreting", lambda: False)
     for dtype in (torch.bfloat16, torch.float16):
         for S in (1, 29, 32, 33, 64):
-            assert sparton_blocks._default_forward_blocks(dtype, S) == sparton_blocks._FWD_GPU_16BIT_PACKED
+            assert sparton_blocks.default_forward_blocks(dtype, S) == sparton_blocks._FWD_GPU_16BIT_PACKED
         for S in (65, 512):
-            assert sparton_blocks._default_forward_blocks(dtype, S).block_s == 256
+            assert sparton_blocks.default_forward_blocks(dtype, S).block_s == 256
     for S in (16, 512):
-        assert sparton_blocks._default_forward_blocks(torch.float32, S).block_s == 64
+        assert sparton_blocks.default_forward_blocks(torch.float32, S).block_s == 64
 
 
 def test_forward_launches_follow_the_product_size(monkeypatch) -> None:
@@ -298,14 +298,14 @@ def test_forward_launches_follow_the_product_size(monkeypatch) -> None:
     measured shapes: B 128 S 256 and larger, not B 32 S 256), one NaN-aware launch below; packed always one."""
     from gradcache_sparton.kernels import sparton_blocks, sparton_forward
 
-    assert sparton_blocks._two_pass_forward(128, 256, 768, 30522)
-    assert sparton_blocks._two_pass_forward(16, 512, 2048, 128256)
-    assert not sparton_blocks._two_pass_forward(32, 256, 768, 30522)
+    assert sparton_blocks.two_pass_forward(128, 256, 768, 30522)
+    assert sparton_blocks.two_pass_forward(16, 512, 2048, 128256)
+    assert not sparton_blocks.two_pass_forward(32, 256, 768, 30522)
     passes: list[str] = []
     monkeypatch.setattr(
         sparton_forward, "_forward_one_row", lambda *a, nan_pass, **k: passes.append(nan_pass)
     )
-    monkeypatch.setattr(sparton_forward, "_two_pass_forward", lambda *shape: shape == (3, 40, 16, 24))
+    monkeypatch.setattr(sparton_forward, "two_pass_forward", lambda *shape: shape == (3, 40, 16, 24))
     h, e, b, m = _inputs(3, 40, 16, 24, True, torch.float32, torch.device("cpu"), seed=37)
     from gradcache_sparton.kernels.sparton_blocks import _FWD_INTERPRET
 
@@ -430,7 +430,7 @@ def test_triton_backward_same_with_narrow_or_wide_indices(kernel_device, monkeyp
         narrow = _launch_backward(g, h, e, mx, arg, path)[:2]
         with monkeypatch.context() as patch:
             patch.setattr(backward, "_order_dtype", lambda B, V: torch.int64)
-            patch.setattr(backward, "_INT16_KEYS_BELOW", 0)
+            patch.setattr(backward, "INT16_KEYS_BELOW", 0)
             wide = _launch_backward(g, h, e, mx, arg, path)[:2]
         for x, y in zip(narrow, wide, strict=True):
             assert torch.equal(x.isnan(), y.isnan()) and x.isnan().any()

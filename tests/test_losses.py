@@ -475,6 +475,7 @@ def test_sparse_score_blocks_bound_their_bytes_at_large_vocabularies(monkeypatch
     would take 3.8 GiB each), and the sparse InfoNCE uses it when no block size is given."""
     import gradcache_sparton.losses.sparse as sparse_module
     from gradcache_sparton.evaluation import SparseReps
+    from gradcache_sparton.losses.contrastive import info_nce
 
     assert sparse_module.sparse_block_size(30522) == sparse_module.AUTO_BLOCK_SIZE == 4096
     assert sparse_module.sparse_block_size(250_002) == 536
@@ -484,7 +485,8 @@ def test_sparse_score_blocks_bound_their_bytes_at_large_vocabularies(monkeypatch
     used = _record_block_sizes(monkeypatch, sparse_module, "sparse_blocked_logsumexp")
     monkeypatch.setattr(sparse_module, "SPARSE_BLOCK_MAX_BYTES", 4 * 30 * 3)  # 3 rows of V = 30
     reps = {name: SparseReps.from_dense(rep) for name, rep in _batch(6, 30, 1, seed=9).items()}
-    sparse_module.sparse_info_nce(sparse_module.split_sparse_columns(reps), temperature=1.0)
+    columns = sparse_module.split_sparse_columns(reps)
+    info_nce(columns, sparse_module.SPARSE_SCORES, temperature=1.0)
     assert used == [3]
 
 

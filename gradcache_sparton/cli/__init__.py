@@ -9,6 +9,10 @@ or training data, is the shipped ``resources/default_train.yaml`` (the embedded 
 names its own model or data therefore never inherits the demo's steps, learning rate or lengths; every
 value a config file sets and no flag overrides is logged at the start.
 
+``evaluate``, ``mine`` and ``export`` parse dataclasses the same way (:func:`.options.parse_command`);
+the checkpoint options they share (``--model_name_or_path``, ``--query_max_length``,
+``--document_max_length``, ``--batch_size``, ``--device``) are declared once, in :mod:`.options`.
+
 One command a module (:mod:`.train`, :mod:`.evaluate`, :mod:`.mine`, :mod:`.export`; ``crossval`` is
 :mod:`gradcache_sparton.crossval`'s); ``train``'s help by theme in :mod:`.train_help`; the top-level
 parser and dispatch in :mod:`.app`.

@@ -3,98 +3,74 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gradcache_sparton.cli.commands import COMMANDS
+from gradcache_sparton.cli.options import CheckpointOptions, QueryLengthOption, option, parse_command
+from gradcache_sparton.evaluation.evaluator import RETRIEVALS
+from gradcache_sparton.evaluation.metrics import DEFAULT_MEASURES
 
-__all__ = ["evaluate_command"]
+__all__ = ["EvaluateOptions", "evaluate_command"]
+
+
+@dataclass
+class EvaluateOptions:
+    """``evaluate``'s own flags (the checkpoint's: :class:`~.options.CheckpointOptions`)."""
+
+    beir_path: list[str] | None = option(
+        None,
+        "One or more BEIR folders (a per-dataset table and the mean); default: the shipped SciFact dev sample.",
+    )
+    split: str = option("dev", "qrels split (qrels/<split>.tsv).")
+    measures: list[str] | None = option(
+        None,
+        f"ir_measures names, e.g. nDCG@10 RR@10 R@100 AP P@5 (default: {' '.join(DEFAULT_MEASURES)}, the recall cutoff following --top_k).",
+    )
+    top_k: int = option(100, "Documents retrieved per query.")
+    retrieval: str = option(
+        "exhaustive",
+        "Exhaustive search, or a seismic inverted index (exact by default; needs pyseismic-lsr).",
+        choices=RETRIEVALS,
+    )
+    budgets: list[str] = option(
+        ["full"],
+        "Pruning budgets Q:D[:T] (query top-k, document top-k: an int or 'all'; weight threshold), e.g. full 64:256 32:128 all:all:0.5: metrics and index size (postings) at each.",
+    )
+    output_file: Path | None = option(
+        None,
+        "Also write the metrics as JSON here, and each TREC run beside it (<stem>.<dataset>.<budget>.trec).",
+    )
+    overwrite: bool = option(False, "replace an existing --output_file and its TREC runs.")
 
 
 def evaluate_command(argv: Sequence[str]) -> int:
-    from gradcache_sparton.evaluation import DEFAULT_MEASURES, RETRIEVALS, PruningBudget, format_table
+    from gradcache_sparton.evaluation import PruningBudget, format_table
     from gradcache_sparton.pipeline import run_evaluation
 
-    parser = argparse.ArgumentParser(
-        prog="gradcache-sparton evaluate",
-        description=COMMANDS["evaluate"] + " (default: shipped SciFact dev).",
+    checkpoint, queries, args = parse_command(
+        "evaluate",
+        argv,
+        (CheckpointOptions, QueryLengthOption, EvaluateOptions),
+        description=" (default: shipped SciFact dev).",
+        required=("model_name_or_path",),
     )
-    parser.add_argument(
-        "--model_name_or_path",
-        required=True,
-        help="Checkpoint folder (`train` writes outputs/splade-<date>-<time> and prints it), shipped name "
-        "(splade-tiny-msmarco) or hub id.",
-    )
-    parser.add_argument(
-        "--beir_path",
-        nargs="+",
-        default=None,
-        help="One or more BEIR folders (a per-dataset table and the mean); default: the shipped SciFact dev sample.",
-    )
-    parser.add_argument("--split", default="dev", help="qrels split (qrels/<split>.tsv).")
-    parser.add_argument(
-        "--query_max_length",
-        type=int,
-        default=None,
-        help="Default: the checkpoint's training length, else 32.",
-    )
-    parser.add_argument(
-        "--document_max_length",
-        type=int,
-        default=None,
-        help="Default: the checkpoint's training length, else 256.",
-    )
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
-    parser.add_argument(
-        "--measures",
-        nargs="+",
-        default=None,
-        help=f"ir_measures names, e.g. nDCG@10 RR@10 R@100 AP P@5 (default: {' '.join(DEFAULT_MEASURES)}, "
-        "the recall cutoff following --top_k).",
-    )
-    parser.add_argument("--top_k", type=int, default=100, help="Documents retrieved per query.")
-    parser.add_argument(
-        "--retrieval",
-        choices=RETRIEVALS,
-        default="exhaustive",
-        help="Exhaustive search, or a seismic inverted index (exact by default; needs pyseismic-lsr).",
-    )
-    parser.add_argument(
-        "--budgets",
-        nargs="+",
-        default=["full"],
-        help="Pruning budgets Q:D[:T] (query top-k, document top-k: an int or 'all'; weight threshold), "
-        "e.g. full 64:256 32:128 all:all:0.5: metrics and index size (postings) at each.",
-    )
-    parser.add_argument(
-        "--output_file",
-        type=Path,
-        default=None,
-        help="Also write the metrics as JSON here, and each TREC run beside it (<stem>.<dataset>.<budget>.trec).",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace an existing --output_file and its TREC runs."
-    )
-    args = parser.parse_args(argv)
     if args.top_k < 1:  # before the measures, whose default recall cutoff follows it
         raise ValueError(f"--top_k must be an int >= 1 (documents retrieved per query), got {args.top_k}")
     budgets = [PruningBudget.parse(text) for text in args.budgets]
     if args.output_file is not None:
         # Before any work: a result is never lost to a bad path, nor a file to a result.
         _prepare_output_file(args.output_file, overwrite=args.overwrite)
+    encoding = asdict(checkpoint)
     result = run_evaluation(
-        args.model_name_or_path,
+        encoding.pop("model_name_or_path"),
+        **encoding,
+        **asdict(queries),
         beir_path=args.beir_path,
         split=args.split,
-        query_max_length=args.query_max_length,
-        document_max_length=args.document_max_length,
-        batch_size=args.batch_size,
-        device=args.device,
         measures=args.measures,
         top_k=args.top_k,
         budgets=budgets,

@@ -14,7 +14,14 @@ from typing import Any
 
 from gradcache_sparton.crossval.settings import CrossvalSettings
 
-__all__ = ["MERGED_SETTINGS", "RUN_ONLY_FLAGS", "TOLERANCE", "experiment_differences", "recipe_config"]
+__all__ = [
+    "MERGED_SETTINGS",
+    "RUN_ONLY_FLAGS",
+    "TOLERANCE",
+    "experiment_differences",
+    "numbers_close",
+    "recipe_config",
+]
 
 # Settings that may differ between the runs of one experiment: the seeds are what is merged, the output folder
 # and the TREC runs change no number, and the data behind ``beir_path`` is compared directly (folds, references).
@@ -122,10 +129,10 @@ def _training_flags(flags: list[str]) -> list[str]:
     return kept
 
 
-def _close(a: Any, b: Any) -> bool:
+def numbers_close(a: Any, b: Any) -> bool:
     """Same structure, numbers within ``TOLERANCE``."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return set(a) == set(b) and all(_close(a[k], b[k]) for k in a)
+        return set(a) == set(b) and all(numbers_close(a[k], b[k]) for k in a)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return math.isclose(a, b, rel_tol=0.0, abs_tol=TOLERANCE)
     return a == b

@@ -29,9 +29,12 @@ from gradcache_sparton.crossval.experiment import (
     MERGED_SETTINGS,
     RUN_ONLY_FLAGS,
     TOLERANCE,
-    _close,
+    numbers_close,
     experiment_differences,
 )
+
+# Private to crossval, kept as they are (also _summarise, _write below): a merge reads the judged queries and
+# writes the results file exactly as one run does (protocol.py).
 from gradcache_sparton.crossval.protocol import _judged_queries, make_folds
 from gradcache_sparton.crossval.report import (
     PRIMARY,
@@ -128,7 +131,7 @@ def _check_references(results: list[dict[str, Any]], paths: list[Path]) -> None:
                 f"--merge: {str(path)!r} holds systems {sorted(systems)}, {str(paths[0])!r} {sorted(first)}"
             )
         for system in sorted(name for name in first if not is_recipe_system(name)):
-            if not _close(first[system]["seeds"], systems[system]["seeds"]):
+            if not numbers_close(first[system]["seeds"], systems[system]["seeds"]):
                 raise ValueError(
                     f"--merge: {system}'s per-query numbers differ between {str(paths[0])!r} and {str(path)!r} "
                     f"(beyond {TOLERANCE}): not the same data or evaluation"

@@ -21,7 +21,7 @@ import torch
 from gradcache_sparton.crossval.experiment import (
     MERGED_SETTINGS,
     TOLERANCE,
-    _close,
+    numbers_close,
     experiment_differences,
     recipe_config,
 )
@@ -31,6 +31,8 @@ from gradcache_sparton.crossval.report import (
     RECIPE,
     RESULTS_FILE,
     ZERO_SHOT,
+    # Private to crossval, kept as they are: the results file's steps, shared by a run and by merge.py so
+    # that a merge of runs writes exactly what one run does.
     _mean,
     _summarise,
     _write,
@@ -421,7 +423,7 @@ def _add_to_earlier(results: dict[str, Any], earlier: dict[str, Any], out: Path)
     for system, entry in earlier["systems"].items():
         if is_recipe_system(system):
             results["systems"][system]["seeds"].update(entry["seeds"])
-        elif not _close(entry["seeds"], results["systems"][system]["seeds"]):
+        elif not numbers_close(entry["seeds"], results["systems"][system]["seeds"]):
             raise ValueError(
                 f"output_dir {str(out)!r}: {system}'s per-query numbers in its {RESULTS_FILE} differ from this run's "
                 f"(beyond {TOLERANCE}): not the same data or evaluation; choose another output_dir"

@@ -22,7 +22,15 @@ from gradcache_sparton.data.files import open_text
 if TYPE_CHECKING:
     import datasets
 
-__all__ = ["BeirData", "CorpusDocument", "beir_training_pairs", "iter_corpus", "load_beir", "read_corpus"]
+__all__ = [
+    "BeirData",
+    "CorpusDocument",
+    "beir_training_pairs",
+    "iter_corpus",
+    "load_beir",
+    "read_corpus",
+    "relevant_judgements",
+]
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,16 @@ def load_beir(path: str | Path, *, split: str) -> BeirData:
     return BeirData(corpus=corpus, queries=queries, qrels=qrels)
 
 
+def relevant_judgements(beir: BeirData) -> list[tuple[str, str]]:
+    """(query id, document id) of every judgement with relevance > 0, in qrels order."""
+    return [
+        (query_id, doc_id)
+        for query_id, judged in beir.qrels.items()
+        for doc_id, relevance in judged.items()
+        if relevance > 0
+    ]
+
+
 def beir_training_pairs(beir: BeirData) -> datasets.Dataset:
     """One (query, positive) row per judgement with relevance > 0, in qrels order.
 
@@ -218,9 +236,7 @@ def beir_training_pairs(beir: BeirData) -> datasets.Dataset:
 
     rows = [
         {QUERY_COLUMN: beir.queries[query_id], POSITIVE_COLUMN: beir.corpus[doc_id]}
-        for query_id, judged in beir.qrels.items()
-        for doc_id, relevance in judged.items()
-        if relevance > 0
+        for query_id, doc_id in relevant_judgements(beir)
     ]
     if not rows:
         raise ValueError("beir has no judgement with relevance > 0: no training pairs")

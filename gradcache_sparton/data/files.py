@@ -17,7 +17,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
-__all__ = ["READ_ERRORS", "TextFile", "open_text"]
+__all__ = ["COMPRESSIONS", "READ_ERRORS", "TextFile", "format_suffix", "open_text"]
+
+#: Compression suffixes the readers of training and mining files take (``.zst`` needs ``zstandard``).
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+
+
+def format_suffix(path: Path) -> str | None:
+    """``path``'s lowercased format suffix under an optional compression one (``a.JSONL.gz`` -> ``.jsonl``);
+    None when it has none."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        suffixes = suffixes[:-1]
+    return suffixes[-1] if suffixes else None
+
 
 #: What a cut or corrupted compressed stream, or undecodable bytes, raise while being read.
 READ_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError, UnicodeDecodeError)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gradcache_sparton.data.files import READ_ERRORS, open_text
+from gradcache_sparton.data.files import COMPRESSIONS, READ_ERRORS, format_suffix, open_text
 from gradcache_sparton.data.validation import RowError, check_dataset_type, validate_training_dataset
 
 if TYPE_CHECKING:
@@ -16,19 +16,16 @@ if TYPE_CHECKING:
 __all__ = ["load_training_data"]
 
 _LOAD_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-_COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 
 
 def _builder_for(path: Path) -> str:
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in _COMPRESSIONS:
-        suffixes = suffixes[:-1]
-    if not suffixes or suffixes[-1] not in _LOAD_BUILDERS:
+    suffix = format_suffix(path)
+    if suffix not in _LOAD_BUILDERS:
         raise ValueError(
             f"cannot tell the format of {str(path)!r}: expected one of {sorted(_LOAD_BUILDERS)} "
-            f"(optionally compressed: {list(_COMPRESSIONS)})"
+            f"(optionally compressed: {list(COMPRESSIONS)})"
         )
-    return _LOAD_BUILDERS[suffixes[-1]]
+    return _LOAD_BUILDERS[suffix]
 
 
 def _is_blank(path: Path) -> bool:

@@ -30,6 +30,8 @@ from gradcache_sparton.engine.memory_plan import (
     Footprint,
     MemoryPlan,
     PlanChoices,
+    # Private to the engine, kept as they are: how the plan reads a column's rows and padded length,
+    # which the probe must read the same way.
     _length,
     _rows,
     choose_plan,

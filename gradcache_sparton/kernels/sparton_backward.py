@@ -45,25 +45,15 @@ import triton.language as tl
 from torch import Tensor
 
 from gradcache_sparton.kernels.reference import backward_coefficients, non_finite_columns
-from gradcache_sparton.kernels.sparton_backward_dense import (
-    _grad_e_dense,
-    _grad_h_dense,
-    _launch_dense_grad_h,
-)
+from gradcache_sparton.kernels.sparton_backward_dense import grad_e_dense, grad_h_dense, launch_dense_grad_h
 from gradcache_sparton.kernels.sparton_blocks import (
-    _COLUMN_BLOCK_B,
-    _COLUMN_BLOCK_B_INTERPRET,
-    _COLUMN_BLOCK_V,
-    _COLUMN_BLOCK_V_INTERPRET,
-    _DENSE_BWD_GPU,
-    _DENSE_BWD_INTERPRET,
-    _INT16_KEYS_BELOW,
-    _ROW_KEYS_BLOCK,
-    _ROW_KEYS_BLOCK_INTERPRET,
+    INT16_KEYS_BELOW,
     BackwardBlocks,
     DenseBackwardBlocks,
-    _default_backward_blocks,
-    _interpreting,
+    column_layout_blocks,
+    default_backward_blocks,
+    default_dense_backward_blocks,
+    row_keys_block,
 )
 
 __all__ = ["sparton_backward"]
@@ -300,9 +290,8 @@ def _column_segments(
     order[offsets[v]:offsets[v + 1]], the rest of order is not written. Skipped on the device (order
     left unwritten) unless live < limit, where grad_E runs by column."""
     B, V = coef.shape
-    interpreting = _interpreting()
-    block_b = block_b or (_COLUMN_BLOCK_B_INTERPRET if interpreting else _COLUMN_BLOCK_B)
-    block_v = block_v or (_COLUMN_BLOCK_V_INTERPRET if interpreting else _COLUMN_BLOCK_V)
+    default_b, default_v = column_layout_blocks()
+    block_b, block_v = block_b or default_b, block_v or default_v
     grid = (triton.cdiv(V, block_v),)
     launch = dict(BLOCK_B=block_b, BLOCK_V=block_v)
     order = torch.empty(B * V, device=coef.device, dtype=_order_dtype(B, V))
@@ -325,7 +314,7 @@ def _row_segments(coef: Tensor, arg: Tensor, S: int) -> tuple[Tensor, Tensor]:
     # Keyed by destination row, zeros given the sentinel B·S (sorting last); torch.sort's stable radix
     # sort, whose passes scale with the key's width: where B·S < 2^15 (queries: 512 x 32 = 16,384) int16
     # keys take half the passes of int32 ones, over all B·V keys (15.6M at B = 512, V = 30,522).
-    key_dtype = torch.int16 if B * S < _INT16_KEYS_BELOW else torch.int32
+    key_dtype = torch.int16 if B * S < INT16_KEYS_BELOW else torch.int32
     rows = torch.arange(B, device=coef.device, dtype=key_dtype)[:, None] * S  # [B, 1]
     keys = torch.where(coef != 0, rows + arg.to(key_dtype), B * S).reshape(-1)  # [B·V]
     sorted_keys, order = torch.sort(keys, stable=True)
@@ -343,9 +332,9 @@ def _row_segments_from_columns(
     runs, 0.16-0.20 ms at B·V = 15.6M) and every row is left empty."""
     B, V = arg.shape
     capacity = min(limit, B * V)
-    key_dtype = torch.int16 if B * S < _INT16_KEYS_BELOW else torch.int32
+    key_dtype = torch.int16 if B * S < INT16_KEYS_BELOW else torch.int32
     keys = torch.empty(capacity, device=arg.device, dtype=key_dtype)
-    block = _ROW_KEYS_BLOCK_INTERPRET if _interpreting() else _ROW_KEYS_BLOCK
+    block = row_keys_block()
     grid = (triton.cdiv(capacity, block),)
     _row_keys_kernel[grid](order, arg, keys, live, limit, capacity, V, S, B * S, BLOCK=block)
     sorted_keys, by_row = torch.sort(keys, stable=True)
@@ -488,8 +477,7 @@ def _grad_h(
             num_warps=blocks.h_num_warps,
         )
     if short and limit <= B * V:
-        dense = _DENSE_BWD_INTERPRET if _interpreting() else _DENSE_BWD_GPU
-        _launch_dense_grad_h(e, coef, arg, poison, grad_h, live, limit, dense)
+        launch_dense_grad_h(e, coef, arg, poison, grad_h, live, limit, default_dense_backward_blocks())
     return grad_h
 
 
@@ -526,12 +514,12 @@ def sparton_backward(
     coef = backward_coefficients(grad_y, max_logits).contiguous()  # [B, V] fp32
     grad_bias = coef.sum(dim=0) if need_bias else None  # [B, V] -> [V]
     if dense:
-        blocks = blocks or (_DENSE_BWD_INTERPRET if _interpreting() else _DENSE_BWD_GPU)
+        blocks = blocks or default_dense_backward_blocks()
         assert isinstance(blocks, DenseBackwardBlocks)
-        grad_e = _grad_e_dense(h, coef, arg, V, e.dtype, blocks) if need_e else None
-        grad_h = _grad_h_dense(e, coef, arg, S, h.dtype, blocks) if need_h else None
+        grad_e = grad_e_dense(h, coef, arg, V, e.dtype, blocks) if need_e else None
+        grad_h = grad_h_dense(e, coef, arg, S, h.dtype, blocks) if need_h else None
     else:
-        blocks = blocks or _default_backward_blocks(h.dtype)
+        blocks = blocks or default_backward_blocks(h.dtype)
         assert isinstance(blocks, BackwardBlocks)
         grad_h, grad_e = _sparse_backward(h, e, coef, arg, (need_h, need_e), blocks)
     return grad_h, grad_e, grad_bias

@@ -18,9 +18,10 @@ import triton.language as tl
 from torch import Tensor
 
 from gradcache_sparton.kernels.reference import non_finite_columns
-from gradcache_sparton.kernels.sparton_blocks import DenseBackwardBlocks, _interpreting
+from gradcache_sparton.kernels.sparton_blocks import DenseBackwardBlocks, interpreting
 
-__all__: list[str] = []
+# The sparse backward (sparton_backward.py) launches these too: its tensor-core grad_H, and dense=True.
+__all__ = ["grad_e_dense", "grad_h_dense", "launch_dense_grad_h"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def _dot_mode(dtype: torch.dtype) -> dict[str, object]:
     bf16 as a hi + lo pair of bf16 tiles (coef to 16 bits, products exact, fp32 sums); fp32 and fp16
     (whose range would flush the lo part of small coefficients) in IEEE fp32."""
     split = dtype == torch.bfloat16
-    return {"SPLIT": split, "UPCAST_DOT": _interpreting() and split}
+    return {"SPLIT": split, "UPCAST_DOT": interpreting() and split}
 
 
 def _whole_rows(S: int, block: int) -> tuple[int, int]:
@@ -181,7 +182,7 @@ def _whole_rows(S: int, block: int) -> tuple[int, int]:
     return (block // s_pad, s_pad) if s_pad <= block else (1, block)
 
 
-def _grad_e_dense(
+def grad_e_dense(
     h: Tensor, coef: Tensor, arg: Tensor, V: int, dtype: torch.dtype, blocks: DenseBackwardBlocks
 ) -> Tensor:
     """grad_E [V, D] = Σ_b P_b @ H[b], P_b [V, S] = coef[b, v] at (v, argmax[b, v]): tensor-core products,
@@ -213,7 +214,7 @@ def _grad_e_dense(
     return grad_e
 
 
-def _grad_h_dense(
+def grad_h_dense(
     e: Tensor, coef: Tensor, arg: Tensor, S: int, dtype: torch.dtype, blocks: DenseBackwardBlocks
 ) -> Tensor:
     """grad_H [B, S, D] = P_b^T @ E per batch row, P_b^T [S, V] built tile by tile from (coef, argmax);
@@ -221,11 +222,11 @@ def _grad_h_dense(
     B = coef.shape[0]
     poison = non_finite_columns(e, dim=0)  # [D]
     grad_h = torch.empty(B, S, e.shape[1], device=e.device, dtype=dtype)
-    _launch_dense_grad_h(e, coef, arg, poison, grad_h, torch.count_nonzero(coef), 0, blocks)  # runs always
+    launch_dense_grad_h(e, coef, arg, poison, grad_h, torch.count_nonzero(coef), 0, blocks)  # runs always
     return grad_h
 
 
-def _launch_dense_grad_h(
+def launch_dense_grad_h(
     e: Tensor,
     coef: Tensor,
     arg: Tensor,

@@ -13,7 +13,22 @@ from dataclasses import dataclass, replace
 
 import torch
 
-__all__ = ["BackwardBlocks", "DenseBackwardBlocks", "ForwardBlocks", "PackedForwardBlocks"]
+# The launchers' interface (sparton_forward, sparton_backward, sparton_backward_dense): the block classes,
+# the default tiles for a launch, and whether the Triton interpreter runs them.
+__all__ = [
+    "INT16_KEYS_BELOW",
+    "BackwardBlocks",
+    "DenseBackwardBlocks",
+    "ForwardBlocks",
+    "PackedForwardBlocks",
+    "column_layout_blocks",
+    "default_backward_blocks",
+    "default_dense_backward_blocks",
+    "default_forward_blocks",
+    "interpreting",
+    "row_keys_block",
+    "two_pass_forward",
+]
 
 
 @dataclass(frozen=True)
@@ -98,9 +113,6 @@ _FWD_GPU_FP32 = ForwardBlocks(
 _FWD_INTERPRET = ForwardBlocks(
     block_s=16, block_v=16, block_d=16, group_b=2, num_warps=1, num_stages=1, tma=True, persistent=True
 )
-# Interpreter: programs of a persistent launch, fewer than the tests' (batch row, V tile) pairs, not a divisor.
-_PERSISTENT_PROGRAMS_INTERPRET = 3
-
 # One-row forward in two launches (the plain max, then a NaN-aware redo only where the inputs' bound fails)
 # from this many multiply-adds B·S·V·D on; one NaN-aware launch below. H200, bf16, head_regression A/B against
 # the one-launch kernel (2026-11-26, three calls): 2-9% faster forward at 7.7e11 and above (B 128 S 256,
@@ -141,7 +153,7 @@ _BWD_GPU = BackwardBlocks(
 # grad_E's column layout (a two-pass counting sort): rows x columns per program, the fastest timed on an H100.
 _COLUMN_BLOCK_B, _COLUMN_BLOCK_V = 32, 32
 # grad_H's row-sort keys are int16 below this B·S (half the radix sort's passes of int32 keys), else int32.
-_INT16_KEYS_BELOW = 2**15
+INT16_KEYS_BELOW = 2**15
 # grad_H's row keys from the column layout, entries per program (not tuned); several programs per test.
 _ROW_KEYS_BLOCK, _ROW_KEYS_BLOCK_INTERPRET = 1024, 16
 # Interpreter: partial tiles in b and v at the tests' shapes.
@@ -190,27 +202,45 @@ _DENSE_BWD_INTERPRET = DenseBackwardBlocks(
 )
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether the kernels run under the Triton interpreter (TRITON_INTERPRET=1): the tests' small tiles."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _default_forward_blocks(dtype: torch.dtype, seq_len: int) -> ForwardBlocks | PackedForwardBlocks:
+def default_forward_blocks(dtype: torch.dtype, seq_len: int) -> ForwardBlocks | PackedForwardBlocks:
     """The kernel and tiles for a dtype and S; the interpreter makes the same choice of kernel."""
-    interpreting = _interpreting()
+    interpreter = interpreting()
     if dtype != torch.float32 and seq_len <= _PACKED_MAX_S:
-        return _FWD_PACKED_INTERPRET if interpreting else _FWD_GPU_16BIT_PACKED
-    if interpreting:
+        return _FWD_PACKED_INTERPRET if interpreter else _FWD_GPU_16BIT_PACKED
+    if interpreter:
         return _FWD_INTERPRET
     return _FWD_GPU_FP32 if dtype == torch.float32 else _FWD_GPU_16BIT
 
 
-def _default_backward_blocks(dtype: torch.dtype) -> BackwardBlocks:
+def default_backward_blocks(dtype: torch.dtype) -> BackwardBlocks:
     """The default tiles; fp32 inputs take the longer sequences' kernels whatever S (grad_H's tensor-core
     kernel multiplies fp32 in IEEE FMA, slower than the gather), the interpreter making the same choice."""
-    blocks = _BWD_INTERPRET if _interpreting() else _BWD_GPU
+    blocks = _BWD_INTERPRET if interpreting() else _BWD_GPU
     return replace(blocks, short_s=0) if dtype == torch.float32 else blocks
 
 
-def _two_pass_forward(B: int, S: int, D: int, V: int) -> bool:
+def default_dense_backward_blocks() -> DenseBackwardBlocks:
+    """The tensor-core backward's default tiles (the interpreter's small ones under TRITON_INTERPRET=1)."""
+    return _DENSE_BWD_INTERPRET if interpreting() else _DENSE_BWD_GPU
+
+
+def column_layout_blocks() -> tuple[int, int]:
+    """(rows, columns) per program of grad_E's column layout."""
+    if interpreting():
+        return _COLUMN_BLOCK_B_INTERPRET, _COLUMN_BLOCK_V_INTERPRET
+    return _COLUMN_BLOCK_B, _COLUMN_BLOCK_V
+
+
+def row_keys_block() -> int:
+    """Entries per program of grad_H's row keys built from the column layout."""
+    return _ROW_KEYS_BLOCK_INTERPRET if interpreting() else _ROW_KEYS_BLOCK
+
+
+def two_pass_forward(B: int, S: int, D: int, V: int) -> bool:
     """Whether the one-row forward runs as two launches (see ``_TWO_PASS_MIN_MACS``)."""
     return B * S * D * V >= _TWO_PASS_MIN_MACS

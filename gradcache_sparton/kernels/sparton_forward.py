@@ -46,12 +46,11 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gradcache_sparton.kernels.sparton_blocks import (
-    _PERSISTENT_PROGRAMS_INTERPRET,
     ForwardBlocks,
     PackedForwardBlocks,
-    _default_forward_blocks,
-    _interpreting,
-    _two_pass_forward,
+    default_forward_blocks,
+    interpreting,
+    two_pass_forward,
 )
 
 __all__ = ["sparton_forward"]
@@ -393,7 +392,7 @@ def _forward_dot_mode(dtype: torch.dtype) -> dict[str, object]:
         # Triton 3.9's interpreter multiplies bf16 tl.dot operands wrongly (errors ~1e10); bf16 -> fp32 is
         # exact and the GPU's bf16 MMA forms the same exact products, so upcasting there computes the
         # same function. Never set on a GPU.
-        "UPCAST_DOT": _interpreting() and dtype == torch.bfloat16,
+        "UPCAST_DOT": interpreting() and dtype == torch.bfloat16,
     }
 
 
@@ -415,11 +414,11 @@ def sparton_forward(
     packed one for 16-bit inputs with S <= 64, the one-row one otherwise. ``two_pass`` (one-row kernel
     only): the plain max, then a NaN-aware launch that redoes the work only where the inputs' bound cannot
     rule out a NaN or infinite logit (read on the device, no sync), instead of one NaN-aware launch; by
-    default where the product is large enough to pay for the bound (``_two_pass_forward``).
+    default where the product is large enough to pay for the bound (``two_pass_forward``).
     """
     B, S, D = hidden_states.shape
     V = weight.shape[0]
-    blocks = blocks or _default_forward_blocks(hidden_states.dtype, S)
+    blocks = blocks or default_forward_blocks(hidden_states.dtype, S)
     h = hidden_states.contiguous()
     e = weight.contiguous()
     mask = attention_mask.to(torch.uint8).contiguous()
@@ -430,7 +429,7 @@ def sparton_forward(
         if two_pass:
             raise ValueError("two_pass=True runs the one-row kernel only (blocks: ForwardBlocks)")
         _forward_packed(h, e, bias, mask, mx, arg, blocks)
-    elif _two_pass_forward(B, S, D, V) if two_pass is None else two_pass:
+    elif two_pass_forward(B, S, D, V) if two_pass is None else two_pass:
         bounded = _logits_bounded(h, e, bias)
         for nan_pass in ("plain", "redo"):
             _forward_one_row(h, e, bias, mask, mx, arg, blocks, nan_pass=nan_pass, bounded=bounded)
@@ -464,7 +463,7 @@ def _tma_loads(h: Tensor, e: Tensor) -> bool:
     copy engine's rules). Otherwise the kernel loads through pointer tensors."""
     if h.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if not _interpreting() and torch.cuda.get_device_capability(h.device)[0] < 9:
+    if not interpreting() and torch.cuda.get_device_capability(h.device)[0] < 9:
         return False
     return all(
         t.data_ptr() % 16 == 0
@@ -474,10 +473,14 @@ def _tma_loads(h: Tensor, e: Tensor) -> bool:
     )
 
 
+# Interpreter: programs of a persistent launch, fewer than the tests' (batch row, V tile) pairs, not a divisor.
+_PERSISTENT_PROGRAMS_INTERPRET = 3
+
+
 def _persistent_programs(device: torch.device) -> int:
     """Programs of a persistent launch: one per SM (the 16-bit tile's shared memory fits one per SM); under
     the interpreter a few, so that each test program walks several (batch row, V tile) pairs."""
-    if _interpreting():
+    if interpreting():
         return _PERSISTENT_PROGRAMS_INTERPRET
     return torch.cuda.get_device_properties(device).multi_processor_count
 

@@ -69,6 +69,7 @@ __all__ = [
     "RowsOf",
     "blocked_logsumexp",
     "check_block_size",
+    "rows_logsumexp",
     "score_block_size",
 ]
 
@@ -118,7 +119,29 @@ def blocked_logsumexp(
     each rank computes 1/W of the query blocks (module doc; a no-op without an initialized process group
     of W > 1 ranks).
     """
-    return _BlockedLogSumExp.apply(_dense_rows, temperature, block_size, shard_across_ranks, q_reps, *d_reps)
+    return rows_logsumexp(
+        _dense_rows,
+        q_reps,
+        d_reps,
+        temperature=temperature,
+        block_size=block_size,
+        shard_across_ranks=shard_across_ranks,
+    )
+
+
+def rows_logsumexp(
+    rows_of: RowsOf,
+    q: Tensor,
+    d: Sequence[Tensor],
+    *,
+    temperature: float,
+    block_size: int,
+    shard_across_ranks: bool = False,
+) -> Tensor:
+    """:func:`blocked_logsumexp` of any layout: ``q`` and each of ``d`` are the differentiable tensors of the
+    columns (dense reps, or sparse reps' weights), ``rows_of(position, tensor)`` their :class:`RowBlocks`
+    (position 0: the queries). Unchecked, as :func:`blocked_logsumexp`."""
+    return _BlockedLogSumExp.apply(rows_of, temperature, block_size, shard_across_ranks, q, *d)
 
 
 def _query_rows(num_rows: int, block_size: int, shard: bool) -> tuple[int, int, bool]:

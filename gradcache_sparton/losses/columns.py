@@ -8,8 +8,9 @@ queries [B, V], the second their positives [B, V], and each further column one h
 query i: a column whose row count differs from the queries' is a batch in which some query has a
 different number of hard negatives, which a dense [B, ...] loss cannot express, and is rejected.
 
-Validation happens once, at a public entry (:func:`split_columns`, :func:`column_list`); the private
-cores the public losses share take the validated columns and trust them.
+Validation happens once, at a public entry (:func:`split_columns`, :func:`column_list`); the unchecked
+cores the public losses share (:func:`~.contrastive.info_nce` and its siblings) take the validated
+columns and trust them.
 """
 
 from __future__ import annotations

@@ -7,12 +7,18 @@ to [B, V] tensors in order (queries, positives, then one column per hard negativ
 :func:`~gradcache_sparton.losses.columns.split_columns`). All are pure functions of ``reps`` (no state),
 so they run unchanged on an uncached batch or on the full concatenated batch inside the GradCache
 engine, where autograd stops at the reps. Scores are dot products in fp32 (:mod:`.scores`).
+
+Each loss is written once, in :func:`info_nce`, :func:`margin_mse` and :func:`kl_div`, over a
+:class:`Scores` provider: how a rep layout is scored. :data:`DENSE_SCORES` scores [B, V] tensors (the
+public ``*_loss`` functions here); :data:`~gradcache_sparton.losses.sparse.SPARSE_SCORES` scores
+:class:`~gradcache_sparton.primitives.sparse_reps.SparseReps` (the engine's ``sparse_reps``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +31,106 @@ from gradcache_sparton.losses.blocked import (
     score_block_size,
 )
 from gradcache_sparton.losses.columns import ContrastiveColumns, accumulation_dtype, split_columns
-from gradcache_sparton.losses.scores import _dot_scores, _paired_scores
+from gradcache_sparton.losses.scores import unchecked_dot_scores, unchecked_paired_scores
 
-__all__ = ["check_teacher_scores", "check_temperature", "info_nce_loss", "kl_div_loss", "margin_mse_loss"]
+__all__ = [
+    "DENSE_SCORES",
+    "Scores",
+    "check_teacher_scores",
+    "check_temperature",
+    "info_nce",
+    "info_nce_loss",
+    "kl_div",
+    "kl_div_loss",
+    "margin_mse",
+    "margin_mse_loss",
+]
+
+
+class Scores(Protocol):
+    """How one rep layout is scored: all the contrastive losses need, for dense or sparse reps.
+
+    ``q_reps`` and each document column hold B rows in that layout (checked before); every method
+    returns fp32 scores (fp64 for fp64 reps), differentiable in the reps.
+    """
+
+    def paired(self, q_reps: Any, d_reps: Any) -> Tensor:
+        """Row-wise scores ``s(q_i, d_i)`` of aligned columns -> [B]."""
+        ...
+
+    def upcast(self, *reps: Any) -> list[Any]:
+        """One copy of each column in their common accumulation dtype (fp32, fp64 if any is fp64), so the
+        gradients of a column used by both a log-sum-exp and paired scores are rounded once."""
+        ...
+
+    def block_size(self, q_reps: Any, num_columns: int, block_size: int | None, shard: bool) -> int | None:
+        """The block edge for the scores of ``q_reps`` against ``num_columns`` document columns, from the
+        requested ``block_size`` (None: automatic); None: the whole [B, num_columns·B] score matrix, which
+        only dense [B, V] reps build."""
+        ...
+
+    def logsumexp(
+        self,
+        q_reps: Any,
+        d_reps: Sequence[Any],
+        *,
+        temperature: float,
+        block_size: int,
+        shard_across_ranks: bool,
+    ) -> Tensor:
+        """Each query's log-sum-exp of its scaled scores against every row of ``d_reps`` -> [B], in blocks."""
+        ...
+
+
+class _DenseScores:
+    """:class:`Scores` of dense [B, V] tensors: products in fp32; the whole matrix while it fits 1 GiB."""
+
+    def paired(self, q_reps: Tensor, d_reps: Tensor) -> Tensor:
+        return unchecked_paired_scores(q_reps, d_reps)
+
+    def upcast(self, *reps: Tensor) -> list[Tensor]:
+        dtype = accumulation_dtype(*reps)
+        return [column.to(dtype) for column in reps]
+
+    def block_size(self, q_reps: Tensor, num_columns: int, block_size: int | None, shard: bool) -> int | None:
+        B = q_reps.shape[0]
+        block = score_block_size(B, num_columns * B, block_size)
+        return AUTO_BLOCK_SIZE if shard and block is None else block
+
+    def logsumexp(
+        self,
+        q_reps: Tensor,
+        d_reps: Sequence[Tensor],
+        *,
+        temperature: float,
+        block_size: int,
+        shard_across_ranks: bool,
+    ) -> Tensor:
+        return blocked_logsumexp(
+            q_reps,
+            d_reps,
+            temperature=temperature,
+            block_size=block_size,
+            shard_across_ranks=shard_across_ranks,
+        )
+
+
+DENSE_SCORES: Scores = _DenseScores()
+"""The :class:`Scores` of dense [B, V] reps (:mod:`.scores`, :mod:`.blocked`)."""
+
+
+# Checked columns of one layout, (queries, positives, k hard negatives) of B rows each:
+# ContrastiveColumns of [B, V] tensors, or SparseColumns (:mod:`.sparse`).
+_Columns = tuple[Any, Any, list[Any]]
+
+
+def _whole_scores(q_reps: Tensor, d_columns: Sequence[Tensor]) -> Tensor:
+    """The whole score matrix of dense reps: (1+k) x ([B, V] @ [V, B] -> [B, B]) -> [B, (1+k)·B].
+
+    Column j·B + r holds the scores against row r of document column j. The documents are never
+    concatenated into a [(1+k)·B, V] copy.
+    """
+    return torch.cat([unchecked_dot_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)
 
 
 def check_temperature(temperature: float, *, name: str = "temperature") -> None:
@@ -73,42 +176,38 @@ def info_nce_loss(
     """
     check_temperature(temperature)
     check_block_size(block_size)
-    return _info_nce(split_columns(reps), temperature=temperature, block_size=block_size)
+    return info_nce(split_columns(reps), DENSE_SCORES, temperature=temperature, block_size=block_size)
 
 
-def _info_nce(
-    columns: ContrastiveColumns,
+def info_nce(
+    columns: _Columns,
+    scores: Scores,
     *,
     temperature: float,
     block_size: int | None = None,
     shard_across_ranks: bool = False,
 ) -> Tensor:
-    """:func:`info_nce_loss` of checked columns; ``shard_across_ranks``: blocked, 1/W of the queries per rank
-    (:mod:`.blocked`)."""
+    """:func:`info_nce_loss` of checked columns, scored by ``scores``; ``shard_across_ranks``: blocked, 1/W
+    of the queries per rank (:mod:`.blocked`)."""
     q_reps, pos_reps, neg_reps = columns
-    B = q_reps.shape[0]
-    block = score_block_size(B, (1 + len(neg_reps)) * B, block_size)
-    if shard_across_ranks and block is None:
-        block = AUTO_BLOCK_SIZE
+    block = scores.block_size(q_reps, 1 + len(neg_reps), block_size, shard_across_ranks)
     if block is not None:
         # -log softmax at the own positive = logsumexp over the batch's documents - the positive's score.
         # Queries and positives feed both terms: one fp32 copy each, so their gradients are rounded once.
-        dtype = accumulation_dtype(q_reps, pos_reps)
-        q_reps, pos_reps = q_reps.to(dtype), pos_reps.to(dtype)
-        lse = blocked_logsumexp(
+        q_reps, pos_reps = scores.upcast(q_reps, pos_reps)
+        lse = scores.logsumexp(
             q_reps,
             [pos_reps, *neg_reps],
             temperature=temperature,
             block_size=block,
             shard_across_ranks=shard_across_ranks,
         )
-        return (lse - _paired_scores(q_reps, pos_reps) / temperature).mean()  # [B] -> []
-    # (1+k) x ([B, V] @ [V, B] -> [B, B]), concatenated -> [B, (1+k)·B]; column j < B is positive j.
-    scores = torch.cat([_dot_scores(q_reps, d_reps) for d_reps in (pos_reps, *neg_reps)], dim=1)
+        return (lse - scores.paired(q_reps, pos_reps) / temperature).mean()  # [B] -> []
+    all_scores = _whole_scores(q_reps, [pos_reps, *neg_reps])  # [B, (1+k)·B]; column j < B is positive j
     # In place: cat's backward needs no saved tensors, so this spares one [B, (1+k)·B] buffer.
-    scores.div_(temperature)
-    targets = torch.arange(B, device=scores.device)
-    return F.cross_entropy(scores, targets)
+    all_scores.div_(temperature)
+    targets = torch.arange(q_reps.shape[0], device=all_scores.device)
+    return F.cross_entropy(all_scores, targets)
 
 
 def margin_mse_loss(reps: Mapping[str, Tensor], *, teacher_scores: Tensor) -> Tensor:
@@ -132,7 +231,7 @@ def margin_mse_loss(reps: Mapping[str, Tensor], *, teacher_scores: Tensor) -> Te
     """
     columns = split_columns(reps)
     check_teacher_scores(columns, teacher_scores=teacher_scores, loss="margin_mse_loss")
-    return _margin_mse(columns, teacher_scores=teacher_scores)
+    return margin_mse(columns, DENSE_SCORES, teacher_scores=teacher_scores)
 
 
 def check_teacher_scores(columns: ContrastiveColumns, *, teacher_scores: object = None, loss: str) -> None:
@@ -162,16 +261,11 @@ def check_teacher_scores(columns: ContrastiveColumns, *, teacher_scores: object 
         raise TypeError(f"teacher_scores must be a floating tensor, got dtype {teacher_scores.dtype}")
 
 
-def _margin_mse(columns: ContrastiveColumns, *, teacher_scores: Tensor) -> Tensor:
-    """:func:`margin_mse_loss` of checked columns and teacher scores."""
+def margin_mse(columns: _Columns, scores: Scores, *, teacher_scores: Tensor) -> Tensor:
+    """:func:`margin_mse_loss` of checked columns and teacher scores, scored by ``scores``."""
     q_reps, pos_reps, neg_reps = columns
-    pos = _paired_scores(q_reps, pos_reps)  # [B]
-    negs = torch.stack([_paired_scores(q_reps, n) for n in neg_reps], dim=1)  # k x [B] -> [B, k]
-    return _margin_mse_of_scores(pos, negs, teacher_scores=teacher_scores)
-
-
-def _margin_mse_of_scores(pos: Tensor, negs: Tensor, *, teacher_scores: Tensor) -> Tensor:
-    """MarginMSE of the student's positive scores [B] and hard-negative scores [B, k] (any rep layout)."""
+    pos = scores.paired(q_reps, pos_reps)  # [B]
+    negs = torch.stack([scores.paired(q_reps, n) for n in neg_reps], dim=1)  # k x [B] -> [B, k]
     student_margin = pos[:, None] - negs  # [B, k]
     teacher = teacher_scores.detach().to(device=pos.device, dtype=pos.dtype)  # [B, 1+k]
     teacher_margin = teacher[:, :1] - teacher[:, 1:]  # [B, k]
@@ -222,8 +316,9 @@ def kl_div_loss(
     check_block_size(block_size)
     columns = split_columns(reps)
     check_teacher_scores(columns, teacher_scores=teacher_scores, loss="kl_div_loss")
-    return _kl_div(
+    return kl_div(
         columns,
+        DENSE_SCORES,
         teacher_scores=teacher_scores,
         temperature=temperature,
         teacher_temperature=teacher_temperature,
@@ -232,8 +327,9 @@ def kl_div_loss(
     )
 
 
-def _kl_div(
-    columns: ContrastiveColumns,
+def kl_div(
+    columns: _Columns,
+    scores: Scores,
     *,
     teacher_scores: Tensor,
     temperature: float,
@@ -242,44 +338,33 @@ def _kl_div(
     block_size: int | None = None,
     shard_across_ranks: bool = False,
 ) -> Tensor:
-    """:func:`kl_div_loss` of checked columns and teacher scores (``shard_across_ranks``: as :func:`_info_nce`)."""
+    """:func:`kl_div_loss` of checked columns and teacher scores, scored by ``scores`` (``shard_across_ranks``:
+    as :func:`info_nce`)."""
     q_reps, pos_reps, neg_reps = columns
-    d_columns = (pos_reps, *neg_reps)
+    d_columns = [pos_reps, *neg_reps]
     B, k = q_reps.shape[0], len(neg_reps)
-    block = score_block_size(B, (1 + k) * B, block_size) if in_batch else None
-    if in_batch and shard_across_ranks and block is None:
-        block = AUTO_BLOCK_SIZE
+    block = scores.block_size(q_reps, 1 + k, block_size, shard_across_ranks) if in_batch else None
     if in_batch and block is None:
-        # (1+k) x ([B, V] @ [V, B] -> [B, B]) -> [B, (1+k)·B]; query i's candidate j is column j·B + i.
-        scores = torch.cat([_dot_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)
-        log_student = F.log_softmax(scores / temperature, dim=1)  # [B, (1+k)·B]
-        own = torch.arange(B, device=scores.device)[:, None] + B * torch.arange(1 + k, device=scores.device)
+        all_scores = _whole_scores(q_reps, d_columns)  # [B, (1+k)·B]; query i's candidate j is column j·B + i
+        log_student = F.log_softmax(all_scores / temperature, dim=1)  # [B, (1+k)·B]
+        device = all_scores.device
+        own = torch.arange(B, device=device)[:, None] + B * torch.arange(1 + k, device=device)
         log_student = log_student.gather(1, own)  # [B, (1+k)·B] -> [B, 1+k]
     elif in_batch:  # normalised over the batch's documents, in blocks: log p = s / t - lse
         # Every column feeds both terms: one fp32 copy each, so their gradients are rounded once.
-        dtype = accumulation_dtype(q_reps, *d_columns)
-        q_reps, d_columns = q_reps.to(dtype), tuple(d_reps.to(dtype) for d_reps in d_columns)
-        scores = torch.stack([_paired_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
-        lse = blocked_logsumexp(
+        q_reps, *d_columns = scores.upcast(q_reps, *d_columns)
+        own_scores = torch.stack([scores.paired(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
+        lse = scores.logsumexp(
             q_reps,
             d_columns,
             temperature=temperature,
             block_size=block,
             shard_across_ranks=shard_across_ranks,
         )  # [B]
-        log_student = scores / temperature - lse[:, None]  # [B, 1+k]
+        log_student = own_scores / temperature - lse[:, None]  # [B, 1+k]
     else:
-        scores = torch.stack([_paired_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
-        log_student = F.log_softmax(scores / temperature, dim=1)  # [B, 1+k]
-    return _kl_div_of_log_student(
-        log_student, teacher_scores=teacher_scores, teacher_temperature=teacher_temperature
-    )
-
-
-def _kl_div_of_log_student(
-    log_student: Tensor, *, teacher_scores: Tensor, teacher_temperature: float
-) -> Tensor:
-    """Listwise KL of the student's log-probabilities [B, 1+k] of each query's own candidates (any layout)."""
+        own_scores = torch.stack([scores.paired(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
+        log_student = F.log_softmax(own_scores / temperature, dim=1)  # [B, 1+k]
     teacher = teacher_scores.detach().to(device=log_student.device, dtype=log_student.dtype)  # [B, 1+k]
     log_teacher = F.log_softmax(teacher / teacher_temperature, dim=1)  # [B, 1+k]
     # sum_j p_t · (log p_t - log p_s), summed over the list, averaged over the B queries.

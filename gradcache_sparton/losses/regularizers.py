@@ -23,7 +23,7 @@ from torch import Tensor
 
 from gradcache_sparton.losses.columns import accumulation_dtype, column_list
 
-__all__ = ["REGULARIZERS", "flops_regularizer", "get_regularizer", "l1_regularizer"]
+__all__ = ["REGULARIZERS", "REGULARIZER_CORES", "flops_regularizer", "get_regularizer", "l1_regularizer"]
 
 
 def flops_regularizer(reps: Tensor | Sequence[Tensor]) -> Tensor:
@@ -76,4 +76,4 @@ def get_regularizer(name: str, *, argument: str = "name") -> Callable[[Tensor | 
 
 
 # The unchecked cores behind REGULARIZERS, for callers that validated the columns (SpladeLoss).
-_REGULARIZER_CORES: dict[str, Callable[[list[Tensor]], Tensor]] = {"flops": _flops, "l1": _l1}
+REGULARIZER_CORES: dict[str, Callable[[list[Tensor]], Tensor]] = {"flops": _flops, "l1": _l1}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["WARMUP_SHAPES", "WarmupSchedule", "warmup_weight"]
+__all__ = ["WARMUP_SHAPES", "WarmupSchedule", "check_step", "warmup_weight"]
 
 # Shape name -> exponent p of the ramp.
 WARMUP_SHAPES: dict[str, int] = {"quadratic": 2, "linear": 1}
@@ -43,7 +43,8 @@ def check_warmup(steps: int, shape: str, *, steps_name: str, shape_name: str) ->
         raise ValueError(f"{shape_name} must be one of {sorted(WARMUP_SHAPES)}, got {shape!r}")
 
 
-def _check_step(step: int) -> None:
+def check_step(step: int) -> None:
+    """Raise unless ``step`` (optimizer steps taken) is an int >= 0."""
     if isinstance(step, bool) or not isinstance(step, int):
         raise TypeError(f"step must be an int (optimizer steps taken), got {type(step).__name__}")
     if step < 0:
@@ -83,7 +84,7 @@ class WarmupSchedule:
 
     def __call__(self, step: int) -> float:
         """The weight at ``step`` (optimizer steps taken so far, >= 0)."""
-        _check_step(step)
+        check_step(step)
         if self.warmup_steps == 0:
             return float(self.final_weight)
         progress = min(1.0, step / self.warmup_steps)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from gradcache_sparton.losses.columns import accumulation_dtype, check_reps
 
-__all__ = ["dot_scores", "paired_scores"]
+__all__ = ["dot_scores", "paired_scores", "unchecked_dot_scores", "unchecked_paired_scores"]
 
 
 def _check_pair(q_reps: Tensor, d_reps: Tensor) -> None:
@@ -39,7 +39,7 @@ def dot_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
     fp32 inputs). Nothing of size B·N·V is formed. Differentiable in both arguments.
     """
     _check_pair(q_reps, d_reps)
-    return _dot_scores(q_reps, d_reps)
+    return unchecked_dot_scores(q_reps, d_reps)
 
 
 def paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
@@ -53,18 +53,18 @@ def paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
             f"paired_scores needs as many documents as queries, got q_reps with {q_reps.shape[0]} rows and "
             f"d_reps with {d_reps.shape[0]}"
         )
-    return _paired_scores(q_reps, d_reps)
+    return unchecked_paired_scores(q_reps, d_reps)
 
 
-def _dot_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
-    """:func:`dot_scores` on checked inputs."""
+def unchecked_dot_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
+    """:func:`dot_scores` on checked inputs (the losses check their columns once, then score them)."""
     dtype = accumulation_dtype(q_reps, d_reps)
     # An ambient autocast (a caller's own loop) would run this matmul in bf16/fp16: keep it in fp32.
     with torch.autocast(q_reps.device.type, enabled=False):
         return q_reps.to(dtype) @ d_reps.to(dtype).T  # [B, V] @ [V, N] -> [B, N]
 
 
-def _paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
+def unchecked_paired_scores(q_reps: Tensor, d_reps: Tensor) -> Tensor:
     """:func:`paired_scores` on checked inputs."""
     dtype = accumulation_dtype(q_reps, d_reps)
     return (q_reps.to(dtype) * d_reps.to(dtype)).sum(dim=1)  # [B, V] -> [B]

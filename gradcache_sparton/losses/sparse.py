@@ -7,7 +7,8 @@ Each column is a :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps` (
 vocabulary ids, weights) whose ``weights`` [nnz] are the differentiable input: every gradient here
 is dL/d weights, the gradient at the reps' non-zeros only. That is all a SPLADE head needs (its relu
 sends no gradient through a zero rep), and what the GradCache engine's ``sparse_reps`` hands to
-Step (3). Against the dense [B, V] loss the value is the same up to fp32 summation order:
+Step (3). The contrastive losses are those of :mod:`.contrastive`, scored by :data:`SPARSE_SCORES`.
+Against the dense [B, V] loss the value is the same up to fp32 summation order:
 
 - all-pairs scores (InfoNCE, listwise KL with in-batch negatives): the blocked log-sum-exp of
   :mod:`.blocked` on a sparse layout, one block of rows densified at a time ([block, V]); in the
@@ -30,22 +31,20 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from gradcache_sparton.losses.blocked import AUTO_BLOCK_SIZE, RowBlocks, _BlockedLogSumExp
+from gradcache_sparton.losses.blocked import AUTO_BLOCK_SIZE, RowBlocks, rows_logsumexp
 from gradcache_sparton.losses.columns import accumulation_dtype
-from gradcache_sparton.losses.contrastive import _kl_div_of_log_student, _margin_mse_of_scores
+from gradcache_sparton.losses.contrastive import Scores
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
 
 __all__ = [
     "SPARSE_BLOCK_MAX_BYTES",
+    "SPARSE_SCORES",
     "SparseColumns",
     "sparse_block_size",
     "sparse_blocked_logsumexp",
     "sparse_expected_flops",
     "sparse_flops",
-    "sparse_info_nce",
-    "sparse_kl_div",
     "sparse_l1",
-    "sparse_margin_mse",
     "sparse_mean_nonzeros",
     "sparse_paired_scores",
     "split_sparse_columns",
@@ -159,8 +158,13 @@ def sparse_blocked_logsumexp(
     def rows_of(position: int, weights: Tensor) -> RowBlocks:
         return _SparseRows(layouts[position], weights, block_size)
 
-    return _BlockedLogSumExp.apply(
-        rows_of, temperature, block_size, shard_across_ranks, q_reps.weights, *(d.weights for d in d_reps)
+    return rows_logsumexp(
+        rows_of,
+        q_reps.weights,
+        [d.weights for d in d_reps],
+        temperature=temperature,
+        block_size=block_size,
+        shard_across_ranks=shard_across_ranks,
     )
 
 
@@ -226,60 +230,38 @@ def sparse_expected_flops(q_columns: Sequence[SparseReps], d_columns: Sequence[S
     return torch.dot(activation_rate(q_columns), activation_rate(d_columns))  # [V] . [V] -> []
 
 
-def sparse_info_nce(
-    columns: SparseColumns,
-    *,
-    temperature: float,
-    block_size: int | None = None,
-    shard_across_ranks: bool = False,
-) -> Tensor:
-    """InfoNCE with in-batch and hard negatives (:func:`~.contrastive.info_nce_loss`) on sparse reps, in blocks."""
-    q_reps, pos_reps, neg_reps = columns
-    block = sparse_block_size(q_reps.vocab_size) if block_size is None else block_size
-    lse = sparse_blocked_logsumexp(
-        q_reps,
-        [pos_reps, *neg_reps],
-        temperature=temperature,
-        block_size=block,
-        shard_across_ranks=shard_across_ranks,
-    )
-    return (lse - sparse_paired_scores(q_reps, pos_reps) / temperature).mean()  # [B] -> []
+class _SparseScores:
+    """:class:`~.contrastive.Scores` of :class:`SparseReps`: paired scores by sorted search, the log-sum-exp
+    always in blocks (:func:`sparse_block_size` rows when none is given)."""
 
+    def paired(self, q_reps: SparseReps, d_reps: SparseReps) -> Tensor:
+        return sparse_paired_scores(q_reps, d_reps)
 
-def sparse_margin_mse(columns: SparseColumns, *, teacher_scores: Tensor) -> Tensor:
-    """MarginMSE (:func:`~.contrastive.margin_mse_loss`) on sparse reps."""
-    q_reps, pos_reps, neg_reps = columns
-    pos = sparse_paired_scores(q_reps, pos_reps)  # [B]
-    negs = torch.stack([sparse_paired_scores(q_reps, n) for n in neg_reps], dim=1)  # k x [B] -> [B, k]
-    return _margin_mse_of_scores(pos, negs, teacher_scores=teacher_scores)
+    def upcast(self, *reps: SparseReps) -> list[SparseReps]:
+        dtype = accumulation_dtype(*(column.weights for column in reps))
+        return [SparseReps(c.offsets, c.token_ids, c.weights.to(dtype), c.vocab_size) for c in reps]
 
+    def block_size(self, q_reps: SparseReps, num_columns: int, block_size: int | None, shard: bool) -> int:
+        return sparse_block_size(q_reps.vocab_size) if block_size is None else block_size
 
-def sparse_kl_div(
-    columns: SparseColumns,
-    *,
-    teacher_scores: Tensor,
-    temperature: float,
-    teacher_temperature: float,
-    in_batch: bool,
-    block_size: int | None = None,
-    shard_across_ranks: bool = False,
-) -> Tensor:
-    """Listwise KL (:func:`~.contrastive.kl_div_loss`) on sparse reps; with ``in_batch``, in blocks."""
-    q_reps, pos_reps, neg_reps = columns
-    d_columns = [pos_reps, *neg_reps]
-    scores = torch.stack([sparse_paired_scores(q_reps, d) for d in d_columns], dim=1)  # [B, 1+k]
-    if in_batch:  # normalised over the batch's documents: log p = s / t - lse
-        block = sparse_block_size(q_reps.vocab_size) if block_size is None else block_size
-        lse = sparse_blocked_logsumexp(
+    def logsumexp(
+        self,
+        q_reps: SparseReps,
+        d_reps: Sequence[SparseReps],
+        *,
+        temperature: float,
+        block_size: int,
+        shard_across_ranks: bool,
+    ) -> Tensor:
+        return sparse_blocked_logsumexp(
             q_reps,
-            d_columns,
+            d_reps,
             temperature=temperature,
-            block_size=block,
+            block_size=block_size,
             shard_across_ranks=shard_across_ranks,
-        )  # [B]
-        log_student = scores / temperature - lse[:, None]  # [B, 1+k]
-    else:
-        log_student = torch.log_softmax(scores / temperature, dim=1)  # [B, 1+k]
-    return _kl_div_of_log_student(
-        log_student, teacher_scores=teacher_scores, teacher_temperature=teacher_temperature
-    )
+        )
+
+
+SPARSE_SCORES: Scores = _SparseScores()
+"""The :class:`~.contrastive.Scores` of :class:`SparseReps`: the contrastive losses of :mod:`.contrastive`
+on the non-zeros (:func:`~.contrastive.info_nce`, :func:`~.contrastive.margin_mse`, :func:`~.contrastive.kl_div`)."""

@@ -25,7 +25,14 @@ from torch import Tensor
 
 from gradcache_sparton.losses.columns import check_reps, column_list
 
-__all__ = ["activation_rate", "expected_flops", "mean_nonzeros", "nonzeros_per_row"]
+__all__ = [
+    "activation_rate",
+    "expected_flops",
+    "mean_nonzeros",
+    "nonzeros_per_row",
+    "unchecked_expected_flops",
+    "unchecked_mean_nonzeros",
+]
 
 
 @torch.no_grad()
@@ -37,7 +44,7 @@ def nonzeros_per_row(reps: Tensor) -> Tensor:
 
 def mean_nonzeros(reps: Tensor | Sequence[Tensor]) -> Tensor:
     """Average number of non-zero entries per rep over all rows, as a 0-d fp32 tensor."""
-    return _mean_nonzeros(column_list(reps))
+    return unchecked_mean_nonzeros(column_list(reps))
 
 
 def activation_rate(reps: Tensor | Sequence[Tensor]) -> Tensor:
@@ -59,11 +66,11 @@ def expected_flops(q_reps: Tensor | Sequence[Tensor], d_reps: Tensor | Sequence[
             "q_reps and d_reps must have the same vocabulary size V, got "
             f"{q_columns[0].shape[1]} and {d_columns[0].shape[1]}"
         )
-    return _expected_flops(q_columns, d_columns)
+    return unchecked_expected_flops(q_columns, d_columns)
 
 
 @torch.no_grad()
-def _mean_nonzeros(columns: list[Tensor]) -> Tensor:
+def unchecked_mean_nonzeros(columns: list[Tensor]) -> Tensor:
     """:func:`mean_nonzeros` of checked columns."""
     # Summed as tensors, not Python ints: no host synchronisation when called inside a training step.
     total = sum(torch.count_nonzero(column) for column in columns)  # 0-d int64
@@ -80,6 +87,6 @@ def _activation_rate(columns: list[Tensor]) -> Tensor:
 
 
 @torch.no_grad()
-def _expected_flops(q_columns: list[Tensor], d_columns: list[Tensor]) -> Tensor:
+def unchecked_expected_flops(q_columns: list[Tensor], d_columns: list[Tensor]) -> Tensor:
     """:func:`expected_flops` of checked columns with one V."""
     return torch.dot(_activation_rate(q_columns), _activation_rate(d_columns))  # [V] . [V] -> []

@@ -30,29 +30,29 @@ from torch import Tensor
 from gradcache_sparton.losses.blocked import check_block_size
 from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
 from gradcache_sparton.losses.contrastive import (
-    _info_nce,
-    _kl_div,
-    _margin_mse,
+    DENSE_SCORES,
+    Scores,
     check_teacher_scores,
     check_temperature,
+    info_nce,
     info_nce_loss,
+    kl_div,
     kl_div_loss,
+    margin_mse,
     margin_mse_loss,
 )
-from gradcache_sparton.losses.regularizers import _REGULARIZER_CORES, get_regularizer
-from gradcache_sparton.losses.schedule import WarmupSchedule, _check_step, check_warmup, check_weight
+from gradcache_sparton.losses.regularizers import REGULARIZER_CORES, get_regularizer
+from gradcache_sparton.losses.schedule import WarmupSchedule, check_step, check_warmup, check_weight
 from gradcache_sparton.losses.sparse import (
+    SPARSE_SCORES,
     sparse_expected_flops,
     sparse_flops,
-    sparse_info_nce,
-    sparse_kl_div,
     sparse_l1,
-    sparse_margin_mse,
     sparse_mean_nonzeros,
     split_sparse_columns,
     upcast_sparse,
 )
-from gradcache_sparton.losses.sparsity import _expected_flops, _mean_nonzeros
+from gradcache_sparton.losses.sparsity import unchecked_expected_flops, unchecked_mean_nonzeros
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["CONTRASTIVE_LOSSES", "SpladeLoss", "SpladeLossConfig"]
@@ -70,19 +70,14 @@ def _check_no_loss_kwargs(columns: ContrastiveColumns) -> None:
 
 
 # Name -> (check of the loss kwargs against checked columns, unchecked core): SpladeLoss checks its
-# input once and calls the cores, which the public functions of CONTRASTIVE_LOSSES also call.
+# input once and calls the cores, which the public functions of CONTRASTIVE_LOSSES also call. A core
+# takes the columns and the Scores of their layout (dense or sparse).
 _CONTRASTIVE_CORES: dict[str, tuple[Callable[..., None], Callable[..., Tensor]]] = {
-    "infonce": (_check_no_loss_kwargs, _info_nce),
-    "margin_mse": (functools.partial(check_teacher_scores, loss="margin_mse_loss"), _margin_mse),
-    "kl_div": (functools.partial(check_teacher_scores, loss="kl_div_loss"), _kl_div),
+    "infonce": (_check_no_loss_kwargs, info_nce),
+    "margin_mse": (functools.partial(check_teacher_scores, loss="margin_mse_loss"), margin_mse),
+    "kl_div": (functools.partial(check_teacher_scores, loss="kl_div_loss"), kl_div),
 }
 
-# The same cores on sparse reps (:mod:`.sparse`), called with the same settings and loss kwargs.
-_SPARSE_CONTRASTIVE_CORES: dict[str, Callable[..., Tensor]] = {
-    "infonce": sparse_info_nce,
-    "margin_mse": sparse_margin_mse,
-    "kl_div": sparse_kl_div,
-}
 _SPARSE_REGULARIZER_CORES: dict[str, Callable[..., Tensor]] = {"flops": sparse_flops, "l1": sparse_l1}
 
 
@@ -91,7 +86,7 @@ class _Layout(NamedTuple):
 
     split: Callable[[Mapping[str, Any]], Any]  # reps -> checked (q_reps, pos_reps, neg_reps)
     upcast: Callable[[Any], Any]  # one fp32 copy of a half-precision column
-    contrastive: Mapping[str, Callable[..., Tensor]]  # name -> unchecked core
+    scores: Scores  # how the contrastive cores score this layout
     regularizers: Mapping[str, Callable[..., Tensor]]  # name -> core over a list of columns
     mean_nonzeros: Callable[..., Tensor]
     expected_flops: Callable[..., Tensor]
@@ -122,16 +117,16 @@ def _sparse_l0_mask(reps: SparseReps, threshold: int) -> SparseReps:
 _DENSE = _Layout(
     split_columns,
     _upcast,
-    {name: core for name, (_, core) in _CONTRASTIVE_CORES.items()},
-    _REGULARIZER_CORES,
-    _mean_nonzeros,
-    _expected_flops,
+    DENSE_SCORES,
+    REGULARIZER_CORES,
+    unchecked_mean_nonzeros,
+    unchecked_expected_flops,
     _l0_mask,
 )
 _SPARSE = _Layout(
     split_sparse_columns,
     upcast_sparse,
-    _SPARSE_CONTRASTIVE_CORES,
+    SPARSE_SCORES,
     _SPARSE_REGULARIZER_CORES,
     sparse_mean_nonzeros,
     sparse_expected_flops,
@@ -325,7 +320,7 @@ class SpladeLoss:
         if not isinstance(config, SpladeLossConfig):
             raise TypeError(f"config must be a SpladeLossConfig, got {type(config).__name__}")
         self.config = config
-        self._check_loss_kwargs = _CONTRASTIVE_CORES[config.contrastive][0]
+        self._check_loss_kwargs, self._contrastive = _CONTRASTIVE_CORES[config.contrastive]
         self._contrastive_kwargs = _contrastive_settings(config)
         self._query_schedule = WarmupSchedule(
             final_weight=config.query_reg_weight,
@@ -346,13 +341,13 @@ class SpladeLoss:
 
     def set_step(self, step: int) -> None:
         """Set the step (optimizer steps taken, >= 0) for calls that pass no ``step``."""
-        _check_step(step)
+        check_step(step)
         self._step = step
 
     def weights(self, step: int | None = None) -> tuple[float, float]:
         """(query weight, document weight) at ``step`` (default: :attr:`step`)."""
         step = self._step if step is None else step
-        _check_step(step)
+        check_step(step)
         return self._query_schedule(step), self._doc_schedule(step)
 
     def __call__(
@@ -375,9 +370,7 @@ class SpladeLoss:
         neg_reps = [layout.upcast(column) for column in columns.neg_reps]
         columns = type(columns)(q_reps, pos_reps, neg_reps)
         d_reps = [pos_reps, *neg_reps]
-        contrastive = layout.contrastive[self.config.contrastive](
-            columns, **self._contrastive_kwargs, **loss_kwargs
-        )
+        contrastive = self._contrastive(columns, layout.scores, **self._contrastive_kwargs, **loss_kwargs)
         reg_query = layout.regularizers[self.config.query_regularizer]([q_reps])
         threshold = self.config.doc_reg_l0_threshold
         reg_d_reps = d_reps if threshold is None else [layout.l0_mask(column, threshold) for column in d_reps]

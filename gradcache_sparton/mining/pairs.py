@@ -20,6 +20,8 @@ from gradcache_sparton.data import (
     BeirData,
     validate_training_dataset,
 )
+from gradcache_sparton.data.beir import relevant_judgements
+from gradcache_sparton.data.files import COMPRESSIONS, format_suffix
 
 if TYPE_CHECKING:
     import datasets
@@ -36,7 +38,6 @@ QUERY_ID_COLUMN = "query_id"
 POSITIVE_ID_COLUMN = "positive_id"
 _ID_COLUMNS = (QUERY_ID_COLUMN, POSITIVE_ID_COLUMN)
 _JSON_SUFFIXES = (".jsonl", ".json")
-_COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 
 
 def beir_mining_pairs(beir: BeirData) -> datasets.Dataset:
@@ -53,9 +54,7 @@ def beir_mining_pairs(beir: BeirData) -> datasets.Dataset:
             QUERY_ID_COLUMN: query_id,
             POSITIVE_ID_COLUMN: doc_id,
         }
-        for query_id, judged in beir.qrels.items()
-        for doc_id, relevance in judged.items()
-        if relevance > 0
+        for query_id, doc_id in relevant_judgements(beir)
     ]
     if not rows:
         raise ValueError("beir has no judgement with relevance > 0: no pairs to mine negatives for")
@@ -100,12 +99,9 @@ def load_mining_pairs(path: str | Path) -> datasets.Dataset:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"training data file {str(path)!r} does not exist")
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in _COMPRESSIONS:
-        suffixes = suffixes[:-1]
-    if not suffixes or suffixes[-1] not in _JSON_SUFFIXES:
+    if format_suffix(path) not in _JSON_SUFFIXES:
         raise ValueError(
-            f"mining reads {list(_JSON_SUFFIXES)} files (optionally compressed: {list(_COMPRESSIONS)}), "
+            f"mining reads {list(_JSON_SUFFIXES)} files (optionally compressed: {list(COMPRESSIONS)}), "
             f"got {str(path)!r}"
         )
     pairs = datasets.load_dataset("json", data_files=str(path), split="train")

@@ -28,7 +28,16 @@ from transformers import (
     PreTrainedConfig,
 )
 
-__all__ = ["check_max_length", "position_limit", "register_masked_lm", "supported_masked_lm_classes"]
+__all__ = [
+    "auto_class_for",
+    "check_known_backbone",
+    "check_max_length",
+    "is_decoder_only",
+    "lm_transform",
+    "position_limit",
+    "register_masked_lm",
+    "supported_masked_lm_classes",
+]
 
 
 def _bert_transform(model: nn.Module, hidden_states: Tensor) -> Tensor:
@@ -93,7 +102,8 @@ def _lm_transforms() -> dict[type, Callable[[nn.Module, Tensor], Tensor]]:
     }
 
 
-def _is_decoder_only(model_class: type) -> bool:
+def is_decoder_only(model_class: type) -> bool:
+    """Whether ``model_class`` is a supported decoder-only (causal) LM."""
     return _lm_transforms().get(model_class) is _decoder_only_transform
 
 
@@ -149,7 +159,7 @@ def _masked_lm_class_for(config: PreTrainedConfig) -> type:
         raise TypeError(f"config must be a transformers PreTrainedConfig, got {type(config).__name__}")
     if type(config) not in MODEL_FOR_MASKED_LM_MAPPING and type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
         causal_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-        if _is_decoder_only(causal_class):
+        if is_decoder_only(causal_class):
             return causal_class
     if type(config) not in MODEL_FOR_MASKED_LM_MAPPING:
         raise ValueError(
@@ -162,9 +172,21 @@ def _masked_lm_class_for(config: PreTrainedConfig) -> type:
     return model_class
 
 
-def _auto_class(model_class: type) -> type:
-    """The Auto class that builds ``model_class`` from its config: masked-LM, or causal-LM for decoders."""
-    return AutoModelForCausalLM if _is_decoder_only(model_class) else AutoModelForMaskedLM
+def auto_class_for(config: PreTrainedConfig) -> type:
+    """The Auto class that builds ``config``'s model (masked-LM, or causal-LM for a decoder-only family),
+    the model class checked to be supported before any weights load."""
+    return AutoModelForCausalLM if is_decoder_only(_masked_lm_class_for(config)) else AutoModelForMaskedLM
+
+
+def check_known_backbone(model: nn.Module) -> None:
+    """Raise ``TypeError`` unless ``model``'s exact class has a known LM transform (:func:`register_masked_lm`)."""
+    if type(model) not in _lm_transforms():
+        raise TypeError(_unsupported_message(type(model).__name__))
+
+
+def lm_transform(model: nn.Module, hidden_states: Tensor) -> Tensor:
+    """The input of ``model``'s vocabulary projection: its family's LM transform of H [B, S, D] -> [B, S, D]."""
+    return _lm_transforms()[type(model)](model, hidden_states)
 
 
 def position_limit(config: PreTrainedConfig, *, echo: bool = False) -> int | None:

@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = [
+    "CONFIG_LOCATION_KWARGS",
     "SPLADE_CONFIG_NAME",
     "TRAINING_OPTIONS",
+    "backbone_state_dict",
     "check_checkpoint_files",
     "load_backbone",
     "read_json_file",
@@ -45,10 +47,10 @@ _LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 TRAINING_OPTIONS = (*_MAX_LENGTHS, "lora")
 
 # Hub-location arguments of ``from_pretrained`` that also apply to reading the config alone.
-_CONFIG_LOCATION_KWARGS = ("cache_dir", "revision", "subfolder", "token", "local_files_only")
+CONFIG_LOCATION_KWARGS = ("cache_dir", "revision", "subfolder", "token", "local_files_only")
 
 
-def _backbone_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+def backbone_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """An encoder state dict -> the backbone's: strip ``model.``, drop the head's aliases."""
     backbone: dict[str, Tensor] = {}
     for key, value in state_dict.items():

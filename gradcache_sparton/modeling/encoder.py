@@ -31,24 +31,23 @@ from transformers import AutoConfig, PreTrainedConfig, PreTrainedTokenizerBase
 
 from gradcache_sparton.kernels import SpartonHead
 from gradcache_sparton.modeling.backbones import (
-    _auto_class,
-    _is_decoder_only,
-    _lm_transforms,
-    _masked_lm_class_for,
-    _unsupported_message,
+    auto_class_for,
+    check_known_backbone,
     check_max_length,
+    is_decoder_only,
+    lm_transform,
     position_limit,
 )
 from gradcache_sparton.modeling.checkpoint import (
-    _CONFIG_LOCATION_KWARGS,
+    CONFIG_LOCATION_KWARGS,
     SPLADE_CONFIG_NAME,
     TRAINING_OPTIONS,
-    _backbone_state_dict,
+    backbone_state_dict,
     check_checkpoint_files,
     load_backbone,
     read_splade_config,
 )
-from gradcache_sparton.modeling.llm import _bidirectional_mask, _check_attention_implementation, _echo_inputs
+from gradcache_sparton.modeling.llm import bidirectional_mask, check_attention_implementation, echo_inputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -118,8 +117,7 @@ class SpladeEncoder(nn.Module):
                 f"model is a {type(model).__name__}, which has no masked-LM head (its "
                 "get_output_embeddings() is not an nn.Linear): load it with AutoModelForMaskedLM"
             )
-        if type(model) not in _lm_transforms():
-            raise TypeError(_unsupported_message(type(model).__name__))
+        check_known_backbone(model)
         if pooling not in _POOLINGS:
             raise ValueError(f"pooling must be one of {_POOLINGS}, got {pooling!r}")
         vocab_size = decoder.out_features
@@ -133,13 +131,13 @@ class SpladeEncoder(nn.Module):
         for name, value in (("bidirectional", bidirectional), ("echo", echo)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-            if value and not _is_decoder_only(type(model)):
+            if value and not is_decoder_only(type(model)):
                 raise ValueError(
                     f"{name}=True is for decoder-only backbones, got {type(model).__name__} (a masked LM "
                     "already attends both ways and pools every position)"
                 )
         if bidirectional:
-            _check_attention_implementation(model)
+            check_attention_implementation(model)
 
         self.model = model
         self.prefix_length = prefix_length
@@ -176,8 +174,7 @@ class SpladeEncoder(nn.Module):
     ) -> SpladeEncoder:
         """A randomly initialised encoder (``AutoModelForMaskedLM.from_config(config, **model_kwargs)``,
         ``AutoModelForCausalLM`` for a decoder-only family)."""
-        model_class = _masked_lm_class_for(config)
-        model = _auto_class(model_class).from_config(config, **model_kwargs)
+        model = auto_class_for(config).from_config(config, **model_kwargs)
         return cls(
             model,
             pooling=pooling,
@@ -210,7 +207,7 @@ class SpladeEncoder(nn.Module):
         any weights load.
         """
         path = os.fspath(pretrained_model_name_or_path)
-        location = {k: model_kwargs[k] for k in _CONFIG_LOCATION_KWARGS if k in model_kwargs}
+        location = {k: model_kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in model_kwargs}
         options = read_splade_config(path, **location)
         trained = {name: options.pop(name) for name in TRAINING_OPTIONS if name in options}
         if pooling is not None:
@@ -229,8 +226,7 @@ class SpladeEncoder(nn.Module):
             if os.path.isdir(path):
                 check_checkpoint_files(path)
             config = AutoConfig.from_pretrained(path, **location)
-        model_class = _masked_lm_class_for(config)
-        model = load_backbone(_auto_class(model_class), path, **model_kwargs)
+        model = load_backbone(auto_class_for(config), path, **model_kwargs)
         encoder = cls(model, **options)
         for name, value in trained.items():
             setattr(encoder, name, value)
@@ -296,18 +292,18 @@ class SpladeEncoder(nn.Module):
         """[B, S] features -> [B, S, D] LM-transformed hidden states, the head's (and decoder's) input."""
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
-        if _is_decoder_only(type(self.model)):
+        if is_decoder_only(type(self.model)):
             # Positions count attended tokens, so left- and right-padded rows read the same.
             kwargs.setdefault("position_ids", (attention_mask.long().cumsum(-1) - 1).clamp(min=0))  # [B, S]
             if self.bidirectional:
-                attention_mask = _bidirectional_mask(self.model, attention_mask)  # [B, 1, S, S]
+                attention_mask = bidirectional_mask(self.model, attention_mask)  # [B, 1, S, S]
         elif (
             self.config.model_type in _PREPARED_MASK_MODEL_TYPES
             and self.config._attn_implementation == "sdpa"
         ):
-            attention_mask = _bidirectional_mask(self.model, attention_mask)  # [B, 1, S, S], no host read
+            attention_mask = bidirectional_mask(self.model, attention_mask)  # [B, 1, S, S], no host read
         hidden_states = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)[0]
-        return _lm_transforms()[type(self.model)](self.model, hidden_states)  # [B, S, D]
+        return lm_transform(self.model, hidden_states)  # [B, S, D]
 
     def forward(
         self,
@@ -338,7 +334,7 @@ class SpladeEncoder(nn.Module):
                 raise ValueError(
                     "echo=True builds its own inputs: token_type_ids and position_ids are not accepted"
                 )
-            input_ids, attention_mask, mask = _echo_inputs(input_ids, attention_mask, mask)  # [B, 2S] each
+            input_ids, attention_mask, mask = echo_inputs(input_ids, attention_mask, mask)  # [B, 2S] each
         hidden_states = self.token_hidden_states(input_ids, attention_mask, token_type_ids, **kwargs)
         return self.head(hidden_states, mask)  # [B, S, D] · [V, D] -> [B, V], logits never formed
 
@@ -396,7 +392,7 @@ class SpladeEncoder(nn.Module):
             raise ValueError("safe_serialization must be True: SpladeEncoder writes safetensors only")
         if tokenizer is not None:
             self.check_tokenizer(tokenizer)
-        backbone_state = None if state_dict is None else _backbone_state_dict(state_dict)
+        backbone_state = None if state_dict is None else backbone_state_dict(state_dict)
         self.model.save_pretrained(
             save_directory, state_dict=backbone_state, is_main_process=is_main_process, **kwargs
         )

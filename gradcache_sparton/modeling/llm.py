@@ -3,10 +3,10 @@
 Legend: B batch, S sequence.
 
 - ``bidirectional``: every token attends to every attended token, later ones too, through a [B, 1, S, S]
-  mask that replaces the causal one (:func:`_bidirectional_mask`; the ``sdpa`` and ``eager`` attention
+  mask that replaces the causal one (:func:`bidirectional_mask`; the ``sdpa`` and ``eager`` attention
   implementations read it as given). The same mask spares the BERT family's ``sdpa`` path a host read.
 - ``echo``: the backbone reads each text twice and only the second copy is pooled, so every pooled token
-  has seen the whole text (:func:`_echo_inputs`).
+  has seen the whole text (:func:`echo_inputs`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__: list[str] = []
+__all__ = ["bidirectional_mask", "check_attention_implementation", "echo_inputs"]
 
 # Attention implementations that read a [B, 1, S, S] mask as given (transformers passes a 4-D mask on
 # unchanged), which is how bidirectional attention replaces the causal one.
 _BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
 
 
-def _check_attention_implementation(model: nn.Module) -> None:
+def check_attention_implementation(model: nn.Module) -> None:
+    """Raise unless ``model``'s attention implementation reads a [B, 1, S, S] mask as given (sdpa, eager)."""
     implementation = model.config._attn_implementation
     if implementation not in _BIDIRECTIONAL_ATTENTION:
         raise ValueError(
@@ -30,9 +31,9 @@ def _check_attention_implementation(model: nn.Module) -> None:
         )
 
 
-def _bidirectional_mask(model: nn.Module, attention_mask: Tensor) -> Tensor:
+def bidirectional_mask(model: nn.Module, attention_mask: Tensor) -> Tensor:
     """[B, S] padding mask -> [B, 1, S, S]: every query attends to every attended key, later ones too."""
-    _check_attention_implementation(model)
+    check_attention_implementation(model)
     S = attention_mask.shape[1]
     keys = attention_mask.bool()[:, None, None, :].expand(-1, 1, S, -1)  # [B, 1, S, S]
     if model.config._attn_implementation == "sdpa":
@@ -42,7 +43,7 @@ def _bidirectional_mask(model: nn.Module, attention_mask: Tensor) -> Tensor:
     return torch.zeros(keys.shape, dtype=dtype, device=keys.device).masked_fill(~keys, torch.finfo(dtype).min)
 
 
-def _echo_inputs(
+def echo_inputs(
     input_ids: Tensor, attention_mask: Tensor, pool_mask: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Each row's attended tokens twice, right-padded to [B, 2S]; only the second copy keeps ``pool_mask``.

@@ -24,7 +24,13 @@ from gradcache_sparton.modeling import SpladeEncoder
 if TYPE_CHECKING:
     from sentence_transformers import SparseEncoder
 
-__all__ = ["as_rep_encoder", "is_sparse_encoder", "use_sparton_head", "uses_sparton_head"]
+__all__ = [
+    "as_rep_encoder",
+    "import_sentence_transformers",
+    "is_sparse_encoder",
+    "use_sparton_head",
+    "uses_sparton_head",
+]
 
 # Feature keys the backbone reads; sentence-transformers adds bookkeeping keys ("modality", ...).
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
@@ -35,7 +41,8 @@ _CONVERTED_MARK = "_gradcache_sparton_head"
 _REPLICA_AUTOCAST = "_gradcache_sparton_replica_autocast"
 
 
-def _import_sentence_transformers() -> types.ModuleType:
+def import_sentence_transformers() -> types.ModuleType:
+    """The sentence_transformers module, or an ``ImportError`` that says how to install it."""
     try:
         import sentence_transformers
     except ImportError as error:
@@ -74,7 +81,7 @@ def _unwrapped(model: nn.Module) -> nn.Module:
 
 def _check_splade_modules(model: SparseEncoder) -> None:
     """Raise unless ``model`` is [fill-mask Transformer, SpladePooling(max, relu)] over a supported backbone."""
-    _import_sentence_transformers()
+    import_sentence_transformers()
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.modules import SpladePooling

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from gradcache_sparton.integrations.sentence_transformers.conversion import _import_sentence_transformers
+from gradcache_sparton.integrations.sentence_transformers.conversion import import_sentence_transformers
 from gradcache_sparton.losses import SpladeLossConfig
 
 __all__ = ["splade_loss_config_from"]
@@ -36,7 +36,7 @@ def splade_loss_config_from(
         ValueError: another base loss or similarity, non-default directions or hardness, FLOPS
             thresholds, other regularizers, ``use_document_regularizer_only``, gathering across devices.
     """
-    _import_sentence_transformers()
+    import_sentence_transformers()
     from sentence_transformers import util
     from sentence_transformers.sparse_encoder.losses import (
         FlopsLoss,

@@ -1,0 +1,70 @@
+"""How every command but ``train`` reads its flags: dataclasses parsed by ``HfArgumentParser`` (as ``train``),
+with the options more than one command reads declared once here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradcache_sparton.cli.commands import COMMANDS
+
+__all__ = ["CheckpointOptions", "QueryLengthOption", "option", "parse_command"]
+
+
+def option(default: Any, help: str, **argparse_kwargs: Any) -> Any:
+    """A dataclass field that is a command's flag: its default, its help and any further ``add_argument``
+    keyword (``choices``, ``required``); a list default is copied for each instance."""
+    metadata = {"help": help, **argparse_kwargs}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class CheckpointOptions:
+    """The checkpoint a command encodes texts with, and how (``evaluate``, ``export``, ``mine``)."""
+
+    model_name_or_path: str | None = option(
+        None,
+        "Checkpoint folder (`train` writes outputs/splade-<date>-<time> and prints it), shipped name (splade-tiny-msmarco) or hub id.",
+    )
+    document_max_length: int | None = option(
+        None, "Document tokens (None: the checkpoint's training length, else 256)."
+    )
+    batch_size: int = option(64, "Texts encoded at once.")
+    device: str | None = option(None, "cpu, cuda, cuda:1, ... (None: cuda if available).")
+
+
+@dataclass
+class QueryLengthOption:
+    """Query tokens, for the commands that encode queries (``evaluate``, ``mine``)."""
+
+    query_max_length: int | None = option(
+        None, "Query tokens (None: the checkpoint's training length, else 32)."
+    )
+
+
+def parse_command(
+    command: str,
+    argv: Sequence[str],
+    dataclass_types: Sequence[type],
+    *,
+    description: str,
+    required: Sequence[str] = (),
+) -> tuple[Any, ...]:
+    """``argv`` parsed into one instance of each of ``dataclass_types`` (``gradcache-sparton COMMAND``'s flags).
+
+    ``description`` follows the command's one-line help; each name in ``required`` is a flag this command
+    cannot run without (argparse's own error names it).
+    """
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(
+        dataclass_types, prog=f"gradcache-sparton {command}", description=f"{COMMANDS[command]}{description}"
+    )
+    options = tuple(parser.parse_args_into_dataclasses(list(argv)))
+    missing = [f"--{name}" for name in required if all(getattr(o, name, None) is None for o in options)]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
+    return options
