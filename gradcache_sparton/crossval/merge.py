@@ -29,8 +29,8 @@ from gradcache_sparton.crossval.experiment import (
     MERGED_SETTINGS,
     RUN_ONLY_FLAGS,
     TOLERANCE,
-    numbers_close,
     experiment_differences,
+    numbers_close,
 )
 
 # Private to crossval, kept as they are (also _summarise, _write below): a merge reads the judged queries and

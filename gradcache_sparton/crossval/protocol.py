@@ -21,8 +21,8 @@ import torch
 from gradcache_sparton.crossval.experiment import (
     MERGED_SETTINGS,
     TOLERANCE,
-    numbers_close,
     experiment_differences,
+    numbers_close,
     recipe_config,
 )
 from gradcache_sparton.crossval.report import (
