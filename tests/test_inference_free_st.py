@@ -239,7 +239,7 @@ def test_our_inference_free_checkpoint_loads_in_sentence_transformers(backbone_d
     assert type(static) is SparseStaticEmbedding and not static.frozen
     assert "encode_query" in (path / "README.md").read_text()
     long_query = "what causes rain and snow and hail in the mountains"
-    queries = [*QUERIES, long_query]
+    queries = [*QUERIES, "rain [SEP] snow", long_query]  # a special token spelled out counts nowhere
     # Ours: the collator's tokenization (special tokens, query_max_length 6); theirs: their own (none, 4).
     batch = tokenizer(queries, padding=True, truncation=True, max_length=6, return_tensors="pt")
     assert int(batch["attention_mask"][-1].sum()) == 6  # the long query is truncated
