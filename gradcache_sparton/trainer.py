@@ -94,7 +94,8 @@ class CachedSpladeTrainer(Trainer):
         model: the encoder (``model(**features) -> [B, V]``), or a sentence-transformers SPLADE
             ``SparseEncoder``, which is converted in place to the fused head
             (:func:`~gradcache_sparton.integrations.sentence_transformers.use_sparton_head`: same reps,
-            type and save format) and saved in its own format.
+            type and save format) and saved in its own format; an inference-free one (a ``Router`` with a
+            ``SparseStaticEmbedding`` query route) has the head on its document route and no query regularizer.
         args: :class:`CachedSpladeTrainingArguments`; ``per_device_train_batch_size`` is the batch per
             process, the loss sees it times the number of processes (the global batch),
             ``mini_batch_size`` bounds memory.

@@ -323,3 +323,21 @@ def test_trainer_trains_a_router_and_saves_its_format(backbone_dir, tmp_path) ->
             rtol=0,
             atol=0,
         )
+
+
+def test_idf_command_output_loads_in_sentence_transformers(backbone_dir, tmp_path) -> None:
+    """`idf` writes the inference-free Router files too: SparseEncoder(folder).encode_query is the IDF table's rep."""
+    from gradcache_sparton.pipeline import run_idf
+
+    siamese = SpladeEncoder(BertForMaskedLM.from_pretrained(backbone_dir))
+    siamese.save_pretrained(tmp_path / "doc", tokenizer=BertTokenizer.from_pretrained(backbone_dir))
+    run_idf(str(tmp_path / "doc"), output_dir=tmp_path / "idf")
+    ours = InferenceFreeEncoder.from_pretrained(tmp_path / "idf")
+    loaded = SparseEncoder(str(tmp_path / "idf"), device="cpu", local_files_only=True)
+    assert [type(m) for m in loaded.children()] == [Router] and loaded[0].sub_modules["query"][0].frozen
+    batch = loaded.tokenizer(QUERIES, padding=True, return_tensors="pt")
+    expected = ours(**batch, column="query")
+    assert (expected > 0).any()
+    torch.testing.assert_close(
+        dense(loaded.encode_query(QUERIES, convert_to_tensor=True)), expected, rtol=0, atol=0
+    )
