@@ -148,6 +148,10 @@ def _fits(step: Callable[[int], float], batch: int, device: torch.device) -> boo
         return True
     except torch.OutOfMemoryError:
         return False
+    except RuntimeError as error:  # cuBLAS reports an allocation it could not make as its own error
+        if "CUBLAS_STATUS_ALLOC_FAILED" not in str(error):
+            raise
+        return False
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
