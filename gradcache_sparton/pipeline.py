@@ -49,6 +49,10 @@ from gradcache_sparton.evaluation import (
     write_trec_run,
 )
 from gradcache_sparton.evaluation.significance import paired_run_comparison
+from gradcache_sparton.integrations.sentence_transformers import (
+    sentence_transformers_can_load,
+    write_sentence_transformers_files,
+)
 from gradcache_sparton.model_loading import (
     add_lora_adapters,
     build_encoder,
@@ -535,7 +539,9 @@ def run_idf(
 
     ``output_dir`` receives the document encoder's checkpoint and tokenizer (unless it is the model's own
     folder, which then only gains the table), ``query_table.safetensors`` and ``idf.json``
-    (docs/inference_free.md). ``ValueError`` before any work if ``output_dir`` already has a query table
+    (docs/inference_free.md), and where sentence-transformers has the model's equivalent (a masked LM, the
+    tokenizer in the folder) its inference-free ``Router`` files (documents truncated at the checkpoint's
+    ``document_max_length``, else the backbone's positions). ``ValueError`` before any work if ``output_dir`` already has a query table
     (unless ``overwrite``) or the corpus is empty or unreadable.
     """
     output_dir = Path(output_dir)
@@ -559,5 +565,12 @@ def run_idf(
         encoder.save_pretrained(output_dir, tokenizer=tokenizer)
     save_query_table(table, output_dir)
     write_token_weights(table, tokenizer, output_dir / TOKEN_WEIGHTS_NAME)
+    inference_free = InferenceFreeEncoder.from_document_encoder(encoder, table)
+    has_tokenizer = any((output_dir / name).is_file() for name in ("tokenizer_config.json", "vocab.txt"))
+    if has_tokenizer and sentence_transformers_can_load(inference_free):
+        length = (
+            encoder.document_max_length or getattr(encoder.config, "max_position_embeddings", None) or 512
+        )
+        write_sentence_transformers_files(output_dir, encoder=inference_free, max_seq_length=length)
     logger.info("Query table: the IDF of %d documents, written to %s.", len(texts), output_dir)
     return {"output_dir": str(output_dir), "documents": len(texts), "vocab_size": table.vocab_size}

@@ -57,9 +57,11 @@ from gradcache_sparton.engine.memory_plan import MemoryPlan
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
     from_sentence_transformers_columns,
+    is_inference_free_sparse_encoder,
     is_sparse_encoder,
     run_model_card,
     sentence_transformers_can_load,
+    sparse_encoder_backbone,
     use_sparton_head,
     write_sentence_transformers_files,
 )
@@ -97,7 +99,8 @@ class CachedSpladeTrainer(Trainer):
         model: the encoder (``model(**features) -> [B, V]``), or a sentence-transformers SPLADE
             ``SparseEncoder``, which is converted in place to the fused head
             (:func:`~gradcache_sparton.integrations.sentence_transformers.use_sparton_head`: same reps,
-            type and save format) and saved in its own format.
+            type and save format) and saved in its own format; an inference-free one (a ``Router`` with a
+            ``SparseStaticEmbedding`` query route) has the head on its document route and no query regularizer.
         args: :class:`CachedSpladeTrainingArguments`; ``per_device_train_batch_size`` is the batch per
             process, the loss sees it times the number of processes (the global batch),
             ``mini_batch_size`` bounds memory.
@@ -134,7 +137,7 @@ class CachedSpladeTrainer(Trainer):
         if self._sparse_encoder:
             # In place: same reps, module types and save format, computed by the fused head.
             use_sparton_head(model)
-            SpladeEncoder(model[0].auto_model).check_tokenizer(processing_class)
+            SpladeEncoder(sparse_encoder_backbone(model)).check_tokenizer(processing_class)
         elif isinstance(model, SpladeEncoder):
             model.check_tokenizer(processing_class)
             model.check_max_length("query_max_length", args.query_max_length)
@@ -186,7 +189,8 @@ class CachedSpladeTrainer(Trainer):
         )
         _check_sharding(self)
         loss_config = args.splade_loss_config()
-        if isinstance(model, InferenceFreeEncoder) and loss_config.query_reg_weight:
+        inference_free = isinstance(model, InferenceFreeEncoder) or is_inference_free_sparse_encoder(model)
+        if inference_free and loss_config.query_reg_weight:
             # A table query costs its tokens whatever its weights: the regularizer is on the documents only.
             logger.info(
                 "Inference-free model: no query regularizer (query_reg_weight %g -> 0).",

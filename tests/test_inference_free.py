@@ -267,32 +267,10 @@ def test_data_parallel_learned_table_matches_one_process(tmp_path) -> None:
 
 
 def test_not_written_as_a_siamese_sentence_transformers_model(tiny_bert_config) -> None:
-    """The trainer's sentence-transformers files describe a siamese SparseEncoder: never written for an
-    inference-free model, whose queries they would encode with SPLADE."""
+    """An inference-free model's sentence-transformers files describe its Router (queries by the table), never
+    a siamese SparseEncoder, whose queries they would encode with SPLADE (tests/test_inference_free_st.py
+    loads them)."""
     from gradcache_sparton.integrations.sentence_transformers import sentence_transformers_can_load
 
     model = _model(small_config(tiny_bert_config), frozen=True)
-    assert sentence_transformers_can_load(model.document_encoder())
-    assert not sentence_transformers_can_load(model)
-
-
-def test_crossval_runs_an_inference_free_recipe(tmp_path, capsys) -> None:
-    """`crossval -- --query_encoder idf` scores the zero-shot start and every fold's model with table queries
-    (the start's table: the corpus's IDF; each fold's: its training documents'), and saves each fold's table."""
-    from gradcache_sparton.cli import main
-
-    beir = _write_beir(tmp_path / "beir")
-    out = tmp_path / "cv"
-    argv = ["crossval", "--beir_path", str(beir), "--output_dir", str(out), "--folds", "2", "--seeds", "1",
-            "--document_max_length", "16", "--resamples", "20", "--no_bm25", "--",
-            "--hidden_size", "32", "--num_hidden_layers", "1", "--num_attention_heads", "2",
-            "--intermediate_size", "64", "--per_device_train_batch_size", "4", "--mini_batch_size", "4",
-            "--query_max_length", "16", "--document_max_length", "16", "--max_steps", "1", "--use_cpu",
-            "--disable_tqdm", "True", "--query_encoder", "idf"]  # fmt: skip
-    assert main(argv) == 0
-    capsys.readouterr()
-    results = json.loads((out / "crossval.json").read_text())
-    zero_shot = results["systems"]["zero-shot"]["seeds"]["-"]
-    recipe = results["systems"]["recipe"]["seeds"]["1"]
-    assert zero_shot["query_nonzeros"] <= 6 and recipe["query_nonzeros"] <= 6  # a query's own tokens only
-    assert len(list(out.rglob("query_table.safetensors"))) == 2  # one model per fold
+    assert sentence_transformers_can_load(model.document_encoder()) and sentence_transformers_can_load(model)

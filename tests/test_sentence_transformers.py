@@ -173,7 +173,7 @@ def test_cached_loss_matches_sentence_transformers_splade_loss(backbone_dir, tok
 
 
 def test_loss_mapping_refuses_what_has_no_counterpart(backbone_dir) -> None:
-    """Non-dot similarities, FLOPS thresholds, other base losses and query-less regularization are refused."""
+    """Non-dot similarities, a query FLOPS threshold and other base losses are refused; a document one maps."""
     model = sparse_encoder(backbone_dir)
     config = splade_loss_config_from(st_splade_loss(model, query_weight=None), reg_warmup_steps=5)
     assert (config.query_reg_weight, config.doc_reg_weight, config.temperature, config.reg_warmup_steps) == (
@@ -195,10 +195,18 @@ def test_loss_mapping_refuses_what_has_no_counterpart(backbone_dir) -> None:
         model,
         loss=SparseMultipleNegativesRankingLoss(model),
         document_regularizer_weight=1e-3,
-        document_regularizer=FlopsLoss(model, threshold=10),
+        document_regularizer=FlopsLoss(model, threshold=10.5),
+    )
+    assert splade_loss_config_from(thresholded).doc_reg_l0_threshold == 10  # l0 > 10.5 iff l0 > 10
+    query_thresholded = SpladeLoss(
+        model,
+        loss=SparseMultipleNegativesRankingLoss(model),
+        document_regularizer_weight=1e-3,
+        query_regularizer_weight=1e-3,
+        query_regularizer=FlopsLoss(model, threshold=10),
     )
     with pytest.raises(ValueError, match="without threshold"):
-        splade_loss_config_from(thresholded)
+        splade_loss_config_from(query_thresholded)
     with pytest.raises(TypeError, match="SpladeLoss"):
         splade_loss_config_from(SparseMultipleNegativesRankingLoss(model))
 

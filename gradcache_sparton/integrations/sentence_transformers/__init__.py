@@ -13,6 +13,11 @@ model loads as a plain ``SparseEncoder`` anywhere, with equal reps.
 One job per module: conversion (:mod:`.conversion`), loss mapping (:mod:`.loss_mapping`), data
 columns (:mod:`.columns`), export (:mod:`.export`) and model cards (:mod:`.model_card`).
 
+- Inference-free models both ways: a ``Router`` with a ``SparseStaticEmbedding`` query route and that
+  SPLADE pair as its document route converts too (the head on the document route, the query route as is,
+  trained or frozen as the module says; the engine routes by column), and
+  :func:`inference_free_encoder_from` makes one our :class:`~gradcache_sparton.modeling.InferenceFreeEncoder`;
+  :func:`write_sentence_transformers_files` writes one of ours as that ``Router``.
 - :func:`as_rep_encoder` gives the engine's view of the model, ``encoder(**features) -> [B, V]``, so
   :class:`~gradcache_sparton.engine.CachedLoss` and ``CachedSpladeTrainer`` train it.
 - :func:`splade_loss_config_from` maps a sentence-transformers ``SpladeLoss`` (with
@@ -32,7 +37,10 @@ this package imports it only inside the functions that need it, so the trainer c
 from gradcache_sparton.integrations.sentence_transformers.columns import from_sentence_transformers_columns
 from gradcache_sparton.integrations.sentence_transformers.conversion import (
     as_rep_encoder,
+    inference_free_encoder_from,
+    is_inference_free_sparse_encoder,
     is_sparse_encoder,
+    sparse_encoder_backbone,
     use_sparton_head,
     uses_sparton_head,
 )
@@ -46,10 +54,13 @@ from gradcache_sparton.integrations.sentence_transformers.model_card import mode
 __all__ = [
     "as_rep_encoder",
     "from_sentence_transformers_columns",
+    "inference_free_encoder_from",
+    "is_inference_free_sparse_encoder",
     "is_sparse_encoder",
     "model_card",
     "run_model_card",
     "sentence_transformers_can_load",
+    "sparse_encoder_backbone",
     "splade_loss_config_from",
     "use_sparton_head",
     "uses_sparton_head",

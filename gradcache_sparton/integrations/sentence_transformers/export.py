@@ -1,5 +1,12 @@
 """One of our checkpoints made a sentence-transformers ``SparseEncoder`` folder too: modules,
-``max_seq_length`` as trained, a model card, so ``SparseEncoder(path)`` gives exactly our reps."""
+``max_seq_length`` as trained, a model card, so ``SparseEncoder(path)`` gives exactly our reps.
+
+A siamese :class:`SpladeEncoder` becomes [fill-mask Transformer, SpladePooling]; an
+:class:`InferenceFreeEncoder` becomes sentence-transformers' inference-free layout, one ``Router`` with a
+``"query"`` route (a ``SparseStaticEmbedding`` holding the query table) and a ``"document"`` route (the
+same two modules), so ``encode_query`` / ``encode_document`` give our query and document reps. The
+masked LM stays where our checkpoint has it, in the folder's root, read by both libraries.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import os
 
 from gradcache_sparton.integrations.sentence_transformers.model_card import model_card
 from gradcache_sparton.modeling import InferenceFreeEncoder, SpladeEncoder
+from gradcache_sparton.modeling.query_table import QueryTable
 
 __all__ = ["sentence_transformers_can_load", "write_sentence_transformers_files"]
 
@@ -20,6 +28,12 @@ _MASKED_POOLING_TYPE = (
 )
 _POOLING_DIR = "1_SpladePooling"
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt")
+# The inference-free layout: a Router at the root, its module folders named as Router.save names them
+# (route_index_Class), except the document Transformer, which is the root itself (the masked LM's files).
+_ROUTER_TYPE = "sentence_transformers.base.modules.router.Router"
+_STATIC_TYPE = "sentence_transformers.sparse_encoder.modules.sparse_static_embedding.SparseStaticEmbedding"
+_STATIC_DIR = "query_0_SparseStaticEmbedding"
+_ROUTER_POOLING_DIR = "document_1_SpladePooling"
 
 
 def _write_json(path: str, value: object) -> None:
@@ -30,13 +44,11 @@ def _write_json(path: str, value: object) -> None:
 
 def sentence_transformers_can_load(encoder: SpladeEncoder) -> bool:
     """Whether :func:`write_sentence_transformers_files` can describe ``encoder``: a masked LM whose
-    positions all pool (special tokens aside); not a decoder-only LM, nor echo or prefix options, nor an
-    inference-free model (whose queries these files would describe as SPLADE's)."""
+    positions all pool (special tokens aside); not a decoder-only LM, nor echo or prefix options. For an
+    inference-free model, its document encoder's answer."""
     from transformers import MODEL_FOR_MASKED_LM_MAPPING
 
     # sentence-transformers builds the backbone with AutoModelForMaskedLM from the saved config.
-    if isinstance(encoder, InferenceFreeEncoder):
-        return False
     auto_masked_lm = MODEL_FOR_MASKED_LM_MAPPING.get(type(encoder.config), None) is type(encoder.model)
     return auto_masked_lm and not (encoder.bidirectional or encoder.echo or encoder.prefix_length)
 
@@ -63,6 +75,13 @@ def write_sentence_transformers_files(
     ``SparseEncoder(directory)`` refuses to import it (a module outside its namespace), and
     ``SparseEncoder(directory, trust_remote_code=True)`` with gradcache_sparton installed loads the
     exact reps. Never the wrong reps.
+
+    For an :class:`InferenceFreeEncoder` the files describe a ``Router`` (module doc): ``router_config.json``,
+    ``query_0_SparseStaticEmbedding/`` (the table's weights, special tokens' set to 0, ``frozen`` as the table
+    is, and the tokenizer, whose ``model_max_length`` keeps the tokens our collator keeps of a query:
+    ``encoder.query_max_length`` less the special tokens it adds) and ``document_1_SpladePooling/``;
+    ``SparseEncoder(directory).encode_query`` / ``encode_document`` then give exactly our query and
+    document reps (a query whose text spells a special token literally counts it nowhere).
 
     Args:
         directory: a folder holding ``encoder.save_pretrained(directory, tokenizer=...)``'s output.
@@ -103,15 +122,26 @@ def write_sentence_transformers_files(
     from gradcache_sparton.version import __version__
 
     special = list(encoder.special_token_ids)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER_TYPE},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": _POOLING_DIR,
-            "type": _MASKED_POOLING_TYPE if special else _POOLING_TYPE,
-        },
-    ]
+    pooling_type = _MASKED_POOLING_TYPE if special else _POOLING_TYPE
+    inference_free = isinstance(encoder, InferenceFreeEncoder)
+    if inference_free:
+        pooling_dir = _ROUTER_POOLING_DIR
+        modules = [{"idx": 0, "name": "0", "path": "", "type": _ROUTER_TYPE}]
+        _write_query_route(directory, encoder.query_table, encoder.query_max_length)
+        _write_json(
+            os.path.join(directory, "router_config.json"),
+            {
+                "types": {_STATIC_DIR: _STATIC_TYPE, ".": _TRANSFORMER_TYPE, pooling_dir: pooling_type},
+                "structure": {"query": [_STATIC_DIR], "document": [".", pooling_dir]},
+                "parameters": {"default_route": "document", "allow_empty_key": True, "route_mappings": {}},
+            },
+        )
+    else:
+        pooling_dir = _POOLING_DIR
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER_TYPE},
+            {"idx": 1, "name": "1", "path": pooling_dir, "type": pooling_type},
+        ]
     pooling = {
         "pooling_strategy": encoder.pooling,
         "activation_function": "relu",
@@ -146,9 +176,33 @@ def write_sentence_transformers_files(
             "similarity_fn_name": "dot",
         },
     )
-    os.makedirs(os.path.join(directory, _POOLING_DIR), exist_ok=True)
-    _write_json(os.path.join(directory, _POOLING_DIR, "config.json"), pooling)
+    os.makedirs(os.path.join(directory, pooling_dir), exist_ok=True)
+    _write_json(os.path.join(directory, pooling_dir, "config.json"), pooling)
     if card is None:
         card = model_card(encoder=encoder, max_seq_length=max_seq_length)
     with open(os.path.join(directory, "README.md"), "w", encoding="utf-8") as f:
         f.write(card)
+
+
+def _write_query_route(directory: str, table: QueryTable, query_max_length: int | None) -> None:
+    """``directory/query_0_SparseStaticEmbedding``: the table as a ``SparseStaticEmbedding`` (weights with
+    special tokens' at 0, ``frozen``) and the tokenizer truncating a query where our collator does."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    if len(tokenizer) != table.vocab_size:
+        raise ValueError(
+            f"the tokenizer in {directory} has {len(tokenizer)} tokens but the query table {table.vocab_size}"
+        )
+    if query_max_length is not None:
+        # Our collator keeps query_max_length tokens, special ones included; SparseStaticEmbedding adds none.
+        tokenizer.model_max_length = query_max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    weight = table.weight.detach().to("cpu", torch.float32).clone()  # [V]
+    weight[list(table.special_token_ids)] = 0.0  # never counted here; sentence-transformers cannot mask them
+    folder = os.path.join(directory, _STATIC_DIR)
+    os.makedirs(folder, exist_ok=True)
+    save_file({"weight": weight.contiguous()}, os.path.join(folder, "model.safetensors"))
+    _write_json(os.path.join(folder, "config.json"), {"frozen": table.frozen})
+    tokenizer.save_pretrained(folder)

@@ -3,6 +3,8 @@ the same loss and gradients, or a refusal naming what has no exact counterpart."
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from gradcache_sparton.integrations.sentence_transformers.conversion import import_sentence_transformers
@@ -23,9 +25,13 @@ def splade_loss_config_from(
       of the batch) -> ``contrastive="infonce"``, ``temperature=1/s``;
     - ``FlopsLoss`` without threshold, ``sum_v (mean_b reps[b, v])²``: on the first column ->
       ``query_regularizer="flops"``, on every other column concatenated -> ``doc_regularizer="flops"``,
-      our definition exactly;
+      our definition exactly; the document regularizer's ``FlopsLoss(threshold=t)`` (FLOPS with l0
+      masking: rows with at most t non-zeros zeroed) -> ``doc_reg_l0_threshold=floor(t)`` (a count exceeds
+      t exactly when it exceeds floor(t));
     - ``query_regularizer_weight`` (None: 0) -> ``query_reg_weight``; ``document_regularizer_weight`` ->
-      ``doc_reg_weight``.
+      ``doc_reg_weight``. An inference-free model (a ``Router`` with a ``SparseStaticEmbedding`` query
+      route) has no query regularizer: ``query_regularizer_weight=None`` (or 0), as sentence-transformers'
+      inference-free recipe sets it.
 
     sentence-transformers ramps the weights with ``SpladeRegularizerWeightSchedulerCallback``
     (quadratic over the first third of training by default); pass that as ``reg_warmup_steps`` /
@@ -33,8 +39,8 @@ def splade_loss_config_from(
 
     Raises:
         TypeError: ``loss`` is not a sentence-transformers ``SpladeLoss``.
-        ValueError: another base loss or similarity, non-default directions or hardness, FLOPS
-            thresholds, other regularizers, ``use_document_regularizer_only``, gathering across devices.
+        ValueError: another base loss or similarity, non-default directions or hardness, a query FLOPS
+            threshold, other regularizers, ``use_document_regularizer_only``, gathering across devices.
     """
     import_sentence_transformers()
     from sentence_transformers import util
@@ -70,16 +76,30 @@ def splade_loss_config_from(
         )
     if loss.use_document_regularizer_only:
         raise ValueError(
-            "use_document_regularizer_only=True has no counterpart: the first column is the queries"
+            "use_document_regularizer_only=True regularizes the queries together with the documents (one FLOPS "
+            "over every column), which has no counterpart: the first column is the queries. For an "
+            "inference-free model (no query regularizer) set use_document_regularizer_only=False and "
+            "query_regularizer_weight=None"
         )
-    regularizers = {"document_regularizer": loss.document_regularizer}
+    document = loss.document_regularizer
+    if type(document) is not FlopsLoss:
+        raise ValueError(f"loss.document_regularizer must be a FlopsLoss, got {type(document).__name__}")
+    threshold = document.threshold
+    if threshold is not None and (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not math.isfinite(threshold)
+        or threshold < 0
+    ):
+        raise ValueError(
+            f"loss.document_regularizer's FlopsLoss threshold must be a number >= 0, got {threshold!r}"
+        )
     if loss.query_regularizer_weight is not None:
-        regularizers["query_regularizer"] = loss.query_regularizer
-    for name, regularizer in regularizers.items():
-        if type(regularizer) is not FlopsLoss or regularizer.threshold is not None:
+        query = loss.query_regularizer
+        if type(query) is not FlopsLoss or query.threshold is not None:
             raise ValueError(
-                f"loss.{name} must be a FlopsLoss without threshold, got {type(regularizer).__name__}"
-                f"{'' if type(regularizer) is not FlopsLoss else f'(threshold={regularizer.threshold})'}"
+                f"loss.query_regularizer must be a FlopsLoss without threshold, got {type(query).__name__}"
+                f"{'' if type(query) is not FlopsLoss else f'(threshold={query.threshold})'}"
             )
     return SpladeLossConfig(
         query_reg_weight=float(loss.query_regularizer_weight or 0.0),
@@ -87,6 +107,7 @@ def splade_loss_config_from(
         contrastive="infonce",
         query_regularizer="flops",
         doc_regularizer="flops",
+        doc_reg_l0_threshold=None if threshold is None else math.floor(threshold),
         temperature=1.0 / base.scale,
         reg_warmup_steps=reg_warmup_steps,
         reg_warmup_shape=reg_warmup_shape,

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.modeling import InferenceFreeEncoder, SpladeEncoder
 
 __all__ = ["model_card", "run_model_card"]
 
@@ -26,20 +26,29 @@ def model_card(
     """
     base = base_model if base_model is not None else getattr(encoder.config, "_name_or_path", "") or ""
     special = list(encoder.special_token_ids)
+    inference_free = isinstance(encoder, InferenceFreeEncoder)
     header = ["---", "library_name: sentence-transformers", "pipeline_tag: feature-extraction", "tags:"]
     header += [
         f"- {tag}" for tag in ("sentence-transformers", "sparse-encoder", "splade", "gradcache_sparton")
     ]
+    if inference_free:
+        header += ["- asymmetric", "- inference-free"]
     if base and not os.path.isabs(base):
         header.append(f"base_model: {base}")
     header.append("---")
     lines = [
         *header,
         "",
-        "# SPLADE sparse encoder",
+        f"# {'Inference-free ' if inference_free else ''}SPLADE sparse encoder",
         "",
         f"A SPLADE model trained with gradcache_sparton (GradCache and the fused Sparton head). It maps text to "
-        f"{encoder.vocab_size}-dimensional sparse vectors, one weight per vocabulary token, scored by dot product.",
+        f"{encoder.vocab_size}-dimensional sparse vectors, one weight per vocabulary token, scored by dot product."
+        + (
+            " Inference-free: documents are encoded by the SPLADE model, queries by a per-token weight table "
+            "(no transformer)."
+            if inference_free
+            else ""
+        ),
         "",
         "## Model",
         "",
@@ -54,13 +63,20 @@ def model_card(
         "from sentence_transformers import SparseEncoder",
         "",
         f"model = SparseEncoder(path{', trust_remote_code=True' if special else ''})",
-        'embeddings = model.encode(["a query", "a document"])',
+        *(
+            [
+                'query_embeddings = model.encode_query(["a query"])',
+                'document_embeddings = model.encode_document(["a document"])',
+            ]
+            if inference_free
+            else ['embeddings = model.encode(["a query", "a document"])']
+        ),
         "```",
         "",
         "```python",
-        "from gradcache_sparton import SpladeEncoder",
+        f"from gradcache_sparton import {type(encoder).__name__}",
         "",
-        "encoder = SpladeEncoder.from_pretrained(path)",
+        f"encoder = {type(encoder).__name__}.from_pretrained(path)",
         "```",
     ]
     if special:
