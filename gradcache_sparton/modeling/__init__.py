@@ -5,7 +5,7 @@
 - :mod:`~gradcache_sparton.modeling.backbones`: the families it knows (each one's LM transform),
   :func:`register_masked_lm` for another, their position tables;
 - :mod:`~gradcache_sparton.modeling.llm`: decoder-only LMs encoded as masked LMs (bidirectional
-  attention, echo inputs);
+  attention, echo inputs, BOS/EOS kept out of the pool);
 - :mod:`~gradcache_sparton.modeling.checkpoint`: ``splade_config.json`` and the checks made before any
   weights load.
 """
@@ -25,6 +25,7 @@ from gradcache_sparton.modeling.checkpoint import (
     read_splade_config,
 )
 from gradcache_sparton.modeling.encoder import SpladeEncoder
+from gradcache_sparton.modeling.llm import default_special_token_ids
 
 __all__ = [
     "SPLADE_CONFIG_NAME",
@@ -32,6 +33,7 @@ __all__ = [
     "SpladeEncoder",
     "check_checkpoint_files",
     "check_max_length",
+    "default_special_token_ids",
     "load_backbone",
     "position_limit",
     "read_json_file",
