@@ -447,13 +447,13 @@ def _check_loss_reads_columns(loss: Any, dataset: Any) -> None:
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
             return
         reads = {p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
-        what = f"loss {type(loss).__name__}"
+        what = f"loss {getattr(loss, '__qualname__', type(loss).__name__)}"
     unread = [name for name in extras if name not in reads]
     if unread:
         raise ValueError(
             f"dataset column(s) {unread} reach the loss as keyword arguments, and the {what} reads none of "
             "them: teacher scores ([B, 1+k], a teacher_scores column) are read by contrastive='margin_mse' or "
-            f"'kl_div' (--contrastive); otherwise drop the column(s): dataset.remove_columns({unread})"
+            f"'kl_div' (--contrastive); otherwise drop the column(s) from the data (dataset.remove_columns({unread}))"
         )
 
 
