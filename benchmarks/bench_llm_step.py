@@ -87,7 +87,9 @@ class MaterializingEncoder(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         logits = self.encoder.model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, S, V]
-        return splade_max_pool(logits, attention_mask)  # [B, S, V] -> [B, V]
+        special = torch.tensor(self.encoder.special_token_ids, dtype=input_ids.dtype, device=input_ids.device)
+        pool = attention_mask.bool() & ~torch.isin(input_ids, special)  # the fused head's pool (BOS/EOS out)
+        return splade_max_pool(logits, pool)  # [B, S, V] -> [B, V]
 
 
 def build_encoder(shape: str, training: str, device: torch.device) -> SpladeEncoder:

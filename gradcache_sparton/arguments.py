@@ -159,9 +159,13 @@ class ModelArguments:
             "bert-base-uncased tokenizer shipped with the package."
         },
     )
-    mask_special_tokens: bool = field(
-        default=False,
-        metadata={"help": "Drop [CLS]/[SEP]/[PAD] positions from the max-pooling (reps ignore them)."},
+    mask_special_tokens: bool | None = field(
+        default=None,
+        metadata={
+            "help": "True: drop every special token's positions ([CLS]/[SEP]/[PAD], BOS/EOS) from the max-pooling. "
+            "False: pool them all. Default: the checkpoint's choice, else none dropped for a masked LM and the "
+            "BOS/EOS positions dropped for a decoder-only LM (docs/llm.md)."
+        },
     )
     prefix_length: int | None = field(
         default=None,

@@ -171,8 +171,8 @@ def build_encoder(
 ) -> SpladeEncoder:
     """Load the checkpoint (local folder, shipped name or hub id), or build the named BERT shape with random
     weights over the tokenizer's vocab. A checkpoint keeps the options it was saved with (splade_config.json)
-    unless ``mask_special_tokens`` asks for masking or ``prefix_length`` / ``bidirectional`` / ``echo``
-    are given.
+    unless ``mask_special_tokens`` is given (True: mask the tokenizer's special ids, False: none) or
+    ``prefix_length`` / ``bidirectional`` / ``echo`` are.
 
     The query side (``query_encoder``): a folder with a ``query_table.safetensors`` loads as an
     :class:`~gradcache_sparton.modeling.InferenceFreeEncoder` unless ``query_encoder="splade"`` (then its
@@ -211,7 +211,8 @@ def _local_folder(model_name_or_path: str | None) -> str | None:
 
 def _build_document_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> SpladeEncoder:
     """:func:`build_encoder`'s SPLADE encoder (the documents' side of an inference-free model)."""
-    special = list(tokenizer.all_special_ids) if model_args.mask_special_tokens else None
+    masked = {True: list(tokenizer.all_special_ids), False: [], None: None}
+    special = masked[model_args.mask_special_tokens]
     if model_args.model_name_or_path is not None:
         location = resolve_model_location(model_args.model_name_or_path)
         try:
@@ -242,8 +243,8 @@ def add_lora_adapters(encoder: SpladeEncoder, model_args: ModelArguments) -> Any
     embeddings included, so the head's backward computes no [V, D] weight gradient.
 
     Returns the ``PeftModel`` (for ``save_pretrained`` and ``merge_and_unload``) and records the settings in
-    ``encoder.lora`` (saved in ``splade_config.json``). ``ValueError`` naming ``lora_target_modules`` if it
-    matches no module, names the embeddings or the decoder, or is not given for an architecture peft has
+    ``encoder.lora`` (saved in ``splade_config.json``). ``ValueError`` naming ``lora_target_modules`` if one of
+    them matches no module, names the embeddings or the decoder, or is not given for an architecture peft has
     no default for; nothing is changed then.
     """
     import peft
@@ -260,17 +261,20 @@ def add_lora_adapters(encoder: SpladeEncoder, model_args: ModelArguments) -> Any
                 f"lora_target_modules: peft has no default for {type(model).__name__} (model type "
                 f"{model.config.model_type!r}): give them; its linear layers are named {_linear_names(model)}"
             )
-    # peft matches a module whose name is a target or ends with "." + a target.
-    matched = {
-        module
-        for name, module in model.named_modules()
-        if any(name == target or name.endswith(f".{target}") for target in targets)
+    # peft matches a module whose name is a target or ends with "." + a target; each target must match one.
+    matches = {
+        target: {
+            module for name, module in model.named_modules() if name == target or name.endswith(f".{target}")
+        }
+        for target in targets
     }
-    if not matched:
+    missing = [target for target, found in matches.items() if not found]
+    if missing:
         raise ValueError(
-            f"lora_target_modules {targets} match no module of {type(model).__name__}; its linear layers are "
-            f"named {_linear_names(model)}"
+            f"lora_target_modules {missing} match no module of {type(model).__name__} (of {list(targets)}); "
+            f"its linear layers are named {_linear_names(model)}"
         )
+    matched = set().union(*matches.values())
     shared = {model.get_input_embeddings(), model.get_output_embeddings()}
     if matched & shared:
         raise ValueError(

@@ -36,6 +36,7 @@ checkpoint as one process, and resuming loads it back into the shards. FSDP vers
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import time
@@ -51,11 +52,13 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import TrainingCollator, validate_training_dataset
+from gradcache_sparton.data.columns import text_columns_of
 from gradcache_sparton.engine import CachedLoss
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
 from gradcache_sparton.engine.memory_plan import MemoryPlan
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
+    check_not_sentence_transformers_loss,
     from_sentence_transformers_columns,
     is_inference_free_sparse_encoder,
     is_sparse_encoder,
@@ -130,6 +133,20 @@ class CachedSpladeTrainer(Trainer):
     ) -> None:
         if not isinstance(args, CachedSpladeTrainingArguments):
             raise TypeError(f"args must be CachedSpladeTrainingArguments, got {type(args).__name__}")
+        check_not_sentence_transformers_loss(loss)
+        if loss is None:
+            loss_config = args.splade_loss_config()
+            inference_free = isinstance(model, InferenceFreeEncoder) or is_inference_free_sparse_encoder(
+                model
+            )
+            if inference_free and loss_config.query_reg_weight:
+                # A table query costs its tokens whatever its weights: the regularizer is on the documents only.
+                logger.info(
+                    "Inference-free model: no query regularizer (query_reg_weight %g -> 0).",
+                    args.query_reg_weight,
+                )
+                loss_config = dataclasses.replace(loss_config, query_reg_weight=0.0)
+            loss = SpladeLoss(loss_config)
         self._sparse_encoder = is_sparse_encoder(model)
         # The engine over the model the Trainer passes (see _cached_loss), and which model and columns it was for.
         self._engine: CachedLoss | None = None
@@ -137,16 +154,19 @@ class CachedSpladeTrainer(Trainer):
         if self._sparse_encoder:
             # In place: same reps, module types and save format, computed by the fused head.
             use_sparton_head(model)
-            SpladeEncoder(sparse_encoder_backbone(model)).check_tokenizer(processing_class)
+            encoder = SpladeEncoder(
+                sparse_encoder_backbone(model), special_token_ids=()
+            )  # a view, for its checks
         elif isinstance(model, SpladeEncoder):
-            model.check_tokenizer(processing_class)
-            model.check_max_length("query_max_length", args.query_max_length)
-            model.check_max_length("document_max_length", args.document_max_length)
+            encoder = model
         else:
             raise TypeError(
                 "model must be a SpladeEncoder or a sentence-transformers SparseEncoder, "
                 f"got {type(model).__name__}"
             )
+        encoder.check_tokenizer(processing_class)
+        encoder.check_max_length("query_max_length", args.query_max_length, tokenizer=processing_class)
+        encoder.check_max_length("document_max_length", args.document_max_length, tokenizer=processing_class)
         text_columns = None
         if train_dataset is not None:
             # sentence-transformers' columns: anchor/negative names; by position for its own models.
@@ -173,6 +193,12 @@ class CachedSpladeTrainer(Trainer):
             # evaluator's encoding): a forked pool deadlocks, so each worker tokenizes on one thread (which
             # tokenizers would otherwise fall back to with a warning per worker).
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        evaluated = kwargs.get("eval_dataset")
+        for dataset in [
+            train_dataset,
+            *(evaluated.values() if isinstance(evaluated, Mapping) else [evaluated]),
+        ]:
+            _check_loss_reads_columns(loss, dataset)
         if data_collator is None:
             data_collator = TrainingCollator(
                 processing_class,
@@ -188,16 +214,7 @@ class CachedSpladeTrainer(Trainer):
             **kwargs,
         )
         _check_sharding(self)
-        loss_config = args.splade_loss_config()
-        inference_free = isinstance(model, InferenceFreeEncoder) or is_inference_free_sparse_encoder(model)
-        if inference_free and loss_config.query_reg_weight:
-            # A table query costs its tokens whatever its weights: the regularizer is on the documents only.
-            logger.info(
-                "Inference-free model: no query regularizer (query_reg_weight %g -> 0).",
-                args.query_reg_weight,
-            )
-            loss_config = dataclasses.replace(loss_config, query_reg_weight=0.0)
-        self.loss = SpladeLoss(loss_config) if loss is None else loss
+        self.loss = loss
         # The loss needs no labels: without this, evaluation calls model(**inputs) instead of compute_loss.
         self.can_return_loss = True
         self._component_sums: dict[str, Tensor] = {}
@@ -456,6 +473,39 @@ def _check_sharding(trainer: Trainer) -> None:
             f"fsdp: FSDP version {version} is not supported with the cached loss (its forwards all-gather "
             "parameters per mini-batch on every rank, and ranks replaying different numbers of mini-batches "
             "would wait on each other); set fsdp_version 2 in --fsdp_config (FSDP2, fully_shard)"
+        )
+
+
+def _check_loss_reads_columns(loss: Any, dataset: Any) -> None:
+    """``ValueError`` naming the dataset's numeric columns (each reaches the loss as a keyword argument) that
+    ``loss`` does not read: a ``SpladeLoss`` reads ``teacher_scores`` under ``contrastive`` 'margin_mse' or
+    'kl_div' only; another loss, the keywords its signature names (any, with ``**kwargs``)."""
+    names = getattr(dataset, "column_names", None)
+    if not names:
+        return
+    try:
+        texts = text_columns_of(names)
+    except ValueError:  # the dataset's validation names what is missing
+        return
+    extras = [name for name in names if name not in texts]
+    if isinstance(loss, SpladeLoss):
+        reads = {"teacher_scores"} if loss.config.contrastive in ("margin_mse", "kl_div") else set()
+        what = f"SpladeLoss with contrastive={loss.config.contrastive!r}"
+    else:
+        try:
+            parameters = inspect.signature(loss).parameters.values()
+        except (TypeError, ValueError):  # no signature to read: the loss's own call decides
+            return
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return
+        reads = {p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+        what = f"loss {getattr(loss, '__qualname__', type(loss).__name__)}"
+    unread = [name for name in extras if name not in reads]
+    if unread:
+        raise ValueError(
+            f"dataset column(s) {unread} reach the loss as keyword arguments, and the {what} reads none of "
+            "them: teacher scores ([B, 1+k], a teacher_scores column) are read by contrastive='margin_mse' or "
+            f"'kl_div' (--contrastive); otherwise drop the column(s) from the data (dataset.remove_columns({unread}))"
         )
 
 

@@ -217,6 +217,76 @@ def test_prefix_and_special_token_positions_are_not_pooled() -> None:
         torch.testing.assert_close(encoder(**features), materialized(model, features, pool), **REP_TOL)
 
 
+def test_decoder_bos_and_eos_positions_are_not_pooled_by_default(tmp_path) -> None:
+    """A decoder's BOS/EOS positions (config ids) stay out of the pool by default (under causal attention BOS adds
+    one fixed vector to every rep); special_token_ids=() keeps them; a masked LM's default pools every position."""
+    model = tiny_decoder("llama")
+    features = batch(model.config.vocab_size, left_padded=True)
+    first = features["attention_mask"].cumsum(-1) == 1  # [B, S] each row's first attended position
+    features["input_ids"] = features["input_ids"].masked_fill(first, model.config.bos_token_id)
+    features["input_ids"][0, -1] = model.config.eos_token_id
+    special = torch.tensor([model.config.bos_token_id, model.config.eos_token_id])
+    encoder = SpladeEncoder(model)
+    assert encoder.special_token_ids == (1, 2)
+    pool = features["attention_mask"] * ~torch.isin(features["input_ids"], special)
+    with torch.no_grad():
+        bos = materialized(
+            model, {"input_ids": features["input_ids"][:, -3:-2], "attention_mask": first[:, -3:-2]}
+        )
+        torch.testing.assert_close(encoder(**features), materialized(model, features, pool), **REP_TOL)
+        kept = SpladeEncoder(model, special_token_ids=())(**features)
+        torch.testing.assert_close(kept, materialized(model, features), **REP_TOL)
+    assert not torch.equal(kept, encoder(**features).detach()) and bos.count_nonzero() > 0
+    encoder.save_pretrained(tmp_path)
+    assert SpladeEncoder.from_pretrained(tmp_path).special_token_ids == (1, 2)
+    bert = BertForMaskedLM(
+        BertConfig(vocab_size=101, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    )
+    assert SpladeEncoder(bert).special_token_ids == ()
+
+
+@pytest.mark.parametrize(("flag", "expected"), [(None, (1, 2)), (False, ()), (True, "all")])
+def test_mask_special_tokens_flag_keeps_or_drops_decoder_special_positions(
+    tmp_path, tokenizer, flag, expected
+) -> None:
+    """mask_special_tokens: unset, a decoder checkpoint without splade_config.json masks its BOS/EOS ids; False
+    pools every position; True masks every special id of the tokenizer."""
+    from gradcache_sparton.arguments import ModelArguments
+    from gradcache_sparton.model_loading import build_encoder, build_tokenizer
+
+    folder = _saved_decoder(tmp_path / "start", tokenizer)
+    (tmp_path / "start" / "splade_config.json").unlink()  # a plain causal-LM checkpoint
+    model_args = ModelArguments(model_name_or_path=folder, mask_special_tokens=flag)
+    small = build_tokenizer(model_args)
+    encoder = build_encoder(model_args, small)
+    assert encoder.special_token_ids == (
+        tuple(sorted(set(small.all_special_ids))) if expected == "all" else expected
+    )
+
+
+@pytest.mark.parametrize(("name", "value"), [("query_max_length", 8), ("document_max_length", 16)])
+def test_prefix_that_leaves_no_text_token_is_refused(tmp_path, tokenizer, name, value) -> None:
+    """prefix_length (plus the tokens the tokenizer appends) >= a max length: ValueError naming both options
+    when the trainer is built, before any step; a prefix that leaves one text token is accepted."""
+    from transformers import BertTokenizer
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+    from gradcache_sparton.trainer import CachedSpladeTrainer
+
+    model = tiny_decoder("llama")
+    vocab = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)[: model.config.vocab_size]
+    small = BertTokenizer(vocab={token: i for i, token in enumerate(vocab)})  # appends [SEP]
+    lengths = {"query_max_length": 32, "document_max_length": 32, name: value}
+    args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **lengths)
+    with pytest.raises(ValueError, match=rf"prefix_length={value - 1}.*{name}={value}"):
+        CachedSpladeTrainer(SpladeEncoder(model, prefix_length=value - 1), args, processing_class=small)
+    with pytest.raises(ValueError, match=rf"prefix_length={value} .*{name}={value}"):
+        SpladeEncoder(model, prefix_length=value).check_max_length(
+            name, value
+        )  # no tokenizer: the prefix alone
+    CachedSpladeTrainer(SpladeEncoder(model, prefix_length=value - 2), args, processing_class=small)
+
+
 def test_decoder_options_are_checked_and_saved(tmp_path) -> None:
     """Options are refused where they mean nothing; set ones round-trip through splade_config.json."""
     bert = BertForMaskedLM(
@@ -607,6 +677,7 @@ def test_lora_without_peft_says_how_to_install_it(tmp_path, capsys, monkeypatch)
         ("lm_head", "name the embeddings or the decoder"),
         ("embed_tokens,q_proj", "name the embeddings or the decoder"),
         ("no_such_proj", "match no module of LlamaForCausalLM"),
+        ("q_proj,nonexistent_proj", "['nonexistent_proj'] match no module of LlamaForCausalLM"),
         (None, "peft has no default for ModernBertForMaskedLM"),
     ],
 )

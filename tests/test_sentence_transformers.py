@@ -752,3 +752,39 @@ def test_sentence_transformers_trainer_trains_a_converted_model_in_bf16(
     assert seen.dtypes and set(seen.dtypes) == expected and not decoder_calls
     assert uses_sparton_head(model)
     assert any(not torch.equal(before[name], p.cpu()) for name, p in model.named_parameters())
+
+
+def test_trainer_refuses_what_fails_at_the_first_step_of_a_sparse_encoder(backbone_dir, tmp_path) -> None:
+    """At construction, before any step: a sentence-transformers SpladeLoss not mapped (TypeError naming
+    splade_loss_config_from), a document_max_length past the backbone's 128 positions (the default 256), and a
+    numeric `score` column that the default InfoNCE loss does not read (naming the column)."""
+    from datasets import Dataset
+
+    from gradcache_sparton.arguments import CachedSpladeTrainingArguments
+    from gradcache_sparton.trainer import CachedSpladeTrainer
+
+    model = sparse_encoder(backbone_dir).to(torch.float32)
+    rows = Dataset.from_dict({"anchor": QUERIES, "positive": POSITIVES})
+    common = dict(
+        output_dir=str(tmp_path / "run"),
+        use_cpu=True,
+        report_to="none",
+        query_max_length=16,
+        per_device_train_batch_size=4,
+    )
+    args = CachedSpladeTrainingArguments(**common, document_max_length=32)
+    with pytest.raises(TypeError, match="splade_loss_config_from"):
+        CachedSpladeTrainer(
+            model, args, train_dataset=rows, processing_class=model.tokenizer, loss=st_splade_loss(model)
+        )
+    with pytest.raises(ValueError, match=r"document_max_length=256 .* holds 128"):
+        CachedSpladeTrainer(
+            model,
+            CachedSpladeTrainingArguments(**common),
+            train_dataset=rows,
+            processing_class=model.tokenizer,
+        )
+    scored = rows.add_column("score", [1.0, 0.5, 0.2, 0.9])
+    with pytest.raises(ValueError, match=r"\['score'\].*contrastive='infonce'.*remove_columns"):
+        CachedSpladeTrainer(model, args, train_dataset=scored, processing_class=model.tokenizer)
+    CachedSpladeTrainer(model, args, train_dataset=rows, processing_class=model.tokenizer)

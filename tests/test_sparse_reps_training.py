@@ -206,6 +206,26 @@ def test_sparse_cached_loss_auto_follows_the_engine(config) -> None:
         torch.testing.assert_close(evaluated, dense_loss, rtol=RTOL, atol=0)
 
 
+def _dense_only_loss(reps: Mapping[str, Any], **loss_kwargs: Any) -> torch.Tensor:
+    """InfoNCE written for [B, V] tensors (`q @ d.T`), as a user would write it."""
+    scores = reps["query"] @ reps["positive"].T
+    return torch.nn.functional.cross_entropy(scores, torch.arange(len(scores)))
+
+
+@pytest.mark.parametrize("sparse_reps", [True, "auto"])
+def test_dense_loss_on_sparse_reps_is_an_error_naming_sparse_reps(config, sparse_reps) -> None:
+    """A loss written for dense reps, handed SparseReps (sparse_reps true, or auto on sparse reps), fails with a
+    TypeError naming sparse_reps and both ways out, the loss's own error chained."""
+    encoder = _encoder(config, dropout=False, bias_shift=0.3)  # ~3% non-zero: 'auto' goes sparse
+    cached = CachedLoss(encoder, _dense_only_loss, sparse_reps=sparse_reps, mini_batch_size=4)
+    with pytest.raises(TypeError, match=r"sparse_reps='(true|auto)'") as raised:
+        cached(_columns())
+    message = str(raised.value)
+    assert "accepts SparseReps" in message and "sparse_reps='false'" in message
+    assert isinstance(raised.value.__cause__, AttributeError)
+    assert (sparse_reps == "auto") == ("found this step's reps sparse enough" in message)
+
+
 # ------------------------------------------------------------------------------------------- trainer
 
 

@@ -728,3 +728,43 @@ def test_trainer_logs_the_memory_plan_once(tmp_path, tokenizer) -> None:
         trainer.log(logs)
         assert ("memory_plan_mini_batch_size_query" in logs) is expected
         assert not expected or logs["memory_plan_budget_gib"] == 1.0
+
+
+def test_loss_columns_the_loss_does_not_read_are_refused_at_build(tmp_path, tokenizer) -> None:
+    """A numeric column reaches the loss as a keyword: teacher_scores with the default InfoNCE, or any column a
+    user loss's signature does not name, is a ValueError naming the column before any encoding; the losses that
+    read it (margin_mse, kl_div; a user loss naming it or taking **kwargs) are accepted."""
+    rows = datasets.Dataset.from_dict(
+        {
+            "query": ["q one", "q two"],
+            "positive": ["p one", "p two"],
+            "negative_1": ["n one", "n two"],
+            "teacher_scores": [[1.0, 0.0], [2.0, 0.5]],
+        }
+    )
+    model = trainer_model(tokenizer)
+
+    def build(loss: Any = None, **overrides: Any) -> CachedSpladeTrainer:
+        args = CachedSpladeTrainingArguments(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=2,
+            document_max_length=32,
+            use_cpu=True,
+            report_to="none",
+            **overrides,
+        )
+        return CachedSpladeTrainer(model, args, train_dataset=rows, processing_class=tokenizer, loss=loss)
+
+    with pytest.raises(
+        ValueError, match=r"\['teacher_scores'\].*contrastive='infonce'.*'margin_mse' or 'kl_div'"
+    ):
+        build()
+
+    def dense_loss(reps, *, step=None):
+        return reps["query"].sum()
+
+    with pytest.raises(ValueError, match=r"\['teacher_scores'\].*loss .*dense_loss reads none"):
+        build(dense_loss)
+    build(contrastive="kl_div")
+    build(lambda reps, *, step=None, teacher_scores=None: reps["query"].sum())
+    build(lambda reps, **kwargs: reps["query"].sum())

@@ -425,16 +425,36 @@ class GradCache:
         try:
             loss, components = check_loss_output(loss_fn(reps, **loss_kwargs))
         except Exception as error:
-            if (
+            planned = (
                 self._planner is not None
                 and self._planner.config.sparse_reps is None
                 and self.config.sparse_reps == "true"
-            ):
+            )
+            if planned:
                 error.add_note(
                     "max_memory's plan keeps the reps sparse (SparseReps: sparse_reps was left unset and dense "
                     "reps do not fit the budget); a loss that takes dense [B, V] reps only needs "
                     "sparse_reps='false' (and a larger max_memory or an explicit mini_batch_size)"
                 )
+            # A loss written for dense [B, V] tensors, called with SparseReps, fails on the object itself
+            # (`'SparseReps' object has no attribute 'T'`): say which option made them sparse.
+            sparse = any(isinstance(rep, SparseReps) for rep in reps.values())
+            if (
+                sparse
+                and not planned
+                and isinstance(error, (AttributeError, TypeError))
+                and "SparseReps" in str(error)
+            ):
+                why = (
+                    " (sparse_reps='auto' found this step's reps sparse enough)"
+                    if self.config.sparse_reps == "auto"
+                    else ""
+                )
+                raise TypeError(
+                    f"loss_fn failed on SparseReps reps ({type(error).__name__}: {error}): sparse_reps="
+                    f"{self.config.sparse_reps!r}{why} passes each column as its non-zeros, not a [B, V] tensor. "
+                    "Give a loss that accepts SparseReps (as SpladeLoss does), or set sparse_reps='false'"
+                ) from error
             raise
         if not self.config.allow_non_finite:
             raise_if_non_finite({"the loss": loss.detach()}, components=components)

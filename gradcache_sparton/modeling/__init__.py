@@ -5,7 +5,7 @@
 - :mod:`~gradcache_sparton.modeling.backbones`: the families it knows (each one's LM transform),
   :func:`register_masked_lm` for another, their position tables;
 - :mod:`~gradcache_sparton.modeling.llm`: decoder-only LMs encoded as masked LMs (bidirectional
-  attention, echo inputs);
+  attention, echo inputs, BOS/EOS kept out of the pool);
 - :mod:`~gradcache_sparton.modeling.checkpoint`: ``splade_config.json`` and the checks made before any
   weights load;
 - :mod:`~gradcache_sparton.modeling.query_table`: :class:`QueryTable`, the query side of an inference-free
@@ -30,6 +30,7 @@ from gradcache_sparton.modeling.checkpoint import (
 )
 from gradcache_sparton.modeling.encoder import SpladeEncoder
 from gradcache_sparton.modeling.inference_free import InferenceFreeEncoder
+from gradcache_sparton.modeling.llm import default_special_token_ids
 from gradcache_sparton.modeling.query_table import (
     QUERY_TABLE_NAME,
     TOKEN_WEIGHTS_NAME,
@@ -51,6 +52,7 @@ __all__ = [
     "SpladeEncoder",
     "check_checkpoint_files",
     "check_max_length",
+    "default_special_token_ids",
     "has_query_table",
     "idf_weights",
     "load_backbone",

@@ -47,7 +47,12 @@ from gradcache_sparton.modeling.checkpoint import (
     load_backbone,
     read_splade_config,
 )
-from gradcache_sparton.modeling.llm import bidirectional_mask, check_attention_implementation, echo_inputs
+from gradcache_sparton.modeling.llm import (
+    bidirectional_mask,
+    check_attention_implementation,
+    default_special_token_ids,
+    echo_inputs,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -64,6 +69,17 @@ _POOLINGS = ("max",)
 # what sdpa_mask would materialise where there is padding). Not ModernBERT (its local-attention layers
 # build their own masks).
 _PREPARED_MASK_MODEL_TYPES = frozenset({"bert", "distilbert", "roberta", "xlm-roberta"})
+
+
+def _special_tokens_after_text(tokenizer: PreTrainedTokenizerBase) -> int:
+    """How many special tokens (e.g. [SEP], an EOS) ``tokenizer`` appends after every text's own tokens."""
+    ids, text = tokenizer("a")["input_ids"], tokenizer("a", add_special_tokens=False)["input_ids"]
+    ends = [
+        start + len(text)
+        for start in range(len(ids) - len(text) + 1)
+        if ids[start : start + len(text)] == text
+    ]
+    return len(ids) - ends[-1] if ends else 0
 
 
 class SpladeEncoder(nn.Module):
@@ -83,8 +99,10 @@ class SpladeEncoder(nn.Module):
         model: a masked-LM ``PreTrainedModel`` (e.g. from ``AutoModelForMaskedLM``).
         pooling: how token scores are pooled over the sequence; only ``"max"`` (SPLADE v2+).
         special_token_ids: token ids whose positions are dropped from the max, on top of the attention
-            mask (e.g. ``tokenizer.all_special_ids`` to keep [CLS]/[SEP]/[PAD] out of the reps). Empty
-            (the default, as in the reference SPLADE models): every attended position counts.
+            mask (e.g. ``tokenizer.all_special_ids`` to keep [CLS]/[SEP]/[PAD] out of the reps). Empty: every
+            attended position counts. None (the default): :func:`default_special_token_ids`, none for a
+            masked LM (as in the reference SPLADE models), the config's BOS and EOS ids for a decoder-only
+            LM (under causal attention the BOS position's rep is the same for every text).
         prefix_length: the first ``prefix_length`` attended tokens of every text (e.g. a fixed
             instruction prompt) are dropped from the max; the backbone still reads them. 0: none.
         bidirectional: decoder-only backbones only: every token attends to every attended token,
@@ -99,7 +117,7 @@ class SpladeEncoder(nn.Module):
         model: PreTrainedModel,
         *,
         pooling: str = "max",
-        special_token_ids: Sequence[int] = (),
+        special_token_ids: Sequence[int] | None = None,
         prefix_length: int = 0,
         bidirectional: bool = False,
         echo: bool = False,
@@ -121,6 +139,8 @@ class SpladeEncoder(nn.Module):
         if pooling not in _POOLINGS:
             raise ValueError(f"pooling must be one of {_POOLINGS}, got {pooling!r}")
         vocab_size = decoder.out_features
+        if special_token_ids is None:
+            special_token_ids = default_special_token_ids(model)
         ids = list(special_token_ids)
         bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab_size]
         if bad:
@@ -166,7 +186,7 @@ class SpladeEncoder(nn.Module):
         config: PreTrainedConfig,
         *,
         pooling: str = "max",
-        special_token_ids: Sequence[int] = (),
+        special_token_ids: Sequence[int] | None = None,
         prefix_length: int = 0,
         bidirectional: bool = False,
         echo: bool = False,
@@ -202,7 +222,7 @@ class SpladeEncoder(nn.Module):
         allows, as ``from_pretrained`` does: ``HF_HUB_OFFLINE=1`` or ``local_files_only=True`` forbid
         it). ``model_kwargs`` go to ``AutoModelForMaskedLM.from_pretrained``. ``pooling`` and
         ``special_token_ids`` default to the checkpoint's ``splade_config.json`` if it has one, else to
-        ``"max"`` and no masked ids; how it was trained (``query_max_length``, ``document_max_length``,
+        ``"max"`` and :func:`default_special_token_ids`; how it was trained (``query_max_length``, ``document_max_length``,
         ``lora``) comes from there too. The config is read and the family checked before
         any weights load.
         """
@@ -256,10 +276,24 @@ class SpladeEncoder(nn.Module):
         positions (ModernBERT, decoder-only LMs), which have no table to run past."""
         return position_limit(self.config, echo=self.echo)
 
-    def check_max_length(self, name: str, value: int) -> None:
+    def check_max_length(
+        self, name: str, value: int, *, tokenizer: PreTrainedTokenizerBase | None = None
+    ) -> None:
         """``ValueError`` naming the argument ``name`` if texts of ``value`` tokens would run past the
-        position table (:attr:`max_length`): found before any step or encoding, not midway through."""
+        position table (:attr:`max_length`), or if ``prefix_length`` would leave them no pooled text token
+        (with ``tokenizer``, the special tokens it appends after every text count against ``value`` too):
+        found before any step or encoding, not midway through."""
         check_max_length(self.config, name, value, echo=self.echo)
+        if self.prefix_length == 0:
+            return
+        trailing = 0 if tokenizer is None else _special_tokens_after_text(tokenizer)
+        if self.prefix_length + trailing >= value:
+            after = f" and the {trailing} special token(s) the tokenizer appends" if trailing else ""
+            raise ValueError(
+                f"prefix_length={self.prefix_length}{after} leave no text token to pool in {name}={value} "
+                f"tokens: every text's rep would be empty; give {name} > {self.prefix_length + trailing} or a "
+                "smaller prefix_length"
+            )
 
     def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
         """Raise ValueError unless ``len(tokenizer)`` equals V: rep index v must mean token id v."""

@@ -7,6 +7,8 @@ Legend: B batch, S sequence.
   implementations read it as given). The same mask spares the BERT family's ``sdpa`` path a host read.
 - ``echo``: the backbone reads each text twice and only the second copy is pooled, so every pooled token
   has seen the whole text (:func:`echo_inputs`).
+- the BOS and EOS positions stay out of the pool by default (:func:`default_special_token_ids`): under causal
+  attention the BOS position sees only itself, so its rep is the same for every text.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["bidirectional_mask", "check_attention_implementation", "echo_inputs"]
+from gradcache_sparton.modeling.backbones import is_decoder_only
+
+__all__ = ["bidirectional_mask", "check_attention_implementation", "default_special_token_ids", "echo_inputs"]
 
 # Attention implementations that read a [B, 1, S, S] mask as given (transformers passes a 4-D mask on
 # unchanged), which is how bidirectional attention replaces the causal one.
@@ -29,6 +33,27 @@ def check_attention_implementation(model: nn.Module) -> None:
             f"bidirectional=True needs attn_implementation in {_BIDIRECTIONAL_ATTENTION}, got {implementation!r} "
             "(flash attention kernels take causality from the layer, not from the mask)"
         )
+
+
+def default_special_token_ids(model: nn.Module) -> tuple[int, ...]:
+    """The token ids ``SpladeEncoder`` keeps out of the pool when none are given: for a decoder-only LM its
+    config's ``bos_token_id`` and ``eos_token_id`` (each an id or a list of ids; those within the vocabulary),
+    for a masked LM none (SPLADE pools [CLS] and [SEP] as the reference models do).
+
+    A decoder's tokenizer puts BOS (and some an EOS) in every text; under causal attention the BOS position
+    attends to itself only, so its contribution is one fixed vector added to every rep. ``special_token_ids=()``
+    pools them all the same.
+    """
+    if not is_decoder_only(type(model)):
+        return ()
+    vocab_size = model.get_output_embeddings().out_features
+    ids: list[int] = []
+    for name in ("bos_token_id", "eos_token_id"):
+        value = getattr(model.config, name, None)
+        for token_id in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(token_id, int) and not isinstance(token_id, bool) and 0 <= token_id < vocab_size:
+                ids.append(token_id)
+    return tuple(sorted(set(ids)))
 
 
 def bidirectional_mask(model: nn.Module, attention_mask: Tensor) -> Tensor:

@@ -22,7 +22,8 @@ columns (:mod:`.columns`), export (:mod:`.export`) and model cards (:mod:`.model
   :class:`~gradcache_sparton.engine.CachedLoss` and ``CachedSpladeTrainer`` train it.
 - :func:`splade_loss_config_from` maps a sentence-transformers ``SpladeLoss`` (with
   ``SparseMultipleNegativesRankingLoss`` and FLOPS regularizers) onto our
-  :class:`~gradcache_sparton.losses.SpladeLossConfig`: same loss, same gradients.
+  :class:`~gradcache_sparton.losses.SpladeLossConfig`: same loss, same gradients
+  (:func:`check_not_sentence_transformers_loss` refuses an unmapped one).
 - :func:`from_sentence_transformers_columns` reads its datasets' columns (``anchor``, ``negative``,
   or by position).
 - The other way: :func:`write_sentence_transformers_files` makes one of our checkpoints a
@@ -48,11 +49,15 @@ from gradcache_sparton.integrations.sentence_transformers.export import (
     sentence_transformers_can_load,
     write_sentence_transformers_files,
 )
-from gradcache_sparton.integrations.sentence_transformers.loss_mapping import splade_loss_config_from
+from gradcache_sparton.integrations.sentence_transformers.loss_mapping import (
+    check_not_sentence_transformers_loss,
+    splade_loss_config_from,
+)
 from gradcache_sparton.integrations.sentence_transformers.model_card import model_card, run_model_card
 
 __all__ = [
     "as_rep_encoder",
+    "check_not_sentence_transformers_loss",
     "from_sentence_transformers_columns",
     "inference_free_encoder_from",
     "is_inference_free_sparse_encoder",

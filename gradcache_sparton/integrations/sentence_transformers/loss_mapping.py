@@ -10,7 +10,27 @@ from torch import nn
 from gradcache_sparton.integrations.sentence_transformers.conversion import import_sentence_transformers
 from gradcache_sparton.losses import SpladeLossConfig
 
-__all__ = ["splade_loss_config_from"]
+__all__ = ["check_not_sentence_transformers_loss", "splade_loss_config_from"]
+
+
+def check_not_sentence_transformers_loss(loss: object) -> None:
+    """``TypeError`` if ``loss`` is a sentence-transformers loss module, which takes (features, labels), not
+    this trainer's reps: a ``SpladeLoss`` is mapped with :func:`splade_loss_config_from`, others have no
+    counterpart. Does not import sentence-transformers."""
+    if not type(loss).__module__.startswith("sentence_transformers."):
+        return
+    if type(loss).__name__ == "SpladeLoss":
+        raise TypeError(
+            "loss is a sentence-transformers SpladeLoss, which this trainer cannot call (it takes features and "
+            "labels, not reps): map it first, loss=SpladeLoss(splade_loss_config_from(st_loss, "
+            "reg_warmup_steps=...)), with SpladeLoss from gradcache_sparton and splade_loss_config_from from "
+            "gradcache_sparton.integrations.sentence_transformers (docs/sentence_transformers.md)"
+        )
+    raise TypeError(
+        f"loss is a sentence-transformers {type(loss).__name__}, which this trainer cannot call (it takes "
+        "features and labels, not reps); only a sentence-transformers SpladeLoss maps onto ours, with "
+        "splade_loss_config_from, or give a loss over reps (loss_fn(reps, step=..., **loss_kwargs))"
+    )
 
 
 def splade_loss_config_from(
