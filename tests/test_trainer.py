@@ -195,7 +195,7 @@ def test_every_engine_option_is_a_trainer_flag_that_reaches_the_engine(
     trainer = CachedSpladeTrainer(model, args, processing_class=tokenizer)
     columns = {"query": {}, "positive": {}, "negative_1": {}}
     engine = trainer._cached_loss(model, columns).engine
-    assert engine.config == GradCacheConfig(**expected).for_encoder(model)
+    assert engine.config == GradCacheConfig(**expected)
     assert trainer._cached_loss(model, columns).engine is engine
     assert trainer._cached_loss(_encoder(tokenizer, dropout=0.0), columns).engine is not engine
 
