@@ -40,7 +40,7 @@ from gradcache_sparton.engine.memory_probe import (
     measure_fits,
 )
 from gradcache_sparton.engine.memory_size import format_bytes, parse_max_memory, size_bytes
-from gradcache_sparton.engine.settings import resolve_settings
+from gradcache_sparton.engine.settings import checkpointing_on, resolve_settings
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.losses.sparse import sparse_block_size
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
@@ -606,6 +606,31 @@ def test_a_dense_only_loss_on_planned_sparse_reps_is_told_why(config, monkeypatc
     dense = GradCache(encoder_3pct(), max_memory=f"{budget}B", cuda_graphs=False, sparse_reps="false")
     with pytest.raises(ValueError, match="too small"):
         dense.step(columns, contrastive_flops_loss)
+
+
+def test_checkpointing_the_plan_turns_on_is_logged_and_stays(config, monkeypatch, caplog) -> None:
+    """Where only activation checkpointing fits MIN_ROWS rows, the plan turns it on in the user's model, says
+    so in a log line naming the model, and leaves it on; engine.settings reports it."""
+    encoder_3pct, columns, _, footprint = _sparse_planning_on_cpu(config, monkeypatch)
+    encoder = encoder_3pct()
+    small = footprint.rep_cache // 8  # peak bytes per row with checkpointing; ten times that without
+
+    def peak_bytes(run, device):
+        rep = run()
+        return (small if checkpointing_on(encoder) else 10 * small) * len(rep), rep
+
+    monkeypatch.setattr(memory_probe, "_cuda_peak_bytes", peak_bytes)
+    budget = int((footprint.resident(records=True, sparse=False) + 20.5 * small) / (1 - PLAN_MARGIN))
+    engine = GradCache(encoder, max_memory=f"{budget}B", cuda_graphs=False, sparse_reps="false")
+    assert not checkpointing_on(encoder) and not engine.settings.activation_checkpointing
+    with caplog.at_level("INFO", logger="gradcache_sparton.engine.memory_plan"):
+        engine.step(columns, contrastive_flops_loss)
+    assert engine.memory_plan is not None and engine.memory_plan.checkpointing
+    assert engine.settings.activation_checkpointing and checkpointing_on(encoder)
+    turned_on = [
+        r.getMessage() for r in caplog.records if "activation checkpointing turned on" in r.getMessage()
+    ]
+    assert len(turned_on) == 1 and type(encoder.mlm).__name__ in turned_on[0], caplog.text
 
 
 def _planned_config(plan: MemoryPlan) -> GradCacheConfig:
