@@ -141,8 +141,8 @@ class GradCache:
             )
         self.config = GradCacheConfig(**options) if config is None else config
         self.encoder = encoder
-        self.settings: StepSettings = resolve_settings(self.config, encoder)
-        self.world_size = self.settings.world_size
+        self.world_size = data_parallel_world_size(self.config.gather_across_ranks)
+        self.settings: StepSettings = resolve_settings(self.config, encoder, world_size=self.world_size)
         ddp, fsdp = find_ddp(encoder), find_fsdp(encoder)
         if mini_batch_context is None and ddp is not None:
             mini_batch_context = ddp_no_sync_context(ddp)
@@ -181,7 +181,7 @@ class GradCache:
             autocast = AutocastState.capture({t.device.type for f in columns.values() for t in f.values()})
         self._run = EagerRun(self.encoder)  # a previous plan's CUDA graphs are freed before measuring
         plan = self._planner.plan_for(columns, autocast)
-        self.settings = resolve_settings(self.config, self.encoder, plan)
+        self.settings = resolve_settings(self.config, self.encoder, plan, world_size=self.world_size)
         self._run = self._mini_batch_run()
         return self.settings
 

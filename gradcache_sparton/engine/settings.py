@@ -1,8 +1,8 @@
 """What the engine runs a step with: :func:`resolve_settings`, the one place its options are decided.
 
 :class:`~gradcache_sparton.engine.GradCacheConfig` holds what the user asked, None where the engine is to
-decide. :func:`resolve_settings` decides it, from the encoder (a compiled one), the process group
-(gathering) and, when ``max_memory`` is set, the measured plan
+decide. :func:`resolve_settings` decides it, from the encoder (a compiled one), the ranks whose batches the
+loss sees (gathering) and, when ``max_memory`` is set, the measured plan
 (:class:`~gradcache_sparton.engine.memory_plan.MemoryPlan`), into :class:`StepSettings`: concrete values, the
 only ones Steps (1)-(3) read. :class:`~gradcache_sparton.engine.GradCache` resolves them when it is built
 (``GradCache.settings``) and again after each plan (``GradCache.plan``); a trainer logs them from there.
@@ -77,10 +77,11 @@ class StepSettings:
 
 
 def resolve_settings(
-    config: GradCacheConfig, encoder: object, plan: MemoryPlan | None = None
+    config: GradCacheConfig, encoder: object, plan: MemoryPlan | None = None, *, world_size: int | None = None
 ) -> StepSettings:
     """``config`` decided for ``encoder`` (and ``plan``, the options a ``max_memory`` plan chose; its
-    explicit ones were kept when planning).
+    explicit ones were kept when planning). ``world_size``: how many ranks' batches the loss sees (default:
+    :func:`~gradcache_sparton.engine.distributed.data_parallel_world_size` of ``gather_across_ranks``).
 
     Without a plan, what ``max_memory`` would plan takes the engine's defaults: ``DEFAULT_MINI_BATCH_SIZE``
     rows, no CUDA graphs, dense reps. ``check_replay`` and ``reuse_argmax`` left None are on, off for a
@@ -111,7 +112,8 @@ def resolve_settings(
     length_multiple = config.mini_batch_length_multiple
     if length_multiple is None and (cuda_graphs or compiled):
         length_multiple = GRAPHED_LENGTH_MULTIPLE
-    world_size = data_parallel_world_size(config.gather_across_ranks)
+    if world_size is None:
+        world_size = data_parallel_world_size(config.gather_across_ranks)
     return StepSettings(
         mini_batch_size=mini_batch_size,
         mini_batch_tokens=config.mini_batch_tokens,
