@@ -203,16 +203,6 @@ class CachedSpladeTrainer(Trainer):
                 self.args.device,
                 torch.cuda.device_count(),
             )
-        if self.is_world_process_zero():
-            logger.info(
-                "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "
-                "per optimizer step); the GradCache engine logs its settings at the first step.",
-                self.args.per_device_train_batch_size,
-                world,
-                self.args.per_device_train_batch_size * world,
-                " (reps gathered across processes)" if world > 1 else "",
-                self.args.gradient_accumulation_steps,
-            )
         if isinstance(
             self.model, SpladeEncoder
         ):  # saved checkpoints remember the lengths they were trained at
@@ -258,13 +248,29 @@ class CachedSpladeTrainer(Trainer):
 
     def _note_engine_settings(self, engine: GradCache) -> None:
         """Keep, and log when they change, the settings the training engine ran this step with (decided when
-        it was built, and by each ``max_memory`` plan), and its plan."""
+        it was built, and by each ``max_memory`` plan), and its plan; the first time, after the effective
+        batch."""
         if engine.memory_plan is not None:
             self.memory_plan = engine.memory_plan
-        if engine.settings != self.engine_settings:
-            self.engine_settings = engine.settings
-            if self.is_world_process_zero():
-                logger.info("GradCache engine settings: %s.", engine.settings.describe())
+        if engine.settings == self.engine_settings:
+            return
+        first, self.engine_settings = self.engine_settings is None, engine.settings
+        if not self.is_world_process_zero():
+            return
+        if first:
+            world = max(1, self.args.world_size)
+            logger.info(
+                "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "
+                "per optimizer step); mini_batch_size %s; sparse_reps %s.",
+                self.args.per_device_train_batch_size,
+                world,
+                self.args.per_device_train_batch_size * world,
+                " (reps gathered across processes)" if world > 1 else "",
+                self.args.gradient_accumulation_steps,
+                engine.settings.mini_batch_size_text(),
+                engine.settings.sparse_reps,
+            )
+        logger.info("GradCache engine settings: %s.", engine.settings.describe())
 
     def _cached_loss(self, model: nn.Module, columns: Mapping[str, Any]) -> CachedLoss:
         """The GradCache engine over ``model``, built from the arguments (the one place it is): kept across

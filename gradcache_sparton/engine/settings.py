@@ -57,17 +57,20 @@ class StepSettings:
             return {column: self.mini_batch_size[column] for column in columns}
         return dict.fromkeys(columns, self.mini_batch_size)
 
+    def mini_batch_size_text(self) -> str:
+        """``mini_batch_size`` as logs write it: ``32``, or per column ``query 64, positive 32``."""
+        if isinstance(self.mini_batch_size, Mapping):
+            return ", ".join(f"{column} {size}" for column, size in self.mini_batch_size.items())
+        return str(self.mini_batch_size)
+
     def describe(self) -> str:
         """One line: every setting, for a log."""
 
         def on(value: bool) -> str:
             return "on" if value else "off"
 
-        sizes = self.mini_batch_size
-        if isinstance(sizes, Mapping):
-            sizes = ", ".join(f"{column} {size}" for column, size in sizes.items())
         return (
-            f"mini_batch_size {sizes}{' (planned within max_memory)' if self.planned else ''}; "
+            f"mini_batch_size {self.mini_batch_size_text()}{' (planned within max_memory)' if self.planned else ''}; "
             f"mini_batch_tokens {self.mini_batch_tokens}; mini_batch_length_multiple "
             f"{self.mini_batch_length_multiple}; cuda_graphs {on(self.cuda_graphs)}; activation checkpointing "
             f"{on(self.activation_checkpointing)}; sparse_reps {self.sparse_reps}; reuse_argmax "
