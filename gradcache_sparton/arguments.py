@@ -404,6 +404,14 @@ class DataArguments:
         return self.train_data is None and self.train_beir is None and self.self_supervised_corpus is None
 
 
+def _engine_field(name: str, *, default: Any, note: str = "") -> Any:
+    """The engine's field ``name`` (:class:`GradCacheConfig`'s help text, plus ``note``) with the trainer's
+    ``default``: the one way a training argument overrides an engine option's default or type."""
+    engine = next(f for f in fields(GradCacheConfig) if f.name == name)
+    help_text = f"{engine.metadata['help']} {note}".strip()
+    return field(default=default, metadata={**engine.metadata, "help": help_text})
+
+
 @dataclass
 class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingArguments):
     """``TrainingArguments`` plus the GradCache engine's settings and the SPLADE loss settings.
@@ -411,8 +419,10 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
     The engine settings are :class:`~gradcache_sparton.engine.GradCacheConfig`'s fields, inherited
     (``mini_batch_size``, ``mini_batch_tokens``, ``mini_batch_length_multiple``, ``check_replay``,
     ``sparse_reps``, ``reuse_argmax``, ``cuda_graphs``, ...): the same names, help texts and checks, and
-    :meth:`grad_cache_config` is the engine's configuration. As flags, ``mini_batch_size`` is one int
-    (``query_mini_batch_size`` sets the query column's) and ``allow_non_finite`` defaults to on under fp16.
+    :meth:`grad_cache_config` is the engine's configuration (what it runs with, the engine decides and the
+    trainer logs). As flags, ``mini_batch_size`` is one int (``query_mini_batch_size`` sets the query
+    column's), ``max_memory`` defaults to ``auto`` (plan within the free GPU memory) and
+    ``allow_non_finite`` to on under fp16.
 
     The loss settings are :class:`~gradcache_sparton.losses.SpladeLossConfig`'s fields, inherited: the
     same names, defaults, help texts and checks (``contrastive``, ``temperature``, ``query_regularizer``,
@@ -461,32 +471,13 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         },
     )
     prediction_loss_only: bool = field(default=True, metadata={"help": "Evaluation computes the loss only."})
-    # The engine's fields (GradCacheConfig) that take another type or default as training flags:
-    mini_batch_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Rows encoded at once by the GradCache engine: bounds activation memory, never changes the "
-            "loss or gradients. Larger is faster until it no longer fits. Default: planned within max_memory "
-            "when that is set, else 32."
-        },
-    )
-    max_memory: str | None = field(
-        default="auto",
-        metadata={
-            "help": "GPU memory budget of a training step, e.g. 4GiB, 512MiB, 24GB, or auto (what the CUDA device "
-            "has free at the start, less a tenth). On the first step a short measured probe picks what is left "
-            "unset (mini_batch_size, cuda_graphs, reuse_argmax, activation checkpointing, sparse_reps) for the fastest step "
-            "whose peak stays within it, and logs its choice; explicit settings are kept; the loss and gradients "
-            "never change. Planned on one CUDA device only: on a CPU, and under DDP / FSDP, auto changes nothing "
-            "(mini-batches of 32 unless set). 'none' turns planning off. Default: auto."
-        },
-    )
-    allow_non_finite: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Let a non-finite loss or rep gradient through instead of stopping with FloatingPointError. "
-            "Default: on under fp16, whose GradScaler then skips the step and lowers its scale; off otherwise."
-        },
+    # The engine's fields (GradCacheConfig) that take another type or default as training flags, each with
+    # the engine's help text (_engine_field): mini_batch_size is one int here (query_mini_batch_size sets the
+    # query column's); the trainer plans within the free GPU memory by default; allow_non_finite follows fp16.
+    mini_batch_size: int | None = _engine_field("mini_batch_size", default=None)
+    max_memory: str | None = _engine_field("max_memory", default="auto")
+    allow_non_finite: bool | None = _engine_field(
+        "allow_non_finite", default=None, note="Default: on under fp16, off otherwise."
     )
     query_mini_batch_size: int | None = field(
         default=None,
@@ -546,7 +537,6 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         TrainingArguments.__post_init__(self)
         if self.allow_non_finite is None:
             self.allow_non_finite = bool(self.fp16)  # a GradScaler skips non-finite steps
-        _positive(self.mini_batch_size, "mini_batch_size", allow_none=True)
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
         GradCacheConfig.__post_init__(self)  # the engine settings, checked now, not at the first step
         _positive(self.query_max_length, "query_max_length")

@@ -6,6 +6,8 @@ gradient accumulation, checkpoints and ``report_to`` integrations, is the Traine
   columns; the Trainer's own ``accelerator.backward(loss)`` then runs GradCache Step (3).
 - ``log``: adds the loss components, the sparsity statistics and the training throughput, and with
   ``max_memory`` the engine's plan (``memory_plan_*`` entries, once per plan; ``memory_plan`` holds it).
+  The settings the engine runs with are logged as it decides them (``engine_settings`` holds them), never
+  predicted here: the engine alone decides its options (:mod:`gradcache_sparton.engine.settings`).
 - ``_save`` / ``_load_from_checkpoint`` / ``_load_best_model``: checkpoints are standard masked-LM
   checkpoints (``SpladeEncoder.save_pretrained``), not a state dict of the wrapper, and are read back
   strictly (every tensor from the file).
@@ -53,9 +55,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import TrainingCollator, validate_training_dataset
 from gradcache_sparton.data.columns import text_columns_of
-from gradcache_sparton.engine import CachedLoss
+from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
 from gradcache_sparton.engine.memory_plan import MemoryPlan
+from gradcache_sparton.engine.settings import StepSettings
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
     check_not_sentence_transformers_loss,
@@ -225,7 +228,9 @@ class CachedSpladeTrainer(Trainer):
         # Rows so far whose positive repeated another row's in its batch, as the batches report them (the
         # collator's own count stays in a dataloader worker's process when there are workers).
         self._repeated_positives = 0
-        # max_memory: the engine's plan in effect (logged once per plan; see log).
+        # The settings the training engine runs with (logged when they change) and, with max_memory, its plan
+        # in effect (logged once per plan; see log).
+        self.engine_settings: StepSettings | None = None
         self.memory_plan: MemoryPlan | None = None
         self._memory_plan_logged: MemoryPlan | None = None
 
@@ -253,18 +258,6 @@ class CachedSpladeTrainer(Trainer):
                 torch.cuda.device_count(),
                 self.args.device,
                 torch.cuda.device_count(),
-            )
-        if self.is_world_process_zero():
-            logger.info(
-                "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "
-                "per optimizer step); mini_batch_size %s; sparse_reps %s.",
-                self.args.per_device_train_batch_size,
-                world,
-                self.args.per_device_train_batch_size * world,
-                " (reps gathered across processes)" if world > 1 else "",
-                self.args.gradient_accumulation_steps,
-                _mini_batch_note(self.args),
-                _sparse_reps_note(self.args),
             )
         if isinstance(
             self.model, SpladeEncoder
@@ -306,9 +299,34 @@ class CachedSpladeTrainer(Trainer):
         if model.training:
             self._record(components, columns)
             self._repeated_positives += inputs.get("repeated_positives", 0)
-            if cached.engine.memory_plan is not None:
-                self.memory_plan = cached.engine.memory_plan
+            self._note_engine_settings(cached.engine)
         return (loss, components) if return_outputs else loss
+
+    def _note_engine_settings(self, engine: GradCache) -> None:
+        """Keep, and log when they change, the settings the training engine ran this step with (decided when
+        it was built, and by each ``max_memory`` plan), and its plan; the first time, after the effective
+        batch."""
+        if engine.memory_plan is not None:
+            self.memory_plan = engine.memory_plan
+        if engine.settings == self.engine_settings:
+            return
+        first, self.engine_settings = self.engine_settings is None, engine.settings
+        if not self.is_world_process_zero():
+            return
+        if first:
+            world = max(1, self.args.world_size)
+            logger.info(
+                "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "
+                "per optimizer step); mini_batch_size %s; sparse_reps %s.",
+                self.args.per_device_train_batch_size,
+                world,
+                self.args.per_device_train_batch_size * world,
+                " (reps gathered across processes)" if world > 1 else "",
+                self.args.gradient_accumulation_steps,
+                engine.settings.mini_batch_size_text(),
+                engine.settings.sparse_reps,
+            )
+        logger.info("GradCache engine settings: %s.", engine.settings.describe())
 
     def _cached_loss(self, model: nn.Module, columns: Mapping[str, Any]) -> CachedLoss:
         """The GradCache engine over ``model``, built from the arguments (the one place it is): kept across
@@ -595,23 +613,3 @@ def _check_output_dir_is_free(output_dir: str | None) -> None:
             f"{', ...' if len(found) > 4 else ''}): choose a new output_dir, pass resume_from_checkpoint to "
             "continue that run, or set overwrite_output_dir to write over it"
         )
-
-
-def _sparse_reps_note(args: CachedSpladeTrainingArguments) -> str:
-    """``sparse_reps`` as the first step will have it: given, planned within max_memory (one CUDA device),
-    or the engine's default (false) where max_memory plans nothing."""
-    if args.sparse_reps is not None:
-        return args.sparse_reps
-    if args.device.type != "cuda" or args.world_size > 1:
-        return "false"
-    return f"planned within max_memory {args.max_memory} (dense unless only sparse reps fit)"
-
-
-def _mini_batch_note(args: CachedSpladeTrainingArguments) -> str:
-    """The mini-batch size as the first step will have it: given, planned within max_memory (one CUDA
-    device), or the engine's default where max_memory plans nothing."""
-    if args.max_memory is None or (args.mini_batch_size is not None and args.device.type != "cuda"):
-        return str(args.mini_batch_size)
-    if args.device.type != "cuda" or args.world_size > 1:
-        return f"{args.mini_batch_size or 32} (max_memory {args.max_memory} plans on one CUDA device only)"
-    return f"{args.mini_batch_size or 'planned'} within max_memory {args.max_memory}"

@@ -29,6 +29,7 @@ from gradcache_sparton.engine.memory_plan import (
     SPARSE_DENSITY_HEADROOM,
     ColumnFit,
     Footprint,
+    MemoryPlan,
     PlanChoices,
     choose_plan,
 )
@@ -39,6 +40,7 @@ from gradcache_sparton.engine.memory_probe import (
     measure_fits,
 )
 from gradcache_sparton.engine.memory_size import format_bytes, parse_max_memory, size_bytes
+from gradcache_sparton.engine.settings import checkpointing_on, resolve_settings
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.losses.sparse import sparse_block_size
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
@@ -115,13 +117,15 @@ def test_without_max_memory_the_defaults_are_unchanged(tmp_path) -> None:
     """Unset options take the engine's defaults (32 rows, no graphs) unless max_memory is to plan them; the
     engine's max_memory is off by default, the trainer's auto."""
     config = GradCacheConfig()
-    assert (config.mini_batch_size, config.cuda_graphs) == (32, False)
+    assert (config.mini_batch_size, config.cuda_graphs, config.max_memory) == (None, None, None)
+    decided = resolve_settings(config, torch.nn.Linear(2, 2))
+    assert (decided.mini_batch_size, decided.cuda_graphs, decided.sparse_reps) == (32, False, "false")
     planned = GradCacheConfig(max_memory="4GiB")
     assert (planned.mini_batch_size, planned.cuda_graphs) == (None, None)
-    decided = planned.for_encoder(torch.nn.Linear(2, 2))
-    assert (decided.mini_batch_size, decided.cuda_graphs) == (32, False)
+    decided = resolve_settings(planned, torch.nn.Linear(2, 2))  # before a plan (or off CUDA)
+    assert (decided.mini_batch_size, decided.cuda_graphs, decided.planned) == (32, False, False)
     args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none", max_memory="none")
-    assert args.mini_batch_size == 32 and args.max_memory is None
+    assert args.mini_batch_size is None and args.max_memory is None
     args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none")  # the trainer plans
     assert args.max_memory == "auto" and args.mini_batch_size is None
     args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none", max_memory="4GiB")
@@ -196,8 +200,9 @@ def test_explicit_settings_are_kept() -> None:
     )
     plan = choose_plan(4 * GIB, ROWS, _measure(fits, []), _footprint(), explicit)
     assert plan.mini_batch_size["query"] == 8 and not plan.cuda_graphs and plan.reuse_argmax is None
-    config = plan.apply(GradCacheConfig(max_memory="4GiB", mini_batch_size={"query": 8, "positive": None}))
-    assert config.mini_batch_size == plan.mini_batch_size and config.reuse_argmax is None
+    config = GradCacheConfig(max_memory="4GiB", mini_batch_size={"query": 8, "positive": None})
+    settings = resolve_settings(config, torch.nn.Linear(2, 2), plan)
+    assert settings.mini_batch_size == plan.mini_batch_size and settings.reuse_argmax is True
 
 
 def test_cuda_graphs_where_eager_mini_batches_are_small() -> None:
@@ -207,8 +212,10 @@ def test_cuda_graphs_where_eager_mini_batches_are_small() -> None:
         4 * GIB, ROWS, _measure({False: _fits(0.2 * GIB, 40 * MIB)}, []), _footprint(), choices
     )
     assert small.cuda_graphs and set(small.mini_batch_size.values()) == {GRAPH_ROWS}
-    config = small.apply(GradCacheConfig(max_memory="4GiB"))
-    assert config.cuda_graphs and config.reuse_argmax is False and config.mini_batch_length_multiple == 32
+    settings = resolve_settings(GradCacheConfig(max_memory="4GiB"), torch.nn.Linear(2, 2), small)
+    assert (
+        settings.cuda_graphs and settings.reuse_argmax is False and settings.mini_batch_length_multiple == 32
+    )
     large = choose_plan(
         24 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), choices
     )
@@ -248,7 +255,7 @@ def test_plan_never_changes_the_loss_or_gradients(config) -> None:
     fits = {column: ColumnFit(0.0, 45 * MIB, 16) for column in rows}
     plan = choose_plan(GIB, rows, lambda on: fits, _footprint(0), PlanChoices(dict.fromkeys(rows)))
     assert plan.mini_batch_size["query"] == 21  # floor(0.95 GiB / 45 MiB): a real split
-    planned = plan.apply(GradCacheConfig(max_memory="1GiB"))
+    planned = _planned_config(plan)
 
     encoder = make_encoder(config)
     columns = make_columns(32, 3)
@@ -257,7 +264,6 @@ def test_plan_never_changes_the_loss_or_gradients(config) -> None:
     ref_grads = grads_of(encoder)
     encoder.zero_grad()
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="max_memory=")  # on a CPU: the plan's sizes are explicit
         loss, _ = GradCache(encoder, planned).step(columns, contrastive_flops_loss)
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
@@ -325,7 +331,7 @@ def test_cpu_ignores_a_size_with_one_warning(config) -> None:
         warnings.simplefilter("error")
         engine.step(make_columns(4, 2), contrastive_flops_loss)  # once only
         GradCache(encoder, max_memory="auto").step(make_columns(4, 2), contrastive_flops_loss)
-    assert engine.memory_plan is None and engine.config.mini_batch_size == 32
+    assert engine.memory_plan is None and engine.settings.mini_batch_size == 32
 
 
 def test_data_parallel_refuses_a_size(config) -> None:
@@ -359,7 +365,7 @@ def test_real_probe_keeps_the_measured_peak_within_the_budget(tiny_bert_config) 
     engine.step(columns, contrastive_flops_loss)  # the plan reused
     assert torch.cuda.max_memory_allocated() <= budget, (plan.describe(), torch.cuda.max_memory_allocated())
     encoder.zero_grad(set_to_none=True)
-    GradCache(encoder, plan.apply(GradCacheConfig())).step(columns, contrastive_flops_loss)
+    GradCache(encoder, _planned_config(plan)).step(columns, contrastive_flops_loss)
     assert_grads_close(grads_of(encoder), planned_grads, rtol=RTOL_FP32)
 
 
@@ -432,7 +438,10 @@ def test_the_refused_2gib_case_plans_sparse_reps(monkeypatch) -> None:
     assert plan.predicted_peak >= footprint.loss_peak(sparse=True)  # the sparse loss is counted
     assert "reps sparse" in plan.describe() and "sparse reps: with the dense reps" in plan.reason
     assert plan.log_values()["memory_plan_sparse_reps"] == 1.0
-    assert plan.apply(GradCacheConfig(max_memory="2GiB")).sparse_reps == "true"
+    assert (
+        resolve_settings(GradCacheConfig(max_memory="2GiB"), torch.nn.Linear(2, 2), plan).sparse_reps
+        == "true"
+    )
 
 
 def test_dense_reps_stay_where_they_fit(monkeypatch) -> None:
@@ -444,7 +453,10 @@ def test_dense_reps_stay_where_they_fit(monkeypatch) -> None:
     )
     assert plan.sparse_reps is False and "reps dense" in plan.describe()
     assert plan.resident >= footprint.rep_cache
-    assert plan.apply(GradCacheConfig(max_memory="4GiB")).sparse_reps == "false"
+    assert (
+        resolve_settings(GradCacheConfig(max_memory="4GiB"), torch.nn.Linear(2, 2), plan).sparse_reps
+        == "false"
+    )
 
 
 @pytest.mark.parametrize("given", ["true", "false", "auto"])
@@ -457,7 +469,8 @@ def test_explicit_sparse_reps_are_kept(monkeypatch, given) -> None:
     plan = choose_plan(4 * GIB, ROWS, measure, footprint, choices)
     assert (
         plan.sparse_reps is None
-        and plan.apply(GradCacheConfig(max_memory="4GiB", sparse_reps=given)).sparse_reps == given
+        and resolve_settings(GradCacheConfig(sparse_reps=given), torch.nn.Linear(2, 2), plan).sparse_reps
+        == given
     )
     assert plan.resident == footprint.resident(records=plan.reuse_argmax is None, sparse=given == "true")
     if given == "true":
@@ -561,7 +574,7 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     engine = GradCache(encoder, max_memory=f"{budget}B", cuda_graphs=False)
     loss, _ = engine.step(columns, loss_fn)
     plan = engine.memory_plan
-    assert plan is not None and plan.sparse_reps is True and engine.config.sparse_reps == "true"
+    assert plan is not None and plan.sparse_reps is True and engine.settings.sparse_reps == "true"
     assert set(plan.mini_batch_size.values()) == {20} and layouts == [{SparseReps}]
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), grads_of(reference), rtol=RTOL_FP32)
@@ -578,7 +591,7 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     roomy = GradCache(encoder_3pct(), max_memory=f"{budget + footprint.rep_cache * 2}B", cuda_graphs=False)
     roomy.step(columns, loss_fn)
     assert roomy.memory_plan is not None and roomy.memory_plan.sparse_reps is False
-    assert roomy.config.sparse_reps == "false" and layouts == [{torch.Tensor}]
+    assert roomy.settings.sparse_reps == "false" and layouts == [{torch.Tensor}]
 
 
 def test_a_dense_only_loss_on_planned_sparse_reps_is_told_why(config, monkeypatch) -> None:
@@ -593,3 +606,38 @@ def test_a_dense_only_loss_on_planned_sparse_reps_is_told_why(config, monkeypatc
     dense = GradCache(encoder_3pct(), max_memory=f"{budget}B", cuda_graphs=False, sparse_reps="false")
     with pytest.raises(ValueError, match="too small"):
         dense.step(columns, contrastive_flops_loss)
+
+
+def test_checkpointing_the_plan_turns_on_is_logged_and_stays(config, monkeypatch, caplog) -> None:
+    """Where only activation checkpointing fits MIN_ROWS rows, the plan turns it on in the user's model, says
+    so in a log line naming the model, and leaves it on; engine.settings reports it."""
+    encoder_3pct, columns, _, footprint = _sparse_planning_on_cpu(config, monkeypatch)
+    encoder = encoder_3pct()
+    small = footprint.rep_cache // 8  # peak bytes per row with checkpointing; ten times that without
+
+    def peak_bytes(run, device):
+        rep = run()
+        return (small if checkpointing_on(encoder) else 10 * small) * len(rep), rep
+
+    monkeypatch.setattr(memory_probe, "_cuda_peak_bytes", peak_bytes)
+    budget = int((footprint.resident(records=True, sparse=False) + 20.5 * small) / (1 - PLAN_MARGIN))
+    engine = GradCache(encoder, max_memory=f"{budget}B", cuda_graphs=False, sparse_reps="false")
+    assert not checkpointing_on(encoder) and not engine.settings.activation_checkpointing
+    with caplog.at_level("INFO", logger="gradcache_sparton.engine.memory_plan"):
+        engine.step(columns, contrastive_flops_loss)
+    assert engine.memory_plan is not None and engine.memory_plan.checkpointing
+    assert engine.settings.activation_checkpointing and checkpointing_on(encoder)
+    turned_on = [
+        r.getMessage() for r in caplog.records if "activation checkpointing turned on" in r.getMessage()
+    ]
+    assert len(turned_on) == 1 and type(encoder.mlm).__name__ in turned_on[0], caplog.text
+
+
+def _planned_config(plan: MemoryPlan) -> GradCacheConfig:
+    """The options ``plan`` chose, given explicitly (no max_memory: run as planned, without planning)."""
+    return GradCacheConfig(
+        mini_batch_size=dict(plan.mini_batch_size),
+        cuda_graphs=plan.cuda_graphs,
+        reuse_argmax=plan.reuse_argmax,
+        sparse_reps=None if plan.sparse_reps is None else str(plan.sparse_reps).lower(),
+    )

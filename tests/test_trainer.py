@@ -112,6 +112,28 @@ def test_cached_trainer_matches_uncached_splade_loss(
     assert moved > 1e-4, f"parameters moved by at most {moved}: the comparison would be vacuous"
 
 
+def test_trainer_logs_the_engines_settings_never_its_own_prediction(
+    tmp_path, tokenizer, sample_rows, caplog
+) -> None:
+    """The trainer logs the settings its engine decided (engine.settings), once, never a prediction of its
+    own: here the query column's own mini-batch size, reuse_argmax's default (on) and a max_memory that plans
+    nothing on a CPU, which a prediction from the arguments got wrong or left out."""
+    args = _args(tmp_path, max_steps=2, query_mini_batch_size=4, max_memory="4GiB")
+    trainer = CachedSpladeTrainer(
+        _encoder(tokenizer, dropout=0.0), args, train_dataset=sample_rows, processing_class=tokenizer
+    )
+    with caplog.at_level("INFO", logger="gradcache_sparton.trainer"):
+        trainer.train()
+    logged = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("GradCache engine settings")
+    ]
+    engine = trainer._engine.engine
+    assert logged == [f"GradCache engine settings: {engine.settings.describe()}."]
+    assert trainer.engine_settings is engine.settings and engine.memory_plan is None
+    assert engine.settings.mini_batch_size == {"query": 4, "positive": 8}
+    assert "mini_batch_size query 4, positive 8;" in logged[0] and "reuse_argmax on" in logged[0]
+
+
 _EVERY_FIELD_FLAGS = {
     "mini_batch_size": "4",
     "query_mini_batch_size": "2",
@@ -195,7 +217,7 @@ def test_every_engine_option_is_a_trainer_flag_that_reaches_the_engine(
     trainer = CachedSpladeTrainer(model, args, processing_class=tokenizer)
     columns = {"query": {}, "positive": {}, "negative_1": {}}
     engine = trainer._cached_loss(model, columns).engine
-    assert engine.config == GradCacheConfig(**expected).for_encoder(model)
+    assert engine.config == GradCacheConfig(**expected)
     assert trainer._cached_loss(model, columns).engine is engine
     assert trainer._cached_loss(_encoder(tokenizer, dropout=0.0), columns).engine is not engine
 

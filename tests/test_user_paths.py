@@ -164,6 +164,29 @@ def test_train_help_starts_with_our_options_grouped(capsys: pytest.CaptureFixtur
     assert exc.value.code == 0 and "--adam_beta1" in capsys.readouterr().out
 
 
+def test_train_help_shows_each_option_once_with_one_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """`train --help` lists each option once, none with its default written twice (a "Default:" in its help
+    and the "[default: ...]" shown), and leaves the engine's three-state options to --help-all."""
+    decided = ("--cuda_graphs", "--reuse_argmax", "--check_replay", "--sparse_reps", "--gather_across_ranks")
+    for flag, shown in (("--help", False), ("--help-all", True)):
+        with pytest.raises(SystemExit):
+            main(["train", flag])
+        entries: dict[str, list[str]] = {}
+        for line in capsys.readouterr().out.splitlines():
+            if line.startswith("  --"):
+                name = line.split()[0]
+                entries.setdefault(name, []).append(line)
+            elif line.startswith("    ") and entries:
+                entries[name][-1] += " " + line.strip()
+        assert all(len(texts) == 1 for texts in entries.values()), [
+            n for n, t in entries.items() if len(t) > 1
+        ]
+        doubled = [n for n, (text,) in entries.items() if "Default:" in text and "[default:" in text]
+        assert not doubled, doubled
+        assert all((option in entries) == shown for option in decided)
+        assert "--max_memory" in entries and entries["--max_memory"][0].endswith("[default: auto]")
+
+
 def test_misspelled_flag_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
     """A misspelled `train` flag is refused with "did you mean" the closest option, before any work."""
     assert main(["train", "--mini_batchsize", "8"]) == 2

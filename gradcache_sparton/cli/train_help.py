@@ -1,6 +1,7 @@
-"""``gradcache-sparton train --help``: the options by theme (model, data, loss, engine and memory,
-evaluation, the Trainer's most used), built from the argument dataclasses' help texts; ``--help-all``
-adds the Trainer's other options."""
+"""``gradcache-sparton train --help``: the options a user sets, by theme (model, data, loss, engine and
+memory, evaluation, the Trainer's most used), each once with one default, built from the argument
+dataclasses' help texts; ``--help-all`` adds the engine options it decides by itself and the Trainer's
+other options."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ _COMMON_TRAINER_OPTIONS = (
 # Trainer options about memory and speed, shown beside the engine's. `gradient_checkpointing` is
 # transformers' deprecated alias of `activation_checkpointing` where that exists (5.23+).
 _MEMORY_TRAINER_OPTIONS = ("activation_checkpointing", "gradient_checkpointing", "torch_compile")
+# The engine's three-state options (true, false, or left unset: decided per step from the model, the
+# device and max_memory's plan, and logged; engine/settings.py): --help-all only.
+_ENGINE_DECIDES = ("cuda_graphs", "reuse_argmax", "check_replay", "sparse_reps", "gather_across_ranks")
 
 
 def _train_option_groups() -> dict[str, tuple[str, list[str]]]:
@@ -58,7 +62,10 @@ def _train_option_groups() -> dict[str, tuple[str, list[str]]]:
     engine = [
         f.name
         for f in fields(CachedSpladeTrainingArguments)
-        if f.name not in trainer_names and f.name not in loss_names and f.name not in _COMMON_TRAINER_OPTIONS
+        if f.name not in trainer_names
+        and f.name not in loss_names
+        and f.name not in _COMMON_TRAINER_OPTIONS
+        and f.name not in _ENGINE_DECIDES
     ]
     memory = [name for name in _MEMORY_TRAINER_OPTIONS if name in trainer_names]
     if "activation_checkpointing" in memory:
@@ -140,12 +147,21 @@ def train_help(*, show_all: bool) -> str:
             if name in remaining:
                 add(group, name)
     if show_all:
+        decided = display.add_argument_group(
+            "engine options it decides by itself",
+            "left unset, each is decided per step from the model, the device and max_memory's plan, and logged "
+            "at the first step; set one to force it",
+        )
+        for name in _ENGINE_DECIDES:
+            add(decided, name)
         trainer = display.add_argument_group("the Trainer's other options (transformers.TrainingArguments)")
         for name in sorted(remaining):
             add(trainer, name)
     else:
+        hidden = len(remaining) - len(_ENGINE_DECIDES)
         display.epilog = (
-            f"The Trainer's {len(remaining)} other options (transformers.TrainingArguments): "
-            f"gradcache-sparton train {HELP_ALL}"
+            f"The engine decides {', '.join(_ENGINE_DECIDES)} by itself (logged at the first step), and the "
+            f"Trainer has {hidden} other options (transformers.TrainingArguments): gradcache-sparton train "
+            f"{HELP_ALL}"
         )
     return display.format_help()

@@ -2,7 +2,10 @@
 
 - :class:`CachedLoss`: drop-in, ``loss = cached(columns); loss.backward()``.
 - :class:`GradCache`: the engine, Steps (1)-(3) as methods, :meth:`GradCache.step` for one call.
-- :class:`GradCacheConfig`: every option of both (the trainer's arguments inherit it).
+- :class:`GradCacheConfig`: every option of both, as asked (the trainer's arguments inherit it); what a
+  step runs with, every option decided, is ``GradCache.settings``
+  (:class:`~gradcache_sparton.engine.settings.StepSettings`, decided by
+  :func:`~gradcache_sparton.engine.settings.resolve_settings`).
 - The types they take and return: :data:`Columns`, :data:`Features`, :data:`LossFn`,
   :class:`LossOutput`, :class:`EncodedBatch`, :class:`ReplayState`, :data:`MiniBatchContext`.
 

@@ -1,18 +1,19 @@
-"""``GradCacheConfig``: every option of the GradCache engine, in one dataclass.
+"""``GradCacheConfig``: every option of the GradCache engine, in one dataclass: what the user asks.
 
 :class:`~gradcache_sparton.engine.GradCache` and :class:`~gradcache_sparton.engine.CachedLoss` take it
 (or its fields as keywords, which build it), and the trainer's
 :class:`~gradcache_sparton.arguments.CachedSpladeTrainingArguments` inherits it, so each field is also a
 command-line flag and a YAML/JSON key with the help text below. ``__post_init__`` is the one place the
-options are checked (a ``TypeError`` or ``ValueError`` naming the field) and their automatic defaults
-decided; :meth:`GradCacheConfig.for_encoder` decides the few that depend on the encoder (a compiled one).
-Adding an engine option is one field here and its use in the engine.
+options are checked (a ``TypeError`` or ``ValueError`` naming the field) and put in one spelling; a field
+left None is for the engine to decide, in one place:
+:func:`~gradcache_sparton.engine.settings.resolve_settings`. Adding an engine option is one field here, its
+decision there when it has an automatic default, and its use in the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -20,17 +21,11 @@ from gradcache_sparton.engine.memory_size import parse_max_memory
 
 __all__ = ["GradCacheConfig", "is_compiled"]
 
-# ``mini_batch_length_multiple`` under ``cuda_graphs`` or for a compiled encoder when not given: rows the
-# collator pads to multiples of 8 then come in at most S / 32 + 1 lengths per column, one graph pair (or one
-# compiled program) each.
-_GRAPHED_LENGTH_MULTIPLE = 32
-# Rows per mini-batch when neither mini_batch_size nor max_memory says.
-_DEFAULT_MINI_BATCH_SIZE = 32
-
 
 @dataclass
 class GradCacheConfig:
-    """How the GradCache engine cuts, runs and checks a batch. Every field has the engine's default.
+    """How the GradCache engine is to cut, run and check a batch, as asked. None: the engine decides
+    (:func:`~gradcache_sparton.engine.settings.resolve_settings`, read back as ``GradCache.settings``).
 
     ``mini_batch_size`` may also be a mapping with one entry per column (e.g. short queries in larger
     mini-batches than long passages); the trainer's flags set it through ``mini_batch_size`` and
@@ -39,8 +34,9 @@ class GradCacheConfig:
     Automatic defaults (None): ``check_replay`` is on and ``reuse_argmax`` on where it is safe, except
     for a compiled encoder (``torch.compile``: its graph-less and graph-recording programs may round
     differently, and its head records nothing) and, for ``reuse_argmax``, under ``cuda_graphs``, which
-    also rounds mini-batch lengths to multiples of 32 unless ``mini_batch_length_multiple`` is given;
-    ``gather_across_ranks`` gathers when ``torch.distributed`` runs more than one rank.
+    also rounds mini-batch lengths to multiples of 32 unless ``mini_batch_length_multiple`` is given (as
+    for a compiled encoder); ``gather_across_ranks`` gathers when ``torch.distributed`` runs more than one
+    rank.
 
     ``sparse_reps`` is ``"false"``, ``"true"`` or ``"auto"`` (a bool, or any case, is taken and written so),
     or None: left to ``max_memory``'s plan, else ``"false"``.
@@ -68,7 +64,8 @@ class GradCacheConfig:
             "activation checkpointing, sparse_reps) for the fastest step whose peak stays within it; explicit "
             "settings are kept; the loss and gradients never change. Bounds torch.cuda.max_memory_allocated and "
             "CUDA graphs' pool. "
-            "CUDA only (on a CPU a size is ignored with a warning). Default: none (off).",
+            "CUDA only (on a CPU a size is ignored with a warning, auto quietly; under DDP / FSDP auto is "
+            "ignored and a size refused). 'none': no plan.",
         },
     )
     mini_batch_tokens: int | None = field(
@@ -167,13 +164,6 @@ class GradCacheConfig:
 
     def __post_init__(self) -> None:
         self.max_memory = parse_max_memory(self.max_memory)
-        if self.max_memory is None:  # nothing to plan: the engine's defaults
-            if self.mini_batch_size is None:
-                self.mini_batch_size = _DEFAULT_MINI_BATCH_SIZE
-            if self.cuda_graphs is None:
-                self.cuda_graphs = False
-            if self.sparse_reps is None:
-                self.sparse_reps = "false"
         self._check_sizes()
         for name in ("same_batch_size", "allow_non_finite", "show_mini_batch_progress"):
             if not isinstance(getattr(self, name), bool):
@@ -182,8 +172,7 @@ class GradCacheConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool or None, got {type(value).__name__}")
-        # One spelling: "false", "true" or "auto" (a bool, or any case, as a YAML file or a caller may give it);
-        # None (left to max_memory's plan) only with max_memory set.
+        # One spelling: "false", "true" or "auto" (a bool, or any case, as a YAML file or a caller may give it).
         value = self.sparse_reps
         if value is not None:
             choice = str(value).lower() if isinstance(value, (bool, str)) else None
@@ -203,11 +192,6 @@ class GradCacheConfig:
             named = [(f"mini_batch_size[{column!r}]", size) for column, size in self.mini_batch_size.items()]
         else:
             named = [("mini_batch_size", self.mini_batch_size)]
-        if self.max_memory is None and any(size is None for _, size in named):
-            raise ValueError(
-                "mini_batch_size entries may be None (planned) only with max_memory set; got "
-                f"{self.mini_batch_size!r}"
-            )
         named = [(where, size) for where, size in named if size is not None]
         for name in ("mini_batch_tokens", "mini_batch_length_multiple"):
             if getattr(self, name) is not None:
@@ -219,9 +203,8 @@ class GradCacheConfig:
                 raise ValueError(f"{where} must be >= 1, got {size}")
 
     def _check_cuda_graphs(self) -> None:
-        """Raise one ``ValueError`` naming every option ``cuda_graphs=True`` cannot run with; turn its
-        ``reuse_argmax`` default off and round lengths to a multiple of 32 unless given another. (The
-        encoder's part, an ``nn.Module`` without data parallelism, is checked when the engine is built.)"""
+        """Raise one ``ValueError`` naming every option ``cuda_graphs=True`` cannot run with. (The encoder's
+        part, an ``nn.Module`` without data parallelism, is checked when the engine is built.)"""
         refusals = (
             (
                 self.mini_batch_tokens is not None,
@@ -232,37 +215,10 @@ class GradCacheConfig:
         unmet = [need for refused, need in refusals if refused]
         if unmet:
             raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
-        self.reuse_argmax = False
-        if self.mini_batch_length_multiple is None:  # one graph pair per shape: few shapes
-            self.mini_batch_length_multiple = _GRAPHED_LENGTH_MULTIPLE
-
-    def for_encoder(self, encoder: object) -> GradCacheConfig:
-        """A copy with the automatic defaults that depend on ``encoder`` decided: ``check_replay`` and
-        ``reuse_argmax`` off for a compiled encoder unless set, on otherwise; a compiled encoder's
-        mini-batch lengths rounded to multiples of 32 unless ``mini_batch_length_multiple`` is set (few
-        shapes: few recompilations); what ``max_memory`` would plan and is not planned yet takes the engine's
-        defaults (32 rows, no CUDA graphs, dense reps)."""
-        compiled = is_compiled(encoder)
-        sizes = self.mini_batch_size
-        if isinstance(sizes, Mapping):
-            sizes = {
-                column: _DEFAULT_MINI_BATCH_SIZE if size is None else size for column, size in sizes.items()
-            }
-        return replace(
-            self,
-            mini_batch_size=_DEFAULT_MINI_BATCH_SIZE if sizes is None else sizes,
-            cuda_graphs=bool(self.cuda_graphs),
-            sparse_reps="false" if self.sparse_reps is None else self.sparse_reps,
-            check_replay=not compiled if self.check_replay is None else self.check_replay,
-            reuse_argmax=not compiled if self.reuse_argmax is None else self.reuse_argmax,
-            mini_batch_length_multiple=_GRAPHED_LENGTH_MULTIPLE
-            if compiled and self.mini_batch_length_multiple is None
-            else self.mini_batch_length_multiple,
-        )
 
     def mini_batch_sizes(self, columns: Mapping[str, object]) -> dict[str, int | None]:
-        """Each column's mini-batch size (``columns`` checked against a mapping by the engine's checks); None
-        where ``max_memory`` is to plan it."""
+        """Each column's mini-batch size as asked (``columns`` checked against a mapping by the engine's
+        checks); None where the engine decides (``max_memory``'s plan, else its default)."""
         if isinstance(self.mini_batch_size, Mapping):
             return {column: self.mini_batch_size.get(column) for column in columns}
         return dict.fromkeys(columns, self.mini_batch_size)

@@ -22,7 +22,8 @@ The pieces, one concept a module: the options (:mod:`~gradcache_sparton.engine.c
 :mod:`~gradcache_sparton.engine.run_eager`; with a forward memo, :mod:`~gradcache_sparton.engine.run_memo`;
 as CUDA graphs, :mod:`~gradcache_sparton.engine.cuda_graphs`; chosen once, when the engine is built),
 the options a memory budget chooses on the first step (``max_memory``,
-:mod:`~gradcache_sparton.engine.memory_plan`), the reps in either layout (:mod:`~gradcache_sparton.engine.reps`), the captured states
+:mod:`~gradcache_sparton.engine.memory_plan`), the settings every step runs with, decided from those
+(:mod:`~gradcache_sparton.engine.settings`), the reps in either layout (:mod:`~gradcache_sparton.engine.reps`), the captured states
 (:mod:`~gradcache_sparton.engine.rng_state`, :mod:`~gradcache_sparton.engine.autocast_state`,
 :mod:`~gradcache_sparton.engine.grad_state`) and data parallelism
 (:mod:`~gradcache_sparton.engine.distributed`: Step (2) sees every rank's reps, Step (3) replays W
@@ -76,6 +77,7 @@ from gradcache_sparton.engine.reps import StepReps, leaf, leaf_grad, mini_batch_
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.run_eager import EagerRun
 from gradcache_sparton.engine.run_memo import MemoRun
+from gradcache_sparton.engine.settings import StepSettings, resolve_settings
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
 from gradcache_sparton.engine.types import (
     Columns,
@@ -116,9 +118,10 @@ class GradCache:
             is ``GradCache(encoder, GradCacheConfig(mini_batch_size=8))``.
 
     Attributes:
-        config: the options, with the automatic defaults that depend on the encoder decided
-            (:meth:`GradCacheConfig.for_encoder`); with ``max_memory``, those the first training step's plan
-            chose (:attr:`memory_plan`; planned again for a batch longer or larger than the planned one).
+        config: the options as given (None where the engine decides).
+        settings: what the steps run with, every option decided
+            (:func:`~gradcache_sparton.engine.settings.resolve_settings`): from ``config`` and the encoder when
+            built; with ``max_memory``, again after each plan (:meth:`plan`).
         world_size: how many ranks' batches the loss sees (1 when not gathering).
     """
 
@@ -137,10 +140,10 @@ class GradCache:
                 "pass the engine's options as one GradCacheConfig or as its fields as keywords, not both; got "
                 f"config={type(config).__name__} and {sorted(options)}"
             )
-        given = GradCacheConfig(**options) if config is None else config
+        self.config = GradCacheConfig(**options) if config is None else config
         self.encoder = encoder
-        self.config = given.for_encoder(encoder)
         self.world_size = data_parallel_world_size(self.config.gather_across_ranks)
+        self.settings: StepSettings = resolve_settings(self.config, encoder, world_size=self.world_size)
         ddp, fsdp = find_ddp(encoder), find_fsdp(encoder)
         if mini_batch_context is None and ddp is not None:
             mini_batch_context = ddp_no_sync_context(ddp)
@@ -152,13 +155,12 @@ class GradCache:
         self._data_parallel = self.world_size > 1 or ddp is not None or fsdp is not None
         # Under FSDP each forward and backward is a collective: every rank must run as many of each.
         self._equal_passes = fsdp is not None and data_parallel_world_size(None) > 1
-        self._warn_unrecorded = given.reuse_argmax is True
-        self._run = self._mini_batch_run(warn_unrecorded=self._warn_unrecorded)
+        self._run = self._mini_batch_run()
         # max_memory: the options left unset are planned on the first step (memory_plan).
         self._planner = (
             None
-            if given.max_memory is None
-            else MemoryPlanner(given, encoder, data_parallel=self._data_parallel)
+            if self.config.max_memory is None
+            else MemoryPlanner(self.config, encoder, data_parallel=self._data_parallel)
         )
 
     @property
@@ -167,9 +169,26 @@ class GradCache:
         or without ``max_memory``)."""
         return None if self._planner is None else self._planner.plan
 
-    def _mini_batch_run(self, *, warn_unrecorded: bool) -> EagerRun | MemoRun | GraphRun:
-        """How every mini-batch of Step (1) and Step (3) runs, chosen once from the options."""
-        if self.config.cuda_graphs:
+    def plan(self, columns: Columns, autocast: AutocastState | None = None) -> StepSettings:
+        """The planning phase (with ``max_memory``, before Step (1) when a plan is due: a training step on
+        CUDA, the first or one with a batch larger or longer than the plan's): measure and choose the options
+        left unset (:mod:`~gradcache_sparton.engine.memory_plan`), decide :attr:`settings` from them and
+        choose how mini-batches run. The plan may turn on the model's activation checkpointing (logged; it
+        stays on). Without a plan due, the settings in effect. ``autocast``: the step's (default: captured
+        now, as Step (1) does)."""
+        if self._planner is None or not self._planner.needs_plan(columns):
+            return self.settings
+        if autocast is None:
+            autocast = AutocastState.capture({t.device.type for f in columns.values() for t in f.values()})
+        self._run = EagerRun(self.encoder)  # a previous plan's CUDA graphs are freed before measuring
+        plan = self._planner.plan_for(columns, autocast)
+        self.settings = resolve_settings(self.config, self.encoder, plan, world_size=self.world_size)
+        self._run = self._mini_batch_run()
+        return self.settings
+
+    def _mini_batch_run(self) -> EagerRun | MemoRun | GraphRun:
+        """How every mini-batch of Step (1) and Step (3) runs, chosen from :attr:`settings`."""
+        if self.settings.cuda_graphs:
             refusals = (
                 (
                     not isinstance(self.encoder, nn.Module),
@@ -183,8 +202,8 @@ class GradCache:
                 raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
             assert isinstance(self.encoder, nn.Module)
             return GraphRun(self.encoder)
-        if self.config.reuse_argmax:
-            return MemoRun(self.encoder, warn_unrecorded=warn_unrecorded)
+        if self.settings.reuse_argmax:
+            return MemoRun(self.encoder, warn_unrecorded=self.config.reuse_argmax is True)
         return EagerRun(self.encoder)
 
     def step(self, columns: Columns, loss_fn: LossFn, **loss_kwargs: object) -> LossOutput:
@@ -226,7 +245,8 @@ class GradCache:
         ``mini_batch_tokens`` the rows are grouped by length, and each column's reps are still
         returned in its row order. Every column is cut into mini-batches before the first is
         encoded, so reading the row lengths back waits for no encoder work. With ``sparse_reps`` each
-        column is a :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps` in its row order.
+        column is a :class:`~gradcache_sparton.primitives.sparse_reps.SparseReps` in its row order. With
+        ``max_memory``, a plan that is due is made first (:meth:`plan`).
         """
         check_columns(columns, self.config)
         if loss_kwargs and self.config.same_batch_size:
@@ -235,21 +255,18 @@ class GradCache:
         autocast = AutocastState.capture(
             {t.device.type for features in columns.values() for t in features.values()}
         )
-        if self._planner is not None and self._planner.needs_plan(columns):
-            self._run = EagerRun(self.encoder)  # a previous plan's CUDA graphs are freed before measuring
-            self.config = self._planner.plan_for(columns, autocast).for_encoder(self.encoder)
-            self._run = self._mini_batch_run(warn_unrecorded=self._warn_unrecorded)
+        settings = self.plan(columns, autocast)
         self._run.start_encode(columns)
         encoder_devices = _cuda_devices_of_encoder(self.encoder)
-        sizes = self.config.mini_batch_sizes(columns)
+        sizes = settings.mini_batch_sizes(columns)
         plans = {
             column: list(
                 iter_mini_batches(
                     features,
                     rows_of(features),
                     sizes[column],
-                    mini_batch_tokens=self.config.mini_batch_tokens,
-                    mini_batch_length_multiple=self.config.mini_batch_length_multiple,
+                    mini_batch_tokens=settings.mini_batch_tokens,
+                    mini_batch_length_multiple=settings.mini_batch_length_multiple,
                 )
             )
             for column, features in columns.items()
@@ -258,7 +275,7 @@ class GradCache:
         extra = 0
         if self._equal_passes:  # FSDP: as many forwards as the rank with the most mini-batches
             extra = count_on_every_rank(planned, _device_of(columns)) - planned
-        step_reps = StepReps(self.config.sparse_reps, self.world_size)
+        step_reps = StepReps(settings.sparse_reps, self.world_size)
         reps: dict[str, Tensor | SparseReps] = {}
         mini_batches: dict[str, tuple[MiniBatch, ...]] = {}
         with (
@@ -275,7 +292,7 @@ class GradCache:
                     check_rep(rep, column, rows, reference)
                     reference = rep.new_empty((0, *rep.shape[1:]))
                     step_reps.add(column, rows_of(columns[column]), rows, rep)
-                    mark = fingerprint(rep) if self.config.check_replay else None
+                    mark = fingerprint(rep) if settings.check_replay else None
                     encoded.append(
                         MiniBatch(rows=rows, features=features, rng=rng, fingerprint=mark, memo=memo)
                     )
@@ -378,7 +395,7 @@ class GradCache:
                         rep = self._run.replay(
                             job.column, mb, self._job_grad(job, grads), replay_state.autocast
                         )
-                    if self.config.check_replay and mb.fingerprint is not None:
+                    if self.settings.check_replay and mb.fingerprint is not None:
                         # Compared on the device, read back once after the last mini-batch; a rep rebuilt from
                         # records (reuse_argmax) is checked on the recording modules' inputs instead.
                         memo_differs = None if mb.memo is None else mb.memo.differs()
@@ -427,8 +444,8 @@ class GradCache:
         except Exception as error:
             planned = (
                 self._planner is not None
-                and self._planner.config.sparse_reps is None
-                and self.config.sparse_reps == "true"
+                and self.config.sparse_reps is None
+                and self.settings.sparse_reps == "true"
             )
             if planned:
                 error.add_note(

@@ -23,7 +23,8 @@ Every explicit setting is kept (a ``mini_batch_size``, ``cuda_graphs``, ``reuse_
 checkpointing turned on); the plan only decides how rows are cut and run and how the reps are held, never
 the loss or the gradients (sparse reps give the dense ones up to fp32 summation order): the probe's
 gradients and RNG draws are put back. It logs one line with the measured numbers
-(:meth:`MemoryPlan.describe`) and is kept on the engine (``GradCache.memory_plan``).
+(:meth:`MemoryPlan.describe`) and is kept on the engine (``GradCache.memory_plan``), which decides its
+settings from it (:func:`~gradcache_sparton.engine.settings.resolve_settings`, ``GradCache.settings``).
 
 Off CUDA there is nothing to measure: a size is ignored with one warning, ``"auto"`` quietly. Under data
 parallelism the ranks would have to agree on one plan: a size is refused when the engine is built,
@@ -36,11 +37,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from torch import Tensor
 
-from gradcache_sparton.engine.config import GradCacheConfig
 from gradcache_sparton.engine.memory_size import format_bytes
 from gradcache_sparton.engine.types import Columns
 
@@ -227,16 +227,6 @@ class MemoryPlan:
     def sparse_entries(self) -> int:
         """The non-zero rep entries of the whole batch (every column) the plan counted for sparse reps."""
         return int(sum(self.fits[column].sparse_entries(rows) for column, rows in self.rows.items()))
-
-    def apply(self, config: GradCacheConfig) -> GradCacheConfig:
-        """``config`` with the planned options (its explicit ones were kept when planning)."""
-        return replace(
-            config,
-            mini_batch_size=dict(self.mini_batch_size),
-            cuda_graphs=self.cuda_graphs,
-            reuse_argmax=self.reuse_argmax if self.reuse_argmax is not None else config.reuse_argmax,
-            sparse_reps=config.sparse_reps if self.sparse_reps is None else str(self.sparse_reps).lower(),
-        )
 
     def describe(self) -> str:
         """One line: what was chosen and why, with the measured numbers."""

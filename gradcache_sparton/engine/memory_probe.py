@@ -38,6 +38,7 @@ from gradcache_sparton.engine.memory_plan import (
 )
 from gradcache_sparton.engine.memory_size import AUTO, size_bytes
 from gradcache_sparton.engine.rng_state import cuda_devices_of
+from gradcache_sparton.engine.settings import DEFAULT_MINI_BATCH_SIZE, checkpointing_on
 from gradcache_sparton.engine.types import Columns
 from gradcache_sparton.primitives.column_routing import call_encoder, routes_by_column
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
@@ -105,18 +106,19 @@ class MemoryPlanner:
             if self.config.max_memory != AUTO:
                 warnings.warn(
                     f"max_memory={self.config.max_memory!r} is ignored on {device.type}: the memory plan measures "
-                    "CUDA memory; the engine's defaults apply (mini_batch_size 32 unless set)",
+                    f"CUDA memory; the engine's defaults apply (mini_batch_size {DEFAULT_MINI_BATCH_SIZE} unless set)",
                     stacklevel=3,
                 )
             return False
         return self.plan is None or not self.plan.covers(columns)
 
-    def plan_for(self, columns: Columns, autocast: AutocastState) -> GradCacheConfig:
-        """Measure, choose and log a plan for ``columns``; the given config with it applied. Turns on the
-        encoder's activation checkpointing when the plan needs it."""
+    def plan_for(self, columns: Columns, autocast: AutocastState) -> MemoryPlan:
+        """Measure, choose and log a plan for ``columns``. Where the plan needs activation checkpointing, turns
+        it on in the encoder's model (``gradient_checkpointing_enable``, logged): it stays on for that model,
+        also after training (a model's later plans keep it; checkpoints do not record it)."""
         device = _device(columns)
         budget = _budget_bytes(self.config.max_memory, device)
-        checkpointing = _checkpointing_on(self.encoder)
+        checkpointing = checkpointing_on(self.encoder)
         choices = PlanChoices(
             mini_batch_size=self.config.mini_batch_sizes(columns),
             cuda_graphs=self.config.cuda_graphs,
@@ -138,7 +140,7 @@ class MemoryPlanner:
 
         def measure(with_checkpointing: bool) -> dict[str, ColumnFit]:
             owner = _checkpointing_owner(self.encoder)
-            if with_checkpointing and owner is not None and not _checkpointing_on(self.encoder):
+            if with_checkpointing and owner is not None and not checkpointing_on(self.encoder):
                 owner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             measured[with_checkpointing] = measure_fits(
                 self.encoder, columns, autocast, trained, device, room=room
@@ -165,7 +167,7 @@ class MemoryPlanner:
                 measured[plan.checkpointing] = checked
                 plan = choose_plan(budget, rows, fits_for, footprint, choices)
         except ValueError:
-            if owner is not None and not checkpointing and _checkpointing_on(self.encoder):
+            if owner is not None and not checkpointing and checkpointing_on(self.encoder):
                 owner.gradient_checkpointing_disable()  # turned on to measure: back as it was
             raise
         finally:
@@ -174,7 +176,7 @@ class MemoryPlanner:
             owner is not None
             and not checkpointing
             and not plan.checkpointing
-            and _checkpointing_on(self.encoder)
+            and checkpointing_on(self.encoder)
         ):
             owner.gradient_checkpointing_disable()
         self.plan = plan
@@ -184,7 +186,13 @@ class MemoryPlanner:
         )
         over = plan.predicted_peak > budget * (1 - PLAN_MARGIN)  # an explicit mini_batch_size kept
         logger.log(logging.WARNING if over else logging.INFO, "%s", plan.describe())
-        return plan.apply(self.config)
+        if owner is not None and plan.checkpointing and not checkpointing:
+            logger.info(
+                "max_memory: activation checkpointing turned on in %s (gradient_checkpointing_enable, "
+                "non-reentrant); it stays on for this model",
+                type(owner).__name__,
+            )
+        return plan
 
     def check_entries(self, reps: Mapping[str, Tensor | SparseReps]) -> None:
         """After Step (1): where the plan counted sparse reps and this step's non-zeros (known on the host,
@@ -417,13 +425,6 @@ def _checkpointing_owner(encoder: object) -> nn.Module | None:
         ):
             return module
     return None
-
-
-def _checkpointing_on(encoder: object) -> bool:
-    """Whether a module of ``encoder`` has activation checkpointing on (transformers' flag)."""
-    if not isinstance(encoder, nn.Module):
-        return False
-    return any(getattr(module, "gradient_checkpointing", False) is True for module in encoder.modules())
 
 
 def _device(columns: Columns) -> torch.device:

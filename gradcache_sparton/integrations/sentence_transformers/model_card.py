@@ -117,9 +117,11 @@ def run_model_card(trainer: Any, encoder: SpladeEncoder) -> str:
     """
     args, state = trainer.args, trainer.state
     world = max(1, args.world_size)
+    engine = getattr(trainer, "engine_settings", None)
     settings: dict[str, object] = {
         "global batch (rows per loss)": args.per_device_train_batch_size * world,
-        "mini_batch_size": args.mini_batch_size or f"planned within max_memory {args.max_memory}",
+        # As the engine ran it (trainer.engine_settings, once it has trained), else as asked.
+        "mini_batch_size": args.mini_batch_size if engine is None else engine.mini_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "optimizer steps": state.global_step,
         "learning_rate": args.learning_rate,
