@@ -70,8 +70,9 @@ from gradcache_sparton.modeling import (
     save_query_table,
     write_token_weights,
 )
+from gradcache_sparton.run_checks import validate_run
 from gradcache_sparton.run_state import TrainingStopped, output_dir_lock
-from gradcache_sparton.trainer import CachedSpladeTrainer, validate_run
+from gradcache_sparton.trainer import CachedSpladeTrainer
 
 __all__ = [
     "build_evaluator",

@@ -38,11 +38,10 @@ checkpoint as one process, and resuming loads it back into the shards. FSDP vers
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import TrainingCollator, validate_training_dataset
-from gradcache_sparton.data.columns import text_columns_of
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
 from gradcache_sparton.engine.memory_plan import MemoryPlan
@@ -79,7 +77,13 @@ from gradcache_sparton.modeling import (
     has_query_table,
     load_backbone,
     load_query_table,
-    read_json_file,
+)
+from gradcache_sparton.run_checks import (
+    check_loss_reads_columns,
+    check_output_dir_is_free,
+    check_resume_checkpoint,
+    check_sharding,
+    validate_run,
 )
 from gradcache_sparton.run_state import (
     CheckpointWriteError,
@@ -88,14 +92,12 @@ from gradcache_sparton.run_state import (
     output_dir_lock,
 )
 
-__all__ = ["CachedSpladeTrainer", "validate_run"]
+__all__ = ["CachedSpladeTrainer"]
 
 logger = logging.getLogger(__name__)
 
 # Loss components (SpladeLoss) counting non-zeros per rep: 0 means the reps collapsed.
 _NONZERO_COMPONENTS = ("nnz_query", "nnz_doc")
-# Files whose presence in output_dir means another run already wrote there.
-_RUN_FILES = ("trainer_state.json", "model.safetensors", "config.json", "training_args.bin")
 
 
 class CachedSpladeTrainer(Trainer):
@@ -201,7 +203,7 @@ class CachedSpladeTrainer(Trainer):
             train_dataset,
             *(evaluated.values() if isinstance(evaluated, Mapping) else [evaluated]),
         ]:
-            _check_loss_reads_columns(loss, dataset)
+            check_loss_reads_columns(loss, dataset)
         if data_collator is None:
             data_collator = TrainingCollator(
                 processing_class,
@@ -216,7 +218,7 @@ class CachedSpladeTrainer(Trainer):
             data_collator=data_collator,
             **kwargs,
         )
-        _check_sharding(self)
+        check_sharding(self)
         self.loss = loss
         # The loss needs no labels: without this, evaluation calls model(**inputs) instead of compute_loss.
         self.can_return_loss = True
@@ -239,9 +241,9 @@ class CachedSpladeTrainer(Trainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         """``Trainer.train`` after checking that ``output_dir`` holds no other run."""
         if isinstance(resume_from_checkpoint, str):
-            _check_resume_checkpoint(resume_from_checkpoint)
+            check_resume_checkpoint(resume_from_checkpoint)
         if not resume_from_checkpoint and not self.args.overwrite_output_dir:
-            _check_output_dir_is_free(self.args.output_dir)
+            check_output_dir_is_free(self.args.output_dir)
         checkpoint = (
             get_last_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is True
@@ -473,143 +475,3 @@ class CachedSpladeTrainer(Trainer):
         best = self.state.best_model_checkpoint
         logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
         self._load_from_checkpoint(best)
-
-
-def _check_sharding(trainer: Trainer) -> None:
-    """Refuse the parallelisms GradCache cannot run under, naming the setting and what works instead."""
-    if trainer.is_deepspeed_enabled:
-        raise ValueError(
-            "deepspeed: DeepSpeed runs the backward itself (engine.backward) and partitions the parameters "
-            "outside the calls GradCache replays in loss.backward(); CachedSpladeTrainer does not support it. "
-            "Shard with FSDP2 instead (--fsdp full_shard with fsdp_version 2), or train with DDP"
-        )
-    version = (
-        getattr(trainer.accelerator.state.fsdp_plugin, "fsdp_version", 1) if trainer.is_fsdp_enabled else 2
-    )
-    if version != 2:
-        raise ValueError(
-            f"fsdp: FSDP version {version} is not supported with the cached loss (its forwards all-gather "
-            "parameters per mini-batch on every rank, and ranks replaying different numbers of mini-batches "
-            "would wait on each other); set fsdp_version 2 in --fsdp_config (FSDP2, fully_shard)"
-        )
-
-
-def _check_loss_reads_columns(loss: Any, dataset: Any) -> None:
-    """``ValueError`` naming the dataset's numeric columns (each reaches the loss as a keyword argument) that
-    ``loss`` does not read: a ``SpladeLoss`` reads ``teacher_scores`` under ``contrastive`` 'margin_mse' or
-    'kl_div' only; another loss, the keywords its signature names (any, with ``**kwargs``)."""
-    names = getattr(dataset, "column_names", None)
-    if not names:
-        return
-    try:
-        texts = text_columns_of(names)
-    except ValueError:  # the dataset's validation names what is missing
-        return
-    extras = [name for name in names if name not in texts]
-    if isinstance(loss, SpladeLoss):
-        reads = {"teacher_scores"} if loss.config.contrastive in ("margin_mse", "kl_div") else set()
-        what = f"SpladeLoss with contrastive={loss.config.contrastive!r}"
-    else:
-        try:
-            parameters = inspect.signature(loss).parameters.values()
-        except (TypeError, ValueError):  # no signature to read: the loss's own call decides
-            return
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-            return
-        reads = {p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
-        what = f"loss {getattr(loss, '__qualname__', type(loss).__name__)}"
-    unread = [name for name in extras if name not in reads]
-    if unread:
-        raise ValueError(
-            f"dataset column(s) {unread} reach the loss as keyword arguments, and the {what} reads none of "
-            "them: teacher scores ([B, 1+k], a teacher_scores column) are read by contrastive='margin_mse' or "
-            f"'kl_div' (--contrastive); otherwise drop the column(s) from the data (dataset.remove_columns({unread}))"
-        )
-
-
-def validate_run(
-    args: CachedSpladeTrainingArguments,
-    *,
-    num_train_rows: int | None,
-    text_columns: Sequence[str] | None = None,
-) -> None:
-    """Raise ``ValueError`` naming the argument if the run could not start or would train nothing.
-
-    Cheap checks for before the model is built (``run_training`` calls it first, the trainer again):
-    a ``report_to`` integration whose package is missing, an ``output_dir`` that is a file, a
-    ``resume_from_checkpoint`` that is not a checkpoint folder, no optimizer step at all
-    (``num_train_epochs`` 0 without ``max_steps``, or fewer ``num_train_rows`` than one global batch while
-    ``dataloader_drop_last`` drops it), and a batch that gives InfoNCE no negative to contrast with (one
-    row in the global batch and no negative among ``text_columns``: the loss is 0 at every step).
-    """
-    from transformers.integrations import get_available_reporting_integrations
-
-    available = get_available_reporting_integrations()
-    missing = [name for name in args.report_to or () if name not in available]
-    if missing:
-        raise ValueError(
-            f"report_to {missing} needs its package installed (e.g. pip install {missing[0]}); available here: "
-            f"{available or 'none'} (report_to none turns reporting off)"
-        )
-    if args.output_dir is not None and Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
-        raise ValueError(
-            f"output_dir {args.output_dir!r} is an existing file, not a folder: give a folder path"
-        )
-    if isinstance(args.resume_from_checkpoint, str):
-        _check_resume_checkpoint(args.resume_from_checkpoint)
-    if args.max_steps <= 0 and args.num_train_epochs <= 0:
-        raise ValueError(
-            f"num_train_epochs must be > 0 when max_steps is not set, got {args.num_train_epochs}: nothing "
-            "would train"
-        )
-    global_batch = args.per_device_train_batch_size * max(1, args.world_size)
-    if num_train_rows is not None and args.dataloader_drop_last and num_train_rows < global_batch:
-        raise ValueError(
-            f"the training data has {num_train_rows} rows, fewer than one batch of {global_batch} "
-            "(per_device_train_batch_size x processes): with dataloader_drop_last nothing would train; lower "
-            "per_device_train_batch_size or add rows"
-        )
-    has_negatives = text_columns is not None and len(text_columns) > 2  # query, positive, negatives...
-    if args.contrastive == "infonce" and global_batch == 1 and text_columns is not None and not has_negatives:
-        raise ValueError(
-            "per_device_train_batch_size 1 x 1 process with no negative column: InfoNCE would score each query "
-            "against its own positive only, a loss of 0 at every step that trains nothing; raise "
-            "per_device_train_batch_size (in-batch negatives) or add hard negatives (gradcache-sparton mine)"
-        )
-
-
-def _check_resume_checkpoint(path: str) -> None:
-    """Raise unless ``path`` is a local Trainer checkpoint folder (it is never looked up on a hub)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise ValueError(
-            f"resume_from_checkpoint {path!r} is not a folder: give a checkpoint-N folder written by an earlier "
-            "run (e.g. OUTPUT_DIR/checkpoint-500)"
-        )
-    if not (folder / "trainer_state.json").is_file():
-        raise ValueError(
-            f"resume_from_checkpoint {path!r} has no trainer_state.json: it is not a checkpoint-N folder of a "
-            "training run (to start from a model's weights, use model_name_or_path)"
-        )
-    # A cut file is named, with its line (the weights are checked when they load, before any step).
-    if not isinstance(read_json_file(folder / "trainer_state.json"), dict):
-        raise ValueError(
-            f"{folder / 'trainer_state.json'} must hold a JSON object: it is not a Trainer state"
-        )
-
-
-def _check_output_dir_is_free(output_dir: str | None) -> None:
-    """Raise if ``output_dir`` holds another run's checkpoints or model files."""
-    if output_dir is None:
-        return
-    path = Path(output_dir)
-    if not path.is_dir():
-        return
-    found = [name for name in _RUN_FILES if (path / name).exists()]
-    found += sorted(p.name for p in path.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir())
-    if found:
-        raise ValueError(
-            f"output_dir {str(path)!r} already holds another run ({', '.join(found[:4])}"
-            f"{', ...' if len(found) > 4 else ''}): choose a new output_dir, pass resume_from_checkpoint to "
-            "continue that run, or set overwrite_output_dir to write over it"
-        )

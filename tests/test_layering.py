@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"version", "resources", "primitives", "run_state"},  # no package imports
     {"kernels", "losses", "data", "engine"},  # the kernels, the losses, the data and the GradCache engine
     {"modeling", "evaluation", "arguments"},  # the encoder, retrieval evaluation, the argument dataclasses
-    {"integrations", "model_loading"},  # sentence-transformers; building a model from its name
+    {"integrations", "model_loading", "run_checks"},  # sentence-transformers; building a model; run checks
     {"trainer", "mining"},  # the Trainer; hard-negative mining
     {"pipeline"},  # the training / evaluation / export jobs
     {"crossval"},  # k-fold cross-validation of a training recipe (runs the training job per fold)

@@ -680,7 +680,7 @@ def test_trainer_refuses_deepspeed_and_fsdp1(state: dict, named: str) -> None:
     and no sharding pass."""
     from types import SimpleNamespace
 
-    from gradcache_sparton.trainer import _check_sharding
+    from gradcache_sparton.run_checks import check_sharding
 
     def trainer(deepspeed: bool, fsdp: bool, version: int | None) -> SimpleNamespace:
         plugin = SimpleNamespace(fsdp_version=version)
@@ -688,9 +688,9 @@ def test_trainer_refuses_deepspeed_and_fsdp1(state: dict, named: str) -> None:
         return SimpleNamespace(is_deepspeed_enabled=deepspeed, is_fsdp_enabled=fsdp, accelerator=accelerator)
 
     with pytest.raises(ValueError, match=named):
-        _check_sharding(trainer(state["is_deepspeed_enabled"], state["is_fsdp_enabled"], state["version"]))
-    _check_sharding(trainer(False, True, 2))
-    _check_sharding(trainer(False, False, None))
+        check_sharding(trainer(state["is_deepspeed_enabled"], state["is_fsdp_enabled"], state["version"]))
+    check_sharding(trainer(False, True, 2))
+    check_sharding(trainer(False, False, None))
 
 
 def test_documents_encode_at_256_tokens_at_most_the_position_table(tmp_path, tiny_bert_config) -> None:
