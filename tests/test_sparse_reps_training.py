@@ -39,6 +39,7 @@ from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import default_train_data_path, load_training_data
 from gradcache_sparton.engine import CachedLoss
+from gradcache_sparton.engine.settings import resolve_settings
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 from gradcache_sparton.trainer import CachedSpladeTrainer
@@ -303,9 +304,12 @@ def test_bad_sparse_reps_values_are_refused(tmp_path, capsys, monkeypatch, confi
     for value, normalised in ((True, "true"), ("False", "false"), ("AUTO", "auto")):
         args = _args(tmp_path, sparse_reps=value)
         assert args.sparse_reps == args.grad_cache_config(["query"]).sparse_reps == normalised
-    for max_memory, unset in (("none", "false"), ("auto", None), ("4GiB", None)):
+    for max_memory in ("none", "auto", "4GiB"):  # unset: the engine's to decide (max_memory's plan where set)
         args = _args(tmp_path, sparse_reps=None, max_memory=max_memory)
-        assert args.sparse_reps == args.grad_cache_config(["query"]).sparse_reps == unset
+        assert args.sparse_reps is args.grad_cache_config(["query"]).sparse_reps is None
+        assert (
+            resolve_settings(args.grad_cache_config(["query"]), torch.nn.Linear(2, 2)).sparse_reps == "false"
+        )
 
     def never_build_the_model(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the model was built: the bad argument should have been refused before")
@@ -322,9 +326,10 @@ def test_bad_sparse_reps_values_are_refused(tmp_path, capsys, monkeypatch, confi
 
 
 def test_cli_help_documents_sparse_reps(capsys) -> None:
-    """`gradcache-sparton train --help` lists --sparse_reps with its three values and what it trades off."""
+    """`gradcache-sparton train --help-all` lists --sparse_reps (an option the engine decides by itself) with
+    its three values and what it trades off."""
     with pytest.raises(SystemExit) as exc:
-        main(["train", "--help"])
+        main(["train", "--help-all"])
     assert exc.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # help lines re-wrapped to one
     assert "--sparse_reps {false,true,auto}" in text
