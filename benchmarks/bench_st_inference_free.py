@@ -210,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result["steps"] = rows
     else:
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gib * 2**30 / total), device)
+        index = torch.cuda.current_device() if device.index is None else device.index  # it needs an index
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gib * 2**30 / total), index)
         largest = largest_batches(steps, device, args.max_batch)
         result["largest_train_batch"] = largest
         result["ratio"] = largest["ours"] / max(1, largest["sentence_transformers"])
