@@ -5,9 +5,10 @@ non-zeros.
 
 What is timed: ``SpladeLoss`` (InfoNCE over the B positives and B hard negatives, FLOPS) on sparse reps, as the
 engine's Step (2) calls it with ``sparse_reps``: the forward (loss value) and the backward (to the reps'
-weights), each with CUDA events (wall clock on a CPU), one warm-up run per setting, the median of
+weights), each with CUDA events (wall clock on a CPU), the median of
 ``--repeats`` runs; peak memory allocated and reserved per run. Compaction off is the same call with
-``losses.blocked.COMPACT_MAX_FRACTION = 0`` (every block over all V, today's path before compaction). Under
+``losses.blocked.COMPACT_MAX_FRACTION = 0`` (every block over all V, today's path before compaction). The
+warm-up runs at the first point only; a run longer than ``--long_run_s`` is not repeated. Under
 torchrun every rank holds the same reps (rank 0's, broadcast) and scores 1/W of the query blocks
 (``shard_scores_across_ranks``); times are the slowest rank's.
 
@@ -26,9 +27,10 @@ are apart (fp32 summation order only), and the off/on time ratio. B doubles from
 ``--max_batch``; a point whose projected time (4x the last: the work grows as B²) would pass
 ``--budget_s`` is skipped and named.
 
-One GPU:    python -m benchmarks.bench_loss_curve --beir_path /data/scifact --out $OUT/loss_curve.json
+One GPU:    python -m benchmarks.bench_loss_curve --beir_path /data/scifact --max_batch 131072 \\
+                --budget_s 540 --out $OUT/loss_curve_1gpu.json
 Four GPUs:  torchrun --nproc_per_node 4 -m benchmarks.bench_loss_curve --beir_path /data/scifact \\
-                --max_batch 262144 --budget_s 500 --out $OUT/loss_curve_4gpu.json
+                --max_batch 262144 --budget_s 540 --out $OUT/loss_curve_4gpu.json
 CPU check:  python -m benchmarks.bench_loss_curve --device cpu --beir_path default --min_batch 16 \\
                 --max_batch 32 --max_texts 200 --query_len 8 --doc_len 16 --block_size 8 --out /tmp/c.json
 """
@@ -76,6 +78,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_batch", type=int, default=262_144, help="last B")
     parser.add_argument("--budget_s", type=float, default=500.0, help="wall-clock budget of the launch")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting (median)")
+    parser.add_argument(
+        "--long_run_s", type=float, default=10.0, help="a run longer than this is not repeated"
+    )
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: text, uniform")
     parser.add_argument("--block_size", type=int, default=None, help="score_block_size (default: the loss's)")
     parser.add_argument("--query_rows", type=int, default=blocked.COMPACT_QUERY_ROWS,
@@ -234,15 +239,23 @@ def plan_stats(q_reps: SparseReps, block_size: int) -> dict[str, Any]:
 
 
 def measure(
-    reps: dict[str, SparseReps], loss: SpladeLoss, mode: str, repeats: int, device: torch.device
+    reps: dict[str, SparseReps],
+    loss: SpladeLoss,
+    mode: str,
+    args: argparse.Namespace,
+    device: torch.device,
+    *,
+    warm_up: bool,
 ) -> dict:
-    """Median forward/backward seconds of ``repeats`` runs in ``mode`` (after one warm-up run), peak memory."""
+    """Median forward/backward seconds of ``--repeats`` runs in ``mode`` (one run once a run passes
+    ``--long_run_s``: its noise is small next to it), after a warm-up run when ``warm_up``; peak memory."""
     fraction = blocked.COMPACT_MAX_FRACTION
     blocked.COMPACT_MAX_FRACTION = fraction if mode == "on" else 0.0
     try:
-        run_loss(reps, loss, device)  # warm-up (cuBLAS heuristics, allocator)
-        runs = []
-        for _ in range(repeats):
+        if warm_up:
+            run_loss(reps, loss, device)  # cuBLAS heuristics, the allocator's first blocks
+        runs: list[list[float]] = []
+        while len(runs) < args.repeats and not (runs and sum(runs[-1]) > args.long_run_s):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             seconds, value, grads = run_loss(reps, loss, device)
@@ -252,6 +265,7 @@ def measure(
     row = {"forward_s": round(statistics.median(r[0] for r in runs), 4),
            "backward_s": round(statistics.median(r[1] for r in runs), 4), "loss": value}  # fmt: skip
     row["total_s"] = round(row["forward_s"] + row["backward_s"], 4)
+    row["runs"] = len(runs)
     if device.type == "cuda":
         row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
         row["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
@@ -305,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         point: dict[str, Any] = {"batch": batch, "status": "ok"}
         for kind in args.kinds:
             reps, distinct = batch_reps(kind, batch, text, seed=batch)
-            on, off = (measure(reps, loss, mode, args.repeats, device) for mode in MODES)
+            on, off = (
+                measure(reps, loss, mode, args, device, warm_up=batch == args.min_batch) for mode in MODES
+            )
             scale = max(float(g.abs().max()) for g in off["grads"])
             entry = {"distinct_rows": distinct, "plan": plan_stats(reps["query"], block), "on": on["row"],
                      "off": off["row"], "ratio_off_over_on": round(off["row"]["total_s"] / on["row"]["total_s"], 3),
