@@ -4,7 +4,11 @@ Legend: B global batch (triplets), W world size (GPUs), S sequence, V vocabulary
 
 Model: the shipped SPLADE-tiny (``gradcache_sparton/resources/splade-tiny-msmarco``: BERT, 2 layers, D 128,
 the fused Sparton head), train mode, bf16 autocast, AdamW. Data: random token ids, query 32, positive 256
-and hard negative 256 tokens, no padding, B / W triplets per rank (65,536 at B 262,144, W 4).
+and hard negative 256 tokens, no padding, B / W triplets per rank (65,536 at B 262,144, W 4). Random ids give
+near-uniform term patterns (the loss's query blocks then span most of V); ``--text BEIR_DIR`` draws real
+SciFact text instead (``benchmarks/scifact_text.py``: claims and abstract sentences as queries, truncated to
+``--query_len``, their abstracts as positives and random other abstracts as hard negatives, truncated to
+``--doc_len`` and padded to the longest; drawn with replacement, each rank its own draws).
 
 Step: GradCache with ``sparse_reps`` (each column kept as its non-zeros from Step (1) to Step (3): dense fp32
 [B, V] reps of 3 x 262,144 rows would take 96 GiB on every rank), reps gathered across ranks, mini-batches of
@@ -35,6 +39,7 @@ On 4 GPUs (rank 0 writes ``--out``, rewritten after every phase):
 
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     torchrun --nproc_per_node 4 -m benchmarks.bench_262k --exactness --budget_s 140 --out $OUT/262k.json
+    torchrun --nproc_per_node 4 -m benchmarks.bench_262k --text /data/scifact --budget_s 140 --out $OUT/262k_text.json
 
 ``--device cpu`` (gloo) with small ``--batch`` checks the script; only its exactness result means something.
 """
@@ -58,8 +63,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import Tensor  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 from benchmarks.common import run_stamp  # noqa: E402
+from benchmarks.scifact_text import read_pairs, tokenize  # noqa: E402
 from gradcache_sparton import SpladeEncoder, SpladeLoss, SpladeLossConfig  # noqa: E402
 from gradcache_sparton.engine import GradCache  # noqa: E402
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad  # noqa: E402
@@ -84,6 +91,31 @@ def columns(
         ids = torch.randint(1000, 30522, (rows, length), device=device, generator=generator)
         out[name] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     return out
+
+
+def text_tokens(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Every query and abstract of ``--text`` tokenized once ([n, S] on ``device``), and each query's abstract."""
+    pairs = read_pairs(args.text)
+    tokenizer = AutoTokenizer.from_pretrained(shipped_model_path("splade-tiny-msmarco"))
+    return {"query": tokenize(pairs.queries, tokenizer, args.query_len, device),
+            "document": tokenize(pairs.documents, tokenizer, args.doc_len, device),
+            "positive": torch.tensor(pairs.positive)}  # fmt: skip
+
+
+def text_columns(rows: int, tokens: dict[str, Any], seed: int) -> dict[str, dict[str, Tensor]]:
+    """``rows`` triplets drawn with replacement: a query, its abstract, another random abstract."""
+    generator = torch.Generator().manual_seed(seed)
+    queries = torch.randint(0, tokens["positive"].numel(), (rows,), generator=generator)
+    positives = tokens["positive"][queries]
+    documents = tokens["document"]["input_ids"].shape[0]
+    negatives = (positives + torch.randint(1, max(2, documents), (rows,), generator=generator)) % documents
+    picks = {
+        "query": ("query", queries),
+        "positive": ("document", positives),
+        "negative": ("document", negatives),
+    }
+    return {name: {k: v[picked.to(v.device)] for k, v in tokens[source].items()}
+            for name, (source, picked) in picks.items()}  # fmt: skip
 
 
 def synchronize(device: torch.device) -> None:
@@ -186,6 +218,8 @@ def main() -> int:
     parser.add_argument("--query_len", type=int, default=32)
     parser.add_argument("--doc_len", type=int, default=256, help="positive and negative tokens")
     parser.add_argument("--score_block_size", type=int, default=None, help="score block edge (default: auto)")
+    parser.add_argument("--text", default=None, metavar="BEIR_DIR",
+                        help="draw the step's triplets from this BEIR folder's text (default: random token ids)")  # fmt: skip
     parser.add_argument("--exactness", action="store_true", help="run the exactness phase first")
     parser.add_argument("--rtol", type=float, default=1e-4, help="exactness tolerance (fp32, module doc)")
     parser.add_argument("--curve_start", type=int, default=CURVE_START)
@@ -227,13 +261,18 @@ def main() -> int:
         torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     )
     lengths = {"query": args.query_len, "positive": args.doc_len, "negative": args.doc_len}
-    warm = columns(2 * args.mini_batch, lengths, device, seed=rank)  # Triton compilation
+    tokens = None if args.text is None else text_tokens(args, device)
+
+    def draw(rows: int, seed: int) -> dict[str, dict[str, Tensor]]:
+        return columns(rows, lengths, device, seed) if tokens is None else text_columns(rows, tokens, seed)
+
+    warm = draw(2 * args.mini_batch, seed=rank)  # Triton compilation
     with autocast:
         cached_step(engine, warm, loss_fn(world, args.score_block_size), device)
     optimizer.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    batch = columns(args.batch // world, lengths, device, seed=100 + rank)
+    batch = draw(args.batch // world, seed=100 + rank)
     results["step"] = {"batch": args.batch, "rows_per_rank": args.batch // world, "status": "running"}
     save()
     with autocast:

@@ -19,9 +19,29 @@ densified at a time, gradients gathered at its non-zeros) in :mod:`.sparse`.
 The result equals the dense computation up to fp32 summation order (the blocks add up the same terms
 in another order).
 
+Active columns (sparse reps; :func:`plan_query_blocks`): a score ``q·d`` only needs the vocabulary
+columns where q is non-zero; every other term is a product with a query zero. Trained SPLADE queries
+have ~50 non-zeros, and the union U of a block of 512 queries' active columns is ~4,000 of V = 30,522
+(SciFact, the shipped SPLADE-tiny). So each query block of the plan carries U, its sorted unique
+vocabulary ids, and both passes densify it as [bq, W] and every document block as [bd, W]
+(W = |U| + 1 padded to :data:`COMPACT_COLUMN_MULTIPLE`): the document entries whose id is in U at
+their column, the others written to column |U| and zeroed, every padding column zero. Exactness: the
+query's non-zeros are all in U, so the compact score sums exactly the non-zero products the dense one
+sums (only the fp32 order differs); ``grad_q`` is read at the query's non-zeros (all in U), and a
+document's non-zeros outside U get nothing from this query block, as their zero products give them in
+the dense path (the zeroed column's gradient is exactly 0). The plan is computed once in the forward
+and kept for the backward, so both passes build bitwise-identical score blocks (same U, same order).
+Blocks: queries in blocks of ``min(block_size, COMPACT_QUERY_ROWS)`` rows (few rows keep |U| small),
+documents in blocks of ``block_size`` (large products); a block whose W would exceed
+:data:`COMPACT_MAX_FRACTION` of V runs over all V, and when the compacted plan would not at least halve
+the product work (random-init-like reps: hundreds of uniform random terms a row give |U| near V) the
+plan is the whole-V one: query and document blocks of ``block_size``, as before compaction. The bf16
+products, their 3-part split and the fp32/fp64 CPU paths are the same on compact blocks. Dense [B, V]
+reps (:func:`blocked_logsumexp`) always run over all V (their layout has no cheap U).
+
 Sharded across ranks (``shard_across_ranks``, for data-parallel training whose loss sees the batch
 gathered from every rank, identical on all W ranks): rank r runs the loops above for its contiguous
-1/W of the query blocks only. The forward fills its rows of lse [B] and sums the ranks' (zero
+1/W of the plan's query blocks only (every rank computes the same plan from the same reps). The forward fills its rows of lse [B] and sums the ranks' (zero
 elsewhere) with one all-reduce of B floats; the backward sums the ranks' partial gradients (each
 query row from one rank, each document from all) with one all-reduce per input, of its gradient's size
 ([B, V] dense, [nnz] sparse). Every rank then holds the full lse and gradients, as unsharded, for a
@@ -41,7 +61,8 @@ exact products. A blocked step then does 8 bf16 products where it did 4 fp32 one
 other values, the products stay fp32 (fp64) matmuls.
 
 Memory: the [B, V] rep gradients the dense path also returns, plus a few [bq, bd] blocks and copies
-of one query block and one document block (bf16 in the product path above; fp32 for half-precision
+of one query block and one document block ([b, W] when compacted; the plan keeps each block's U, at
+most one int64 per query non-zero) (bf16 in the product path above; fp32 for half-precision
 reps otherwise: callers upcast once the columns they also use elsewhere, so their gradients are rounded
 once). Time: the forward matmuls run twice (once more in the backward), so a blocked step costs one
 extra [B, V] x [V, N] product over the dense one.
@@ -53,7 +74,7 @@ blocks of :data:`AUTO_BLOCK_SIZE` beyond; an explicit block size always blocks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -64,11 +85,17 @@ from gradcache_sparton.losses.columns import accumulation_dtype
 
 __all__ = [
     "AUTO_BLOCK_SIZE",
+    "COMPACT_COLUMN_MULTIPLE",
+    "COMPACT_MAX_FRACTION",
+    "COMPACT_QUERY_ROWS",
     "DENSE_SCORES_MAX_BYTES",
+    "BlockColumns",
+    "QueryBlock",
     "RowBlocks",
     "RowsOf",
     "blocked_logsumexp",
     "check_block_size",
+    "plan_query_blocks",
     "rows_logsumexp",
     "score_block_size",
 ]
@@ -82,6 +109,26 @@ DENSE_SCORES_MAX_BYTES = 1 << 30
 # small next to the [B, V] reps of such batches, and each [4,096, V] @ [V, 4,096] product stays large
 # enough to keep a GPU's matmul units busy (not measured here: a starting point, not a tuned value).
 AUTO_BLOCK_SIZE = 4096
+
+# Query rows of a block whose columns may be compacted (module doc, "Active columns"): min(this, block_size).
+# The union of active columns grows slowly with the rows: the shipped SPLADE-tiny's reps of SciFact claims
+# (50 non-zeros each) touch 1,120 of V = 30,522 columns in 64 queries, 2,720 in 256, 4,079 in 512 and 5,613
+# in 1,024. At 512 rows a block's products are 13% of V wide and still [512, |U|] x [|U|, block_size]:
+# large enough for the tensor cores; fewer rows shrink |U| slowly while every document block is densified
+# once per query block (2B / block_size of them each). A starting point: bench_loss_curve.py measures it.
+COMPACT_QUERY_ROWS = 512
+
+# A query block is compacted when its padded width is at most this fraction of V, and the compacted plan
+# is used only when its product work (rows x width, summed over the blocks) is at most this fraction of
+# the whole-V plan's: the products must at least halve to pay for what compaction adds (the vocabulary ->
+# column map, each document block densified once per (smaller) query block instead of once per
+# block_size queries, the plan's pass over the queries). Random-init-like reps (hundreds of uniform
+# random terms a row) give widths near V and keep the whole-V plan.
+COMPACT_MAX_FRACTION = 0.5
+
+# Compacted widths are padded up to a multiple of this: tensor-core tiles (bf16 MMA K-steps of 16..64)
+# waste nothing, and widths repeat across blocks (fewer distinct GEMM shapes for cuBLAS heuristics).
+COMPACT_COLUMN_MULTIPLE = 64
 
 
 def check_block_size(block_size: object, *, name: str = "block_size") -> None:
@@ -144,15 +191,74 @@ def rows_logsumexp(
     return _BlockedLogSumExp.apply(rows_of, temperature, block_size, shard_across_ranks, q, *d)
 
 
-def _query_rows(num_rows: int, block_size: int, shard: bool) -> tuple[int, int, bool]:
-    """This rank's query rows ``start:stop`` (whole blocks, contiguous; all of them unsharded), and whether
-    the ranks' results must be summed (sharded over an initialized group of W > 1 ranks)."""
+class QueryBlock(NamedTuple):
+    """One query block of the plan: rows ``start:stop``, scored over ``columns`` or over all V."""
+
+    start: int
+    stop: int
+    columns: Tensor | None
+    """[|U|] int64 ascending vocabulary ids of the block's non-zeros (U); None: the block runs over all V."""
+    width: int
+    """Columns of the block's products: |U| + 1 padded up to :data:`COMPACT_COLUMN_MULTIPLE`, or V."""
+
+
+class BlockColumns(NamedTuple):
+    """A compacted query block's columns, as the layouts read them: vocabulary id -> product column."""
+
+    index: Tensor
+    """[V] int64: the column of each vocabulary id of U; ``outside`` for every other id."""
+    width: int
+    """Columns of the densified blocks ([b, width])."""
+    outside: int
+    """Column |U| (a padding column): a document's entries outside U land here and are zeroed."""
+
+
+def plan_query_blocks(q_rows: RowBlocks, block_size: int) -> list[QueryBlock]:
+    """The query blocks of a blocked log-sum-exp, in order: compacted ones where it pays (module doc).
+
+    Blocks of ``min(block_size, COMPACT_QUERY_ROWS)`` rows, each over its active columns when their padded
+    width is at most :data:`COMPACT_MAX_FRACTION` of V (over V otherwise), if that plan's product work is
+    at most that fraction of the whole-V plan's; else (and for layouts that do not compact: dense reps)
+    the whole-V plan, blocks of ``block_size`` rows. Deterministic in the query reps: forward and
+    backward use one plan (computed once per forward, kept for the backward).
+    """
+    num_rows, vocab = q_rows.num_rows, q_rows.vocab_size
+    whole = [
+        QueryBlock(i, min(i + block_size, num_rows), None, vocab) for i in range(0, num_rows, block_size)
+    ]
+    edge = min(block_size, COMPACT_QUERY_ROWS)
+    active = q_rows.active_columns(edge)
+    if active is None:
+        return whole
+    limit = COMPACT_MAX_FRACTION * vocab
+    plan = []
+    for i0, ids in zip(range(0, num_rows, edge), active, strict=True):
+        width = -(-(ids.numel() + 1) // COMPACT_COLUMN_MULTIPLE) * COMPACT_COLUMN_MULTIPLE
+        compact = width <= limit
+        plan.append(
+            QueryBlock(i0, min(i0 + edge, num_rows), ids if compact else None, width if compact else vocab)
+        )
+    work = sum((block.stop - block.start) * block.width for block in plan)
+    return plan if work <= COMPACT_MAX_FRACTION * num_rows * vocab else whole
+
+
+def _block_columns(block: QueryBlock, vocab: int) -> BlockColumns | None:
+    """The vocabulary -> column map of a compacted block (None for a whole-V one), built anew each pass."""
+    if block.columns is None:
+        return None
+    outside = block.columns.numel()
+    index = torch.full((vocab,), outside, dtype=torch.int64, device=block.columns.device)  # [V]
+    index[block.columns] = torch.arange(outside, device=index.device)
+    return BlockColumns(index, block.width, outside)
+
+
+def _rank_blocks(plan: list[QueryBlock], shard: bool) -> tuple[list[QueryBlock], bool]:
+    """This rank's query blocks (contiguous, 1/W of them; all of them unsharded), and whether the ranks'
+    results must be summed (sharded over an initialized group of W > 1 ranks)."""
     if not (shard and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return 0, num_rows, False
+        return plan, False
     rank, world = dist.get_rank(), dist.get_world_size()
-    blocks = -(-num_rows // block_size)
-    start, stop = (min(num_rows, (blocks * r // world) * block_size) for r in (rank, rank + 1))
-    return start, stop, True
+    return plan[len(plan) * rank // world : len(plan) * (rank + 1) // world], True
 
 
 class RowBlocks(Protocol):
@@ -168,12 +274,24 @@ class RowBlocks(Protocol):
     @property
     def num_rows(self) -> int: ...
 
-    def block(self, start: int, stop: int, dtype: torch.dtype) -> Tensor:
-        """Rows ``start:stop`` as a dense [b, V] tensor of ``dtype``."""
+    @property
+    def vocab_size(self) -> int: ...
+
+    def active_columns(self, edge: int) -> list[Tensor] | None:
+        """Each block of ``edge`` rows' sorted unique vocabulary ids of its non-zeros ([|U|] int64 each), or
+        None for a layout that does not compact (every block then runs over all V)."""
         ...
 
-    def add_to_grad(self, grad: Tensor, start: int, stop: int, block_grad: Tensor) -> None:
-        """Add ``block_grad`` [b, V], the gradient of rows ``start:stop``, into ``grad`` (``tensor``'s shape)."""
+    def block(self, start: int, stop: int, dtype: torch.dtype, columns: BlockColumns | None = None) -> Tensor:
+        """Rows ``start:stop`` as a dense [b, V] tensor of ``dtype``; with ``columns``, [b, columns.width]:
+        the entries whose id is in U at their column, every other column zero."""
+        ...
+
+    def add_to_grad(
+        self, grad: Tensor, start: int, stop: int, block_grad: Tensor, columns: BlockColumns | None = None
+    ) -> None:
+        """Add ``block_grad`` [b, V] ([b, columns.width] with ``columns``), the gradient of rows ``start:stop``,
+        into ``grad`` (``tensor``'s shape)."""
         ...
 
 
@@ -191,10 +309,19 @@ class _DenseRows:
     def num_rows(self) -> int:
         return self.tensor.shape[0]
 
-    def block(self, start: int, stop: int, dtype: torch.dtype) -> Tensor:
+    @property
+    def vocab_size(self) -> int:
+        return self.tensor.shape[1]
+
+    def active_columns(self, edge: int) -> None:
+        return None  # dense reps run over all V (module doc)
+
+    def block(self, start: int, stop: int, dtype: torch.dtype, columns: BlockColumns | None = None) -> Tensor:
         return self.tensor[start:stop].to(dtype)  # [b, V]
 
-    def add_to_grad(self, grad: Tensor, start: int, stop: int, block_grad: Tensor) -> None:
+    def add_to_grad(
+        self, grad: Tensor, start: int, stop: int, block_grad: Tensor, columns: BlockColumns | None = None
+    ) -> None:
         grad[start:stop] += block_grad  # [b, V]
 
 
@@ -264,24 +391,25 @@ def _check_same_on_every_rank(tensors: Sequence[Tensor]) -> None:
 def _blocked_lse_forward(
     q_rows: RowBlocks,
     d_rows: Sequence[RowBlocks],
+    plan: list[QueryBlock],
     temperature: float,
     block_size: int,
     shard: bool,
     dtype: torch.dtype,
     block_dtype: torch.dtype,
 ) -> Tensor:
-    """Forward: per query block, an online log-sum-exp over every document block -> lse [B]."""
+    """Forward: per query block of ``plan``, an online log-sum-exp over every document block -> lse [B]."""
     device = q_rows.tensor.device
-    start, stop, summed = _query_rows(q_rows.num_rows, block_size, shard)
+    blocks, summed = _rank_blocks(plan, shard)
     if summed:
         _check_same_on_every_rank([q_rows.tensor, *(d.tensor for d in d_rows)])
     lse = torch.zeros(q_rows.num_rows, dtype=dtype, device=device)  # [B]
-    for i0 in range(start, stop, block_size):
-        i1 = min(i0 + block_size, stop)
-        q_block = q_rows.block(i0, i1, block_dtype)  # [bq, V]
+    for block in blocks:
+        i0, i1, columns = block.start, block.stop, _block_columns(block, q_rows.vocab_size)
+        q_block = q_rows.block(i0, i1, block_dtype, columns)  # [bq, V] or [bq, W]
         running_max = torch.full((q_block.shape[0],), -torch.inf, dtype=dtype, device=device)
         running_sum = torch.zeros_like(running_max)  # sum_j exp(s[:, j] - running_max), [bq]
-        for scores, _, _, _ in _score_blocks(q_block, d_rows, temperature, block_size):  # [bq, bd]
+        for scores, _, _, _ in _score_blocks(q_block, d_rows, temperature, block_size, columns):  # [bq, bd]
             new_max = torch.maximum(running_max, scores.amax(dim=1))  # [bq]
             rescale = torch.exp(running_max - new_max)  # [bq]: the old sum at the new max
             running_sum = running_sum * rescale + torch.exp(scores - new_max[:, None]).sum(dim=1)
@@ -297,6 +425,7 @@ def _blocked_lse_backward(
     lse: Tensor,
     q_rows: RowBlocks,
     d_rows: Sequence[RowBlocks],
+    plan: list[QueryBlock],
     temperature: float,
     block_size: int,
     block_dtype: torch.dtype,
@@ -315,19 +444,19 @@ def _blocked_lse_backward(
     ]
     # d lse[i] / d s[i, j] = softmax_j(s[i]) = exp(s[i, j] - lse[i]), and d s / d q = d / temperature.
     row_scale = grad_lse.to(dtype) / temperature  # [B]
-    start, stop, summed = _query_rows(q_rows.num_rows, block_size, shard)
-    for i0 in range(start, stop, block_size):
-        i1 = min(i0 + block_size, stop)
-        q_block = q_rows.block(i0, i1, block_dtype)  # [bq, V]
-        for scores, c, j0, d_block in _score_blocks(q_block, d_rows, temperature, block_size):
+    blocks, summed = _rank_blocks(plan, shard)
+    for block in blocks:
+        i0, i1, columns = block.start, block.stop, _block_columns(block, q_rows.vocab_size)
+        q_block = q_rows.block(i0, i1, block_dtype, columns)  # [bq, V] or [bq, W]
+        for scores, c, j0, d_block in _score_blocks(q_block, d_rows, temperature, block_size, columns):
             weights = torch.exp(scores - lse[i0:i1, None]) * row_scale[i0:i1, None]  # [bq, bd]
             if grad_q is not None:
-                # [bq, bd] @ [bd, V] -> [bq, V]
-                q_rows.add_to_grad(grad_q, i0, i1, _mm_fp32_left(weights, d_block))
+                # [bq, bd] @ [bd, V] -> [bq, V] (W for V when compacted)
+                q_rows.add_to_grad(grad_q, i0, i1, _mm_fp32_left(weights, d_block), columns)
             if grad_d[c] is not None:
                 j1 = j0 + d_block.shape[0]
-                # [bd, bq] @ [bq, V] -> [bd, V]
-                d_rows[c].add_to_grad(grad_d[c], j0, j1, _mm_fp32_left(weights.T, q_block))
+                # [bd, bq] @ [bq, V] -> [bd, V]: zero at the columns outside U (the queries' zeros)
+                d_rows[c].add_to_grad(grad_d[c], j0, j1, _mm_fp32_left(weights.T, q_block), columns)
     if summed:  # each query row from one rank, each document from every rank's query rows
         for grad in (grad_q, *grad_d):
             if grad is not None:
@@ -361,8 +490,12 @@ class _BlockedLogSumExp(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             dtype = accumulation_dtype(q, *d)
             block_dtype = torch.bfloat16 if _products_in_bf16([q, *d]) else dtype
-            lse = _blocked_lse_forward(q_rows, d_rows, temperature, block_size, shard, dtype, block_dtype)
+            plan = plan_query_blocks(q_rows, block_size)
+            lse = _blocked_lse_forward(
+                q_rows, d_rows, plan, temperature, block_size, shard, dtype, block_dtype
+            )
         ctx.save_for_backward(q, lse, *d)
+        ctx.plan = plan  # the backward's blocks are the forward's (same U, same order): bitwise equal scores
         ctx.rows_of = rows_of
         ctx.temperature = temperature
         ctx.block_size = block_size
@@ -380,6 +513,7 @@ class _BlockedLogSumExp(torch.autograd.Function):
                 lse,
                 ctx.rows_of(0, q),
                 [ctx.rows_of(1 + c, tensor) for c, tensor in enumerate(d)],
+                ctx.plan,
                 ctx.temperature,
                 ctx.block_size,
                 ctx.block_dtype,
@@ -391,13 +525,17 @@ class _BlockedLogSumExp(torch.autograd.Function):
 
 
 def _score_blocks(
-    q_block: Tensor, d_rows: Sequence[RowBlocks], temperature: float, block_size: int
+    q_block: Tensor,
+    d_rows: Sequence[RowBlocks],
+    temperature: float,
+    block_size: int,
+    columns: BlockColumns | None,
 ) -> Iterator[tuple[Tensor, int, int, Tensor]]:
-    """Yield (scores [bq, bd], column index, first row in that column, document block [bd, V]) for every
-    document block, in one fixed order: forward and backward compute their blocks identically.
+    """Yield (scores [bq, bd], column index, first row in that column, document block [bd, V] or [bd, W])
+    for every document block, in one fixed order: forward and backward compute their blocks identically.
     """
     for c, d in enumerate(d_rows):
         for j0 in range(0, d.num_rows, block_size):
-            d_block = d.block(j0, min(j0 + block_size, d.num_rows), q_block.dtype)  # [bd, V]
+            d_block = d.block(j0, min(j0 + block_size, d.num_rows), q_block.dtype, columns)  # [bd, V or W]
             scores = _mm(q_block, d_block.T) / temperature  # [bq, V] @ [V, bd] -> [bq, bd], fp32 (fp64)
             yield scores, c, j0, d_block

@@ -11,15 +11,18 @@ Step (3). The contrastive losses are those of :mod:`.contrastive`, scored by :da
 Against the dense [B, V] loss the value is the same up to fp32 summation order:
 
 - all-pairs scores (InfoNCE, listwise KL with in-batch negatives): the blocked log-sum-exp of
-  :mod:`.blocked` on a sparse layout, one block of rows densified at a time ([block, V]); in the
-  backward each block's [b, V] gradient is gathered at that block's non-zeros;
+  :mod:`.blocked` on a sparse layout, one block of rows densified at a time, over all V or, for the
+  query blocks whose active columns U are few (trained reps), over U only ([b, |U| padded]; the
+  exactness argument and the choice are :mod:`.blocked`'s "Active columns"; :func:`sparse_score_plan`
+  shows the plan); in the backward each block's gradient is gathered at that block's non-zeros;
 - paired scores s(q_i, d_i) (the positive's score, MarginMSE, listwise KL): entries matched by
   (row, id) with a sorted search, O(nnz), no [B, V] buffer;
 - FLOPS: column sums ``index_add`` over the vocabulary ids ([V]); L1: the sum of ``|weights|``.
 
 Memory: the weights' fp32 copy and gradient (4 + 4 bytes per non-zero), the [V] column sums, and at
 most four fp32 [block, V] buffers at once (a query block, a document block and, in the backward,
-the gradient of each), never [B, V]. The automatic block (:func:`sparse_block_size`) keeps each of
+the gradient of each; [block, W] when compacted), never [B, V]; the plan's active ids (at most 8 bytes
+per query non-zero) and a [blocks, V] bool mask of at most 64 MiB while it is made. The automatic block (:func:`sparse_block_size`) keeps each of
 them within :data:`SPARSE_BLOCK_MAX_BYTES`.
 """
 
@@ -31,10 +34,20 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from gradcache_sparton.losses.blocked import AUTO_BLOCK_SIZE, RowBlocks, rows_logsumexp
+from gradcache_sparton.losses.blocked import (
+    AUTO_BLOCK_SIZE,
+    BlockColumns,
+    QueryBlock,
+    RowBlocks,
+    plan_query_blocks,
+    rows_logsumexp,
+)
 from gradcache_sparton.losses.columns import accumulation_dtype
 from gradcache_sparton.losses.contrastive import Scores
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
+
+# Bytes of the [blocks, V] bool mask a plan finds each query block's active columns with, at a time.
+_PLAN_MASK_BYTES = 64 << 20
 
 __all__ = [
     "SPARSE_BLOCK_MAX_BYTES",
@@ -47,6 +60,7 @@ __all__ = [
     "sparse_l1",
     "sparse_mean_nonzeros",
     "sparse_paired_scores",
+    "sparse_score_plan",
     "split_sparse_columns",
     "upcast_sparse",
 ]
@@ -103,22 +117,25 @@ def upcast_sparse(reps: SparseReps) -> SparseReps:
 
 
 class _SparseRows:
-    """:class:`~.blocked.RowBlocks` of sparse reps: a block of rows densified, its gradient gathered back."""
+    """:class:`~.blocked.RowBlocks` of sparse reps: a block of rows densified (over all V, or over a compacted
+    query block's columns), its gradient gathered back at its non-zeros."""
 
-    def __init__(self, reps: SparseReps, weights: Tensor, block_size: int) -> None:
+    def __init__(self, reps: SparseReps, weights: Tensor) -> None:
         self.tensor = weights  # [nnz], the differentiable input
         self._reps = reps
-        # Entry offsets at every block edge, read back once: no device sync per block.
-        edges = sorted({*range(0, reps.num_rows, block_size), reps.num_rows})
-        self._entry = dict(zip(edges, reps.offsets[edges].tolist(), strict=True))
+        self._offsets = reps.offsets.tolist()  # read back once: no device sync per block
 
     @property
     def num_rows(self) -> int:
         return self._reps.num_rows
 
+    @property
+    def vocab_size(self) -> int:
+        return self._reps.vocab_size
+
     def _entries(self, start: int, stop: int) -> tuple[int, int, Tensor, Tensor]:
         """Rows ``start:stop``'s entries ``lo:hi``, with their row within the block and their id ([nnz_b] each)."""
-        lo, hi = self._entry[start], self._entry[stop]
+        lo, hi = self._offsets[start], self._offsets[stop]
         counts = self._reps.offsets[start + 1 : stop + 1] - self._reps.offsets[start:stop]  # [b]
         rows = torch.arange(stop - start, device=counts.device)
         return (
@@ -128,15 +145,37 @@ class _SparseRows:
             self._reps.token_ids[lo:hi].long(),
         )
 
-    def block(self, start: int, stop: int, dtype: torch.dtype) -> Tensor:
+    def active_columns(self, edge: int) -> list[Tensor]:
+        """Each block of ``edge`` rows' sorted unique ids: a [blocks, V] bool mask at a time (two syncs each)."""
+        vocab, num_rows = self._reps.vocab_size, self._reps.num_rows
+        per_pass = edge * max(1, _PLAN_MASK_BYTES // vocab)  # rows whose blocks share one mask
+        active: list[Tensor] = []
+        for first in range(0, num_rows, per_pass):
+            last = min(first + per_pass, num_rows)
+            _, _, rows, ids = self._entries(first, last)
+            mask = torch.zeros((-(-(last - first) // edge), vocab), dtype=torch.bool, device=ids.device)
+            mask[rows // edge, ids] = True  # [blocks, V]: the ids each block touches
+            sizes = mask.sum(dim=1).tolist()
+            active.extend(mask.nonzero()[:, 1].split(sizes))  # row-major: per block, ids ascending
+        return active
+
+    def block(self, start: int, stop: int, dtype: torch.dtype, columns: BlockColumns | None = None) -> Tensor:
         lo, hi, rows, ids = self._entries(start, stop)
-        dense = self.tensor.new_zeros((stop - start, self._reps.vocab_size), dtype=dtype)  # [b, V]
-        dense[rows, ids] = self.tensor[lo:hi].to(dtype)
+        if columns is None:
+            dense = self.tensor.new_zeros((stop - start, self._reps.vocab_size), dtype=dtype)  # [b, V]
+            dense[rows, ids] = self.tensor[lo:hi].to(dtype)
+            return dense
+        dense = self.tensor.new_zeros((stop - start, columns.width), dtype=dtype)  # [b, W]
+        dense[rows, columns.index[ids]] = self.tensor[lo:hi].to(dtype)
+        dense[:, columns.outside] = 0  # the entries outside U (a document's): they meet only query zeros
         return dense
 
-    def add_to_grad(self, grad: Tensor, start: int, stop: int, block_grad: Tensor) -> None:
+    def add_to_grad(
+        self, grad: Tensor, start: int, stop: int, block_grad: Tensor, columns: BlockColumns | None = None
+    ) -> None:
         lo, hi, rows, ids = self._entries(start, stop)
-        grad[lo:hi] += block_grad[rows, ids]  # [b, V] -> [nnz_b], at the block's non-zeros
+        at = ids if columns is None else columns.index[ids]  # outside U: the zero column (module doc)
+        grad[lo:hi] += block_grad[rows, at]  # [b, V or W] -> [nnz_b], at the block's non-zeros
 
 
 def sparse_blocked_logsumexp(
@@ -156,7 +195,7 @@ def sparse_blocked_logsumexp(
     layouts = [q_reps, *d_reps]
 
     def rows_of(position: int, weights: Tensor) -> RowBlocks:
-        return _SparseRows(layouts[position], weights, block_size)
+        return _SparseRows(layouts[position], weights)
 
     return rows_logsumexp(
         rows_of,
@@ -166,6 +205,12 @@ def sparse_blocked_logsumexp(
         block_size=block_size,
         shard_across_ranks=shard_across_ranks,
     )
+
+
+def sparse_score_plan(q_reps: SparseReps, *, block_size: int) -> list[QueryBlock]:
+    """The query blocks :func:`sparse_blocked_logsumexp` runs ``q_reps`` in at ``block_size`` (documents'
+    edge): which are compacted to their active columns, and how wide (:func:`~.blocked.plan_query_blocks`)."""
+    return plan_query_blocks(_SparseRows(q_reps, q_reps.weights), block_size)
 
 
 def sparse_paired_scores(q_reps: SparseReps, d_reps: SparseReps) -> Tensor:
