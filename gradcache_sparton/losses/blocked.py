@@ -32,7 +32,9 @@ document's non-zeros outside U get nothing from this query block, as their zero 
 the dense path (the zeroed column's gradient is exactly 0). The plan is computed once in the forward
 and kept for the backward, so both passes build bitwise-identical score blocks (same U, same order).
 Blocks: queries in blocks of ``min(block_size, COMPACT_QUERY_ROWS)`` rows (few rows keep |U| small),
-documents in blocks of ``block_size`` (large products); a block whose W would exceed
+documents in blocks of :func:`compact_document_rows` rows (``block_size`` times up to V // W: a compact
+document block and score block are never larger than the whole-V plan's, and fewer, larger products
+leave less per-block work around them); a block whose W would exceed
 :data:`COMPACT_MAX_FRACTION` of V runs over all V, and when the compacted plan would not at least halve
 the product work (random-init-like reps: hundreds of uniform random terms a row give |U| near V) the
 plan is the whole-V one: query and document blocks of ``block_size``, as before compaction. The bf16
@@ -95,6 +97,7 @@ __all__ = [
     "RowsOf",
     "blocked_logsumexp",
     "check_block_size",
+    "compact_document_rows",
     "plan_query_blocks",
     "rows_logsumexp",
     "score_block_size",
@@ -200,6 +203,8 @@ class QueryBlock(NamedTuple):
     """[|U|] int64 ascending vocabulary ids of the block's non-zeros (U); None: the block runs over all V."""
     width: int
     """Columns of the block's products: |U| + 1 padded up to :data:`COMPACT_COLUMN_MULTIPLE`, or V."""
+    document_rows: int
+    """Rows of each document block scored against it (:func:`compact_document_rows`; ``block_size`` over V)."""
 
 
 class BlockColumns(NamedTuple):
@@ -224,7 +229,8 @@ def plan_query_blocks(q_rows: RowBlocks, block_size: int) -> list[QueryBlock]:
     """
     num_rows, vocab = q_rows.num_rows, q_rows.vocab_size
     whole = [
-        QueryBlock(i, min(i + block_size, num_rows), None, vocab) for i in range(0, num_rows, block_size)
+        QueryBlock(i, min(i + block_size, num_rows), None, vocab, block_size)
+        for i in range(0, num_rows, block_size)
     ]
     edge = min(block_size, COMPACT_QUERY_ROWS)
     active = q_rows.active_columns(edge)
@@ -235,11 +241,23 @@ def plan_query_blocks(q_rows: RowBlocks, block_size: int) -> list[QueryBlock]:
     for i0, ids in zip(range(0, num_rows, edge), active, strict=True):
         width = -(-(ids.numel() + 1) // COMPACT_COLUMN_MULTIPLE) * COMPACT_COLUMN_MULTIPLE
         compact = width <= limit
-        plan.append(
-            QueryBlock(i0, min(i0 + edge, num_rows), ids if compact else None, width if compact else vocab)
-        )
+        i1 = min(i0 + edge, num_rows)
+        if compact:
+            plan.append(QueryBlock(i0, i1, ids, width, compact_document_rows(block_size, edge, width, vocab)))
+        else:
+            plan.append(QueryBlock(i0, i1, None, vocab, block_size))
     work = sum((block.stop - block.start) * block.width for block in plan)
     return plan if work <= COMPACT_MAX_FRACTION * num_rows * vocab else whole
+
+
+def compact_document_rows(block_size: int, query_rows: int, width: int, vocab: int) -> int:
+    """Document rows a block of ``query_rows`` queries over ``width`` columns scores at a time: ``block_size``
+    times ``min(vocab // width, block_size // query_rows)`` (at least 1), so that a document block
+    ([rows, width]) and a score block ([query_rows, rows]) are never larger than the whole-V plan's
+    ([block_size, V] and [block_size, block_size]). Larger document blocks mean fewer, larger products:
+    a compacted block's products are small next to the per-block work around them (densifying the
+    document block, the log-sum-exp's element-wise passes, the launches), which then runs fewer times."""
+    return block_size * max(1, min(vocab // width, block_size // query_rows))
 
 
 def _block_columns(block: QueryBlock, vocab: int) -> BlockColumns | None:
@@ -393,7 +411,6 @@ def _blocked_lse_forward(
     d_rows: Sequence[RowBlocks],
     plan: list[QueryBlock],
     temperature: float,
-    block_size: int,
     shard: bool,
     dtype: torch.dtype,
     block_dtype: torch.dtype,
@@ -409,7 +426,7 @@ def _blocked_lse_forward(
         q_block = q_rows.block(i0, i1, block_dtype, columns)  # [bq, V] or [bq, W]
         running_max = torch.full((q_block.shape[0],), -torch.inf, dtype=dtype, device=device)
         running_sum = torch.zeros_like(running_max)  # sum_j exp(s[:, j] - running_max), [bq]
-        for scores, _, _, _ in _score_blocks(q_block, d_rows, temperature, block_size, columns):  # [bq, bd]
+        for scores, _, _, _ in _score_blocks(q_block, d_rows, temperature, block.document_rows, columns):
             new_max = torch.maximum(running_max, scores.amax(dim=1))  # [bq]
             rescale = torch.exp(running_max - new_max)  # [bq]: the old sum at the new max
             running_sum = running_sum * rescale + torch.exp(scores - new_max[:, None]).sum(dim=1)
@@ -427,7 +444,6 @@ def _blocked_lse_backward(
     d_rows: Sequence[RowBlocks],
     plan: list[QueryBlock],
     temperature: float,
-    block_size: int,
     block_dtype: torch.dtype,
     *,
     needs_q: bool,
@@ -448,7 +464,7 @@ def _blocked_lse_backward(
     for block in blocks:
         i0, i1, columns = block.start, block.stop, _block_columns(block, q_rows.vocab_size)
         q_block = q_rows.block(i0, i1, block_dtype, columns)  # [bq, V] or [bq, W]
-        for scores, c, j0, d_block in _score_blocks(q_block, d_rows, temperature, block_size, columns):
+        for scores, c, j0, d_block in _score_blocks(q_block, d_rows, temperature, block.document_rows, columns):
             weights = torch.exp(scores - lse[i0:i1, None]) * row_scale[i0:i1, None]  # [bq, bd]
             if grad_q is not None:
                 # [bq, bd] @ [bd, V] -> [bq, V] (W for V when compacted)
@@ -492,13 +508,12 @@ class _BlockedLogSumExp(torch.autograd.Function):
             block_dtype = torch.bfloat16 if _products_in_bf16([q, *d]) else dtype
             plan = plan_query_blocks(q_rows, block_size)
             lse = _blocked_lse_forward(
-                q_rows, d_rows, plan, temperature, block_size, shard, dtype, block_dtype
+                q_rows, d_rows, plan, temperature, shard, dtype, block_dtype
             )
         ctx.save_for_backward(q, lse, *d)
         ctx.plan = plan  # the backward's blocks are the forward's (same U, same order): bitwise equal scores
         ctx.rows_of = rows_of
         ctx.temperature = temperature
-        ctx.block_size = block_size
         ctx.block_dtype = block_dtype
         ctx.shard = shard
         return lse
@@ -515,7 +530,6 @@ class _BlockedLogSumExp(torch.autograd.Function):
                 [ctx.rows_of(1 + c, tensor) for c, tensor in enumerate(d)],
                 ctx.plan,
                 ctx.temperature,
-                ctx.block_size,
                 ctx.block_dtype,
                 needs_q=ctx.needs_input_grad[4],
                 needs_d=ctx.needs_input_grad[5:],
@@ -528,14 +542,14 @@ def _score_blocks(
     q_block: Tensor,
     d_rows: Sequence[RowBlocks],
     temperature: float,
-    block_size: int,
+    document_rows: int,
     columns: BlockColumns | None,
 ) -> Iterator[tuple[Tensor, int, int, Tensor]]:
     """Yield (scores [bq, bd], column index, first row in that column, document block [bd, V] or [bd, W])
     for every document block, in one fixed order: forward and backward compute their blocks identically.
     """
     for c, d in enumerate(d_rows):
-        for j0 in range(0, d.num_rows, block_size):
-            d_block = d.block(j0, min(j0 + block_size, d.num_rows), q_block.dtype, columns)  # [bd, V or W]
+        for j0 in range(0, d.num_rows, document_rows):
+            d_block = d.block(j0, min(j0 + document_rows, d.num_rows), q_block.dtype, columns)  # [bd, V or W]
             scores = _mm(q_block, d_block.T) / temperature  # [bq, V] @ [V, bd] -> [bq, bd], fp32 (fp64)
             yield scores, c, j0, d_block
