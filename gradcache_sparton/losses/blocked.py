@@ -464,7 +464,9 @@ def _blocked_lse_backward(
     for block in blocks:
         i0, i1, columns = block.start, block.stop, _block_columns(block, q_rows.vocab_size)
         q_block = q_rows.block(i0, i1, block_dtype, columns)  # [bq, V] or [bq, W]
-        for scores, c, j0, d_block in _score_blocks(q_block, d_rows, temperature, block.document_rows, columns):
+        for scores, c, j0, d_block in _score_blocks(
+            q_block, d_rows, temperature, block.document_rows, columns
+        ):
             weights = torch.exp(scores - lse[i0:i1, None]) * row_scale[i0:i1, None]  # [bq, bd]
             if grad_q is not None:
                 # [bq, bd] @ [bd, V] -> [bq, V] (W for V when compacted)
@@ -507,9 +509,7 @@ class _BlockedLogSumExp(torch.autograd.Function):
             dtype = accumulation_dtype(q, *d)
             block_dtype = torch.bfloat16 if _products_in_bf16([q, *d]) else dtype
             plan = plan_query_blocks(q_rows, block_size)
-            lse = _blocked_lse_forward(
-                q_rows, d_rows, plan, temperature, shard, dtype, block_dtype
-            )
+            lse = _blocked_lse_forward(q_rows, d_rows, plan, temperature, shard, dtype, block_dtype)
         ctx.save_for_backward(q, lse, *d)
         ctx.plan = plan  # the backward's blocks are the forward's (same U, same order): bitwise equal scores
         ctx.rows_of = rows_of
