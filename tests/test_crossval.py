@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gradcache_sparton.cli import main
-from gradcache_sparton.crossval import main as crossval_main
+from gradcache_sparton.cli.crossval import crossval_command as crossval_main
 from gradcache_sparton.crossval import make_folds, parse_recipe
 from gradcache_sparton.crossval.teacher import ensemble_teacher_scores, model_scores, normalise_scores
 from gradcache_sparton.evaluation.significance import (
