@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gradcache_sparton.cli import main
-from gradcache_sparton.crossval import main as crossval_main
+from gradcache_sparton.cli.crossval import crossval_command as crossval_main
 from gradcache_sparton.crossval import make_folds, parse_recipe
 from gradcache_sparton.crossval.teacher import ensemble_teacher_scores, model_scores, normalise_scores
 from gradcache_sparton.evaluation.significance import (
@@ -520,7 +520,7 @@ def test_merge_cli_flags(tmp_path: Path, capsys) -> None:
     )
     assert main([*argv, "--overwrite", "--", "--max_steps", "2"]) == 2
     assert "leave out the train flags" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="--overwrite applies to --merge only"):
+    with pytest.raises(ValueError, match="--overwrite applies to --merge and --compare only"):
         crossval_main(["--beir_path", "x", "--output_dir", str(tmp_path / "run"), "--overwrite"])
 
 

@@ -53,9 +53,10 @@ def _quiet_third_parties() -> None:
 
 
 def _crossval_command(argv: Sequence[str]) -> int:
-    from gradcache_sparton.crossval import main as crossval_main
+    # Imported when run: the crossval package loads the training stack.
+    from gradcache_sparton.cli.crossval import crossval_command
 
-    return crossval_main(argv)
+    return crossval_command(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

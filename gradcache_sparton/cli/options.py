@@ -52,19 +52,30 @@ def parse_command(
     *,
     description: str,
     required: Sequence[str] = (),
+    required_unless: Sequence[str] = (),
+    usage: str | None = None,
 ) -> tuple[Any, ...]:
     """``argv`` parsed into one instance of each of ``dataclass_types`` (``gradcache-sparton COMMAND``'s flags).
 
     ``description`` follows the command's one-line help; each name in ``required`` is a flag this command
-    cannot run without (argparse's own error names it).
+    cannot run without (argparse's own error names it), unless a flag of ``required_unless`` (another mode
+    of the command) is given; ``usage`` replaces argparse's generated one (a command with several modes).
     """
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(
-        dataclass_types, prog=f"gradcache-sparton {command}", description=f"{COMMANDS[command]}{description}"
+        dataclass_types,
+        prog=f"gradcache-sparton {command}",
+        description=f"{COMMANDS[command]}{description}",
+        usage=usage,
     )
     options = tuple(parser.parse_args_into_dataclasses(list(argv)))
-    missing = [f"--{name}" for name in required if all(getattr(o, name, None) is None for o in options)]
-    if missing:
-        parser.error(f"the following arguments are required: {', '.join(missing)}")
+
+    def given(name: str) -> bool:
+        return any(getattr(o, name, None) is not None for o in options)
+
+    missing = [f"--{name}" for name in required if not given(name)]
+    if missing and not any(given(name) for name in required_unless):
+        modes = f" (or {' or '.join(f'--{name}' for name in required_unless)})" if required_unless else ""
+        parser.error(f"the following arguments are required: {', '.join(missing)}{modes}")
     return options

@@ -36,15 +36,17 @@ seeds to that result; any other run into it, or one whose seed already has model
 any file is written.
 
 Seeds run as separate jobs are combined afterwards (``crossval --merge``, :mod:`.merge`) into the result
-one run with all the seeds would have written.
+one run with all the seeds would have written; two experiments on the same folds (two recipes) are compared
+claim by claim with ``crossval --compare`` (:mod:`.compare`).
 
 Modules: :mod:`.settings` (the settings and their checks), :mod:`.protocol` (folds, the recipe, the
 evaluation, the run), :mod:`.experiment` (what makes two results one experiment), :mod:`.rows` (each fold's and round's training rows), :mod:`.teacher` (the distillation
 teacher), :mod:`.report` (means over folds, paired comparisons, the markdown tables), :mod:`.merge` (runs of
-one experiment combined) and :mod:`.command` (``gradcache-sparton crossval``'s flags).
+one experiment combined) and :mod:`.compare` (two experiments compared); the flags of ``gradcache-sparton
+crossval`` are :mod:`gradcache_sparton.cli.crossval`'s.
 """
 
-from gradcache_sparton.crossval.command import build_parser, main
+from gradcache_sparton.crossval.compare import compare_crossval
 from gradcache_sparton.crossval.merge import merge_crossval
 from gradcache_sparton.crossval.protocol import make_folds, parse_recipe, run_crossval
 from gradcache_sparton.crossval.report import format_report
@@ -52,9 +54,8 @@ from gradcache_sparton.crossval.settings import CrossvalSettings
 
 __all__ = [
     "CrossvalSettings",
-    "build_parser",
+    "compare_crossval",
     "format_report",
-    "main",
     "make_folds",
     "merge_crossval",
     "parse_recipe",

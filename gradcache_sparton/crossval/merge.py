@@ -46,21 +46,23 @@ from gradcache_sparton.crossval.report import (
 )
 from gradcache_sparton.data import load_beir
 
-__all__ = ["merge_crossval"]
+__all__ = ["folds_of", "merge_crossval", "read_results", "rebuilt_folds"]
 
 logger = logging.getLogger(__name__)
 
 
-def _read(path: Path) -> dict[str, Any]:
+def read_results(path: Path, *, mode: str = "--merge") -> dict[str, Any]:
+    """The ``crossval.json`` at ``path``; ``ValueError`` (its message led by ``mode``, the flag that reads it)
+    naming the file if it is missing, not JSON or not a crossval result."""
     if not path.is_file():
-        raise ValueError(f"--merge: {str(path)!r} does not exist (give crossval.json files)")
+        raise ValueError(f"{mode}: {str(path)!r} does not exist (give crossval.json files)")
     try:
         results = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"--merge: {str(path)!r} is not JSON ({error})") from None
+        raise ValueError(f"{mode}: {str(path)!r} is not JSON ({error})") from None
     missing = [k for k in ("settings", "model", "folds", "systems") if k not in results]
     if missing:
-        raise ValueError(f"--merge: {str(path)!r} is not a crossval.json: no {missing}")
+        raise ValueError(f"{mode}: {str(path)!r} is not a crossval.json: no {missing}")
     return results
 
 
@@ -78,32 +80,34 @@ def _check_same_experiment(results: list[dict[str, Any]], paths: list[Path]) -> 
             )
 
 
-def _rebuilt_folds(beir_path: str, settings: dict[str, Any]) -> list[list[str]]:
+def rebuilt_folds(beir_path: str, settings: dict[str, Any]) -> list[list[str]]:
     """The folds the protocol deals from ``beir_path`` under ``settings`` (split, folds, fold_seed)."""
     beir = _judged_queries(load_beir(beir_path, split=settings["split"]))
     return make_folds(list(beir.qrels), folds=settings["folds"], seed=settings["fold_seed"])
 
 
-def _folds_of(results: dict[str, Any], path: Path, rebuilt: list[list[str]] | None) -> list[dict[str, Any]]:
+def folds_of(
+    results: dict[str, Any], path: Path, rebuilt: list[list[str]] | None, *, mode: str = "--merge"
+) -> list[dict[str, Any]]:
     """The file's fold entries, each with its ``query_ids`` (rebuilt ones where the file has none, checked
     against its fold sizes; checked against the file's where both exist); every per-query number the file
-    holds must be for exactly the folds' queries."""
+    holds must be for exactly the folds' queries (``ValueError`` led by ``mode``, naming the file, if not)."""
     entries = [dict(entry) for entry in results["folds"]]
     if all("query_ids" in entry for entry in entries):
         if rebuilt is not None and [e["query_ids"] for e in entries] != rebuilt:
             raise ValueError(
-                f"--merge: the folds rebuilt from --beir_path differ from the query_ids of {str(path)!r}'s folds"
+                f"{mode}: the folds rebuilt from --beir_path differ from the query_ids of {str(path)!r}'s folds"
             )
     elif rebuilt is None:
         raise ValueError(
-            f"--merge: {str(path)!r} does not record its folds' query_ids (written before they were): pass "
+            f"{mode}: {str(path)!r} does not record its folds' query_ids (written before they were): pass "
             "--beir_path (the BEIR folder it ran on) to rebuild them"
         )
     else:
         sizes = [entry["queries"] for entry in entries]
         if sizes != [len(fold) for fold in rebuilt]:
             raise ValueError(
-                f"--merge: the folds rebuilt from --beir_path hold {[len(f) for f in rebuilt]} queries, "
+                f"{mode}: the folds rebuilt from --beir_path hold {[len(f) for f in rebuilt]} queries, "
                 f"{str(path)!r}'s folds {sizes}: not the data it ran on"
             )
         for entry, fold in zip(entries, rebuilt, strict=True):
@@ -116,7 +120,7 @@ def _folds_of(results: dict[str, Any], path: Path, rebuilt: list[list[str]] | No
                 and set(run["per_query"][PRIMARY]) != queries
             ):
                 raise ValueError(
-                    f"--merge: {str(path)!r}: {system} (seed {seed}) scores other queries than its folds hold"
+                    f"{mode}: {str(path)!r}: {system} (seed {seed}) scores other queries than its folds hold"
                 )
     return entries
 
@@ -155,10 +159,10 @@ def merge_crossval(
     if (out / RESULTS_FILE).exists() and not overwrite:
         raise ValueError(f"--output_dir {str(out)!r} holds a {RESULTS_FILE}: pass --overwrite to replace it")
     files = [Path(p) for p in paths]
-    results = [_read(path) for path in files]
+    results = [read_results(path) for path in files]
     _check_same_experiment(results, files)
-    rebuilt = _rebuilt_folds(beir_path, results[0]["settings"]) if beir_path is not None else None
-    folds = [_folds_of(r, path, rebuilt) for r, path in zip(results, files, strict=True)]
+    rebuilt = rebuilt_folds(beir_path, results[0]["settings"]) if beir_path is not None else None
+    folds = [folds_of(r, path, rebuilt) for r, path in zip(results, files, strict=True)]
     for path, entries in zip(files[1:], folds[1:], strict=True):
         if entries != folds[0]:
             differ = [k for k, (a, b) in enumerate(zip(folds[0], entries, strict=True)) if a != b]

@@ -12,7 +12,15 @@ import torch
 
 from gradcache_sparton.evaluation.significance import paired_comparison, paired_statistics
 
-__all__ = ["format_report", "is_recipe_system", "round_system"]
+__all__ = [
+    "comparison_lines",
+    "format_report",
+    "is_recipe_system",
+    "paired_difference",
+    "round_system",
+    "system_scores",
+    "table_lines",
+]
 
 PRIMARY = "ndcg_at_10"
 RESULTS_FILE, REPORT_FILE = "crossval.json", "crossval.md"
@@ -38,6 +46,66 @@ def _mean(values: Any) -> float:
     return sum(values) / len(values)
 
 
+def system_scores(
+    entry: Mapping[str, Any], folds: list[list[str]]
+) -> tuple[dict[str, Any], dict[str, list[float]], dict[str, dict[str, float]]] | None:
+    """One system of a ``crossval.json`` (``results["systems"][name]``) over ``folds``: its table row (each
+    metric's mean over folds of the mean over its seeds, ``<metric>_per_fold``, mean non-zeros), its nDCG@10
+    per query (one value per seed) and per seed (seed -> query -> nDCG@10). A seed with folds still missing
+    is left out; None when none is complete."""
+    complete = {s: r for s, r in entry["seeds"].items() if r.get("folds_done", len(folds)) == len(folds)}
+    if not complete:
+        return None
+    row: dict[str, Any] = {"seeds": len(complete)}
+    for key in next(iter(complete.values()))["per_query"]:
+        fold_means = [
+            _mean(_mean(r["per_query"][key][q] for q in fold) for r in complete.values()) for fold in folds
+        ]
+        row[key] = _mean(fold_means)
+        row[f"{key}_per_fold"] = fold_means
+    for key in ("query_nonzeros", "doc_nonzeros"):
+        if all(key in r for r in complete.values()):
+            row[key] = _mean(r[key] for r in complete.values())
+    scores = {
+        q: [r["per_query"][PRIMARY][q] for r in complete.values()]
+        for q in next(iter(complete.values()))["per_query"][PRIMARY]
+    }
+    return row, scores, {s: r["per_query"][PRIMARY] for s, r in complete.items()}
+
+
+def paired_difference(
+    candidate: Mapping[str, list[float]],
+    baseline: Mapping[str, list[float]],
+    *,
+    resamples: int,
+    candidate_seeds: Mapping[str, Mapping[str, float]] | None = None,
+    baseline_seeds: Mapping[str, Mapping[str, float]] | None = None,
+) -> dict[str, Any]:
+    """The paired comparison ``candidate - baseline`` of per-query nDCG@10 (query -> one value per seed, the
+    seeds averaged per query first), and ``per_seed``: for each seed of ``candidate_seeds`` (else of
+    ``baseline_seeds``), that seed's scores against the other side's same seed where it has one, else
+    against the other side's mean over its seeds. No seeds given: no ``per_seed``."""
+    stats: dict[str, Any] = paired_comparison(baseline, candidate, resamples=resamples)
+    seeds = candidate_seeds or baseline_seeds
+    if seeds:
+        means = [{q: _mean(v) for q, v in side.items()} for side in (candidate, baseline)]
+        stats["per_seed"] = {
+            seed: paired_statistics(
+                torch.tensor(
+                    [
+                        (candidate_seeds or {}).get(seed, means[0])[q]
+                        - (baseline_seeds or {}).get(seed, means[1])[q]
+                        for q in sorted(means[1])
+                    ],
+                    dtype=torch.float64,
+                ),
+                resamples=resamples,
+            )
+            for seed in seeds
+        }
+    return stats
+
+
 def _summarise(results: dict[str, Any], folds: list[list[str]]) -> None:
     """Fill ``results["table"]`` (per system: means over folds, and seeds) and ``results["comparisons"]``
     from the per-query numbers; a recipe seed with folds still missing is left out."""
@@ -45,48 +113,27 @@ def _summarise(results: dict[str, Any], folds: list[list[str]]) -> None:
     scores: dict[str, dict[str, list[float]]] = {}  # system -> query -> nDCG@10 per seed
     per_seed: dict[str, dict[str, dict[str, float]]] = {}  # recipe system -> seed -> query -> nDCG@10
     for system, entry in results["systems"].items():
-        complete = {s: r for s, r in entry["seeds"].items() if r.get("folds_done", len(folds)) == len(folds)}
-        if not complete:
+        summary = system_scores(entry, folds)
+        if summary is None:
             continue
-        row: dict[str, Any] = {"seeds": len(complete)}
-        for key in next(iter(complete.values()))["per_query"]:
-            fold_means = [
-                _mean(_mean(r["per_query"][key][q] for q in fold) for r in complete.values())
-                for fold in folds
-            ]
-            row[key] = _mean(fold_means)
-            row[f"{key}_per_fold"] = fold_means
-        for key in ("query_nonzeros", "doc_nonzeros"):
-            if all(key in r for r in complete.values()):
-                row[key] = _mean(r[key] for r in complete.values())
-        table[system] = row
-        scores[system] = {
-            q: [r["per_query"][PRIMARY][q] for r in complete.values()]
-            for q in next(iter(complete.values()))["per_query"][PRIMARY]
-        }
+        table[system], scores[system], seeds = summary
         if is_recipe_system(system):
-            per_seed[system] = {s: r["per_query"][PRIMARY] for s, r in complete.items()}
+            per_seed[system] = seeds
     results["table"] = table
-    resamples = results["settings"]["resamples"]
     comparisons = {}
     rounds = [name for name in results["systems"] if name.startswith(ROUND_PREFIX)]
     pairs = [(RECIPE, ZERO_SHOT), (RECIPE, BM25), (ZERO_SHOT, BM25), *((RECIPE, name) for name in rounds)]
     for candidate, baseline in pairs:
         if candidate in scores and baseline in scores:
-            stats = paired_comparison(scores[baseline], scores[candidate], resamples=resamples)
-            if candidate == RECIPE:  # each seed against the reference, or against its own earlier round
-                mean = {q: _mean(v) for q, v in scores[baseline].items()}
-                stats["per_seed"] = {
-                    seed: paired_statistics(
-                        torch.tensor(
-                            [values[q] - per_seed.get(baseline, {}).get(seed, mean)[q] for q in sorted(mean)],
-                            dtype=torch.float64,
-                        ),
-                        resamples=resamples,
-                    )
-                    for seed, values in per_seed[RECIPE].items()
-                }
-            comparisons[f"{candidate} - {baseline}"] = stats
+            # each recipe seed against the reference, or against its own earlier round
+            recipe = candidate == RECIPE
+            comparisons[f"{candidate} - {baseline}"] = paired_difference(
+                scores[candidate],
+                scores[baseline],
+                resamples=results["settings"]["resamples"],
+                candidate_seeds=per_seed[RECIPE] if recipe else None,
+                baseline_seeds=per_seed.get(baseline) if recipe else None,
+            )
     results["comparisons"] = comparisons
 
 
@@ -108,22 +155,34 @@ def format_report(results: Mapping[str, Any]) -> str:
         + _rounds_line(settings)
         + ".",
         "",
+    ]
+    lines += [*table_lines(results.get("table", {})), "", *comparison_lines(results.get("comparisons", {}))]
+    return "\n".join(lines) + "\n"
+
+
+def table_lines(table: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The markdown table of systems: system -> row as :func:`system_scores` gives it."""
+    lines = [
         "| system | seeds | nDCG@10 | MRR@10 | R@100 | query nnz | doc nnz | nDCG@10 per fold |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for system, row in results.get("table", {}).items():
+    for system, row in table.items():
         nnz = [f"{row[k]:.1f}" if k in row else "-" for k in ("query_nonzeros", "doc_nonzeros")]
         folds = " / ".join(f"{v:.3f}" for v in row[f"{PRIMARY}_per_fold"])
         lines.append(
             f"| {system} | {row['seeds']} | {row['ndcg_at_10']:.4f} | {row['mrr_at_10']:.4f} | "
             f"{row['recall_at_100']:.4f} | {nnz[0]} | {nnz[1]} | {folds} |"
         )
-    lines += [
-        "",
+    return lines
+
+
+def comparison_lines(comparisons: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The markdown table of paired nDCG@10 differences: name -> :func:`paired_difference`'s result."""
+    lines = [
         "| nDCG@10 difference | mean | 95% interval | p | queries up / down / same | per seed (mean [interval]) |",
         "|---|---|---|---|---|---|",
     ]
-    for name, c in results.get("comparisons", {}).items():
+    for name, c in comparisons.items():
         seeds = "; ".join(
             f"{s}: {v['mean_difference']:+.4f} [{v['ci95_low']:+.4f}, {v['ci95_high']:+.4f}]"
             for s, v in c.get("per_seed", {}).items()
@@ -132,7 +191,7 @@ def format_report(results: Mapping[str, Any]) -> str:
             f"| {name} | {c['mean_difference']:+.4f} | {c['ci95_low']:+.4f} to {c['ci95_high']:+.4f} | "
             f"{c['p_value']:.4f} | {c['queries_up']} / {c['queries_down']} / {c['queries_same']} | {seeds or '-'} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _rounds_line(settings: Mapping[str, Any]) -> str:
