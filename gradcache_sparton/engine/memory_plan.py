@@ -2,12 +2,14 @@
 
 On the first training step (and again when a batch is longer or larger than the one planned for), on
 CUDA only, :class:`~gradcache_sparton.engine.memory_probe.MemoryPlanner` measures, per column at the batch's padded length, the peak memory
-(``torch.cuda.max_memory_allocated``) of one mini-batch's forward and backward as Step (3) runs it (under
+as the process reserves it (the growth of ``torch.cuda.max_memory_reserved``, at least that of
+``max_memory_allocated``: what ``nvidia-smi`` and a per-process memory cap see) of one mini-batch's forward
+and backward as Step (3) runs it (under
 the step's autocast) at a few row counts, fits ``peak(rows) = fixed + per_row * rows``
 (:class:`ColumnFit`), and :func:`choose_plan` picks:
 
 - the largest mini-batch per column whose predicted peak, plus what stays resident during the step
-  (:class:`Footprint`: weights and whatever is allocated, gradients, the optimizer's state, the reps of the
+  (:class:`Footprint`: weights and whatever is held, gradients, the optimizer's state, the reps of the
   whole batch and their gradients, ``reuse_argmax``'s records), stays within the budget less a margin;
 - ``reuse_argmax`` (when left to its default) off where its records would cost more than a tenth of the
   mini-batch (they hold about 12 bytes per non-zero rep entry: much at a fresh model's density);
@@ -81,8 +83,8 @@ planned again (:meth:`~gradcache_sparton.engine.memory_probe.MemoryPlanner.check
 @dataclass(frozen=True)
 class ColumnFit:
     """Measured peak of one mini-batch's forward and backward in a column: ``fixed + per_row * rows`` bytes
-    above what was allocated before it, at padded ``length``; and the column's reps (width, bytes per
-    entry, fraction non-zero) as the probe saw them."""
+    above what the process held before it (reserved, at least allocated), at padded ``length``; and the
+    column's reps (width, bytes per entry, fraction non-zero) as the probe saw them."""
 
     fixed: float
     per_row: float
@@ -145,11 +147,12 @@ class ColumnFit:
 
 @dataclass(frozen=True)
 class Footprint:
-    """What stays allocated during a step besides the mini-batch being run, in bytes.
+    """What stays held during a step besides the mini-batch being run, in bytes (reserved by the process,
+    as the probe counts it: :mod:`~gradcache_sparton.engine.memory_probe`).
 
-    ``allocated``: already allocated when planning (weights, the batch, gradients and optimizer state
-    that exist); ``grads``: parameter gradients not allocated yet; ``optimizer``: optimizer state not
-    allocated yet (estimated); ``rep_cache``: the whole batch's dense [B, V] reps and their gradients;
+    ``allocated``: already held when planning, reserved with the allocator's cache emptied (weights, the
+    batch, gradients and optimizer state that exist); ``grads``: parameter gradients not allocated yet;
+    ``optimizer``: optimizer state not allocated yet (estimated); ``rep_cache``: the whole batch's dense [B, V] reps and their gradients;
     ``records``: ``reuse_argmax``'s records of the whole batch, were it on; ``sparse_rep_cache``: the reps
     and their gradients kept as their non-zeros instead (``sparse_reps``); ``sparse_loss``: the
     temporaries of the loss over sparse reps (its densified [block, V] buffers and its copies per non-zero);
