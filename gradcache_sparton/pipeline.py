@@ -26,6 +26,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
 from gradcache_sparton.data import (
     DEFAULT_BEIR_NAME,
+    BeirData,
     beir_folder,
     beir_training_pairs,
     default_train_data_path,
@@ -131,40 +132,18 @@ def build_evaluator(
     """The retrieval evaluator on ``eval_beir`` ('default': the shipped dev sample; 'none': no evaluator)."""
     if not data_args.evaluates:
         return None
-    return _beir_evaluator(
-        data_args.eval_beir,
-        data_args.eval_beir_split,
-        tokenizer,
+    return SparseRetrievalEvaluator(
+        _beir_data(data_args.eval_beir, data_args.eval_beir_split),
+        tokenizer=tokenizer,
         query_max_length=query_max_length,
         document_max_length=document_max_length,
         batch_size=data_args.eval_batch_size,
     )
 
 
-def _beir_evaluator(
-    folder: str,
-    split: str,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    query_max_length: int,
-    document_max_length: int,
-    batch_size: int,
-    top_k: int = 100,
-    measures: Sequence[str] | None = None,
-    retrieval: str = "exhaustive",
-) -> SparseRetrievalEvaluator:
-    """A :class:`SparseRetrievalEvaluator` on a BEIR folder; ``"default"`` is the shipped dev sample (split dev)."""
-    folder = beir_folder(folder, split=split)
-    return SparseRetrievalEvaluator(
-        load_beir(folder, split=split),
-        tokenizer=tokenizer,
-        query_max_length=query_max_length,
-        document_max_length=document_max_length,
-        batch_size=batch_size,
-        top_k=top_k,
-        measures=measures,
-        retrieval=retrieval,
-    )
+def _beir_data(folder: str, split: str) -> BeirData:
+    """A BEIR folder's queries, corpus and ``split`` qrels; ``"default"`` is the shipped dev sample (split dev)."""
+    return load_beir(beir_folder(folder, split=split), split=split)
 
 
 def run_training(
@@ -311,10 +290,9 @@ def run_evaluation(
     for folder in folders:
         name = DEFAULT_BEIR_NAME if folder == "default" else "_".join(Path(folder).name.split())
         name = name if name not in evaluators else f"{name}-{len(evaluators)}"
-        evaluators[name] = _beir_evaluator(
-            folder,
-            split,
-            tokenizer,
+        evaluators[name] = SparseRetrievalEvaluator(
+            _beir_data(folder, split),
+            tokenizer=tokenizer,
             query_max_length=query_max_length,
             document_max_length=document_max_length,
             batch_size=batch_size,
