@@ -272,6 +272,22 @@ class _Candidate:
     resident: int
 
 
+@dataclass(frozen=True)
+class _Problem:
+    """What :func:`choose_plan` plans for: the budget in bytes, each column's rows, what stays resident, and
+    the options set explicitly."""
+
+    budget: int
+    rows: Mapping[str, int]
+    footprint: Footprint
+    choices: PlanChoices
+
+    @property
+    def usable(self) -> float:
+        """The budget less ``PLAN_MARGIN``: what a predicted peak may reach."""
+        return self.budget * (1 - PLAN_MARGIN)
+
+
 def choose_plan(
     budget: int,
     rows: Mapping[str, int],
@@ -297,7 +313,8 @@ def choose_plan(
         ValueError: naming ``max_memory``, when not even ``MIN_ROWS`` rows fit (with checkpointing where
             possible, and sparse reps where left unset) and no mini-batch size was set explicitly.
     """
-    usable = budget * (1 - PLAN_MARGIN)
+    problem = _Problem(budget, rows, footprint, choices)
+    usable = problem.usable
     modes = [True] if choices.checkpointing else [False, *([True] if choices.can_checkpoint else [])]
     layouts = [False, True] if choices.sparse_reps is None else [choices.sparse_reps == "true"]
     last: tuple[bool, dict[str, ColumnFit], _Candidate] | None = None
@@ -305,17 +322,17 @@ def choose_plan(
         fits = dict(measure(checkpointing))
         tried = []
         for sparse in layouts:
-            candidates = _candidates(usable, rows, fits, footprint, choices, checkpointing, sparse)
+            candidates = _candidates(problem, fits, checkpointing, sparse)
             chosen = _pick(candidates, rows, choices, usable)
             if chosen is not None:
-                return _plan(budget, rows, fits, chosen, choices, checkpointing, usable, footprint)
+                return _plan(problem, fits, chosen, checkpointing)
             tried += candidates
         last = (checkpointing, fits, min(tried, key=lambda c: c.resident))
     assert last is not None
     checkpointing, fits, smallest = last
     if any(size is not None for size in choices.mini_batch_size.values()):
         # explicit: kept, warned
-        return _plan(budget, rows, fits, smallest, choices, checkpointing, usable, footprint)
+        return _plan(problem, fits, smallest, checkpointing)
     need = smallest.resident + max(fits[c].peak(min(MIN_ROWS, rows[c])) for c in rows)
     reps = "the batch's reps as their non-zeros" if smallest.sparse else "the batch's dense reps"
     advice = "" if True in layouts else " keep the reps sparse (sparse_reps true),"
@@ -330,14 +347,9 @@ def choose_plan(
 
 
 def _candidates(
-    usable: float,
-    rows: Mapping[str, int],
-    fits: Mapping[str, ColumnFit],
-    footprint: Footprint,
-    choices: PlanChoices,
-    checkpointing: bool,
-    sparse: bool,
+    problem: _Problem, fits: Mapping[str, ColumnFit], checkpointing: bool, sparse: bool
 ) -> list[_Candidate]:
+    usable, rows, footprint, choices = problem.usable, problem.rows, problem.footprint, problem.choices
     graphs_options = [False]
     if choices.cuda_graphs is True:  # asked for: kept (the engine says if it cannot run them)
         graphs_options = [True]
@@ -399,15 +411,9 @@ def _pick(
 
 
 def _plan(
-    budget: int,
-    rows: Mapping[str, int],
-    fits: dict[str, ColumnFit],
-    chosen: _Candidate,
-    choices: PlanChoices,
-    checkpointing: bool,
-    usable: float,
-    footprint: Footprint,
+    problem: _Problem, fits: dict[str, ColumnFit], chosen: _Candidate, checkpointing: bool
 ) -> MemoryPlan:
+    usable, rows, footprint, choices = problem.usable, problem.rows, problem.footprint, problem.choices
     reasons = []
     planned = [c for c in rows if choices.mini_batch_size.get(c) is None]
     if chosen.peak > usable:
@@ -437,7 +443,7 @@ def _plan(
     if not reasons:
         reasons.append("the largest mini-batches within the budget")
     return MemoryPlan(
-        budget=budget,
+        budget=problem.budget,
         mini_batch_size={c: max(1, chosen.sizes[c]) for c in rows},
         cuda_graphs=chosen.graphs,
         # Turned off only where left to its default and its records cost rows (graphs turn it off themselves).
