@@ -227,21 +227,29 @@ def mine_hard_negatives(
                 len(positives),
             )
 
-    # Only documents with a positive score rank (-1 past the last): a document scoring 0 is no candidate.
-    ranking = {"depth": min(rank_end, num_docs), "positive_only": True, "show_progress": show_progress}
+    depth = min(rank_end, num_docs)
     if method == "bm25":
-        rankings = bm25_rankings(queries.texts, doc_texts, stemmer=bm25_stemmer, **ranking)  # [Q, K]
+        rankings = bm25_rankings(
+            queries.texts,
+            doc_texts,
+            depth=depth,
+            stemmer=bm25_stemmer,
+            positive_only=True,
+            show_progress=show_progress,
+        )  # [Q, K]
     else:
         rankings = splade_rankings(
             encoder,
             queries.texts,
             doc_texts,
             tokenizer=tokenizer,
+            depth=depth,
             query_max_length=query_max_length,
             document_max_length=document_max_length,
             batch_size=batch_size,
             device=device,
-            **ranking,
+            positive_only=True,
+            show_progress=show_progress,
         )  # [Q, K]
 
     eligible = [
