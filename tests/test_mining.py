@@ -456,29 +456,6 @@ def test_short_window_after_skipping_positives_is_an_error() -> None:
         )
 
 
-def test_documents_scoring_zero_are_never_mined() -> None:
-    """Only documents with a positive score are candidates, as in evaluation's retrieval: a document that
-    shares no token with the query never fills a place in the window, whatever the method or sampling."""
-    shared = {f"s{i}": f"kinase receptor study {i}" for i in range(4)}
-    unrelated = {f"u{i}": f"plasma neuron {i}" for i in range(6)}
-    corpus = shared | unrelated
-    pairs = datasets.Dataset.from_list(
-        [{"query": "kinase receptor", "positive": corpus["s0"], "positive_id": "s0"}]
-    )
-    for sampling in ("top", "random"):
-        mined = mine_hard_negatives(
-            pairs, corpus=corpus, num_negatives=3, rank_start=1, rank_end=10, sampling=sampling,
-            show_progress=False,
-        )  # fmt: skip
-        assert set(_negatives(mined[0])) == {shared[f"s{i}"] for i in (1, 2, 3)}
-    with pytest.raises(ValueError, match=r"fewer than num_negatives=4 .* 'kinase receptor' with 3"):
-        mine_hard_negatives(
-            pairs, corpus=corpus, num_negatives=4, rank_start=1, rank_end=10, show_progress=False
-        )
-    ranking = bm25_rankings(["kinase receptor"], list(corpus.values()), depth=10, positive_only=True)
-    assert ranking.tolist() == [[0, 1, 2, 3] + [-1] * 6]
-
-
 def test_run_mining_checks_paths_before_loading(tmp_path: Path, monkeypatch) -> None:
     """Missing files, a bad output suffix, an existing output without overwrite, a missing input, a pairs file
     that is not jsonl, splade without a checkpoint or with one that does not load are clear errors; the

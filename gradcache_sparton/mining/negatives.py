@@ -123,12 +123,9 @@ def _eligible_negatives(
     positive_texts: set[str],
 ) -> list[int]:
     """Corpus indices at ranks rank_start.. of ``ranking`` (1-based), in rank order, that are not a known
-    positive (by id, or by exact text) and not a repeat of an earlier candidate's text; the ranking ends
-    at its first -1 (the documents scoring 0 take no place)."""
+    positive (by id, or by exact text) and not a repeat of an earlier candidate's text."""
     eligible, seen = [], set()
     for doc in ranking[rank_start - 1 :]:
-        if doc < 0:
-            break
         text = doc_texts[doc]
         if text in positive_texts or text in seen or (doc_ids is not None and doc_ids[doc] in positive_ids):
             continue
@@ -166,10 +163,9 @@ def mine_hard_negatives(
        ``tokenizer``; texts truncated to ``query_max_length`` / ``document_max_length``). Ties rank the
        earlier corpus document first.
     3. A row's candidates are the documents at ranks ``rank_start..rank_end`` (1-based, inclusive,
-       counted in the full ranking, known positives included) that score above 0 (a document sharing
-       nothing with the query is no candidate, as it is never retrieved in evaluation), less every known
-       positive of its query (matched by id when the pairs have ``positive_id``, and always by exact text:
-       one text can sit under two ids) and less repeats of a text already a candidate. Skipping the top ranks
+       counted in the full ranking, known positives included), less every known positive of its
+       query (matched by id when the pairs have ``positive_id``, and always by exact text: one text can
+       sit under two ids) and less repeats of a text already a candidate. Skipping the top ranks
        keeps unjudged relevant documents (false negatives) out. ``sampling="top"`` takes the k best
        candidates; ``"random"`` draws k with ``random.Random(seed)`` (one generator for the call, rows
        in order), so the result is a function of the inputs and the seed. Either way the k are kept
@@ -184,7 +180,7 @@ def mine_hard_negatives(
     unknown method or sampling), bad pairs (:func:`~gradcache_sparton.mining.check_mining_pairs`), an
     empty corpus, a window that starts past the corpus or holds fewer than k of its documents, and
     ``method``/``encoder`` mismatches; after ranking if some query has fewer than k candidates in its
-    window (too many known positives, repeated texts or documents scoring 0): widen the window or lower k.
+    window (too many known positives or repeated texts): widen the window or lower k.
     """
     check_mining_settings(
         num_negatives=num_negatives,
@@ -230,12 +226,7 @@ def mine_hard_negatives(
     depth = min(rank_end, num_docs)
     if method == "bm25":
         rankings = bm25_rankings(
-            queries.texts,
-            doc_texts,
-            depth=depth,
-            stemmer=bm25_stemmer,
-            positive_only=True,
-            show_progress=show_progress,
+            queries.texts, doc_texts, depth=depth, stemmer=bm25_stemmer, show_progress=show_progress
         )  # [Q, K]
     else:
         rankings = splade_rankings(
@@ -248,7 +239,6 @@ def mine_hard_negatives(
             document_max_length=document_max_length,
             batch_size=batch_size,
             device=device,
-            positive_only=True,
             show_progress=show_progress,
         )  # [Q, K]
 
@@ -268,7 +258,7 @@ def mine_hard_negatives(
         group = short[0]
         raise ValueError(
             f"{len(short)} of {len(eligible)} queries have fewer than num_negatives={num_negatives} candidates "
-            f"in ranks {rank_start}..{rank_end} once known positives, repeated texts and documents scoring 0 are skipped, e.g. "
+            f"in ranks {rank_start}..{rank_end} once known positives and repeated texts are skipped, e.g. "
             f"query {queries.texts[group][:_QUOTE_CHARS]!r} with {len(eligible[group])}: widen the window "
             "(rank_end) or lower num_negatives"
         )

@@ -4,10 +4,7 @@ Legend: Q queries, N corpus documents, K ranking depth, V vocabulary.
 
 Both rankers return [Q, K] int64 corpus indices, best first. Equal scores rank the earlier document
 (lower index) first, the rule of :func:`gradcache_sparton.evaluation.retrieve`, so a ranking is a
-function of the inputs alone (no dependence on chunk sizes, threads or selection algorithms). With
-``positive_only`` a document scoring 0 (sharing nothing with the query) takes no place: the places past
-a query's last positive score hold -1, as retrieval for evaluation returns only positive scores (mining
-ranks this way).
+function of the inputs alone (no dependence on chunk sizes, threads or selection algorithms).
 :func:`bm25_scores` gives BM25's scores themselves, of any text (in the corpus or not) under the
 corpus's index: what a teacher built from BM25 needs (:mod:`gradcache_sparton.crossval.teacher`).
 """
@@ -112,7 +109,6 @@ def bm25_rankings(
     *,
     depth: int,
     stemmer: str | None = BM25_STEMMER,
-    positive_only: bool = False,
     show_progress: bool = True,
 ) -> Tensor:
     """The top ``depth`` documents of every query under BM25: [Q, K] int64 corpus indices, best first.
@@ -120,8 +116,8 @@ def bm25_rankings(
     Scoring is bm25s's (Lucene BM25, k1 = 1.5, b = 0.75). Texts are tokenised by bm25s's own
     tokenizer: lower-cased, words of 2+ word characters, its English stop-word list removed, then
     Snowball-stemmed with ``stemmer`` (a PyStemmer algorithm name; None: no stemming). A query with
-    no indexed token scores 0 everywhere and gets the first ``depth`` documents in corpus order
-    (``positive_only``: none, its row is all -1). Ties rank the earlier document first.
+    no indexed token scores 0 everywhere and gets the first ``depth`` documents in corpus order.
+    Ties rank the earlier document first.
     """
     _check_depth(depth, len(queries), len(documents))
     bm25s, tokenize = _bm25_tokenizer(stemmer)
@@ -138,8 +134,7 @@ def bm25_rankings(
             if known
             else np.zeros(len(documents), dtype=np.float32)  # [N]
         )
-        top = _top_depth(scores, depth)
-        rankings[row] = np.where(scores[top] > 0, top, -1) if positive_only else top
+        rankings[row] = _top_depth(scores, depth)
     return torch.from_numpy(rankings)
 
 
@@ -261,7 +256,6 @@ def splade_rankings(
     document_max_length: int = 256,
     batch_size: int = 64,
     device: torch.device | str | None = None,
-    positive_only: bool = False,
     show_progress: bool = True,
 ) -> Tensor:
     """The top ``depth`` documents of every query under the encoder's own retrieval: [Q, K] int64.
@@ -271,7 +265,6 @@ def splade_rankings(
     ``document_max_length`` tokens, as in training and evaluation) and ranked by dot product with
     :func:`~gradcache_sparton.evaluation.retrieve` (ties: the earlier document first). ``device``
     defaults to the device of the encoder's first parameter (CPU for a parameterless callable).
-    ``positive_only``: -1 in the places of documents scoring 0.
     """
     _check_depth(depth, len(queries), len(documents))
     for name, value in (("query_max_length", query_max_length), ("document_max_length", document_max_length)):
@@ -291,5 +284,5 @@ def splade_rankings(
         column=DOCUMENT_COLUMN,
         **common,
     )  # N sparse [V] reps
-    scores, doc_index = retrieve(q_reps, d_reps, top_k=depth, device=device)  # [Q, K]
-    return torch.where(scores > 0, doc_index, -1) if positive_only else doc_index
+    _, doc_index = retrieve(q_reps, d_reps, top_k=depth, device=device)  # [Q, K]
+    return doc_index
