@@ -43,7 +43,6 @@ sentence-transformers issue 3441, an inference-free model's document route out o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -54,7 +53,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import run_stamp
+from benchmarks.common import run_stamp, write_result
 from gradcache_sparton.data import load_beir
 from gradcache_sparton.data.shipped import default_dev_beir_path
 from gradcache_sparton.kernels import splade_max_pool
@@ -257,11 +256,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if args.smoke:
             args.batch, args.document_length, args.steps = 4, 32, 1
         result["gpu"] = gpu_document_rows(args)
-    text = json.dumps(result, indent=2)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n", encoding="utf-8")
-    print(text)
+    print(write_result(result, args.output))
     return result
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import run_stamp
+from benchmarks.common import run_stamp, write_result
 from gradcache_sparton.resources import shipped_model_path
 
 __all__ = ["largest_batches", "main", "parse_args", "router_model", "step_functions"]
@@ -216,11 +215,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result["largest_train_batch"] = largest
         result["ratio"] = largest["ours"] / max(1, largest["sentence_transformers"])
         result["ours_capped"] = largest["ours"] == args.max_batch
-    text = json.dumps(result, indent=2)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n", encoding="utf-8")
-    print(text)
+    print(write_result(result, args.output))
     return result
 
 

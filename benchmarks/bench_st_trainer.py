@@ -39,7 +39,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from benchmarks.bench_trainer_feed import StepClock
-from benchmarks.common import run_stamp
+from benchmarks.common import run_stamp, write_result
 from benchmarks.harness import free_memory, name_list
 from benchmarks.real_workload.workloads import read_scifact_pairs, scifact_triplets
 from gradcache_sparton.resources import default_tokenizer_path
@@ -238,8 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "peak_reserved_gib" in found["st"]:
             ratio = found["ours"]["peak_reserved_gib"] / found["st"]["peak_reserved_gib"]
             found["ours"]["memory_ratio_vs_st"] = round(ratio, 3)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_result(results, args.out)
     print(f"wrote {args.out}")
     return 0
 

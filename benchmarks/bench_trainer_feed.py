@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, TrainerCallback
 
-from benchmarks.common import run_stamp
+from benchmarks.common import run_stamp, write_result
 from benchmarks.harness import autocast, free_memory, name_list
 from benchmarks.real_workload.models import random_model, save_model_dir
 from benchmarks.real_workload.workloads import FULL, SMOKE, Scale, read_scifact_pairs, scifact_triplets
@@ -264,8 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if engine:
         for row in results["rows"].values():
             row["ratio"] = round(row["pairs_per_s"] / engine, 3)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_result(results, args.out)
     print(f"wrote {args.out}")
     return 0
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import json
 import platform
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["headless_pyplot", "run_stamp"]
+__all__ = ["headless_pyplot", "run_stamp", "write_result"]
 
 
 def run_stamp(device: torch.device | None = None) -> dict[str, str | None]:
@@ -35,6 +38,16 @@ def run_stamp(device: torch.device | None = None) -> dict[str, str | None]:
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
     }
+
+
+def write_result(result: Mapping[str, Any], path: Path | None) -> str:
+    """``result`` as indented JSON: written to ``path`` (its folder created, a final newline) unless it is
+    None, and returned, for the script to print."""
+    text = json.dumps(result, indent=2)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n", encoding="utf-8")
+    return text
 
 
 def _version(package: str) -> str | None:

@@ -26,6 +26,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
 from gradcache_sparton.data import (
     DEFAULT_BEIR_NAME,
+    BeirData,
     beir_folder,
     beir_training_pairs,
     default_train_data_path,
@@ -65,6 +66,7 @@ from gradcache_sparton.modeling import (
     TOKEN_WEIGHTS_NAME,
     InferenceFreeEncoder,
     QueryTable,
+    SpladeEncoder,
     has_query_table,
     idf_weights,
     save_query_table,
@@ -130,40 +132,18 @@ def build_evaluator(
     """The retrieval evaluator on ``eval_beir`` ('default': the shipped dev sample; 'none': no evaluator)."""
     if not data_args.evaluates:
         return None
-    return _beir_evaluator(
-        data_args.eval_beir,
-        data_args.eval_beir_split,
-        tokenizer,
+    return SparseRetrievalEvaluator(
+        _beir_data(data_args.eval_beir, data_args.eval_beir_split),
+        tokenizer=tokenizer,
         query_max_length=query_max_length,
         document_max_length=document_max_length,
         batch_size=data_args.eval_batch_size,
     )
 
 
-def _beir_evaluator(
-    folder: str,
-    split: str,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    query_max_length: int,
-    document_max_length: int,
-    batch_size: int,
-    top_k: int = 100,
-    measures: Sequence[str] | None = None,
-    retrieval: str = "exhaustive",
-) -> SparseRetrievalEvaluator:
-    """A :class:`SparseRetrievalEvaluator` on a BEIR folder; ``"default"`` is the shipped dev sample (split dev)."""
-    folder = beir_folder(folder, split=split)
-    return SparseRetrievalEvaluator(
-        load_beir(folder, split=split),
-        tokenizer=tokenizer,
-        query_max_length=query_max_length,
-        document_max_length=document_max_length,
-        batch_size=batch_size,
-        top_k=top_k,
-        measures=measures,
-        retrieval=retrieval,
-    )
+def _beir_data(folder: str, split: str) -> BeirData:
+    """A BEIR folder's queries, corpus and ``split`` qrels; ``"default"`` is the shipped dev sample (split dev)."""
+    return load_beir(beir_folder(folder, split=split), split=split)
 
 
 def run_training(
@@ -310,10 +290,9 @@ def run_evaluation(
     for folder in folders:
         name = DEFAULT_BEIR_NAME if folder == "default" else "_".join(Path(folder).name.split())
         name = name if name not in evaluators else f"{name}-{len(evaluators)}"
-        evaluators[name] = _beir_evaluator(
-            folder,
-            split,
-            tokenizer,
+        evaluators[name] = SparseRetrievalEvaluator(
+            _beir_data(folder, split),
+            tokenizer=tokenizer,
             query_max_length=query_max_length,
             document_max_length=document_max_length,
             batch_size=batch_size,
@@ -415,14 +394,7 @@ def run_export(
     num_documents = sum(1 for _ in iter_corpus(beir_path))
     if num_documents == 0:
         raise ValueError(f"beir_path {str(beir_path)!r}: its corpus holds no documents")
-    try:
-        output_file.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"output_file {str(output_file)!r}: cannot create its folder ({exc})") from None
-    model_args = ModelArguments(model_name_or_path=model_name_or_path)
-    tokenizer = build_tokenizer(model_args)
-    encoder = build_encoder(model_args, tokenizer)
-    encoder.check_max_length("document_max_length", document_max_length)
+    tokenizer, encoder = _load_export_model(model_name_or_path, output_file, document_max_length)
     encoder.to(device).eval()
     began = time.monotonic()
     count = export_corpus(
@@ -449,10 +421,7 @@ def run_export(
         "document_max_length": document_max_length,
         "seconds": round(seconds, 2),
     }
-    if isinstance(encoder, InferenceFreeEncoder):  # queries are looked up, not encoded: their table beside it
-        table_file = query_weights_file(output_file)
-        write_token_weights(encoder.query_table, tokenizer, table_file)
-        summary["query_weights_file"] = str(table_file)
+    summary.update(_write_query_weights(encoder, tokenizer, output_file))
     return summary
 
 
@@ -461,6 +430,35 @@ def query_weights_file(output_file: str | Path) -> Path:
     ``corpus.jsonl`` -> ``corpus.idf.json`` (token -> weight, :func:`~gradcache_sparton.modeling.write_token_weights`)."""
     output_file = Path(output_file)
     return output_file.with_name(f"{output_file.stem}.{TOKEN_WEIGHTS_NAME}")
+
+
+def _load_export_model(
+    model_name_or_path: str, output_file: Path, document_max_length: int
+) -> tuple[PreTrainedTokenizerBase, SpladeEncoder]:
+    """``export``'s model, after every check on the inputs: creates ``output_file``'s folder (``ValueError``
+    where it cannot), then loads the tokenizer and the encoder and checks ``document_max_length`` against
+    the encoder's positions."""
+    try:
+        output_file.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"output_file {str(output_file)!r}: cannot create its folder ({exc})") from None
+    model_args = ModelArguments(model_name_or_path=model_name_or_path)
+    tokenizer = build_tokenizer(model_args)
+    model = build_encoder(model_args, tokenizer)
+    model.check_max_length("document_max_length", document_max_length)
+    return tokenizer, model
+
+
+def _write_query_weights(
+    model: SpladeEncoder, tokenizer: PreTrainedTokenizerBase, output_file: Path
+) -> dict[str, str]:
+    """An inference-free model's queries are looked up, not encoded: its query table goes beside the
+    exported ``output_file`` (:func:`query_weights_file`); the summary's entry for it (none for other models)."""
+    if not isinstance(model, InferenceFreeEncoder):
+        return {}
+    table_file = query_weights_file(output_file)
+    write_token_weights(model.query_table, tokenizer, table_file)
+    return {"query_weights_file": str(table_file)}
 
 
 # Documents of the corpus that an ONNX export is checked on (fp32 and fp64 PyTorch beside onnxruntime).
@@ -496,14 +494,7 @@ def _export_onnx(
         raise ValueError(
             f"beir_path {str(beir_path)!r}: its corpus holds no documents to check the export on"
         )
-    try:
-        output_file.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"output_file {str(output_file)!r}: cannot create its folder ({exc})") from None
-    model_args = ModelArguments(model_name_or_path=model_name_or_path)
-    tokenizer = build_tokenizer(model_args)
-    model = build_encoder(model_args, tokenizer)
-    model.check_max_length("document_max_length", document_max_length)
+    tokenizer, model = _load_export_model(model_name_or_path, output_file, document_max_length)
     # An inference-free model serves its document side as ONNX, its query table as a token -> weight file.
     encoder = model.document_encoder() if isinstance(model, InferenceFreeEncoder) else model
     began = time.monotonic()
@@ -525,10 +516,7 @@ def _export_onnx(
         "bound": check.bound,
         "seconds": round(time.monotonic() - began, 2),
     }
-    if isinstance(model, InferenceFreeEncoder):
-        table_file = query_weights_file(output_file)
-        write_token_weights(model.query_table, tokenizer, table_file)
-        summary["query_weights_file"] = str(table_file)
+    summary.update(_write_query_weights(model, tokenizer, output_file))
     return summary
 
 

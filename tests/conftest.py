@@ -25,6 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
+from engine_helpers import make_tiny_bert_config  # noqa: E402
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase  # noqa: E402
 
 from gradcache_sparton.resources import default_tokenizer_path  # noqa: E402
@@ -104,16 +105,7 @@ def tokenizer() -> PreTrainedTokenizerBase:
 @pytest.fixture
 def tiny_bert_config(tokenizer: PreTrainedTokenizerBase) -> BertConfig:
     """A 2-layer, 32-wide BERT config over the real 30,522-token vocabulary (fast on CPU)."""
-    return BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        hidden_dropout_prob=0.1,
-        attention_probs_dropout_prob=0.1,
-    )
+    return make_tiny_bert_config(tokenizer)
 
 
 @pytest.fixture

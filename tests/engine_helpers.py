@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
-from transformers import BertConfig, BertForMaskedLM
+from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 
 from gradcache_sparton.kernels import splade_max_pool
 
@@ -32,6 +32,7 @@ __all__ = [
     "grads_of",
     "make_columns",
     "make_encoder",
+    "make_tiny_bert_config",
     "pairwise_mse_loss",
     "per_mini_batch_loss",
     "saved_grads",
@@ -46,6 +47,21 @@ SMALL_VOCAB = 500
 
 # Each column has its own padded length, as queries and passages do.
 COLUMN_LENGTHS = {"query": 7, "positive": 13, "negative": 11}
+
+
+def make_tiny_bert_config(tokenizer: PreTrainedTokenizerBase) -> BertConfig:
+    """A 2-layer, 32-wide BERT config over the real 30,522-token vocabulary (fast on CPU): the conftest's
+    ``tiny_bert_config``, for fixtures of a wider scope."""
+    return BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
 
 
 def small_config(config: BertConfig, *, dropout: float | None = None) -> BertConfig:

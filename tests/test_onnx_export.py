@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import make_tiny_bert_config
 
 from gradcache_sparton.evaluation.onnx_export import (
     OnnxDocumentEncoder,
@@ -31,19 +32,9 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tokenizer) -> tuple[Path, SpladeEncoder]:
     """A tiny random BERT SPLADE encoder (the real vocabulary, CLS and SEP unpooled), exported once."""
-    from transformers import BertConfig
-
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
     encoder = SpladeEncoder.from_config(
-        config, special_token_ids=(tokenizer.cls_token_id, tokenizer.sep_token_id)
+        make_tiny_bert_config(tokenizer), special_token_ids=(tokenizer.cls_token_id, tokenizer.sep_token_id)
     ).eval()
     path = export_onnx(encoder, tmp_path_factory.mktemp("onnx") / "doc.onnx")
     return path, encoder

@@ -138,17 +138,10 @@ def read_corpus(path: str | Path) -> list[CorpusDocument]:
     return documents
 
 
-def _is_integer(text: str) -> bool:
+def _parses_as(text: str, kind: type[int] | type[float]) -> bool:
+    """Whether ``kind(text)`` reads ``text`` (an integer or a number of a qrels line)."""
     try:
-        int(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
+        kind(text)
     except ValueError:
         return False
     return True
@@ -167,14 +160,14 @@ def _read_qrels(
     first_line: dict[tuple[str, str], int] = {}
     with qrels_path.open("r", encoding="utf-8", newline="") as handle:
         rows = [(n, row) for n, row in enumerate(csv.reader(handle, delimiter="\t"), start=1) if row]
-    if rows and len(rows[0][1]) == 3 and not _is_number(rows[0][1][2]):
+    if rows and len(rows[0][1]) == 3 and not _parses_as(rows[0][1][2], float):
         rows = rows[1:]  # the header: its score field names the column
     for line_number, row in rows:
         where = f"{qrels_path}:{line_number}"
         if len(row) != 3:
             raise ValueError(f"{where}: expected 3 tab-separated fields, got {row}")
         query_id, doc_id, score = row
-        if not _is_integer(score):
+        if not _parses_as(score, int):
             raise ValueError(
                 f"{where}: score {score!r} is not an integer (relevance grades are integers: 0, 1, 2, ...)"
             )

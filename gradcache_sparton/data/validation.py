@@ -174,26 +174,19 @@ class RowError(ValueError):
 
 def _check_no_blank_text(column: pa.ChunkedArray, name: str, offset: int) -> None:
     """``RowError`` naming the column and row of the first empty or whitespace-only text (a list's entries too)."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
-    array = column.combine_chunks()
-    rows = None
-    if _is_list(array.type):
-        rows = pc.list_parent_indices(array)
-        array = pc.list_flatten(array)
+    array, rows = _flat_entries(column)
     if len(array) == 0:
         return
-    blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(array)), 0)
-    if not pc.any(blank).as_py():
-        return
-    index = pc.index(blank, True).as_py()
-    row = offset + (index if rows is None else pa.array(rows)[index].as_py())
-    raise RowError(
-        f"column {name!r} is an empty text in row {row}: an empty query or document gives the loss nothing to "
-        "score (its reps are only the special tokens'); fix or drop the row",
-        row=row,
-    )
+    found = _first_flagged(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(array)), 0), rows, offset)
+    if found is not None:
+        _, row = found
+        raise RowError(
+            f"column {name!r} is an empty text in row {row}: an empty query or document gives the loss nothing "
+            "to score (its reps are only the special tokens'); fix or drop the row",
+            row=row,
+        )
 
 
 def _check_finite(column: pa.ChunkedArray, name: str, offset: int) -> None:
@@ -202,23 +195,40 @@ def _check_finite(column: pa.ChunkedArray, name: str, offset: int) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    array = column.combine_chunks()
-    rows = None
-    if _is_list(array.type):
-        rows = pc.list_parent_indices(array)
-        array = pc.list_flatten(array)
+    array, rows = _flat_entries(column)
     if len(array) == 0 or not pa.types.is_floating(array.type):
         return
-    bad = pc.invert(pc.is_finite(array))
-    if not pc.any(bad).as_py():
-        return
-    index = pc.index(bad, True).as_py()
-    row = offset + (index if rows is None else pa.array(rows)[index].as_py())
-    raise RowError(
-        f"column {name!r} holds {array[index].as_py()} in row {row}: the loss needs finite numbers; fix or drop "
-        "the row",
-        row=row,
-    )
+    found = _first_flagged(pc.invert(pc.is_finite(array)), rows, offset)
+    if found is not None:
+        index, row = found
+        raise RowError(
+            f"column {name!r} holds {array[index].as_py()} in row {row}: the loss needs finite numbers; fix or "
+            "drop the row",
+            row=row,
+        )
+
+
+def _flat_entries(column: pa.ChunkedArray) -> tuple[pa.Array, pa.Array | None]:
+    """The column's values, a list column's entries flattened, and for a list column each entry's row
+    within the column (None for a column of scalars, whose entries are its rows)."""
+    import pyarrow.compute as pc
+
+    array = column.combine_chunks()
+    if not _is_list(array.type):
+        return array, None
+    return pc.list_flatten(array), pc.list_parent_indices(array)
+
+
+def _first_flagged(flags: pa.Array, rows: pa.Array | None, offset: int) -> tuple[int, int] | None:
+    """(entry index, dataset row) of the first entry whose flag is true, or None where none is; ``rows``
+    as :func:`_flat_entries` gives them, ``offset`` the dataset row of the column's first row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pc.any(flags).as_py():
+        return None
+    index = pc.index(flags, True).as_py()
+    return index, offset + (index if rows is None else pa.array(rows)[index].as_py())
 
 
 def _pair_hashes(table: pa.Table) -> np.ndarray:

@@ -62,8 +62,8 @@ class GradCacheConfig:
             "KiB, MiB, GiB, TiB), or auto (what the CUDA device has free at the start, less a tenth). On the first "
             "step a short measured probe picks what is left unset (mini_batch_size, cuda_graphs, reuse_argmax, "
             "activation checkpointing, sparse_reps) for the fastest step whose peak stays within it; explicit "
-            "settings are kept; the loss and gradients never change. Bounds torch.cuda.max_memory_allocated and "
-            "CUDA graphs' pool. "
+            "settings are kept; the loss and gradients never change. Bounds the memory the process reserves "
+            "(torch.cuda.max_memory_reserved, CUDA graphs' pools included), hence also what it allocates. "
             "CUDA only (on a CPU a size is ignored with a warning, auto quietly; under DDP / FSDP auto is "
             "ignored and a size refused). 'none': no plan.",
         },

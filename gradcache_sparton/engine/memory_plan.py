@@ -2,12 +2,14 @@
 
 On the first training step (and again when a batch is longer or larger than the one planned for), on
 CUDA only, :class:`~gradcache_sparton.engine.memory_probe.MemoryPlanner` measures, per column at the batch's padded length, the peak memory
-(``torch.cuda.max_memory_allocated``) of one mini-batch's forward and backward as Step (3) runs it (under
+as the process reserves it (the growth of ``torch.cuda.max_memory_reserved``, at least that of
+``max_memory_allocated``: what ``nvidia-smi`` and a per-process memory cap see) of one mini-batch's forward
+and backward as Step (3) runs it (under
 the step's autocast) at a few row counts, fits ``peak(rows) = fixed + per_row * rows``
 (:class:`ColumnFit`), and :func:`choose_plan` picks:
 
 - the largest mini-batch per column whose predicted peak, plus what stays resident during the step
-  (:class:`Footprint`: weights and whatever is allocated, gradients, the optimizer's state, the reps of the
+  (:class:`Footprint`: weights and whatever is held, gradients, the optimizer's state, the reps of the
   whole batch and their gradients, ``reuse_argmax``'s records), stays within the budget less a margin;
 - ``reuse_argmax`` (when left to its default) off where its records would cost more than a tenth of the
   mini-batch (they hold about 12 bytes per non-zero rep entry: much at a fresh model's density);
@@ -81,8 +83,8 @@ planned again (:meth:`~gradcache_sparton.engine.memory_probe.MemoryPlanner.check
 @dataclass(frozen=True)
 class ColumnFit:
     """Measured peak of one mini-batch's forward and backward in a column: ``fixed + per_row * rows`` bytes
-    above what was allocated before it, at padded ``length``; and the column's reps (width, bytes per
-    entry, fraction non-zero) as the probe saw them."""
+    above what the process held before it (reserved, at least allocated), at padded ``length``; and the
+    column's reps (width, bytes per entry, fraction non-zero) as the probe saw them."""
 
     fixed: float
     per_row: float
@@ -145,11 +147,12 @@ class ColumnFit:
 
 @dataclass(frozen=True)
 class Footprint:
-    """What stays allocated during a step besides the mini-batch being run, in bytes.
+    """What stays held during a step besides the mini-batch being run, in bytes (reserved by the process,
+    as the probe counts it: :mod:`~gradcache_sparton.engine.memory_probe`).
 
-    ``allocated``: already allocated when planning (weights, the batch, gradients and optimizer state
-    that exist); ``grads``: parameter gradients not allocated yet; ``optimizer``: optimizer state not
-    allocated yet (estimated); ``rep_cache``: the whole batch's dense [B, V] reps and their gradients;
+    ``allocated``: already held when planning, reserved with the allocator's cache emptied (weights, the
+    batch, gradients and optimizer state that exist); ``grads``: parameter gradients not allocated yet;
+    ``optimizer``: optimizer state not allocated yet (estimated); ``rep_cache``: the whole batch's dense [B, V] reps and their gradients;
     ``records``: ``reuse_argmax``'s records of the whole batch, were it on; ``sparse_rep_cache``: the reps
     and their gradients kept as their non-zeros instead (``sparse_reps``); ``sparse_loss``: the
     temporaries of the loss over sparse reps (its densified [block, V] buffers and its copies per non-zero);
@@ -269,6 +272,22 @@ class _Candidate:
     resident: int
 
 
+@dataclass(frozen=True)
+class _Problem:
+    """What :func:`choose_plan` plans for: the budget in bytes, each column's rows, what stays resident, and
+    the options set explicitly."""
+
+    budget: int
+    rows: Mapping[str, int]
+    footprint: Footprint
+    choices: PlanChoices
+
+    @property
+    def usable(self) -> float:
+        """The budget less ``PLAN_MARGIN``: what a predicted peak may reach."""
+        return self.budget * (1 - PLAN_MARGIN)
+
+
 def choose_plan(
     budget: int,
     rows: Mapping[str, int],
@@ -294,7 +313,8 @@ def choose_plan(
         ValueError: naming ``max_memory``, when not even ``MIN_ROWS`` rows fit (with checkpointing where
             possible, and sparse reps where left unset) and no mini-batch size was set explicitly.
     """
-    usable = budget * (1 - PLAN_MARGIN)
+    problem = _Problem(budget, rows, footprint, choices)
+    usable = problem.usable
     modes = [True] if choices.checkpointing else [False, *([True] if choices.can_checkpoint else [])]
     layouts = [False, True] if choices.sparse_reps is None else [choices.sparse_reps == "true"]
     last: tuple[bool, dict[str, ColumnFit], _Candidate] | None = None
@@ -302,17 +322,17 @@ def choose_plan(
         fits = dict(measure(checkpointing))
         tried = []
         for sparse in layouts:
-            candidates = _candidates(usable, rows, fits, footprint, choices, checkpointing, sparse)
+            candidates = _candidates(problem, fits, checkpointing, sparse)
             chosen = _pick(candidates, rows, choices, usable)
             if chosen is not None:
-                return _plan(budget, rows, fits, chosen, choices, checkpointing, usable, footprint)
+                return _plan(problem, fits, chosen, checkpointing)
             tried += candidates
         last = (checkpointing, fits, min(tried, key=lambda c: c.resident))
     assert last is not None
     checkpointing, fits, smallest = last
     if any(size is not None for size in choices.mini_batch_size.values()):
         # explicit: kept, warned
-        return _plan(budget, rows, fits, smallest, choices, checkpointing, usable, footprint)
+        return _plan(problem, fits, smallest, checkpointing)
     need = smallest.resident + max(fits[c].peak(min(MIN_ROWS, rows[c])) for c in rows)
     reps = "the batch's reps as their non-zeros" if smallest.sparse else "the batch's dense reps"
     advice = "" if True in layouts else " keep the reps sparse (sparse_reps true),"
@@ -327,14 +347,9 @@ def choose_plan(
 
 
 def _candidates(
-    usable: float,
-    rows: Mapping[str, int],
-    fits: Mapping[str, ColumnFit],
-    footprint: Footprint,
-    choices: PlanChoices,
-    checkpointing: bool,
-    sparse: bool,
+    problem: _Problem, fits: Mapping[str, ColumnFit], checkpointing: bool, sparse: bool
 ) -> list[_Candidate]:
+    usable, rows, footprint, choices = problem.usable, problem.rows, problem.footprint, problem.choices
     graphs_options = [False]
     if choices.cuda_graphs is True:  # asked for: kept (the engine says if it cannot run them)
         graphs_options = [True]
@@ -396,15 +411,9 @@ def _pick(
 
 
 def _plan(
-    budget: int,
-    rows: Mapping[str, int],
-    fits: dict[str, ColumnFit],
-    chosen: _Candidate,
-    choices: PlanChoices,
-    checkpointing: bool,
-    usable: float,
-    footprint: Footprint,
+    problem: _Problem, fits: dict[str, ColumnFit], chosen: _Candidate, checkpointing: bool
 ) -> MemoryPlan:
+    usable, rows, footprint, choices = problem.usable, problem.rows, problem.footprint, problem.choices
     reasons = []
     planned = [c for c in rows if choices.mini_batch_size.get(c) is None]
     if chosen.peak > usable:
@@ -434,7 +443,7 @@ def _plan(
     if not reasons:
         reasons.append("the largest mini-batches within the budget")
     return MemoryPlan(
-        budget=budget,
+        budget=problem.budget,
         mini_batch_size={c: max(1, chosen.sizes[c]) for c in rows},
         cuda_graphs=chosen.graphs,
         # Turned off only where left to its default and its records cost rows (graphs turn it off themselves).

@@ -116,30 +116,31 @@ class SparseRetrievalEvaluator:
 
     def encode(self, encoder: Encoder) -> tuple[SparseReps, SparseReps]:
         """The reps of the judged queries ([Q, V], in ``query_ids`` order) and of the corpus ([N, V])."""
-        common = {
-            "tokenizer": self.tokenizer,
-            "batch_size": self.batch_size,
-            "device": self.device,
-            "autocast_dtype": self.autocast_dtype,
-            "show_progress": self.show_progress,
-        }
-        q_reps = encode_texts(
-            encoder,
-            [self.data.queries[q] for q in self.query_ids],
-            max_length=self.query_max_length,
-            desc="Encoding queries",
-            column=QUERY_COLUMN,
-            **common,
+        queries = [self.data.queries[q] for q in self.query_ids]
+        documents = [self.data.corpus[d] for d in self.doc_ids]
+        return (
+            self._encode_column(encoder, queries, self.query_max_length, "Encoding queries", QUERY_COLUMN),
+            self._encode_column(
+                encoder, documents, self.document_max_length, "Encoding corpus", DOCUMENT_COLUMN
+            ),
         )
-        d_reps = encode_texts(
+
+    def _encode_column(
+        self, encoder: Encoder, texts: list[str], max_length: int, desc: str, column: str
+    ) -> SparseReps:
+        """``texts`` of one column (queries or documents) encoded with this evaluator's settings."""
+        return encode_texts(
             encoder,
-            [self.data.corpus[d] for d in self.doc_ids],
-            max_length=self.document_max_length,
-            desc="Encoding corpus",
-            column=DOCUMENT_COLUMN,
-            **common,
+            texts,
+            tokenizer=self.tokenizer,
+            max_length=max_length,
+            batch_size=self.batch_size,
+            device=self.device,
+            autocast_dtype=self.autocast_dtype,
+            show_progress=self.show_progress,
+            desc=desc,
+            column=column,
         )
-        return q_reps, d_reps
 
     def search(self, q_reps: SparseReps, d_reps: SparseReps, *, device: torch.device | str) -> Run:
         """The top ``top_k`` (doc id, score) of every judged query with a positive score, best first

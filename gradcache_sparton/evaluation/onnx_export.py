@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
+from gradcache_sparton.evaluation.optional_imports import importable
+
 __all__ = ["OnnxCheck", "OnnxDocumentEncoder", "check_onnx_reps", "export_onnx", "onnx_available"]
 
 # Slack over PyTorch's own fp32 error (see the module docstring) and fp32 ulps of the largest rep.
@@ -38,13 +40,7 @@ _ULPS = 8.0
 
 def onnx_available() -> bool:
     """True when ``onnx``, ``onnxscript`` (torch's exporter) and ``onnxruntime`` can be imported."""
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-        import onnxscript  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importable("onnx", "onnxruntime", "onnxscript")
 
 
 def _require_onnx() -> None:

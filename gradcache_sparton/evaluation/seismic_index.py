@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from gradcache_sparton.evaluation.optional_imports import importable
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = [
@@ -48,11 +49,7 @@ _VOCABULARY_DOCUMENT = "vocabulary"
 
 def seismic_available() -> bool:
     """True when the ``seismic`` package (``pyseismic-lsr``) can be imported."""
-    try:
-        import seismic  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importable("seismic")
 
 
 def _seismic() -> Any:

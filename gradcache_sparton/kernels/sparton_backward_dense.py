@@ -29,6 +29,22 @@ __all__ = ["grad_e_dense", "grad_h_dense", "launch_dense_grad_h"]
 # ---------------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _one_hot_dot(p, x, acc, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """acc + p @ x for the fp32 one-hot-times-coef tile p [M, K] and a 16-bit or fp32 tile x [K, N]: bf16
+    (SPLIT) as two exact products of p's hi and lo bf16 parts with fp32 sums, else in IEEE fp32."""
+    if SPLIT:
+        hi = p.to(x.dtype)
+        lo = (p - hi.to(tl.float32)).to(x.dtype)
+        if UPCAST_DOT:
+            hi, lo, x = hi.to(tl.float32), lo.to(tl.float32), x.to(tl.float32)
+        acc = tl.dot(hi, x, acc)
+        acc = tl.dot(lo, x, acc)
+    else:
+        acc = tl.dot(p, x.to(tl.float32), acc, input_precision="ieee")
+    return acc
+
+
 @triton.jit(do_not_specialize=["B", "S"])
 def _sparton_bwd_dense_grad_e_kernel(
     h_ptr,  # [B, S, D] hidden states
@@ -79,15 +95,9 @@ def _sparton_bwd_dense_grad_e_kernel(
             h = tl.load(
                 h_rows + (s0 + k_pos)[:, None] * stride_hs, mask=h_ok[:, None] & d_ok[None, :], other=0.0
             )  # [K, BLOCK_D]
-            if SPLIT:
-                hi = p.to(h.dtype)
-                lo = (p - hi.to(tl.float32)).to(h.dtype)
-                if UPCAST_DOT:
-                    hi, lo, h = hi.to(tl.float32), lo.to(tl.float32), h.to(tl.float32)
-                acc = tl.dot(hi, h, acc)  # [BLOCK_V, K] @ [K, BLOCK_D] -> [BLOCK_V, BLOCK_D]
-                acc = tl.dot(lo, h, acc)
-            else:
-                acc = tl.dot(p, h.to(tl.float32), acc, input_precision="ieee")
+            acc = _one_hot_dot(
+                p, h, acc, SPLIT, UPCAST_DOT
+            )  # [BLOCK_V, K] @ [K, BLOCK_D] -> [BLOCK_V, BLOCK_D]
     out = offs_v.to(tl.int64)[:, None] * D + offs_d[None, :]
     tl.store(grad_e_ptr + out, acc.to(grad_e_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
 
@@ -147,15 +157,7 @@ def _sparton_bwd_dense_grad_h_kernel(
             mask=v_ok[:, None] & d_ok[None, :],
             other=0.0,
         )  # [BLOCK_V, BLOCK_D]: one tile of E serves ROWS batch rows
-        if SPLIT:
-            hi = p.to(e.dtype)
-            lo = (p - hi.to(tl.float32)).to(e.dtype)
-            if UPCAST_DOT:
-                hi, lo, e = hi.to(tl.float32), lo.to(tl.float32), e.to(tl.float32)
-            acc = tl.dot(hi, e, acc)  # [M, BLOCK_V] @ [BLOCK_V, BLOCK_D] -> [M, BLOCK_D]
-            acc = tl.dot(lo, e, acc)
-        else:
-            acc = tl.dot(p, e.to(tl.float32), acc, input_precision="ieee")
+        acc = _one_hot_dot(p, e, acc, SPLIT, UPCAST_DOT)  # [M, BLOCK_V] @ [BLOCK_V, BLOCK_D] -> [M, BLOCK_D]
     out = (m_row.to(tl.int64) * S + m_pos)[:, None] * D + offs_d[None, :]
     out_ok = (m_row < B) & (m_pos < S)
     tl.store(grad_h_ptr + out, acc.to(grad_h_ptr.dtype.element_ty), mask=out_ok[:, None] & d_ok[None, :])
@@ -166,12 +168,22 @@ def _sparton_bwd_dense_grad_h_kernel(
 # ---------------------------------------------------------------------------------------------------
 
 
-def _dot_mode(dtype: torch.dtype) -> dict[str, object]:
-    """How the dense kernels multiply the fp32 one-hot-times-coef tile by 16-bit or fp32 operands:
-    bf16 as a hi + lo pair of bf16 tiles (coef to 16 bits, products exact, fp32 sums); fp32 and fp16
-    (whose range would flush the lo part of small coefficients) in IEEE fp32."""
+def _product_constants(
+    dtype: torch.dtype, rows: int, block_v: int, block_s: int, block_d: int
+) -> dict[str, object]:
+    """The dense kernels' compile-time constants: their tiles, and how they multiply the fp32
+    one-hot-times-coef tile by 16-bit or fp32 operands: bf16 as a hi + lo pair of bf16 tiles (coef to 16
+    bits, products exact, fp32 sums); fp32 and fp16 (whose range would flush the lo part of small
+    coefficients) in IEEE fp32."""
     split = dtype == torch.bfloat16
-    return {"SPLIT": split, "UPCAST_DOT": interpreting() and split}
+    return {
+        "SPLIT": split,
+        "UPCAST_DOT": interpreting() and split,
+        "ROWS": rows,
+        "BLOCK_V": block_v,
+        "BLOCK_S": block_s,
+        "BLOCK_D": block_d,
+    }
 
 
 def _whole_rows(S: int, block: int) -> tuple[int, int]:
@@ -204,11 +216,7 @@ def grad_e_dense(
         D,
         h.stride(0),
         h.stride(1),
-        **_dot_mode(h.dtype),
-        ROWS=rows,
-        BLOCK_V=blocks.e_block_v,
-        BLOCK_S=block_s,
-        BLOCK_D=blocks.e_block_d,
+        **_product_constants(h.dtype, rows, blocks.e_block_v, block_s, blocks.e_block_d),
         num_warps=blocks.e_num_warps,
     )
     return grad_e
@@ -255,11 +263,7 @@ def launch_dense_grad_h(
         V,
         D,
         e.stride(0),
-        **_dot_mode(e.dtype),
-        ROWS=rows,
-        BLOCK_V=blocks.h_block_v,
-        BLOCK_S=block_s,
-        BLOCK_D=blocks.h_block_d,
+        **_product_constants(e.dtype, rows, blocks.h_block_v, block_s, blocks.h_block_d),
         num_warps=blocks.h_num_warps,
         num_stages=blocks.h_num_stages,
     )

@@ -179,15 +179,9 @@ def _backward_op(
 
 @_backward_op.register_fake
 def _backward_fake(
-    grad_y: Tensor,
-    hidden_states: Tensor,
-    weight: Tensor,
-    max_logits: Tensor,
-    argmax: Tensor,
-    need_grad_hidden: bool,
-    need_grad_weight: bool,
-    need_grad_bias: bool,
+    grad_y, hidden_states, weight, max_logits, argmax, need_grad_hidden, need_grad_weight, need_grad_bias
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """The shapes and dtypes of :func:`_backward_op`'s gradients (its arguments, typed there), for tracing."""
     return (
         torch.empty_like(hidden_states) if need_grad_hidden else hidden_states.new_empty(0),
         torch.empty_like(weight) if need_grad_weight else weight.new_empty(0),

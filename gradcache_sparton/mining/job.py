@@ -60,13 +60,15 @@ def run_mining(
     and the input paths are checked before anything is loaded; a checkpoint that does not load fails
     before the data is read.
     """
-    check_mining_settings(
-        num_negatives=num_negatives,
-        rank_start=rank_start,
-        rank_end=rank_end,
-        sampling=sampling,
-        method=method,
-    )
+    # checked here, before anything is loaded, and again by mine_hard_negatives, which takes them as they are
+    settings: dict[str, Any] = {
+        "num_negatives": num_negatives,
+        "rank_start": rank_start,
+        "rank_end": rank_end,
+        "sampling": sampling,
+        "method": method,
+    }
+    check_mining_settings(**settings)
     output = check_output_path(output_file, overwrite=overwrite)
     if train_data is None and beir_path is None:
         train_data = default_train_data_path()
@@ -123,14 +125,10 @@ def run_mining(
     mined = mine_hard_negatives(
         pairs,
         corpus=beir.corpus if corpus == "beir" else None,
-        method=method,
-        num_negatives=num_negatives,
-        rank_start=rank_start,
-        rank_end=rank_end,
-        sampling=sampling,
         seed=seed,
         bm25_stemmer=bm25_stemmer,
         show_progress=show_progress,
+        **settings,
         **encoder_settings,
     )
     write_training_file(mined, output, overwrite=overwrite)
