@@ -130,8 +130,11 @@ def _engine(
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     training = _training_args(args, scale, device, tmp / "engine")
-    collate = TrainingCollator(
-        tokenizer, query_max_length=scale.query_max_len, document_max_length=scale.doc_max_len
+    collate = TrainingCollator(  # as the trainer builds it: with max_memory, one shape (one plan)
+        tokenizer,
+        query_max_length=scale.query_max_len,
+        document_max_length=scale.doc_max_len,
+        pad_to_max_length=training.max_memory is not None,
     )
     batches = []
     for i in range(args.warmup + args.steps):

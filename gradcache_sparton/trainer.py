@@ -121,7 +121,8 @@ class CachedSpladeTrainer(Trainer):
             ``SpladeLoss(args.splade_loss_config())``. It receives ``step=state.global_step`` so
             regularizer warm-up follows optimizer steps (and resumes with them).
         data_collator: default :class:`~gradcache_sparton.data.TrainingCollator` with the arguments'
-            max lengths.
+            max lengths; with ``max_memory``, padding every batch to them (one shape: the plan made on the
+            first batch covers the run instead of a probe at each longer batch).
         Everything else goes to ``transformers.Trainer``.
     """
 
@@ -209,6 +210,7 @@ class CachedSpladeTrainer(Trainer):
                 processing_class,
                 query_max_length=args.query_max_length,
                 document_max_length=args.document_max_length,
+                pad_to_max_length=args.max_memory is not None,
             )
         super().__init__(
             model=model,

@@ -449,6 +449,24 @@ def test_collator_pads_each_column_to_multiple_of_8(tokenizer) -> None:
     assert batch["columns"]["query"]["input_ids"][1, -1].item() == tokenizer.sep_token_id
 
 
+def test_collator_pads_to_max_length_when_asked(tokenizer) -> None:
+    """pad_to_max_length: every column of every batch has its max length (one shape for a memory plan), and
+    each row's tokens and attention mask are those of the default padding, extended with padding only."""
+    rows = rows_with_negatives()
+    collator = TrainingCollator(tokenizer, query_max_length=16, document_max_length=64)
+    padded = TrainingCollator(tokenizer, query_max_length=16, document_max_length=64, pad_to_max_length=True)
+    longest, fixed = collator(rows)["columns"], padded(rows)["columns"]
+    for name, features in fixed.items():
+        max_length = 16 if name == "query" else 64
+        assert features["input_ids"].shape == (len(rows), max_length), name
+        width = longest[name]["input_ids"].shape[1]
+        assert width < max_length, name  # the rows are shorter: the default would not reach it
+        for key, tensor in features.items():
+            assert torch.equal(tensor[:, :width], longest[name][key]), (name, key)
+        assert not features["attention_mask"][:, width:].any(), name
+        assert (features["input_ids"][:, width:] == tokenizer.pad_token_id).all(), name
+
+
 def test_collator_passes_numeric_columns_as_loss_kwargs(tokenizer) -> None:
     """Extra numeric columns become batch-first tensors: floats as float32, ints as int64."""
     rows = rows_with_negatives(3)

@@ -730,6 +730,16 @@ def test_several_visible_gpus_never_mean_data_parallel(tmp_path, monkeypatch) ->
     assert args.train_batch_size == args.per_device_train_batch_size
 
 
+@pytest.mark.parametrize(("max_memory", "padded"), [("4GiB", True), ("auto", True), (None, False)])
+def test_trainer_pads_batches_to_one_shape_under_max_memory(tmp_path, tokenizer, max_memory, padded) -> None:
+    """With max_memory the default collator pads every batch to the max lengths, so the plan measured on the
+    first batch covers every later one (no probe in mid-training for a longer batch); without, to the longest row."""
+    trainer = CachedSpladeTrainer(
+        _encoder(tokenizer, dropout=0.0), _args(tmp_path, max_memory=max_memory), processing_class=tokenizer
+    )
+    assert trainer.data_collator.pad_to_max_length is padded
+
+
 def test_trainer_logs_the_memory_plan_once(tmp_path, tokenizer) -> None:
     """A max_memory plan reaches the trainer's logs (memory_plan_* entries) with the first log after it, once."""
     from gradcache_sparton.engine.memory_plan import ColumnFit, Footprint, PlanChoices, choose_plan

@@ -62,6 +62,11 @@ class TrainingCollator:
     keeps its first ``max_length`` tokens (special tokens included). Both max lengths must be multiples
     of ``pad_to_multiple_of`` (a transformers requirement when truncating and padding together).
 
+    ``pad_to_max_length``: pad every batch to the max lengths instead of its longest row. Every batch then
+    has one shape, so a ``max_memory`` plan measured on the first batch covers every later one (a batch
+    longer than the plan's is planned again, a probe of seconds). It costs no encoding: the engine trims
+    each mini-batch's trailing padding before running it.
+
     A ``negatives`` list column becomes ``negative_1..k``. Extra columns must be numeric and become
     ``loss_kwargs`` tensors (``torch.tensor`` of the batch's values: ints stay int64, floats become
     float32). The collator does not depend on the batch size; training drops the last incomplete
@@ -72,6 +77,7 @@ class TrainingCollator:
     query_max_length: int = 32
     document_max_length: int = 256
     pad_to_multiple_of: int | None = 8
+    pad_to_max_length: bool = False
     #: Rows so far whose positive repeated another row's in the same batch (in-batch false negatives).
     repeated_positives: int = field(default=0, init=False)
 
@@ -111,7 +117,7 @@ class TrainingCollator:
             max_length = self.query_max_length if name == QUERY_COLUMN else self.document_max_length
             encoded = self.tokenizer(
                 values,
-                padding=True,
+                padding="max_length" if self.pad_to_max_length else True,
                 truncation=True,
                 max_length=max_length,
                 pad_to_multiple_of=self.pad_to_multiple_of,
