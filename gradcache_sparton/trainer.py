@@ -53,6 +53,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data import TrainingCollator, validate_training_dataset
+from gradcache_sparton.data.token_cache import TokenCache
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
 from gradcache_sparton.engine.memory_plan import MemoryPlan
@@ -194,6 +195,17 @@ class CachedSpladeTrainer(Trainer):
             kwargs["eval_dataset"] = from_sentence_transformers_columns(
                 kwargs["eval_dataset"], positional=self._sparse_encoder
             )
+        token_cache = None
+        if (
+            data_collator is None
+        ):  # before the workers' one-thread setting: the tokenizer's threads tokenize it
+            token_cache = TokenCache.for_dataset(
+                processing_class,
+                train_dataset,
+                text_columns,
+                query_max_length=args.query_max_length,
+                document_max_length=args.document_max_length,
+            )
         if args.dataloader_num_workers > 0:
             # The workers fork from this process, which may have tokenized with the tokenizer's thread pool (an
             # evaluator's encoding): a forked pool deadlocks, so each worker tokenizes on one thread (which
@@ -211,6 +223,7 @@ class CachedSpladeTrainer(Trainer):
                 query_max_length=args.query_max_length,
                 document_max_length=args.document_max_length,
                 pad_to_max_length=args.max_memory is not None,
+                token_cache=token_cache,
             )
         super().__init__(
             model=model,

@@ -731,13 +731,24 @@ def test_several_visible_gpus_never_mean_data_parallel(tmp_path, monkeypatch) ->
 
 
 @pytest.mark.parametrize(("max_memory", "padded"), [("4GiB", True), ("auto", True), (None, False)])
-def test_trainer_pads_batches_to_one_shape_under_max_memory(tmp_path, tokenizer, max_memory, padded) -> None:
+def test_trainer_pads_batches_to_one_shape_under_max_memory(
+    tmp_path, tokenizer, sample_rows, max_memory, padded
+) -> None:
     """With max_memory the default collator pads every batch to the max lengths, so the plan measured on the
-    first batch covers every later one (no probe in mid-training for a longer batch); without, to the longest row."""
+    first batch covers every later one (no probe in mid-training for a longer batch); without, to the longest row.
+    Either way the training texts are tokenized once, before training (the collator's token cache)."""
     trainer = CachedSpladeTrainer(
-        _encoder(tokenizer, dropout=0.0), _args(tmp_path, max_memory=max_memory), processing_class=tokenizer
+        _encoder(tokenizer, dropout=0.0),
+        _args(tmp_path, max_memory=max_memory),
+        train_dataset=sample_rows,
+        processing_class=tokenizer,
     )
     assert trainer.data_collator.pad_to_max_length is padded
+    query = sample_rows[0]["query"]
+    assert (
+        trainer.data_collator.token_cache.features([query], is_query=True, length=None, multiple=8)
+        is not None
+    )
 
 
 def test_trainer_logs_the_memory_plan_once(tmp_path, tokenizer) -> None:

@@ -29,6 +29,7 @@ from gradcache_sparton.data.columns import (
     negative_number,
     text_columns_of,
 )
+from gradcache_sparton.data.token_cache import TokenCache
 
 __all__ = ["TrainingBatch", "TrainingCollator"]
 
@@ -67,6 +68,9 @@ class TrainingCollator:
     longer than the plan's is planned again, a probe of seconds). It costs no encoding: the engine trims
     each mini-batch's trailing padding before running it.
 
+    ``token_cache``: the training texts tokenized once (:class:`~.token_cache.TokenCache`); a batch whose
+    texts are all in it is only padded, to the same features (the tokenizer runs for the others).
+
     A ``negatives`` list column becomes ``negative_1..k``. Extra columns must be numeric and become
     ``loss_kwargs`` tensors (``torch.tensor`` of the batch's values: ints stay int64, floats become
     float32). The collator does not depend on the batch size; training drops the last incomplete
@@ -78,6 +82,7 @@ class TrainingCollator:
     document_max_length: int = 256
     pad_to_multiple_of: int | None = 8
     pad_to_max_length: bool = False
+    token_cache: TokenCache | None = None
     #: Rows so far whose positive repeated another row's in the same batch (in-batch false negatives).
     repeated_positives: int = field(default=0, init=False)
 
@@ -115,15 +120,26 @@ class TrainingCollator:
         columns: dict[str, dict[str, Tensor]] = {}
         for name, values in texts.items():
             max_length = self.query_max_length if name == QUERY_COLUMN else self.document_max_length
-            encoded = self.tokenizer(
-                values,
-                padding="max_length" if self.pad_to_max_length else True,
-                truncation=True,
-                max_length=max_length,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                return_tensors="pt",
-            )
-            columns[name] = dict(encoded)  # [B, S_column] each
+            features = None
+            if self.token_cache is not None:
+                features = self.token_cache.features(
+                    values,
+                    is_query=name == QUERY_COLUMN,
+                    length=max_length if self.pad_to_max_length else None,
+                    multiple=self.pad_to_multiple_of,
+                )
+            if features is None:
+                features = dict(
+                    self.tokenizer(
+                        values,
+                        padding="max_length" if self.pad_to_max_length else True,
+                        truncation=True,
+                        max_length=max_length,
+                        pad_to_multiple_of=self.pad_to_multiple_of,
+                        return_tensors="pt",
+                    )
+                )
+            columns[name] = features  # [B, S_column] each
         return TrainingBatch(
             columns=columns, loss_kwargs=self._loss_kwargs(rows), repeated_positives=repeated
         )
