@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from gradcache_sparton.engine.allocator import use_expandable_segments
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
 from gradcache_sparton.engine.cuda_graphs import recording_stream
@@ -113,10 +114,12 @@ class MemoryPlanner:
         return self.plan is None or not self.plan.covers(columns)
 
     def plan_for(self, columns: Columns, autocast: AutocastState) -> MemoryPlan:
-        """Measure, choose and log a plan for ``columns``. Where the plan needs activation checkpointing, turns
+        """Measure, choose and log a plan for ``columns``. Turns the CUDA allocator's expandable segments on
+        (:mod:`~gradcache_sparton.engine.allocator`, logged). Where the plan needs activation checkpointing, turns
         it on in the encoder's model (``gradient_checkpointing_enable``, logged): it stays on for that model,
         also after training (a model's later plans keep it; checkpoints do not record it)."""
         device = _device(columns)
+        use_expandable_segments()  # before the probe's segments: the budget is a cap on what is reserved
         budget = _budget_bytes(self.config.max_memory, device)
         checkpointing = checkpointing_on(self.encoder)
         choices = PlanChoices(
