@@ -28,7 +28,9 @@ one's over ``engine``'s. Run on the GPU machine from the repository root:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -74,14 +76,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 class StepClock(TrainerCallback):
-    """Wall time at the end of the warm-up's last step and of the last timed step (device synced there)."""
+    """Wall time at the end of every step from the warm-up's last on (device synced there)."""
 
     def __init__(self, warmup: int, last: int, sync: Callable[[], None]) -> None:
         self.marks: dict[int, float] = {}
         self.warmup, self.last, self.sync = warmup, last, sync
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step in (self.warmup, self.last):
+        if self.warmup <= state.global_step <= self.last:
             self.sync()
             self.marks[state.global_step] = time.perf_counter()
 
@@ -108,8 +110,18 @@ def _training_args(
     )
 
 
-def _rate(args: argparse.Namespace, seconds: float) -> dict[str, float]:
-    return {"seconds": round(seconds, 4), "pairs_per_s": round(args.steps * args.batch / seconds, 1)}
+def _rate(args: argparse.Namespace, marks: Sequence[float]) -> dict[str, Any]:
+    """Pairs/s over the timed steps (``marks``: the wall clock at the warm-up's end and after each timed step),
+    each step's seconds, and pairs/s at the median step (what a step costs when nothing waits: an epoch's
+    first batch, for one, waits for its tokenization unless the texts were tokenized up front)."""
+    steps = [b - a for a, b in itertools.pairwise(marks)]
+    seconds = marks[-1] - marks[0]
+    return {
+        "seconds": round(seconds, 4),
+        "pairs_per_s": round(args.steps * args.batch / seconds, 1),
+        "median_step_pairs_per_s": round(args.batch / statistics.median(steps), 1),
+        "step_s": [round(step, 3) for step in steps],
+    }
 
 
 def _peak(device: torch.device) -> dict[str, float]:
@@ -150,11 +162,11 @@ def _engine(
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(params, lr=training.learning_rate, fused=fused) if optimizer else None
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    start = 0.0
+    marks: list[float] = []
     for i, columns in enumerate(batches):
-        if i == args.warmup:
+        if i >= args.warmup:
             sync()
-            start = time.perf_counter()
+            marks.append(time.perf_counter())
         with autocast(device):
             loss = cached(columns, step=i)
         loss.backward()
@@ -165,7 +177,7 @@ def _engine(
         elif i < len(batches) - 1:
             encoder.zero_grad(set_to_none=True)
     sync()
-    return _rate(args, time.perf_counter() - start)
+    return _rate(args, [*marks, time.perf_counter()])
 
 
 def _trainer(
@@ -211,13 +223,13 @@ def _trainer(
         encoder, training, train_dataset=dataset, processing_class=tokenizer, callbacks=[clock]
     )
     trainer.train()
-    seconds = clock.marks[args.warmup + args.steps] - clock.marks[args.warmup]
+    marks = [clock.marks[step] for step in range(args.warmup, args.warmup + args.steps + 1)]
     workers = {
         "dataloader_num_workers": training.dataloader_num_workers,
         "dataloader_persistent_workers": training.dataloader_persistent_workers,
         "dataloader_pin_memory": training.dataloader_pin_memory,
     }
-    return {**_rate(args, seconds), **workers}
+    return {**_rate(args, marks), **workers}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

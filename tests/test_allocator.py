@@ -14,6 +14,7 @@ from gradcache_sparton.engine import allocator
 @pytest.fixture
 def calls(monkeypatch) -> list[str]:
     seen: list[str] = []
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", seen.append, raising=False)
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", seen.append, raising=False)
     monkeypatch.setattr(allocator, "_turned_on", False)
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):

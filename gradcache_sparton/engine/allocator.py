@@ -37,7 +37,10 @@ def use_expandable_segments() -> bool:
         return True
     if any(_SETTING in os.environ.get(name, "") for name in _ENVIRONMENT):
         return False  # the user's choice
-    setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)  # the runtime form of the variable
+    # The runtime form of the variable: torch's accelerator-wide setter, or (older torch) the CUDA one.
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
+        torch.cuda.memory, "_set_allocator_settings", None
+    )
     if setter is None:
         return False
     setter(f"{_SETTING}:True")
