@@ -296,6 +296,36 @@ def test_bf16_parts_sum_exactly_to_their_fp32_value() -> None:
     assert not torch.equal(hi.float(), x)  # the test needs values with more than 8 significant bits
 
 
+@pytest.mark.parametrize(
+    ("m", "k", "transposed"),
+    [(4, 96, False), (96, 4, False), (96, 4, True), (33, 33, True)],
+    ids=["rows-stacked", "k-concatenated", "k-concatenated-view", "square-transposed"],
+)
+def test_split_weights_product_equals_fp64(m: int, k: int, transposed: bool) -> None:
+    """The backward's product of fp32 weights, split into three bf16 parts, with a bf16 block (one GEMM over
+    3k, or over 3m rows then summed; weights given as the transpose of [3, k, m] parts as grad_d's are)
+    equals the fp64 product of the same values within the fp32 summation bound: each output sums at most
+    3k + 2 fp32 terms, so it errs by at most (3k + 2) · 2**-24 · sum |terms|. A lost or doubled part is
+    an error of 2**-8 relative, far above it."""
+    from gradcache_sparton.losses.blocked import _bf16_parts, _mm_fp32_left
+
+    generator = torch.Generator().manual_seed(53)
+    shape = (k, m) if transposed else (m, k)
+    weights = torch.rand(shape, generator=generator) * 10.0 ** torch.randint(
+        -3, 3, shape, generator=generator
+    )
+    block = torch.randn(k, 24, generator=generator).to(torch.bfloat16)
+    parts = _bf16_parts(weights)
+    if transposed:
+        weights, parts = weights.T, parts.mT
+    got = _mm_fp32_left(parts, block)
+    assert got.dtype == torch.float32 and got.shape == (m, 24)
+    expected = weights.double() @ block.double()
+    bound = (3 * k + 2) * 2**-24 * (weights.double().abs() @ block.double().abs())
+    assert ((got.double() - expected).abs() <= bound).all()
+    assert not torch.equal(parts[0].double() @ block.double(), expected)  # the lower parts matter here
+
+
 def _blocked_lse_and_grads(
     columns: list[torch.Tensor], *, sparse: bool, block_size: int, temperature: float
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:

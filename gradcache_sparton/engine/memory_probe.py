@@ -59,8 +59,11 @@ _RECORD_BYTES = 12  # reuse_argmax: a max (4 bytes) and an argmax (8) per non-ze
 _SPARSE_ENTRY_BYTES = 12  # sparse_reps: a weight (4 bytes) and an int64 id (8) per non-zero
 # The loss over sparse reps (losses/sparse.py) beside them: per non-zero, the weights' fp32 copy and its
 # gradient (4 + 4), the paired scores' int64 keys and search positions (8 + 8 + 8) and the weights they
-# gather (4 + 4); and at most four densified fp32 [block, V] buffers at once (losses/blocked.py's backward:
-# a query and a document block, a product and its partial sum).
+# gather (4 + 4), or, at another time, the blocked log-sum-exp's int64 row and id of every entry, kept for
+# one pass (8 + 8, beside what the paired scores keep for their backward: ~21 bytes per query entry, at
+# most ~11 per entry where queries hold at most half the entries); and at most four densified fp32
+# [block, V] buffers at once (losses/blocked.py's backward: a query and a document block and a product,
+# fp32 or, in the bf16 product path, half-size blocks and a block repeated three times).
 _SPARSE_LOSS_ENTRY_BYTES = 40
 _SPARSE_LOSS_BLOCKS = 4
 # The recording stream's workspace bytes, per stream (one per GPU): _stream_workspace_bytes

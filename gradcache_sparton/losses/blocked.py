@@ -58,16 +58,22 @@ checked once per call, :func:`_products_in_bf16`) the blocks are kept in bf16 an
 tensor cores with fp32 output (``torch.mm(..., out_dtype=torch.float32)``): the product of two bf16
 values is exact in fp32, so the scores are sums of the exact fp32 products, in another order. The
 backward's fp32 softmax weights are not bf16 values: each is split exactly into three bf16 parts (8 +
-8 + 8 significant bits, :func:`_bf16_parts`) multiplied one by one, so the gradients too are sums of
-exact products. A blocked step then does 8 bf16 products where it did 4 fp32 ones. On a CPU, and for
+8 + 8 significant bits, :func:`_bf16_parts`, once per block for both gradients), and the parts'
+products are summed in fp32 by one GEMM (:func:`_mm_fp32_left`): the parts side by side over K = 3·k
+against the block repeated three times (``grad_d``: the query block, few rows), or stacked as 3·m rows
+whose three [m, n] results are then summed (``grad_q`` of a compacted block: few queries against many
+documents), whichever temporary is smaller. So the gradients too are sums of exact products, in another
+fp32 order. A blocked step then does 8 bf16 products' work where it did 4 fp32 ones. On a CPU, and for
 other values, the products stay fp32 (fp64) matmuls.
 
 Memory: the [B, V] rep gradients the dense path also returns, plus a few [bq, bd] blocks and copies
 of one query block and one document block ([b, W] when compacted; the plan keeps each block's U, at
 most one int64 per query non-zero) (bf16 in the product path above; fp32 for half-precision
 reps otherwise: callers upcast once the columns they also use elsewhere, so their gradients are rounded
-once). Time: the forward matmuls run twice (once more in the backward), so a blocked step costs one
-extra [B, V] x [V, N] product over the dense one.
+once). The split product's temporary is at most 1.5 fp32 [b, W] blocks: a block repeated three times in
+bf16, or a [3·bq, W] fp32 product, taken only where it is the smaller. Time: the forward matmuls run
+twice (once more in the backward), so a blocked step costs one extra [B, V] x [V, N] product over the
+dense one.
 
 :func:`score_block_size` decides: dense while the fp32 score matrix fits :data:`DENSE_SCORES_MAX_BYTES`,
 blocks of :data:`AUTO_BLOCK_SIZE` beyond; an explicit block size always blocks.
@@ -365,12 +371,16 @@ def _products_in_bf16(tensors: Sequence[Tensor]) -> bool:
     return bool(exact)
 
 
-def _bf16_parts(x: Tensor) -> list[Tensor]:
-    """fp32 ``x`` as three bf16 tensors whose fp32 sum is ``x`` exactly (8 + 8 + 8 significant bits)."""
-    hi = x.to(torch.bfloat16)
-    rest = x - hi.to(torch.float32)  # exact: x and hi agree in their leading bits
-    mid = rest.to(torch.bfloat16)
-    return [hi, mid, (rest - mid.to(torch.float32)).to(torch.bfloat16)]
+def _bf16_parts(x: Tensor) -> Tensor:
+    """fp32 ``x`` as three bf16 tensors, stacked [3, *x.shape], whose fp32 sum is ``x`` exactly (8 + 8 + 8
+    significant bits)."""
+    parts = x.new_empty((3, *x.shape), dtype=torch.bfloat16)
+    parts[0] = x
+    rest = x - parts[0]  # exact: x and its bf16 rounding agree in their leading bits (fp32 arithmetic)
+    parts[1] = rest
+    rest -= parts[1]  # exact, as above
+    parts[2] = rest
+    return parts
 
 
 def _mm(a: Tensor, b: Tensor) -> Tensor:
@@ -383,14 +393,17 @@ def _mm(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _mm_fp32_left(weights: Tensor, block: Tensor) -> Tensor:
-    """``weights @ block`` for fp32 ``weights`` and a ``block`` that may be bf16: part by part (module doc)."""
-    if block.dtype != torch.bfloat16:
+    """``weights @ block`` -> [m, n] for fp32 (fp64) ``weights`` [m, k], or for their bf16 parts [3, m, k]
+    (:func:`_bf16_parts`) against a bf16 ``block`` [k, n]: the parts' exact products summed in fp32 by one
+    GEMM (module doc), over K = 3k against the block repeated three times, or over 3m rows whose three
+    [m, n] results are then summed, whichever temporary is smaller (bf16 [3k, n] or fp32 [3m, n])."""
+    if weights.dim() == 2:
         return weights @ block
-    hi, mid, lo = _bf16_parts(weights)
-    out = _mm(hi, block)  # one [rows, V] fp32 buffer, the parts added into it in order
-    out += _mm(mid, block)
-    out += _mm(lo, block)
-    return out
+    _, m, k = weights.shape
+    if 2 * m < k:  # 12·m·n bytes < 6·k·n bytes: a few query rows against a large document block
+        return _mm(weights.reshape(3 * m, k), block).view(3, m, -1).sum(dim=0)  # [3m, k] @ [k, n] -> [m, n]
+    # [m, 3k] @ [3k, n] -> [m, n]; a view when the parts are the transpose of [3, k, m] ones (grad_d's)
+    return _mm(weights.transpose(0, 1).reshape(m, 3 * k), block.repeat(3, 1))
 
 
 def _check_same_on_every_rank(tensors: Sequence[Tensor]) -> None:
@@ -429,7 +442,7 @@ def _blocked_lse_forward(
         for scores, _, _, _ in _score_blocks(q_block, d_rows, temperature, block.document_rows, columns):
             new_max = torch.maximum(running_max, scores.amax(dim=1))  # [bq]
             rescale = torch.exp(running_max - new_max)  # [bq]: the old sum at the new max
-            running_sum = running_sum * rescale + torch.exp(scores - new_max[:, None]).sum(dim=1)
+            running_sum = running_sum * rescale + scores.sub_(new_max[:, None]).exp_().sum(dim=1)  # in place
             running_max = new_max
         lse[i0:i1] = running_max + torch.log(running_sum)
     if summed:  # every rank's rows (zero elsewhere) -> the full [B] on every rank
@@ -467,14 +480,16 @@ def _blocked_lse_backward(
         for scores, c, j0, d_block in _score_blocks(
             q_block, d_rows, temperature, block.document_rows, columns
         ):
-            weights = torch.exp(scores - lse[i0:i1, None]) * row_scale[i0:i1, None]  # [bq, bd]
+            weights = scores.sub_(lse[i0:i1, None]).exp_().mul_(row_scale[i0:i1, None])  # [bq, bd], in place
+            # Split once for both products: [3, bq, bd] bf16 parts when the blocks are bf16 (module doc).
+            left = _bf16_parts(weights) if block_dtype == torch.bfloat16 else weights
             if grad_q is not None:
                 # [bq, bd] @ [bd, V] -> [bq, V] (W for V when compacted)
-                q_rows.add_to_grad(grad_q, i0, i1, _mm_fp32_left(weights, d_block), columns)
+                q_rows.add_to_grad(grad_q, i0, i1, _mm_fp32_left(left, d_block), columns)
             if grad_d[c] is not None:
                 j1 = j0 + d_block.shape[0]
                 # [bd, bq] @ [bq, V] -> [bd, V]: zero at the columns outside U (the queries' zeros)
-                d_rows[c].add_to_grad(grad_d[c], j0, j1, _mm_fp32_left(weights.T, q_block), columns)
+                d_rows[c].add_to_grad(grad_d[c], j0, j1, _mm_fp32_left(left.mT, q_block), columns)
     if summed:  # each query row from one rank, each document from every rank's query rows
         for grad in (grad_q, *grad_d):
             if grad is not None:
@@ -551,5 +566,5 @@ def _score_blocks(
     for c, d in enumerate(d_rows):
         for j0 in range(0, d.num_rows, document_rows):
             d_block = d.block(j0, min(j0 + document_rows, d.num_rows), q_block.dtype, columns)  # [bd, V or W]
-            scores = _mm(q_block, d_block.T) / temperature  # [bq, V] @ [V, bd] -> [bq, bd], fp32 (fp64)
+            scores = _mm(q_block, d_block.T).div_(temperature)  # [bq, V] @ [V, bd] -> [bq, bd], fp32 (fp64)
             yield scores, c, j0, d_block

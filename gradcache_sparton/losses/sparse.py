@@ -21,14 +21,16 @@ Against the dense [B, V] loss the value is the same up to fp32 summation order:
 
 Memory: the weights' fp32 copy and gradient (4 + 4 bytes per non-zero), the [V] column sums, and at
 most four fp32 [block, V] buffers at once (a query block, a document block and, in the backward,
-the gradient of each; [block, W] when compacted), never [B, V]; the plan's active ids (at most 8 bytes
-per query non-zero) and a [blocks, V] bool mask of at most 64 MiB while it is made. The automatic block (:func:`sparse_block_size`) keeps each of
+the gradient of each; [block, W] when compacted), never [B, V]; for one forward or backward pass the int64
+row and id of every entry (8 + 8 bytes per non-zero, made once rather than per block pair); the plan's
+active ids (at most 8 bytes per query non-zero) and a [blocks, V] bool mask of at most 64 MiB while it is made. The automatic block (:func:`sparse_block_size`) keeps each of
 them within :data:`SPARSE_BLOCK_MAX_BYTES`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -118,7 +120,8 @@ def upcast_sparse(reps: SparseReps) -> SparseReps:
 
 class _SparseRows:
     """:class:`~.blocked.RowBlocks` of sparse reps: a block of rows densified (over all V, or over a compacted
-    query block's columns), its gradient gathered back at its non-zeros."""
+    query block's columns), its gradient gathered back at its non-zeros. One is made per forward or backward
+    pass: its int64 rows and ids of the entries, made at the first block, serve every block pair of the pass."""
 
     def __init__(self, reps: SparseReps, weights: Tensor) -> None:
         self.tensor = weights  # [nnz], the differentiable input
@@ -133,17 +136,20 @@ class _SparseRows:
     def vocab_size(self) -> int:
         return self._reps.vocab_size
 
+    @cached_property
+    def _rows(self) -> Tensor:
+        """[nnz] int64: every entry's row; made once per pass, not once per block pair."""
+        return self._reps.row_ids()
+
+    @cached_property
+    def _ids(self) -> Tensor:
+        """[nnz] int64: every entry's vocabulary id (indexing takes int64); made once per pass."""
+        return self._reps.token_ids.long()
+
     def _entries(self, start: int, stop: int) -> tuple[int, int, Tensor, Tensor]:
         """Rows ``start:stop``'s entries ``lo:hi``, with their row within the block and their id ([nnz_b] each)."""
         lo, hi = self._offsets[start], self._offsets[stop]
-        counts = self._reps.offsets[start + 1 : stop + 1] - self._reps.offsets[start:stop]  # [b]
-        rows = torch.arange(stop - start, device=counts.device)
-        return (
-            lo,
-            hi,
-            torch.repeat_interleave(rows, counts, output_size=hi - lo),
-            self._reps.token_ids[lo:hi].long(),
-        )
+        return lo, hi, self._rows[lo:hi] - start, self._ids[lo:hi]
 
     def active_columns(self, edge: int) -> list[Tensor]:
         """Each block of ``edge`` rows' sorted unique ids: a [blocks, V] bool mask at a time (two syncs each)."""
