@@ -11,6 +11,7 @@ One job per module:
 - :mod:`.validation`: checks a ``datasets.Dataset`` of training rows.
 - :mod:`.loading`: loads training rows from files (or takes a Dataset) and validates them.
 - :mod:`.collator`: tokenises rows into the engine's batch contract.
+- :mod:`.token_cache`: the training texts tokenized once, before training, for the collator to pad.
 - :mod:`.output`: writes training rows to a file (mined negatives), never over one without ``overwrite``.
 
 Training rows
