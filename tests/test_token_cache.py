@@ -51,6 +51,21 @@ def test_cached_batches_equal_the_tokenizers(tokenizer, padding_side, pad_to_max
             assert cached[column][key].dtype == tensor.dtype and torch.equal(cached[column][key], tensor)
 
 
+def test_tokenizer_without_token_type_ids(tokenizer, monkeypatch) -> None:
+    """A tokenizer that gives no token type ids (most decoder tokenizers) builds a cache whose features have none
+    either, equal to the tokenizer's own."""
+    monkeypatch.setattr(tokenizer, "model_input_names", ["input_ids", "attention_mask"])
+    cache = _cache(tokenizer)
+    assert cache is not None
+    settings = {"query_max_length": 16, "document_max_length": 64}
+    plain = TrainingCollator(tokenizer, **settings)(ROWS)["columns"]
+    cached = TrainingCollator(tokenizer, token_cache=cache, **settings)(ROWS)["columns"]
+    for column, features in plain.items():
+        assert list(features) == ["input_ids", "attention_mask"] == list(cached[column]), column
+        for key, tensor in features.items():
+            assert torch.equal(cached[column][key], tensor), (column, key)
+
+
 def test_texts_outside_the_cache_are_tokenized(tokenizer) -> None:
     """A batch with a text the cache does not hold (an evaluation set's) gets the tokenizer's features, not an error."""
     cache = _cache(tokenizer)
@@ -87,11 +102,22 @@ def test_no_cache_past_its_size_or_for_a_streamed_dataset(tokenizer, monkeypatch
     )
 
 
-def test_negatives_list_column_is_cached(tokenizer) -> None:
-    """A ``negatives`` list column's texts are documents of the cache like negative_i columns'."""
+def test_negatives_list_column_is_cached(tokenizer, monkeypatch) -> None:
+    """A ``negatives`` list column's texts are documents of the cache like negative_i columns', and each of
+    them counts toward the cache's size."""
     rows = [{"query": r["query"], "positive": r["positive"], "negatives": [r["negative_1"]]} for r in ROWS]
     cache = TokenCache.for_dataset(
         tokenizer, datasets.Dataset.from_list(rows), ["query", "positive", "negatives"],
         query_max_length=16, document_max_length=64,
     )  # fmt: skip
     assert cache.features([ROWS[2]["negative_1"]], is_query=False, length=None, multiple=8) is not None
+    rows = [{**row, "negatives": row["negatives"] * 2} for row in rows]  # 3 rows of 4 texts: 12
+    dataset = datasets.Dataset.from_list(rows)
+    monkeypatch.setattr(
+        token_cache_module, "TOKEN_CACHE_MAX_TEXTS", 11
+    )  # the list's texts count, not 1 column
+    columns = ["query", "positive", "negatives"]
+    assert (
+        TokenCache.for_dataset(tokenizer, dataset, columns, query_max_length=16, document_max_length=64)
+        is None
+    )

@@ -29,16 +29,20 @@ __all__ = ["TOKEN_CACHE_MAX_TEXTS", "TokenCache", "training_texts"]
 logger = logging.getLogger(__name__)
 
 TOKEN_CACHE_MAX_TEXTS = 300_000
-"""Distinct texts at most (queries and documents): at 256 tokens, at most about 300 MB of ids. Past it an
-epoch is hundreds of steps long, and its first batch's wait a small share of it."""
+"""Texts at most (each row's queries and documents, repeats included): at 256 tokens, at most about 300 MB of
+ids. Past it an epoch is hundreds of steps long, and its first batch's wait a small share of it."""
 _CHUNK = 4_096  # texts per tokenizer call: its threads have work, the Python lists stay small
 
 
 def training_texts(dataset: object, text_columns: Sequence[str]) -> dict[bool, list[str]] | None:
     """A training dataset's texts by kind (True: queries, False: documents) from its ``text_columns``
     (:func:`~.columns.text_columns_of`); None for a dataset without a length (streamed), or with more
-    rows than could hold at most :data:`TOKEN_CACHE_MAX_TEXTS` texts (nothing is read then)."""
-    if not hasattr(dataset, "__len__") or len(dataset) * len(text_columns) > TOKEN_CACHE_MAX_TEXTS:
+    texts than :data:`TOKEN_CACHE_MAX_TEXTS` (counted from its first row, nothing else read then)."""
+    if not hasattr(dataset, "__len__") or len(dataset) == 0:
+        return None
+    first = dataset[0]
+    per_row = sum(len(first[name]) if name == NEGATIVES_COLUMN else 1 for name in text_columns)
+    if len(dataset) * per_row > TOKEN_CACHE_MAX_TEXTS:
         return None
     texts: dict[bool, list[str]] = {True: [], False: []}
     for name in text_columns:
@@ -75,17 +79,10 @@ class TokenCache:
         max_lengths: Mapping[bool, int],
     ) -> TokenCache | None:
         """Tokenize the distinct texts of ``texts`` (is_query -> texts) at ``max_lengths[is_query]``; None
-        (with the reason logged) where there are more than :data:`TOKEN_CACHE_MAX_TEXTS`, the tokenizer has
-        no pad token, or a text's attention mask or token type ids are not those of a single sequence."""
+        (with the reason logged) where the tokenizer has no pad token, or a text's attention mask or token
+        type ids are not those of a single sequence. How many texts is the caller's to bound
+        (:func:`training_texts`)."""
         distinct = {is_query: list(dict.fromkeys(values)) for is_query, values in texts.items()}
-        count = sum(map(len, distinct.values()))
-        if count > TOKEN_CACHE_MAX_TEXTS:
-            logger.info(
-                "Training texts are tokenized per batch: %d distinct texts, more than %d to tokenize up front",
-                count,
-                TOKEN_CACHE_MAX_TEXTS,
-            )
-            return None
         if tokenizer.pad_token_id is None:
             return None  # the tokenizer's own padding raises the clear error
         ids: dict[bool, dict[str, np.ndarray]] = {}
@@ -95,9 +92,10 @@ class TokenCache:
             for start in range(0, len(values), _CHUNK):
                 chunk = values[start : start + _CHUNK]
                 encoded = tokenizer(chunk, truncation=True, max_length=max_lengths[is_query])
-                token_type_ids = token_type_ids or "token_type_ids" in encoded
+                types = encoded.get("token_type_ids")  # absent for most decoder tokenizers
+                token_type_ids = token_type_ids or types is not None
                 for i, text in enumerate(chunk):
-                    if not all(encoded["attention_mask"][i]) or any(encoded.get("token_type_ids", [[]])[i]):
+                    if not all(encoded["attention_mask"][i]) or (types is not None and any(types[i])):
                         logger.info(
                             "Training texts are tokenized per batch: the tokenizer gives %r a mask or token "
                             "types other than a single sequence's",
@@ -105,7 +103,9 @@ class TokenCache:
                         )
                         return None
                     ids[is_query][text] = np.asarray(encoded["input_ids"][i], dtype=np.int32)
-        logger.info("Tokenized %d distinct training texts once, before training", count)
+        logger.info(
+            "Tokenized %d distinct training texts once, before training", sum(map(len, distinct.values()))
+        )
         return cls(tokenizer, ids, token_type_ids)
 
     @classmethod
