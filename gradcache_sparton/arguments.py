@@ -94,8 +94,9 @@ def _has_accelerator() -> bool:
     return torch.accelerator.is_available()
 
 
-# Most dataloader workers a process starts by default: 4 keep one H200 busy on 512-pair batches of real text
-# (issue 48: 0.81 of the engine with 4 against 0.43 with none); more only take CPU from other processes.
+# Most dataloader workers a process starts by default when batches are tokenized as they are read: 4 kept one
+# H200 busy on 512-pair batches of real text (0.81 of the engine with 4 against 0.43 with none, before the
+# token cache); more only take CPU from other processes.
 _MAX_DEFAULT_WORKERS = 4
 
 
@@ -434,8 +435,9 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
     Changed defaults: ``per_device_train_batch_size=256`` (the effective batch per device),
     ``dataloader_drop_last=True`` (a small final batch spikes a contrastive loss),
     ``remove_unused_columns=False`` (the collator needs the text columns), ``prediction_loss_only=True``,
-    and on a GPU ``dataloader_num_workers`` (persistent) so that batches are tokenized while the device trains,
-    and the batch copied to it without waiting (``accelerator_config`` ``non_blocking``, from pinned memory).
+    and on a GPU the batch copied to it without waiting (``accelerator_config`` ``non_blocking``, from pinned
+    memory) and, where the trainer cannot tokenize the training set before training, ``dataloader_num_workers``
+    (persistent) so that batches are tokenized while the device trains (:meth:`pretokenized_batches`).
     """
 
     output_dir: str | None = field(
@@ -459,8 +461,10 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         default=None,
         metadata={
             "help": "Processes that read, tokenize and pad the next batches while the device trains on this one (0: "
-            "the main process, between steps). Default: on a GPU, min(4, the CPUs this process may use - 1), 0 "
-            "on a single CPU; 0 when training on the CPU (the model uses those cores itself)."
+            "the main process, between steps). Default: 0 when the trainer tokenizes every training text before "
+            "training (a training set of at most 300,000 texts: a batch is then only padded); otherwise "
+            "on a GPU min(4, the CPUs this process may use - 1), 0 on a single CPU; 0 when training on the CPU "
+            "(the model uses those cores itself)."
         },
     )
     dataloader_persistent_workers: bool | None = field(
@@ -511,6 +515,19 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         ``accelerate launch`` or ``torchrun`` (DDP, FSDP2), one process each."""
         return min(super().n_gpu, 1)
 
+    def pretokenized_batches(self) -> None:
+        """Called by the trainer when every training text was tokenized before training (its token cache):
+        a batch is then a gather and a pad, milliseconds in the main process, so the default worker count
+        becomes 0 (and persistent workers off); counts, persistence or a prefetch factor the user gave are
+        kept. Workers then only add their start and their copies: on an H200 (512-pair batches of SciFact
+        text, ``benchmarks/bench_trainer_feed.py``, 2026-11-29) the trainer without workers ran at 1.01 of
+        ``CachedLoss`` alone in both orders of one call, with 4 workers at 0.65 and 0.99, stalling 3-5 s in
+        3 of 30 steps in the first."""
+        if self._default_workers:
+            self.dataloader_num_workers = 0
+            if self._default_persistent_workers:
+                self.dataloader_persistent_workers = False
+
     def __post_init__(self) -> None:
         if self.output_dir is None:
             self.output_dir = time.strftime("outputs/splade-%Y%m%d-%H%M%S")
@@ -518,6 +535,12 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         accelerator = _has_accelerator() and not self.use_cpu
         if self.dataloader_pin_memory and not accelerator:
             self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every epoch
+        # Whether the worker settings were left to their defaults: batches read from the trainer's token cache
+        # need no workers (pretokenized_batches).
+        self._default_workers = (
+            self.dataloader_num_workers is None and self.dataloader_prefetch_factor is None
+        )
+        self._default_persistent_workers = self.dataloader_persistent_workers is None
         if self.dataloader_num_workers is None:
             self.dataloader_num_workers = _default_dataloader_workers(accelerator=accelerator)
         elif isinstance(self.dataloader_num_workers, bool) or not isinstance(

@@ -206,6 +206,13 @@ class CachedSpladeTrainer(Trainer):
                 query_max_length=args.query_max_length,
                 document_max_length=args.document_max_length,
             )
+        if token_cache is not None:
+            args.pretokenized_batches()
+            logger.info(
+                "Every training text is tokenized: batches are padded in the main process "
+                "(dataloader_num_workers %d).",
+                args.dataloader_num_workers,
+            )
         if args.dataloader_num_workers > 0:
             # The workers fork from this process, which may have tokenized with the tokenizer's thread pool (an
             # evaluator's encoding): a forked pool deadlocks, so each worker tokenizes on one thread (which
