@@ -229,7 +229,8 @@ class CachedSpladeTrainer(Trainer):
                 processing_class,
                 query_max_length=args.query_max_length,
                 document_max_length=args.document_max_length,
-                pad_to_max_length=args.max_memory is not None,
+                # a max_memory plan is made on CUDA only: elsewhere batches keep their own lengths
+                pad_to_max_length=args.max_memory is not None and args.device.type == "cuda",
                 token_cache=token_cache,
             )
         super().__init__(

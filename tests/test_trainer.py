@@ -730,16 +730,27 @@ def test_several_visible_gpus_never_mean_data_parallel(tmp_path, monkeypatch) ->
     assert args.train_batch_size == args.per_device_train_batch_size
 
 
-@pytest.mark.parametrize(("max_memory", "padded"), [("4GiB", True), ("auto", True), (None, False)])
+@pytest.mark.parametrize(
+    ("max_memory", "device", "padded"),
+    [
+        ("4GiB", "cpu", False),
+        ("auto", "cpu", False),
+        (None, "cpu", False),
+        pytest.param("4GiB", "cuda", True, marks=pytest.mark.gpu),
+        pytest.param("auto", "cuda", True, marks=pytest.mark.gpu),
+        pytest.param(None, "cuda", False, marks=pytest.mark.gpu),
+    ],
+)
 def test_trainer_pads_batches_to_one_shape_under_max_memory(
-    tmp_path, tokenizer, sample_rows, max_memory, padded
+    tmp_path, tokenizer, sample_rows, max_memory, device, padded
 ) -> None:
-    """With max_memory the default collator pads every batch to the max lengths, so the plan measured on the
-    first batch covers every later one (no probe in mid-training for a longer batch); without, to the longest row.
-    Either way the training texts are tokenized once, before training (the collator's token cache)."""
+    """With max_memory on CUDA the default collator pads every batch to the max lengths, so the plan measured on
+    the first batch covers every later one (no probe in mid-training for a longer batch); without max_memory, or
+    on a CPU (where no plan is made), to the longest row. Either way the training texts are tokenized once,
+    before training (the collator's token cache)."""
     trainer = CachedSpladeTrainer(
         _encoder(tokenizer, dropout=0.0),
-        _args(tmp_path, max_memory=max_memory),
+        _args(tmp_path, max_memory=max_memory, use_cpu=device == "cpu"),
         train_dataset=sample_rows,
         processing_class=tokenizer,
     )
