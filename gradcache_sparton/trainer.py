@@ -209,7 +209,7 @@ class CachedSpladeTrainer(Trainer):
         if token_cache is not None:
             args.pretokenized_batches()
             logger.info(
-                "Every training text is tokenized: batches are padded in the main process "
+                "Every training text is tokenized before training: a batch is only padded "
                 "(dataloader_num_workers %d).",
                 args.dataloader_num_workers,
             )
