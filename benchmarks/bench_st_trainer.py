@@ -8,10 +8,12 @@ bias -1.9 for a trained-like sparsity, dropout off) built from a config, bf16 on
 queries and 3e-4 on the documents; ours maps it with ``splade_loss_config_from``). Rows:
 
 - ``ours``: ``CachedSpladeTrainer(model, CachedSpladeTrainingArguments(...), ...)`` at its defaults
-  (``use_sparton_head`` is applied to the model in place, dataloader workers on a GPU, ``max_memory`` auto);
+  (``use_sparton_head`` is applied to the model in place, the token cache and no dataloader workers,
+  ``max_memory`` auto);
 - ``st``: ``SparseEncoderTrainer(model, SparseEncoderTrainingArguments(...), loss=CachedSpladeLoss(...))`` at
   its defaults (no dataloader workers);
-- ``st-workers``: theirs with ours' dataloader workers, so that the comparison is not only the workers.
+- ``st-workers``: theirs with the dataloader workers our trainer starts where it has no token cache (4 on a
+  GPU machine of 5 or more CPUs), so that the comparison is not only the feed.
 
 Each is timed over ``--steps`` steps after ``--warmup`` steps (optimizer steps included, a device sync at
 either end); ``pairs_per_s`` is rows per second, ``peak_reserved_gib`` the process's reserved peak over the
