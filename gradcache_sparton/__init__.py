@@ -24,7 +24,7 @@ from gradcache_sparton.data import (
     self_supervised_pairs,
 )
 from gradcache_sparton.engine import CachedLoss, GradCache, GradCacheConfig, LossOutput
-from gradcache_sparton.evaluation import SparseRetrievalEvaluator
+from gradcache_sparton.evaluation import EncodingSettings, SparseRetrievalEvaluator
 from gradcache_sparton.kernels import SpartonHead, sparton_head, sparton_head_reference
 from gradcache_sparton.losses import (
     SpladeLoss,
@@ -67,6 +67,7 @@ __all__ = [
     "CachedSpladeTrainer",
     "CachedSpladeTrainingArguments",
     "DataArguments",
+    "EncodingSettings",
     "GradCache",
     "GradCacheConfig",
     "InferenceFreeEncoder",

@@ -40,6 +40,7 @@ from gradcache_sparton.data.columns import text_columns_of
 from gradcache_sparton.data.output import check_output_path
 from gradcache_sparton.evaluation import (
     EXPORT_FORMATS,
+    EncodingSettings,
     PruningBudget,
     RetrievalEvalCallback,
     SparseRetrievalEvaluator,
@@ -132,12 +133,14 @@ def build_evaluator(
     """The retrieval evaluator on ``eval_beir`` ('default': the shipped dev sample; 'none': no evaluator)."""
     if not data_args.evaluates:
         return None
-    return SparseRetrievalEvaluator(
-        _beir_data(data_args.eval_beir, data_args.eval_beir_split),
-        tokenizer=tokenizer,
+    encoding = EncodingSettings(
+        tokenizer,
         query_max_length=query_max_length,
         document_max_length=document_max_length,
         batch_size=data_args.eval_batch_size,
+    )
+    return SparseRetrievalEvaluator(
+        _beir_data(data_args.eval_beir, data_args.eval_beir_split), encoding=encoding
     )
 
 
@@ -196,7 +199,7 @@ def _run_training(
     encoder.lora = None  # this run's record, not a loaded checkpoint's
     peft_model = add_lora_adapters(encoder, model_args) if model_args.lora_r else None
     if evaluator is not None and torch.cuda.is_available() and training_args.bf16:
-        evaluator.autocast_dtype = torch.bfloat16
+        evaluator.encoding.autocast_dtype = torch.bfloat16
     trainer = CachedSpladeTrainer(
         encoder, training_args, train_dataset=train_dataset, processing_class=tokenizer
     )
@@ -285,20 +288,18 @@ def run_evaluation(
     if not budgets or len({b.name for b in budgets}) != len(budgets):
         raise ValueError(f"budgets must be distinct and at least one, got {[b.name for b in budgets]}")
     model_args = ModelArguments(model_name_or_path=model_name_or_path)
-    tokenizer = build_tokenizer(model_args)
+    encoding = EncodingSettings(
+        build_tokenizer(model_args),
+        query_max_length=query_max_length,
+        document_max_length=document_max_length,
+        batch_size=batch_size,
+    )
     evaluators: dict[str, SparseRetrievalEvaluator] = {}
     for folder in folders:
         name = DEFAULT_BEIR_NAME if folder == "default" else "_".join(Path(folder).name.split())
         name = name if name not in evaluators else f"{name}-{len(evaluators)}"
         evaluators[name] = SparseRetrievalEvaluator(
-            _beir_data(folder, split),
-            tokenizer=tokenizer,
-            query_max_length=query_max_length,
-            document_max_length=document_max_length,
-            batch_size=batch_size,
-            top_k=top_k,
-            measures=measures,
-            retrieval=retrieval,
+            _beir_data(folder, split), encoding=encoding, top_k=top_k, measures=measures, retrieval=retrieval
         )
         if run_prefix is not None:
             check_trec_ids(evaluators[name].query_ids, name=f"{folder}: query")
@@ -307,7 +308,7 @@ def run_evaluation(
                 check_output_path(
                     _run_file(run_prefix, name, budget), overwrite=overwrite, suffixes=(".trec",)
                 )
-    encoder = build_encoder(model_args, tokenizer)
+    encoder = build_encoder(model_args, encoding.tokenizer)
     encoder.check_max_length("query_max_length", query_max_length)
     encoder.check_max_length("document_max_length", document_max_length)
     encoder.to(device).eval()
@@ -401,13 +402,12 @@ def run_export(
         encoder,
         ((document.doc_id, document.full_text) for document in iter_corpus(beir_path)),
         output_file,
-        tokenizer=tokenizer,
+        encoding=EncodingSettings(
+            tokenizer, document_max_length=document_max_length, batch_size=batch_size, device=device
+        ),
         export_format=export_format,
-        max_length=document_max_length,
-        batch_size=batch_size,
         chunk_size=chunk_size,
         scale=scale,
-        device=device,
         total=num_documents,
     )
     seconds = time.monotonic() - began

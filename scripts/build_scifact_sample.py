@@ -99,7 +99,7 @@ def pool_rankings(source: Path, dev_queries: list[str], *, depth: int) -> dict[s
 
     from gradcache_sparton.arguments import ModelArguments
     from gradcache_sparton.data import BeirData, load_beir
-    from gradcache_sparton.evaluation import SparseRetrievalEvaluator
+    from gradcache_sparton.evaluation import EncodingSettings, SparseRetrievalEvaluator
     from gradcache_sparton.mining import bm25_rankings
     from gradcache_sparton.pipeline import build_encoder, build_tokenizer
 
@@ -119,9 +119,8 @@ def pool_rankings(source: Path, dev_queries: list[str], *, depth: int) -> dict[s
     model_args = ModelArguments(model_name_or_path=POOL_MODEL)
     tokenizer = build_tokenizer(model_args)
     encoder = build_encoder(model_args, tokenizer).eval()
-    evaluator = SparseRetrievalEvaluator(
-        dev, tokenizer=tokenizer, top_k=max(depth, 100), device="cpu", **POOL_LENGTHS
-    )
+    encoding = EncodingSettings(tokenizer, device="cpu", **POOL_LENGTHS)
+    evaluator = SparseRetrievalEvaluator(dev, encoding=encoding, top_k=max(depth, 100))
     with torch.inference_mode():
         (result,) = evaluator.evaluate(encoder)
     rankings["splade"] = {q: [d for d, _ in hits[:depth]] for q, hits in result.run.items()}

@@ -41,7 +41,7 @@ def per_query_ndcg(model: str, data_args: DataArguments, lengths: dict[str, int]
     model_args = ModelArguments(model_name_or_path=model)
     tokenizer = build_tokenizer(model_args)
     evaluator = build_evaluator(data_args, tokenizer, **lengths)
-    evaluator.show_progress = False
+    evaluator.encoding.show_progress = False
     (result,) = evaluator.evaluate(build_encoder(model_args, tokenizer).eval())
     qrels = evaluator.data.qrels
     return {q: ndcg_at_k([d for d, _ in hits], qrels[q], 10) for q, hits in result.run.items()}

@@ -23,7 +23,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = build_tokenizer(ModelArguments())
     evaluator = build_evaluator(DataArguments(), tokenizer, query_max_length=32, document_max_length=64)
-    evaluator.show_progress = False
+    evaluator.encoding.show_progress = False
     print("| init_decoder_bias | nDCG@10 | MRR@10 | Recall@100 | query non-zeros | doc non-zeros |")
     print("|---|---|---|---|---|---|")
     for bias in args.biases:

@@ -15,6 +15,7 @@ from gradcache_sparton.cli import main
 from gradcache_sparton.cli.crossval import crossval_command as crossval_main
 from gradcache_sparton.crossval import make_folds, parse_recipe
 from gradcache_sparton.crossval.teacher import ensemble_teacher_scores, model_scores, normalise_scores
+from gradcache_sparton.evaluation import EncodingSettings
 from gradcache_sparton.evaluation.significance import (
     paired_comparison,
     paired_run_comparison,
@@ -226,8 +227,8 @@ def test_teacher_mixes_the_two_normalised_systems(tmp_path: Path) -> None:
         [beir.corpus[f"d{i}"], beir.corpus[f"x{i}"], "The star is not here. A lab."] for i in range(4)
     ]
     encoder, tokenizer = _shipped_model()
-    lengths = dict(query_max_length=16, document_max_length=32)
-    model = model_scores(encoder, queries, candidates, docs, tokenizer=tokenizer, depth=len(docs), **lengths)
+    encoding = EncodingSettings(tokenizer, query_max_length=16, document_max_length=32, show_progress=False)
+    model = model_scores(encoder, queries, candidates, docs, encoding=encoding, depth=len(docs))
     bm25 = bm25_scores(queries, candidates, docs, depth=len(docs), show_progress=False)
     for scores, top in (model, bm25):
         assert (scores[:, 0] > scores[:, 1]).all()  # topic document above noise
@@ -235,7 +236,7 @@ def test_teacher_mixes_the_two_normalised_systems(tmp_path: Path) -> None:
     # The model's best corpus score is its score of some corpus document: the candidates' scale is the corpus's.
     assert torch.isclose(model[0].max(dim=1).values, model[1][:, 0]).sum() >= 1
     z_model, z_bm25 = normalise_scores(*model), normalise_scores(*bm25)
-    common = dict(encoder=encoder, tokenizer=tokenizer, depth=len(docs), show_progress=False, **lengths)
+    common = dict(encoder=encoder, encoding=encoding, depth=len(docs))
     for weight in (0.0, 0.3, 1.0):
         got = ensemble_teacher_scores(queries, candidates, docs, bm25_weight=weight, **common)
         # float32 result of a float64 mix of z-scores (|z| < sqrt(K) = 4): 4 · 2**-24 relative is below 1e-6.
@@ -278,11 +279,11 @@ def test_crossval_teacher_scores_come_from_the_training_row_alone(tmp_path: Path
                 [[row["positive"], row["negative_1"], row["negative_2"]]],
                 docs,
                 encoder=encoder,
-                tokenizer=tokenizer,
+                # crossval's evaluation lengths
+                encoding=EncodingSettings(
+                    tokenizer, query_max_length=32, document_max_length=32, show_progress=False
+                ),
                 bm25_weight=0.7,
-                query_max_length=32,  # crossval's evaluation lengths
-                document_max_length=32,
-                show_progress=False,
             )
             # fp32 encodings differ between batch shapes by summation order only (~1e-6 of scores of O(10)),
             # divided by a top-K std of O(1): far below 1e-4.
@@ -599,10 +600,10 @@ def test_crossval_rounds_mine_with_each_folds_previous_model(tmp_path: Path, mon
         model = ModelArguments(model_name_or_path=str(two / "seed1" / f"fold{k}"))
         encoder = build_encoder(model, tokenizer).eval()
         queries = list(dict.fromkeys(r["query"] for r in mined))  # the miner's queries, in its order
-        ranking = splade_rankings(
-            encoder, queries, docs, tokenizer=tokenizer, depth=4, query_max_length=32, document_max_length=32,
-            show_progress=False,
-        )  # fmt: skip
+        encoding = EncodingSettings(
+            tokenizer, query_max_length=32, document_max_length=32, show_progress=False
+        )
+        ranking = splade_rankings(encoder, queries, docs, encoding=encoding, depth=4)
         for row in mined:
             top = ranking[queries.index(row["query"])].tolist()
             for column in model_negatives:
@@ -640,9 +641,8 @@ def test_crossval_round_teacher_is_the_previous_model(tmp_path: Path, monkeypatc
     assert [name for name, _ in calls] == ["splade-tiny-msmarco"] * 4
     docs = list(load_beir(beir, split="train").corpus.values())
     start, tokenizer = _shipped_model()
-    lengths = dict(
-        query_max_length=32, document_max_length=32, show_progress=False
-    )  # crossval's evaluation lengths
+    # crossval's evaluation lengths
+    encoding = EncodingSettings(tokenizer, query_max_length=32, document_max_length=32, show_progress=False)
     moved = 0.0
     for k in range(2):
         rows = _read_rows(out / f"fold{k}" / "train-seed1-round2.jsonl.gz")
@@ -651,7 +651,7 @@ def test_crossval_round_teacher_is_the_previous_model(tmp_path: Path, monkeypatc
         )
         queries = [row["query"] for row in rows]
         candidates = [[row["positive"], row["negative_1"], row["negative_2"]] for row in rows]
-        teacher = dict(tokenizer=tokenizer, bm25_weight=0.5, **lengths)
+        teacher = dict(encoding=encoding, bm25_weight=0.5)
         expected = ensemble_teacher_scores(queries, candidates, docs, encoder=previous.eval(), **teacher)
         # fp32 encodings differ between batch shapes by summation order only (~1e-6 of scores of O(10)),
         # divided by a top-K std of O(1): far below 1e-4.

@@ -15,9 +15,10 @@ from transformers import BertForMaskedLM, Trainer, TrainingArguments
 
 from gradcache_sparton.arguments import ModelArguments
 from gradcache_sparton.cli import main
-from gradcache_sparton.data import BeirData, TrainingCollator, load_beir
+from gradcache_sparton.data import QUERY_COLUMN, BeirData, TrainingCollator, load_beir
 from gradcache_sparton.evaluation import (
     MAX_SEISMIC_NONZEROS,
+    EncodingSettings,
     PruningBudget,
     RetrievalEvalCallback,
     SparseReps,
@@ -38,6 +39,7 @@ from gradcache_sparton.evaluation import (
     write_trec_run,
 )
 from gradcache_sparton.modeling import SpladeEncoder
+from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 
 # ------------------------------------------------------------------------------------------ encoders
 
@@ -306,6 +308,22 @@ def test_encode_texts_rejects_bad_input(tokenizer, bag_of_words: BagOfWords) -> 
         )
 
 
+def test_encoding_settings_truncate_each_column_to_its_length(tokenizer, bag_of_words: BagOfWords) -> None:
+    """EncodingSettings.encode truncates queries to query_max_length and documents to document_max_length,
+    and refuses a non-tokenizer, a batch_size < 1 and a length not a multiple of 8 when built."""
+    encoding = EncodingSettings(tokenizer, query_max_length=8, document_max_length=16, show_progress=False)
+    text = "apple " * 6 + "banana cherry"  # 8 tokens ([CLS], [SEP] included) hold the apples alone
+    queries = encoding.encode(bag_of_words, [text], column=QUERY_COLUMN, desc="queries")
+    documents = encoding.encode(bag_of_words, [text], column=DOCUMENT_COLUMN, desc="documents")
+    assert queries.nonzeros_per_row().tolist() == [1] and documents.nonzeros_per_row().tolist() == [3]
+    with pytest.raises(TypeError, match="tokenizer must be a PreTrainedTokenizerBase"):
+        EncodingSettings("bert-base-uncased")
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        EncodingSettings(tokenizer, batch_size=0)
+    with pytest.raises(ValueError, match="query_max_length must be a positive multiple of 8, got 12"):
+        EncodingSettings(tokenizer, query_max_length=12)
+
+
 # ---------------------------------------------------------------------------------------- evaluator
 
 
@@ -331,7 +349,9 @@ def test_evaluator_matches_hand_computed_metrics(tmp_path: Path, tokenizer, bag_
     """End to end on a hand-built BEIR folder: term-overlap scores, ties by corpus order, documents that
     share no term with the query (score 0) never retrieved, known metrics."""
     data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
-    evaluator = SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=10, show_progress=False)
+    evaluator = SparseRetrievalEvaluator(
+        data, encoding=EncodingSettings(tokenizer, show_progress=False), top_k=10
+    )
     metrics = evaluator(bag_of_words)
     # q1 "apple": d1 and d3 score 1 (tie -> d1 first by corpus order), d2, d4 score 0 -> [d1, d3]:
     #   nDCG = (2/1 + 1/log2 3) / (2/1 + 1/log2 3) = 1, RR = 1, recall = 1.
@@ -366,9 +386,9 @@ def test_evaluator_runs_tiny_splade_on_shipped_dev_subset(tokenizer, tiny_bert_m
         qrels={q: {d: r for d, r in dev.qrels[q].items() if d in set(doc_ids)} for q in query_ids},
     )
     encoder = SpladeEncoder(tiny_bert_mlm)  # the CPU path: the chunked reference head
-    kwargs = {"tokenizer": tokenizer, "document_max_length": 64, "batch_size": 8, "show_progress": False}
-    first = SparseRetrievalEvaluator(subset, **kwargs)(encoder)
-    assert first == SparseRetrievalEvaluator(subset, **kwargs)(encoder)
+    encoding = EncodingSettings(tokenizer, document_max_length=64, batch_size=8, show_progress=False)
+    first = SparseRetrievalEvaluator(subset, encoding=encoding)(encoder)
+    assert first == SparseRetrievalEvaluator(subset, encoding=encoding)(encoder)
     assert set(first) == {
         "ndcg_at_10",
         "mrr_at_10",
@@ -380,23 +400,25 @@ def test_evaluator_runs_tiny_splade_on_shipped_dev_subset(tokenizer, tiny_bert_m
     assert all(0.0 <= first[k] <= 1.0 for k in ("ndcg_at_10", "mrr_at_10", "recall_at_100"))
     assert first["recall_at_100"] == 1.0  # 20 docs < 100: everything is retrieved
     assert 0 < first["query_nonzeros"] <= len(tokenizer) and 0 < first["doc_nonzeros"] <= len(tokenizer)
-    bf16 = SparseRetrievalEvaluator(subset, autocast_dtype=torch.bfloat16, **kwargs)(encoder)
+    encoding.autocast_dtype = torch.bfloat16
+    bf16 = SparseRetrievalEvaluator(subset, encoding=encoding)(encoder)
     assert set(bf16) == set(first)
 
 
 def test_evaluator_rejects_bad_settings(tmp_path: Path, tokenizer) -> None:
     """top_k < 10, max lengths not multiples of 8 and a non-BeirData raise before any encoding."""
     data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
+    encoding = EncodingSettings(tokenizer)
     with pytest.raises(ValueError, match="top_k must be >= 10"):
-        SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=5)
+        SparseRetrievalEvaluator(data, encoding=encoding, top_k=5)
     with pytest.raises(ValueError, match=r"top_k must be >= 1000 \(the largest cutoff"):
-        SparseRetrievalEvaluator(data, tokenizer=tokenizer, measures=["nDCG@10", "R@1000"])
+        SparseRetrievalEvaluator(data, encoding=encoding, measures=["nDCG@10", "R@1000"])
     with pytest.raises(ValueError, match=r"measure 'Foo@10' is not an ir_measures measure"):
-        SparseRetrievalEvaluator(data, tokenizer=tokenizer, measures=["Foo@10"])
+        SparseRetrievalEvaluator(data, encoding=encoding, measures=["Foo@10"])
     with pytest.raises(ValueError, match="document_max_length must be a positive multiple of 8"):
-        SparseRetrievalEvaluator(data, tokenizer=tokenizer, document_max_length=100)
+        EncodingSettings(tokenizer, document_max_length=100)
     with pytest.raises(TypeError, match="data must be a BeirData"):
-        SparseRetrievalEvaluator({"corpus": {}}, tokenizer=tokenizer)
+        SparseRetrievalEvaluator({"corpus": {}}, encoding=encoding)
 
 
 # ------------------------------------------------------------------------------ `evaluate` command
@@ -445,7 +467,9 @@ def test_evaluate_at_budgets_reports_metrics_and_index_size(
     """One encoding, several budgets: the full budget equals a plain call; a top-1 document budget keeps
     one posting per document and ranks by the kept term only (hand-computed)."""
     data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
-    evaluator = SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=10, show_progress=False)
+    evaluator = SparseRetrievalEvaluator(
+        data, encoding=EncodingSettings(tokenizer, show_progress=False), top_k=10
+    )
     with torch.no_grad():
         bag_of_words.weight[tokenizer.convert_tokens_to_ids("banana")] = 2.0
     full, top1 = evaluator.evaluate(bag_of_words, budgets=[PruningBudget(), PruningBudget(doc_top_k=1)])
@@ -659,7 +683,7 @@ def test_evaluator_through_seismic_equals_exhaustive(
         for weight, token in enumerate(("apple", "banana", "cherry"), start=1):
             bag_of_words.weight[tokenizer.convert_tokens_to_ids(token)] = float(weight)
     data = BeirData(corpus=data.corpus, queries={"q1": "apple banana"}, qrels={"q1": data.qrels["q1"]})
-    kwargs = {"tokenizer": tokenizer, "top_k": 10, "show_progress": False}
+    kwargs = {"encoding": EncodingSettings(tokenizer, show_progress=False), "top_k": 10}
     exhaustive = SparseRetrievalEvaluator(data, **kwargs)(bag_of_words)
     seismic = SparseRetrievalEvaluator(data, retrieval="seismic", **kwargs)(bag_of_words)
     assert seismic == pytest.approx(exhaustive, rel=1e-6)
@@ -690,7 +714,7 @@ def test_export_corpus_streams_both_formats(tmp_path: Path, tokenizer, bag_of_wo
     with torch.no_grad():
         bag_of_words.weight[tokenizer.convert_tokens_to_ids("banana")] = 0.004  # quantizes to 0 at scale 100
         bag_of_words.weight[tokenizer.convert_tokens_to_ids("cherry")] = 1.236
-    common = {"tokenizer": tokenizer, "max_length": 16, "show_progress": False}
+    common = {"encoding": EncodingSettings(tokenizer, document_max_length=16, show_progress=False)}
     seismic_path = tmp_path / "corpus.seismic.jsonl"
     assert (
         export_corpus(bag_of_words, docs, seismic_path, export_format="seismic", chunk_size=2, **common) == 5
@@ -738,10 +762,8 @@ def test_seismic_reads_the_exported_corpus(tmp_path: Path, tokenizer, bag_of_wor
         bag_of_words,
         docs,
         path,
-        tokenizer=tokenizer,
+        encoding=EncodingSettings(tokenizer, document_max_length=16, show_progress=False),
         export_format="seismic",
-        max_length=16,
-        show_progress=False,
     )
     index = SeismicIndex.build(str(path), n_postings=10, num_threads=1)
     assert (index.len, index.nnz) == (3, 5)
@@ -800,7 +822,9 @@ def test_callback_logs_every_n_steps_through_trainer(
     """eval_steps=2 over 4 steps: eval_* retrieval metrics land in the trainer's log history at 2 and 4."""
     data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
     trainer = make_trainer(tmp_path, tokenizer, bag_of_words, max_steps=4, logging_steps=100)
-    evaluator = SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=10, show_progress=False)
+    evaluator = SparseRetrievalEvaluator(
+        data, encoding=EncodingSettings(tokenizer, show_progress=False), top_k=10
+    )
     trainer.add_callback(RetrievalEvalCallback(evaluator, trainer=trainer, eval_steps=2))
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "eval_ndcg_at_10" in entry]
@@ -813,7 +837,9 @@ def test_callback_on_evaluate_adds_metrics(tmp_path: Path, tokenizer, bag_of_wor
     """eval_steps=None: trainer.evaluate() returns (and logs) the retrieval metrics next to its own."""
     data = load_beir(write_fruit_beir(tmp_path / "fruit"), split="test")
     trainer = make_trainer(tmp_path, tokenizer, bag_of_words)
-    evaluator = SparseRetrievalEvaluator(data, tokenizer=tokenizer, top_k=10, show_progress=False)
+    evaluator = SparseRetrievalEvaluator(
+        data, encoding=EncodingSettings(tokenizer, show_progress=False), top_k=10
+    )
     trainer.add_callback(RetrievalEvalCallback(evaluator, trainer=trainer))
     metrics = trainer.evaluate()
     assert "eval_loss" in metrics

@@ -25,6 +25,7 @@ from gradcache_sparton.data import (
     load_beir,
     load_training_data,
 )
+from gradcache_sparton.evaluation import EncodingSettings
 from gradcache_sparton.mining import (
     beir_mining_pairs,
     bm25_rankings,
@@ -353,11 +354,11 @@ def test_splade_mining_ranks_with_the_encoder_at_its_max_lengths(tokenizer) -> N
         [{"query": "apple banana", "positive": "apple banana", "positive_id": "d0"}]
     )
     encoder = _TokenPresence(len(tokenizer), tokenizer.all_special_ids)
-    common = dict(corpus=corpus, method="splade", encoder=encoder, tokenizer=tokenizer, show_progress=False)
+    common = dict(corpus=corpus, method="splade", encoder=encoder, show_progress=False)
     common.update(num_negatives=2, rank_start=1, rank_end=5, sampling="top")
-    short = mine_hard_negatives(pairs, document_max_length=8, **common)
+    short = mine_hard_negatives(pairs, encoding=EncodingSettings(tokenizer, document_max_length=8), **common)
     assert _negatives(short[0]) == [corpus["d1"], corpus["d2"]]  # d4 truncated: score 0
-    long = mine_hard_negatives(pairs, document_max_length=64, **common)
+    long = mine_hard_negatives(pairs, encoding=EncodingSettings(tokenizer, document_max_length=64), **common)
     assert _negatives(long[0]) == [corpus["d4"], corpus["d1"]]  # d4 scores 2, ranked first
 
 
@@ -393,7 +394,8 @@ def test_cli_mines_with_a_splade_checkpoint(tmp_path: Path, tokenizer, tiny_bert
     argv += ["--model_name_or_path", str(tmp_path / "ckpt"), "--device", "cpu", "--output_file", str(out)]
     argv += ["--num_negatives", "2", "--rank_start", "2", "--rank_end", "20"]
     assert main(argv) == 0
-    assert (seen["query_max_length"], seen["document_max_length"]) == (8, 128)  # 128: the position table
+    encoding = seen["encoding"]
+    assert (encoding.query_max_length, encoding.document_max_length) == (8, 128)  # 128: the position table
     loaded = load_training_data(out)
     assert len(loaded) == sum(len(j) for j in beir.qrels.values())
     assert loaded.column_names == ["query", "positive", "negative_1", "negative_2"]
@@ -423,7 +425,7 @@ def test_bad_input_fails_before_any_ranking(tmp_path: Path, monkeypatch) -> None
         (dict(sampling="best"), "sampling must be one of"),
         (dict(method="dense"), "method must be one of"),
         (dict(encoder=lambda **f: f), "method='bm25' takes no encoder"),
-        (dict(method="splade"), "method='splade' needs an encoder and its tokenizer"),
+        (dict(method="splade"), "method='splade' needs an encoder and its encoding settings"),
         (dict(bm25_stemmer="klingon"), "bm25_stemmer must be one of"),
     ]
     for overrides, message in cases:

@@ -150,18 +150,9 @@ def _evaluate_model(
 ) -> dict:
     """Per-query metrics and mean non-zeros of ``encoder`` ranking the whole corpus for ``data``'s queries
     (the top 100 written to ``run_file`` as a TREC run when given)."""
-    evaluator = SparseRetrievalEvaluator(
-        data,
-        tokenizer=tokenizer,
-        query_max_length=settings.query_max_length,
-        document_max_length=settings.document_max_length,
-        batch_size=settings.eval_batch_size,
-        top_k=TOP_K,
-        measures=MEASURES,
-        show_progress=False,
-    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    evaluator.autocast_dtype = torch.bfloat16 if device == "cuda" and bf16 else None
+    encoding = settings.encoding(tokenizer, device=device, bf16=bf16)
+    evaluator = SparseRetrievalEvaluator(data, encoding=encoding, top_k=TOP_K, measures=MEASURES)
     encoder.to(device).eval()
     (result,) = evaluator.evaluate(encoder)
     rankings = {q: [d for d, _ in hits] for q, hits in result.run.items()}

@@ -113,6 +113,7 @@ def teacher_scorer(
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     encoder.to(device)
+    encoding = settings.encoding(tokenizer, device=device, bf16=bf16, show_progress=progress)
 
     def scores(rows: Any) -> list[list[float]]:
         columns = rows[:]
@@ -125,15 +126,9 @@ def teacher_scorer(
             candidates,
             corpus,
             encoder=encoder,
-            tokenizer=tokenizer,
+            encoding=encoding,
             bm25_weight=settings.teacher_weight,
             depth=TOP_K,
-            query_max_length=settings.query_max_length,
-            document_max_length=settings.document_max_length,
-            batch_size=settings.eval_batch_size,
-            device=device,
-            autocast_dtype=torch.bfloat16 if device == "cuda" and bf16 else None,
-            show_progress=progress,
         ).tolist()
 
     return scores
@@ -204,10 +199,7 @@ def _with_model_negatives(
         rank_end=NEGATIVE_RANKS[1],
         seed=settings.fold_seed,
         encoder=encoder,
-        tokenizer=tokenizer,
-        query_max_length=settings.query_max_length,
-        document_max_length=settings.document_max_length,
-        batch_size=settings.eval_batch_size,
+        encoding=settings.encoding(tokenizer),
         show_progress=False,
     )
     rows = fold.rows

@@ -6,10 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 from gradcache_sparton.crossval.teacher import DEFAULT_TEACHER_WEIGHT, LOSSES_READING_TEACHER, TEACHERS
+from gradcache_sparton.evaluation.encoding import EncodingSettings
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 
 __all__ = ["NEGATIVE_RANKS", "ROUND_STARTS", "CrossvalSettings", "check_recipe_loss"]
@@ -101,6 +106,27 @@ class CrossvalSettings:
     write_runs: bool = field(
         default=False, metadata={"help": "write every model's top 100 as TREC runs in runs/."}
     )
+
+    def encoding(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        device: str | None = None,
+        bf16: bool = False,
+        show_progress: bool = False,
+    ) -> EncodingSettings:
+        """How the protocol encodes texts (evaluation, model negatives, teacher): at the evaluation lengths and
+        batch size, on ``device`` (None: the encoder's), under bf16 autocast when ``bf16`` (the recipe's
+        ``--bf16``) and ``device`` is cuda."""
+        return EncodingSettings(
+            tokenizer,
+            query_max_length=self.query_max_length,
+            document_max_length=self.document_max_length,
+            batch_size=self.eval_batch_size,
+            device=device,
+            autocast_dtype=torch.bfloat16 if bf16 and device == "cuda" else None,
+            show_progress=show_progress,
+        )
 
     def check(self) -> None:
         """``ValueError`` naming the first bad setting."""

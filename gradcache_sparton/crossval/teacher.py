@@ -21,10 +21,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
 
 from gradcache_sparton.data import QUERY_COLUMN
-from gradcache_sparton.evaluation import SparseReps, encode_texts, retrieve
+from gradcache_sparton.evaluation import EncodingSettings, SparseReps, retrieve
 from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 
 __all__ = [
@@ -79,21 +78,15 @@ def model_scores(
     candidates: Sequence[Sequence[str]],
     documents: Sequence[str],
     *,
-    tokenizer: PreTrainedTokenizerBase,
+    encoding: EncodingSettings,
     depth: int,
-    query_max_length: int,
-    document_max_length: int,
-    batch_size: int = 64,
-    device: torch.device | str | None = None,
-    autocast_dtype: torch.dtype | None = None,
-    show_progress: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """The encoder's dot-product scores of each query's candidates, and its top ``depth`` over the corpus.
 
     Returns ``(candidate_scores [R, C], top_scores [R, K])`` float32 on CPU, as :func:`~gradcache_sparton.
-    mining.bm25_scores` does for BM25. Texts are encoded with :func:`~gradcache_sparton.evaluation.
-    encode_texts` (queries at ``query_max_length``, documents at ``document_max_length`` tokens, under
-    ``autocast_dtype`` if given); the corpus once, and each distinct candidate text outside it once.
+    mining.bm25_scores` does for BM25. Texts are encoded as ``encoding`` says (queries at its
+    ``query_max_length``, documents at its ``document_max_length`` tokens); the corpus once, and each
+    distinct candidate text outside it once.
     """
     if len(candidates) != len(queries) or not queries:
         raise ValueError(
@@ -102,46 +95,26 @@ def model_scores(
     widths = {len(texts) for texts in candidates}
     if len(widths) != 1 or 0 in widths:
         raise ValueError(f"every query needs the same number (>= 1) of candidates, got {sorted(widths)}")
-    common = dict(
-        tokenizer=tokenizer,
-        batch_size=batch_size,
-        device=device,
-        autocast_dtype=autocast_dtype,
-        show_progress=show_progress,
-    )
-    q_reps = encode_texts(
-        encoder, queries, max_length=query_max_length, desc="Teacher: queries", column=QUERY_COLUMN, **common
-    )
-    d_reps = encode_texts(
-        encoder,
-        documents,
-        max_length=document_max_length,
-        desc="Teacher: corpus",
-        column=DOCUMENT_COLUMN,
-        **common,
-    )
+    q_reps = encoding.encode(encoder, queries, column=QUERY_COLUMN, desc="Teacher: queries")
+    d_reps = encoding.encode(encoder, documents, column=DOCUMENT_COLUMN, desc="Teacher: corpus")
     row_of = {text: row for row, text in reversed(list(enumerate(documents)))}  # first occurrence
     extra = [text for text in dict.fromkeys(t for texts in candidates for t in texts) if text not in row_of]
     if extra:
         row_of.update({text: len(documents) + i for i, text in enumerate(extra)})
-        e_reps = encode_texts(
-            encoder,
-            extra,
-            max_length=document_max_length,
-            desc="Teacher: candidates",
-            column=DOCUMENT_COLUMN,
-            **common,
-        )
+        e_reps = encoding.encode(encoder, extra, column=DOCUMENT_COLUMN, desc="Teacher: candidates")
         all_reps = SparseReps.concat([d_reps, e_reps])
     else:
         all_reps = d_reps
+    device = encoding.device
     top_scores, _ = retrieve(q_reps, d_reps, top_k=depth, device=device)  # [R, K]
     index = torch.tensor([[row_of[text] for text in texts] for texts in candidates])  # [R, C]
     pair_queries = torch.arange(len(queries)).repeat_interleave(index.shape[1])  # [R·C]
     pair_docs = index.reshape(-1)  # [R·C]
     scores = torch.empty(pair_docs.numel(), dtype=torch.float32)
     for start in tqdm(
-        range(0, pair_docs.numel(), _PAIR_BLOCK), desc="Teacher: model scores", disable=not show_progress
+        range(0, pair_docs.numel(), _PAIR_BLOCK),
+        desc="Teacher: model scores",
+        disable=not encoding.show_progress,
     ):
         block = slice(start, start + _PAIR_BLOCK)
         q = q_reps.select(pair_queries[block]).to_dense(device=device)  # [b, V]
@@ -156,41 +129,23 @@ def ensemble_teacher_scores(
     documents: Sequence[str],
     *,
     encoder: Callable[..., Tensor],
-    tokenizer: PreTrainedTokenizerBase,
+    encoding: EncodingSettings,
     bm25_weight: float = DEFAULT_TEACHER_WEIGHT,
     depth: int = 100,
-    query_max_length: int = 32,
-    document_max_length: int = 256,
-    batch_size: int = 64,
-    device: torch.device | str | None = None,
-    autocast_dtype: torch.dtype | None = None,
-    show_progress: bool = True,
 ) -> Tensor:
     """The ``bm25+model`` teacher's scores [R, C] (module docstring): row r's candidates ``candidates[r]``
     (positive first) for query ``queries[r]``, ``bm25_weight · z_bm25 + (1 - bm25_weight) · z_model`` with
-    both normalised by :func:`normalise_scores` over their top min(``depth``, N) corpus scores."""
+    both normalised by :func:`normalise_scores` over their top min(``depth``, N) corpus scores; the model's reps
+    encoded as ``encoding`` says (:func:`model_scores`)."""
     from gradcache_sparton.mining import bm25_scores
 
     if not 0.0 <= bm25_weight <= 1.0:
         raise ValueError(f"bm25_weight must be in [0, 1], got {bm25_weight!r}")
     depth = min(depth, len(documents))
     bm25 = normalise_scores(
-        *bm25_scores(queries, candidates, documents, depth=depth, show_progress=show_progress)
+        *bm25_scores(queries, candidates, documents, depth=depth, show_progress=encoding.show_progress)
     )  # [R, C]
     model = normalise_scores(
-        *model_scores(
-            encoder,
-            queries,
-            candidates,
-            documents,
-            tokenizer=tokenizer,
-            depth=depth,
-            query_max_length=query_max_length,
-            document_max_length=document_max_length,
-            batch_size=batch_size,
-            device=device,
-            autocast_dtype=autocast_dtype,
-            show_progress=show_progress,
-        )
+        *model_scores(encoder, queries, candidates, documents, encoding=encoding, depth=depth)
     )  # [R, C]
     return (bm25_weight * bm25 + (1.0 - bm25_weight) * model).float()

@@ -7,7 +7,8 @@ One job per module:
 - :class:`SparseReps` (defined in :mod:`gradcache_sparton.primitives.sparse_reps`, shared with the engine and the
   losses, re-exported here): reps kept sparsely (row offsets, vocabulary ids, weights).
 - :mod:`.encoding`: :func:`encode_texts` runs ``encoder(**features) -> [B, V]`` over texts in
-  batches (no autograd, optional autocast, a tqdm bar): memory grows with the non-zeros, never N × V.
+  batches (no autograd, optional autocast, a tqdm bar): memory grows with the non-zeros, never N × V;
+  :class:`EncodingSettings`, how queries and documents are encoded (tokenizer, max lengths, batch, device).
 - :mod:`.pruning`: :func:`prune_reps` and :class:`PruningBudget`: top-k per rep (query and document
   budgets apart) and a weight threshold.
 - :mod:`.retrieval`: :func:`retrieve` scores by sparse dot product, queries densified a block at a
@@ -32,7 +33,7 @@ One job per module:
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gradcache_sparton.evaluation.encoding import encode_texts
+from gradcache_sparton.evaluation.encoding import EncodingSettings, encode_texts
 from gradcache_sparton.evaluation.evaluator import RETRIEVALS, EvaluationResult, SparseRetrievalEvaluator
 from gradcache_sparton.evaluation.export import EXPORT_FORMATS, check_scale, export_corpus, write_vectors
 from gradcache_sparton.evaluation.metrics import (
@@ -65,6 +66,7 @@ __all__ = [
     "EXPORT_FORMATS",
     "MAX_SEISMIC_NONZEROS",
     "RETRIEVALS",
+    "EncodingSettings",
     "EvaluationResult",
     "PruningBudget",
     "RetrievalEvalCallback",

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from gradcache_sparton.data.columns import QUERY_COLUMN
 from gradcache_sparton.primitives.column_routing import call_encoder
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
-__all__ = ["PAD_TO_MULTIPLE_OF", "Encoder", "encode_texts", "encoder_device"]
+__all__ = ["PAD_TO_MULTIPLE_OF", "Encoder", "EncodingSettings", "encode_texts", "encoder_device"]
 
 Encoder = Callable[..., Tensor]
 
@@ -30,6 +32,59 @@ def encoder_device(encoder: Encoder) -> torch.device:
         for parameter in encoder.parameters():
             return parameter.device
     return torch.device("cpu")
+
+
+@dataclass
+class EncodingSettings:
+    """How a checkpoint's queries and documents are encoded (:meth:`encode`, :func:`encode_texts`'s settings):
+    the one configuration of evaluation, export, mining and the crossval teacher.
+
+    Queries are truncated to ``query_max_length`` tokens and documents to ``document_max_length`` (positive
+    multiples of :data:`PAD_TO_MULTIPLE_OF`), ``batch_size`` texts at a time on ``device`` (None: the
+    encoder's), under ``torch.autocast`` when ``autocast_dtype`` is given, with a tqdm bar if
+    ``show_progress``.
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    query_max_length: int = 32
+    document_max_length: int = 256
+    batch_size: int = 64
+    device: torch.device | str | None = None
+    autocast_dtype: torch.dtype | None = None
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, PreTrainedTokenizerBase):
+            raise TypeError(
+                f"tokenizer must be a PreTrainedTokenizerBase, got {type(self.tokenizer).__name__}"
+            )
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size!r}")
+        for name in ("query_max_length", "document_max_length"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < 1
+                or value % PAD_TO_MULTIPLE_OF
+            ):
+                raise ValueError(f"{name} must be a positive multiple of {PAD_TO_MULTIPLE_OF}, got {value!r}")
+
+    def encode(self, encoder: Encoder, texts: Sequence[str], *, column: str, desc: str) -> SparseReps:
+        """``texts`` of one column (:data:`~gradcache_sparton.data.QUERY_COLUMN`: at ``query_max_length``;
+        a document column: at ``document_max_length``) encoded by :func:`encode_texts` with these settings."""
+        return encode_texts(
+            encoder,
+            texts,
+            tokenizer=self.tokenizer,
+            max_length=self.query_max_length if column == QUERY_COLUMN else self.document_max_length,
+            batch_size=self.batch_size,
+            device=self.device,
+            autocast_dtype=self.autocast_dtype,
+            show_progress=self.show_progress,
+            desc=desc,
+            column=column,
+        )
 
 
 def encode_texts(

@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from gradcache_sparton.data import QUERY_COLUMN, BeirData
-from gradcache_sparton.evaluation.encoding import PAD_TO_MULTIPLE_OF, Encoder, encode_texts, encoder_device
+from gradcache_sparton.evaluation.encoding import Encoder, EncodingSettings, encoder_device
 from gradcache_sparton.evaluation.metrics import (
     DEFAULT_MEASURES,
     measure_cutoff,
@@ -54,36 +53,23 @@ class SparseRetrievalEvaluator:
 
     :meth:`evaluate` encodes once and evaluates at several :class:`PruningBudget` s, keeping the runs.
     ``retrieval`` picks exhaustive search or a seismic index (see :meth:`search`).
-    Texts are truncated to ``query_max_length`` / ``document_max_length`` tokens, as in training.
+    ``encoding`` says how texts are encoded: truncated to its ``query_max_length`` / ``document_max_length``
+    tokens, as in training.
     """
 
     def __init__(
         self,
         data: BeirData,
         *,
-        tokenizer: PreTrainedTokenizerBase,
-        query_max_length: int = 32,
-        document_max_length: int = 256,
-        batch_size: int = 64,
+        encoding: EncodingSettings,
         top_k: int = 100,
         measures: Sequence[str] | None = None,
         retrieval: str = "exhaustive",
-        device: torch.device | str | None = None,
-        autocast_dtype: torch.dtype | None = None,
-        show_progress: bool = True,
     ) -> None:
         if not isinstance(data, BeirData):
             raise TypeError(f"data must be a BeirData (see load_beir), got {type(data).__name__}")
-        if not isinstance(tokenizer, PreTrainedTokenizerBase):
-            raise TypeError(f"tokenizer must be a PreTrainedTokenizerBase, got {type(tokenizer).__name__}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        for name, value in (
-            ("query_max_length", query_max_length),
-            ("document_max_length", document_max_length),
-        ):
-            if value < 1 or value % PAD_TO_MULTIPLE_OF:
-                raise ValueError(f"{name} must be a positive multiple of {PAD_TO_MULTIPLE_OF}, got {value}")
+        if not isinstance(encoding, EncodingSettings):
+            raise TypeError(f"encoding must be an EncodingSettings, got {type(encoding).__name__}")
         if retrieval not in RETRIEVALS:
             raise ValueError(f"retrieval must be one of {RETRIEVALS}, got {retrieval!r}")
         if retrieval == "seismic" and not seismic_available():
@@ -99,16 +85,10 @@ class SparseRetrievalEvaluator:
                 f"top_k must be >= {max(cutoffs)} (the largest cutoff of measures {list(measures)}), got {top_k}"
             )
         self.data = data
-        self.tokenizer = tokenizer
-        self.query_max_length = query_max_length
-        self.document_max_length = document_max_length
-        self.batch_size = batch_size
+        self.encoding = encoding
         self.top_k = top_k
         self.measures = measures
         self.retrieval = retrieval
-        self.device = device
-        self.autocast_dtype = autocast_dtype
-        self.show_progress = show_progress
         self.query_ids = [q for q, judged in data.qrels.items() if any(r > 0 for r in judged.values())]
         if not self.query_ids:
             raise ValueError("data.qrels has no query with a relevant document (relevance > 0)")
@@ -119,27 +99,8 @@ class SparseRetrievalEvaluator:
         queries = [self.data.queries[q] for q in self.query_ids]
         documents = [self.data.corpus[d] for d in self.doc_ids]
         return (
-            self._encode_column(encoder, queries, self.query_max_length, "Encoding queries", QUERY_COLUMN),
-            self._encode_column(
-                encoder, documents, self.document_max_length, "Encoding corpus", DOCUMENT_COLUMN
-            ),
-        )
-
-    def _encode_column(
-        self, encoder: Encoder, texts: list[str], max_length: int, desc: str, column: str
-    ) -> SparseReps:
-        """``texts`` of one column (queries or documents) encoded with this evaluator's settings."""
-        return encode_texts(
-            encoder,
-            texts,
-            tokenizer=self.tokenizer,
-            max_length=max_length,
-            batch_size=self.batch_size,
-            device=self.device,
-            autocast_dtype=self.autocast_dtype,
-            show_progress=self.show_progress,
-            desc=desc,
-            column=column,
+            self.encoding.encode(encoder, queries, column=QUERY_COLUMN, desc="Encoding queries"),
+            self.encoding.encode(encoder, documents, column=DOCUMENT_COLUMN, desc="Encoding corpus"),
         )
 
     def search(self, q_reps: SparseReps, d_reps: SparseReps, *, device: torch.device | str) -> Run:
@@ -175,7 +136,9 @@ class SparseRetrievalEvaluator:
         """Encode once, then prune, retrieve and score at each budget (in order)."""
         if not budgets or not all(isinstance(b, PruningBudget) for b in budgets):
             raise ValueError(f"budgets must be a non-empty list of PruningBudget, got {budgets!r}")
-        device = encoder_device(encoder) if self.device is None else torch.device(self.device)
+        device = (
+            encoder_device(encoder) if self.encoding.device is None else torch.device(self.encoding.device)
+        )
         q_full, d_full = self.encode(encoder)
         results = []
         for budget in budgets:

@@ -22,15 +22,14 @@ import json
 import math
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 from typing import TextIO
 
-import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
 
-from gradcache_sparton.evaluation.encoding import Encoder, encode_texts
+from gradcache_sparton.evaluation.encoding import Encoder, EncodingSettings
 from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
@@ -112,22 +111,18 @@ def export_corpus(
     documents: Iterable[tuple[str, str]],
     path: str | Path,
     *,
-    tokenizer: PreTrainedTokenizerBase,
+    encoding: EncodingSettings,
     export_format: str,
-    max_length: int = 256,
-    batch_size: int = 64,
     chunk_size: int = 4096,
     scale: float = 100.0,
-    device: torch.device | str | None = None,
-    autocast_dtype: torch.dtype | None = None,
     total: int | None = None,
-    show_progress: bool = True,
 ) -> int:
     """Encode ``documents`` ((doc id, text) pairs, e.g. from :func:`~gradcache_sparton.data.read_corpus`)
     and write them to ``path`` in ``export_format``; returns the number of documents written.
 
-    Streams ``chunk_size`` documents at a time (encoded with :func:`encode_texts` in batches of
-    ``batch_size``); ``total`` sizes the progress bar. The folder of ``path`` must exist.
+    Streams ``chunk_size`` documents at a time (encoded as ``encoding`` says, at its ``document_max_length``, in
+    batches of its ``batch_size``); ``total`` sizes the progress bar (shown if ``encoding.show_progress``).
+    The folder of ``path`` must exist.
     """
     if export_format not in EXPORT_FORMATS:
         raise ValueError(f"export_format must be one of {EXPORT_FORMATS}, got {export_format!r}")
@@ -136,7 +131,9 @@ def export_corpus(
     path = Path(path)
     if not path.parent.is_dir():
         raise ValueError(f"path {str(path)!r}: its folder does not exist")
+    tokenizer = encoding.tokenizer
     terms = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    quiet = replace(encoding, show_progress=False)  # the bar counts documents, not each chunk's batches
     partial = path.with_name(path.name + ".partial")
     count = 0
     documents = iter(documents)
@@ -144,22 +141,16 @@ def export_corpus(
         with (
             partial.open("w", encoding="utf-8") as handle,
             tqdm(
-                total=total, desc=f"Exporting ({export_format})", unit="doc", disable=not show_progress
+                total=total,
+                desc=f"Exporting ({export_format})",
+                unit="doc",
+                disable=not encoding.show_progress,
             ) as bar,
         ):
             while chunk := list(islice(documents, chunk_size)):
                 ids = [doc_id for doc_id, _ in chunk]
-                reps = encode_texts(
-                    encoder,
-                    [text for _, text in chunk],
-                    tokenizer=tokenizer,
-                    max_length=max_length,
-                    batch_size=batch_size,
-                    device=device,
-                    autocast_dtype=autocast_dtype,
-                    show_progress=False,
-                    column=DOCUMENT_COLUMN,
-                )
+                texts = [text for _, text in chunk]
+                reps = quiet.encode(encoder, texts, column=DOCUMENT_COLUMN, desc="Encoding")
                 write_vectors(handle, ids, reps, terms=terms, export_format=export_format, scale=scale)
                 count += len(chunk)
                 bar.update(len(chunk))

@@ -11,6 +11,7 @@ import torch
 
 from gradcache_sparton.data import beir_folder, default_dev_beir_path, default_train_data_path, load_beir
 from gradcache_sparton.data.output import check_output_path, write_training_file
+from gradcache_sparton.evaluation import EncodingSettings
 from gradcache_sparton.mining.negatives import check_mining_settings, mine_hard_negatives
 from gradcache_sparton.mining.pairs import beir_mining_pairs, load_mining_pairs
 from gradcache_sparton.mining.rankings import BM25_STEMMER, check_bm25_installed
@@ -111,13 +112,17 @@ def run_mining(
         model_args = ModelArguments(model_name_or_path=model_name_or_path)
         tokenizer = build_tokenizer(model_args)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        encoding = EncodingSettings(
+            tokenizer,
+            query_max_length=query_max_length,
+            document_max_length=document_max_length,
+            batch_size=batch_size,
+            device=device,
+            show_progress=show_progress,
+        )
         encoder_settings = {
             "encoder": build_encoder(model_args, tokenizer).to(device).eval(),
-            "tokenizer": tokenizer,
-            "query_max_length": query_max_length,
-            "document_max_length": document_max_length,
-            "batch_size": batch_size,
-            "device": device,
+            "encoding": encoding,
         }
     needs_beir = beir_path is not None and (train_data is None or corpus == "beir")
     beir = load_beir(beir_path, split=split) if needs_beir else None

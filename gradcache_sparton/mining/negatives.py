@@ -11,12 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-import torch
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
 
 from gradcache_sparton.data import NEGATIVE_PREFIX, POSITIVE_COLUMN, QUERY_COLUMN
+from gradcache_sparton.evaluation import EncodingSettings
 from gradcache_sparton.mining.pairs import POSITIVE_ID_COLUMN, QUERY_ID_COLUMN, check_mining_pairs
 from gradcache_sparton.mining.rankings import (
     BM25_STEMMER,
@@ -145,11 +144,7 @@ def mine_hard_negatives(
     sampling: Literal["random", "top"] = "random",
     seed: int = 0,
     encoder: Callable[..., Tensor] | None = None,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    query_max_length: int = 32,
-    document_max_length: int = 256,
-    batch_size: int = 64,
-    device: torch.device | str | None = None,
+    encoding: EncodingSettings | None = None,
     bm25_stemmer: str | None = BM25_STEMMER,
     show_progress: bool = True,
 ) -> datasets.Dataset:
@@ -160,7 +155,7 @@ def mine_hard_negatives(
     2. Every distinct query ranks the corpus to depth min(rank_end, N): ``method="bm25"`` with
        :func:`~gradcache_sparton.mining.bm25_rankings` (``bm25_stemmer``), ``method="splade"`` with the
        ``encoder``'s own retrieval, :func:`~gradcache_sparton.mining.splade_rankings` (needs
-       ``tokenizer``; texts truncated to ``query_max_length`` / ``document_max_length``). Ties rank the
+       ``encoding``, how texts are encoded: its tokenizer, max lengths, batch size and device). Ties rank the
        earlier corpus document first.
     3. A row's candidates are the documents at ranks ``rank_start..rank_end`` (1-based, inclusive,
        counted in the full ranking, known positives included), less every known positive of its
@@ -193,8 +188,10 @@ def mine_hard_negatives(
         if encoder is not None:
             raise ValueError("method='bm25' takes no encoder: pass method='splade' to mine with the encoder")
         check_bm25_installed(bm25_stemmer)
-    elif encoder is None or tokenizer is None:
-        raise ValueError("method='splade' needs an encoder and its tokenizer")
+    elif encoder is None or encoding is None:
+        raise ValueError(
+            "method='splade' needs an encoder and its encoding settings (its tokenizer, max lengths)"
+        )
     import datasets
 
     check_mining_pairs(pairs)
@@ -230,16 +227,7 @@ def mine_hard_negatives(
         )  # [Q, K]
     else:
         rankings = splade_rankings(
-            encoder,
-            queries.texts,
-            doc_texts,
-            tokenizer=tokenizer,
-            depth=depth,
-            query_max_length=query_max_length,
-            document_max_length=document_max_length,
-            batch_size=batch_size,
-            device=device,
-            show_progress=show_progress,
+            encoder, queries.texts, doc_texts, encoding=encoding, depth=depth
         )  # [Q, K]
 
     eligible = [

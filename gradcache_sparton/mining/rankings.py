@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
 
 from gradcache_sparton.data import QUERY_COLUMN
-from gradcache_sparton.evaluation import encode_texts, retrieve
+from gradcache_sparton.evaluation import EncodingSettings, retrieve
+from gradcache_sparton.evaluation.encoding import encoder_device
 from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 
 __all__ = ["BM25_STEMMER", "bm25_rankings", "bm25_scores", "check_bm25_installed", "splade_rankings"]
@@ -250,39 +250,20 @@ def splade_rankings(
     queries: Sequence[str],
     documents: Sequence[str],
     *,
-    tokenizer: PreTrainedTokenizerBase,
+    encoding: EncodingSettings,
     depth: int,
-    query_max_length: int = 32,
-    document_max_length: int = 256,
-    batch_size: int = 64,
-    device: torch.device | str | None = None,
-    show_progress: bool = True,
 ) -> Tensor:
     """The top ``depth`` documents of every query under the encoder's own retrieval: [Q, K] int64.
 
-    Queries and documents are encoded with :func:`~gradcache_sparton.evaluation.encode_texts`
-    (``encoder(**features) -> [B, V]``, texts truncated to ``query_max_length`` /
-    ``document_max_length`` tokens, as in training and evaluation) and ranked by dot product with
-    :func:`~gradcache_sparton.evaluation.retrieve` (ties: the earlier document first). ``device``
-    defaults to the device of the encoder's first parameter (CPU for a parameterless callable).
+    Queries and documents are encoded as ``encoding`` says (``encoder(**features) -> [B, V]``, texts
+    truncated to its ``query_max_length`` / ``document_max_length`` tokens, as in training and evaluation)
+    and ranked by dot product with :func:`~gradcache_sparton.evaluation.retrieve` (ties: the earlier
+    document first). Its ``device`` defaults to the device of the encoder's first parameter (CPU for a
+    parameterless callable).
     """
     _check_depth(depth, len(queries), len(documents))
-    for name, value in (("query_max_length", query_max_length), ("document_max_length", document_max_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % 8:
-            raise ValueError(f"{name} must be a positive multiple of 8 (as in training), got {value!r}")
-    if device is None and isinstance(encoder, nn.Module):
-        device = next(encoder.parameters(), torch.empty(0)).device
-    common = dict(tokenizer=tokenizer, batch_size=batch_size, device=device, show_progress=show_progress)
-    q_reps = encode_texts(
-        encoder, queries, max_length=query_max_length, desc="Encoding queries", column=QUERY_COLUMN, **common
-    )  # Q sparse [V] reps
-    d_reps = encode_texts(
-        encoder,
-        documents,
-        max_length=document_max_length,
-        desc="Encoding corpus",
-        column=DOCUMENT_COLUMN,
-        **common,
-    )  # N sparse [V] reps
+    q_reps = encoding.encode(encoder, queries, column=QUERY_COLUMN, desc="Encoding queries")  # Q [V] reps
+    d_reps = encoding.encode(encoder, documents, column=DOCUMENT_COLUMN, desc="Encoding corpus")  # N [V] reps
+    device = encoder_device(encoder) if encoding.device is None else encoding.device
     _, doc_index = retrieve(q_reps, d_reps, top_k=depth, device=device)  # [Q, K]
     return doc_index
