@@ -155,8 +155,8 @@ def mine_hard_negatives(
     2. Every distinct query ranks the corpus to depth min(rank_end, N): ``method="bm25"`` with
        :func:`~gradcache_sparton.mining.bm25_rankings` (``bm25_stemmer``), ``method="splade"`` with the
        ``encoder``'s own retrieval, :func:`~gradcache_sparton.mining.splade_rankings` (needs
-       ``encoding``, how texts are encoded: its tokenizer, max lengths, batch size and device). Ties rank the
-       earlier corpus document first.
+       ``encoding``, how texts are encoded: its tokenizer, max lengths, batch size, device and progress bars;
+       ``show_progress`` is for this function's own). Ties rank the earlier corpus document first.
     3. A row's candidates are the documents at ranks ``rank_start..rank_end`` (1-based, inclusive,
        counted in the full ranking, known positives included), less every known positive of its
        query (matched by id when the pairs have ``positive_id``, and always by exact text: one text can
