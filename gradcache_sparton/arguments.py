@@ -519,10 +519,10 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         """Called by the trainer when every training text was tokenized before training (its token cache):
         a batch is then a gather and a pad, milliseconds in the main process, so the default worker count
         becomes 0 (and persistent workers off); counts, persistence or a prefetch factor the user gave are
-        kept. Workers then only add their start and their copies: on an H200 (512-pair batches of SciFact
-        text, ``benchmarks/bench_trainer_feed.py``, 2026-11-29) the trainer without workers ran at 1.01 of
-        ``CachedLoss`` alone in both orders of one call, with 4 workers at 0.65 and 0.99, stalling 3-5 s in
-        3 of 30 steps in the first."""
+        kept. Workers then only add their processes and copies: on an H200 (512-pair batches of SciFact
+        text, ``benchmarks/bench_trainer_feed.py``, 2026-11-29) the trainer without workers was never
+        slower than with 4 (1.01 against 0.99 of ``CachedLoss`` alone in one call, 0.88 against 0.85 in
+        another, docs/training.md)."""
         if self._default_workers:
             self.dataloader_num_workers = 0
             if self._default_persistent_workers:
