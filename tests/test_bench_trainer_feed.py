@@ -75,9 +75,8 @@ def test_trainer_pads_cached_batches_in_the_main_process(
     monkeypatch.setattr("gradcache_sparton.arguments._has_accelerator", lambda: True)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    monkeypatch.setenv(
-        "TOKENIZERS_PARALLELISM", "false"
-    )  # the trainer sets it for workers; keep it contained
+    # The trainer sets it where it starts workers: the test keeps it to itself.
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
 
     def trainer(rows):
         args = CachedSpladeTrainingArguments(
