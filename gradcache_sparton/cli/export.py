@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gradcache_sparton.cli.options import CheckpointOptions, option, parse_command
+from gradcache_sparton.cli.options import CheckpointOptions, parse_command
 from gradcache_sparton.evaluation.export import EXPORT_FORMATS
+from gradcache_sparton.primitives.option_field import option
 
 __all__ = ["ExportOptions", "export_command"]
 

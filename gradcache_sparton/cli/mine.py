@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gradcache_sparton.cli.options import CheckpointOptions, QueryLengthOption, option, parse_command
+from gradcache_sparton.cli.options import CheckpointOptions, QueryLengthOption, parse_command
 from gradcache_sparton.mining import BM25_STEMMER, CORPORA, METHODS, SAMPLINGS
+from gradcache_sparton.primitives.option_field import option
 
 __all__ = ["MineOptions", "mine_command"]
 

@@ -4,21 +4,13 @@ with the options more than one command reads declared once here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gradcache_sparton.cli.commands import COMMANDS
+from gradcache_sparton.primitives.option_field import option
 
-__all__ = ["CheckpointOptions", "QueryLengthOption", "option", "parse_command"]
-
-
-def option(default: Any, help: str, **argparse_kwargs: Any) -> Any:
-    """A dataclass field that is a command's flag: its default, its help and any further ``add_argument``
-    keyword (``choices``, ``required``); a list default is copied for each instance."""
-    metadata = {"help": help, **argparse_kwargs}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
+__all__ = ["CheckpointOptions", "QueryLengthOption", "parse_command"]
 
 
 @dataclass
