@@ -4,13 +4,13 @@ with the options more than one command reads declared once here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gradcache_sparton.cli.commands import COMMANDS
 from gradcache_sparton.primitives.option_field import option
 
-__all__ = ["CheckpointOptions", "QueryLengthOption", "parse_command"]
+__all__ = ["CheckpointOptions", "QueryLengthOption", "parse_command", "parse_command_flags"]
 
 
 @dataclass
@@ -71,3 +71,12 @@ def parse_command(
         modes = f" (or {' or '.join(f'--{name}' for name in required_unless)})" if required_unless else ""
         parser.error(f"the following arguments are required: {', '.join(missing)}{modes}")
     return options
+
+
+def parse_command_flags(
+    command: str, argv: Sequence[str], dataclass_types: Sequence[type], **parse_options: Any
+) -> dict[str, Any]:
+    """Every flag of ``gradcache-sparton COMMAND`` by name, whichever of ``dataclass_types`` declares it
+    (:func:`parse_command` with ``parse_options``): the keywords of the command's job function."""
+    parsed = parse_command(command, argv, dataclass_types, **parse_options)
+    return {name: value for options in parsed for name, value in asdict(options).items()}
