@@ -28,6 +28,7 @@ from transformers import TrainingArguments
 from gradcache_sparton.data.columns import QUERY_COLUMN
 from gradcache_sparton.engine import GradCacheConfig
 from gradcache_sparton.losses import SpladeLossConfig
+from gradcache_sparton.primitives.option_field import option
 
 __all__ = [
     "BACKBONE_PRESETS",
@@ -123,112 +124,84 @@ def _positive(value: Any, name: str, *, allow_none: bool = False) -> None:
 class ModelArguments:
     """The backbone: a local masked-LM checkpoint, or a named shape with random weights."""
 
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "A masked-LM checkpoint (ours or any standard BERT/DistilBERT/RoBERTa/XLM-R one): a local "
-            "folder, 'splade-tiny-msmarco' (the pretrained SPLADE model shipped with the package, the embedded "
-            "run's start) or a hub id (downloaded where the network allows; HF_HUB_OFFLINE=1 forbids it). "
-            "Wins over config_name."
-        },
+    model_name_or_path: str | None = option(
+        None,
+        "A masked-LM checkpoint (ours or any standard BERT/DistilBERT/RoBERTa/XLM-R one): a local "
+        "folder, 'splade-tiny-msmarco' (the pretrained SPLADE model shipped with the package, the embedded "
+        "run's start) or a hub id (downloaded where the network allows; HF_HUB_OFFLINE=1 forbids it). "
+        "Wins over config_name.",
     )
-    config_name: str = field(
-        default="bert-tiny",
-        metadata={
-            "help": f"Backbone shape built with random weights when model_name_or_path is not given: one of "
-            f"{sorted(BACKBONE_PRESETS)}. Larger: better reps, slower steps."
-        },
+    config_name: str = option(
+        "bert-tiny",
+        f"Backbone shape built with random weights when model_name_or_path is not given: one of "
+        f"{sorted(BACKBONE_PRESETS)}. Larger: better reps, slower steps.",
     )
-    hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size D."})
-    num_hidden_layers: int | None = field(default=None, metadata={"help": "Override the preset's layers."})
-    num_attention_heads: int | None = field(default=None, metadata={"help": "Override the preset's heads."})
-    intermediate_size: int | None = field(default=None, metadata={"help": "Override the preset's FFN width."})
-    init_decoder_bias: float | None = field(
-        default=None,
-        metadata={
-            "help": "Random init only: start value of the decoder bias. Default: -2.2 standard deviations of the "
-            "initial logits (-2.2 x sqrt(hidden_size) x initializer_range: -0.5 for bert-tiny, -1.0 for "
-            "bert-small). A fresh head with bias 0 activates ~all 30k terms, whose huge dot products saturate "
-            "the contrastive loss; the default starts it sparse and mostly lexical (docs/training.md). 0 keeps "
-            "the config's init."
-        },
+    hidden_size: int | None = option(None, "Override the preset's hidden size D.")
+    num_hidden_layers: int | None = option(None, "Override the preset's layers.")
+    num_attention_heads: int | None = option(None, "Override the preset's heads.")
+    intermediate_size: int | None = option(None, "Override the preset's FFN width.")
+    init_decoder_bias: float | None = option(
+        None,
+        "Random init only: start value of the decoder bias. Default: -2.2 standard deviations of the "
+        "initial logits (-2.2 x sqrt(hidden_size) x initializer_range: -0.5 for bert-tiny, -1.0 for "
+        "bert-small). A fresh head with bias 0 activates ~all 30k terms, whose huge dot products saturate "
+        "the contrastive loss; the default starts it sparse and mostly lexical (docs/training.md). 0 keeps "
+        "the config's init.",
     )
-    tokenizer_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Tokenizer folder or hub id. Default: the checkpoint's own tokenizer if it has one, else the "
-            "bert-base-uncased tokenizer shipped with the package."
-        },
+    tokenizer_name: str | None = option(
+        None,
+        "Tokenizer folder or hub id. Default: the checkpoint's own tokenizer if it has one, else the "
+        "bert-base-uncased tokenizer shipped with the package.",
     )
-    mask_special_tokens: bool | None = field(
-        default=None,
-        metadata={
-            "help": "True: drop every special token's positions ([CLS]/[SEP]/[PAD], BOS/EOS) from the max-pooling. "
-            "False: pool them all. Default: the checkpoint's choice, else none dropped for a masked LM and the "
-            "BOS/EOS positions dropped for a decoder-only LM (docs/llm.md)."
-        },
+    mask_special_tokens: bool | None = option(
+        None,
+        "True: drop every special token's positions ([CLS]/[SEP]/[PAD], BOS/EOS) from the max-pooling. "
+        "False: pool them all. Default: the checkpoint's choice, else none dropped for a masked LM and the "
+        "BOS/EOS positions dropped for a decoder-only LM (docs/llm.md).",
     )
-    prefix_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "The first k attended tokens of every text (e.g. an instruction prefix) are read but not "
-            "pooled. Default: the checkpoint's value (0 for a new model)."
-        },
+    prefix_length: int | None = option(
+        None,
+        "The first k attended tokens of every text (e.g. an instruction prefix) are read but not "
+        "pooled. Default: the checkpoint's value (0 for a new model).",
     )
-    bidirectional: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Decoder-only backbones (Llama, Qwen2/3, Mistral): every token attends to later tokens "
-            "too (docs/llm.md). Default: the checkpoint's value (off for a new model)."
-        },
+    bidirectional: bool | None = option(
+        None,
+        "Decoder-only backbones (Llama, Qwen2/3, Mistral): every token attends to later tokens "
+        "too (docs/llm.md). Default: the checkpoint's value (off for a new model).",
     )
-    echo: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Decoder-only backbones: read each text twice and pool only the second copy (echo "
-            "embeddings; 2x the tokens). Default: the checkpoint's value (off for a new model)."
-        },
+    echo: bool | None = option(
+        None,
+        "Decoder-only backbones: read each text twice and pool only the second copy (echo "
+        "embeddings; 2x the tokens). Default: the checkpoint's value (off for a new model).",
     )
-    query_encoder: str | None = field(
-        default=None,
-        metadata={
-            "help": "How queries are encoded: 'splade' (the same SPLADE encoder as documents, siamese), 'idf' "
-            "(inference-free: a fixed weight per token, no transformer at query time) or 'learned_idf' (the same "
-            "table, trained). The table starts from the checkpoint's query_table.safetensors if it has one, else "
-            "from the IDF of the training documents (docs/inference_free.md). Default: as the checkpoint is "
-            "(inference-free if it has a query table, else splade)."
-        },
+    query_encoder: str | None = option(
+        None,
+        "How queries are encoded: 'splade' (the same SPLADE encoder as documents, siamese), 'idf' "
+        "(inference-free: a fixed weight per token, no transformer at query time) or 'learned_idf' (the same "
+        "table, trained). The table starts from the checkpoint's query_table.safetensors if it has one, else "
+        "from the IDF of the training documents (docs/inference_free.md). Default: as the checkpoint is "
+        "(inference-free if it has a query table, else splade).",
     )
-    lora_r: int = field(
-        default=0,
-        metadata={
-            "help": "LoRA rank (peft): > 0 trains low-rank adapters on lora_target_modules instead of every "
-            "weight; the embeddings and the decoder the SPLADE head shares stay frozen, so the head's backward "
-            "skips their [V, D] gradient. Higher: more capacity, more trainable weights. 0: off (full "
-            "fine-tuning). The saved model has the adapters merged in; OUTPUT_DIR/adapter holds them alone. "
-            "Needs the peft extra."
-        },
+    lora_r: int = option(
+        0,
+        "LoRA rank (peft): > 0 trains low-rank adapters on lora_target_modules instead of every "
+        "weight; the embeddings and the decoder the SPLADE head shares stay frozen, so the head's backward "
+        "skips their [V, D] gradient. Higher: more capacity, more trainable weights. 0: off (full "
+        "fine-tuning). The saved model has the adapters merged in; OUTPUT_DIR/adapter holds them alone. "
+        "Needs the peft extra.",
     )
-    lora_alpha: int | None = field(
-        default=None,
-        metadata={
-            "help": "LoRA scale: the adapters' update is multiplied by lora_alpha / lora_r. Default: 2 x lora_r."
-        },
+    lora_alpha: int | None = option(
+        None, "LoRA scale: the adapters' update is multiplied by lora_alpha / lora_r. Default: 2 x lora_r."
     )
-    lora_dropout: float = field(
-        default=0.0,
-        metadata={
-            "help": "Dropout on the adapters' input, in [0, 1): regularizes small training sets. 0: none."
-        },
+    lora_dropout: float = option(
+        0.0, "Dropout on the adapters' input, in [0, 1): regularizes small training sets. 0: none."
     )
-    lora_target_modules: str | None = field(
-        default=None,
-        metadata={
-            "help": "Comma list of the modules that get adapters, by name or name suffix (e.g. "
-            "q_proj,k_proj,v_proj,o_proj): more modules, more capacity and memory. Default: peft's choice for "
-            "the architecture (q_proj,v_proj for Llama/Qwen/Mistral, query,value for BERT/RoBERTa); an "
-            "architecture peft has none for needs it given."
-        },
+    lora_target_modules: str | None = option(
+        None,
+        "Comma list of the modules that get adapters, by name or name suffix (e.g. "
+        "q_proj,k_proj,v_proj,o_proj): more modules, more capacity and memory. Default: peft's choice for "
+        "the architecture (q_proj,v_proj for Llama/Qwen/Mistral, query,value for BERT/RoBERTa); an "
+        "architecture peft has none for needs it given.",
     )
 
     def __post_init__(self) -> None:
@@ -318,52 +291,37 @@ class ModelArguments:
 class DataArguments:
     """Training pairs and the retrieval dev set. With no source given, the shipped SciFact sample is used."""
 
-    train_data: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Training files (jsonl/json/csv/parquet, optionally compressed) with columns query, positive "
-            "[, negative_1..k | negatives] [, numeric extras such as teacher_scores]."
-        },
+    train_data: list[str] | None = option(
+        None,
+        "Training files (jsonl/json/csv/parquet, optionally compressed) with columns query, positive "
+        "[, negative_1..k | negatives] [, numeric extras such as teacher_scores].",
     )
-    train_beir: str | None = field(
-        default=None,
-        metadata={
-            "help": "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) to train on its pairs."
-        },
+    train_beir: str | None = option(
+        None, "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) to train on its pairs."
     )
-    train_beir_split: str = field(default="train", metadata={"help": "qrels split of train_beir."})
-    self_supervised_corpus: str | None = field(
-        default=None,
-        metadata={
-            "help": "A BEIR folder whose corpus.jsonl becomes self-supervised pairs (a sentence as the query, "
-            "the rest of the document as the positive): for corpora with few labels."
-        },
+    train_beir_split: str = option("train", "qrels split of train_beir.")
+    self_supervised_corpus: str | None = option(
+        None,
+        "A BEIR folder whose corpus.jsonl becomes self-supervised pairs (a sentence as the query, "
+        "the rest of the document as the positive): for corpora with few labels.",
     )
-    max_train_samples: int | None = field(
-        default=None,
-        metadata={"help": "Keep only the first N training rows (after shuffling with the seed)."},
+    max_train_samples: int | None = option(
+        None, "Keep only the first N training rows (after shuffling with the seed)."
     )
-    eval_beir: str | None = field(
-        default="default",
-        metadata={
-            "help": "BEIR folder for retrieval evaluation (nDCG@10, MRR@10, Recall@100) after training and at "
-            "each eval step: 'default' is the shipped SciFact dev sample, 'none' disables it."
-        },
+    eval_beir: str | None = option(
+        "default",
+        "BEIR folder for retrieval evaluation (nDCG@10, MRR@10, Recall@100) after training and at "
+        "each eval step: 'default' is the shipped SciFact dev sample, 'none' disables it.",
     )
-    eval_beir_split: str = field(default="dev", metadata={"help": "qrels split of eval_beir."})
-    eval_batch_size: int = field(default=64, metadata={"help": "Texts encoded at once during evaluation."})
-    eval_before_training: bool = field(
-        default=False,
-        metadata={
-            "help": "Also evaluate the starting model before training (not when resuming), to report the gain: "
-            "logged and in the summary as eval_before_* (the embedded run does)."
-        },
+    eval_beir_split: str = option("dev", "qrels split of eval_beir.")
+    eval_batch_size: int = option(64, "Texts encoded at once during evaluation.")
+    eval_before_training: bool = option(
+        False,
+        "Also evaluate the starting model before training (not when resuming), to report the gain: "
+        "logged and in the summary as eval_before_* (the embedded run does).",
     )
-    retrieval_eval_steps: int | None = field(
-        default=None,
-        metadata={
-            "help": "Also run the retrieval evaluation every N optimizer steps (it always runs at the end)."
-        },
+    retrieval_eval_steps: int | None = option(
+        None, "Also run the retrieval evaluation every N optimizer steps (it always runs at the end)."
     )
 
     def __post_init__(self) -> None:
@@ -440,41 +398,32 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
     (persistent) so that batches are tokenized while the device trains (:meth:`pretokenized_batches`).
     """
 
-    output_dir: str | None = field(
-        default=None,
-        metadata={"help": "Where checkpoints and the final model go. Default: outputs/splade-<date>-<time>."},
+    output_dir: str | None = option(
+        None, "Where checkpoints and the final model go. Default: outputs/splade-<date>-<time>."
     )
-    per_device_train_batch_size: int = field(
-        default=256,
-        metadata={
-            "help": "Effective batch per device (process): the contrastive loss sees this x the number of processes "
-            "rows at once (in-batch negatives). It does not bound memory: mini_batch_size does."
-        },
+    per_device_train_batch_size: int = option(
+        256,
+        "Effective batch per device (process): the contrastive loss sees this x the number of processes "
+        "rows at once (in-batch negatives). It does not bound memory: mini_batch_size does.",
     )
-    dataloader_drop_last: bool = field(
-        default=True, metadata={"help": "Drop the last incomplete batch (a small batch spikes the loss)."}
+    dataloader_drop_last: bool = option(
+        True, "Drop the last incomplete batch (a small batch spikes the loss)."
     )
-    remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Must stay False: the collator needs them."}
+    remove_unused_columns: bool = option(False, "Must stay False: the collator needs them.")
+    dataloader_num_workers: int | None = option(
+        None,
+        "Processes that read, tokenize and pad the next batches while the device trains on this one (0: "
+        "the main process, between steps). Default: 0 when the trainer tokenizes every training text before "
+        "training (a training set of at most 300,000 texts: a batch is then only padded); otherwise "
+        "on a GPU min(4, the CPUs this process may use - 1), 0 on a single CPU; 0 when training on the CPU "
+        "(the model uses those cores itself).",
     )
-    dataloader_num_workers: int | None = field(
-        default=None,
-        metadata={
-            "help": "Processes that read, tokenize and pad the next batches while the device trains on this one (0: "
-            "the main process, between steps). Default: 0 when the trainer tokenizes every training text before "
-            "training (a training set of at most 300,000 texts: a batch is then only padded); otherwise "
-            "on a GPU min(4, the CPUs this process may use - 1), 0 on a single CPU; 0 when training on the CPU "
-            "(the model uses those cores itself)."
-        },
+    dataloader_persistent_workers: bool | None = option(
+        None,
+        "Keep the dataloader workers between epochs instead of starting them again. Default: on "
+        "whenever there are workers.",
     )
-    dataloader_persistent_workers: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Keep the dataloader workers between epochs instead of starting them again. Default: on "
-            "whenever there are workers."
-        },
-    )
-    prediction_loss_only: bool = field(default=True, metadata={"help": "Evaluation computes the loss only."})
+    prediction_loss_only: bool = option(True, "Evaluation computes the loss only.")
     # The engine's fields (GradCacheConfig) that take another type or default as training flags, each with
     # the engine's help text (_engine_field): mini_batch_size is one int here (query_mini_batch_size sets the
     # query column's); the trainer plans within the free GPU memory by default; allow_non_finite follows fp16.
@@ -483,28 +432,21 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
     allow_non_finite: bool | None = _engine_field(
         "allow_non_finite", default=None, note="Default: on under fp16, off otherwise."
     )
-    query_mini_batch_size: int | None = field(
-        default=None,
-        metadata={"help": "Mini-batch size for the (short) query column; default: mini_batch_size."},
+    query_mini_batch_size: int | None = option(
+        None, "Mini-batch size for the (short) query column; default: mini_batch_size."
     )
-    query_max_length: int = field(
-        default=32, metadata={"help": "Queries are truncated to this many tokens (a multiple of 8)."}
+    query_max_length: int = option(32, "Queries are truncated to this many tokens (a multiple of 8).")
+    document_max_length: int = option(
+        256, "Positives and negatives are truncated to this many tokens (multiple of 8)."
     )
-    document_max_length: int = field(
-        default=256,
-        metadata={"help": "Positives and negatives are truncated to this many tokens (multiple of 8)."},
+    overwrite_output_dir: bool = option(
+        False, "Allow writing into an output_dir that already holds another run's files."
     )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Allow writing into an output_dir that already holds another run's files."},
-    )
-    allow_changed_train_data: bool = field(
-        default=False,
-        metadata={
-            "help": "Let resume_from_checkpoint continue on training data other than the checkpoint's (its rows "
-            "differ): the switch is logged and recorded in the checkpoints' train_data.json. Off: such a resume "
-            "is refused."
-        },
+    allow_changed_train_data: bool = option(
+        False,
+        "Let resume_from_checkpoint continue on training data other than the checkpoint's (its rows "
+        "differ): the switch is logged and recorded in the checkpoints' train_data.json. Off: such a resume "
+        "is refused.",
     )
 
     @property

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 
-from gradcache_sparton.cli.options import option, parse_command
+from gradcache_sparton.cli.options import parse_command
 from gradcache_sparton.crossval.settings import CrossvalSettings
+from gradcache_sparton.primitives.option_field import option
 
 __all__ = ["CrossvalOptions", "crossval_command"]
 

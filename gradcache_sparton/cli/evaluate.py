@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gradcache_sparton.cli.options import CheckpointOptions, QueryLengthOption, option, parse_command
+from gradcache_sparton.cli.options import CheckpointOptions, QueryLengthOption, parse_command
 from gradcache_sparton.evaluation.evaluator import RETRIEVALS
 from gradcache_sparton.evaluation.metrics import DEFAULT_MEASURES
+from gradcache_sparton.primitives.option_field import option
 
 __all__ = ["EvaluateOptions", "evaluate_command"]
 

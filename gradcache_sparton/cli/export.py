@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from gradcache_sparton.cli.options import CheckpointOptions, option, parse_command
+from gradcache_sparton.cli.options import CheckpointOptions, parse_command_flags
 from gradcache_sparton.evaluation.export import EXPORT_FORMATS
+from gradcache_sparton.primitives.option_field import option
 
 __all__ = ["ExportOptions", "export_command"]
 
@@ -40,15 +41,14 @@ class ExportOptions:
 def export_command(argv: Sequence[str]) -> int:
     from gradcache_sparton.pipeline import run_export
 
-    checkpoint, args = parse_command(
+    options = parse_command_flags(
         "export",
         argv,
         (CheckpointOptions, ExportOptions),
         description=" (docs/evaluation.md).",
         required=("model_name_or_path",),
     )
-    encoding, options = asdict(checkpoint), asdict(args)
-    model, export_format = encoding.pop("model_name_or_path"), options.pop("format")
-    summary = run_export(model, **encoding, **options, export_format=export_format)
+    model, export_format = options.pop("model_name_or_path"), options.pop("format")
+    summary = run_export(model, **options, export_format=export_format)
     print(json.dumps(summary, indent=2))
     return 0

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from gradcache_sparton.cli.options import CheckpointOptions, QueryLengthOption, option, parse_command
+from gradcache_sparton.cli.options import CheckpointOptions, QueryLengthOption, parse_command_flags
 from gradcache_sparton.mining import BM25_STEMMER, CORPORA, METHODS, SAMPLINGS
+from gradcache_sparton.primitives.option_field import option
 
 __all__ = ["MineOptions", "mine_command"]
 
@@ -56,13 +57,12 @@ class MineOptions:
 def mine_command(argv: Sequence[str]) -> int:
     from gradcache_sparton.mining import run_mining
 
-    args, checkpoint, queries = parse_command(
+    options = parse_command_flags(
         "mine",
         argv,
         (MineOptions, CheckpointOptions, QueryLengthOption),
         description=" (docs/mining.md). The checkpoint's options apply to --method splade.",
     )
-    options = {**asdict(args), **asdict(checkpoint), **asdict(queries)}
     stemmer = options.pop("bm25_stemmer")
     summary = run_mining(**options, bm25_stemmer=None if stemmer.lower() == "none" else stemmer)
     print(json.dumps(summary, indent=2))

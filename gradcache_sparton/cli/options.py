@@ -4,21 +4,13 @@ with the options more than one command reads declared once here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gradcache_sparton.cli.commands import COMMANDS
+from gradcache_sparton.primitives.option_field import option
 
-__all__ = ["CheckpointOptions", "QueryLengthOption", "option", "parse_command"]
-
-
-def option(default: Any, help: str, **argparse_kwargs: Any) -> Any:
-    """A dataclass field that is a command's flag: its default, its help and any further ``add_argument``
-    keyword (``choices``, ``required``); a list default is copied for each instance."""
-    metadata = {"help": help, **argparse_kwargs}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
+__all__ = ["CheckpointOptions", "QueryLengthOption", "parse_command", "parse_command_flags"]
 
 
 @dataclass
@@ -79,3 +71,12 @@ def parse_command(
         modes = f" (or {' or '.join(f'--{name}' for name in required_unless)})" if required_unless else ""
         parser.error(f"the following arguments are required: {', '.join(missing)}{modes}")
     return options
+
+
+def parse_command_flags(
+    command: str, argv: Sequence[str], dataclass_types: Sequence[type], **parse_options: Any
+) -> dict[str, Any]:
+    """Every flag of ``gradcache-sparton COMMAND`` by name, whichever of ``dataclass_types`` declares it
+    (:func:`parse_command` with ``parse_options``): the keywords of the command's job function."""
+    parsed = parse_command(command, argv, dataclass_types, **parse_options)
+    return {name: value for options in parsed for name, value in asdict(options).items()}

@@ -11,6 +11,7 @@ import torch
 from gradcache_sparton.crossval.teacher import DEFAULT_TEACHER_WEIGHT, LOSSES_READING_TEACHER, TEACHERS
 from gradcache_sparton.evaluation.encoding import EncodingSettings
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
+from gradcache_sparton.primitives.option_field import option
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -35,77 +36,52 @@ class CrossvalSettings:
 
     beir_path: str = field(metadata={"help": "BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."})
     output_dir: str = field(metadata={"help": "folder for folds, models, crossval.json and crossval.md."})
-    split: str = field(
-        default="train", metadata={"help": "qrels split whose judged queries are cross-validated."}
+    split: str = option("train", "qrels split whose judged queries are cross-validated.")
+    folds: int = option(5, "number of folds (k): each trains on the other k-1 folds' queries.")
+    fold_seed: int = option(0, "seed of the query shuffle (and of the pair choice).")
+    seeds: list[int] = option([42], "training seeds: each fold trained once per seed.")
+    self_supervised_pairs: int = option(
+        0, "add this many (sentence, rest of the abstract) pairs from documents no training query judges."
     )
-    folds: int = field(
-        default=5, metadata={"help": "number of folds (k): each trains on the other k-1 folds' queries."}
+    bm25_negatives: int = option(0, "BM25 negatives per training pair (0: none).")
+    teacher: str = option(
+        "none",
+        "distillation teacher written as each training row's teacher_scores (needs --bm25_negatives >= 1 "
+        "and a recipe with --contrastive kl_div or margin_mse): 'bm25+model' mixes BM25's and the starting "
+        "model's scores of the row's positive and negatives, each z-normalised over the query's top 100.",
+        choices=TEACHERS,
     )
-    fold_seed: int = field(
-        default=0, metadata={"help": "seed of the query shuffle (and of the pair choice)."}
+    teacher_weight: float = option(
+        DEFAULT_TEACHER_WEIGHT,
+        "BM25's share of the bm25+model teacher, in [0, 1] (the starting model gets the rest).",
     )
-    seeds: list[int] = field(
-        default_factory=lambda: [42], metadata={"help": "training seeds: each fold trained once per seed."}
+    rounds: int = option(
+        1,
+        "train each fold this many times: round r > 1 trains on the fold's rows plus --model_negatives "
+        "negatives a pair mined by the same fold's (and seed's) round r-1 model, which never saw the held-out "
+        "claims; with --teacher, that model is the teacher's model half. The recipe row is the last round; "
+        "earlier rounds are the systems recipe-round<r>, each compared with it. More rounds: harder negatives, "
+        "R times the training.",
     )
-    self_supervised_pairs: int = field(
-        default=0,
-        metadata={
-            "help": "add this many (sentence, rest of the abstract) pairs from documents no training query judges."
-        },
+    model_negatives: int = option(
+        0,
+        f"with --rounds >= 2: negatives a pair from the previous round's model's ranking of the full corpus "
+        f"(ranks {NEGATIVE_RANKS[0]}..{NEGATIVE_RANKS[1]}, the pair's known positives skipped), after any BM25 "
+        "ones. More: harder contrast, more documents a step.",
     )
-    bm25_negatives: int = field(default=0, metadata={"help": "BM25 negatives per training pair (0: none)."})
-    teacher: str = field(
-        default="none",
-        metadata={
-            "help": "distillation teacher written as each training row's teacher_scores (needs --bm25_negatives >= 1 "
-            "and a recipe with --contrastive kl_div or margin_mse): 'bm25+model' mixes BM25's and the starting "
-            "model's scores of the row's positive and negatives, each z-normalised over the query's top 100.",
-            "choices": TEACHERS,
-        },
+    round_start: str = option(
+        ROUND_STARTS[0],
+        "where round r > 1 starts: 'previous' continues the round r-1 fold model (the model its negatives "
+        "are hard for; R times the steps in all), 'start' retrains the recipe's starting model (the same steps, "
+        "only the negatives differ).",
+        choices=ROUND_STARTS,
     )
-    teacher_weight: float = field(
-        default=DEFAULT_TEACHER_WEIGHT,
-        metadata={
-            "help": "BM25's share of the bm25+model teacher, in [0, 1] (the starting model gets the rest)."
-        },
-    )
-    rounds: int = field(
-        default=1,
-        metadata={
-            "help": "train each fold this many times: round r > 1 trains on the fold's rows plus --model_negatives "
-            "negatives a pair mined by the same fold's (and seed's) round r-1 model, which never saw the held-out "
-            "claims; with --teacher, that model is the teacher's model half. The recipe row is the last round; "
-            "earlier rounds are the systems recipe-round<r>, each compared with it. More rounds: harder negatives, "
-            "R times the training."
-        },
-    )
-    model_negatives: int = field(
-        default=0,
-        metadata={
-            "help": f"with --rounds >= 2: negatives a pair from the previous round's model's ranking of the full corpus "
-            f"(ranks {NEGATIVE_RANKS[0]}..{NEGATIVE_RANKS[1]}, the pair's known positives skipped), after any BM25 "
-            "ones. More: harder contrast, more documents a step."
-        },
-    )
-    round_start: str = field(
-        default=ROUND_STARTS[0],
-        metadata={
-            "help": "where round r > 1 starts: 'previous' continues the round r-1 fold model (the model its negatives "
-            "are hard for; R times the steps in all), 'start' retrains the recipe's starting model (the same steps, "
-            "only the negatives differ).",
-            "choices": ROUND_STARTS,
-        },
-    )
-    bm25_reference: bool = field(
-        default=True, metadata={"help": "evaluate BM25 as a reference (needs bm25s)."}
-    )
-    query_max_length: int = field(default=32, metadata={"help": "evaluation query tokens."})
-    document_max_length: int = field(default=256, metadata={"help": "evaluation document tokens."})
-    eval_batch_size: int = field(default=64, metadata={"help": "texts encoded at once in evaluation."})
-    resamples: int = field(default=DEFAULT_RESAMPLES, metadata={"help": "bootstrap and randomization draws."})
-    write_runs: bool = field(
-        default=False, metadata={"help": "write every model's top 100 as TREC runs in runs/."}
-    )
+    bm25_reference: bool = option(True, "evaluate BM25 as a reference (needs bm25s).")
+    query_max_length: int = option(32, "evaluation query tokens.")
+    document_max_length: int = option(256, "evaluation document tokens.")
+    eval_batch_size: int = option(64, "texts encoded at once in evaluation.")
+    resamples: int = option(DEFAULT_RESAMPLES, "bootstrap and randomization draws.")
+    write_runs: bool = option(False, "write every model's top 100 as TREC runs in runs/.")
 
     def encoding(
         self,

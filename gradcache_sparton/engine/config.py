@@ -13,11 +13,12 @@ decision there when it has an automatic default, and its use in the engine.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torch import nn
 
 from gradcache_sparton.engine.memory_size import parse_max_memory
+from gradcache_sparton.primitives.option_field import option
 
 __all__ = ["GradCacheConfig", "is_compiled"]
 
@@ -47,119 +48,95 @@ class GradCacheConfig:
     the engine's defaults: 32 rows, no CUDA graphs, dense reps.
     """
 
-    mini_batch_size: int | dict[str, int | None] | None = field(
-        default=None,
-        metadata={
-            "help": "Rows encoded at once by the GradCache engine: bounds activation memory (that of one "
-            "mini-batch), never changes the loss or gradients. Larger is faster until it no longer fits. "
-            "Default: planned within max_memory when that is set, else 32."
-        },
+    mini_batch_size: int | dict[str, int | None] | None = option(
+        None,
+        "Rows encoded at once by the GradCache engine: bounds activation memory (that of one "
+        "mini-batch), never changes the loss or gradients. Larger is faster until it no longer fits. "
+        "Default: planned within max_memory when that is set, else 32.",
     )
-    max_memory: str | None = field(
-        default=None,
-        metadata={
-            "help": "GPU memory budget of a training step, e.g. 4GiB, 512MiB, 24GB (units B, KB, MB, GB, TB and "
-            "KiB, MiB, GiB, TiB), or auto (what the CUDA device has free at the start, less a tenth). On the first "
-            "step a short measured probe picks what is left unset (mini_batch_size, cuda_graphs, reuse_argmax, "
-            "activation checkpointing, sparse_reps) for the fastest step whose peak stays within it; explicit "
-            "settings are kept; the loss and gradients never change. Bounds the memory the process reserves "
-            "(torch.cuda.max_memory_reserved, CUDA graphs' pools included), hence also what it allocates. "
-            "CUDA only (on a CPU a size is ignored with a warning, auto quietly; under DDP / FSDP auto is "
-            "ignored and a size refused). 'none': no plan.",
-        },
+    max_memory: str | None = option(
+        None,
+        "GPU memory budget of a training step, e.g. 4GiB, 512MiB, 24GB (units B, KB, MB, GB, TB and "
+        "KiB, MiB, GiB, TiB), or auto (what the CUDA device has free at the start, less a tenth). On the first "
+        "step a short measured probe picks what is left unset (mini_batch_size, cuda_graphs, reuse_argmax, "
+        "activation checkpointing, sparse_reps) for the fastest step whose peak stays within it; explicit "
+        "settings are kept; the loss and gradients never change. Bounds the memory the process reserves "
+        "(torch.cuda.max_memory_reserved, CUDA graphs' pools included), hence also what it allocates. "
+        "CUDA only (on a CPU a size is ignored with a warning, auto quietly; under DDP / FSDP auto is "
+        "ignored and a size refused). 'none': no plan.",
     )
-    mini_batch_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Also bound each mini-batch by padded tokens (rows x its longest row): each column's rows "
-            "are taken longest first and packed under this budget, saving the padding of mixed lengths; the "
-            "reps are put back in order, so the loss and gradients do not change (up to fp32 summation "
-            "order). Needs a 2-D attention_mask in every column. Default: rows only (mini_batch_size)."
-        },
+    mini_batch_tokens: int | None = option(
+        None,
+        "Also bound each mini-batch by padded tokens (rows x its longest row): each column's rows "
+        "are taken longest first and packed under this budget, saving the padding of mixed lengths; the "
+        "reps are put back in order, so the loss and gradients do not change (up to fp32 summation "
+        "order). Needs a 2-D attention_mask in every column. Default: rows only (mini_batch_size).",
     )
-    mini_batch_length_multiple: int | None = field(
-        default=None,
-        metadata={
-            "help": "Round each mini-batch's length (its longest row) up to a multiple of this, within the "
-            "batch's padding: mini-batches then come in a few shapes (at most ceil(S / m) + 1 lengths per "
-            "column), which a compiled encoder with static shapes and cuda_graphs need; the loss and "
-            "gradients are unchanged. Default: each mini-batch is cut to its longest row; 32 under cuda_graphs and "
-            "for a compiled encoder (torch_compile)."
-        },
+    mini_batch_length_multiple: int | None = option(
+        None,
+        "Round each mini-batch's length (its longest row) up to a multiple of this, within the "
+        "batch's padding: mini-batches then come in a few shapes (at most ceil(S / m) + 1 lengths per "
+        "column), which a compiled encoder with static shapes and cuda_graphs need; the loss and "
+        "gradients are unchanged. Default: each mini-batch is cut to its longest row; 32 under cuda_graphs and "
+        "for a compiled encoder (torch_compile).",
     )
-    same_batch_size: bool = field(
-        default=True,
-        metadata={
-            "help": "Require every column, and every batch-first tensor among the loss's inputs, to have the "
-            "same number of rows, checked before any encoding (what contrastive losses need)."
-        },
+    same_batch_size: bool = option(
+        True,
+        "Require every column, and every batch-first tensor among the loss's inputs, to have the "
+        "same number of rows, checked before any encoding (what contrastive losses need).",
     )
-    allow_non_finite: bool = field(
-        default=False,
-        metadata={
-            "help": "Let a non-finite loss or rep gradient through instead of stopping with "
-            "FloatingPointError: for when a GradScaler (fp16) is in charge, which then skips the step and "
-            "lowers its scale, as in uncached training."
-        },
+    allow_non_finite: bool = option(
+        False,
+        "Let a non-finite loss or rep gradient through instead of stopping with "
+        "FloatingPointError: for when a GradScaler (fp16) is in charge, which then skips the step and "
+        "lowers its scale, as in uncached training.",
     )
-    show_mini_batch_progress: bool = field(
-        default=False, metadata={"help": "Show a tqdm bar over the mini-batches of each step."}
+    show_mini_batch_progress: bool = option(False, "Show a tqdm bar over the mini-batches of each step.")
+    gather_across_ranks: bool | None = option(
+        None,
+        "Compute the loss on every process's reps (the global batch: in-batch negatives across "
+        "processes), with gradients equal to one process training on it. Default: when torch.distributed "
+        "runs more than one process; false: each process's loss sees its own rows only.",
     )
-    gather_across_ranks: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Compute the loss on every process's reps (the global batch: in-batch negatives across "
-            "processes), with gradients equal to one process training on it. Default: when torch.distributed "
-            "runs more than one process; false: each process's loss sees its own rows only."
-        },
+    check_replay: bool | None = option(
+        None,
+        "Prove on every step that the replay reproduced the first pass (a bitwise fingerprint of "
+        "each mini-batch's reps, read back once per step) and stop with an error naming the likely causes "
+        "if not. Default: on, except for a compiled encoder (torch_compile), whose graph-less and "
+        "graph-recording programs may round differently.",
     )
-    check_replay: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Prove on every step that the replay reproduced the first pass (a bitwise fingerprint of "
-            "each mini-batch's reps, read back once per step) and stop with an error naming the likely causes "
-            "if not. Default: on, except for a compiled encoder (torch_compile), whose graph-less and "
-            "graph-recording programs may round differently."
-        },
+    sparse_reps: str | None = option(
+        None,
+        "Keep each step's reps as their non-zeros (ids and weights) from the first pass to the "
+        "replay, instead of dense [batch, vocabulary] reps and gradients: memory grows with the non-zeros "
+        "rather than batch x vocabulary, which lets trained (sparse) models take far larger batches; the "
+        "loss and gradients are the dense path's up to fp32 summation order. Exact for encoders whose "
+        "gradient is zero wherever a rep is zero (a SPLADE head's relu; not checked). 'true': always; "
+        "'auto': each step, when the first mini-batch's non-zeros take fewer bytes than its dense reps "
+        "(below ~1/2 density in fp32; on every process alike); 'false': dense reps. The loss must accept "
+        "sparse reps (SpladeLoss does). 'auto' costs one device sync per step. Default: false, unless "
+        "max_memory is set and its plan fits only with sparse reps, or would otherwise need activation "
+        "checkpointing: it then keeps them sparse ('true'; give false for a loss that takes dense reps only).",
+        metavar="{false,true,auto}",
     )
-    sparse_reps: str | None = field(
-        default=None,
-        metadata={
-            "metavar": "{false,true,auto}",
-            "help": "Keep each step's reps as their non-zeros (ids and weights) from the first pass to the "
-            "replay, instead of dense [batch, vocabulary] reps and gradients: memory grows with the non-zeros "
-            "rather than batch x vocabulary, which lets trained (sparse) models take far larger batches; the "
-            "loss and gradients are the dense path's up to fp32 summation order. Exact for encoders whose "
-            "gradient is zero wherever a rep is zero (a SPLADE head's relu; not checked). 'true': always; "
-            "'auto': each step, when the first mini-batch's non-zeros take fewer bytes than its dense reps "
-            "(below ~1/2 density in fp32; on every process alike); 'false': dense reps. The loss must accept "
-            "sparse reps (SpladeLoss does). 'auto' costs one device sync per step. Default: false, unless "
-            "max_memory is set and its plan fits only with sparse reps, or would otherwise need activation "
-            "checkpointing: it then keeps them sparse ('true'; give false for a loss that takes dense reps only).",
-        },
+    reuse_argmax: bool | None = option(
+        None,
+        "Skip the SPLADE head's forward in the replay: the first pass records the head's max and "
+        "argmax over the sequence where its gradient can be non-zero (12 bytes per such entry, about one per "
+        "non-zero rep entry), and the replay rebuilds the head's output and gradient from them, bit for bit. "
+        "Saves the head's hidden x vocabulary product once per step (measured: 1.71x faster steps on a 2-core "
+        "CPU in the default run's setting, 1.01-1.06x on an H100 at 64-256 rows; docs/benchmarks.md). "
+        "Default: on where it is safe (not for a compiled encoder, whose head records nothing, nor under "
+        "cuda_graphs); an encoder that records nothing (no Sparton head) runs without it.",
     )
-    reuse_argmax: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Skip the SPLADE head's forward in the replay: the first pass records the head's max and "
-            "argmax over the sequence where its gradient can be non-zero (12 bytes per such entry, about one per "
-            "non-zero rep entry), and the replay rebuilds the head's output and gradient from them, bit for bit. "
-            "Saves the head's hidden x vocabulary product once per step (measured: 1.71x faster steps on a 2-core "
-            "CPU in the default run's setting, 1.01-1.06x on an H100 at 64-256 rows; docs/benchmarks.md). "
-            "Default: on where it is safe (not for a compiled encoder, whose head records nothing, nor under "
-            "cuda_graphs); an encoder that records nothing (no Sparton head) runs without it.",
-        },
-    )
-    cuda_graphs: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Replay each mini-batch's first pass, and its replay's forward and backward, as one CUDA graph "
-            "per mini-batch shape: removes the host's per-kernel cost, which bounds small mini-batches (measured "
-            "on an H100: 2.50x the pairs/s at 16 rows, 1.72x at 32; docs/benchmarks.md). The loss and gradients "
-            "are those without graphs. Needs an nn.Module encoder on one CUDA device and no data parallelism; "
-            "not with mini_batch_tokens or reuse_argmax (its default turns off); mini_batch_length_multiple "
-            "defaults to 32 here (few shapes). Default: planned within max_memory when that is set, else off.",
-        },
+    cuda_graphs: bool | None = option(
+        None,
+        "Replay each mini-batch's first pass, and its replay's forward and backward, as one CUDA graph "
+        "per mini-batch shape: removes the host's per-kernel cost, which bounds small mini-batches (measured "
+        "on an H100: 2.50x the pairs/s at 16 rows, 1.72x at 32; docs/benchmarks.md). The loss and gradients "
+        "are those without graphs. Needs an nn.Module encoder on one CUDA device and no data parallelism; "
+        "not with mini_batch_tokens or reuse_argmax (its default turns off); mini_batch_length_multiple "
+        "defaults to 32 here (few shapes). Default: planned within max_memory when that is set, else off.",
     )
 
     def __post_init__(self) -> None:

@@ -290,16 +290,13 @@ class RowBlocks(Protocol):
 
     The blocked loops below run on any layout: dense [B, V] reps (:class:`_DenseRows`, slices) or
     sparse ones (:mod:`.sparse`, a block densified at a time). ``tensor`` is the differentiable
-    input the layout is built on; its gradient has ``tensor``'s shape.
+    input the layout is built on; its gradient has ``tensor``'s shape. ``num_rows`` (B) and ``vocab_size``
+    (V), the reps' shape, are set when the layout is made.
     """
 
     tensor: Tensor
-
-    @property
-    def num_rows(self) -> int: ...
-
-    @property
-    def vocab_size(self) -> int: ...
+    num_rows: int
+    vocab_size: int
 
     def active_columns(self, edge: int) -> list[Tensor] | None:
         """Each block of ``edge`` rows' sorted unique vocabulary ids of its non-zeros ([|U|] int64 each), or
@@ -327,15 +324,8 @@ class _DenseRows:
     """Dense [B, V] reps: blocks are slices, gradients add into a [B, V] buffer."""
 
     def __init__(self, tensor: Tensor) -> None:
-        self.tensor = tensor
-
-    @property
-    def num_rows(self) -> int:
-        return self.tensor.shape[0]
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tensor.shape[1]
+        self.tensor = tensor  # [B, V]
+        self.num_rows, self.vocab_size = tensor.shape
 
     def active_columns(self, edge: int) -> None:
         return None  # dense reps run over all V (module doc)

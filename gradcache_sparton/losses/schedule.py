@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gradcache_sparton.primitives.option_field import option
+
 __all__ = ["WARMUP_SHAPES", "WarmupSchedule", "check_step", "warmup_weight"]
 
 # Shape name -> exponent p of the ramp.
@@ -71,12 +73,8 @@ class WarmupSchedule:
     """
 
     final_weight: float = field(metadata={"help": "Weight reached at the end of the warm-up, >= 0."})
-    warmup_steps: int = field(
-        default=0, metadata={"help": "Steps of the warm-up ramp, >= 0 (0: full weight from the start)."}
-    )
-    shape: str = field(
-        default="quadratic", metadata={"help": "Ramp shape: 'quadratic' (SPLADE) or 'linear'."}
-    )
+    warmup_steps: int = option(0, "Steps of the warm-up ramp, >= 0 (0: full weight from the start).")
+    shape: str = option("quadratic", "Ramp shape: 'quadratic' (SPLADE) or 'linear'.")
 
     def __post_init__(self) -> None:
         check_weight(self.final_weight, name="final_weight")

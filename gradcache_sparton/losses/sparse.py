@@ -127,14 +127,7 @@ class _SparseRows:
         self.tensor = weights  # [nnz], the differentiable input
         self._reps = reps
         self._offsets = reps.offsets.tolist()  # read back once: no device sync per block
-
-    @property
-    def num_rows(self) -> int:
-        return self._reps.num_rows
-
-    @property
-    def vocab_size(self) -> int:
-        return self._reps.vocab_size
+        self.num_rows, self.vocab_size = reps.num_rows, reps.vocab_size
 
     @cached_property
     def _rows(self) -> Tensor:
@@ -153,7 +146,7 @@ class _SparseRows:
 
     def active_columns(self, edge: int) -> list[Tensor]:
         """Each block of ``edge`` rows' sorted unique ids: a [blocks, V] bool mask at a time (two syncs each)."""
-        vocab, num_rows = self._reps.vocab_size, self._reps.num_rows
+        vocab, num_rows = self.vocab_size, self.num_rows
         per_pass = edge * max(1, _PLAN_MASK_BYTES // vocab)  # rows whose blocks share one mask
         active: list[Tensor] = []
         for first in range(0, num_rows, per_pass):
@@ -168,7 +161,7 @@ class _SparseRows:
     def block(self, start: int, stop: int, dtype: torch.dtype, columns: BlockColumns | None = None) -> Tensor:
         lo, hi, rows, ids = self._entries(start, stop)
         if columns is None:
-            dense = self.tensor.new_zeros((stop - start, self._reps.vocab_size), dtype=dtype)  # [b, V]
+            dense = self.tensor.new_zeros((stop - start, self.vocab_size), dtype=dtype)  # [b, V]
             dense[rows, ids] = self.tensor[lo:hi].to(dtype)
             return dense
         dense = self.tensor.new_zeros((stop - start, columns.width), dtype=dtype)  # [b, W]

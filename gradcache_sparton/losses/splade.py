@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -53,6 +53,7 @@ from gradcache_sparton.losses.sparse import (
     upcast_sparse,
 )
 from gradcache_sparton.losses.sparsity import unchecked_expected_flops, unchecked_mean_nonzeros
+from gradcache_sparton.primitives.option_field import option
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["CONTRASTIVE_LOSSES", "SpladeLoss", "SpladeLossConfig"]
@@ -146,89 +147,62 @@ class SpladeLossConfig:
     magnitude larger than InfoNCE's, so distillation needs its own (larger) weights.
     """
 
-    query_reg_weight: float = field(
-        default=5e-4,
-        metadata={
-            "help": "Final weight of the query regularizer, >= 0. Larger: sparser queries, lower recall."
-        },
+    query_reg_weight: float = option(
+        5e-4, "Final weight of the query regularizer, >= 0. Larger: sparser queries, lower recall."
     )
-    doc_reg_weight: float = field(
-        default=3e-4,
-        metadata={
-            "help": "Final weight of the document regularizer, >= 0. Larger: smaller index, faster search."
-        },
+    doc_reg_weight: float = option(
+        3e-4, "Final weight of the document regularizer, >= 0. Larger: smaller index, faster search."
     )
-    contrastive: str = field(
-        default="infonce",
-        metadata={
-            "help": "Ranking loss: 'infonce' (in-batch + hard negatives), or a distillation loss that needs "
-            "teacher_scores [B, 1+k] (a teacher_scores data column): 'margin_mse' (margins) or 'kl_div' "
-            "(listwise KL between the teacher's and the student's softmax over each query's candidates, "
-            "as SPLADE-v3)."
-        },
+    contrastive: str = option(
+        "infonce",
+        "Ranking loss: 'infonce' (in-batch + hard negatives), or a distillation loss that needs "
+        "teacher_scores [B, 1+k] (a teacher_scores data column): 'margin_mse' (margins) or 'kl_div' "
+        "(listwise KL between the teacher's and the student's softmax over each query's candidates, "
+        "as SPLADE-v3).",
     )
-    query_regularizer: str = field(
-        default="flops", metadata={"help": "Query sparsity regularizer: 'flops' (SPLADE) or 'l1'."}
+    query_regularizer: str = option("flops", "Query sparsity regularizer: 'flops' (SPLADE) or 'l1'.")
+    doc_regularizer: str = option("flops", "Document sparsity regularizer: 'flops' (SPLADE) or 'l1'.")
+    doc_reg_l0_threshold: int | None = option(
+        None,
+        "doc_regularizer 'flops' only: documents with at most this many non-zeros add nothing to the "
+        "FLOPS sum (still counted in its mean), so only denser ones are pushed sparser: FLOPS with l0 masking "
+        "(arXiv 2504.14839; sentence-transformers' FlopsLoss(threshold)), for inference-free models. None: "
+        "every document.",
     )
-    doc_regularizer: str = field(
-        default="flops", metadata={"help": "Document sparsity regularizer: 'flops' (SPLADE) or 'l1'."}
+    temperature: float = option(
+        1.0,
+        "Student temperature of infonce and kl_div, > 0. 1.0 is SPLADE's: raw dot products are "
+        "already logit-scaled. Must stay 1.0 with margin_mse.",
     )
-    doc_reg_l0_threshold: int | None = field(
-        default=None,
-        metadata={
-            "help": "doc_regularizer 'flops' only: documents with at most this many non-zeros add nothing to the "
-            "FLOPS sum (still counted in its mean), so only denser ones are pushed sparser: FLOPS with l0 masking "
-            "(arXiv 2504.14839; sentence-transformers' FlopsLoss(threshold)), for inference-free models. None: "
-            "every document."
-        },
+    reg_warmup_steps: int = option(
+        0,
+        "Optimizer steps over which the regularizer weights rise from 0 to their final values "
+        "(SPLADE: 50,000). 0: full weights from the start, which can collapse a fresh head to all zeros.",
     )
-    temperature: float = field(
-        default=1.0,
-        metadata={
-            "help": "Student temperature of infonce and kl_div, > 0. 1.0 is SPLADE's: raw dot products are "
-            "already logit-scaled. Must stay 1.0 with margin_mse."
-        },
+    reg_warmup_shape: str = option("quadratic", "Regularizer warm-up ramp: 'quadratic' (SPLADE) or 'linear'.")
+
+    teacher_temperature: float = option(
+        1.0, "kl_div only: divides the teacher scores before their softmax, > 0."
     )
-    reg_warmup_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Optimizer steps over which the regularizer weights rise from 0 to their final values "
-            "(SPLADE: 50,000). 0: full weights from the start, which can collapse a fresh head to all zeros."
-        },
+    kl_in_batch: bool = option(
+        False,
+        "kl_div only: the student's softmax also covers the other queries' documents (in-batch "
+        "negatives, teacher probability 0). Costs InfoNCE's [B, (1+k)·B] scores.",
     )
-    reg_warmup_shape: str = field(
-        default="quadratic", metadata={"help": "Regularizer warm-up ramp: 'quadratic' (SPLADE) or 'linear'."}
+    score_block_size: int | None = option(
+        None,
+        "infonce and kl_div with kl_in_batch: compute the [B, (1+k)·B] scores in blocks of this "
+        "many queries x documents (memory O(block²), not O(B²); one extra matmul pass; equal up to fp32 "
+        "summation order). Default: blocks of 4,096 only when the fp32 scores would exceed 1 GiB.",
     )
 
-    teacher_temperature: float = field(
-        default=1.0,
-        metadata={"help": "kl_div only: divides the teacher scores before their softmax, > 0."},
-    )
-    kl_in_batch: bool = field(
-        default=False,
-        metadata={
-            "help": "kl_div only: the student's softmax also covers the other queries' documents (in-batch "
-            "negatives, teacher probability 0). Costs InfoNCE's [B, (1+k)·B] scores."
-        },
-    )
-    score_block_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "infonce and kl_div with kl_in_batch: compute the [B, (1+k)·B] scores in blocks of this "
-            "many queries x documents (memory O(block²), not O(B²); one extra matmul pass; equal up to fp32 "
-            "summation order). Default: blocks of 4,096 only when the fp32 scores would exceed 1 GiB."
-        },
-    )
-
-    shard_scores_across_ranks: bool = field(
-        default=False,
-        metadata={
-            "help": "infonce and kl_div with kl_in_batch, under data parallelism whose loss sees the batch "
-            "gathered from every rank (the cached trainer's): each of the W ranks scores 1/W of the queries, "
-            "in blocks, and the ranks' results are summed (one all-reduce of B floats forward, one per column "
-            "of the rep gradients' size backward): W times less score work per rank, the same loss and "
-            "gradients up to fp32 summation order. Every rank must call the loss with the same reps."
-        },
+    shard_scores_across_ranks: bool = option(
+        False,
+        "infonce and kl_div with kl_in_batch, under data parallelism whose loss sees the batch "
+        "gathered from every rank (the cached trainer's): each of the W ranks scores 1/W of the queries, "
+        "in blocks, and the ranks' results are summed (one all-reduce of B floats forward, one per column "
+        "of the rep gradients' size backward): W times less score work per rank, the same loss and "
+        "gradients up to fp32 summation order. Every rank must call the loss with the same reps.",
     )
 
     def __post_init__(self) -> None:

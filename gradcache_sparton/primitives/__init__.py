@@ -6,7 +6,9 @@ evaluation. They import nothing else from the package.
 - :mod:`~gradcache_sparton.primitives.host_count`: :class:`HostCount`, a count read on the host without
   stalling the host's queue of work;
 - :mod:`~gradcache_sparton.primitives.forward_memo`: :class:`ForwardMemo`, the contract by which a module
-  hands GradCache Step (1)'s memo what Step (3) needs to skip its forward (the engine owns the memo).
+  hands GradCache Step (1)'s memo what Step (3) needs to skip its forward (the engine owns the memo);
+- :mod:`~gradcache_sparton.primitives.option_field`: :func:`option`, how every configuration dataclass declares
+  a field (its default and its help text).
 """
 
 from gradcache_sparton.primitives.forward_memo import (
@@ -17,12 +19,14 @@ from gradcache_sparton.primitives.forward_memo import (
     replaying_memo,
 )
 from gradcache_sparton.primitives.host_count import HostCount
+from gradcache_sparton.primitives.option_field import option
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = [
     "ForwardMemo",
     "HostCount",
     "SparseReps",
+    "option",
     "recording",
     "recording_memo",
     "replaying",
