@@ -10,6 +10,7 @@ or Anserini file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -199,7 +200,7 @@ def _run_training(
     encoder.lora = None  # this run's record, not a loaded checkpoint's
     peft_model = add_lora_adapters(encoder, model_args) if model_args.lora_r else None
     if evaluator is not None and torch.cuda.is_available() and training_args.bf16:
-        evaluator.encoding.autocast_dtype = torch.bfloat16
+        evaluator.encoding = dataclasses.replace(evaluator.encoding, autocast_dtype=torch.bfloat16)
     trainer = CachedSpladeTrainer(
         encoder, training_args, train_dataset=train_dataset, processing_class=tokenizer
     )

@@ -310,12 +310,15 @@ def test_encode_texts_rejects_bad_input(tokenizer, bag_of_words: BagOfWords) -> 
 
 def test_encoding_settings_truncate_each_column_to_its_length(tokenizer, bag_of_words: BagOfWords) -> None:
     """EncodingSettings.encode truncates queries to query_max_length and documents to document_max_length,
-    and refuses a non-tokenizer, a batch_size < 1 and a length not a multiple of 8 when built."""
+    device_for says where they are encoded, and it refuses a non-tokenizer, a batch_size < 1 and a length not a multiple of 8 when built."""
     encoding = EncodingSettings(tokenizer, query_max_length=8, document_max_length=16, show_progress=False)
     text = "apple " * 6 + "banana cherry"  # 8 tokens ([CLS], [SEP] included) hold the apples alone
     queries = encoding.encode(bag_of_words, [text], column=QUERY_COLUMN, desc="queries")
     documents = encoding.encode(bag_of_words, [text], column=DOCUMENT_COLUMN, desc="documents")
     assert queries.nonzeros_per_row().tolist() == [1] and documents.nonzeros_per_row().tolist() == [3]
+    # device_for: the settings' device where given (a string too), else the encoder's (CPU for a callable)
+    assert encoding.device_for(lambda **features: None) == torch.device("cpu")
+    assert EncodingSettings(tokenizer, device="meta").device_for(bag_of_words) == torch.device("meta")
     with pytest.raises(TypeError, match="tokenizer must be a PreTrainedTokenizerBase"):
         EncodingSettings("bert-base-uncased")
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):

@@ -70,6 +70,11 @@ class EncodingSettings:
             ):
                 raise ValueError(f"{name} must be a positive multiple of {PAD_TO_MULTIPLE_OF}, got {value!r}")
 
+    def device_for(self, encoder: Encoder) -> torch.device:
+        """Where texts are encoded and their reps ranked: ``device``, else the encoder's
+        (:func:`encoder_device`)."""
+        return encoder_device(encoder) if self.device is None else torch.device(self.device)
+
     def encode(self, encoder: Encoder, texts: Sequence[str], *, column: str, desc: str) -> SparseReps:
         """``texts`` of one column (:data:`~gradcache_sparton.data.QUERY_COLUMN`: at ``query_max_length``;
         a document column: at ``document_max_length``) encoded by :func:`encode_texts` with these settings."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from gradcache_sparton.data import QUERY_COLUMN, BeirData
-from gradcache_sparton.evaluation.encoding import Encoder, EncodingSettings, encoder_device
+from gradcache_sparton.evaluation.encoding import Encoder, EncodingSettings
 from gradcache_sparton.evaluation.metrics import (
     DEFAULT_MEASURES,
     measure_cutoff,
@@ -136,9 +136,7 @@ class SparseRetrievalEvaluator:
         """Encode once, then prune, retrieve and score at each budget (in order)."""
         if not budgets or not all(isinstance(b, PruningBudget) for b in budgets):
             raise ValueError(f"budgets must be a non-empty list of PruningBudget, got {budgets!r}")
-        device = (
-            encoder_device(encoder) if self.encoding.device is None else torch.device(self.encoding.device)
-        )
+        device = self.encoding.device_for(encoder)
         q_full, d_full = self.encode(encoder)
         results = []
         for budget in budgets:

@@ -26,7 +26,6 @@ from tqdm.auto import tqdm
 
 from gradcache_sparton.data import QUERY_COLUMN
 from gradcache_sparton.evaluation import EncodingSettings, retrieve
-from gradcache_sparton.evaluation.encoding import encoder_device
 from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 
 __all__ = ["BM25_STEMMER", "bm25_rankings", "bm25_scores", "check_bm25_installed", "splade_rankings"]
@@ -264,6 +263,6 @@ def splade_rankings(
     _check_depth(depth, len(queries), len(documents))
     q_reps = encoding.encode(encoder, queries, column=QUERY_COLUMN, desc="Encoding queries")  # Q [V] reps
     d_reps = encoding.encode(encoder, documents, column=DOCUMENT_COLUMN, desc="Encoding corpus")  # N [V] reps
-    device = encoder_device(encoder) if encoding.device is None else encoding.device
+    device = encoding.device_for(encoder)
     _, doc_index = retrieve(q_reps, d_reps, top_k=depth, device=device)  # [Q, K]
     return doc_index
