@@ -43,9 +43,9 @@ class GradCacheConfig:
     or None: left to ``max_memory``'s plan, else ``"false"``.
 
     ``max_memory`` (a size such as ``"4GiB"``, or ``"auto"``) lets the engine plan, on the first step, the
-    options left unset (None): ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, ``sparse_reps`` and
-    activation checkpointing (:mod:`~gradcache_sparton.engine.memory_plan`). Without it the unset ones take
-    the engine's defaults: 32 rows, no CUDA graphs, dense reps.
+    options left unset (None): ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, ``sparse_reps``,
+    ``keep_graphs`` and activation checkpointing (:mod:`~gradcache_sparton.engine.memory_plan`). Without it
+    the unset ones take the engine's defaults: 32 rows, no CUDA graphs, dense reps, no graphs kept.
     """
 
     mini_batch_size: int | dict[str, int | None] | None = option(
@@ -129,6 +129,15 @@ class GradCacheConfig:
         "Default: on where it is safe (not for a compiled encoder, whose head records nothing, nor under "
         "cuda_graphs); an encoder that records nothing (no Sparton head) runs without it.",
     )
+    keep_graphs: bool | None = option(
+        None,
+        "Keep each mini-batch's graph from the first pass and backpropagate it in the replay instead of "
+        "encoding it again: that mini-batch's step is an uncached one (one forward instead of two), for "
+        "activation memory that grows with the rows kept. The loss and gradients do not change (the same "
+        "forward, dropout included). true: every mini-batch (an uncached step, with the engine's checks); "
+        "false: none. Not under data parallelism or cuda_graphs. Default: planned within max_memory when "
+        "that is set (as many of each column's mini-batches as fit beside the rest of the step), else off.",
+    )
     cuda_graphs: bool | None = option(
         None,
         "Replay each mini-batch's first pass, and its replay's forward and backward, as one CUDA graph "
@@ -145,7 +154,7 @@ class GradCacheConfig:
         for name in ("same_batch_size", "allow_non_finite", "show_mini_batch_progress"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
-        for name in ("gather_across_ranks", "check_replay", "reuse_argmax", "cuda_graphs"):
+        for name in ("gather_across_ranks", "check_replay", "reuse_argmax", "keep_graphs", "cuda_graphs"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool or None, got {type(value).__name__}")
@@ -188,6 +197,10 @@ class GradCacheConfig:
                 "no mini_batch_tokens (a row count per mini-batch: a graph each)",
             ),
             (self.reuse_argmax is True, "reuse_argmax off (its records are kept on the host)"),
+            (
+                self.keep_graphs is True,
+                "keep_graphs off (a graphed mini-batch replays its own recorded graph)",
+            ),
         )
         unmet = [need for refused, need in refusals if refused]
         if unmet:

@@ -11,6 +11,10 @@ dL/dθ = Σ_i (dL/dr_i) · (dr_i/dθ). So:
 - Step (3) :meth:`GradCache.replay`: re-encode each mini-batch with its RNG and autocast state
   replayed (the same function the loss saw, dropout included) and backprop its slice of dL/dr.
 
+With ``keep_graphs`` the last mini-batches of each column run Step (1) with a graph, after all the others,
+and Step (3) backprops that graph instead of re-encoding them: those rows cost one forward, not two, for
+the memory of their activations until Step (3) (every mini-batch: an uncached step).
+
 The parameter gradients equal uncached training's; the activation memory is that of one
 mini-batch, plus the [B, V] reps and their gradients (with ``sparse_reps``, their non-zeros only).
 Nothing here knows about SPLADE: any encoder ``encoder(**features) -> [B, V]`` and any loss over
@@ -50,6 +54,7 @@ from gradcache_sparton.engine.checks import (
     check_loss_kwargs,
     check_loss_output,
     check_rep,
+    check_replayed_rep,
     check_token_ids,
     fingerprint,
     fingerprints_differ,
@@ -153,9 +158,16 @@ class GradCache:
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
         self._data_parallel = self.world_size > 1 or ddp is not None or fsdp is not None
+        if self.config.keep_graphs and self._data_parallel:
+            raise ValueError(
+                "keep_graphs=True is not supported under data parallelism (DDP, FSDP, gathering across ranks): "
+                "DDP decides in each forward whether that mini-batch's backward synchronises gradients, and Step "
+                "(1) runs every forward before the loss; leave keep_graphs unset (off there)"
+            )
         # Under FSDP each forward and backward is a collective: every rank must run as many of each.
         self._equal_passes = fsdp is not None and data_parallel_world_size(None) > 1
         self._run = self._mini_batch_run()
+        self._kept_run = EagerRun(encoder)  # keep_graphs: Step (1) with a graph, the encoder's own forward
         # max_memory: the options left unset are planned on the first step (memory_plan).
         self._planner = (
             None
@@ -275,30 +287,50 @@ class GradCache:
         extra = 0
         if self._equal_passes:  # FSDP: as many forwards as the rank with the most mini-batches
             extra = count_on_every_rank(planned, _device_of(columns)) - planned
+        # keep_graphs: a column's last mini-batches run with a graph once every other mini-batch has run (no
+        # other forward beside the graphs held); a column that trains nothing (a frozen table) keeps none.
+        kept = {
+            column: settings.kept_mini_batches(column, len(plan))
+            if torch.is_grad_enabled() and trains_column(self.encoder, column)
+            else 0
+            for column, plan in plans.items()
+        }
+        order = [(c, k) for c, plan in plans.items() for k in range(len(plan) - kept[c])]
+        order += [(c, k) for c, plan in plans.items() for k in range(len(plan) - kept[c], len(plan))]
         step_reps = StepReps(settings.sparse_reps, self.world_size)
-        reps: dict[str, Tensor | SparseReps] = {}
-        mini_batches: dict[str, tuple[MiniBatch, ...]] = {}
+        references: dict[str, Tensor] = {}  # [0, V]: the width, dtype and device each column's reps must have
+        encoded: dict[str, list[MiniBatch]] = {column: [] for column in plans}
         with (
             torch.no_grad(),
             _quiet_reentrant_checkpoint(),
             self._progress(planned + extra, "Step (1) encode") as bar,
         ):
-            for column, plan in plans.items():
-                reference: Tensor | None = None  # [0, V]: the width, dtype and device every rep must have
-                encoded: list[MiniBatch] = []
-                for rows, features in plan:
-                    rng = RngState.capture((*cuda_devices_of(features.values()), *encoder_devices))
-                    rep, memo = self._run.encode(column, rows, features, rng, autocast)  # [mb, V]
-                    check_rep(rep, column, rows, reference)
-                    reference = rep.new_empty((0, *rep.shape[1:]))
-                    step_reps.add(column, rows_of(columns[column]), rows, rep)
-                    mark = fingerprint(rep) if settings.check_replay else None
-                    encoded.append(
-                        MiniBatch(rows=rows, features=features, rng=rng, fingerprint=mark, memo=memo)
+            for column, k in order:
+                rows, features = plans[column][k]
+                rng = RngState.capture((*cuda_devices_of(features.values()), *encoder_devices))
+                keep = k >= len(plans[column]) - kept[column]
+                with torch.enable_grad() if keep else nullcontext():
+                    run = self._kept_run if keep else self._run
+                    rep, memo = run.encode(column, rows, features, rng, autocast)  # [mb, V]
+                check_rep(rep, column, rows, references.get(column))
+                references[column] = rep.new_empty((0, *rep.shape[1:]))
+                step_reps.add(column, rows_of(columns[column]), rows, rep.detach())
+                mark = fingerprint(rep) if settings.check_replay and not keep else None
+                encoded[column].append(
+                    MiniBatch(
+                        rows=rows,
+                        features=features,
+                        rng=rng,
+                        fingerprint=mark,
+                        memo=memo,
+                        graph=rep if keep and rep.requires_grad else None,  # none: replayed (and refused)
                     )
-                    bar.update()
-                mini_batches[column] = tuple(encoded)
-                reps[column] = step_reps.column(column, mini_batches[column])
+                )
+                bar.update()
+            mini_batches = {column: tuple(mbs) for column, mbs in encoded.items()}
+            reps: dict[str, Tensor | SparseReps] = {
+                column: step_reps.column(column, mini_batches[column]) for column in plans
+            }
             padding = self._encode_padding(plans, extra, encoder_devices, bar)
         if self._planner is not None:
             self._planner.check_entries(reps)  # sparse reps beyond the plan's count: planned again
@@ -391,6 +423,11 @@ class GradCache:
             with self._progress(len(jobs), "Step (3) replay") as bar:
                 for index, job in enumerate(jobs):
                     mb = job.mini_batch
+                    if mb.graph is not None:  # keep_graphs: Step (1)'s own graph, no re-encoding
+                        with context(index == len(jobs) - 1):
+                            _backprop_kept(job.column, mb, self._job_grad(job, grads))
+                        bar.update()
+                        continue
                     with context(index == len(jobs) - 1), mb.rng.replay():
                         rep = self._run.replay(
                             job.column, mb, self._job_grad(job, grads), replay_state.autocast
@@ -507,6 +544,8 @@ class GradCache:
             if trains_column(self.encoder, column)
             for k, mb in enumerate(replay_state.mini_batches[column])
         ]
+        # keep_graphs (never under data parallelism): the kept graphs first, freeing their memory for the replays.
+        jobs.sort(key=lambda job: job.mini_batch.graph is None)
         first_column, first_mini_batches = next(iter(replay_state.mini_batches.items()))
         if not jobs and self._data_parallel:
             # The other ranks' last backward waits for this rank's gradients: replay one mini-batch
@@ -547,6 +586,15 @@ def _quiet_reentrant_checkpoint() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="None of the inputs have requires_grad=True")
         yield
+
+
+def _backprop_kept(column: str, mb: MiniBatch, grad: Tensor | None) -> None:
+    """Step (3) for a mini-batch that kept its Step (1) graph (``keep_graphs``): backprop ``grad`` [mb, V]
+    through it (None: a zero gradient) into the parameters' ``.grad``; the graph is freed."""
+    assert mb.graph is not None
+    grad = torch.zeros_like(mb.graph) if grad is None else grad
+    check_replayed_rep(mb.graph, grad, column, mb.rows)
+    mb.graph.backward(grad)
 
 
 def _device_of(columns: Columns) -> torch.device:

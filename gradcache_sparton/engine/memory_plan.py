@@ -19,10 +19,14 @@ the step's autocast) at a few row counts, fits ``peak(rows) = fixed + per_row * 
   no plan that fits (mini-batches under 16 rows, or the loss over the whole batch beyond the budget), before
   activation checkpointing (:func:`choose_plan` says why);
 - activation checkpointing of the backbone where not even 16 rows fit without it (and the model has
-  ``gradient_checkpointing_enable``), measured again with it.
+  ``gradient_checkpointing_enable``), measured again with it;
+- ``keep_graphs`` with the room left beside the rest of the step (:func:`choose_kept_graphs`): the last
+  mini-batches of each column keep their Step (1) graph, which Step (3) backprops without encoding them
+  again (a graph held from Step (1) to Step (3) costs what its mini-batch's measured peak does). With memory
+  to spare that is every mini-batch: an uncached step.
 
 Every explicit setting is kept (a ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, ``sparse_reps``,
-checkpointing turned on); the plan only decides how rows are cut and run and how the reps are held, never
+``keep_graphs``, checkpointing turned on); the plan only decides how rows are cut and run and how the reps are held, never
 the loss or the gradients (sparse reps give the dense ones up to fp32 summation order): the probe's
 gradients and RNG draws are put back. It logs one line with the measured numbers
 (:meth:`MemoryPlan.describe`) and is kept on the engine (``GradCache.memory_plan``), which decides its
@@ -51,6 +55,7 @@ __all__ = [
     "Footprint",
     "MemoryPlan",
     "PlanChoices",
+    "choose_kept_graphs",
     "choose_plan",
 ]
 
@@ -73,6 +78,9 @@ three columns, 1,024 rows, H200, benchmarks/results/max_memory_h200_reserved.jso
 predicted 3.77 GiB for 30 graphed rows, which held 4.26."""
 REUSE_ARGMAX_KEEP = 0.9
 """``reuse_argmax`` stays on (when left to its default) if it keeps this fraction of the mini-batch rows."""
+KEEP_MAX_SPLIT = 4
+"""A column whose graphs fit only in part may be cut into up to this many times its planned mini-batches, so
+that more of its rows keep their graph (smaller mini-batches run slower: a bound on the trade)."""
 SPARSE_DENSITY_HEADROOM = 1.5
 """Sparse reps are planned for this many times the non-zeros the probe saw (at most every entry): their memory
 follows the non-zeros, which training moves after the plan (a regularizer warming up from zero lets them
@@ -190,13 +198,15 @@ class PlanChoices:
     """What the plan may decide. ``mini_batch_size``: per column, an explicit size or None (planned);
     ``cuda_graphs`` / ``reuse_argmax``: True or False explicit, None planned; ``sparse_reps``: ``"false"``,
     ``"true"`` or ``"auto"`` explicit (``"auto"`` is planned as dense: it may stay dense), None planned;
-    ``checkpointing``: already on; ``can_checkpoint``: the model can turn it on; ``graphs_possible``: the
-    engine could run CUDA graphs (an ``nn.Module`` encoder, not compiled, no token budget)."""
+    ``keep_graphs``: True or False explicit, None planned; ``checkpointing``: already on; ``can_checkpoint``:
+    the model can turn it on; ``graphs_possible``: the engine could run CUDA graphs (an ``nn.Module`` encoder,
+    not compiled, no token budget)."""
 
     mini_batch_size: Mapping[str, int | None]
     cuda_graphs: bool | None = None
     reuse_argmax: bool | None = None
     sparse_reps: str | None = None
+    keep_graphs: bool | None = None
     checkpointing: bool = False
     can_checkpoint: bool = False
     graphs_possible: bool = False
@@ -211,6 +221,9 @@ class MemoryPlan:
     cuda_graphs: bool
     reuse_argmax: bool | None  # False: turned off by the plan; None: as configured
     sparse_reps: bool | None  # True / False: sparse / dense reps chosen by the plan; None: as configured
+    keep_graphs: (
+        dict[str, int] | None
+    )  # per column, how many last mini-batches keep graphs; None: as configured
     checkpointing: bool
     predicted_peak: int
     resident: int
@@ -240,10 +253,16 @@ class MemoryPlan:
         )
         reuse = "as configured" if self.reuse_argmax is None else "off (its records would cost rows)"
         reps = {None: "as configured", True: "sparse (non-zeros)", False: "dense"}[self.sparse_reps]
+        kept = (
+            "as configured"
+            if self.keep_graphs is None
+            else ", ".join(f"{column} {count}" for column, count in self.keep_graphs.items())
+        )
         return (
             f"max_memory {format_bytes(self.budget)}: mini-batches {columns}; CUDA graphs "
             f"{'on' if self.cuda_graphs else 'off'}, activation checkpointing "
-            f"{'on' if self.checkpointing else 'off'}, reuse_argmax {reuse}, reps {reps}; predicted peak "
+            f"{'on' if self.checkpointing else 'off'}, reuse_argmax {reuse}, reps {reps}, mini-batches keeping "
+            f"their graph {kept}; predicted peak "
             f"{format_bytes(self.predicted_peak)} (resident {format_bytes(self.resident)}); {self.reason}"
         )
 
@@ -257,6 +276,8 @@ class MemoryPlan:
         }
         if self.sparse_reps is not None:
             values["memory_plan_sparse_reps"] = float(self.sparse_reps)
+        for column, count in (self.keep_graphs or {}).items():
+            values[f"memory_plan_keep_graphs_{column}"] = float(count)
         for column, size in self.mini_batch_size.items():
             values[f"memory_plan_mini_batch_size_{column}"] = float(size)
         return values
@@ -353,7 +374,12 @@ def _candidates(
     graphs_options = [False]
     if choices.cuda_graphs is True:  # asked for: kept (the engine says if it cannot run them)
         graphs_options = [True]
-    elif choices.cuda_graphs is None and choices.graphs_possible and choices.reuse_argmax is not True:
+    elif (
+        choices.cuda_graphs is None
+        and choices.graphs_possible
+        and choices.reuse_argmax is not True
+        and choices.keep_graphs is not True
+    ):
         graphs_options = [False, True]
     candidates = []
     for graphs in graphs_options:
@@ -440,24 +466,79 @@ def _plan(
         reasons.append(f"activation checkpointing: not {MIN_ROWS} rows fit without it")
     if planned and all(chosen.sizes[c] >= rows[c] for c in planned):
         reasons.append("the whole batch fits in one mini-batch per column")
+    sizes, kept, peak = dict(chosen.sizes), None, chosen.peak
+    if choices.keep_graphs is not False and not chosen.graphs and chosen.peak <= usable:
+        # Graphs kept from Step (1) to Step (3) sit beside the reps, the loss's temporaries or the backward of
+        # another kept one; the other mini-batches run before and after them (engine: Step (1) encodes them first).
+        held = max(footprint.loss_peak(sparse=chosen.sparse), chosen.resident)
+        room = math.inf if choices.keep_graphs else usable - held  # True: every mini-batch, predicted
+        new_sizes, counts, kept_bytes = choose_kept_graphs(room, rows, sizes, fits, planned)
+        peak = max(peak, int(held + kept_bytes))
+        if choices.keep_graphs is None and any(counts.values()):
+            sizes, kept = new_sizes, counts
+            whole = all(counts[c] * sizes[c] >= rows[c] for c in rows)
+            reasons.append(
+                "every mini-batch keeps its graph (an uncached step)"
+                if whole
+                else f"the graphs that fit beside the step ({format_bytes(kept_bytes)}) are kept"
+            )
+        elif choices.keep_graphs and peak > usable:
+            reasons.append(f"WARNING: keep_graphs is predicted to exceed the budget less {PLAN_MARGIN:.0%}")
     if not reasons:
         reasons.append("the largest mini-batches within the budget")
     return MemoryPlan(
         budget=problem.budget,
-        mini_batch_size={c: max(1, chosen.sizes[c]) for c in rows},
+        mini_batch_size={c: max(1, sizes[c]) for c in rows},
         cuda_graphs=chosen.graphs,
         # Turned off only where left to its default and its records cost rows (graphs turn it off themselves).
         reuse_argmax=False
         if choices.reuse_argmax is None and not chosen.records and not chosen.graphs
         else None,
         sparse_reps=chosen.sparse if choices.sparse_reps is None else None,
+        keep_graphs=kept,
         checkpointing=checkpointing,
-        predicted_peak=chosen.peak,
+        predicted_peak=peak,
         resident=chosen.resident,
         fits=fits,
         rows=dict(rows),
         reason="; ".join(reasons),
     )
+
+
+def choose_kept_graphs(
+    room: float,
+    rows: Mapping[str, int],
+    sizes: Mapping[str, int],
+    fits: Mapping[str, ColumnFit],
+    planned: Sequence[str],
+) -> tuple[dict[str, int], dict[str, int], float]:
+    """Which mini-batches keep their Step (1) graph within ``room`` bytes: per column in order, as many of its
+    last mini-batches as fit, each costing its measured peak (``fits[column].peak`` at its size: its saved
+    activations and its backward's temporaries). A column of ``planned`` mini-batch size whose graphs fit
+    only in part may be cut into up to ``KEEP_MAX_SPLIT`` times as many mini-batches (at least ``MIN_ROWS``
+    rows each) where that keeps more of its rows.
+
+    Returns:
+        Each column's mini-batch size, its count of kept mini-batches, and the bytes the kept graphs take.
+    """
+    new_sizes, counts, used = dict(sizes), {}, 0.0
+    for column, n_rows in rows.items():
+        size = max(1, min(sizes[column], n_rows))
+        best = (0, sizes[column], 0, 0.0)  # kept rows, mini-batch size, kept mini-batches, their bytes
+        for split in range(1, (KEEP_MAX_SPLIT if column in planned else 1) + 1):
+            cut = math.ceil(size / split)
+            if split > 1 and cut < MIN_ROWS:
+                break
+            each = fits[column].peak(cut)
+            count = math.ceil(n_rows / cut)
+            if each > 0 and room < math.inf:
+                count = max(0, min(count, math.floor((room - used) / each)))
+            kept_rows = min(count * cut, n_rows)
+            if kept_rows > best[0]:
+                best = (kept_rows, cut, count, count * each)
+        _, new_sizes[column], counts[column], cost = best
+        used += cost
+    return new_sizes, counts, used
 
 
 def _rows(features: Mapping[str, Tensor]) -> int:

@@ -130,6 +130,7 @@ class MemoryPlanner:
             cuda_graphs=self.config.cuda_graphs,
             reuse_argmax=self.config.reuse_argmax,
             sparse_reps=self.config.sparse_reps,
+            keep_graphs=self.config.keep_graphs,
             checkpointing=checkpointing,
             can_checkpoint=_checkpointing_owner(self.encoder) is not None,
             graphs_possible=isinstance(self.encoder, nn.Module)

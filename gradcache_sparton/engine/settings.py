@@ -35,8 +35,10 @@ class StepSettings:
 
     ``mini_batch_size``: rows per mini-batch, one int or one per column; ``activation_checkpointing``: the
     encoder runs with it (a plan's choice, else as the model has it); ``sparse_reps``: ``"false"``,
-    ``"true"`` or ``"auto"``; ``world_size``: how many ranks' batches the loss sees (``gather_across_ranks``:
-    more than one); ``planned``: a ``max_memory`` plan decided them.
+    ``"true"`` or ``"auto"``; ``keep_graphs``: Step (1) keeps the graphs of every mini-batch (True), of none
+    (False), or of each column's last ``keep_graphs[column]`` mini-batches (a plan's choice), and Step (3)
+    backprops those instead of re-encoding them; ``world_size``: how many ranks' batches the loss sees
+    (``gather_across_ranks``: more than one); ``planned``: a ``max_memory`` plan decided them.
     """
 
     mini_batch_size: int | dict[str, int]
@@ -49,6 +51,7 @@ class StepSettings:
     check_replay: bool
     gather_across_ranks: bool
     world_size: int
+    keep_graphs: bool | dict[str, int] = False
     planned: bool = False
 
     def mini_batch_sizes(self, columns: Mapping[str, object]) -> dict[str, int]:
@@ -56,6 +59,12 @@ class StepSettings:
         if isinstance(self.mini_batch_size, Mapping):
             return {column: self.mini_batch_size[column] for column in columns}
         return dict.fromkeys(columns, self.mini_batch_size)
+
+    def kept_mini_batches(self, column: str, count: int) -> int:
+        """How many of the last of ``column``'s ``count`` mini-batches keep their Step (1) graph."""
+        if isinstance(self.keep_graphs, Mapping):
+            return min(self.keep_graphs.get(column, 0), count)
+        return count if self.keep_graphs else 0
 
     def mini_batch_size_text(self) -> str:
         """``mini_batch_size`` as logs write it: ``32``, or per column ``query 64, positive 32``."""
@@ -74,9 +83,15 @@ class StepSettings:
             f"mini_batch_tokens {self.mini_batch_tokens}; mini_batch_length_multiple "
             f"{self.mini_batch_length_multiple}; cuda_graphs {on(self.cuda_graphs)}; activation checkpointing "
             f"{on(self.activation_checkpointing)}; sparse_reps {self.sparse_reps}; reuse_argmax "
-            f"{on(self.reuse_argmax)}; check_replay {on(self.check_replay)}; gather_across_ranks "
+            f"{on(self.reuse_argmax)}; keep_graphs {self._keep_graphs_text()}; check_replay "
+            f"{on(self.check_replay)}; gather_across_ranks "
             f"{on(self.gather_across_ranks)} ({self.world_size} rank(s) per loss)"
         )
+
+    def _keep_graphs_text(self) -> str:
+        if isinstance(self.keep_graphs, Mapping):
+            return ", ".join(f"{column} {count} mini-batch(es)" for column, count in self.keep_graphs.items())
+        return "all" if self.keep_graphs else "off"
 
 
 def resolve_settings(
@@ -90,7 +105,8 @@ def resolve_settings(
     rows, no CUDA graphs, dense reps. ``check_replay`` and ``reuse_argmax`` left None are on, off for a
     compiled encoder (``torch.compile``: its graph-less and graph-recording programs may round differently,
     and its head records nothing); ``reuse_argmax`` is off under CUDA graphs (its records are kept on the
-    host). ``mini_batch_length_multiple`` left None is ``GRAPHED_LENGTH_MULTIPLE`` under CUDA graphs and for
+    host). ``keep_graphs`` left None is the plan's choice, else off; off under CUDA graphs.
+    ``mini_batch_length_multiple`` left None is ``GRAPHED_LENGTH_MULTIPLE`` under CUDA graphs and for
     a compiled encoder (few shapes: few graphs, few recompilations). ``gather_across_ranks`` left None
     gathers when ``torch.distributed`` runs more than one rank.
     """
@@ -104,14 +120,16 @@ def resolve_settings(
         mini_batch_size = DEFAULT_MINI_BATCH_SIZE if sizes is None else sizes
         cuda_graphs, reuse_argmax = bool(config.cuda_graphs), config.reuse_argmax
         sparse_reps = config.sparse_reps or "false"
+        keep_graphs: bool | dict[str, int] = bool(config.keep_graphs)
         checkpointing = checkpointing_on(encoder)
     else:
         mini_batch_size, cuda_graphs = dict(plan.mini_batch_size), plan.cuda_graphs
         reuse_argmax = config.reuse_argmax if plan.reuse_argmax is None else plan.reuse_argmax
         sparse_reps = config.sparse_reps if plan.sparse_reps is None else str(plan.sparse_reps).lower()
+        keep_graphs = bool(config.keep_graphs) if plan.keep_graphs is None else dict(plan.keep_graphs)
         checkpointing = plan.checkpointing
     if cuda_graphs:
-        reuse_argmax = False
+        reuse_argmax, keep_graphs = False, False
     length_multiple = config.mini_batch_length_multiple
     if length_multiple is None and (cuda_graphs or compiled):
         length_multiple = GRAPHED_LENGTH_MULTIPLE
@@ -128,6 +146,7 @@ def resolve_settings(
         check_replay=not compiled if config.check_replay is None else config.check_replay,
         gather_across_ranks=world_size > 1,
         world_size=world_size,
+        keep_graphs=keep_graphs,
         planned=plan is not None,
     )
 

@@ -54,14 +54,16 @@ class LossOutput(NamedTuple):
 class MiniBatch:
     """One mini-batch of one column: its rows (a slice, or an index tensor when grouped by length),
     its (trimmed) features, the RNG state it ran with, the fingerprint of its Step (1) reps (fp32
-    row sums [mb]; None when the replay is not checked) and, with ``reuse_argmax``, what its modules
-    recorded in Step (1) for the replay (None when nothing was recorded)."""
+    row sums [mb]; None when the replay is not checked), with ``reuse_argmax`` what its modules
+    recorded in Step (1) for the replay (None when nothing was recorded) and, with ``keep_graphs``, its
+    Step (1) reps [mb, V] with their graph, which Step (3) backprops instead of re-encoding (None: replayed)."""
 
     rows: Rows
     features: dict[str, Tensor]
     rng: RngState
     fingerprint: Tensor | None = None
     memo: ArgmaxMemo | None = None
+    graph: Tensor | None = None
 
 
 @dataclass(frozen=True)
