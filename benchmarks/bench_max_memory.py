@@ -46,10 +46,10 @@ Without ``PYTORCH_CUDA_ALLOC_CONF`` the allocator's default (no expandable segme
     HF_HUB_OFFLINE=1 python -m benchmarks.bench_max_memory --out $OUT/max_memory_cap --cap \\
         --only max_memory=2GiB,max_memory=4GiB,max_memory=8GiB --providers ours
 
-At the defaults that is 20 configurations of 2 warm-up and 2 timed steps each; estimated from earlier
-per-step times, about 7 minutes on an H100: about 4 for ours (12 rows of 1-3 s steps, model setup and
+At the defaults that is 22 configurations of 2 warm-up and 2 timed steps each; estimated from earlier
+per-step times, about 7.5 minutes on an H100: about 4.5 for ours (14 rows of 0.6-3 s steps, model setup and
 calibration included) and about 2.5 for sentence-transformers' (steps of 2-6 s; 512 rows run out of
-memory on an 80 GB card). ``--budget_s`` (480) records every configuration not started by then as
+memory on an 80 GB card, as ``mb1024+keep`` does: it held 118 GiB on an H200). ``--budget_s`` (480) records every configuration not started by then as
 skipped, so a call ends within about 8 minutes. ``--smoke`` runs a tiny random model on a few rows on
 the CPU in seconds (max_memory is ignored there with a warning; one sentence-transformers row where it
 is installed): it checks the plumbing, its numbers mean nothing. Writes ``max_memory.json`` (rows,

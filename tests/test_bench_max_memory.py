@@ -80,7 +80,9 @@ def test_providers_pick_the_configurations() -> None:
     """--providers picks ours (max_memory rows first, then hand-tuned) and/or sentence-transformers' rows,
     theirs after ours; the CPU drops the CUDA-graph rows."""
     every = script.configs(smoke=False, cuda=True)
-    assert [c.provider for c in every] == ["ours"] * 12 + ["st"] * len(script.SENTENCE_TRANSFORMERS)
+    assert [c.provider for c in every] == ["ours"] * (4 + len(script.HAND_TUNED)) + ["st"] * len(
+        script.SENTENCE_TRANSFORMERS
+    )
     assert [c.max_memory for c in every[:4]] == ["2GiB", "4GiB", "8GiB", "auto"]
     assert script.configs(smoke=False, cuda=True, providers=["st"]) == list(script.SENTENCE_TRANSFORMERS)
     assert all(c.provider == "ours" for c in script.configs(smoke=False, cuda=True, providers=["ours"]))

@@ -276,3 +276,26 @@ def test_planned_kept_graphs_on_cuda_in_bf16(config) -> None:
     replayed_loss, replayed_grads, replayed_graph_less, _ = runs[False]
     assert replayed_graph_less == 9 and torch.equal(loss, replayed_loss)
     assert_grads_close(grads, replayed_grads, rtol=RTOL_FP32)
+
+
+def test_kept_graphs_of_a_frozen_encoder_are_refused_as_replayed(config) -> None:
+    """keep_graphs=True on an encoder whose forward makes no graph (every weight frozen): its mini-batches are
+    replayed, and the replay's error (the encoder ran without autograd) stops the step; no gradient appears."""
+    encoder = make_encoder(config).requires_grad_(False)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        GradCache(encoder, mini_batch_size=3, keep_graphs=True).step(
+            make_columns(BATCH, 2), contrastive_flops_loss
+        )
+    assert all(p.grad is None for p in encoder.parameters())
+
+
+def test_a_column_the_budget_splits_is_not_cut_to_keep_graphs() -> None:
+    """Where the budget already splits a column, its mini-batches keep their size: a graph is kept only where a
+    whole planned mini-batch fits beside the step (cutting 418-row query mini-batches to 108 to keep three
+    slowed an 8 GiB step on an H200 from 1,075 to 792 pairs/s)."""
+    fits = {"query": QUERY_FIT, "positive": PASSAGE_FIT}
+    sizes, counts, _ = choose_kept_graphs(3 * GIB, ROWS, {"query": 400, "positive": 100}, fits, list(ROWS))
+    assert sizes == {"query": 400, "positive": 100}
+    assert counts == {"query": 0, "positive": 0}  # 400 query rows need 4.15 GiB; nothing is cut to fit
+    sizes, counts, _ = choose_kept_graphs(5 * GIB, ROWS, {"query": 400, "positive": 100}, fits, list(ROWS))
+    assert sizes == {"query": 400, "positive": 100} and counts == {"query": 1, "positive": 0}

@@ -146,6 +146,7 @@ _EVERY_FIELD_FLAGS = {
     "check_replay": "false",
     "sparse_reps": "auto",
     "reuse_argmax": "false",
+    "keep_graphs": "false",
     "max_memory": "4GiB",
 }
 _EVERY_FIELD_CONFIG = {
@@ -159,6 +160,7 @@ _EVERY_FIELD_CONFIG = {
     "check_replay": False,
     "sparse_reps": "auto",
     "reuse_argmax": False,
+    "keep_graphs": False,
     "max_memory": "4GiB",
 }
 

@@ -11,10 +11,6 @@ dL/dθ = Σ_i (dL/dr_i) · (dr_i/dθ). So:
 - Step (3) :meth:`GradCache.replay`: re-encode each mini-batch with its RNG and autocast state
   replayed (the same function the loss saw, dropout included) and backprop its slice of dL/dr.
 
-With ``keep_graphs`` the last mini-batches of each column run Step (1) with a graph, after all the others,
-and Step (3) backprops that graph instead of re-encoding them: those rows cost one forward, not two, for
-the memory of their activations until Step (3) (every mini-batch: an uncached step).
-
 The parameter gradients equal uncached training's; the activation memory is that of one
 mini-batch, plus the [B, V] reps and their gradients (with ``sparse_reps``, their non-zeros only).
 Nothing here knows about SPLADE: any encoder ``encoder(**features) -> [B, V]`` and any loss over
@@ -27,7 +23,8 @@ The pieces, one concept a module: the options (:mod:`~gradcache_sparton.engine.c
 as CUDA graphs, :mod:`~gradcache_sparton.engine.cuda_graphs`; chosen once, when the engine is built),
 the options a memory budget chooses on the first step (``max_memory``,
 :mod:`~gradcache_sparton.engine.memory_plan`), the settings every step runs with, decided from those
-(:mod:`~gradcache_sparton.engine.settings`), the reps in either layout (:mod:`~gradcache_sparton.engine.reps`), the captured states
+(:mod:`~gradcache_sparton.engine.settings`), the mini-batches that keep their Step (1) graph for Step (3)
+instead of a replay (``keep_graphs``, :mod:`~gradcache_sparton.engine.kept_graphs`), the reps in either layout (:mod:`~gradcache_sparton.engine.reps`), the captured states
 (:mod:`~gradcache_sparton.engine.rng_state`, :mod:`~gradcache_sparton.engine.autocast_state`,
 :mod:`~gradcache_sparton.engine.grad_state`) and data parallelism
 (:mod:`~gradcache_sparton.engine.distributed`: Step (2) sees every rank's reps, Step (3) replays W
@@ -54,7 +51,6 @@ from gradcache_sparton.engine.checks import (
     check_loss_kwargs,
     check_loss_output,
     check_rep,
-    check_replayed_rep,
     check_token_ids,
     fingerprint,
     fingerprints_differ,
@@ -75,6 +71,12 @@ from gradcache_sparton.engine.distributed import (
     gather_global_batch,
 )
 from gradcache_sparton.engine.grad_state import GradState
+from gradcache_sparton.engine.kept_graphs import (
+    REFUSED_UNDER_DATA_PARALLELISM,
+    backprop_kept,
+    encode_order,
+    kept_counts,
+)
 from gradcache_sparton.engine.memory_plan import MemoryPlan
 from gradcache_sparton.engine.memory_probe import MemoryPlanner
 from gradcache_sparton.engine.mini_batch import Rows, iter_mini_batches
@@ -159,11 +161,7 @@ class GradCache:
         # across ranks before Step (3) starts.
         self._data_parallel = self.world_size > 1 or ddp is not None or fsdp is not None
         if self.config.keep_graphs and self._data_parallel:
-            raise ValueError(
-                "keep_graphs=True is not supported under data parallelism (DDP, FSDP, gathering across ranks): "
-                "DDP decides in each forward whether that mini-batch's backward synchronises gradients, and Step "
-                "(1) runs every forward before the loss; leave keep_graphs unset (off there)"
-            )
+            raise ValueError(REFUSED_UNDER_DATA_PARALLELISM)
         # Under FSDP each forward and backward is a collective: every rank must run as many of each.
         self._equal_passes = fsdp is not None and data_parallel_world_size(None) > 1
         self._run = self._mini_batch_run()
@@ -287,16 +285,7 @@ class GradCache:
         extra = 0
         if self._equal_passes:  # FSDP: as many forwards as the rank with the most mini-batches
             extra = count_on_every_rank(planned, _device_of(columns)) - planned
-        # keep_graphs: a column's last mini-batches run with a graph once every other mini-batch has run (no
-        # other forward beside the graphs held); a column that trains nothing (a frozen table) keeps none.
-        kept = {
-            column: settings.kept_mini_batches(column, len(plan))
-            if torch.is_grad_enabled() and trains_column(self.encoder, column)
-            else 0
-            for column, plan in plans.items()
-        }
-        order = [(c, k) for c, plan in plans.items() for k in range(len(plan) - kept[c])]
-        order += [(c, k) for c, plan in plans.items() for k in range(len(plan) - kept[c], len(plan))]
+        kept = kept_counts(settings, plans, self.encoder)  # keep_graphs: each column's last ones, run last
         step_reps = StepReps(settings.sparse_reps, self.world_size)
         references: dict[str, Tensor] = {}  # [0, V]: the width, dtype and device each column's reps must have
         encoded: dict[str, list[MiniBatch]] = {column: [] for column in plans}
@@ -305,7 +294,7 @@ class GradCache:
             _quiet_reentrant_checkpoint(),
             self._progress(planned + extra, "Step (1) encode") as bar,
         ):
-            for column, k in order:
+            for column, k in encode_order(plans, kept):
                 rows, features = plans[column][k]
                 rng = RngState.capture((*cuda_devices_of(features.values()), *encoder_devices))
                 keep = k >= len(plans[column]) - kept[column]
@@ -316,16 +305,8 @@ class GradCache:
                 references[column] = rep.new_empty((0, *rep.shape[1:]))
                 step_reps.add(column, rows_of(columns[column]), rows, rep.detach())
                 mark = fingerprint(rep) if settings.check_replay and not keep else None
-                encoded[column].append(
-                    MiniBatch(
-                        rows=rows,
-                        features=features,
-                        rng=rng,
-                        fingerprint=mark,
-                        memo=memo,
-                        graph=rep if keep and rep.requires_grad else None,  # none: replayed (and refused)
-                    )
-                )
+                graph = rep if keep and rep.requires_grad else None  # none made: replayed (and refused there)
+                encoded[column].append(MiniBatch(rows, features, rng, mark, memo, graph))
                 bar.update()
             mini_batches = {column: tuple(mbs) for column, mbs in encoded.items()}
             reps: dict[str, Tensor | SparseReps] = {
@@ -425,7 +406,7 @@ class GradCache:
                     mb = job.mini_batch
                     if mb.graph is not None:  # keep_graphs: Step (1)'s own graph, no re-encoding
                         with context(index == len(jobs) - 1):
-                            _backprop_kept(job.column, mb, self._job_grad(job, grads))
+                            backprop_kept(job.column, mb, self._job_grad(job, grads))
                         bar.update()
                         continue
                     with context(index == len(jobs) - 1), mb.rng.replay():
@@ -586,15 +567,6 @@ def _quiet_reentrant_checkpoint() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="None of the inputs have requires_grad=True")
         yield
-
-
-def _backprop_kept(column: str, mb: MiniBatch, grad: Tensor | None) -> None:
-    """Step (3) for a mini-batch that kept its Step (1) graph (``keep_graphs``): backprop ``grad`` [mb, V]
-    through it (None: a zero gradient) into the parameters' ``.grad``; the graph is freed."""
-    assert mb.graph is not None
-    grad = torch.zeros_like(mb.graph) if grad is None else grad
-    check_replayed_rep(mb.graph, grad, column, mb.rows)
-    mb.graph.backward(grad)
 
 
 def _device_of(columns: Columns) -> torch.device:
