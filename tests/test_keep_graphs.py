@@ -231,11 +231,18 @@ def test_where_only_some_fit_the_last_column_is_cut_to_keep_more() -> None:
     assert MIN_ROWS <= size < ROWS["positive"] and ROWS["positive"] / size <= KEEP_MAX_SPLIT
     assert plan.predicted_peak <= usable
     assert GIB + QUERY_FIT.peak(1024) + (kept + 1) * PASSAGE_FIT.peak(size) > usable  # one more would not fit
-    # Uncut, not one passage mini-batch of 1,024 rows fits beside the queries' graphs.
-    _, uncut, _ = choose_kept_graphs(
-        usable - GIB, ROWS, ROWS, {"query": QUERY_FIT, "positive": PASSAGE_FIT}, []
-    )
-    assert uncut == {"query": 1, "positive": 0}
+    # Uncut, not one passage mini-batch of 1,024 rows would fit beside the queries' graphs.
+    assert GIB + QUERY_FIT.peak(1024) + PASSAGE_FIT.peak(1024) > usable
+
+
+def test_a_column_of_explicit_mini_batch_size_keeps_no_graph() -> None:
+    """An explicit mini_batch_size says how much activation memory its column may take: with memory to spare,
+    only the planned column keeps its graphs."""
+    fits = {"query": QUERY_FIT, "positive": PASSAGE_FIT}
+    choices = PlanChoices({"query": 256, "positive": None})
+    plan = choose_plan(64 * GIB, ROWS, lambda on: fits, _footprint(), choices)
+    assert plan.mini_batch_size == {"query": 256, "positive": 1024}
+    assert plan.keep_graphs == {"query": 0, "positive": 1}
 
 
 def test_explicit_keep_graphs_is_kept_and_predicted() -> None:
@@ -252,16 +259,15 @@ def test_explicit_keep_graphs_is_kept_and_predicted() -> None:
 
 @pytest.mark.gpu
 def test_planned_kept_graphs_on_cuda_in_bf16(config) -> None:
-    """On CUDA under bf16 autocast, max_memory auto keeps every graph of a small batch: Step (1) runs each
-    mini-batch once, with its graph, and nothing is re-encoded; the loss is the replayed step's bit for bit and
-    the gradients within fp32 summation order (the word-embedding backward adds with atomics)."""
+    """On CUDA under bf16 autocast, max_memory auto keeps every graph of a small batch (one mini-batch a
+    column): Step (1) runs each once, with its graph, and nothing is re-encoded; the loss is the replayed
+    step's bit for bit and the gradients within fp32 summation order (the word-embedding backward adds with
+    atomics)."""
     columns = {c: {k: v.cuda() for k, v in f.items()} for c, f in make_columns(BATCH, 3).items()}
     encoder = RecordingEncoder(make_encoder(config, train=True)).cuda()
     runs = {}
     for keep in (None, False):
-        cached = CachedLoss(
-            encoder, contrastive_flops_loss, mini_batch_size=3, max_memory="auto", keep_graphs=keep
-        )
+        cached = CachedLoss(encoder, contrastive_flops_loss, max_memory="auto", keep_graphs=keep)
         for _ in range(2):  # the first step plans (its probe calls the encoder too)
             encoder.calls.clear()
             encoder.zero_grad()
@@ -272,9 +278,9 @@ def test_planned_kept_graphs_on_cuda_in_bf16(config) -> None:
         graph_less = sum(not grad for grad, _, _ in encoder.calls)
         runs[keep] = (loss.detach(), grads_of(encoder), graph_less, cached.engine.settings.keep_graphs)
     loss, grads, graph_less, kept = runs[None]
-    assert kept == {"query": 3, "positive": 3, "negative": 3} and graph_less == 0
+    assert kept == {"query": 1, "positive": 1, "negative": 1} and graph_less == 0
     replayed_loss, replayed_grads, replayed_graph_less, _ = runs[False]
-    assert replayed_graph_less == 9 and torch.equal(loss, replayed_loss)
+    assert replayed_graph_less == 3 and torch.equal(loss, replayed_loss)
     assert_grads_close(grads, replayed_grads, rtol=RTOL_FP32)
 
 

@@ -470,21 +470,26 @@ def _plan(
         # Graphs kept from Step (1) to Step (3) sit beside the reps, the loss's temporaries or the backward of
         # another kept one; the other mini-batches run before and after them (engine: Step (1) encodes them first).
         held = max(footprint.loss_peak(sparse=chosen.sparse), chosen.resident)
-        room = math.inf if choices.keep_graphs else usable - held  # True: every mini-batch, predicted
-        new_sizes, counts, kept_bytes = choose_kept_graphs(room, rows, sizes, fits, planned)
-        peak = max(peak, int(held + kept_bytes))
-        if choices.keep_graphs is None:
-            kept = counts  # all zero where none fits
-            if any(counts.values()):
+        if choices.keep_graphs:  # True: every mini-batch, counted in the predicted peak
+            kept_bytes = sum(
+                math.ceil(rows[c] / sizes[c]) * fits[c].peak(min(sizes[c], rows[c])) for c in rows
+            )
+            peak = max(peak, int(held + kept_bytes))
+            if peak > usable:
+                reasons.append(
+                    f"WARNING: keep_graphs is predicted to exceed the budget less {PLAN_MARGIN:.0%}"
+                )
+        else:  # planned: all zero where none fits
+            new_sizes, kept, kept_bytes = choose_kept_graphs(usable - held, rows, sizes, fits, planned)
+            peak = max(peak, int(held + kept_bytes))
+            if any(kept.values()):
                 sizes = new_sizes
-                whole = all(counts[c] * sizes[c] >= rows[c] for c in rows)
+                whole = all(kept[c] * sizes[c] >= rows[c] for c in rows)
                 reasons.append(
                     "every mini-batch keeps its graph (an uncached step)"
                     if whole
                     else f"the graphs that fit beside the step ({format_bytes(kept_bytes)}) are kept"
                 )
-        elif peak > usable:
-            reasons.append(f"WARNING: keep_graphs is predicted to exceed the budget less {PLAN_MARGIN:.0%}")
     if not reasons:
         reasons.append("the largest mini-batches within the budget")
     return MemoryPlan(
@@ -513,23 +518,23 @@ def choose_kept_graphs(
     fits: Mapping[str, ColumnFit],
     planned: Sequence[str],
 ) -> tuple[dict[str, int], dict[str, int], float]:
-    """Which mini-batches keep their Step (1) graph within ``room`` bytes: per column in order, as many of its
-    last mini-batches as fit, each costing its measured peak (``fits[column].peak`` at its size: its saved
-    activations and its backward's temporaries). A column planned whole (``planned``, one mini-batch of all
-    its rows) whose graph does not fit may be cut into up to ``KEEP_MAX_SPLIT`` mini-batches (at least
-    ``MIN_ROWS`` rows each) where that keeps more of its rows; a column the budget already splits is not cut
-    smaller (an 8 GiB plan that cut 418-row query mini-batches to 108 to keep three ran at 792 pairs/s on an
-    H200, where the uncut plan had run at 1,069-1,077).
+    """Which mini-batches keep their Step (1) graph within ``room`` bytes: per column of planned mini-batch
+    size (``planned``; an explicit size says how much activation memory its column may take, and keeps none),
+    in order, as many of its last mini-batches as fit, each costing its measured peak (``fits[column].peak``
+    at its size: its saved activations and its backward's temporaries). A column planned whole (one
+    mini-batch of all its rows) whose graph does not fit may be cut into up to ``KEEP_MAX_SPLIT`` mini-batches
+    (at least ``MIN_ROWS`` rows each) where that keeps more of its rows; a column the budget already splits
+    is not cut smaller (an 8 GiB plan that cut 418-row query mini-batches to 108 to keep three ran at 792
+    pairs/s on an H200, where the uncut plan had run at 1,069-1,077).
 
     Returns:
         Each column's mini-batch size, its count of kept mini-batches, and the bytes the kept graphs take.
     """
-    new_sizes, counts, used = dict(sizes), {}, 0.0
-    for column, n_rows in rows.items():
-        size = max(1, min(sizes[column], n_rows))
+    new_sizes, counts, used = dict(sizes), dict.fromkeys(rows, 0), 0.0
+    for column in planned:
+        n_rows, size = rows[column], max(1, min(sizes[column], rows[column]))
         best = (0, sizes[column], 0, 0.0)  # kept rows, mini-batch size, kept mini-batches, their bytes
-        whole = column in planned and size >= n_rows
-        for split in range(1, (KEEP_MAX_SPLIT if whole else 1) + 1):
+        for split in range(1, (KEEP_MAX_SPLIT if size >= n_rows else 1) + 1):
             cut = math.ceil(size / split)
             if split > 1 and cut < MIN_ROWS:
                 break
