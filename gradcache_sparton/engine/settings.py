@@ -119,7 +119,7 @@ def resolve_settings(
             }
         mini_batch_size = DEFAULT_MINI_BATCH_SIZE if sizes is None else sizes
         cuda_graphs, reuse_argmax = bool(config.cuda_graphs), config.reuse_argmax
-        sparse_reps = config.sparse_reps or "false"
+        sparse_reps = config.sparse_reps
         keep_graphs: bool | dict[str, int] = bool(config.keep_graphs)
         checkpointing = checkpointing_on(encoder)
     else:
