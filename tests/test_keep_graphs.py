@@ -26,6 +26,7 @@ from engine_helpers import (
     uncached_loss,
 )
 from torch.nn.parallel import DistributedDataParallel
+from trainer_helpers import trainer_args, trainer_model, trainer_rows
 
 from gradcache_sparton.engine import CachedLoss, GradCache, GradCacheConfig
 from gradcache_sparton.engine.memory_plan import (
@@ -39,7 +40,10 @@ from gradcache_sparton.engine.memory_plan import (
     choose_plan,
 )
 from gradcache_sparton.engine.settings import resolve_settings
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
+from gradcache_sparton.modeling import SpladeEncoder
 from gradcache_sparton.primitives.sparse_reps import SparseReps
+from gradcache_sparton.trainer import CachedSpladeTrainer
 
 RTOL_FP32 = 1e-5  # see the module docstring
 BATCH = 8
@@ -84,6 +88,31 @@ def test_kept_graphs_give_the_uncached_step(config, keep, mini_batch_size: int, 
 
     engine = _engine(encoder, keep, mini_batch_size=mini_batch_size, sparse_reps=sparse_reps)
     loss, _ = engine.step(columns, _dense_loss)
+
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"reuse_argmax": True}, {"mini_batch_tokens": 25}, {"reuse_argmax": True, "sparse_reps": "true"}],
+    ids=["reuse-argmax", "tok25", "reuse-argmax-sparse"],
+)
+def test_some_kept_graphs_beside_the_sparton_heads_records(config, options) -> None:
+    """A SpladeEncoder (Sparton head) with some mini-batches kept, beside reuse_argmax's records (the others
+    rebuilt from them), length-grouped mini-batches or sparse reps: the SpladeLoss and gradients of the
+    uncached step."""
+    torch.manual_seed(0)
+    encoder = SpladeEncoder.from_config(small_config(config, dropout=0.0)).train()
+    loss_fn = SpladeLoss(SpladeLossConfig(query_reg_weight=0.3, doc_reg_weight=0.2))
+    columns = make_columns(BATCH, 3)
+    ref_loss, _ = uncached_loss(encoder, columns, loss_fn)
+    ref_loss.backward()
+    ref_grads = grads_of(encoder)
+    encoder.zero_grad()
+
+    engine = _engine(encoder, {"query": 1, "negative": 2}, mini_batch_size=3, **options)
+    loss, _ = engine.step(columns, loss_fn)
 
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
@@ -151,6 +180,20 @@ def test_cached_loss_keeps_graphs_only_to_train(config) -> None:
     encoder.requires_grad_(False)
     _, frozen = cached.engine.encode(columns)
     assert all(mb.graph is None for mbs in frozen.mini_batches.values() for mb in mbs)
+
+
+def test_trainer_with_kept_graphs_leaves_the_same_parameters(tokenizer, tmp_path) -> None:
+    """CachedSpladeTrainer with --keep_graphs true (dropout on, 2 SGD steps of 2 accumulation steps): the
+    parameters are bitwise those of the trainer replaying every mini-batch."""
+    results = []
+    for keep in (False, True):
+        model = trainer_model(tokenizer, dropout=0.1)
+        args = trainer_args(tmp_path / str(keep), per_device_batch=4, keep_graphs=keep)
+        trainer = CachedSpladeTrainer(model, args, train_dataset=trainer_rows(), processing_class=tokenizer)
+        trainer.train()
+        assert trainer.engine_settings is not None and trainer.engine_settings.keep_graphs is keep
+        results.append({name: p.detach().clone() for name, p in model.named_parameters()})
+    assert all(torch.equal(results[1][name], results[0][name]) for name in results[0])
 
 
 @pytest.mark.parametrize(
