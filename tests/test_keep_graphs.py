@@ -297,7 +297,8 @@ def test_explicit_keep_graphs_is_kept_and_predicted() -> None:
     assert on.keep_graphs is None and on.predicted_peak > 16 * GIB
     assert "WARNING: keep_graphs" in on.reason
     graphed = _plan(16 * GIB, cuda_graphs=True, graphs_possible=True)
-    assert graphed.cuda_graphs and graphed.keep_graphs is None
+    assert graphed.cuda_graphs and graphed.keep_graphs == {"query": 0, "positive": 0}
+    assert "keeping their graph none;" in graphed.describe()
 
 
 @pytest.mark.gpu

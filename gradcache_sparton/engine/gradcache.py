@@ -24,7 +24,8 @@ as CUDA graphs, :mod:`~gradcache_sparton.engine.cuda_graphs`; chosen once, when 
 the options a memory budget chooses on the first step (``max_memory``,
 :mod:`~gradcache_sparton.engine.memory_plan`), the settings every step runs with, decided from those
 (:mod:`~gradcache_sparton.engine.settings`), the mini-batches that keep their Step (1) graph for Step (3)
-instead of a replay (``keep_graphs``, :mod:`~gradcache_sparton.engine.kept_graphs`), the reps in either layout (:mod:`~gradcache_sparton.engine.reps`), the captured states
+instead of a replay (``keep_graphs``, :mod:`~gradcache_sparton.engine.kept_graphs`), the reps in either
+layout (:mod:`~gradcache_sparton.engine.reps`), the captured states
 (:mod:`~gradcache_sparton.engine.rng_state`, :mod:`~gradcache_sparton.engine.autocast_state`,
 :mod:`~gradcache_sparton.engine.grad_state`) and data parallelism
 (:mod:`~gradcache_sparton.engine.distributed`: Step (2) sees every rank's reps, Step (3) replays W
@@ -351,7 +352,9 @@ class GradCache:
 
         The global RNG streams are untouched (each replay runs inside ``fork_rng``), and Step (1)'s
         autocast state is re-entered even when this runs inside ``backward()``, outside the
-        caller's autocast block. Parameter gradients accumulate into ``.grad``.
+        caller's autocast block. Parameter gradients accumulate into ``.grad``. A mini-batch that kept its
+        Step (1) graph (``keep_graphs``) is backpropagated through it instead, before any replay; a graph is
+        freed by its backward, so a Step (3) that failed is retried with the whole step.
 
         When gathering across ranks (``world_size`` W > 1), the gradients backpropagated are
         W · ``rep_grads``: DDP's average over ranks then gives single-process gradients (the scaling

@@ -26,8 +26,8 @@ the step's autocast) at a few row counts, fits ``peak(rows) = fixed + per_row * 
   to spare that is every mini-batch: an uncached step.
 
 Every explicit setting is kept (a ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, ``sparse_reps``,
-``keep_graphs``, checkpointing turned on); the plan only decides how rows are cut and run and how the reps are held, never
-the loss or the gradients (sparse reps give the dense ones up to fp32 summation order): the probe's
+``keep_graphs``, checkpointing turned on); the plan only decides how rows are cut and run and how the reps are
+held, never the loss or the gradients (sparse reps give the dense ones up to fp32 summation order): the probe's
 gradients and RNG draws are put back. It logs one line with the measured numbers
 (:meth:`MemoryPlan.describe`) and is kept on the engine (``GradCache.memory_plan``), which decides its
 settings from it (:func:`~gradcache_sparton.engine.settings.resolve_settings`, ``GradCache.settings``).
@@ -221,9 +221,8 @@ class MemoryPlan:
     cuda_graphs: bool
     reuse_argmax: bool | None  # False: turned off by the plan; None: as configured
     sparse_reps: bool | None  # True / False: sparse / dense reps chosen by the plan; None: as configured
-    keep_graphs: (
-        dict[str, int] | None
-    )  # per column, how many last mini-batches keep graphs; None: as configured
+    # Per column, how many of its last mini-batches keep their graph (all 0: none fits); None: as configured.
+    keep_graphs: dict[str, int] | None
     checkpointing: bool
     predicted_peak: int
     resident: int
@@ -256,7 +255,7 @@ class MemoryPlan:
         kept = "as configured"
         if self.keep_graphs is not None:
             counts = ", ".join(f"{column} {count}" for column, count in self.keep_graphs.items())
-            kept = counts if any(self.keep_graphs.values()) else "none (no room)"
+            kept = counts if any(self.keep_graphs.values()) else "none"
         return (
             f"max_memory {format_bytes(self.budget)}: mini-batches {columns}; CUDA graphs "
             f"{'on' if self.cuda_graphs else 'off'}, activation checkpointing "
@@ -465,10 +464,11 @@ def _plan(
         reasons.append(f"activation checkpointing: not {MIN_ROWS} rows fit without it")
     if planned and all(chosen.sizes[c] >= rows[c] for c in planned):
         reasons.append("the whole batch fits in one mini-batch per column")
-    sizes, kept, peak = dict(chosen.sizes), None, chosen.peak
+    sizes, peak = dict(chosen.sizes), chosen.peak
+    kept = dict.fromkeys(rows, 0) if choices.keep_graphs is None else None
     if choices.keep_graphs is not False and not chosen.graphs and chosen.peak <= usable:
-        # Graphs kept from Step (1) to Step (3) sit beside the reps, the loss's temporaries or the backward of
-        # another kept one; the other mini-batches run before and after them (engine: Step (1) encodes them first).
+        # Graphs kept from Step (1) to Step (3) sit beside the reps, the loss's temporaries or the backward
+        # of another kept one; the other mini-batches run before them (Step (1)) and after them (Step (3)).
         held = max(footprint.loss_peak(sparse=chosen.sparse), chosen.resident)
         if choices.keep_graphs:  # True: every mini-batch, counted in the predicted peak
             kept_bytes = sum(
@@ -479,7 +479,7 @@ def _plan(
                 reasons.append(
                     f"WARNING: keep_graphs is predicted to exceed the budget less {PLAN_MARGIN:.0%}"
                 )
-        else:  # planned: all zero where none fits
+        else:
             new_sizes, kept, kept_bytes = choose_kept_graphs(usable - held, rows, sizes, fits, planned)
             peak = max(peak, int(held + kept_bytes))
             if any(kept.values()):

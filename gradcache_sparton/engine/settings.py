@@ -89,9 +89,9 @@ class StepSettings:
         )
 
     def _keep_graphs_text(self) -> str:
-        if isinstance(self.keep_graphs, Mapping):
+        if isinstance(self.keep_graphs, Mapping) and any(self.keep_graphs.values()):
             return ", ".join(f"{column} {count} mini-batch(es)" for column, count in self.keep_graphs.items())
-        return "all" if self.keep_graphs else "off"
+        return "all" if self.keep_graphs is True else "off"
 
 
 def resolve_settings(
