@@ -28,7 +28,6 @@ from transformers import TrainingArguments
 from gradcache_sparton.data.columns import QUERY_COLUMN
 from gradcache_sparton.engine import GradCacheConfig
 from gradcache_sparton.losses import SpladeLossConfig
-from gradcache_sparton.modeling.checkpoint import DECODER_OPTIONS
 from gradcache_sparton.primitives.option_field import option
 
 __all__ = [
@@ -271,7 +270,8 @@ class ModelArguments:
 
     def encoder_options(self) -> dict[str, Any]:
         """The pooling options given explicitly (``prefix_length``, ``bidirectional``, ``echo``)."""
-        return {name: getattr(self, name) for name in DECODER_OPTIONS if getattr(self, name) is not None}
+        names = ("prefix_length", "bidirectional", "echo")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def backbone_shape(self) -> dict[str, int]:
         """The preset's shape with the explicit overrides applied."""

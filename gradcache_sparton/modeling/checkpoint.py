@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_LOCATION_KWARGS",
-    "DECODER_OPTIONS",
     "SPLADE_CONFIG_NAME",
     "TRAINING_OPTIONS",
     "backbone_state_dict",
@@ -36,8 +35,8 @@ logger = logging.getLogger(__name__)
 #: File written next to the backbone's checkpoint holding the SPLADE options (pooling, masked ids).
 SPLADE_CONFIG_NAME = "splade_config.json"
 
-#: Options beyond pooling and masked ids (a decoder backbone's), saved in splade_config.json only when set.
-DECODER_OPTIONS = ("prefix_length", "bidirectional", "echo")
+# Options beyond pooling and masked ids, saved in splade_config.json only when set.
+_DECODER_OPTIONS = ("prefix_length", "bidirectional", "echo")
 # Tokens kept per text in training: readers such as ``evaluate`` use them as their defaults, so a checkpoint
 # is scored as it was trained.
 _MAX_LENGTHS = ("query_max_length", "document_max_length")
@@ -77,11 +76,11 @@ def read_splade_config(path: str, **location: Any) -> dict[str, Any]:
     if file is None or not os.path.isfile(file):
         return {}
     options = read_json_file(file)
-    allowed = {"pooling", "special_token_ids", *DECODER_OPTIONS, *TRAINING_OPTIONS}
+    allowed = {"pooling", "special_token_ids", *_DECODER_OPTIONS, *TRAINING_OPTIONS}
     if not isinstance(options, dict) or set(options) - allowed:
         raise ValueError(
             f"{file} must hold a JSON object with pooling and special_token_ids (and optionally "
-            f"{', '.join([*DECODER_OPTIONS, *TRAINING_OPTIONS])}), got {options!r}"
+            f"{', '.join([*_DECODER_OPTIONS, *TRAINING_OPTIONS])}), got {options!r}"
         )
     for name in _MAX_LENGTHS:
         value = options.get(name)
