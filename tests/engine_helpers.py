@@ -39,6 +39,7 @@ __all__ = [
     "small_config",
     "token_budget_groups",
     "uncached_loss",
+    "uncached_reference",
 ]
 
 # A 500-token vocabulary keeps the [B, S, V] logits of the plain head small: the engine never looks at
@@ -187,6 +188,18 @@ def pairwise_mse_loss(reps: Mapping[str, Tensor], *, targets: Tensor) -> Tensor:
 def uncached_loss(encoder: nn.Module, columns: Mapping[str, Mapping[str, Tensor]], loss_fn, **loss_kwargs):
     """The reference: every column encoded whole, with a graph, then the loss."""
     return loss_fn({name: encoder(**features) for name, features in columns.items()}, **loss_kwargs)
+
+
+def uncached_reference(
+    encoder: nn.Module, columns: Mapping[str, Mapping[str, Tensor]], loss_fn, **loss_kwargs
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The reference step (:func:`uncached_loss` and its backward): the detached loss and every parameter's
+    gradient; ``encoder``'s gradients are zeroed again after, for the step under test."""
+    loss, _ = uncached_loss(encoder, columns, loss_fn, **loss_kwargs)
+    loss.backward()
+    grads = grads_of(encoder)
+    encoder.zero_grad()
+    return loss.detach(), grads
 
 
 def per_mini_batch_loss(

@@ -30,6 +30,7 @@ from engine_helpers import (
     saved_grads,
     small_config,
     uncached_loss,
+    uncached_reference,
 )
 
 from gradcache_sparton.engine import CachedLoss, GradCache, GradCacheConfig
@@ -61,14 +62,11 @@ def _assert_step_matches_uncached(config, **engine_options) -> None:
     uncached step over the whole batch (fp32 tolerance, see RTOL_FP32)."""
     encoder = make_encoder(config)
     columns = make_columns(BATCH, 3)
-    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
-    ref_loss.backward()
-    ref_grads = grads_of(encoder)
-    encoder.zero_grad()
+    ref_loss, ref_grads = uncached_reference(encoder, columns, contrastive_flops_loss)
 
     loss, _ = GradCache(encoder, **engine_options).step(columns, contrastive_flops_loss)
 
-    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    torch.testing.assert_close(loss, ref_loss, rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
 
 

@@ -23,7 +23,7 @@ from engine_helpers import (
     make_encoder,
     per_mini_batch_loss,
     small_config,
-    uncached_loss,
+    uncached_reference,
 )
 from torch.nn.parallel import DistributedDataParallel
 from trainer_helpers import trainer_args, trainer_model, trainer_rows
@@ -81,15 +81,12 @@ def test_kept_graphs_give_the_uncached_step(config, keep, mini_batch_size: int, 
     """Every, some or one column's mini-batches kept: the loss and every gradient of the uncached step."""
     encoder = make_encoder(config)
     columns = make_columns(BATCH, 3)
-    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
-    ref_loss.backward()
-    ref_grads = grads_of(encoder)
-    encoder.zero_grad()
+    ref_loss, ref_grads = uncached_reference(encoder, columns, contrastive_flops_loss)
 
     engine = _engine(encoder, keep, mini_batch_size=mini_batch_size, sparse_reps=sparse_reps)
     loss, _ = engine.step(columns, _dense_loss)
 
-    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    torch.testing.assert_close(loss, ref_loss, rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
 
 
@@ -106,15 +103,12 @@ def test_some_kept_graphs_beside_the_sparton_heads_records(config, options) -> N
     encoder = SpladeEncoder.from_config(small_config(config, dropout=0.0)).train()
     loss_fn = SpladeLoss(SpladeLossConfig(query_reg_weight=0.3, doc_reg_weight=0.2))
     columns = make_columns(BATCH, 3)
-    ref_loss, _ = uncached_loss(encoder, columns, loss_fn)
-    ref_loss.backward()
-    ref_grads = grads_of(encoder)
-    encoder.zero_grad()
+    ref_loss, ref_grads = uncached_reference(encoder, columns, loss_fn)
 
     engine = _engine(encoder, {"query": 1, "negative": 2}, mini_batch_size=3, **options)
     loss, _ = engine.step(columns, loss_fn)
 
-    torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    torch.testing.assert_close(loss, ref_loss, rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
 
 
@@ -161,15 +155,12 @@ def test_cached_loss_keeps_graphs_only_to_train(config) -> None:
     no graph, and nor does an encoder whose forward makes none (all frozen: Step (3) refuses it, as replayed)."""
     encoder = make_encoder(config)
     columns = make_columns(BATCH, 2)
-    ref_loss, _ = uncached_loss(encoder, columns, contrastive_flops_loss)
-    ref_loss.backward()
-    ref_grads = grads_of(encoder)
-    encoder.zero_grad()
+    ref_loss, ref_grads = uncached_reference(encoder, columns, contrastive_flops_loss)
 
     cached = CachedLoss(encoder, contrastive_flops_loss, mini_batch_size=3, keep_graphs=True)
     loss = cached(columns)
     loss.backward()
-    torch.testing.assert_close(loss.detach(), ref_loss.detach(), rtol=RTOL_FP32, atol=0)
+    torch.testing.assert_close(loss.detach(), ref_loss, rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), ref_grads, rtol=RTOL_FP32)
 
     with torch.no_grad():
