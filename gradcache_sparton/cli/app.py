@@ -12,6 +12,7 @@ from gradcache_sparton.cli.evaluate import evaluate_command
 from gradcache_sparton.cli.export import export_command
 from gradcache_sparton.cli.idf import idf_command
 from gradcache_sparton.cli.mine import mine_command
+from gradcache_sparton.cli.teacher import teacher_command
 from gradcache_sparton.cli.threads import fit_threads_to_free_cpus
 from gradcache_sparton.cli.train import train_command
 
@@ -76,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train": train_command,
         "evaluate": evaluate_command,
         "mine": mine_command,
+        "teacher": teacher_command,
         "export": export_command,
         "idf": idf_command,
         "crossval": _crossval_command,

@@ -7,6 +7,9 @@ One job per module:
 - :mod:`.negatives`: pick k negatives per pair inside a rank window, known positives skipped.
 - :mod:`.output`: write a training file atomically.
 - :mod:`.job`: the ``gradcache-sparton mine`` job (read, mine, write).
+- :mod:`.teachers`: distillation teachers (a checkpoint, a sentence-transformers model, BM25) and their scores.
+- :mod:`.teacher_scores`: per-query normalisation (minmax, zscore, none) and the weighted ensemble.
+- :mod:`.teacher_job`: the ``gradcache-sparton teacher`` job (a training file's rows with ``teacher_scores``).
 
 ``mine_hard_negatives(pairs, corpus=...)`` returns rows with ``negative_1..k`` that
 ``load_training_data`` and ``gradcache-sparton train --train_data`` read. bm25s (and PyStemmer for
@@ -31,15 +34,57 @@ from gradcache_sparton.mining.rankings import (
     check_bm25_installed,
     splade_rankings,
 )
+from gradcache_sparton.mining.teacher_job import (
+    TEACHER_COLUMN,
+    candidate_lists,
+    check_weights,
+    run_teacher_scores,
+)
+from gradcache_sparton.mining.teacher_scores import (
+    DEFAULT_DEPTH,
+    DEFAULT_SCALES,
+    NORMALISATIONS,
+    ensemble_scores,
+    minmax_normalise,
+    normalise_scores,
+    zscore_normalise,
+)
+from gradcache_sparton.mining.teachers import (
+    TEACHER_KINDS,
+    BM25Teacher,
+    CrossEncoderTeacher,
+    SentenceTransformerTeacher,
+    SpladeTeacher,
+    load_teacher,
+    teacher_kind,
+)
 
 __all__ = [
     "BM25_STEMMER",
     "CORPORA",
+    "DEFAULT_DEPTH",
+    "DEFAULT_SCALES",
     "METHODS",
+    "NORMALISATIONS",
     "POSITIVE_ID_COLUMN",
     "QUERY_ID_COLUMN",
     "SAMPLINGS",
+    "TEACHER_COLUMN",
+    "TEACHER_KINDS",
+    "BM25Teacher",
+    "CrossEncoderTeacher",
+    "SentenceTransformerTeacher",
+    "SpladeTeacher",
     "beir_mining_pairs",
+    "candidate_lists",
+    "check_weights",
+    "ensemble_scores",
+    "load_teacher",
+    "minmax_normalise",
+    "normalise_scores",
+    "run_teacher_scores",
+    "teacher_kind",
+    "zscore_normalise",
     "bm25_rankings",
     "bm25_scores",
     "check_bm25_installed",
