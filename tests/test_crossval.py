@@ -14,7 +14,7 @@ import torch
 from gradcache_sparton.cli import main
 from gradcache_sparton.cli.crossval import crossval_command as crossval_main
 from gradcache_sparton.crossval import make_folds, parse_recipe
-from gradcache_sparton.crossval.teacher import ensemble_teacher_scores, model_scores, normalise_scores
+from gradcache_sparton.crossval.teacher import ensemble_teacher_scores
 from gradcache_sparton.evaluation import EncodingSettings
 from gradcache_sparton.evaluation.significance import (
     paired_comparison,
@@ -22,6 +22,7 @@ from gradcache_sparton.evaluation.significance import (
     paired_statistics,
     per_query_metrics,
 )
+from gradcache_sparton.mining import SpladeTeacher, zscore_normalise
 
 TOPICS = ["protein", "star", "cell", "gene", "virus", "planet", "enzyme", "neuron"]
 
@@ -204,12 +205,12 @@ def test_normalise_scores_against_each_querys_top_k() -> None:
     two-candidate margin keeps its size; a query whose top K are all equal gives zeros."""
     top = torch.tensor([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0], [5.0, 5.0, 5.0]])
     candidates = torch.tensor([[3.0, 1.0], [3.0, 2.5], [5.0, 1.0]])
-    z = normalise_scores(candidates, top)
+    z = zscore_normalise(candidates, top)
     std = (2 / 3) ** 0.5
     expected = torch.tensor([[1 / std, -1 / std], [1 / std, 0.5 / std], [0.0, 0.0]], dtype=torch.float64)
     torch.testing.assert_close(z, expected)
     with pytest.raises(ValueError, match="share R"):
-        normalise_scores(candidates[:2], top)
+        zscore_normalise(candidates[:2], top)
 
 
 def test_teacher_mixes_the_two_normalised_systems(tmp_path: Path) -> None:
@@ -228,14 +229,14 @@ def test_teacher_mixes_the_two_normalised_systems(tmp_path: Path) -> None:
     ]
     encoder, tokenizer = _shipped_model()
     encoding = EncodingSettings(tokenizer, query_max_length=16, document_max_length=32, show_progress=False)
-    model = model_scores(encoder, queries, candidates, docs, encoding=encoding, depth=len(docs))
+    model = SpladeTeacher(encoder, encoding).scores(queries, candidates, docs, depth=len(docs))
     bm25 = bm25_scores(queries, candidates, docs, depth=len(docs), show_progress=False)
     for scores, top in (model, bm25):
         assert (scores[:, 0] > scores[:, 1]).all()  # topic document above noise
         assert top.shape == (4, len(docs))
     # The model's best corpus score is its score of some corpus document: the candidates' scale is the corpus's.
     assert torch.isclose(model[0].max(dim=1).values, model[1][:, 0]).sum() >= 1
-    z_model, z_bm25 = normalise_scores(*model), normalise_scores(*bm25)
+    z_model, z_bm25 = zscore_normalise(*model), zscore_normalise(*bm25)
     common = dict(encoder=encoder, encoding=encoding, depth=len(docs))
     for weight in (0.0, 0.3, 1.0):
         got = ensemble_teacher_scores(queries, candidates, docs, bm25_weight=weight, **common)

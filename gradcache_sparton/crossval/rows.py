@@ -14,6 +14,7 @@ import torch
 from gradcache_sparton.crossval.settings import NEGATIVE_RANKS
 from gradcache_sparton.crossval.teacher import ensemble_teacher_scores
 from gradcache_sparton.data import BeirData, read_corpus, self_supervised_pairs, split_sentences
+from gradcache_sparton.mining.teacher_job import TEACHER_COLUMN
 
 if TYPE_CHECKING:
     import datasets
@@ -32,7 +33,6 @@ __all__ = [
 ]
 
 TOP_K = 100  # the evaluation's depth, and the window the teacher normalises over
-TEACHER_COLUMN = "teacher_scores"  # the data column the distillation losses read
 
 
 @dataclass

@@ -11,8 +11,9 @@ statistics and the top K) the corpus: nothing of another row enters them.
 
 The kinds, told apart by the folder's files (:func:`teacher_kind`):
 
-- ``splade``: a checkpoint of this project (siamese or inference-free, :func:`~gradcache_sparton.
-  model_loading.build_encoder`), scores = dot products of its sparse reps.
+- ``splade``: a checkpoint of this project (a ``splade_config.json``; or a bare masked-LM folder such as the
+  shipped SPLADE-tiny), siamese or inference-free (:func:`~gradcache_sparton.model_loading.build_encoder`),
+  scores = dot products of its sparse reps. Ours come before the sentence-transformers files they also carry.
 - ``sparse_encoder`` / ``sentence_transformer``: a sentence-transformers ``SparseEncoder`` / ``SentenceTransformer``
   folder (``config_sentence_transformers.json``'s ``model_type``, else ``modules.json``), loaded by
   sentence-transformers; queries through ``encode_query``, documents through ``encode_document``, scored by the
@@ -76,6 +77,8 @@ def teacher_kind(teacher: str) -> str:
     folder = Path(resolve_model_location(teacher, argument="--teacher"))
     if not folder.is_dir():
         raise ValueError(f"--teacher {teacher!r} is not a local folder (nor 'bm25')")
+    if (folder / "splade_config.json").is_file():  # ours (which also writes sentence-transformers files)
+        return "splade"
     st_config = folder / "config_sentence_transformers.json"
     model_type = _read_json(st_config).get("model_type") if st_config.is_file() else None
     if model_type in _ST_TYPES:
