@@ -164,9 +164,9 @@ def run_provider(
         from sentence_transformers import SparseEncoderTrainer, SparseEncoderTrainingArguments
 
         if provider == "st-workers":
-            from gradcache_sparton.arguments import _default_dataloader_workers
+            from gradcache_sparton.arguments import default_dataloader_workers
 
-            common["dataloader_num_workers"] = _default_dataloader_workers(accelerator=device.type == "cuda")
+            common["dataloader_num_workers"] = default_dataloader_workers(accelerator=device.type == "cuda")
         training = SparseEncoderTrainingArguments(**common)
         trainer = SparseEncoderTrainer(
             model=model,

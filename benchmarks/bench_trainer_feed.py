@@ -189,13 +189,13 @@ def _trainer(
     import datasets
 
     from gradcache_sparton import SpladeEncoder
-    from gradcache_sparton.arguments import _default_dataloader_workers
+    from gradcache_sparton.arguments import default_dataloader_workers
     from gradcache_sparton.trainer import CachedSpladeTrainer
 
     out = tmp / variant
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if variant == "cli":
-        from gradcache_sparton.cli.train import _train_parser
+        from gradcache_sparton.cli.train import train_parser
         from gradcache_sparton.model_loading import build_encoder
         from gradcache_sparton.pipeline import build_train_dataset
 
@@ -209,14 +209,14 @@ def _trainer(
             "--save_strategy", "no", "--report_to", "none", "--logging_steps", "10000", "--disable_tqdm", "true",
             "--seed", str(args.seed), *(["--bf16"] if device.type == "cuda" else []),
         ]  # fmt: skip
-        model_args, data_args, training = _train_parser().parse_args_into_dataclasses(args=argv)[:3]
+        model_args, data_args, training = train_parser().parse_args_into_dataclasses(args=argv)[:3]
         dataset = build_train_dataset(data_args, seed=training.seed)
         torch.manual_seed(args.seed)
         encoder = build_encoder(model_args, tokenizer)
     else:
         extra = {}
         if variant == "trainer-workers":
-            extra = {"dataloader_num_workers": _default_dataloader_workers(accelerator=device.type == "cuda")}
+            extra = {"dataloader_num_workers": default_dataloader_workers(accelerator=device.type == "cuda")}
         training = _training_args(args, scale, device, out, **extra)
         dataset = datasets.Dataset.from_list(rows)
         torch.manual_seed(args.seed)

@@ -37,6 +37,7 @@ __all__ = [
     "CachedSpladeTrainingArguments",
     "DataArguments",
     "ModelArguments",
+    "default_dataloader_workers",
     "load_config_file",
 ]
 
@@ -101,7 +102,7 @@ def _has_accelerator() -> bool:
 _MAX_DEFAULT_WORKERS = 4
 
 
-def _default_dataloader_workers(*, accelerator: bool) -> int:
+def default_dataloader_workers(*, accelerator: bool) -> int:
     """Dataloader workers a training process starts by default: on an accelerator, one per CPU this process
     may use (its share of ``os.sched_getaffinity`` among the node's ``LOCAL_WORLD_SIZE`` processes) less the
     one the main process keeps, at most ``_MAX_DEFAULT_WORKERS``; 0 on one CPU, and 0 without an accelerator
@@ -133,8 +134,9 @@ class ModelArguments:
     )
     config_name: str = option(
         "bert-tiny",
-        f"Backbone shape built with random weights when model_name_or_path is not given: one of "
-        f"{sorted(BACKBONE_PRESETS)}. Larger: better reps, slower steps.",
+        "Backbone shape built with random weights when model_name_or_path is not given. Larger: better reps, "
+        "slower steps.",
+        choices=sorted(BACKBONE_PRESETS),
     )
     hidden_size: int | None = option(None, "Override the preset's hidden size D.")
     num_hidden_layers: int | None = option(None, "Override the preset's layers.")
@@ -181,6 +183,7 @@ class ModelArguments:
         "table, trained). The table starts from the checkpoint's query_table.safetensors if it has one, else "
         "from the IDF of the training documents (docs/inference_free.md). Default: as the checkpoint is "
         "(inference-free if it has a query table, else splade).",
+        choices=QUERY_ENCODERS,
     )
     lora_r: int = option(
         0,
@@ -484,7 +487,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         )
         self._default_persistent_workers = self.dataloader_persistent_workers is None
         if self.dataloader_num_workers is None:
-            self.dataloader_num_workers = _default_dataloader_workers(accelerator=accelerator)
+            self.dataloader_num_workers = default_dataloader_workers(accelerator=accelerator)
         elif isinstance(self.dataloader_num_workers, bool) or not isinstance(
             self.dataloader_num_workers, int
         ):

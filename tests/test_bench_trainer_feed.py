@@ -9,7 +9,7 @@ import pytest
 from trainer_helpers import trainer_model
 
 from benchmarks import bench_trainer_feed as script
-from gradcache_sparton.arguments import CachedSpladeTrainingArguments, _default_dataloader_workers
+from gradcache_sparton.arguments import CachedSpladeTrainingArguments, default_dataloader_workers
 from gradcache_sparton.data import default_train_data_path, load_training_data, token_cache
 from gradcache_sparton.trainer import CachedSpladeTrainer
 
@@ -35,8 +35,8 @@ def test_default_workers_leave_the_main_process_a_cpu(monkeypatch, cpus, process
     """On an accelerator the default worker count is the process's share of its CPUs less one, at most 4."""
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", processes)
-    assert _default_dataloader_workers(accelerator=True) == expected
-    assert _default_dataloader_workers(accelerator=False) == 0
+    assert default_dataloader_workers(accelerator=True) == expected
+    assert default_dataloader_workers(accelerator=False) == 0
 
 
 def test_workers_default_resolved_and_persistent(monkeypatch, tmp_path) -> None:

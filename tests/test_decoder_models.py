@@ -546,10 +546,10 @@ def test_lora_flags_reach_peft_and_only_adapters_get_gradients(flags: list[str],
     """`--lora_*` flags become peft's LoraConfig (default alpha 2 x r and peft's targets); in a cached training
     step only lora_* tensors of every target get gradients, all others (lm_head, embeddings) keep .grad None."""
     pytest.importorskip("peft", reason="LoRA needs the peft extra")
-    from gradcache_sparton.cli.train import _train_parser
+    from gradcache_sparton.cli.train import train_parser
     from gradcache_sparton.model_loading import add_lora_adapters
 
-    model_args, *_ = _train_parser().parse_args_into_dataclasses(["--lora_r", "4", *flags])
+    model_args, *_ = train_parser().parse_args_into_dataclasses(["--lora_r", "4", *flags])
     encoder = SpladeEncoder(tiny_decoder("llama")).train()
     config = add_lora_adapters(encoder, model_args).peft_config["default"]
     r, alpha, dropout, targets = expected

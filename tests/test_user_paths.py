@@ -146,18 +146,20 @@ def test_mine_defaults_to_the_shipped_training_pairs(
 
 
 def test_train_help_starts_with_our_options_grouped(capsys: pytest.CaptureFixture[str]) -> None:
-    """`train --help` shows this project's options by theme, the Trainer's most used ones after them and
-    the rest behind --help-all (was: 917 lines, --mini_batch_size at line 832)."""
+    """`train --help` shows this project's options by theme, the engine's first (--mini_batch_size and
+    --max_memory within its first 40 lines), the Trainer's most used ones after them and the rest behind
+    --help-all (was: 917 lines, --mini_batch_size at line 832; then 296 lines, at line 153)."""
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = capsys.readouterr().out
     lines = text.splitlines()
     titles = [line[:-1] for line in lines if line and not line.startswith(" ") and line.endswith(":")]
     assert titles[:7] == [
-        "general", "model", "data", "loss", "engine and memory", "evaluation", "run (the Trainer's most used options)",
+        "general", "engine and memory", "model", "data", "loss", "evaluation", "run (the Trainer's most used options)",
     ]  # fmt: skip
     assert len(lines) < 320
-    assert next(i for i, line in enumerate(lines) if "--mini_batch_size" in line) < 200
+    for flag in ("--mini_batch_size ", "--max_memory "):
+        assert next(i for i, line in enumerate(lines) if line.startswith(f"  {flag}")) < 40, flag
     assert "--adam_beta1" not in text and "--help-all" in text
     with pytest.raises(SystemExit) as exc:
         main(["train", "--help-all"])

@@ -1,4 +1,5 @@
-"""Console entry point ``gradcache-sparton``: ``train``, ``evaluate``, ``mine`` and ``export``.
+"""Console entry point ``gradcache-sparton``: ``train``, ``evaluate``, ``mine``, ``teacher``, ``export``
+(index files or an ONNX model), ``idf`` and ``crossval``.
 
 ``train`` parses :class:`~gradcache_sparton.arguments.ModelArguments`,
 :class:`~gradcache_sparton.arguments.DataArguments` and
@@ -9,13 +10,16 @@ or training data, is the shipped ``resources/default_train.yaml`` (the embedded 
 names its own model or data therefore never inherits the demo's steps, learning rate or lengths; every
 value a config file sets and no flag overrides is logged at the start.
 
-``evaluate``, ``mine`` and ``export`` parse dataclasses the same way (:func:`.options.parse_command`);
+``evaluate``, ``mine``, ``teacher``, ``export`` and ``crossval`` parse dataclasses the same way
+(:func:`.options.parse_command`; ``idf``'s few flags are plain argparse);
 the checkpoint options they share (``--model_name_or_path``, ``--query_max_length``,
 ``--document_max_length``, ``--batch_size``, ``--device``) are declared once, in :mod:`.options`.
 
-One command a module (:mod:`.train`, :mod:`.evaluate`, :mod:`.mine`, :mod:`.export`; ``crossval`` is
-:mod:`gradcache_sparton.crossval`'s); ``train``'s help by theme in :mod:`.train_help`; the top-level
-parser and dispatch in :mod:`.app`.
+One command a module (:mod:`.train`, :mod:`.evaluate`, :mod:`.mine`, :mod:`.teacher`, :mod:`.export`, :mod:`.idf`,
+:mod:`.crossval`, the last reading :mod:`gradcache_sparton.crossval`'s settings); ``train``'s help by theme in
+:mod:`.train_help`; the commands' one-line help in :mod:`.commands`; the top-level parser and dispatch in
+:mod:`.app`, which fits torch's threads to the free cores first (:mod:`.threads`); ``python -m
+gradcache_sparton.cli`` runs it (:mod:`.__main__`).
 """
 
 from gradcache_sparton.cli.app import build_parser, main

@@ -7,7 +7,7 @@ COMMANDS = {
     "evaluate": "retrieval metrics (nDCG@10, MRR@10, Recall@100) of a checkpoint on a BEIR folder",
     "mine": "hard negatives (BM25 or a checkpoint's own ranking) written as a training file",
     "teacher": "teacher scores (a checkpoint, a sentence-transformers model, BM25 or an ensemble) added to a training file",
-    "export": "encode a BEIR corpus with a checkpoint into a seismic or Anserini index file",
+    "export": "a BEIR corpus encoded into a seismic or Anserini index file, or the document encoder as an ONNX model",
     "idf": "an inference-free model: a checkpoint's document encoder and the IDF query table of a corpus",
     "crossval": "k-fold cross-validation of a training recipe against zero-shot and BM25 (docs/experiments.md)",
 }

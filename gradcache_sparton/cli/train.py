@@ -13,12 +13,12 @@ from typing import Any
 
 from gradcache_sparton.cli.train_help import CONFIG_HELP, HELP_ALL, train_fields, train_help
 
-__all__ = ["DEFAULT_CONFIG", "train_command"]
+__all__ = ["DEFAULT_CONFIG", "train_command", "train_parser"]
 
 logger = logging.getLogger(__name__)
 
 
-def _train_parser() -> Any:
+def train_parser() -> Any:
     """``HfArgumentParser`` over the three argument dataclasses, plus ``--config`` (help: :func:`train_help`)."""
     from transformers import HfArgumentParser
 
@@ -28,6 +28,11 @@ def _train_parser() -> Any:
         (ModelArguments, DataArguments, CachedSpladeTrainingArguments), prog="gradcache-sparton train"
     )
     parser.add_argument("--config", default=None, help=CONFIG_HELP)
+
+    def refuse(message: str) -> None:  # a flag's bad value: one line (the CLI's ValueError), not the usage
+        raise ValueError(f"{message}; see gradcache-sparton train --help")
+
+    parser.error = refuse
     return parser
 
 
@@ -101,7 +106,7 @@ def train_command(argv: Sequence[str]) -> int:
     if HELP_ALL in argv or "-h" in argv or "--help" in argv:
         print(train_help(show_all=HELP_ALL in argv), end="")
         raise SystemExit(0)  # as argparse's own --help does
-    parser = _train_parser()
+    parser = train_parser()
     pre, unknown = parser.parse_known_args(argv)
     if unknown:
         raise _unknown_flag_error(unknown)

@@ -1,5 +1,5 @@
-"""``gradcache-sparton train --help``: the options a user sets, by theme (model, data, loss, engine and
-memory, evaluation, the Trainer's most used), each once with one default, built from the argument
+"""``gradcache-sparton train --help``: the options a user sets, by theme (engine and memory first, then model,
+data, loss, evaluation, the Trainer's most used), each once with one default, built from the argument
 dataclasses' help texts; ``--help-all`` adds the engine options it decides by itself and the Trainer's
 other options."""
 
@@ -53,35 +53,39 @@ def _train_option_groups() -> dict[str, tuple[str, list[str]]]:
     from transformers import TrainingArguments
 
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+    from gradcache_sparton.engine import GradCacheConfig
     from gradcache_sparton.losses import SpladeLossConfig
 
     trainer_names = {f.name for f in fields(TrainingArguments)}
     loss_names = [f.name for f in fields(SpladeLossConfig)]
     data_names = [f.name for f in fields(DataArguments)]
     evaluation = [name for name in data_names if name.startswith(("eval_", "retrieval_eval"))]
-    engine = [
+    engine_names = {f.name for f in fields(GradCacheConfig)}
+    # The training arguments' own fields: the query column's mini-batch goes with the engine's, the rest
+    # (text lengths, a resume on other data) are about the training data.
+    own = [
         f.name
         for f in fields(CachedSpladeTrainingArguments)
-        if f.name not in trainer_names
-        and f.name not in loss_names
-        and f.name not in _COMMON_TRAINER_OPTIONS
-        and f.name not in _ENGINE_DECIDES
+        if f.name not in trainer_names | engine_names | set(loss_names) | set(_COMMON_TRAINER_OPTIONS)
     ]
+    engine = [f.name for f in fields(GradCacheConfig) if f.name not in _ENGINE_DECIDES]
+    engine[1:1] = [name for name in own if name.endswith("mini_batch_size")]  # after mini_batch_size
+    training_data = [name for name in own if not name.endswith("mini_batch_size")]
     memory = [name for name in _MEMORY_TRAINER_OPTIONS if name in trainer_names]
     if "activation_checkpointing" in memory:
         memory.remove("gradient_checkpointing")  # deprecated alias: --help-all only
     return {
-        "model": ("which backbone, tokenizer, pooling and LoRA", [f.name for f in fields(ModelArguments)]),
-        "data": (
-            "training pairs (default: the shipped SciFact sample)",
-            [n for n in data_names if n not in evaluation],
-        ),
-        "loss": ("the SPLADE loss: contrastive term, sparsity regularizers and their warm-up", loss_names),
         "engine and memory": (
             "per_device_train_batch_size is the effective batch; these bound memory and set speed, never the "
             "loss or gradients",
             engine + memory,
         ),
+        "model": ("which backbone, tokenizer, pooling and LoRA", [f.name for f in fields(ModelArguments)]),
+        "data": (
+            "training pairs (default: the shipped SciFact sample)",
+            [n for n in data_names if n not in evaluation] + training_data,
+        ),
+        "loss": ("the SPLADE loss: contrastive term, sparsity regularizers and their warm-up", loss_names),
         "evaluation": (
             "retrieval metrics on a BEIR folder (default: the shipped SciFact dev sample)",
             evaluation,
@@ -91,6 +95,20 @@ def _train_option_groups() -> dict[str, tuple[str, list[str]]]:
             list(_COMMON_TRAINER_OPTIONS),
         ),
     }
+
+
+def _choices(field: Any) -> list[str]:
+    """The values a field takes, if it lists them: its ``choices`` (as ``HfArgumentParser`` passes them to
+    argparse), or its enum type's values (the Trainer's strategies), else none."""
+    import enum
+    import typing
+
+    if "choices" in field.metadata:
+        return [str(choice) for choice in field.metadata["choices"]]
+    for kind in (field.type, *typing.get_args(field.type)):
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            return [str(member.value) for member in kind]
+    return []
 
 
 def train_fields() -> dict[str, Any]:
@@ -137,7 +155,12 @@ def train_help(*, show_all: bool) -> str:
     def add(group: Any, name: str) -> None:
         field = remaining.pop(name)
         boolean = isinstance(field.default, bool)
-        metavar = field.metadata.get("metavar") or ("BOOL" if boolean else name.upper())
+        choices = _choices(field)
+        metavar = (
+            field.metadata.get("metavar")
+            or (f"{{{','.join(choices)}}}" if choices else None)
+            or ("BOOL" if boolean else name.upper())
+        )
         default = "" if field.default is MISSING or field.default is None else f" [default: {field.default}]"
         group.add_argument(f"--{name}", metavar=metavar, help=field.metadata.get("help", "") + default)
 

@@ -9,8 +9,22 @@
 - The types they take and return: :data:`Columns`, :data:`Features`, :data:`LossFn`,
   :class:`LossOutput`, :class:`EncodedBatch`, :class:`ReplayState`, :data:`MiniBatchContext`.
 
-The pieces inside stay importable from their modules (``engine.rng_state``, ``engine.mini_batch``,
-``engine.distributed``, ...); the layout is described in :mod:`gradcache_sparton.engine.gradcache`.
+The pieces, one concept a module, each importable from its module:
+
+- the engine, Steps (1)-(3): :mod:`.gradcache`; as a drop-in loss: :mod:`.cached_loss`; the values taken and
+  handed between the steps: :mod:`.types`;
+- the options: :mod:`.config`; the settings every step runs with, decided from them: :mod:`.settings`;
+- the checks: :mod:`.checks`; a column cut into mini-batches: :mod:`.mini_batch`;
+- how one mini-batch runs (chosen once, when the engine is built): eagerly, :mod:`.run_eager`; with a forward
+  memo, :mod:`.run_memo`; as CUDA graphs, :mod:`.cuda_graphs`; Step (3) rebuilding the head from Step (1)'s
+  argmax (``reuse_argmax``): :mod:`.argmax_reuse`; mini-batches that keep their Step (1) graph for Step (3)
+  instead of a replay (``keep_graphs``): :mod:`.kept_graphs`;
+- what a memory budget (``max_memory``) chooses on the first step: its sizes, :mod:`.memory_size`; the plan,
+  :mod:`.memory_plan`; its measured probe, :mod:`.memory_probe`; the allocator it sets, :mod:`.allocator`;
+- the reps in either layout: :mod:`.reps`; the sparse layout's gradients: :mod:`.sparse_grads`;
+- the captured states: :mod:`.rng_state`, :mod:`.autocast_state`, :mod:`.grad_state`;
+- data parallelism: :mod:`.distributed` (Step (2) sees every rank's reps, Step (3) replays W times this rank's
+  gradient slice, and only the last replayed mini-batch synchronises gradients).
 """
 
 from gradcache_sparton.engine.cached_loss import CachedLoss

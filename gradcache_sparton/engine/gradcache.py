@@ -17,19 +17,7 @@ Nothing here knows about SPLADE: any encoder ``encoder(**features) -> [B, V]`` a
 reps. No cache is kept on the engine: what Step (1) produces is returned, and lives only as long as
 the caller keeps it (one step).
 
-The pieces, one concept a module: the options (:mod:`~gradcache_sparton.engine.config`), the checks
-(:mod:`~gradcache_sparton.engine.checks`), how one mini-batch runs (eagerly,
-:mod:`~gradcache_sparton.engine.run_eager`; with a forward memo, :mod:`~gradcache_sparton.engine.run_memo`;
-as CUDA graphs, :mod:`~gradcache_sparton.engine.cuda_graphs`; chosen once, when the engine is built),
-the options a memory budget chooses on the first step (``max_memory``,
-:mod:`~gradcache_sparton.engine.memory_plan`), the settings every step runs with, decided from those
-(:mod:`~gradcache_sparton.engine.settings`), the mini-batches that keep their Step (1) graph for Step (3)
-instead of a replay (``keep_graphs``, :mod:`~gradcache_sparton.engine.kept_graphs`), the reps in either
-layout (:mod:`~gradcache_sparton.engine.reps`), the captured states
-(:mod:`~gradcache_sparton.engine.rng_state`, :mod:`~gradcache_sparton.engine.autocast_state`,
-:mod:`~gradcache_sparton.engine.grad_state`) and data parallelism
-(:mod:`~gradcache_sparton.engine.distributed`: Step (2) sees every rank's reps, Step (3) replays W
-times this rank's gradient slice, and only the last replayed mini-batch synchronises gradients).
+The pieces, one concept a module, are listed in :mod:`gradcache_sparton.engine`.
 
 Legend: B batch (rows of a column), S sequence, V rep width (the vocabulary for SPLADE).
 """

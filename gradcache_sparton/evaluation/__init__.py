@@ -19,6 +19,9 @@ One job per module:
 - :mod:`.seismic_index`: :func:`retrieve_seismic`, retrieval through a seismic inverted index
   (:func:`build_seismic_index` once, :func:`search_seismic` many times).
 - :mod:`.export`: :func:`export_corpus` streams encoded corpora to seismic's and Anserini's formats.
+- :mod:`.onnx_export`: :func:`export_onnx`, the document encoder as an ONNX model, and
+  :func:`check_onnx_reps`, its reps checked against PyTorch's.
+- :mod:`.optional_imports`: whether an optional dependency (onnx, seismic) imports.
 - :mod:`.runs`: runs (query id -> ranked (doc id, score)) and TREC run files.
 - :mod:`.evaluator`: :class:`SparseRetrievalEvaluator`, the pipeline on a BEIR dataset.
 - :mod:`.report`: the mean over datasets and a plain-text table of results.

@@ -41,8 +41,14 @@ from gradcache_sparton.losses.contrastive import (
     margin_mse,
     margin_mse_loss,
 )
-from gradcache_sparton.losses.regularizers import REGULARIZER_CORES, get_regularizer
-from gradcache_sparton.losses.schedule import WarmupSchedule, check_step, check_warmup, check_weight
+from gradcache_sparton.losses.regularizers import REGULARIZER_CORES, REGULARIZERS, get_regularizer
+from gradcache_sparton.losses.schedule import (
+    WARMUP_SHAPES,
+    WarmupSchedule,
+    check_step,
+    check_warmup,
+    check_weight,
+)
 from gradcache_sparton.losses.sparse import (
     SPARSE_SCORES,
     sparse_expected_flops,
@@ -159,9 +165,14 @@ class SpladeLossConfig:
         "teacher_scores [B, 1+k] (a teacher_scores data column): 'margin_mse' (margins) or 'kl_div' "
         "(listwise KL between the teacher's and the student's softmax over each query's candidates, "
         "as SPLADE-v3).",
+        choices=sorted(CONTRASTIVE_LOSSES),
     )
-    query_regularizer: str = option("flops", "Query sparsity regularizer: 'flops' (SPLADE) or 'l1'.")
-    doc_regularizer: str = option("flops", "Document sparsity regularizer: 'flops' (SPLADE) or 'l1'.")
+    query_regularizer: str = option(
+        "flops", "Query sparsity regularizer: 'flops' (SPLADE) or 'l1'.", choices=sorted(REGULARIZERS)
+    )
+    doc_regularizer: str = option(
+        "flops", "Document sparsity regularizer: 'flops' (SPLADE) or 'l1'.", choices=sorted(REGULARIZERS)
+    )
     doc_reg_l0_threshold: int | None = option(
         None,
         "doc_regularizer 'flops' only: documents with at most this many non-zeros add nothing to the "
@@ -179,7 +190,11 @@ class SpladeLossConfig:
         "Optimizer steps over which the regularizer weights rise from 0 to their final values "
         "(SPLADE: 50,000). 0: full weights from the start, which can collapse a fresh head to all zeros.",
     )
-    reg_warmup_shape: str = option("quadratic", "Regularizer warm-up ramp: 'quadratic' (SPLADE) or 'linear'.")
+    reg_warmup_shape: str = option(
+        "quadratic",
+        "Regularizer warm-up ramp: 'quadratic' (SPLADE) or 'linear'.",
+        choices=sorted(WARMUP_SHAPES),
+    )
 
     teacher_temperature: float = option(
         1.0, "kl_div only: divides the teacher scores before their softmax, > 0."

@@ -7,6 +7,8 @@ evaluation. They import nothing else from the package.
   stalling the host's queue of work;
 - :mod:`~gradcache_sparton.primitives.forward_memo`: :class:`ForwardMemo`, the contract by which a module
   hands GradCache Step (1)'s memo what Step (3) needs to skip its forward (the engine owns the memo);
+- :mod:`~gradcache_sparton.primitives.column_routing`: :func:`call_encoder`, how an encoder that encodes
+  each column its own way (``routes_by_column``) is called with the column's name;
 - :mod:`~gradcache_sparton.primitives.option_field`: :func:`option`, how every configuration dataclass declares
   a field (its default and its help text).
 """
