@@ -29,6 +29,7 @@ from gradcache_sparton.data.columns import QUERY_COLUMN
 from gradcache_sparton.engine import GradCacheConfig
 from gradcache_sparton.losses import SpladeLossConfig
 from gradcache_sparton.primitives.option_field import option
+from gradcache_sparton.primitives.option_types import check_value_types
 
 __all__ = [
     "BACKBONE_PRESETS",
@@ -536,7 +537,8 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
 
 def load_config_file(path: Path) -> dict[str, Any]:
     """The mapping of argument names to values in a ``--config`` YAML or JSON file (``train``, and the recipe of
-    ``crossval``); ``ValueError`` naming file and line."""
+    ``crossval``); ``ValueError`` naming file and line, or the key whose value its argument cannot take
+    (:func:`~gradcache_sparton.primitives.option_types.check_value_types`: ``keep_graphs: 1``)."""
     if not path.is_file():
         raise ValueError(f"--config {str(path)!r} does not exist (give a .yaml/.json file or 'default')")
     text = path.read_text(encoding="utf-8")
@@ -562,4 +564,9 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise ValueError(f"--config must be a .yaml, .yml or .json file or 'default', got {str(path)!r}")
     if not isinstance(values, dict):
         raise ValueError(f"--config {str(path)!r} must hold a mapping of argument names to values")
+    check_value_types(
+        values,
+        (ModelArguments, DataArguments, CachedSpladeTrainingArguments),
+        source=f"--config {str(path)!r}",
+    )
     return values

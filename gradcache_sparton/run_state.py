@@ -281,6 +281,41 @@ def _describe_data(identity: dict[str, Any]) -> str:
     return f"{identity['rows']} rows of columns {identity['columns']}, sha256 {identity['sha256'][:12]}"
 
 
+def _is_identity(value: Any) -> bool:
+    """Whether ``value`` is a training data identity as :func:`_train_data_identity` writes it."""
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("rows"), int)
+        and isinstance(value.get("columns"), list)
+        and isinstance(value.get("sha256"), str)
+    )
+
+
+def _read_train_data_record(path: Path) -> dict[str, Any]:
+    """A checkpoint's ``train_data.json`` as :meth:`TrainDataRecord.write` writes it; ``ValueError`` naming
+    the file if it is not valid JSON or not that record (e.g. edited by hand)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    switches = record.get("switches", []) if isinstance(record, dict) else None
+    if (
+        not isinstance(record, dict)
+        or not (record.get("train_data") is None or _is_identity(record["train_data"]))
+        or not isinstance(switches, list)
+        or not all(
+            isinstance(s, dict) and _is_identity(s.get("before")) and _is_identity(s.get("after"))
+            for s in switches
+        )
+    ):
+        raise ValueError(
+            f"{path} is not a training data record: it must hold an object with train_data (rows, columns, "
+            "sha256) and switches (a list of before/after records), as training writes it; restore the "
+            "checkpoint's file or remove it (then this run's data cannot be checked against the checkpoint's)"
+        )
+    return record
+
+
 class TrainDataRecord:
     """What ``train_data.json`` says of a run's training data: its identity now and any switch a resume made
     (see the module docstring). The identity is computed once, when first needed."""
@@ -307,10 +342,7 @@ class TrainDataRecord:
                 TRAIN_DATA_FILE,
             )
             return
-        try:
-            earlier = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        earlier = _read_train_data_record(path)
         self._switches = list(earlier.get("switches", []))
         before, now = earlier.get("train_data"), self.identity()
         if before is None or now is None or before == now:

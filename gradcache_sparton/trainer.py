@@ -72,6 +72,7 @@ from gradcache_sparton.integrations.sentence_transformers import (
 )
 from gradcache_sparton.losses import SpladeLoss
 from gradcache_sparton.modeling import (
+    QUERY_TABLE_NAME,
     InferenceFreeEncoder,
     SpladeEncoder,
     check_checkpoint_files,
@@ -491,8 +492,15 @@ class CachedSpladeTrainer(Trainer):
                 raise ValueError(
                     f"checkpoint {resume_from_checkpoint} has no query table: not this inference-free run's"
                 )
+            saved = load_query_table(resume_from_checkpoint)
+            if saved.vocab_size != encoder.query_table.vocab_size:
+                raise ValueError(
+                    f"{Path(resume_from_checkpoint) / QUERY_TABLE_NAME} holds {saved.vocab_size} weights but this "
+                    f"run's query table {encoder.query_table.vocab_size} (its tokenizer's vocabulary): not this "
+                    "inference-free run's checkpoint"
+                )
             with torch.no_grad():
-                encoder.query_table.weight.copy_(load_query_table(resume_from_checkpoint).weight)
+                encoder.query_table.weight.copy_(saved.weight)
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint

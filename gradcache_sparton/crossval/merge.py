@@ -60,6 +60,10 @@ def read_results(path: Path, *, mode: str = "--merge") -> dict[str, Any]:
         results = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(f"{mode}: {str(path)!r} is not JSON ({error})") from None
+    if not isinstance(results, dict):
+        raise ValueError(
+            f"{mode}: {str(path)!r} is not a crossval.json: it holds {json.dumps(results)[:40]}, not a JSON object"
+        )
     missing = [k for k in ("settings", "model", "folds", "systems") if k not in results]
     if missing:
         raise ValueError(f"{mode}: {str(path)!r} is not a crossval.json: no {missing}")
