@@ -35,6 +35,7 @@ __all__ = [
     "BACKBONE_PRESETS",
     "INIT_DECODER_BIAS_SIGMAS",
     "QUERY_ENCODERS",
+    "QUERY_TABLE_LEARNING_RATE_SCALE",
     "CachedSpladeTrainingArguments",
     "DataArguments",
     "ModelArguments",
@@ -85,6 +86,11 @@ BACKBONE_PRESETS: dict[str, dict[str, int]] = {
 # at -0.5 and bert-small (sigma 0.45) at -1.0 both start with ~5k active terms per query and the best or
 # near-best nDCG@10 of their scans (0.157, 0.207); with bias 0 about 30k terms are active.
 INIT_DECODER_BIAS_SIGMAS = 2.2
+
+# A trained query table's learning rate over the encoder's when query_table_learning_rate is not given:
+# sentence-transformers trains SparseStaticEmbedding at 1e-3 against 2e-5 for the encoder (50x); measured on
+# the shipped dev sample in docs/inference_free.md.
+QUERY_TABLE_LEARNING_RATE_SCALE = 50
 
 #: ``query_encoder``'s choices: the siamese SPLADE encoder, or an inference-free weight table, fixed or trained.
 QUERY_ENCODERS = ("splade", "idf", "learned_idf")
@@ -439,6 +445,12 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
     query_mini_batch_size: int | None = option(
         None, "Mini-batch size for the (short) query column; default: mini_batch_size."
     )
+    query_table_learning_rate: float | None = option(
+        None,
+        "Learning rate of an inference-free model's trained query table (learned_idf, li_lsr, or a "
+        "sentence-transformers SparseStaticEmbedding): its own optimizer parameter group, under the same "
+        "schedule and weight decay. Default: learning_rate x 50 (docs/inference_free.md).",
+    )
     query_max_length: int = option(32, "Queries are truncated to this many tokens (a multiple of 8).")
     document_max_length: int = option(
         256, "Positives and negatives are truncated to this many tokens (multiple of 8)."
@@ -507,6 +519,13 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         if self.allow_non_finite is None:
             self.allow_non_finite = bool(self.fp16)  # a GradScaler skips non-finite steps
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
+        rate = self.query_table_learning_rate
+        if rate is not None and (
+            isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < float("inf")
+        ):
+            raise ValueError(
+                f"query_table_learning_rate must be a positive finite float or None, got {rate!r}"
+            )
         GradCacheConfig.__post_init__(self)  # the engine settings, checked now, not at the first step
         _positive(self.query_max_length, "query_max_length")
         _positive(self.document_max_length, "document_max_length")
@@ -517,6 +536,13 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
             )
         if self.remove_unused_columns:
             raise ValueError("remove_unused_columns must be False: the collator reads the text columns")
+
+    def table_learning_rate(self) -> float:
+        """A trained query table's learning rate: ``query_table_learning_rate``, else ``learning_rate`` x
+        ``QUERY_TABLE_LEARNING_RATE_SCALE``."""
+        if self.query_table_learning_rate is not None:
+            return float(self.query_table_learning_rate)
+        return self.learning_rate * QUERY_TABLE_LEARNING_RATE_SCALE
 
     def grad_cache_config(self, columns: Iterable[str]) -> GradCacheConfig:
         """The :class:`GradCacheConfig` these arguments describe for a batch of ``columns``: a copy of the

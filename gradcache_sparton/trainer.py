@@ -79,6 +79,7 @@ from gradcache_sparton.modeling import (
     has_query_table,
     load_backbone,
     load_query_table,
+    query_table_parameters,
 )
 from gradcache_sparton.run_checks import (
     check_loss_reads_columns,
@@ -372,6 +373,32 @@ class CachedSpladeTrainer(Trainer):
             self._engine = CachedLoss(encoder, self.loss, config, mini_batch_context=mini_batch_context)
             self._engine_key = (model, tuple(columns))
         return self._engine
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """``Trainer.create_optimizer``, with a trained query table's parameters in a group of their own at
+        ``args.table_learning_rate()`` (same weight decay and schedule); an optimizer given to the
+        Trainer is left as it is."""
+        created = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        table = {id(p) for p in query_table_parameters(self.model if model is None else model)}
+        if not created or not table:
+            return optimizer
+        moved, decay = [], 0.0
+        for group in optimizer.param_groups:
+            kept = [p for p in group["params"] if id(p) not in table]
+            if len(kept) < len(group["params"]):
+                moved += [p for p in group["params"] if id(p) in table]
+                decay, group["params"] = group["weight_decay"], kept
+        if moved:
+            rate = self.args.table_learning_rate()
+            optimizer.add_param_group({"params": moved, "lr": rate, "weight_decay": decay})
+            logger.info(
+                "Query table: learning rate %g (%d tensor(s)), the rest %g.",
+                rate,
+                len(moved),
+                self.args.learning_rate,
+            )
+        return optimizer
 
     # ------------------------------------------------------------------ logging
 

@@ -282,8 +282,8 @@ def test_sentence_transformers_router_loads_as_our_inference_free_encoder(backbo
 
 @pytest.mark.slow
 def test_trainer_trains_a_router_and_saves_its_format(backbone_dir, tmp_path) -> None:
-    """CachedSpladeTrainer trains an inference-free Router (learned query weights move, no query regularizer)
-    and saves a Router that sentence-transformers loads with equal reps."""
+    """CachedSpladeTrainer trains an inference-free Router (learned query weights move, at the query table's
+    learning rate; no query regularizer) and saves a Router that sentence-transformers loads with equal reps."""
     from datasets import Dataset
 
     from gradcache_sparton.arguments import CachedSpladeTrainingArguments
@@ -309,6 +309,9 @@ def test_trainer_trains_a_router_and_saves_its_format(backbone_dir, tmp_path) ->
     )
     trainer = CachedSpladeTrainer(model, args, train_dataset=rows, processing_class=model.tokenizer)
     assert trainer.loss.config.query_reg_weight == 0.0
+    static = model[0].sub_modules["query"][0].weight
+    groups = [(g["lr"], [id(p) for p in g["params"]]) for g in trainer.create_optimizer().param_groups]
+    assert [lr for lr, ids in groups if id(static) in ids] == [args.table_learning_rate()] != [1e-2]
     trainer.train()
     moved = {name for name, p in model.named_parameters() if not torch.equal(before[name], p)}
     assert "0.sub_modules.query.0.weight" in moved and len(moved) > 10

@@ -38,6 +38,7 @@ from gradcache_sparton.modeling.query_table import (
     has_query_table,
     idf_weights,
     load_query_table,
+    query_table_parameters,
     save_query_table,
     write_token_weights,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "load_backbone",
     "load_query_table",
     "position_limit",
+    "query_table_parameters",
     "read_json_file",
     "read_splade_config",
     "register_masked_lm",

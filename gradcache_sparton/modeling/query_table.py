@@ -48,6 +48,7 @@ __all__ = [
     "has_query_table",
     "idf_weights",
     "load_query_table",
+    "query_table_parameters",
     "save_query_table",
     "write_token_weights",
 ]
@@ -151,6 +152,17 @@ def idf_weights(texts: Iterable[str], tokenizer: PreTrainedTokenizerBase) -> Ten
     idf = torch.log1p((documents - df.double() + 0.5) / (df.double() + 0.5)).to(torch.float32)  # [V]
     idf[special] = 0.0
     return idf
+
+
+def query_table_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The trainable parameters of every query table in ``model``, once each: ours (:class:`QueryTable` and its
+    subclasses) and sentence-transformers' ``SparseStaticEmbedding`` (known by its class name, so the library
+    is not imported)."""
+    found: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, QueryTable) or type(module).__name__ == "SparseStaticEmbedding":
+            found.update({id(p): p for p in module.parameters() if p.requires_grad})
+    return list(found.values())
 
 
 def has_query_table(folder: str | os.PathLike) -> bool:
