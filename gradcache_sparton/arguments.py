@@ -36,6 +36,7 @@ __all__ = [
     "INIT_DECODER_BIAS_SIGMAS",
     "QUERY_ENCODERS",
     "QUERY_TABLE_LEARNING_RATE_SCALE",
+    "TABLE_QUERY_ENCODERS",
     "CachedSpladeTrainingArguments",
     "DataArguments",
     "ModelArguments",
@@ -92,8 +93,10 @@ INIT_DECODER_BIAS_SIGMAS = 2.2
 # the shipped dev sample in docs/inference_free.md.
 QUERY_TABLE_LEARNING_RATE_SCALE = 50
 
-#: ``query_encoder``'s choices: the siamese SPLADE encoder, or an inference-free weight table, fixed or trained.
-QUERY_ENCODERS = ("splade", "idf", "learned_idf")
+#: ``query_encoder``'s inference-free choices: a weight table, fixed, trained, or computed from the embeddings.
+TABLE_QUERY_ENCODERS = ("idf", "learned_idf", "li_lsr")
+#: ``query_encoder``'s choices: the siamese SPLADE encoder, or an inference-free table.
+QUERY_ENCODERS = ("splade", *TABLE_QUERY_ENCODERS)
 
 
 def _has_accelerator() -> bool:
@@ -186,9 +189,11 @@ class ModelArguments:
     query_encoder: str | None = option(
         None,
         "How queries are encoded: 'splade' (the same SPLADE encoder as documents, siamese), 'idf' "
-        "(inference-free: a fixed weight per token, no transformer at query time) or 'learned_idf' (the same "
-        "table, trained). The table starts from the checkpoint's query_table.safetensors if it has one, else "
-        "from the IDF of the training documents (docs/inference_free.md). Default: as the checkpoint is "
+        "(inference-free: a fixed weight per token, no transformer at query time), 'learned_idf' (the same "
+        "table, trained) or 'li_lsr' (the table computed from the token embeddings, weight = log1p(relu(E.w + "
+        "b)), w and b trained, fitted to the IDF at the start). The table starts from the checkpoint's "
+        "query_table.safetensors if it has one, else from the IDF of the training documents "
+        "(docs/inference_free.md). Default: as the checkpoint is "
         "(inference-free if it has a query table, else splade).",
         choices=QUERY_ENCODERS,
     )

@@ -19,12 +19,14 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokeni
 from gradcache_sparton.arguments import INIT_DECODER_BIAS_SIGMAS, ModelArguments
 from gradcache_sparton.modeling import (
     InferenceFreeEncoder,
+    LiLsrTable,
     QueryTable,
     SpladeEncoder,
     check_checkpoint_files,
     check_max_length,
     has_query_table,
     idf_weights,
+    li_lsr_table_from,
     load_query_table,
     position_limit,
     read_splade_config,
@@ -178,13 +180,16 @@ def build_encoder(
     :class:`~gradcache_sparton.modeling.InferenceFreeEncoder` unless ``query_encoder="splade"`` (then its
     document encoder, siamese). ``"idf"`` / ``"learned_idf"`` give an inference-free model whose table is
     frozen / trained, taken from the checkpoint, else the IDF of ``idf_documents`` (the training documents;
-    ``ValueError`` if there are none)."""
+    ``ValueError`` if there are none); ``"li_lsr"`` a :class:`~gradcache_sparton.modeling.LiLsrTable`, the
+    checkpoint's, else fitted to that table over the document encoder's input embeddings. A Li-LSR
+    checkpoint read as ``idf`` / ``learned_idf`` gives the table it induces."""
     encoder = _build_document_encoder(model_args, tokenizer)
     folder = _local_folder(model_args.model_name_or_path)
     table = load_query_table(folder) if folder is not None and has_query_table(folder) else None
     kind = model_args.query_encoder
     if kind is None:
-        kind = "splade" if table is None else ("idf" if table.frozen else "learned_idf")
+        saved = None if table is None else ("li_lsr" if isinstance(table, LiLsrTable) else None)
+        kind = saved or ("splade" if table is None else ("idf" if table.frozen else "learned_idf"))
     if kind == "splade":
         if table is not None:
             logger.info("query_encoder='splade': the checkpoint's query table is not used (siamese queries).")
@@ -197,7 +202,21 @@ def build_encoder(
             )
         table = QueryTable(idf_weights(idf_documents, tokenizer), special_token_ids=tokenizer.all_special_ids)
         logger.info("Query table: the IDF of the training documents.")
-    table.weight.requires_grad_(kind == "learned_idf")
+    if kind == "li_lsr" and not isinstance(table, LiLsrTable):
+        table, fit = li_lsr_table_from(table, encoder.model.get_input_embeddings().weight)
+        logger.info(
+            "Query table: Li-LSR over the input embeddings, fitted to the IDF over %d tokens (RMSE %.3f, "
+            "correlation %.3f).",
+            fit["fit_tokens"],
+            fit["fit_rmse"],
+            fit["fit_correlation"],
+        )
+    elif kind != "li_lsr" and isinstance(table, LiLsrTable):
+        logger.info(
+            "query_encoder=%r: the checkpoint's Li-LSR table is used as the fixed table it induces.", kind
+        )
+        table = QueryTable(table.weight.detach(), special_token_ids=table.special_token_ids)
+    table.requires_grad_(kind != "idf")
     return InferenceFreeEncoder.from_document_encoder(encoder, table)
 
 

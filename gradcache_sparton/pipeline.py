@@ -24,7 +24,12 @@ import torch
 from transformers import PreTrainedTokenizerBase, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
-from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
+from gradcache_sparton.arguments import (
+    TABLE_QUERY_ENCODERS,
+    CachedSpladeTrainingArguments,
+    DataArguments,
+    ModelArguments,
+)
 from gradcache_sparton.data import (
     DEFAULT_BEIR_NAME,
     BeirData,
@@ -194,7 +199,7 @@ def _run_training(
     )
     set_seed(training_args.seed)  # the random init too, not only what the Trainer seeds later
     idf_documents = (
-        _training_documents(train_dataset) if model_args.query_encoder in ("idf", "learned_idf") else None
+        _training_documents(train_dataset) if model_args.query_encoder in TABLE_QUERY_ENCODERS else None
     )
     encoder = build_encoder(model_args, tokenizer, idf_documents=idf_documents)
     encoder.lora = None  # this run's record, not a loaded checkpoint's

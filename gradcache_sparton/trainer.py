@@ -520,14 +520,14 @@ class CachedSpladeTrainer(Trainer):
                     f"checkpoint {resume_from_checkpoint} has no query table: not this inference-free run's"
                 )
             saved = load_query_table(resume_from_checkpoint)
-            if saved.vocab_size != encoder.query_table.vocab_size:
+            if saved.vocab_size != encoder.query_table.vocab_size or saved.kind != encoder.query_table.kind:
                 raise ValueError(
-                    f"{Path(resume_from_checkpoint) / QUERY_TABLE_NAME} holds {saved.vocab_size} weights but this "
-                    f"run's query table {encoder.query_table.vocab_size} (its tokenizer's vocabulary): not this "
-                    "inference-free run's checkpoint"
+                    f"{Path(resume_from_checkpoint) / QUERY_TABLE_NAME} holds a {saved.kind} table of "
+                    f"{saved.vocab_size} weights but this run's query table is a {encoder.query_table.kind} one of "
+                    f"{encoder.query_table.vocab_size} (its tokenizer's vocabulary): not this inference-free run's "
+                    "checkpoint"
                 )
-            with torch.no_grad():
-                encoder.query_table.weight.copy_(saved.weight)
+            encoder.query_table.load_state_dict(saved.state_dict())
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint

@@ -10,6 +10,8 @@
   weights load;
 - :mod:`~gradcache_sparton.modeling.query_table`: :class:`QueryTable`, the query side of an inference-free
   model (a weight per token, e.g. the corpus's IDF), its file ``query_table.safetensors`` and ``idf.json``;
+- :mod:`~gradcache_sparton.modeling.li_lsr`: :class:`LiLsrTable`, a query table computed from the token
+  embeddings by D + 1 trained numbers (Li-LSR), started from a given table (:func:`li_lsr_table_from`);
 - :mod:`~gradcache_sparton.modeling.inference_free`: :class:`InferenceFreeEncoder`, the table for queries
   and the SPLADE encoder for documents in one module, routed by column.
 """
@@ -30,6 +32,7 @@ from gradcache_sparton.modeling.checkpoint import (
 )
 from gradcache_sparton.modeling.encoder import SpladeEncoder
 from gradcache_sparton.modeling.inference_free import InferenceFreeEncoder
+from gradcache_sparton.modeling.li_lsr import LiLsrTable, li_lsr_table_from
 from gradcache_sparton.modeling.llm import default_special_token_ids
 from gradcache_sparton.modeling.query_table import (
     QUERY_TABLE_NAME,
@@ -49,6 +52,7 @@ __all__ = [
     "TOKEN_WEIGHTS_NAME",
     "TRAINING_OPTIONS",
     "InferenceFreeEncoder",
+    "LiLsrTable",
     "QueryTable",
     "SpladeEncoder",
     "check_checkpoint_files",
@@ -56,6 +60,7 @@ __all__ = [
     "default_special_token_ids",
     "has_query_table",
     "idf_weights",
+    "li_lsr_table_from",
     "load_backbone",
     "load_query_table",
     "position_limit",

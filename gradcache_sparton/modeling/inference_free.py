@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["InferenceFreeEncoder"]
 
-# The query table's parameter in this model's state dict (the rest is the SpladeEncoder's).
-_TABLE_KEY = "query_table.weight"
+# The query table's tensors in this model's state dict (the rest is the SpladeEncoder's).
+_TABLE_PREFIX = "query_table."
 
 
 class InferenceFreeEncoder(SpladeEncoder):
@@ -142,12 +142,12 @@ class InferenceFreeEncoder(SpladeEncoder):
         if column == QUERY_COLUMN:
             return self.query_table(input_ids, attention_mask)  # [B, V], no transformer
         reps = super().forward(input_ids, attention_mask, token_type_ids, **kwargs)  # [B, V]
-        weight = self.query_table.weight
-        if weight.requires_grad and torch.is_grad_enabled():
+        trained = [p for p in self.query_table.parameters() if p.requires_grad]
+        if trained and torch.is_grad_enabled():
             # Adds exactly 0, but the backward reaches the learned table: GradCache's last replayed mini-batch,
             # the one whose backward synchronises data-parallel gradients, is a document one, and DDP reduces
             # only parameters that backward reaches (the table's gradient from the query mini-batches included).
-            reps = reps + weight[:1].sum() * 0  # [B, V] + [] -> [B, V]
+            reps = reps + sum(p.reshape(-1)[:1].sum() for p in trained) * 0  # [B, V] + [] -> [B, V]
         return reps
 
     def save_pretrained(
@@ -160,17 +160,19 @@ class InferenceFreeEncoder(SpladeEncoder):
     ) -> None:
         """The document encoder's checkpoint (:meth:`SpladeEncoder.save_pretrained`) plus ``query_table.safetensors``.
 
-        A given ``state_dict`` is this model's (e.g. gathered from a distributed run): its table weight is
+        A given ``state_dict`` is this model's (e.g. gathered from a distributed run): its table's tensors are
         written to the table's file, the rest as the document encoder's.
         """
         table = self.query_table
         if state_dict is not None:
             state_dict = dict(state_dict)
-            weight = state_dict.pop(_TABLE_KEY, None)
-            if weight is not None:
-                table = QueryTable(
-                    weight, special_token_ids=self.query_table.special_token_ids, frozen=table.frozen
-                )
+            tensors = {
+                name[len(_TABLE_PREFIX) :]: state_dict.pop(name)
+                for name in list(state_dict)
+                if name.startswith(_TABLE_PREFIX)
+            }
+            if tensors:
+                table = table.with_tensors(tensors)
         super().save_pretrained(save_directory, tokenizer=tokenizer, state_dict=state_dict, **kwargs)
         if kwargs.get("is_main_process", True):
             save_query_table(table, save_directory)

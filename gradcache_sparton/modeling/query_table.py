@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -69,6 +70,15 @@ class QueryTable(nn.Module):
         special_token_ids: ids that never count (e.g. ``tokenizer.all_special_ids``).
         frozen: True: the weights are not trained (``requires_grad=False``).
     """
+
+    #: The ``kind`` metadata of its file: absent or ``"static"`` for this class; each subclass names its own
+    #: (:mod:`.li_lsr`'s ``"li_lsr"``), and :func:`load_query_table` builds the class its file names.
+    kind: ClassVar[str] = "static"
+    _kinds: ClassVar[dict[str, type[QueryTable]]] = {}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        QueryTable._kinds[cls.kind] = cls
 
     def __init__(self, weight: Tensor, *, special_token_ids: Sequence[int] = (), frozen: bool = True) -> None:
         super().__init__()
@@ -114,6 +124,31 @@ class QueryTable(nn.Module):
 
     def extra_repr(self) -> str:
         return f"vocab_size={self.vocab_size}, frozen={self.frozen}, special_token_ids={list(self.special_token_ids)}"
+
+    def file_contents(self) -> tuple[dict[str, Tensor], dict[str, str]]:
+        """The tensors (fp32, on the CPU) and metadata of its ``query_table.safetensors`` (module doc)."""
+        metadata = {
+            "special_token_ids": json.dumps(list(self.special_token_ids)),
+            "frozen": "true" if self.frozen else "false",
+        }
+        if self.kind != QueryTable.kind:
+            metadata["kind"] = self.kind
+        return {
+            name: t.detach().to("cpu", torch.float32).contiguous() for name, t in self.state_dict().items()
+        }, metadata
+
+    @classmethod
+    def from_tensors(
+        cls, tensors: Mapping[str, Tensor], *, special_token_ids: Sequence[int], frozen: bool
+    ) -> QueryTable:
+        """The table holding ``tensors`` (its state dict, as :meth:`file_contents` writes them)."""
+        if set(tensors) != {"weight"}:
+            raise ValueError(f"a query table holds one tensor 'weight' [V], got {sorted(tensors)}")
+        return cls(tensors["weight"], special_token_ids=special_token_ids, frozen=frozen)
+
+    def with_tensors(self, tensors: Mapping[str, Tensor]) -> QueryTable:
+        """A table of this kind, special tokens and ``frozen`` holding ``tensors`` (e.g. a gathered state dict)."""
+        return type(self).from_tensors(tensors, special_token_ids=self.special_token_ids, frozen=self.frozen)
 
 
 def idf_weights(texts: Iterable[str], tokenizer: PreTrainedTokenizerBase) -> Tensor:
@@ -175,11 +210,8 @@ def save_query_table(table: QueryTable, folder: str | os.PathLike) -> Path:
     from safetensors.torch import save_file
 
     path = Path(folder) / QUERY_TABLE_NAME
-    metadata = {
-        "special_token_ids": json.dumps(list(table.special_token_ids)),
-        "frozen": "true" if table.frozen else "false",
-    }
-    save_file({"weight": table.weight.detach().to("cpu", torch.float32).contiguous()}, str(path), metadata)
+    tensors, metadata = table.file_contents()
+    save_file(tensors, str(path), metadata)
     return path
 
 
@@ -194,6 +226,11 @@ def load_query_table(folder: str | os.PathLike, *, frozen: bool | None = None) -
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
+            kind = metadata.get("kind", QueryTable.kind)
+            if kind != QueryTable.kind:  # another kind of table: its class reads its tensors
+                names = f.keys()  # safe_open is not iterable
+                tensors = {name: f.get_tensor(name) for name in names}
+                return _load_kind(path, kind, tensors, metadata, frozen=frozen)
             if set(f.keys()) != {"weight"}:
                 raise ValueError(f"{path} must hold one tensor 'weight' [V], got {sorted(f.keys())}")
             weight = f.get_tensor("weight")
@@ -217,6 +254,31 @@ def load_query_table(folder: str | os.PathLike, *, frozen: bool | None = None) -
             weight, special_token_ids=special, frozen=saved_frozen if frozen is None else frozen
         )
     except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _load_kind(
+    path: Path, kind: str, tensors: dict[str, Tensor], metadata: dict[str, str], *, frozen: bool | None
+) -> QueryTable:
+    """The table of kind ``kind`` in the file ``path`` (its ``tensors`` and ``metadata``)."""
+    if kind not in QueryTable._kinds:
+        raise ValueError(
+            f"{path}: metadata kind {kind!r} is not a query table kind ({sorted(QueryTable._kinds)})"
+        )
+    try:
+        special = json.loads(metadata.get("special_token_ids", "[]"))
+    except json.JSONDecodeError:
+        special = None
+    if not isinstance(special, list) or metadata.get("frozen", "true") not in ("true", "false"):
+        raise ValueError(
+            f"{path}: metadata must have special_token_ids (a JSON list) and frozen ('true'/'false'), got {metadata}"
+        )
+    saved_frozen = metadata.get("frozen", "true") == "true"
+    try:
+        return QueryTable._kinds[kind].from_tensors(
+            tensors, special_token_ids=special, frozen=saved_frozen if frozen is None else frozen
+        )
+    except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 
