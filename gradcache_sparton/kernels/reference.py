@@ -5,11 +5,17 @@ C a vocabulary chunk.
 
 The head computes
 
-    Y[b, v] = max_s log1p(relu(H[b, s] · E[v] + bias[v])) · M[b, s]
+    Y[b, v] = max_s log1p(act(H[b, s] · E[v] + bias[v])) · M[b, s]
+
+with ``act`` the activation before the log1p, named as sentence-transformers' ``SpladePooling``
+names its ``activation_function`` (:data:`HEAD_ACTIVATIONS`): ``"relu"`` (SPLADE v2 and later, the
+default: Y = log1p(relu(x))) or ``"log1p_relu"`` (OpenSearch's v3 models, the "l0" activation:
+Y = log1p(log1p(relu(x))), a flatter weight for the same terms).
 
 Identities the kernels rely on, which this reference makes explicit:
-- f(x) = log1p(relu(x)) is monotone non-decreasing, so max_s f(x_s) = f(max_s x_s): reduce the raw
-  logits over S first, apply relu/log1p once on [B, V].
+- f(x) = log1p(relu(x)) is monotone non-decreasing, and so is log1p(f(x)), so max_s f(x_s) =
+  f(max_s x_s) for either activation: reduce the raw logits over S first (the saved max is
+  m = relu(max_s x_s)), apply the activation once on [B, V] (:func:`activation_from_max`).
 - Masked positions (M = 0) contribute f(.) · 0 = 0, and f >= 0, so they can be dropped from the max
   (filled with -inf); a fully masked row gives Y = 0.
 - The gradient reaches only the argmax position, and only where the max is > 0 (relu's gradient at
@@ -29,7 +35,8 @@ Non-finite values (NaN, ±inf) are part of the semantics, and the kernels reprod
   (inf · 0); the same with H and E swapped, for every unmasked position of column v; NaN or ±inf in
   bias[v] makes column v NaN or ±inf at every unmasked position.
 - Gradients (autograd through this function, which ``sparton_head_backward_reference`` and the
-  Triton backward match exactly): with coef = grad_y / (1 + max), the gradient at the argmax is coef
+  Triton backward match exactly): with coef = grad_y / (1 + max) (``"relu"``; for ``"log1p_relu"`` see
+  :func:`backward_coefficients`), the gradient at the argmax is coef
   where max > 0, NaN where max is NaN (relu passes NaN, 1/(1 + NaN) = NaN), 0 where max = +inf
   (1/inf; NaN if grad_y is infinite too) and 0 where max <= 0 whatever grad_y is. The dense matmul
   backward also multiplies every H entry by a logits gradient that is mostly 0, and 0 · ±inf =
@@ -51,15 +58,50 @@ from torch import Tensor
 
 __all__ = [
     "CPU_REFERENCE_CHUNK_ELEMENTS",
+    "DEFAULT_HEAD_ACTIVATION",
+    "HEAD_ACTIVATIONS",
     "REFERENCE_CHUNK_ELEMENTS",
+    "activation_from_max",
     "backward_coefficients",
+    "check_head_activation",
     "default_chunk_elements",
     "non_finite_columns",
     "sparton_head_backward_reference",
     "sparton_head_reference",
+    "splade_activation",
     "splade_head_materialized",
     "splade_max_pool",
 ]
+
+#: The head's activations before the log1p, named as sentence-transformers' ``SpladePooling`` names its
+#: ``activation_function``: ``"relu"``, Y = log1p(relu(x)) (SPLADE v2 and later); ``"log1p_relu"``,
+#: Y = log1p(log1p(relu(x))) (OpenSearch's v3 "l0" activation).
+HEAD_ACTIVATIONS = ("relu", "log1p_relu")
+#: The activation of every SPLADE v2+ model, and of every checkpoint that does not name one.
+DEFAULT_HEAD_ACTIVATION = "relu"
+
+
+def check_head_activation(activation_function: object) -> None:
+    """``ValueError`` naming ``activation_function`` unless it is one of :data:`HEAD_ACTIVATIONS`."""
+    if not isinstance(activation_function, str) or activation_function not in HEAD_ACTIVATIONS:
+        raise ValueError(
+            f"activation_function must be one of {list(HEAD_ACTIVATIONS)} (the activation before the log1p, "
+            f"as sentence-transformers' SpladePooling names it), got {activation_function!r}"
+        )
+
+
+def activation_from_max(max_logits: Tensor, activation_function: str = DEFAULT_HEAD_ACTIVATION) -> Tensor:
+    """Y [B, V] from the saved max m = relu(max_s x) [B, V]: log1p(m) (``"relu"``) or log1p(log1p(m))
+    (``"log1p_relu"``), in the dtype of ``max_logits`` (the kernels' fp32: Y is rounded once, after)."""
+    y = torch.log1p(max_logits)
+    return torch.log1p(y) if activation_function == "log1p_relu" else y
+
+
+def splade_activation(logits: Tensor, activation_function: str = DEFAULT_HEAD_ACTIVATION) -> Tensor:
+    """log1p(relu(x)) (``"relu"``) or log1p(log1p(relu(x))) (``"log1p_relu"``) of any logits, elementwise:
+    the definition the fused head reproduces (one formula for the materialised heads and exports)."""
+    return activation_from_max(torch.relu(logits), activation_function)
+
 
 # 2**25 fp32 elements = 128 MiB per logits chunk: large enough that the chunked matmuls run at full
 # speed on a GPU, small enough to be irrelevant next to a BERT-base mini-batch's activations.
@@ -85,6 +127,7 @@ def sparton_head_reference(
     *,
     chunk_elements: int | None = None,
     return_argmax: bool = False,
+    activation_function: str = DEFAULT_HEAD_ACTIVATION,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """SPLADE max-pooled head in plain PyTorch, chunked over the vocabulary.
 
@@ -96,11 +139,12 @@ def sparton_head_reference(
         chunk_elements: upper bound on B·S·C, the elements of one logits chunk (default:
             :func:`default_chunk_elements` of the inputs' device).
         return_argmax: also return the pre-activation max and its argmax (no gradient).
+        activation_function: one of :data:`HEAD_ACTIVATIONS` (module doc).
 
     Returns:
         Y [B, V] in the dtype of ``hidden_states``; with ``return_argmax``, ``(Y, max, argmax)`` where
         ``max`` is the [B, V] running max of the masked logits clamped at 0 (fp32, fp64 for fp64
-        inputs: the Triton kernels' saved state, Y = log1p(max)) and ``argmax`` the [B, V] int64 first
+        inputs: the Triton kernels' saved state, Y = :func:`activation_from_max` of it) and ``argmax`` the [B, V] int64 first
         sequence position attaining it (meaningful only where max > 0).
 
     Matmuls are exact products accumulated in fp32 or better, like the kernels, whatever the process-wide
@@ -113,9 +157,12 @@ def sparton_head_reference(
     so the result does not depend on the caller's autocast state; callers that want autocast's dtype
     cast the inputs first (``sparton_head`` does).
     """
+    check_head_activation(activation_function)
     chunk_elements = chunk_elements or default_chunk_elements(hidden_states.device)
     with torch.autocast(device_type=hidden_states.device.type, enabled=False):
-        return _reference(hidden_states, weight, bias, attention_mask, chunk_elements, return_argmax)
+        return _reference(
+            hidden_states, weight, bias, attention_mask, chunk_elements, return_argmax, activation_function
+        )
 
 
 def _exact_dtype(t: Tensor) -> torch.dtype:
@@ -135,6 +182,7 @@ def _reference(
     attention_mask: Tensor,
     chunk_elements: int,
     return_argmax: bool,
+    activation_function: str,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     B, S, _ = hidden_states.shape
     V = weight.shape[0]
@@ -154,10 +202,10 @@ def _reference(
         logits.masked_fill_(~keep[:, :, None], float("-inf"))
         mx, idx = logits.max(dim=1)  # [B, C]; first maximal position on ties
         # [B, C]; -inf (fully masked) -> 0, zero gradient at <= 0. Rounded to the saved max's dtype before
-        # log1p, as the kernels compute Y from their fp32 max: a sum past fp32's range (finite in fp64) is
-        # +inf there, and Y with it.
+        # the activation, as the kernels compute Y from their fp32 max: a sum past fp32's range (finite in
+        # fp64) is +inf there, and Y with it.
         act = torch.relu(mx).to(max_dtype)
-        ys.append(torch.log1p(act))
+        ys.append(activation_from_max(act, activation_function))
         if return_argmax:
             maxes.append(act.detach())
             argmaxes.append(idx)
@@ -167,20 +215,29 @@ def _reference(
     return y
 
 
-def splade_max_pool(logits: Tensor, attention_mask: Tensor) -> Tensor:
-    """[B, S, V] materialised logits -> [B, V] = max_s log1p(relu(logits)) · M, in the logits' dtype.
+def splade_max_pool(
+    logits: Tensor, attention_mask: Tensor, *, activation_function: str = DEFAULT_HEAD_ACTIVATION
+) -> Tensor:
+    """[B, S, V] materialised logits -> [B, V] = max_s log1p(relu(logits)) · M, in the logits' dtype
+    (log1p(log1p(relu(logits))) for ``activation_function="log1p_relu"``, :func:`splade_activation`).
 
     The plain SPLADE pooling, as a masked-LM's own logits feed it. Masked positions are filled with -inf
     before the activation, as in :func:`sparton_head_reference` (same values as multiplying by the mask
     for finite logits, and a non-finite logit at a masked position is ignored, as in the fused head);
     ``Tensor.max(dim)`` sends the whole gradient to the first maximal position, the kernels' tie rule.
     """
+    check_head_activation(activation_function)
     masked = logits.masked_fill(attention_mask[:, :, None] == 0, float("-inf"))  # [B, S, V]
-    return torch.log1p(torch.relu(masked)).max(dim=1).values  # [B, S, V] -> [B, V]
+    return splade_activation(masked, activation_function).max(dim=1).values  # [B, S, V] -> [B, V]
 
 
 def splade_head_materialized(
-    hidden_states: Tensor, weight: Tensor, bias: Tensor | None, attention_mask: Tensor
+    hidden_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    attention_mask: Tensor,
+    *,
+    activation_function: str = DEFAULT_HEAD_ACTIVATION,
 ) -> Tensor:
     """The SPLADE head as usually written: the full [B, S, V] logits, then :func:`splade_max_pool`.
 
@@ -188,18 +245,31 @@ def splade_head_materialized(
     definition the tests check the chunked reference against. Runs in the inputs' dtype (autocast
     applies as to any ``F.linear``); memory grows with B·S·V, which is what the fused head avoids.
     """
-    return splade_max_pool(F.linear(hidden_states, weight, bias), attention_mask)  # [B, S, D] @ [D, V]
+    logits = F.linear(hidden_states, weight, bias)  # [B, S, D] @ [D, V] -> [B, S, V]
+    return splade_max_pool(logits, attention_mask, activation_function=activation_function)
 
 
-def backward_coefficients(grad_y: Tensor, max_logits: Tensor) -> Tensor:
-    """coef [B, V] = grad_y / (1 + max) where max > 0 or max is NaN, else 0, in the dtype of ``max_logits``.
+def backward_coefficients(
+    grad_y: Tensor, max_logits: Tensor, activation_function: str = DEFAULT_HEAD_ACTIVATION
+) -> Tensor:
+    """coef [B, V] = grad_y · dY/dm at the saved max m where m > 0 or m is NaN, else 0, in the dtype of
+    ``max_logits``: the gradient that reaches the argmax's logit.
 
-    d log1p(x)/dx = 1/(1 + x); relu passes nothing where max <= 0 (a NaN grad_y there included) and
-    passes its input where max is NaN, which the division turns into NaN. At max = +inf the
-    coefficient is grad_y / inf = 0 (NaN for an infinite grad_y), as autograd computes it.
+    ``"relu"``: Y = log1p(m), dY/dm = 1/(1 + m), coef = grad_y / (1 + m).
+    ``"log1p_relu"``: Y = log1p(log1p(m)), by the chain rule dY/dm = 1/((1 + m)(1 + log1p(m))), so
+    coef = grad_y / ((1 + m)(1 + log1p(m))), computed from the fp32 (or fp64) saved max, never from the
+    16-bit Y (1 + log1p(m) = exp(Y) would inherit Y's rounding). Both factors are >= 1 where m > 0, so the
+    coefficient is at most |grad_y|.
+
+    relu passes nothing where m <= 0 (a NaN grad_y there included) and passes its input where m is NaN,
+    which the division turns into NaN. At m = +inf the coefficient is grad_y / inf = 0 (NaN for an
+    infinite grad_y), for both activations, as autograd computes it.
     """
     live = (max_logits > 0) | max_logits.isnan()  # [B, V]
-    return torch.where(live, grad_y.to(max_logits.dtype) / (1 + max_logits), 0.0)
+    slope = 1 + max_logits  # [B, V]: 1 / (dY/dm) ...
+    if activation_function == "log1p_relu":
+        slope = slope * (1 + torch.log1p(max_logits))  # ... times 1 / (d log1p(u)/du) at u = log1p(m)
+    return torch.where(live, grad_y.to(max_logits.dtype) / slope, 0.0)
 
 
 def non_finite_columns(t: Tensor, *, dim: int | tuple[int, ...]) -> Tensor:
@@ -223,10 +293,11 @@ def sparton_head_backward_reference(
     *,
     needs_input_grad: tuple[bool, bool, bool] = (True, True, True),
     chunk_elements: int | None = None,
+    activation_function: str = DEFAULT_HEAD_ACTIVATION,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Gradients of the head from its saved (max, argmax) alone, in plain PyTorch, over the non-zeros.
 
-    The same rule as the Triton backward: with coef = :func:`backward_coefficients`,
+    The same rule as the Triton backward: with coef = :func:`backward_coefficients` (of the activation),
     grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], grad_H[b, s] = Σ_{v: argmax[b, v] = s}
     coef[b, v] · E[v] and grad_bias[v] = Σ_b coef[b, v], plus NaN in the columns that
     :func:`non_finite_columns` marks. Only the non-zero coefficients (NaN ones included) are visited, in
@@ -242,14 +313,23 @@ def sparton_head_backward_reference(
         chunk_elements: upper bound on n·D, the elements of one chunk of n gathered rows, and on the
             entries of coef searched for non-zeros at a time (whole rows, at least one); default:
             :func:`default_chunk_elements` of the inputs' device.
+        activation_function: the forward's (:data:`HEAD_ACTIVATIONS`); it decides coef.
 
     Returns:
         (grad_H [B, S, D] in the dtype of H, grad_E [V, D] in the dtype of E, grad_bias [V] in the
         compute dtype: fp32, or fp64 for fp64 inputs), each None where not needed.
     """
+    check_head_activation(activation_function)
     chunk_elements = chunk_elements or default_chunk_elements(hidden_states.device)
     return _backward_reference(
-        grad_y, hidden_states, weight, max_logits, argmax, needs_input_grad, chunk_elements
+        grad_y,
+        hidden_states,
+        weight,
+        max_logits,
+        argmax,
+        needs_input_grad,
+        chunk_elements,
+        activation_function,
     )
 
 
@@ -261,6 +341,7 @@ def _backward_reference(
     argmax: Tensor,
     needs_input_grad: tuple[bool, bool, bool],
     chunk_elements: int,
+    activation_function: str,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     need_h, need_e, need_bias = needs_input_grad
     B, S, D = hidden_states.shape
@@ -268,7 +349,7 @@ def _backward_reference(
     bias_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
     compute_dtype = _exact_dtype(hidden_states)  # as in the forward: exact under any TF32 setting
     h = hidden_states.to(compute_dtype).reshape(B * S, D)  # row b·S + s
-    coef = backward_coefficients(grad_y, max_logits.to(compute_dtype))  # [B, V]
+    coef = backward_coefficients(grad_y, max_logits.to(compute_dtype), activation_function)  # [B, V]
     grad_h = grad_e = None
     if need_h:  # [B·S, D], starting from NaN in E's non-finite columns
         grad_h = non_finite_columns(weight, dim=0).to(compute_dtype).expand(B * S, D).clone()

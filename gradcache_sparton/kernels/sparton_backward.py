@@ -8,7 +8,9 @@ autograd and the CPU path in ``sparton_ops.py``. Imported only when a CUDA tenso
 backward (or by the interpreter tests).
 
 Backward, from (max, argmax) alone, with coef[b, v] = grad_y[b, v] / (1 + max[b, v]) where max > 0 or max
-is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and passes NaN):
+is NaN, else 0 (d log1p(x)/dx = 1/(1+x); relu passes nothing where max <= 0, and passes NaN); for the
+``"log1p_relu"`` activation grad_y / ((1 + max)(1 + log1p(max))) (``backward_coefficients``, from the fp32
+max). Only coef depends on the activation: the kernels below read it as they find it.
 - grad_E[v] = Σ_b coef[b, v] · H[b, argmax[b, v]], by one of two kernels, chosen on the device by the
   count of non-zeros (``BackwardBlocks.by_column_below``; no sync: both are launched and the other
   returns at once). Sparse Y, by column: the non-zeros are laid out by vocabulary column (a counting
@@ -491,8 +493,11 @@ def sparton_backward(
     needs_input_grad: tuple[bool, bool, bool] = (True, True, True),
     dense: bool = False,
     blocks: BackwardBlocks | DenseBackwardBlocks | None = None,
+    activation_function: str = "relu",
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Backward from the saved (max, argmax): (grad_H [B, S, D], grad_E [V, D], fp32 grad_bias [V]).
+
+    ``activation_function``: the forward's; it decides coef (module doc), nothing else.
 
     Sparse (default): work and traffic proportional to the non-zeros of Y, except that for short
     16-bit sequences with dense Y (``BackwardBlocks.short_s``, chosen on the device) grad_H takes the
@@ -511,7 +516,7 @@ def sparton_backward(
     S = h.shape[1]
     V = e.shape[0]
     arg = argmax.to(torch.int32).contiguous()
-    coef = backward_coefficients(grad_y, max_logits).contiguous()  # [B, V] fp32
+    coef = backward_coefficients(grad_y, max_logits, activation_function).contiguous()  # [B, V] fp32
     grad_bias = coef.sum(dim=0) if need_bias else None  # [B, V] -> [V]
     if dense:
         blocks = blocks or default_dense_backward_blocks()

@@ -45,6 +45,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from gradcache_sparton.kernels.reference import activation_from_max
 from gradcache_sparton.kernels.sparton_blocks import (
     ForwardBlocks,
     PackedForwardBlocks,
@@ -404,12 +405,14 @@ def sparton_forward(
     *,
     blocks: ForwardBlocks | PackedForwardBlocks | None = None,
     two_pass: bool | None = None,
+    activation_function: str = "relu",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fused forward: (Y [B, V] in the dtype of H, fp32 max [B, V], int32 argmax [B, V]).
 
-    Expects validated inputs (``head.py`` checks them): H [B, S, D] and E [V, D] of one dtype among
-    fp16/bf16/fp32 on one device, bias [V] or None, a 0/1 mask [B, S]. Y = log1p(max), computed from the
-    fp32 max and rounded once to the output dtype. ``blocks`` picks the kernel: ``ForwardBlocks`` the
+    Expects validated inputs (``sparton_ops.py`` checks them): H [B, S, D] and E [V, D] of one dtype among
+    fp16/bf16/fp32 on one device, bias [V] or None, a 0/1 mask [B, S]. Y = log1p(max) (log1p(log1p(max))
+    for ``activation_function="log1p_relu"``: both monotone, so the kernels' max/argmax serve either),
+    computed from the fp32 max and rounded once to the output dtype. ``blocks`` picks the kernel: ``ForwardBlocks`` the
     one-row kernel (any S), ``PackedForwardBlocks`` the packed-rows one (short S); by default the
     packed one for 16-bit inputs with S <= 64, the one-row one otherwise. ``two_pass`` (one-row kernel
     only): the plain max, then a NaN-aware launch that redoes the work only where the inputs' bound cannot
@@ -435,7 +438,7 @@ def sparton_forward(
             _forward_one_row(h, e, bias, mask, mx, arg, blocks, nan_pass=nan_pass, bounded=bounded)
     else:
         _forward_one_row(h, e, bias, mask, mx, arg, blocks, nan_pass="only")
-    y = torch.log1p(mx).to(hidden_states.dtype)  # [B, V]; relu already applied (max starts at 0)
+    y = activation_from_max(mx, activation_function).to(hidden_states.dtype)  # [B, V]; relu already applied
     return y, mx, arg
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gradcache_sparton.kernels.reference import DEFAULT_HEAD_ACTIVATION, check_head_activation
 from gradcache_sparton.kernels.sparton_ops import sparton_head
 
 __all__ = ["SpartonHead"]
@@ -19,6 +20,10 @@ class SpartonHead(nn.Module):
     Usually built from (and sharing the parameters of) a masked-LM decoder with
     :meth:`from_decoder` or :meth:`tie_weights`, so a model saved with ``save_pretrained`` stays a
     standard masked-LM checkpoint with no extra tensors.
+
+    ``activation_function``: the activation before the log1p, as sentence-transformers' ``SpladePooling``
+    names it: ``"relu"`` (SPLADE, the default) or ``"log1p_relu"`` (log1p(log1p(relu(logits))), OpenSearch
+    v3's "l0" activation); ``ValueError`` for anything else.
     """
 
     def __init__(
@@ -27,15 +32,18 @@ class SpartonHead(nn.Module):
         vocab_size: int,
         *,
         bias: bool = True,
+        activation_function: str = DEFAULT_HEAD_ACTIVATION,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        check_head_activation(activation_function)
         if hidden_size < 1 or vocab_size < 1:
             raise ValueError(
                 f"hidden_size and vocab_size must be >= 1, got hidden_size={hidden_size}, "
                 f"vocab_size={vocab_size}"
             )
+        self.activation_function = activation_function
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(vocab_size, device=device, dtype=dtype)) if bias else None
         if self.weight.device.type != "meta":
@@ -50,11 +58,19 @@ class SpartonHead(nn.Module):
         return self.weight.shape[1]
 
     @classmethod
-    def from_decoder(cls, decoder: nn.Linear) -> SpartonHead:
+    def from_decoder(
+        cls, decoder: nn.Linear, *, activation_function: str = DEFAULT_HEAD_ACTIVATION
+    ) -> SpartonHead:
         """A head that shares ``decoder.weight`` [V, D] and ``decoder.bias`` [V] (no copy)."""
         if not isinstance(decoder, nn.Linear):
             raise TypeError(f"decoder must be an nn.Linear, got {type(decoder).__name__}")
-        head = cls(decoder.in_features, decoder.out_features, bias=decoder.bias is not None, device="meta")
+        head = cls(
+            decoder.in_features,
+            decoder.out_features,
+            bias=decoder.bias is not None,
+            activation_function=activation_function,
+            device="meta",
+        )
         head.tie_weights(decoder)
         return head
 
@@ -71,7 +87,16 @@ class SpartonHead(nn.Module):
 
     def forward(self, hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
         """[B, S, D] hidden states and [B, S] 0/1 mask -> [B, V] sparse reps."""
-        return sparton_head(hidden_states, self.weight, self.bias, attention_mask)
+        return sparton_head(
+            hidden_states,
+            self.weight,
+            self.bias,
+            attention_mask,
+            activation_function=self.activation_function,
+        )
 
     def extra_repr(self) -> str:
-        return f"hidden_size={self.hidden_size}, vocab_size={self.vocab_size}, bias={self.bias is not None}"
+        return (
+            f"hidden_size={self.hidden_size}, vocab_size={self.vocab_size}, bias={self.bias is not None}, "
+            f"activation_function={self.activation_function!r}"
+        )

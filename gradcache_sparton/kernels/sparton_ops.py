@@ -2,7 +2,8 @@
 
 Legend: B batch, S sequence, D hidden, V vocabulary.
 
-Y[b, v] = max_s log1p(relu(H[b, s] · E[v] + bias[v])) · M[b, s], computed without the [B, S, V] logits.
+Y[b, v] = max_s log1p(relu(H[b, s] · E[v] + bias[v])) · M[b, s], computed without the [B, S, V] logits
+(log1p(log1p(relu(.))) with ``activation_function="log1p_relu"``: see ``reference.py``).
 
 The head is two ``torch.library`` custom ops, so ``torch.compile`` (``fullgraph=True`` too) treats it as
 one opaque node with a fake (shape-only) implementation instead of tracing into Triton launches:
@@ -18,7 +19,7 @@ The Triton kernels are in ``sparton_forward.py`` and ``sparton_backward.py`` (ti
 
 Inside a GradCache step with ``reuse_argmax``, a memo found through :mod:`gradcache_sparton.primitives.forward_memo`
 is given the forward op's (max, argmax) in Step (1) and gives them back in Step (3), where the head
-skips the forward kernel: Y = log1p(max) is rebuilt and the backward op runs on that (max, argmax), bit
+skips the forward kernel: Y = activation(max) is rebuilt and the backward op runs on that (max, argmax), bit
 for bit the backward of the forward it skips (:class:`_ReplayedHead`). What the memo keeps, and the
 check that the replay's H, E and bias are Step (1)'s, belong to the engine
 (:mod:`gradcache_sparton.engine.argmax_reuse`).
@@ -34,7 +35,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
+from gradcache_sparton.kernels.reference import (
+    DEFAULT_HEAD_ACTIVATION,
+    activation_from_max,
+    check_head_activation,
+    sparton_head_backward_reference,
+    sparton_head_reference,
+)
 from gradcache_sparton.primitives.forward_memo import recording_memo, replaying_memo
 
 __all__ = ["sparton_head"]
@@ -117,25 +124,42 @@ def _use_triton(hidden_states: Tensor) -> bool:
 @torch.library.custom_op(
     "gradcache_sparton::sparton_head_forward",
     mutates_args=(),
-    schema="(Tensor hidden_states, Tensor weight, Tensor? bias, Tensor attention_mask) "
-    "-> (Tensor, Tensor, Tensor)",
+    schema="(Tensor hidden_states, Tensor weight, Tensor? bias, Tensor attention_mask, "
+    "str activation_function) -> (Tensor, Tensor, Tensor)",
 )
 def _forward_op(
-    hidden_states: Tensor, weight: Tensor, bias: Tensor | None, attention_mask: Tensor
+    hidden_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    attention_mask: Tensor,
+    activation_function: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(Y [B, V], max [B, V] fp32 (fp64 for fp64 inputs), argmax [B, V] int32)."""
     _check_mask_values(attention_mask)
     if _use_triton(hidden_states):
         from gradcache_sparton.kernels.sparton_forward import sparton_forward  # imports triton
 
-        return sparton_forward(hidden_states, weight, bias, attention_mask)
-    y, mx, arg = sparton_head_reference(hidden_states, weight, bias, attention_mask, return_argmax=True)
+        return sparton_forward(
+            hidden_states, weight, bias, attention_mask, activation_function=activation_function
+        )
+    y, mx, arg = sparton_head_reference(
+        hidden_states,
+        weight,
+        bias,
+        attention_mask,
+        return_argmax=True,
+        activation_function=activation_function,
+    )
     return y, mx, arg.to(torch.int32)
 
 
 @_forward_op.register_fake
 def _forward_fake(
-    hidden_states: Tensor, weight: Tensor, bias: Tensor | None, attention_mask: Tensor
+    hidden_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    attention_mask: Tensor,
+    activation_function: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     B, V = hidden_states.shape[0], weight.shape[0]
     max_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
@@ -150,7 +174,8 @@ def _forward_fake(
     "gradcache_sparton::sparton_head_backward",
     mutates_args=(),
     schema="(Tensor grad_y, Tensor hidden_states, Tensor weight, Tensor max_logits, Tensor argmax, "
-    "bool need_grad_hidden, bool need_grad_weight, bool need_grad_bias) -> (Tensor, Tensor, Tensor)",
+    "bool need_grad_hidden, bool need_grad_weight, bool need_grad_bias, str activation_function) "
+    "-> (Tensor, Tensor, Tensor)",
 )
 def _backward_op(
     grad_y: Tensor,
@@ -161,6 +186,7 @@ def _backward_op(
     need_grad_hidden: bool,
     need_grad_weight: bool,
     need_grad_bias: bool,
+    activation_function: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_H [B, S, D], grad_E [V, D], grad_bias [V] in the dtype of max); a gradient not needed is
     neither computed nor allocated, and comes back as an empty tensor (custom ops return tensors)."""
@@ -168,10 +194,24 @@ def _backward_op(
     if _use_triton(hidden_states):
         from gradcache_sparton.kernels.sparton_backward import sparton_backward  # imports triton
 
-        grads = sparton_backward(grad_y, hidden_states, weight, max_logits, argmax, needs_input_grad=needs)
+        grads = sparton_backward(
+            grad_y,
+            hidden_states,
+            weight,
+            max_logits,
+            argmax,
+            needs_input_grad=needs,
+            activation_function=activation_function,
+        )
     else:
         grads = sparton_head_backward_reference(
-            grad_y, hidden_states, weight, max_logits, argmax, needs_input_grad=needs
+            grad_y,
+            hidden_states,
+            weight,
+            max_logits,
+            argmax,
+            needs_input_grad=needs,
+            activation_function=activation_function,
         )
     like = (hidden_states, weight, max_logits)
     return tuple(g if g is not None else t.new_empty(0) for g, t in zip(grads, like, strict=True))
@@ -179,7 +219,15 @@ def _backward_op(
 
 @_backward_op.register_fake
 def _backward_fake(
-    grad_y, hidden_states, weight, max_logits, argmax, need_grad_hidden, need_grad_weight, need_grad_bias
+    grad_y,
+    hidden_states,
+    weight,
+    max_logits,
+    argmax,
+    need_grad_hidden,
+    need_grad_weight,
+    need_grad_bias,
+    activation_function,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The shapes and dtypes of :func:`_backward_op`'s gradients (its arguments, typed there), for tracing."""
     return (
@@ -190,10 +238,11 @@ def _backward_fake(
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    hidden_states, weight, bias, _ = inputs
+    hidden_states, weight, bias, _, activation_function = inputs
     _, mx, arg = output
     ctx.save_for_backward(hidden_states, weight, mx, arg)
     ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.activation_function = activation_function
 
 
 def _head_grads(
@@ -205,7 +254,7 @@ def _head_grads(
     # A frozen weight (LoRA, a frozen decoder) gets no [V, D] gradient: at V = 152k, D = 4,096 that is
     # 1.2 GB in bf16 never allocated; likewise grad_H and grad_bias when nothing needs them.
     grad_h, grad_e, grad_bias = _backward_op(
-        grad_y, hidden_states, weight, mx, arg, need_h, need_e, need_bias
+        grad_y, hidden_states, weight, mx, arg, need_h, need_e, need_bias, ctx.activation_function
     )
     return (
         grad_h if need_h else None,
@@ -215,8 +264,9 @@ def _head_grads(
 
 
 def _backward(ctx, grad_y: Tensor, _grad_max: Tensor, _grad_argmax: Tensor):
-    need_h, need_e, need_bias, _ = ctx.needs_input_grad
-    return (*_head_grads(ctx, grad_y, need_h, need_e, need_bias), None)  # the mask gets no gradient
+    need_h, need_e, need_bias, _, _ = ctx.needs_input_grad
+    # the mask and the activation's name get no gradient
+    return (*_head_grads(ctx, grad_y, need_h, need_e, need_bias), None, None)
 
 
 torch.library.register_autograd(
@@ -230,19 +280,29 @@ torch.library.register_autograd(
 
 
 class _ReplayedHead(torch.autograd.Function):
-    """Y = log1p(max) from the forward op's own (max, argmax) of an earlier call, with the forward op's
+    """Y = activation(max) from the forward op's own (max, argmax) of an earlier call, with the forward op's
     backward."""
 
     @staticmethod
-    def forward(ctx, hidden_states: Tensor, weight: Tensor, bias: Tensor | None, mx: Tensor, arg: Tensor):
+    def forward(
+        ctx,
+        hidden_states: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        mx: Tensor,
+        arg: Tensor,
+        activation_function: str,
+    ):
         ctx.save_for_backward(hidden_states, weight, mx, arg)
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return torch.log1p(mx).to(hidden_states.dtype)  # [B, V], as the forward op computes it
+        ctx.activation_function = activation_function
+        # [B, V], as the forward op computes it
+        return activation_from_max(mx, activation_function).to(hidden_states.dtype)
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):
         need_h, need_e, need_bias = ctx.needs_input_grad[:3]
-        return (*_head_grads(ctx, grad_y, need_h, need_e, need_bias), None, None)
+        return (*_head_grads(ctx, grad_y, need_h, need_e, need_bias), None, None, None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -251,7 +311,12 @@ class _ReplayedHead(torch.autograd.Function):
 
 
 def sparton_head(
-    hidden_states: Tensor, weight: Tensor, bias: Tensor | None, attention_mask: Tensor
+    hidden_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    attention_mask: Tensor,
+    *,
+    activation_function: str = DEFAULT_HEAD_ACTIVATION,
 ) -> Tensor:
     """Y[b, v] = max_s log1p(relu(H[b,s]·E[v] + bias[v])) · M[b,s], without the [B, S, V] logits.
 
@@ -260,26 +325,29 @@ def sparton_head(
         weight: [V, D] vocabulary embeddings, same dtype as ``hidden_states``.
         bias: [V] floating, or None.
         attention_mask: [B, S] bool or integer mask of 0/1.
+        activation_function: the activation before the log1p, as sentence-transformers' ``SpladePooling``
+            names it: ``"relu"`` (SPLADE) or ``"log1p_relu"`` (Y = log1p(log1p(relu(.))), OpenSearch v3).
 
     Returns:
         [B, V] in the dtype of ``hidden_states`` (the autocast dtype under autocast). Triton on CUDA,
         the chunked PyTorch reference elsewhere; both differentiable w.r.t. H, E and bias.
 
     Raises:
-        TypeError / ValueError on wrong types, ranks, shapes, dtypes, devices, an empty batch or a
-        mask that is not 0/1, before anything is launched.
+        TypeError / ValueError on wrong types, ranks, shapes, dtypes, devices, an empty batch, a
+        mask that is not 0/1 or an unknown ``activation_function``, before anything is launched.
     """
     if isinstance(hidden_states, Tensor) and isinstance(weight, Tensor):
         device_type = hidden_states.device.type
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
             hidden_states, weight = hidden_states.to(dtype), weight.to(dtype)
+    check_head_activation(activation_function)
     _check_inputs(hidden_states, weight, bias, attention_mask)
     memo = replaying_memo()
     if memo is not None:  # GradCache Step (3) with reuse_argmax: Step (1)'s (max, argmax), no forward kernel
         mx, arg = memo.take(hidden_states, weight, bias)  # [B, V] each
-        return _ReplayedHead.apply(hidden_states, weight, bias, mx, arg)
-    y, mx, arg = _forward_op(hidden_states, weight, bias, attention_mask)
+        return _ReplayedHead.apply(hidden_states, weight, bias, mx, arg, activation_function)
+    y, mx, arg = _forward_op(hidden_states, weight, bias, attention_mask, activation_function)
     memo = recording_memo()
     if memo is not None:  # GradCache Step (1) with reuse_argmax
         memo.record(hidden_states, weight, bias, mx, arg)
