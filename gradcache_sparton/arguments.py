@@ -27,6 +27,7 @@ from transformers import TrainingArguments
 
 from gradcache_sparton.data.columns import QUERY_COLUMN
 from gradcache_sparton.engine import GradCacheConfig
+from gradcache_sparton.kernels import HEAD_ACTIVATIONS, check_head_activation
 from gradcache_sparton.losses import SpladeLossConfig
 from gradcache_sparton.primitives.option_field import option
 from gradcache_sparton.primitives.option_types import check_value_types
@@ -186,6 +187,14 @@ class ModelArguments:
         "Decoder-only backbones: read each text twice and pool only the second copy (echo "
         "embeddings; 2x the tokens). Default: the checkpoint's value (off for a new model).",
     )
+    activation_function: str | None = option(
+        None,
+        f"The SPLADE head's activation before the log1p, as sentence-transformers' SpladePooling names it: one "
+        f"of {list(HEAD_ACTIVATIONS)}. 'relu': log1p(relu(logits)) (SPLADE). 'log1p_relu': "
+        "log1p(log1p(relu(logits))) (OpenSearch v3's 'l0' activation: flatter weights, so a term's weight grows "
+        "more slowly with its logit). Default: the checkpoint's value (relu for a new model or a checkpoint that "
+        "names none). Saved with the model and exported to sentence-transformers.",
+    )
     query_encoder: str | None = option(
         None,
         "How queries are encoded: 'splade' (the same SPLADE encoder as documents, siamese), 'idf' "
@@ -239,6 +248,8 @@ class ModelArguments:
                 )
         if self.prefix_length is not None and self.prefix_length < 0:
             raise ValueError(f"prefix_length must be >= 0, got {self.prefix_length}")
+        if self.activation_function is not None:
+            check_head_activation(self.activation_function)
         if self.query_encoder is not None and self.query_encoder not in QUERY_ENCODERS:
             raise ValueError(
                 f"query_encoder must be one of {list(QUERY_ENCODERS)}, got {self.query_encoder!r}"
@@ -284,8 +295,9 @@ class ModelArguments:
         return names
 
     def encoder_options(self) -> dict[str, Any]:
-        """The pooling options given explicitly (``prefix_length``, ``bidirectional``, ``echo``)."""
-        names = ("prefix_length", "bidirectional", "echo")
+        """The pooling options given explicitly (``prefix_length``, ``bidirectional``, ``echo``,
+        ``activation_function``)."""
+        names = ("prefix_length", "bidirectional", "echo", "activation_function")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def backbone_shape(self) -> dict[str, int]:

@@ -84,21 +84,33 @@ def _inputs(
 
 
 def _launch_forward(
-    h: Tensor, e: Tensor, b: Tensor | None, m: Tensor, forward: str = "one-row"
+    h: Tensor,
+    e: Tensor,
+    b: Tensor | None,
+    m: Tensor,
+    forward: str = "one-row",
+    activation_function: str = "relu",
 ) -> tuple[Tensor, Tensor, Tensor]:
     from gradcache_sparton.kernels.sparton_blocks import _FWD_INTERPRET, _FWD_PACKED_INTERPRET
     from gradcache_sparton.kernels.sparton_forward import sparton_forward
 
     # on a GPU the interpreter's small tiles are valid too (N = 128, 16-wide K): same kernels, same code
+    act = {"activation_function": activation_function}
     if forward == "packed":
-        return sparton_forward(h, e, b, m, blocks=_FWD_PACKED_INTERPRET)
+        return sparton_forward(h, e, b, m, blocks=_FWD_PACKED_INTERPRET, **act)
     if forward == "pointers":
-        return sparton_forward(h, e, b, m, blocks=replace(_FWD_INTERPRET, tma=False), two_pass=False)
-    return sparton_forward(h, e, b, m, blocks=_FWD_INTERPRET, two_pass=forward == "two-pass")
+        return sparton_forward(h, e, b, m, blocks=replace(_FWD_INTERPRET, tma=False), two_pass=False, **act)
+    return sparton_forward(h, e, b, m, blocks=_FWD_INTERPRET, two_pass=forward == "two-pass", **act)
 
 
 def _launch_backward(
-    g: Tensor, h: Tensor, e: Tensor, mx: Tensor, arg: Tensor, path: str = "by-density"
+    g: Tensor,
+    h: Tensor,
+    e: Tensor,
+    mx: Tensor,
+    arg: Tensor,
+    path: str = "by-density",
+    activation_function: str = "relu",
 ) -> tuple[Tensor, Tensor, Tensor]:
     from gradcache_sparton.kernels.sparton_backward import sparton_backward
     from gradcache_sparton.kernels.sparton_blocks import _BWD_INTERPRET
@@ -117,7 +129,7 @@ def _launch_backward(
         "dense-long": (0.0, 0),
     }[path]
     blocks = replace(_BWD_INTERPRET, by_column_below=below, short_s=short_s)
-    return sparton_backward(g, h, e, mx, arg, blocks=blocks)
+    return sparton_backward(g, h, e, mx, arg, blocks=blocks, activation_function=activation_function)
 
 
 # The backward's paths: the sparse regime's and the dense regime's, each for short and longer sequences.

@@ -5,7 +5,7 @@ Legend: B batch, S sequence, D hidden, V vocabulary.
 :func:`export_onnx` writes a :class:`~gradcache_sparton.modeling.SpladeEncoder` as one ONNX graph with
 inputs ``input_ids`` and ``attention_mask`` ([B, S] int64, both dynamic) and output ``reps`` ([B, V]
 float32). The head is its reference computation: the [B, S, V] logits, then max over the sequence of
-log1p(relu(logits)) at the pooled positions (attended, not a masked special token, past the prefix), which
+log1p(relu(logits)) (log1p(log1p(relu(logits))) for the ``"log1p_relu"`` activation) at the pooled positions (attended, not a masked special token, past the prefix), which
 is what the fused Sparton head computes without forming the logits. The backbone is the masked-LM's own
 graph (torch's ONNX exporter, ``dynamo=True``).
 
@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from gradcache_sparton.evaluation.optional_imports import importable
+from gradcache_sparton.kernels.reference import splade_activation
 
 __all__ = ["OnnxCheck", "OnnxDocumentEncoder", "check_onnx_reps", "export_onnx", "onnx_available"]
 
@@ -84,8 +85,9 @@ class OnnxDocumentEncoder(nn.Module):
         hidden = self.encoder.token_hidden_states(input_ids, attention_mask)  # [B, S, D]
         head = self.encoder.head
         logits = F.linear(hidden, head.weight, head.bias)  # [B, S, D] @ [D, V] -> [B, S, V]
-        # log1p(relu(.)) >= 0, so zeroing an unpooled position removes it from the max, as the head does.
-        return (torch.log1p(torch.relu(logits)) * pooled[:, :, None].to(logits.dtype)).amax(dim=1)  # [B, V]
+        # The activation is >= 0, so zeroing an unpooled position removes it from the max, as the head does.
+        weights = splade_activation(logits, head.activation_function)  # [B, S, V]
+        return (weights * pooled[:, :, None].to(logits.dtype)).amax(dim=1)  # [B, V]
 
 
 def export_onnx(encoder: nn.Module, path: str | Path, *, opset_version: int = 18) -> Path:

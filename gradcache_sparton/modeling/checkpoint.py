@@ -2,8 +2,9 @@
 checked before any weights load, and weights loaded only when every tensor of the model is there.
 
 ``SpladeEncoder.save_pretrained`` writes what the backbone writes (one tied [V, D] matrix, safetensors)
-and ``splade_config.json`` (pooling, masked ids, the decoder-only options, how it was trained), which
-``AutoModelForMaskedLM`` ignores.
+and ``splade_config.json`` (pooling, masked ids, the decoder-only options, the head's activation when it
+is not the default ``"relu"``, how it was trained), which ``AutoModelForMaskedLM`` ignores. A file without
+``activation_function`` (every folder written before it existed) reads as ``"relu"``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
+
+from gradcache_sparton.kernels import DEFAULT_HEAD_ACTIVATION, HEAD_ACTIVATIONS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -35,8 +38,9 @@ logger = logging.getLogger(__name__)
 #: File written next to the backbone's checkpoint holding the SPLADE options (pooling, masked ids).
 SPLADE_CONFIG_NAME = "splade_config.json"
 
-# Options beyond pooling and masked ids, saved in splade_config.json only when set.
+# Options beyond pooling and masked ids, saved in splade_config.json only when set (off their defaults).
 _DECODER_OPTIONS = ("prefix_length", "bidirectional", "echo")
+_HEAD_OPTIONS = ("activation_function",)
 # Tokens kept per text in training: readers such as ``evaluate`` use them as their defaults, so a checkpoint
 # is scored as it was trained.
 _MAX_LENGTHS = ("query_max_length", "document_max_length")
@@ -68,19 +72,28 @@ def read_splade_config(path: str, **location: Any) -> dict[str, Any]:
     """The options of a checkpoint's ``splade_config.json`` (``{}`` if it has none), checked.
 
     ``path`` is a local folder or a hub id; ``location`` are ``from_pretrained``'s hub arguments
-    (``revision``, ``cache_dir``, ``token``, ``subfolder``, ``local_files_only``).
+    (``revision``, ``cache_dir``, ``token``, ``subfolder``, ``local_files_only``). A local
+    sentence-transformers ``SparseEncoder`` folder without that file (saved by sentence-transformers itself)
+    gives the activation its ``SpladePooling`` names, so an OpenSearch v3 model (``"log1p_relu"``) loads with
+    its own activation, not the default one.
     """
-    file = os.path.join(path, location.get("subfolder") or "", SPLADE_CONFIG_NAME)
+    folder = os.path.join(path, location.get("subfolder") or "")
+    file = os.path.join(folder, SPLADE_CONFIG_NAME)
     if not os.path.isdir(path):
         file = _hub_file(path, **location)
     if file is None or not os.path.isfile(file):
-        return {}
+        return _sentence_transformers_activation(folder) if os.path.isdir(path) else {}
     options = read_json_file(file)
-    allowed = {"pooling", "special_token_ids", *_DECODER_OPTIONS, *TRAINING_OPTIONS}
-    if not isinstance(options, dict) or set(options) - allowed:
+    optional = (*_DECODER_OPTIONS, *_HEAD_OPTIONS, *TRAINING_OPTIONS)
+    if not isinstance(options, dict) or set(options) - {"pooling", "special_token_ids", *optional}:
         raise ValueError(
             f"{file} must hold a JSON object with pooling and special_token_ids (and optionally "
-            f"{', '.join([*_DECODER_OPTIONS, *TRAINING_OPTIONS])}), got {options!r}"
+            f"{', '.join(optional)}), got {options!r}"
+        )
+    activation = options.get("activation_function", DEFAULT_HEAD_ACTIVATION)
+    if activation not in HEAD_ACTIVATIONS:
+        raise ValueError(
+            f"{file}: activation_function must be one of {list(HEAD_ACTIVATIONS)}, got {activation!r}"
         )
     for name in _MAX_LENGTHS:
         value = options.get(name)
@@ -89,6 +102,36 @@ def read_splade_config(path: str, **location: Any) -> dict[str, Any]:
     if "lora" in options:
         _check_lora_record(options["lora"], file)
     return options
+
+
+def _sentence_transformers_activation(folder: str) -> dict[str, Any]:
+    """``{"activation_function": name}`` where ``folder`` is a sentence-transformers folder whose
+    ``SpladePooling`` (in ``modules.json``, or in the document route of a ``Router``'s ``router_config.json``)
+    names an activation other than the default; else ``{}``. ``ValueError`` naming the file for one the
+    head does not compute."""
+    modules = os.path.join(folder, "modules.json")
+    if not os.path.isfile(modules):
+        return {}
+    entries = read_json_file(modules)
+    paths = {entry.get("path"): entry.get("type", "") for entry in entries if isinstance(entry, dict)}
+    router = os.path.join(folder, "router_config.json")
+    if any(str(kind).endswith("Router") for kind in paths.values()) and os.path.isfile(router):
+        types = read_json_file(router)
+        paths = types.get("types", {}) if isinstance(types, dict) else {}
+    pooling = [
+        path for path, kind in paths.items() if isinstance(kind, str) and kind.endswith("SpladePooling")
+    ]
+    config = os.path.join(folder, pooling[0], "config.json") if len(pooling) == 1 else ""
+    if not os.path.isfile(config):
+        return {}
+    options = read_json_file(config)
+    activation = options.get("activation_function") if isinstance(options, dict) else None
+    activation = activation or DEFAULT_HEAD_ACTIVATION
+    if activation not in HEAD_ACTIVATIONS:
+        raise ValueError(
+            f"{config}: activation_function must be one of {list(HEAD_ACTIVATIONS)}, got {activation!r}"
+        )
+    return {} if activation == DEFAULT_HEAD_ACTIVATION else {"activation_function": activation}
 
 
 def _is_positive_int(value: Any) -> bool:

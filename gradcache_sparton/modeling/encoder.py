@@ -11,7 +11,10 @@ activation → LayerNorm, stored in a different place by each family), E [V, D] 
 and bias of the model's decoder (``get_output_embeddings()``, E tied to the input embeddings) and M the
 attention mask, optionally with special-token positions removed. This is exactly what
 ``log1p(relu(AutoModelForMaskedLM(...).logits))`` max-pooled over S gives, but the [B, S, V] logits are
-never formed: the head shares the decoder's parameters and reduces over S tile by tile.
+never formed: the head shares the decoder's parameters and reduces over S tile by tile. With
+``activation_function="log1p_relu"`` (OpenSearch v3's "l0" activation, sentence-transformers'
+``SpladePooling(activation_function="log1p_relu")``) every weight gets one more log1p:
+Y = log1p(log1p(relu(.))).
 
 The wrapped model stays a standard masked-LM: ``save_pretrained`` writes what the backbone writes plus
 a small ``splade_config.json`` sidecar for the SPLADE options (:mod:`.checkpoint`). Each family's LM
@@ -29,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedTokenizerBase
 
-from gradcache_sparton.kernels import SpartonHead
+from gradcache_sparton.kernels import DEFAULT_HEAD_ACTIVATION, SpartonHead
 from gradcache_sparton.modeling.backbones import (
     auto_class_for,
     check_known_backbone,
@@ -61,6 +64,14 @@ __all__ = ["SpladeEncoder"]
 
 # SPLADE v2 and later max-pool over the sequence; that is the only pooling the fused head computes.
 _POOLINGS = ("max",)
+# The options beyond pooling and masked ids with their defaults: splade_config.json and the repr name
+# only those that differ, so a checkpoint with the defaults keeps the two-key file older versions read.
+_OPTION_DEFAULTS = {
+    "prefix_length": 0,
+    "bidirectional": False,
+    "echo": False,
+    "activation_function": DEFAULT_HEAD_ACTIVATION,
+}
 
 # Encoders whose base model builds its attention mask with transformers' ``create_bidirectional_mask``.
 # Under sdpa that function reads the [B, S] mask on the host to drop it where nothing is padded
@@ -110,6 +121,9 @@ class SpladeEncoder(nn.Module):
             the ``sdpa`` and ``eager`` attention implementations). Off: the family's own attention.
         echo: decoder-only backbones only: the backbone reads each text twice and only the second
             copy is pooled, so every pooled token has seen the whole text (echo embeddings).
+        activation_function: the activation before the log1p, as sentence-transformers'
+            ``SpladePooling`` names it: ``"relu"`` (SPLADE v2 and later) or ``"log1p_relu"``
+            (log1p(log1p(relu(logits))), OpenSearch v3's "l0" activation).
     """
 
     def __init__(
@@ -121,6 +135,7 @@ class SpladeEncoder(nn.Module):
         prefix_length: int = 0,
         bidirectional: bool = False,
         echo: bool = False,
+        activation_function: str = DEFAULT_HEAD_ACTIVATION,
     ) -> None:
         super().__init__()
         from transformers import PreTrainedModel
@@ -163,7 +178,7 @@ class SpladeEncoder(nn.Module):
         self.prefix_length = prefix_length
         self.bidirectional = bidirectional
         self.echo = echo
-        self.head = SpartonHead.from_decoder(decoder)
+        self.head = SpartonHead.from_decoder(decoder, activation_function=activation_function)
         self.pooling = pooling
         # Max lengths it was trained with (None: unknown): the trainer sets them, splade_config.json keeps them.
         self.query_max_length: int | None = None
@@ -190,6 +205,7 @@ class SpladeEncoder(nn.Module):
         prefix_length: int = 0,
         bidirectional: bool = False,
         echo: bool = False,
+        activation_function: str = DEFAULT_HEAD_ACTIVATION,
         **model_kwargs: Any,
     ) -> SpladeEncoder:
         """A randomly initialised encoder (``AutoModelForMaskedLM.from_config(config, **model_kwargs)``,
@@ -202,6 +218,7 @@ class SpladeEncoder(nn.Module):
             prefix_length=prefix_length,
             bidirectional=bidirectional,
             echo=echo,
+            activation_function=activation_function,
         )
 
     @classmethod
@@ -214,6 +231,7 @@ class SpladeEncoder(nn.Module):
         prefix_length: int | None = None,
         bidirectional: bool | None = None,
         echo: bool | None = None,
+        activation_function: str | None = None,
         **model_kwargs: Any,
     ) -> SpladeEncoder:
         """Load a masked-LM (or supported decoder-only LM) checkpoint, ours or any standard one, and wrap it.
@@ -221,8 +239,9 @@ class SpladeEncoder(nn.Module):
         ``pretrained_model_name_or_path`` is a local folder or a hub id (downloaded where the network
         allows, as ``from_pretrained`` does: ``HF_HUB_OFFLINE=1`` or ``local_files_only=True`` forbid
         it). ``model_kwargs`` go to ``AutoModelForMaskedLM.from_pretrained``. ``pooling`` and
-        ``special_token_ids`` default to the checkpoint's ``splade_config.json`` if it has one, else to
-        ``"max"`` and :func:`default_special_token_ids`; how it was trained (``query_max_length``, ``document_max_length``,
+        ``special_token_ids`` (and the other options, ``activation_function`` among them) default to the
+        checkpoint's ``splade_config.json`` if it has one, else to ``"max"``, :func:`default_special_token_ids`
+        and the other options' defaults (``activation_function="relu"``); how it was trained (``query_max_length``, ``document_max_length``,
         ``lora``) comes from there too. The config is read and the family checked before
         any weights load.
         """
@@ -238,6 +257,7 @@ class SpladeEncoder(nn.Module):
             ("prefix_length", prefix_length),
             ("bidirectional", bidirectional),
             ("echo", echo),
+            ("activation_function", activation_function),
         ):
             if value is not None:
                 options[name] = value
@@ -263,6 +283,11 @@ class SpladeEncoder(nn.Module):
     def vocab_size(self) -> int:
         """V, the decoder's output size: the width of the reps."""
         return self.head.vocab_size
+
+    @property
+    def activation_function(self) -> str:
+        """The head's activation before the log1p: ``"relu"`` or ``"log1p_relu"`` (the class doc)."""
+        return self.head.activation_function
 
     @property
     def special_token_ids(self) -> tuple[int, ...]:
@@ -433,8 +458,7 @@ class SpladeEncoder(nn.Module):
         if not is_main_process:
             return
         options = {"pooling": self.pooling, "special_token_ids": list(self.special_token_ids)}
-        # The decoder-only options only when set, so other checkpoints keep the two-key file.
-        options.update({name: value for name, value in self._pooling_options().items() if value})
+        options.update(self._changed_options())  # only those off their defaults: _OPTION_DEFAULTS
         options.update(
             {name: getattr(self, name) for name in TRAINING_OPTIONS if getattr(self, name) is not None}
         )
@@ -445,8 +469,13 @@ class SpladeEncoder(nn.Module):
             tokenizer.save_pretrained(save_directory)
 
     def _pooling_options(self) -> dict[str, Any]:
-        return {"prefix_length": self.prefix_length, "bidirectional": self.bidirectional, "echo": self.echo}
+        return {name: getattr(self, name) for name in _OPTION_DEFAULTS}
+
+    def _changed_options(self) -> dict[str, Any]:
+        return {
+            name: value for name, value in self._pooling_options().items() if value != _OPTION_DEFAULTS[name]
+        }
 
     def extra_repr(self) -> str:
-        options = "".join(f", {name}={value!r}" for name, value in self._pooling_options().items() if value)
+        options = "".join(f", {name}={value!r}" for name, value in self._changed_options().items())
         return f"pooling={self.pooling!r}, special_token_ids={list(self.special_token_ids)}{options}"

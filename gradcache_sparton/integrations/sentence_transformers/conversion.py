@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from gradcache_sparton.data.columns import QUERY_COLUMN
+from gradcache_sparton.kernels import HEAD_ACTIVATIONS
 from gradcache_sparton.modeling import SpladeEncoder
 
 if TYPE_CHECKING:
@@ -102,8 +103,8 @@ def _splade_modules(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module |
 
 
 def _check_splade_modules(model: SparseEncoder) -> None:
-    """Raise unless ``model`` is [fill-mask Transformer, SpladePooling(max, relu)] over a supported backbone,
-    or a ``Router`` with a ``SparseStaticEmbedding`` query route and such a pair as its document route."""
+    """Raise unless ``model`` is [fill-mask Transformer, SpladePooling(max, relu or log1p_relu)] over a supported
+    backbone, or a ``Router`` with a ``SparseStaticEmbedding`` query route and such a pair as its document route."""
     import_sentence_transformers()
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Router, Transformer
@@ -158,9 +159,10 @@ def _check_splade_modules(model: SparseEncoder) -> None:
             f"forward returns the masked-LM logits, got transformer_task={transformer.transformer_task!r}, "
             f"backend={transformer.backend!r}, modality_config={transformer.modality_config!r}"
         )
-    if pooling.pooling_strategy != "max" or pooling.activation_function != "relu":
+    if pooling.pooling_strategy != "max" or pooling.activation_function not in HEAD_ACTIVATIONS:
         raise ValueError(
-            "the fused head computes max pooling of log1p(relu(logits)) (SPLADE v2 and later), got SpladePooling("
+            "the fused head computes max pooling of log1p(relu(logits)) (SPLADE v2 and later) or of "
+            "log1p(log1p(relu(logits))) (activation_function='log1p_relu'), got SpladePooling("
             f"pooling_strategy={pooling.pooling_strategy!r}, activation_function={pooling.activation_function!r})"
         )
     if model.module_kwargs and any(model.module_kwargs.values()):
@@ -205,15 +207,17 @@ def use_sparton_head(model: SparseEncoder) -> SparseEncoder:
     Args:
         model: a ``SparseEncoder`` made of a fill-mask ``Transformer`` (or ``MLMTransformer``) over a
             backbone listed by :func:`~gradcache_sparton.modeling.supported_masked_lm_classes`, then
-            ``SpladePooling(pooling_strategy="max", activation_function="relu")``; or of one ``Router`` with
-            a ``"query"`` route of one ``SparseStaticEmbedding`` and a ``"document"`` route of those two.
+            ``SpladePooling(pooling_strategy="max")`` with ``activation_function="relu"`` or ``"log1p_relu"``
+            (OpenSearch v3's log1p(log1p(relu(.))), which the fused head computes as such); or of one
+            ``Router`` with a ``"query"`` route of one ``SparseStaticEmbedding`` and a ``"document"`` route of
+            those two.
 
     Returns:
         ``model`` itself.
 
     Raises:
         TypeError: not a ``SparseEncoder``, or an unsupported backbone class.
-        ValueError: other modules or routes, sum pooling or the ``log1p_relu`` activation, module kwargs.
+        ValueError: other modules or routes, sum pooling, module kwargs.
     """
     if uses_sparton_head(model):
         return model
@@ -279,7 +283,9 @@ def _sparton_forward(self: SparseEncoder, input: dict[str, Any], **kwargs: Any) 
     # Built per call: it holds no state, only the backbone's own modules and parameters, so it can
     # never go stale (device moves, dtype casts, re-tied decoders).
     encoder = SpladeEncoder(
-        transformer.auto_model, special_token_ids=getattr(pooling, "special_token_ids", ())
+        transformer.auto_model,
+        special_token_ids=getattr(pooling, "special_token_ids", ()),
+        activation_function=pooling.activation_function,
     )
     with _replica_autocast(self):
         reps = encoder(**{key: input[key] for key in _MODEL_INPUTS if key in input})  # [B, V]
@@ -331,6 +337,7 @@ def inference_free_encoder_from(model: SparseEncoder) -> InferenceFreeEncoder:
         transformer.auto_model,
         query_table=table,
         special_token_ids=tuple(getattr(pooling, "special_token_ids", ())),
+        activation_function=pooling.activation_function,
     )
     query_length = getattr(tokenizer, "model_max_length", None)
     if isinstance(query_length, int) and query_length < 1_000_000:  # tokenizers without a limit say ~1e30

@@ -66,7 +66,8 @@ def write_sentence_transformers_files(
     weights, config and tokenizer, which both libraries read as they are): ``modules.json``,
     ``sentence_bert_config.json`` (the fill-mask task and ``max_seq_length``),
     ``config_sentence_transformers.json`` (dot-product similarity), ``1_SpladePooling/config.json``
-    (max pooling of log1p(relu(logits))) and ``README.md`` (``card``, default :func:`model_card`).
+    (max pooling of log1p(relu(logits)), with the encoder's ``activation_function``: ``"log1p_relu"``
+    for log1p(log1p(relu(logits)))) and ``README.md`` (``card``, default :func:`model_card`).
     Needs no sentence-transformers install. ``SparseEncoder(directory)`` then gives the encoder's reps.
 
     With ``special_token_ids``, whose positions sentence-transformers' own ``SpladePooling`` cannot
@@ -144,7 +145,7 @@ def write_sentence_transformers_files(
         ]
     pooling = {
         "pooling_strategy": encoder.pooling,
-        "activation_function": "relu",
+        "activation_function": encoder.activation_function,
         "embedding_dimension": encoder.vocab_size,
     }
     if special:

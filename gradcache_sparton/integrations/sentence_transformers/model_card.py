@@ -53,7 +53,7 @@ def model_card(
         "## Model",
         "",
         f"- Base model: {_shown_base_model(base) if base else 'randomly initialised from a config'}",
-        f"- Architecture: {type(encoder.model).__name__}, max pooling of log1p(relu(logits))",
+        f"- Architecture: {type(encoder.model).__name__}, max pooling of {_pooled_weight(encoder.activation_function)}",
         f"- Maximum sequence length: {max_seq_length} tokens",
         f"- Special-token positions dropped from the pooling: {special if special else 'none'}",
         "",
@@ -94,6 +94,13 @@ def model_card(
         lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
         lines += [f"| {name} | {value:.4f} |" for name, value in metrics.items()]
     return "\n".join(lines) + "\n"
+
+
+def _pooled_weight(activation_function: str) -> str:
+    """What the head max-pools, written out for the card."""
+    if activation_function == "log1p_relu":
+        return "log1p(log1p(relu(logits))) (the log1p_relu activation)"
+    return "log1p(relu(logits))"
 
 
 def _shown_base_model(base: str) -> str:
