@@ -15,6 +15,12 @@ Run on the GPU machine from the repository root:
 
     export PYTHONPATH=$PWD:$PYTHONPATH
     python benchmarks/check_head_gpu.py --out $OUT/check_head.json
+
+``--activation_function log1p_relu`` runs every check with the "l0" activation (Y = log1p(log1p(relu(x))),
+kernels, reference and public op alike); ``--dtype bfloat16`` keeps only the cases of one dtype:
+
+    python benchmarks/check_head_gpu.py --activation_function log1p_relu --dtype bfloat16 \
+        --out $OUT/check_head_l0_bf16.json
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import sys
 import torch
 
 from benchmarks.common import run_stamp
-from gradcache_sparton.kernels import sparton_head, sparton_head_reference
+from gradcache_sparton.kernels import HEAD_ACTIVATIONS, sparton_head, sparton_head_reference
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference
 from gradcache_sparton.kernels.sparton_backward import sparton_backward
 from gradcache_sparton.kernels.sparton_forward import sparton_forward
@@ -55,7 +61,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
-def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, bias_mean: float, seed: int) -> dict:
+def check(
+    B: int, S: int, D: int, V: int, dtype: torch.dtype, bias_mean: float, seed: int, activation: str = "relu"
+) -> dict:
     torch.manual_seed(seed)
     dev = torch.device("cuda")
     h = torch.randn(B, S, D, device=dev).to(dtype)
@@ -64,9 +72,11 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, bias_mean: float, 
     lengths = torch.randint(S // 4, S + 1, (B,), device=dev)
     mask = (torch.arange(S, device=dev)[None, :] < lengths[:, None]).long()  # ragged right padding
     row = {"B": B, "S": S, "D": D, "V": V, "dtype": str(dtype).removeprefix("torch."), "bias_mean": bias_mean}
+    row["activation_function"] = activation
+    act = {"activation_function": activation}
 
-    y, mx, arg = sparton_forward(h, e, bias, mask)
-    y_ref, mx_ref, arg_ref = sparton_head_reference(h, e, bias, mask, return_argmax=True)
+    y, mx, arg = sparton_forward(h, e, bias, mask, **act)
+    y_ref, mx_ref, arg_ref = sparton_head_reference(h, e, bias, mask, return_argmax=True, **act)
     row["max_abs_err_max"] = (mx - mx_ref).abs().max().item()
     row["y_max_rel_err"] = (
         ((y.float() - y_ref.float()).abs() / y_ref.float().abs().clamp_min(1e-6)).max().item()
@@ -74,15 +84,16 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, bias_mean: float, 
     live = mx_ref > 0
     row["argmax_agree_frac"] = (arg.long() == arg_ref)[live].float().mean().item()
     row["nonzero_frac"] = live.float().mean().item()
-    # |max - max_ref| <= ~1e-5 (fp32 sums of D terms in another order) moves Y = log1p(max) by as much;
-    # above that, the two round the same fp32 value to the output dtype: one ulp.
+    # |max - max_ref| <= ~1e-5 (fp32 sums of D terms in another order) moves Y = log1p(max) by as much
+    # (log1p(log1p(max)) by less: its slope is <= 1); above that, the two round the same fp32 value to
+    # the output dtype: one ulp.
     row["forward_ok"] = torch.allclose(mx, mx_ref, rtol=1e-5, atol=1e-4) and torch.allclose(
         y.float(), y_ref.float(), rtol=ULP[dtype], atol=1e-4
     )
 
     g = torch.randn(B, V, device=dev).to(dtype)
-    grads = sparton_backward(g, h, e, mx, arg)
-    same_state = sparton_head_backward_reference(g, h, e, mx, arg)
+    grads = sparton_backward(g, h, e, mx, arg, **act)
+    same_state = sparton_head_backward_reference(g, h, e, mx, arg, **act)
     errs, close = [], []
     for got, want in zip(grads, same_state, strict=True):
         scale = want.abs().max().item()
@@ -91,7 +102,7 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, bias_mean: float, 
     row["grad_rel_err_same_argmax"] = errs
     row["grads_same_argmax_ok"] = all(close)
     inputs = [t.detach().clone().requires_grad_() for t in (h, e, bias)]
-    want = torch.autograd.grad(sparton_head_reference(*inputs, mask), inputs, g)
+    want = torch.autograd.grad(sparton_head_reference(*inputs, mask, **act), inputs, g)
     row["grad_rel_err_vs_autograd"] = [_rel(a, b) for a, b in zip(grads, want, strict=True)]
     # fp32 sums in another order only (1e-4) where every argmax agrees; a near-tied column whose argmax
     # differs moves a whole coef·E row of grad_H and a coef·H row of grad_E: ~1e-3 of the norm for a few
@@ -100,7 +111,7 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, bias_mean: float, 
     row["grads_vs_autograd_ok"] = max(row["grad_rel_err_vs_autograd"]) < (1e-4 if exact else 1e-2)
     del inputs, want, same_state, y_ref, mx_ref, arg_ref
 
-    again = sparton_forward(h, e, bias, mask)
+    again = sparton_forward(h, e, bias, mask, **act)
     row["replay_bitwise"] = all(torch.equal(a, b) for a, b in zip((y, mx, arg), again, strict=True))
     del again, grads, y, mx, arg
 
@@ -109,7 +120,7 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, bias_mean: float, 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    sparton_head(hp, ep, bp, mask).backward(g)
+    sparton_head(hp, ep, bp, mask, **act).backward(g)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     grads_bytes = sum(t.numel() * t.element_size() for t in (hp, ep, bp))  # the gradients' own size
@@ -126,7 +137,7 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, bias_mean: float, 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    sparton_head(hp, ep, bp, mask).backward(g)
+    sparton_head(hp, ep, bp, mask, **act).backward(g)
     torch.cuda.synchronize()
     peak_frozen = torch.cuda.max_memory_allocated() - base
     row["peak_mib_frozen_weight"] = peak_frozen / 2**20
@@ -145,10 +156,20 @@ def check(B: int, S: int, D: int, V: int, dtype: torch.dtype, bias_mean: float, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument(
+        "--activation_function", default="relu", choices=list(HEAD_ACTIVATIONS), help="the head's activation"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=sorted({str(case[4]).removeprefix("torch.") for case in CASES}),
+        help="one dtype's cases",
+    )
     args = parser.parse_args()
     rows = []
     for i, (B, S, D, V, dtype, bias_mean) in enumerate(CASES):
-        rows.append(check(B, S, D, V, dtype, bias_mean, seed=i))
+        if args.dtype is not None and str(dtype) != f"torch.{args.dtype}":
+            continue
+        rows.append(check(B, S, D, V, dtype, bias_mean, seed=i, activation=args.activation_function))
         print(json.dumps(rows[-1]), flush=True)
     meta = run_stamp()
     if args.out:

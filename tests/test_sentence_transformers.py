@@ -212,7 +212,8 @@ def test_loss_mapping_refuses_what_has_no_counterpart(backbone_dir) -> None:
 
 
 def test_conversion_refuses_other_pipelines(backbone_dir) -> None:
-    """Sum pooling, log1p_relu, extra modules and non-SparseEncoders get one clear error; nothing changes."""
+    """Sum pooling, extra modules and non-SparseEncoders get one clear error; nothing changes (the log1p_relu
+    activation converts: test_head_activation_models.py)."""
     model = sparse_encoder(backbone_dir)
     with pytest.raises(TypeError, match="SparseEncoder"):
         use_sparton_head(model[0])
