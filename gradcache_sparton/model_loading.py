@@ -174,7 +174,7 @@ def build_encoder(
     """Load the checkpoint (local folder, shipped name or hub id), or build the named BERT shape with random
     weights over the tokenizer's vocab. A checkpoint keeps the options it was saved with (splade_config.json)
     unless ``mask_special_tokens`` is given (True: mask the tokenizer's special ids, False: none) or
-    ``prefix_length`` / ``bidirectional`` / ``echo`` are.
+    ``prefix_length`` / ``bidirectional`` / ``echo`` / ``activation_function`` are.
 
     The query side (``query_encoder``): a folder with a ``query_table.safetensors`` loads as an
     :class:`~gradcache_sparton.modeling.InferenceFreeEncoder` unless ``query_encoder="splade"`` (then its

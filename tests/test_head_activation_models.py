@@ -125,6 +125,19 @@ def test_inference_free_model_keeps_the_activation(backbone_dir, tmp_path) -> No
         )
 
 
+def test_onnx_form_of_an_l0_encoder_gives_its_reps(backbone_dir) -> None:
+    """The ONNX export's module (materialised logits) applies the encoder's log1p_relu activation: its reps
+    equal the fused head's, not the relu head's."""
+    from gradcache_sparton.evaluation.onnx_export import OnnxDocumentEncoder
+
+    encoder = SpladeEncoder.from_pretrained(backbone_dir, activation_function=L0).eval()
+    batch = _batch(backbone_dir)
+    with torch.no_grad():
+        got = OnnxDocumentEncoder(encoder)(batch["input_ids"], batch["attention_mask"])
+    torch.testing.assert_close(got, _reps(encoder, batch), rtol=0, atol=1e-5)  # fp32: two matmul orders
+    assert (torch.expm1(got) - got).abs().max() > 1e-3  # the relu reps (expm1 of these) would not pass
+
+
 # ---------------------------------------------------------------------------------------------- the train flag
 
 
