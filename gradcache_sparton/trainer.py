@@ -57,7 +57,7 @@ from gradcache_sparton.data.token_cache import TokenCache
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
 from gradcache_sparton.engine.memory_plan import MemoryPlan
-from gradcache_sparton.engine.settings import StepSettings
+from gradcache_sparton.engine.settings import StepSettings, plans_memory
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,
     check_not_sentence_transformers_loss,
@@ -231,8 +231,8 @@ class CachedSpladeTrainer(Trainer):
                 processing_class,
                 query_max_length=args.query_max_length,
                 document_max_length=args.document_max_length,
-                # a max_memory plan is made on CUDA only: elsewhere batches keep their own lengths
-                pad_to_max_length=args.max_memory is not None and args.device.type == "cuda",
+                # one shape where a max_memory plan is made; elsewhere batches keep their own lengths
+                pad_to_max_length=plans_memory(args, args.device.type, data_parallel=args.world_size > 1),
                 token_cache=token_cache,
             )
         super().__init__(

@@ -39,7 +39,7 @@ from gradcache_sparton.engine.memory_plan import (
 )
 from gradcache_sparton.engine.memory_size import AUTO, size_bytes
 from gradcache_sparton.engine.rng_state import cuda_devices_of
-from gradcache_sparton.engine.settings import DEFAULT_MINI_BATCH_SIZE, checkpointing_on
+from gradcache_sparton.engine.settings import DEFAULT_MINI_BATCH_SIZE, checkpointing_on, plans_memory
 from gradcache_sparton.engine.types import Columns
 from gradcache_sparton.primitives.column_routing import call_encoder, routes_by_column
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
@@ -105,7 +105,7 @@ class MemoryPlanner:
         if self._off or not torch.is_grad_enabled():
             return False
         device = _device(columns)
-        if device.type != "cuda":
+        if not plans_memory(self.config, device.type, data_parallel=False):  # data parallelism: _off already
             self._off = True
             if self.config.max_memory != AUTO:
                 warnings.warn(

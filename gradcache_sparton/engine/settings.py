@@ -19,7 +19,13 @@ from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
 from gradcache_sparton.engine.distributed import data_parallel_world_size
 from gradcache_sparton.engine.memory_plan import MemoryPlan
 
-__all__ = ["DEFAULT_MINI_BATCH_SIZE", "StepSettings", "checkpointing_on", "resolve_settings"]
+__all__ = [
+    "DEFAULT_MINI_BATCH_SIZE",
+    "StepSettings",
+    "checkpointing_on",
+    "plans_memory",
+    "resolve_settings",
+]
 
 DEFAULT_MINI_BATCH_SIZE = 32
 """Rows per mini-batch when neither ``mini_batch_size`` nor a ``max_memory`` plan says."""
@@ -149,6 +155,15 @@ def resolve_settings(
         keep_graphs=keep_graphs,
         planned=plan is not None,
     )
+
+
+def plans_memory(config: GradCacheConfig, device_type: str, *, data_parallel: bool) -> bool:
+    """Whether ``max_memory`` plans the steps of an engine on ``device_type`` (``"cuda"``, ``"cpu"``, ...):
+    a budget is set, the device is CUDA (the plan measures CUDA memory) and no data parallelism runs (its
+    ranks would have to agree on one plan: a size is refused there, ``"auto"`` ignored). A caller that feeds
+    the engine (a trainer's collator) reads it, rather than deciding it again: a planned run pads every batch
+    to its max lengths, so the plan made on the first batch covers the run."""
+    return config.max_memory is not None and device_type == "cuda" and not data_parallel
 
 
 def checkpointing_on(encoder: object) -> bool:
