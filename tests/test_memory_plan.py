@@ -336,7 +336,7 @@ def test_cpu_ignores_a_size_with_one_warning(config) -> None:
 
 def test_data_parallel_refuses_a_size(config) -> None:
     """Under data parallelism a size is refused (ranks must agree on one plan); auto is ignored."""
-    with pytest.raises(ValueError, match="max_memory='4GiB' is not supported under data parallelism"):
+    with pytest.raises(ValueError, match="max_memory='4GiB' needs no data parallelism"):
         MemoryPlanner(GradCacheConfig(max_memory="4GiB"), make_encoder(config), data_parallel=True)
     planner = MemoryPlanner(GradCacheConfig(max_memory="auto"), make_encoder(config), data_parallel=True)
     assert not planner.needs_plan(make_columns(4, 2))

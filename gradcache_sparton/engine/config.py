@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from gradcache_sparton.engine.memory_size import parse_max_memory
+from gradcache_sparton.engine.option_rules import check_option_rules
 from gradcache_sparton.primitives.option_field import option
 
 __all__ = ["GradCacheConfig", "is_compiled"]
@@ -165,8 +166,7 @@ class GradCacheConfig:
             if choice not in ("false", "true", "auto"):
                 raise ValueError(f"sparse_reps must be one of false, true, auto, got {value!r}")
             self.sparse_reps = choice
-        if self.cuda_graphs:
-            self._check_cuda_graphs()
+        check_option_rules(self)  # the rules between options (the encoder's part: when the engine is built)
 
     def _check_sizes(self) -> None:
         if isinstance(self.mini_batch_size, Mapping):
@@ -187,24 +187,6 @@ class GradCacheConfig:
                 raise TypeError(f"{where} must be an int, got {type(size).__name__}")
             if size < 1:
                 raise ValueError(f"{where} must be >= 1, got {size}")
-
-    def _check_cuda_graphs(self) -> None:
-        """Raise one ``ValueError`` naming every option ``cuda_graphs=True`` cannot run with. (The encoder's
-        part, an ``nn.Module`` without data parallelism, is checked when the engine is built.)"""
-        refusals = (
-            (
-                self.mini_batch_tokens is not None,
-                "no mini_batch_tokens (a row count per mini-batch: a graph each)",
-            ),
-            (self.reuse_argmax is True, "reuse_argmax off (its records are kept on the host)"),
-            (
-                self.keep_graphs is True,
-                "keep_graphs off (a graphed mini-batch replays its own recorded graph)",
-            ),
-        )
-        unmet = [need for refused, need in refusals if refused]
-        if unmet:
-            raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
 
     def mini_batch_sizes(self, columns: Mapping[str, object]) -> dict[str, int | None]:
         """Each column's mini-batch size as asked (``columns`` checked against a mapping by the engine's

@@ -61,7 +61,6 @@ from gradcache_sparton.engine.distributed import (
 )
 from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.kept_graphs import (
-    REFUSED_UNDER_DATA_PARALLELISM,
     backprop_kept,
     encode_order,
     kept_counts,
@@ -69,6 +68,7 @@ from gradcache_sparton.engine.kept_graphs import (
 from gradcache_sparton.engine.memory_plan import MemoryPlan
 from gradcache_sparton.engine.memory_probe import MemoryPlanner
 from gradcache_sparton.engine.mini_batch import Rows, iter_mini_batches
+from gradcache_sparton.engine.option_rules import EngineFacts, check_option_rules
 from gradcache_sparton.engine.reps import StepReps, leaf, leaf_grad, mini_batch_grad, replay_grads
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.run_eager import EagerRun
@@ -149,8 +149,12 @@ class GradCache:
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
         self._data_parallel = self.world_size > 1 or ddp is not None or fsdp is not None
-        if self.config.keep_graphs and self._data_parallel:
-            raise ValueError(REFUSED_UNDER_DATA_PARALLELISM)
+        facts = EngineFacts(
+            module=isinstance(encoder, nn.Module),
+            routes_by_column=routes_by_column(encoder),
+            data_parallel=self._data_parallel,
+        )
+        check_option_rules(self.config, facts)  # a plan chooses CUDA graphs only where these allow them
         # Under FSDP each forward and backward is a collective: every rank must run as many of each.
         self._equal_passes = fsdp is not None and data_parallel_world_size(None) > 1
         self._run = self._mini_batch_run()
@@ -188,18 +192,7 @@ class GradCache:
     def _mini_batch_run(self) -> EagerRun | MemoRun | GraphRun:
         """How every mini-batch of Step (1) and Step (3) runs, chosen from :attr:`settings`."""
         if self.settings.cuda_graphs:
-            refusals = (
-                (
-                    not isinstance(self.encoder, nn.Module),
-                    "an nn.Module encoder (its parameters' .grad are recorded)",
-                ),
-                (self._data_parallel, "no data parallelism (DDP's gradient hooks communicate)"),
-                (routes_by_column(self.encoder), "an encoder that does not route by column"),
-            )
-            unmet = [need for refused, need in refusals if refused]
-            if unmet:
-                raise ValueError(f"cuda_graphs=True needs {'; '.join(unmet)}")
-            assert isinstance(self.encoder, nn.Module)
+            assert isinstance(self.encoder, nn.Module)  # option_rules: checked when the engine was built
             return GraphRun(self.encoder)
         if self.settings.reuse_argmax:
             return MemoRun(self.encoder, warn_unrecorded=self.config.reuse_argmax is True)

@@ -22,13 +22,7 @@ from gradcache_sparton.engine.settings import StepSettings
 from gradcache_sparton.engine.types import MiniBatch
 from gradcache_sparton.primitives.column_routing import trains_column
 
-__all__ = ["REFUSED_UNDER_DATA_PARALLELISM", "backprop_kept", "encode_order", "kept_counts"]
-
-REFUSED_UNDER_DATA_PARALLELISM = (
-    "keep_graphs=True is not supported under data parallelism (DDP, FSDP, gathering across ranks): DDP decides "
-    "in each forward whether that mini-batch's backward synchronises gradients, and Step (1) runs every forward "
-    "before the loss; leave keep_graphs unset (off there)"
-)
+__all__ = ["backprop_kept", "encode_order", "kept_counts"]
 
 
 def kept_counts(

@@ -38,6 +38,7 @@ from gradcache_sparton.engine.memory_plan import (
     choose_plan,
 )
 from gradcache_sparton.engine.memory_size import AUTO, size_bytes
+from gradcache_sparton.engine.option_rules import EngineFacts, check_option_rules, unmet_needs
 from gradcache_sparton.engine.rng_state import cuda_devices_of
 from gradcache_sparton.engine.settings import DEFAULT_MINI_BATCH_SIZE, checkpointing_on, plans_memory
 from gradcache_sparton.engine.types import Columns
@@ -84,14 +85,14 @@ class MemoryPlanner:
     """
 
     def __init__(self, config: GradCacheConfig, encoder: object, *, data_parallel: bool) -> None:
-        if data_parallel and config.max_memory != AUTO:
-            raise ValueError(
-                f"max_memory={config.max_memory!r} is not supported under data parallelism (DDP, FSDP, gathering "
-                "across ranks): every rank would have to run the same plan; set mini_batch_size (and "
-                "activation_checkpointing) instead, or max_memory auto, which is ignored there"
-            )
+        check_option_rules(config, EngineFacts(data_parallel=data_parallel))
         self.config = config
         self.encoder = encoder
+        self._facts = EngineFacts(
+            module=isinstance(encoder, nn.Module),
+            routes_by_column=routes_by_column(encoder),
+            data_parallel=data_parallel,
+        )
         self.plan: MemoryPlan | None = None
         self._off = data_parallel
         if data_parallel:
@@ -133,10 +134,8 @@ class MemoryPlanner:
             keep_graphs=self.config.keep_graphs,
             checkpointing=checkpointing,
             can_checkpoint=_checkpointing_owner(self.encoder) is not None,
-            graphs_possible=isinstance(self.encoder, nn.Module)
-            and self.config.mini_batch_tokens is None
-            and not is_compiled(self.encoder)
-            and not routes_by_column(self.encoder),
+            graphs_possible=not is_compiled(self.encoder)
+            and not unmet_needs("cuda_graphs", self.config, self._facts),
         )
         modules = self.encoder if isinstance(self.encoder, nn.Module) else nn.Module()
         trained = [p for p in modules.parameters() if p.requires_grad]
