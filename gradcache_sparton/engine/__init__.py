@@ -13,7 +13,8 @@ The pieces, one concept a module, each importable from its module:
 
 - the engine, Steps (1)-(3): :mod:`.gradcache`; as a drop-in loss: :mod:`.cached_loss`; the values taken and
   handed between the steps: :mod:`.types`;
-- the options: :mod:`.config`; the settings every step runs with, decided from them: :mod:`.settings`;
+- the options: :mod:`.config`; the rules between them, one table: :mod:`.option_rules`; the settings every
+  step runs with, decided from them: :mod:`.settings`;
 - the checks: :mod:`.checks`; a column cut into mini-batches: :mod:`.mini_batch`;
 - how one mini-batch runs (chosen once, when the engine is built): eagerly, :mod:`.run_eager`; with a forward
   memo, :mod:`.run_memo`; as CUDA graphs, :mod:`.cuda_graphs`; Step (3) rebuilding the head from Step (1)'s

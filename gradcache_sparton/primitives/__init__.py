@@ -10,7 +10,9 @@ evaluation. They import nothing else from the package.
 - :mod:`~gradcache_sparton.primitives.column_routing`: :func:`call_encoder`, how an encoder that encodes
   each column its own way (``routes_by_column``) is called with the column's name;
 - :mod:`~gradcache_sparton.primitives.option_field`: :func:`option`, how every configuration dataclass declares
-  a field (its default and its help text).
+  a field (its default and its help text);
+- :mod:`~gradcache_sparton.primitives.option_types`: :func:`check_value_types`, a configuration file's values
+  checked against the types of the fields they set.
 """
 
 from gradcache_sparton.primitives.forward_memo import (
