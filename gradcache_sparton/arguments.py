@@ -49,37 +49,16 @@ logger = logging.getLogger(__name__)
 
 # Named BERT shapes (random init; no hub access is ever needed). The names follow Google's BERT
 # miniatures (Turc et al., 2019) and bert-base; all use the bert-base-uncased WordPiece vocabulary.
+_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 BACKBONE_PRESETS: dict[str, dict[str, int]] = {
-    "bert-tiny": {
-        "hidden_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 512,
-    },
-    "bert-mini": {
-        "hidden_size": 256,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "intermediate_size": 1024,
-    },
-    "bert-small": {
-        "hidden_size": 512,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "intermediate_size": 2048,
-    },
-    "bert-medium": {
-        "hidden_size": 512,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 8,
-        "intermediate_size": 2048,
-    },
-    "bert-base-uncased": {
-        "hidden_size": 768,
-        "num_hidden_layers": 12,
-        "num_attention_heads": 12,
-        "intermediate_size": 3072,
-    },
+    name: dict(zip(_SHAPE_KEYS, shape, strict=True))
+    for name, shape in {
+        "bert-tiny": (128, 2, 2, 512),
+        "bert-mini": (256, 4, 4, 1024),
+        "bert-small": (512, 4, 8, 2048),
+        "bert-medium": (512, 8, 8, 2048),
+        "bert-base-uncased": (768, 12, 12, 3072),
+    }.items()
 }
 
 

@@ -145,7 +145,7 @@ def test_train_flag_reaches_the_model_and_a_bad_value_is_one_error(backbone_dir,
     """`train --activation_function log1p_relu` is the ModelArguments field the model is built with; an
     unknown value is one error line naming the flag (exit 2), before any model is built or anything written."""
     from gradcache_sparton.cli import main
-    from gradcache_sparton.cli.train import _train_parser
+    from gradcache_sparton.cli.train import train_parser
     from gradcache_sparton.model_loading import build_encoder, build_tokenizer
 
     argv = [
@@ -156,7 +156,7 @@ def test_train_flag_reaches_the_model_and_a_bad_value_is_one_error(backbone_dir,
         "--output_dir",
         str(tmp_path),
     ]
-    model_args, *_ = _train_parser().parse_args_into_dataclasses(args=argv)
+    model_args, *_ = train_parser().parse_args_into_dataclasses(args=argv)
     assert model_args.activation_function == L0
     assert build_encoder(model_args, build_tokenizer(model_args)).activation_function == L0
     bad = ["train", "--activation_function", "l0", "--output_dir", str(tmp_path / "run"), "--use_cpu"]
