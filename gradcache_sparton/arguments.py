@@ -168,11 +168,12 @@ class ModelArguments:
     )
     activation_function: str | None = option(
         None,
-        f"The SPLADE head's activation before the log1p, as sentence-transformers' SpladePooling names it: one "
-        f"of {list(HEAD_ACTIVATIONS)}. 'relu': log1p(relu(logits)) (SPLADE). 'log1p_relu': "
-        "log1p(log1p(relu(logits))) (OpenSearch v3's 'l0' activation: flatter weights, so a term's weight grows "
-        "more slowly with its logit). Default: the checkpoint's value (relu for a new model or a checkpoint that "
-        "names none). Saved with the model and exported to sentence-transformers.",
+        "The SPLADE head's activation before the log1p, as sentence-transformers' SpladePooling names it. "
+        "'relu': log1p(relu(logits)) (SPLADE). 'log1p_relu': log1p(log1p(relu(logits))) (OpenSearch v3's 'l0' "
+        "activation: flatter weights, so a term's weight grows more slowly with its logit). Default: the "
+        "checkpoint's value (relu for a new model or a checkpoint that names none). Saved with the model and "
+        "exported to sentence-transformers.",
+        choices=HEAD_ACTIVATIONS,
     )
     query_encoder: str | None = option(
         None,

@@ -143,7 +143,9 @@ def test_onnx_form_of_an_l0_encoder_gives_its_reps(backbone_dir) -> None:
 
 def test_train_flag_reaches_the_model_and_a_bad_value_is_one_error(backbone_dir, tmp_path, capsys) -> None:
     """`train --activation_function log1p_relu` is the ModelArguments field the model is built with; an
-    unknown value is one error line naming the flag (exit 2), before any model is built or anything written."""
+    unknown value is one error line naming the flag and its choices (exit 2), before any model is built or
+    anything written, and a ValueError naming the field from Python."""
+    from gradcache_sparton.arguments import ModelArguments
     from gradcache_sparton.cli import main
     from gradcache_sparton.cli.train import train_parser
     from gradcache_sparton.model_loading import build_encoder, build_tokenizer
@@ -161,8 +163,13 @@ def test_train_flag_reaches_the_model_and_a_bad_value_is_one_error(backbone_dir,
     assert build_encoder(model_args, build_tokenizer(model_args)).activation_function == L0
     bad = ["train", "--activation_function", "l0", "--output_dir", str(tmp_path / "run"), "--use_cpu"]
     assert main(bad) == 2
-    assert "activation_function must be one of ['relu', 'log1p_relu']" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        "argument --activation_function" in err and "invalid choice: 'l0'" in err and "'log1p_relu'" in err
+    ), err
     assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match=r"activation_function must be one of \['relu', 'log1p_relu'\]"):
+        ModelArguments(activation_function="l0")
 
 
 # ---------------------------------------------------------------------------------------------- sentence-transformers
