@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ DEFAULTS = {
         if f.default is not dataclasses.MISSING
     },
     "recipe_config": None,
+    "teacher_recipe_config": None,
 }
 # Two runs compute a reference's per-query metrics from the same ranking by the same arithmetic, so they
 # agree to a few ulps (< 1e-15 for numbers <= 1, ~1e-13 for mean non-zeros in the hundreds); the smallest
@@ -74,7 +76,7 @@ def experiment_differences(first: dict[str, Any], other: dict[str, Any]) -> dict
     keys = sorted((set(first["settings"]) | set(other["settings"]) | set(DEFAULTS)) - set(MERGED_SETTINGS))
     differ = {
         k: _config_difference(_setting(first, k), _setting(other, k))
-        if k == "recipe_config"
+        if k in ("recipe_config", "teacher_recipe_config")
         else f"{_setting(first, k)!r} vs {_setting(other, k)!r}"
         for k in keys
         if _comparable(_setting(first, k)) != _comparable(_setting(other, k))
@@ -87,6 +89,8 @@ def experiment_differences(first: dict[str, Any], other: dict[str, Any]) -> dict
 def _setting(results: dict[str, Any], key: str) -> Any:
     if key == "recipe_flags":
         return _training_flags(results["settings"]["recipe_flags"])
+    if key == "teacher_recipe" and results["settings"].get(key):  # its flags, as the recipe's
+        return _training_flags(shlex.split(results["settings"][key]))
     return results["settings"].get(key, DEFAULTS.get(key, "(absent)"))
 
 

@@ -30,6 +30,7 @@ from gradcache_sparton.crossval.report import (
     PRIMARY,
     RECIPE,
     RESULTS_FILE,
+    TEACHER,
     ZERO_SHOT,
     # Private to crossval, kept as they are: the results file's steps, shared by a run and by merge.py so
     # that a merge of runs writes exactly what one run does.
@@ -43,10 +44,12 @@ from gradcache_sparton.crossval.rows import (
     TOP_K,
     build_pool,
     fold_rows,
+    fold_teacher_rows,
     round_rows,
     teacher_scorer,
 )
 from gradcache_sparton.crossval.settings import CrossvalSettings, check_recipe_loss
+from gradcache_sparton.crossval.teacher import LOSSES_READING_TEACHER
 from gradcache_sparton.data import BeirData, load_beir
 from gradcache_sparton.evaluation.evaluator import SparseRetrievalEvaluator
 from gradcache_sparton.evaluation.runs import write_trec_run
@@ -199,6 +202,7 @@ def run_crossval(
 
     settings.check()
     check_recipe_loss(settings, training_args)
+    teacher_recipe = _teacher_recipe(settings)
     if settings.bm25_reference or settings.bm25_negatives:
         check_bm25_installed("english")
     beir = _judged_queries(load_beir(settings.beir_path, split=settings.split))
@@ -210,6 +214,7 @@ def run_crossval(
             **vars(settings),
             "recipe_flags": list(recipe_flags),
             "recipe_config": recipe_config(recipe_flags),
+            "teacher_recipe_config": recipe_config(teacher_recipe[2]) if teacher_recipe else None,
         },
         "model": model_args.model_name_or_path or model_args.config_name,
         "folds": [],
@@ -227,7 +232,7 @@ def run_crossval(
     # An inference-free start without its own query table takes the IDF of the corpus searched.
     start_encoder = build_encoder(model_args, tokenizer, idf_documents=beir.corpus.values())
     teacher, progress = None, not training_args.disable_tqdm
-    if settings.teacher != "none":
+    if settings.teacher == "bm25+model":
         teacher = teacher_scorer(
             settings, start_encoder, tokenizer, list(beir.corpus.values()), bf16, progress
         )
@@ -283,13 +288,14 @@ def run_crossval(
         results["systems"][BM25] = {"seeds": {"-": _bm25(beir)}}
     # Round r's models form system names[r - 1]: the last round is the recipe, earlier ones recipe-round<r>.
     names = [round_system(r) for r in range(1, settings.rounds)] + [RECIPE]
-    for name in names:
+    trained_systems = ([TEACHER] if teacher_recipe else []) + names
+    for name in trained_systems:
         results["systems"][name] = {"seeds": {}}
     if earlier is not None:
         _add_to_earlier(results, earlier, out)
     for seed in seeds:
-        per_query: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
-        nonzeros: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}
+        per_query: dict[str, dict[str, dict[str, float]]] = {name: {} for name in trained_systems}
+        nonzeros: dict[str, list[tuple[int, float, float]]] = {name: [] for name in trained_systems}
         for k, held in enumerate(folds):
             data = BeirData(
                 corpus=beir.corpus,
@@ -297,6 +303,46 @@ def run_crossval(
                 qrels={q: beir.qrels[q] for q in held},
             )
             train_file, round_args, trained = out / fold_info[k]["train_file"], model_args, None
+            if (
+                teacher_recipe
+            ):  # the fold's teacher, trained on the fold's rows; the student's rows scored by it
+                t0 = time.monotonic()
+                teacher_dir = out / f"seed{seed}" / TEACHER / f"fold{k}"
+                teacher_args, teacher_training, _ = teacher_recipe
+                teacher_tokenizer = build_tokenizer(teacher_args)
+                run_training(
+                    teacher_args,
+                    _fold_data_args(train_file),
+                    _fold_training_args(teacher_training, output_dir=str(teacher_dir), seed=seed),
+                )
+                fold_teacher = build_encoder(
+                    _trained_model_args(teacher_args, teacher_dir), teacher_tokenizer
+                )
+                teacher_bf16 = bool(teacher_training.bf16)
+                result = _evaluate_model(fold_teacher, teacher_tokenizer, data, settings, teacher_bf16, None)
+                for key, values in result["per_query"].items():
+                    per_query[TEACHER].setdefault(key, {}).update(values)
+                nonzeros[TEACHER].append((len(held), result["query_nonzeros"], result["doc_nonzeros"]))
+                rows = fold_teacher_rows(
+                    training_rows[k],
+                    beir.corpus,
+                    settings,
+                    fold_teacher,
+                    teacher_tokenizer,
+                    teacher_bf16,
+                    progress,
+                )
+                train_file = write_training_file(
+                    rows, out / f"fold{k}" / f"train-seed{seed}-teacher.jsonl.gz", overwrite=True
+                )
+                logger.info(
+                    "crossval: seed %d fold %d: teacher nDCG@10 %.4f, its scores written (%.0f s)",
+                    seed,
+                    k,
+                    _mean(result["per_query"][PRIMARY].values()),
+                    time.monotonic() - t0,
+                )
+                del fold_teacher
             for r, name in enumerate(names, start=1):
                 t0 = time.monotonic()
                 run_dir = _run_dir(out, seed, k, r)
@@ -336,7 +382,7 @@ def run_crossval(
                     _mean(fold_result["per_query"][PRIMARY].values()),
                     time.monotonic() - t0,
                 )
-            for name in names:
+            for name in trained_systems:
                 counts = nonzeros[name]
                 results["systems"][name]["seeds"][str(seed)] = {
                     "per_query": per_query[name],
@@ -350,6 +396,30 @@ def run_crossval(
         _summarise(results, folds)
         _write(results, out)
     return results
+
+
+def _teacher_recipe(settings: CrossvalSettings) -> tuple[Any, Any, list[str]] | None:
+    """With ``--teacher fold``: the teacher recipe's model and training arguments and its flags (None
+    otherwise); ``ValueError`` for flags ``train`` refuses or the protocol owns, and for a teacher recipe whose
+    own loss would need a teacher."""
+    import shlex
+
+    if settings.teacher != "fold":
+        return None
+    try:
+        flags = shlex.split(settings.teacher_recipe)
+    except ValueError as error:
+        raise ValueError(f"teacher_recipe is not a shell-quoted flag list: {error}") from None
+    try:
+        model_args, training_args = parse_recipe(flags)
+    except ValueError as error:
+        raise ValueError(f"teacher_recipe: {error}") from None
+    if training_args.contrastive in LOSSES_READING_TEACHER:
+        raise ValueError(
+            f"teacher_recipe trains with contrastive={training_args.contrastive!r}, which needs teacher scores the "
+            "teacher's own rows do not have: give the teacher a loss of its own (e.g. the default infonce)"
+        )
+    return model_args, training_args, flags
 
 
 def _earlier_run(out: Path, results: dict[str, Any], folds: list[list[str]]) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ __all__ = [
 PRIMARY = "ndcg_at_10"
 RESULTS_FILE, REPORT_FILE = "crossval.json", "crossval.md"
 ZERO_SHOT, BM25, RECIPE = "zero-shot", "bm25", "recipe"
+TEACHER = "teacher"  # --teacher fold: the model the teacher recipe trains in each fold, per seed
 ROUND_PREFIX = (
     "recipe-round"  # a run of R rounds: recipe-round1 .. recipe-round<R-1>, then the recipe (round R)
 )
@@ -36,9 +37,9 @@ def round_system(round_: int) -> str:
 
 
 def is_recipe_system(name: str) -> bool:
-    """Whether ``name`` holds trained models, one entry per seed (the recipe or an earlier round of it), as
-    opposed to a reference evaluated once."""
-    return name == RECIPE or name.startswith(ROUND_PREFIX)
+    """Whether ``name`` holds trained models, one entry per seed (the recipe, an earlier round of it, or the
+    fold teacher), as opposed to a reference evaluated once."""
+    return name in (RECIPE, TEACHER) or name.startswith(ROUND_PREFIX)
 
 
 def _mean(values: Any) -> float:
@@ -122,17 +123,25 @@ def _summarise(results: dict[str, Any], folds: list[list[str]]) -> None:
     results["table"] = table
     comparisons = {}
     rounds = [name for name in results["systems"] if name.startswith(ROUND_PREFIX)]
-    pairs = [(RECIPE, ZERO_SHOT), (RECIPE, BM25), (ZERO_SHOT, BM25), *((RECIPE, name) for name in rounds)]
+    pairs = [
+        (RECIPE, ZERO_SHOT),
+        (RECIPE, BM25),
+        (ZERO_SHOT, BM25),
+        *((RECIPE, name) for name in rounds),
+        (RECIPE, TEACHER),
+        (TEACHER, BM25),
+        (TEACHER, ZERO_SHOT),
+    ]
     for candidate, baseline in pairs:
         if candidate in scores and baseline in scores:
-            # each recipe seed against the reference, or against its own earlier round
-            recipe = candidate == RECIPE
+            # each trained seed against the reference, or against the same seed's earlier round or teacher
+            trained = candidate in per_seed
             comparisons[f"{candidate} - {baseline}"] = paired_difference(
                 scores[candidate],
                 scores[baseline],
                 resamples=results["settings"]["resamples"],
-                candidate_seeds=per_seed[RECIPE] if recipe else None,
-                baseline_seeds=per_seed.get(baseline) if recipe else None,
+                candidate_seeds=per_seed[candidate] if trained else None,
+                baseline_seeds=per_seed.get(baseline) if trained else None,
             )
     results["comparisons"] = comparisons
 
@@ -153,6 +162,7 @@ def format_report(results: Mapping[str, Any]) -> str:
         f"recipe: `{' '.join(settings['recipe_flags']) or '(dataclass defaults)'}`, "
         f"self-supervised pairs {settings['self_supervised_pairs']}, BM25 negatives {settings['bm25_negatives']}"
         + _rounds_line(settings)
+        + _teacher_line(settings)
         + ".",
         "",
     ]
@@ -204,4 +214,15 @@ def _rounds_line(settings: Mapping[str, Any]) -> str:
         f"; {rounds} rounds (round r > 1: {settings['model_negatives']} negatives a pair mined by the fold's "
         f"round r-1 model, trained from {'that model' if settings['round_start'] == 'previous' else 'the start'}"
         f"; the recipe row is round {rounds}, recipe-round<r> the earlier rounds)"
+    )
+
+
+def _teacher_line(settings: Mapping[str, Any]) -> str:
+    """The fold teacher's part of the report's first line: nothing without one."""
+    if settings.get("teacher") != "fold":
+        return ""
+    return (
+        f"; teacher: a model trained in each fold (and seed) by `{settings['teacher_recipe']}` on the fold's rows, "
+        f"its scores mixed with BM25's (BM25's share {settings['teacher_weight']}, "
+        f"{settings.get('teacher_normalisation', 'zscore')} per query); the teacher row is that model"
     )

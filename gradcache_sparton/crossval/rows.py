@@ -28,6 +28,7 @@ __all__ = [
     "Pool",
     "build_pool",
     "fold_rows",
+    "fold_teacher_rows",
     "round_rows",
     "teacher_scorer",
 ]
@@ -105,9 +106,10 @@ def teacher_scorer(
     bf16: bool,
     progress: bool,
 ) -> Callable[[Any], list[list[float]]]:
-    """Training rows -> their ``bm25+model`` teacher scores [C] each (:mod:`.teacher`): the starting model
-    on the GPU when there is one (bf16 autocast with the recipe's ``--bf16``), at the evaluation lengths,
-    normalised over each query's top ``TOP_K``, the window the negatives come from."""
+    """Training rows -> their teacher scores [C] each (:mod:`.teacher`): BM25 and ``encoder`` (the starting
+    model, a round r > 1's previous model, or a fold's teacher) on the GPU when there is one (bf16 autocast
+    with ``bf16``), at the evaluation lengths, normalised as ``teacher_normalisation`` says (zscore: over each
+    query's top ``TOP_K``, the window the negatives come from)."""
     from gradcache_sparton.data import POSITIVE_COLUMN, QUERY_COLUMN
     from gradcache_sparton.data.columns import negative_number
 
@@ -129,6 +131,7 @@ def teacher_scorer(
             encoding=encoding,
             bm25_weight=settings.teacher_weight,
             depth=TOP_K,
+            normalisation=settings.teacher_normalisation,
         ).tolist()
 
     return scores
@@ -210,6 +213,21 @@ def _with_model_negatives(
     for i in range(1, settings.model_negatives + 1):
         rows = rows.add_column(f"{NEGATIVE_PREFIX}{have + i}", columns[f"{NEGATIVE_PREFIX}{i}"])
     return rows
+
+
+def fold_teacher_rows(
+    fold: FoldRows,
+    corpus: dict[str, str],
+    settings: CrossvalSettings,
+    teacher: Any,
+    tokenizer: Any,
+    bf16: bool,
+    progress: bool,
+) -> datasets.Dataset:
+    """The fold's rows with ``teacher_scores`` from BM25 and ``teacher``, the model the teacher recipe trained on
+    these rows (:func:`teacher_scorer`): a function of each row's texts, the corpus and that model alone."""
+    scores = teacher_scorer(settings, teacher, tokenizer, list(corpus.values()), bf16, progress)
+    return fold.rows.add_column(TEACHER_COLUMN, scores(fold.rows))
 
 
 def round_rows(

@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradcache_sparton.crossval.teacher import DEFAULT_TEACHER_WEIGHT, LOSSES_READING_TEACHER, TEACHERS
+from gradcache_sparton.crossval.teacher import (
+    DEFAULT_TEACHER_WEIGHT,
+    LOSSES_READING_TEACHER,
+    TEACHER_NORMALISATIONS,
+    TEACHERS,
+)
 from gradcache_sparton.evaluation.encoding import EncodingSettings
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
 from gradcache_sparton.primitives.option_field import option
@@ -48,12 +53,26 @@ class CrossvalSettings:
         "none",
         "distillation teacher written as each training row's teacher_scores (needs --bm25_negatives >= 1 "
         "and a recipe with --contrastive kl_div or margin_mse): 'bm25+model' mixes BM25's and the starting "
-        "model's scores of the row's positive and negatives, each z-normalised over the query's top 100.",
+        "model's scores of the row's positive and negatives, each normalised per query "
+        "(--teacher_normalisation); 'fold' mixes BM25 with a model --teacher_recipe trains on each fold's "
+        "training rows (per seed; the system 'teacher' in the report).",
         choices=TEACHERS,
     )
     teacher_weight: float = option(
         DEFAULT_TEACHER_WEIGHT,
-        "BM25's share of the bm25+model teacher, in [0, 1] (the starting model gets the rest).",
+        "BM25's share of the teacher, in [0, 1] (the model gets the rest; 0: the model alone).",
+    )
+    teacher_recipe: str = option(
+        "",
+        "with --teacher fold: the teacher's train flags as one quoted string (--teacher_recipe=\"--model_name_or_path "
+        "... --max_steps 50\"), as `train` takes them; trained on each fold's rows (its BM25 negatives, no "
+        "teacher scores), its own loss not a distillation one.",
+    )
+    teacher_normalisation: str = option(
+        TEACHER_NORMALISATIONS[0],
+        "how each teacher system's scores are put on one scale per query before mixing: zscore against the "
+        "query's top 100 corpus scores, minmax over the row's candidates (then x30, OpenSearch's), or none.",
+        choices=TEACHER_NORMALISATIONS,
     )
     rounds: int = option(
         1,
@@ -130,7 +149,31 @@ class CrossvalSettings:
                 f"teacher_weight applies to a teacher only, got teacher_weight={self.teacher_weight} with "
                 "teacher='none'"
             )
+        self._check_fold_teacher()
         self._check_rounds()
+
+    def _check_fold_teacher(self) -> None:
+        if self.teacher_normalisation not in TEACHER_NORMALISATIONS:
+            raise ValueError(
+                f"teacher_normalisation must be one of {TEACHER_NORMALISATIONS}, got {self.teacher_normalisation!r}"
+            )
+        if self.teacher == "none" and self.teacher_normalisation != TEACHER_NORMALISATIONS[0]:
+            raise ValueError(
+                f"teacher_normalisation applies to a teacher only, got {self.teacher_normalisation!r} with "
+                "teacher='none'"
+            )
+        if self.teacher == "fold" and not self.teacher_recipe.strip():
+            raise ValueError(
+                "teacher='fold' trains a teacher in each fold: give its train flags, --teacher_recipe=\"--model_name_or_path "
+                '... --max_steps N"'
+            )
+        if self.teacher != "fold" and self.teacher_recipe:
+            raise ValueError(f"teacher_recipe applies to --teacher fold only, got teacher={self.teacher!r}")
+        if self.teacher == "fold" and self.rounds > 1:
+            raise ValueError(
+                f"teacher='fold' with rounds={self.rounds}: a fold teacher and later rounds are two ways to a "
+                "trained teacher; run one (rounds=1 with a fold teacher)"
+            )
 
     def _check_rounds(self) -> None:
         if self.rounds < 1:
@@ -176,6 +219,13 @@ def check_recipe_loss(settings: CrossvalSettings, training_args: CachedSpladeTra
             f"teacher={settings.teacher!r} writes teacher_scores that only the losses {LOSSES_READING_TEACHER} "
             f"read, but the recipe trains with contrastive={contrastive!r}: add `--contrastive kl_div` to the "
             "train flags (after --), or drop --teacher"
+        )
+    if settings.teacher == "fold" and getattr(training_args, "kl_in_batch", False):
+        raise ValueError(
+            "teacher='fold' writes scores of each row's own candidates only, while --kl_in_batch also puts "
+            "the batch's other rows' documents in the student's softmax, where this teacher has no score (the "
+            "loss would give them probability 0, not the teacher's view): leave --kl_in_batch out of the recipe "
+            "(docs/distillation.md)"
         )
     if settings.teacher == "none" and contrastive in LOSSES_READING_TEACHER:
         raise ValueError(
