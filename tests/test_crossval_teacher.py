@@ -36,7 +36,7 @@ def _argv(beir: Path, out: Path, *flags: str) -> list[str]:
 def test_fold_teacher_is_trained_on_the_fold_and_scores_the_students_rows(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """Per fold: the teacher recipe trains first, on that fold's rows only (no held-out claim), then the student
+    """Per fold: the teacher recipe trains first, on that fold's pairs only (no held-out claim), then the student
     trains on those rows with teacher_scores equal to BM25 + that fold's teacher on each row alone (minmax x30
     here); the other fold's teacher gives other scores. The report has the teacher row and recipe - teacher;
     a second run into the folder trains nothing, and a merge keeps the teacher."""
@@ -65,7 +65,7 @@ def test_fold_teacher_is_trained_on_the_fold_and_scores_the_students_rows(
         for call in (
             (
                 str(out / "seed1" / "teacher" / f"fold{k}"),
-                str(out / f"fold{k}" / "train.jsonl.gz"),
+                str(out / f"fold{k}" / "train-teacher.jsonl.gz"),
                 "infonce",
             ),
             (
@@ -91,6 +91,9 @@ def test_fold_teacher_is_trained_on_the_fold_and_scores_the_students_rows(
         held_texts = {f"what about the {TOPICS[int(q[1:])]}" for q in held}
         taught = _rows(out / f"fold{k}" / "train.jsonl.gz")
         assert not held_texts & {r["query"] for r in taught} and len(taught) == 4 + 2
+        # the teacher's rows: the fold's pairs, their negatives dropped (--teacher_negatives not given)
+        pairs = [{"query": r["query"], "positive": r["positive"]} for r in taught]
+        assert _rows(out / f"fold{k}" / "train-teacher.jsonl.gz") == pairs
         student = _rows(out / f"fold{k}" / "train-seed1-teacher.jsonl.gz")
         assert [{c: r[c] for c in taught[0]} for r in student] == taught
         for row in student:
@@ -169,6 +172,7 @@ def test_fold_teacher_is_trained_on_the_fold_and_scores_the_students_rows(
             TINY_RECIPE,
             "teacher_normalisation applies to a teacher only",
         ),
+        (["--teacher_negatives", "True"], TINY_RECIPE, "teacher_negatives applies to --teacher fold only"),
     ],
 )
 def test_fold_teacher_misuse_fails_before_any_work(tmp_path: Path, flags, recipe, message) -> None:

@@ -310,9 +310,18 @@ def run_crossval(
                 teacher_dir = out / f"seed{seed}" / TEACHER / f"fold{k}"
                 teacher_args, teacher_training, _ = teacher_recipe
                 teacher_tokenizer = build_tokenizer(teacher_args)
+                teacher_file = (
+                    train_file if settings.teacher_negatives else out / f"fold{k}" / "train-teacher.jsonl.gz"
+                )
+                if (
+                    not teacher_file.is_file()
+                ):  # the fold's pairs without their negatives: a function of the fold
+                    write_training_file(
+                        _without_negatives(training_rows[k].rows), teacher_file, overwrite=True
+                    )
                 run_training(
                     teacher_args,
-                    _fold_data_args(train_file),
+                    _fold_data_args(teacher_file),
                     _fold_training_args(teacher_training, output_dir=str(teacher_dir), seed=seed),
                 )
                 fold_teacher = build_encoder(
@@ -396,6 +405,13 @@ def run_crossval(
         _summarise(results, folds)
         _write(results, out)
     return results
+
+
+def _without_negatives(rows: Any) -> Any:
+    """Training rows without their ``negative_<j>`` columns (the query and positive pairs)."""
+    from gradcache_sparton.data.columns import negative_number
+
+    return rows.remove_columns([name for name in rows.column_names if negative_number(name)])
 
 
 def _teacher_recipe(settings: CrossvalSettings) -> tuple[Any, Any, list[str]] | None:

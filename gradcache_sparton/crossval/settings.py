@@ -68,6 +68,11 @@ class CrossvalSettings:
         "... --max_steps 50\"), as `train` takes them; trained on each fold's rows (its BM25 negatives, no "
         "teacher scores), its own loss not a distillation one.",
     )
+    teacher_negatives: bool = option(
+        False,
+        "with --teacher fold: the teacher also trains on the rows' BM25 negatives (default: on the fold's pairs "
+        "alone, as the best recipe trains; the negatives are there for the student's candidates).",
+    )
     teacher_normalisation: str = option(
         TEACHER_NORMALISATIONS[0],
         "how each teacher system's scores are put on one scale per query before mixing: zscore against the "
@@ -166,6 +171,10 @@ class CrossvalSettings:
             raise ValueError(
                 "teacher='fold' trains a teacher in each fold: give its train flags, --teacher_recipe=\"--model_name_or_path "
                 '... --max_steps N"'
+            )
+        if self.teacher != "fold" and self.teacher_negatives:
+            raise ValueError(
+                f"teacher_negatives applies to --teacher fold only, got teacher={self.teacher!r}"
             )
         if self.teacher != "fold" and self.teacher_recipe:
             raise ValueError(f"teacher_recipe applies to --teacher fold only, got teacher={self.teacher!r}")
