@@ -56,7 +56,7 @@ from gradcache_sparton.data import TrainingCollator, validate_training_dataset
 from gradcache_sparton.data.token_cache import TokenCache
 from gradcache_sparton.engine import CachedLoss, GradCache
 from gradcache_sparton.engine.distributed import ddp_no_sync_context, find_ddp
-from gradcache_sparton.engine.memory_plan import MemoryPlan
+from gradcache_sparton.engine.planner.memory_plan import MemoryPlan
 from gradcache_sparton.engine.settings import StepSettings, plans_memory
 from gradcache_sparton.integrations.sentence_transformers import (
     as_rep_encoder,

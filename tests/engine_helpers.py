@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 
+from gradcache_sparton.engine import GradCacheConfig
+from gradcache_sparton.engine.option_rules import EngineFacts
 from gradcache_sparton.kernels import splade_max_pool
 
 __all__ = [
@@ -369,3 +371,18 @@ def assert_grads_unchanged(
         else:
             assert p.grad is grad, f"{name}: the .grad tensor was replaced"
             assert torch.equal(p.grad, values), f"{name}: the gradient changed"
+
+
+def plan_inputs(
+    mini_batch_size: Mapping[str, int | None] | int | None = None,
+    *,
+    checkpointing: bool = False,
+    can_checkpoint: bool = False,
+    graphs_possible: bool = False,
+    **options: object,
+) -> tuple[GradCacheConfig, EngineFacts]:
+    """What a memory plan is made from, as the planner tests write it: the user's options (``options``: any
+    GradCacheConfig field) and the encoder's facts (a module where CUDA graphs are possible)."""
+    config = GradCacheConfig(mini_batch_size=mini_batch_size, **options)  # type: ignore[arg-type]
+    facts = EngineFacts(module=graphs_possible, checkpointing=checkpointing, can_checkpoint=can_checkpoint)
+    return config, facts

@@ -1,4 +1,4 @@
-"""max_memory's allocator setting (engine/allocator.py): expandable segments are turned on once, logged, and a
+"""max_memory's allocator setting (engine/planner/allocator.py): expandable segments are turned on once, logged, and a
 user's own allocator configuration that names them is kept."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from gradcache_sparton.engine import allocator
+from gradcache_sparton.engine.planner import allocator
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def calls(monkeypatch) -> list[str]:
 
 def test_turned_on_once_and_logged(calls, caplog) -> None:
     """The first call sets expandable_segments:True and logs how to keep fixed segments; later calls set nothing."""
-    with caplog.at_level(logging.INFO, logger="gradcache_sparton.engine.memory_plan"):
+    with caplog.at_level(logging.INFO, logger="gradcache_sparton.engine.planner.memory_plan"):
         assert allocator.use_expandable_segments() is True
         assert allocator.use_expandable_segments() is True
     assert calls == ["expandable_segments:True"]

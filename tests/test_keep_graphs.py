@@ -22,6 +22,7 @@ from engine_helpers import (
     make_columns,
     make_encoder,
     per_mini_batch_loss,
+    plan_inputs,
     small_config,
     uncached_reference,
 )
@@ -29,13 +30,12 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer_helpers import trainer_args, trainer_model, trainer_rows
 
 from gradcache_sparton.engine import CachedLoss, GradCache, GradCacheConfig
-from gradcache_sparton.engine.memory_plan import (
+from gradcache_sparton.engine.planner.memory_plan import (
     KEEP_MAX_SPLIT,
     MIN_ROWS,
     PLAN_MARGIN,
     ColumnFit,
     Footprint,
-    PlanChoices,
     choose_kept_graphs,
     choose_plan,
 )
@@ -241,7 +241,7 @@ def _footprint() -> Footprint:
 def _plan(budget: int, **choices: object):
     fits = {"query": QUERY_FIT, "positive": PASSAGE_FIT}
     return choose_plan(
-        budget, ROWS, lambda on: fits, _footprint(), PlanChoices(dict.fromkeys(ROWS), **choices)
+        budget, ROWS, lambda on: fits, _footprint(), *plan_inputs(dict.fromkeys(ROWS), **choices)
     )
 
 
@@ -273,8 +273,8 @@ def test_a_column_of_explicit_mini_batch_size_keeps_no_graph() -> None:
     """An explicit mini_batch_size says how much activation memory its column may take: with memory to spare,
     only the planned column keeps its graphs."""
     fits = {"query": QUERY_FIT, "positive": PASSAGE_FIT}
-    choices = PlanChoices({"query": 256, "positive": None})
-    plan = choose_plan(64 * GIB, ROWS, lambda on: fits, _footprint(), choices)
+    choices = plan_inputs({"query": 256, "positive": None})
+    plan = choose_plan(64 * GIB, ROWS, lambda on: fits, _footprint(), *choices)
     assert plan.mini_batch_size == {"query": 256, "positive": 1024}
     assert plan.keep_graphs == {"query": 0, "positive": 1}
 

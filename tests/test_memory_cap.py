@@ -16,9 +16,9 @@ from engine_helpers import make_columns, make_encoder, small_config
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from gradcache_sparton import CachedLoss, SpladeEncoder
-from gradcache_sparton.engine import memory_probe
 from gradcache_sparton.engine.autocast_state import AutocastState
-from gradcache_sparton.engine.memory_probe import measure_fits
+from gradcache_sparton.engine.planner import memory_probe
+from gradcache_sparton.engine.planner.memory_probe import measure_fits
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.resources import RESOURCES_DIR, default_tokenizer_path
 
@@ -115,7 +115,7 @@ def _encoder(device: torch.device) -> SpladeEncoder:
 
 # On an H200 (2026-11-28, torch 2.11) with the allocator's fixed segments, 2 and 8 GiB failed (8 GiB: a replayed
 # mini-batch ran out under the cap with 1.25 GiB reserved but unallocated); with expandable segments, which
-# max_memory now turns on (engine/allocator.py), all three held.
+# max_memory now turns on (engine/planner/allocator.py), all three held.
 @pytest.mark.gpu
 @pytest.mark.parametrize("budget_gib", [2, 4, 8])
 def test_max_memory_holds_as_a_process_cap(budget_gib: int) -> None:

@@ -15,14 +15,17 @@ from engine_helpers import (
     grads_of,
     make_columns,
     make_encoder,
+    plan_inputs,
     small_config,
     uncached_loss,
 )
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
-from gradcache_sparton.engine import GradCache, GradCacheConfig, memory_probe
+from gradcache_sparton.engine import GradCache, GradCacheConfig
 from gradcache_sparton.engine.autocast_state import AutocastState
-from gradcache_sparton.engine.memory_plan import (
+from gradcache_sparton.engine.memory_size import format_bytes, parse_max_memory, size_bytes
+from gradcache_sparton.engine.planner import memory_probe
+from gradcache_sparton.engine.planner.memory_plan import (
     GRAPH_ROWS,
     MIN_ROWS,
     PLAN_MARGIN,
@@ -30,16 +33,14 @@ from gradcache_sparton.engine.memory_plan import (
     ColumnFit,
     Footprint,
     MemoryPlan,
-    PlanChoices,
     choose_plan,
 )
-from gradcache_sparton.engine.memory_probe import (
+from gradcache_sparton.engine.planner.memory_probe import (
     _SPARSE_LOSS_ENTRY_BYTES,
     MemoryPlanner,
     _fits_checked_at,
     measure_fits,
 )
-from gradcache_sparton.engine.memory_size import format_bytes, parse_max_memory, size_bytes
 from gradcache_sparton.engine.settings import checkpointing_on, resolve_settings
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.losses.sparse import sparse_block_size
@@ -152,7 +153,7 @@ def test_plan_takes_the_largest_mini_batch_that_fits() -> None:
         ROWS,
         _measure({False: {c: fit for c in ROWS}}, calls),
         _footprint(),
-        PlanChoices(dict.fromkeys(ROWS)),
+        *plan_inputs(dict.fromkeys(ROWS)),
     )
     usable = 16 * GIB * (1 - PLAN_MARGIN)
     size = plan.mini_batch_size["positive"]
@@ -164,7 +165,11 @@ def test_plan_takes_the_largest_mini_batch_that_fits() -> None:
 def test_whole_batch_when_it_fits() -> None:
     """A mini-batch never has more rows than its column."""
     plan = choose_plan(
-        64 * GIB, ROWS, _measure({False: _fits(GIB, MIB)}, []), _footprint(), PlanChoices(dict.fromkeys(ROWS))
+        64 * GIB,
+        ROWS,
+        _measure({False: _fits(GIB, MIB)}, []),
+        _footprint(),
+        *plan_inputs(dict.fromkeys(ROWS)),
     )
     assert plan.mini_batch_size == ROWS
 
@@ -173,8 +178,8 @@ def test_checkpointing_when_nothing_fits_without_it() -> None:
     """Under MIN_ROWS rows fitting eagerly: the probe runs again with checkpointing, which the plan turns on."""
     calls: list[bool] = []
     fits = {False: _fits(GIB, 200 * MIB), True: _fits(0.5 * GIB, 10 * MIB)}
-    choices = PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True)
-    plan = choose_plan(4 * GIB, ROWS, _measure(fits, calls), _footprint(), choices)
+    choices = plan_inputs(dict.fromkeys(ROWS), can_checkpoint=True)
+    plan = choose_plan(4 * GIB, ROWS, _measure(fits, calls), _footprint(), *choices)
     assert calls == [False, True] and plan.checkpointing
     assert plan.mini_batch_size["positive"] >= MIN_ROWS and plan.predicted_peak <= 4 * GIB * (1 - PLAN_MARGIN)
 
@@ -188,17 +193,17 @@ def test_too_small_a_budget_is_one_clear_error() -> None:
             ROWS,
             _measure(fits, []),
             _footprint(),
-            PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True),
+            *plan_inputs(dict.fromkeys(ROWS), can_checkpoint=True),
         )
 
 
 def test_explicit_settings_are_kept() -> None:
     """An explicit mini_batch_size, cuda_graphs=False or reuse_argmax=True is what the plan runs."""
     fits = {False: _fits(0.5 * GIB, 40 * MIB)}
-    explicit = PlanChoices(
+    explicit = plan_inputs(
         {"query": 8, "positive": None}, cuda_graphs=False, reuse_argmax=True, graphs_possible=True
     )
-    plan = choose_plan(4 * GIB, ROWS, _measure(fits, []), _footprint(), explicit)
+    plan = choose_plan(4 * GIB, ROWS, _measure(fits, []), _footprint(), *explicit)
     assert plan.mini_batch_size["query"] == 8 and not plan.cuda_graphs and plan.reuse_argmax is None
     config = GradCacheConfig(max_memory="4GiB", mini_batch_size={"query": 8, "positive": None})
     settings = resolve_settings(config, torch.nn.Linear(2, 2), plan)
@@ -207,9 +212,9 @@ def test_explicit_settings_are_kept() -> None:
 
 def test_cuda_graphs_where_eager_mini_batches_are_small() -> None:
     """Graphs at GRAPH_ROWS when eager mini-batches would be small; not where large ones fit."""
-    choices = PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
+    choices = plan_inputs(dict.fromkeys(ROWS), graphs_possible=True)
     small = choose_plan(
-        4 * GIB, ROWS, _measure({False: _fits(0.2 * GIB, 40 * MIB)}, []), _footprint(), choices
+        4 * GIB, ROWS, _measure({False: _fits(0.2 * GIB, 40 * MIB)}, []), _footprint(), *choices
     )
     assert small.cuda_graphs and set(small.mini_batch_size.values()) == {GRAPH_ROWS}
     settings = resolve_settings(GradCacheConfig(max_memory="4GiB"), torch.nn.Linear(2, 2), small)
@@ -217,7 +222,7 @@ def test_cuda_graphs_where_eager_mini_batches_are_small() -> None:
         settings.cuda_graphs and settings.reuse_argmax is False and settings.mini_batch_length_multiple == 32
     )
     large = choose_plan(
-        24 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), choices
+        24 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), *choices
     )
     assert not large.cuda_graphs and min(large.mini_batch_size.values()) > GRAPH_ROWS
 
@@ -226,26 +231,26 @@ def test_graphs_pay_for_their_recording_stream() -> None:
     """The recording stream's workspace (Footprint.graphs) counts against graphed plans only: a little
     more than the graphed plan leaves free shrinks its mini-batches, more than the budget leaves graphs out
     and gives the eager plan unchanged."""
-    choices = PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
+    choices = plan_inputs(dict.fromkeys(ROWS), graphs_possible=True)
     fits = _measure({False: _fits(0.2 * GIB, 40 * MIB)}, [])
     usable = 4 * GIB * (1 - PLAN_MARGIN)
-    plain = choose_plan(4 * GIB, ROWS, fits, _footprint(), choices)
+    plain = choose_plan(4 * GIB, ROWS, fits, _footprint(), *choices)
     assert plain.cuda_graphs and set(plain.mini_batch_size.values()) == {GRAPH_ROWS}
     tighter = replace(_footprint(), graphs=int(usable - plain.predicted_peak) + MIB)
-    shrunk = choose_plan(4 * GIB, ROWS, fits, tighter, choices)
+    shrunk = choose_plan(4 * GIB, ROWS, fits, tighter, *choices)
     assert shrunk.cuda_graphs and max(shrunk.mini_batch_size.values()) < GRAPH_ROWS
     assert shrunk.predicted_peak <= usable
-    costly = choose_plan(4 * GIB, ROWS, fits, replace(_footprint(), graphs=int(usable)), choices)
-    eager = choose_plan(4 * GIB, ROWS, fits, _footprint(), PlanChoices(dict.fromkeys(ROWS)))
+    costly = choose_plan(4 * GIB, ROWS, fits, replace(_footprint(), graphs=int(usable)), *choices)
+    eager = choose_plan(4 * GIB, ROWS, fits, _footprint(), *plan_inputs(dict.fromkeys(ROWS)))
     assert not costly.cuda_graphs and costly.mini_batch_size == eager.mini_batch_size
 
 
 def test_reuse_argmax_off_where_its_records_crowd_out_rows() -> None:
     """reuse_argmax (left to its default) stays on when its records cost few rows, turns off otherwise."""
-    choices = PlanChoices(dict.fromkeys(ROWS))
+    choices = plan_inputs(dict.fromkeys(ROWS))
     measure = _measure({False: _fits(0.5 * GIB, 40 * MIB)}, [])
-    cheap = choose_plan(16 * GIB, ROWS, measure, _footprint(records=10 * MIB), choices)
-    costly = choose_plan(16 * GIB, ROWS, measure, _footprint(records=4 * GIB), choices)
+    cheap = choose_plan(16 * GIB, ROWS, measure, _footprint(records=10 * MIB), *choices)
+    costly = choose_plan(16 * GIB, ROWS, measure, _footprint(records=4 * GIB), *choices)
     assert cheap.reuse_argmax is None and costly.reuse_argmax is False
 
 
@@ -253,7 +258,7 @@ def test_plan_never_changes_the_loss_or_gradients(config) -> None:
     """A cached step under a plan's configuration equals the uncached step (within RTOL_FP32)."""
     rows = {"query": 32, "positive": 32, "negative": 32}
     fits = {column: ColumnFit(0.0, 45 * MIB, 16) for column in rows}
-    plan = choose_plan(GIB, rows, lambda on: fits, _footprint(0), PlanChoices(dict.fromkeys(rows)))
+    plan = choose_plan(GIB, rows, lambda on: fits, _footprint(0), *plan_inputs(dict.fromkeys(rows)))
     assert plan.mini_batch_size["query"] == 21  # floor(0.95 GiB / 45 MiB): a real split
     planned = _planned_config(plan)
 
@@ -305,7 +310,9 @@ def test_a_plan_beyond_the_probe_is_measured_at_its_own_size(config) -> None:
     trained = [p for p in encoder.parameters() if p.requires_grad]
     line = {c: ColumnFit.from_points([(8, 1080), (16, 1160), (32, 1320)], 7) for c in columns}
     rows = {c: 64 for c in columns}
-    plan = choose_plan(10**9, rows, lambda on: line, _footprint(0), PlanChoices({"query": 64, "positive": 8}))
+    plan = choose_plan(
+        10**9, rows, lambda on: line, _footprint(0), *plan_inputs({"query": 64, "positive": 8})
+    )
 
     def peak(curve):
         def peak_bytes(run, device):
@@ -375,9 +382,9 @@ def test_real_probe_keeps_the_measured_peak_within_the_budget(tiny_bert_config) 
 
 def test_explicit_cuda_graphs_plans_rows_under_graphs() -> None:
     """cuda_graphs=True given: the plan keeps graphs and sizes the mini-batches for their pool."""
-    choices = PlanChoices(dict.fromkeys(ROWS), cuda_graphs=True, graphs_possible=True)
+    choices = plan_inputs(dict.fromkeys(ROWS), cuda_graphs=True, graphs_possible=True)
     plan = choose_plan(
-        24 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), choices
+        24 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), *choices
     )
     assert plan.cuda_graphs and plan.mini_batch_size["query"] > GRAPH_ROWS
     assert plan.predicted_peak <= 24 * GIB * (1 - PLAN_MARGIN)
@@ -397,7 +404,7 @@ def test_the_loss_over_the_whole_batch_counts_too() -> None:
             ROWS,
             _measure(fits, []),
             footprint,
-            PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True, sparse_reps="false"),
+            *plan_inputs(dict.fromkeys(ROWS), can_checkpoint=True, sparse_reps="false"),
         )
 
 
@@ -426,14 +433,14 @@ def test_the_refused_2gib_case_plans_sparse_reps(monkeypatch) -> None:
     assert footprint.resident(records=False, sparse=False) == int(1.57 * GIB)
     assert footprint.sparse_rep_cache < 64 * MIB  # ~2% of the entries (twice that planned), 12 bytes each
     measure = _measure({False: dict.fromkeys(ROWS, BERT_FIT)}, [])
-    dense = PlanChoices(dict.fromkeys(ROWS), graphs_possible=True, sparse_reps="false")
+    dense = plan_inputs(dict.fromkeys(ROWS), graphs_possible=True, sparse_reps="false")
     with pytest.raises(
         ValueError, match=r"16 rows per mini-batch need a predicted 2.04 GiB \(resident 1.57 GiB"
     ):
-        choose_plan(2 * GIB, ROWS, measure, footprint, dense)
+        choose_plan(2 * GIB, ROWS, measure, footprint, *dense)
 
     plan = choose_plan(
-        2 * GIB, ROWS, measure, footprint, PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
+        2 * GIB, ROWS, measure, footprint, *plan_inputs(dict.fromkeys(ROWS), graphs_possible=True)
     )
     assert plan.sparse_reps is True and not plan.checkpointing
     assert min(plan.mini_batch_size.values()) >= MIN_ROWS and plan.predicted_peak <= 2 * GIB * (
@@ -453,7 +460,7 @@ def test_dense_reps_stay_where_they_fit(monkeypatch) -> None:
     footprint = _bert_footprint(monkeypatch)
     measure = _measure({False: dict.fromkeys(ROWS, BERT_FIT)}, [])
     plan = choose_plan(
-        4 * GIB, ROWS, measure, footprint, PlanChoices(dict.fromkeys(ROWS), graphs_possible=True)
+        4 * GIB, ROWS, measure, footprint, *plan_inputs(dict.fromkeys(ROWS), graphs_possible=True)
     )
     assert plan.sparse_reps is False and "reps dense" in plan.describe()
     assert plan.resident >= footprint.rep_cache
@@ -469,8 +476,8 @@ def test_explicit_sparse_reps_are_kept(monkeypatch, given) -> None:
     dense, counted dense); at 2 GiB true fits and false and auto are refused, never switched to sparse."""
     footprint = _bert_footprint(monkeypatch)
     measure = _measure({False: dict.fromkeys(ROWS, BERT_FIT)}, [])
-    choices = PlanChoices(dict.fromkeys(ROWS), sparse_reps=given)
-    plan = choose_plan(4 * GIB, ROWS, measure, footprint, choices)
+    choices = plan_inputs(dict.fromkeys(ROWS), sparse_reps=given)
+    plan = choose_plan(4 * GIB, ROWS, measure, footprint, *choices)
     assert (
         plan.sparse_reps is None
         and resolve_settings(GradCacheConfig(sparse_reps=given), torch.nn.Linear(2, 2), plan).sparse_reps
@@ -478,10 +485,10 @@ def test_explicit_sparse_reps_are_kept(monkeypatch, given) -> None:
     )
     assert plan.resident == footprint.resident(records=plan.reuse_argmax is None, sparse=given == "true")
     if given == "true":
-        assert choose_plan(2 * GIB, ROWS, measure, footprint, choices).sparse_reps is None
+        assert choose_plan(2 * GIB, ROWS, measure, footprint, *choices).sparse_reps is None
     else:
         with pytest.raises(ValueError, match="too small"):
-            choose_plan(2 * GIB, ROWS, measure, footprint, choices)
+            choose_plan(2 * GIB, ROWS, measure, footprint, *choices)
 
 
 def test_sparse_reps_where_the_dense_loss_does_not_fit() -> None:
@@ -492,7 +499,7 @@ def test_sparse_reps_where_the_dense_loss_does_not_fit() -> None:
         sparse_loss=512 * MIB,
     )  # fmt: skip
     plan = choose_plan(
-        4 * GIB, ROWS, _measure({False: _fits(0.0, MIB)}, []), footprint, PlanChoices(dict.fromkeys(ROWS))
+        4 * GIB, ROWS, _measure({False: _fits(0.0, MIB)}, []), footprint, *plan_inputs(dict.fromkeys(ROWS))
     )
     assert plan.sparse_reps is True and "the loss over the whole batch would peak at 4.00 GiB" in plan.reason
 
@@ -506,8 +513,8 @@ def test_sparse_reps_before_activation_checkpointing() -> None:
         sparse_loss=512 * MIB,
     )  # fmt: skip
     fits = {False: _fits(0.5 * GIB, 40 * MIB), True: _fits(0.1 * GIB, 5 * MIB)}
-    choices = PlanChoices(dict.fromkeys(ROWS), can_checkpoint=True)
-    plan = choose_plan(4 * GIB, ROWS, _measure(fits, calls), footprint, choices)
+    choices = plan_inputs(dict.fromkeys(ROWS), can_checkpoint=True)
+    plan = choose_plan(4 * GIB, ROWS, _measure(fits, calls), footprint, *choices)
     assert calls == [False] and plan.sparse_reps is True and not plan.checkpointing
     assert min(plan.mini_batch_size.values()) >= MIN_ROWS
 
@@ -627,7 +634,7 @@ def test_checkpointing_the_plan_turns_on_is_logged_and_stays(config, monkeypatch
     budget = int((footprint.resident(records=True, sparse=False) + 20.5 * small) / (1 - PLAN_MARGIN))
     engine = GradCache(encoder, max_memory=f"{budget}B", cuda_graphs=False, sparse_reps="false")
     assert not checkpointing_on(encoder) and not engine.settings.activation_checkpointing
-    with caplog.at_level("INFO", logger="gradcache_sparton.engine.memory_plan"):
+    with caplog.at_level("INFO", logger="gradcache_sparton.engine.planner.memory_plan"):
         engine.step(columns, contrastive_flops_loss)
     assert engine.memory_plan is not None and engine.memory_plan.checkpointing
     assert engine.settings.activation_checkpointing and checkpointing_on(encoder)

@@ -766,14 +766,16 @@ def test_trainer_pads_batches_to_one_shape_under_max_memory(
 
 def test_trainer_logs_the_memory_plan_once(tmp_path, tokenizer) -> None:
     """A max_memory plan reaches the trainer's logs (memory_plan_* entries) with the first log after it, once."""
-    from gradcache_sparton.engine.memory_plan import ColumnFit, Footprint, PlanChoices, choose_plan
+    from engine_helpers import plan_inputs
+
+    from gradcache_sparton.engine.planner.memory_plan import ColumnFit, Footprint, choose_plan
 
     rows = {"query": 32, "positive": 32}
     fits = {column: ColumnFit(0.0, 2**20, 16) for column in rows}
     footprint = Footprint(
         allocated=0, grads=0, optimizer=0, rep_cache=0, records=0, sparse_rep_cache=0, sparse_loss=0
     )
-    plan = choose_plan(2**30, rows, lambda on: fits, footprint, PlanChoices(dict.fromkeys(rows)))
+    plan = choose_plan(2**30, rows, lambda on: fits, footprint, *plan_inputs(dict.fromkeys(rows)))
     trainer = CachedSpladeTrainer(
         _encoder(tokenizer, dropout=0.0), _args(tmp_path, max_memory="1GiB"), processing_class=tokenizer
     )

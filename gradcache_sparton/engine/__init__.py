@@ -20,8 +20,8 @@ The pieces, one concept a module, each importable from its module:
   memo, :mod:`.run_memo`; as CUDA graphs, :mod:`.cuda_graphs`; Step (3) rebuilding the head from Step (1)'s
   argmax (``reuse_argmax``): :mod:`.argmax_reuse`; mini-batches that keep their Step (1) graph for Step (3)
   instead of a replay (``keep_graphs``): :mod:`.kept_graphs`;
-- what a memory budget (``max_memory``) chooses on the first step: its sizes, :mod:`.memory_size`; the plan,
-  :mod:`.memory_plan`; its measured probe, :mod:`.memory_probe`; the allocator it sets, :mod:`.allocator`;
+- a memory budget (``max_memory``): its sizes, :mod:`.memory_size`; what it chooses on the first step, the
+  planner (:mod:`.planner`: the plan, its measured probe and the allocator it sets);
 - the reps in either layout: :mod:`.reps`; the sparse layout's gradients: :mod:`.sparse_grads`;
 - the captured states: :mod:`.rng_state`, :mod:`.autocast_state`, :mod:`.grad_state`;
 - data parallelism: :mod:`.distributed` (Step (2) sees every rank's reps, Step (3) replays W times this rank's

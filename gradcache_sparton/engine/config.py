@@ -45,7 +45,7 @@ class GradCacheConfig:
 
     ``max_memory`` (a size such as ``"4GiB"``, or ``"auto"``) lets the engine plan, on the first step, the
     options left unset (None): ``mini_batch_size``, ``cuda_graphs``, ``reuse_argmax``, ``sparse_reps``,
-    ``keep_graphs`` and activation checkpointing (:mod:`~gradcache_sparton.engine.memory_plan`). Without it
+    ``keep_graphs`` and activation checkpointing (:mod:`~gradcache_sparton.engine.planner.memory_plan`). Without it
     the unset ones take the engine's defaults: 32 rows, no CUDA graphs, dense reps, no graphs kept.
     """
 

@@ -65,10 +65,10 @@ from gradcache_sparton.engine.kept_graphs import (
     encode_order,
     kept_counts,
 )
-from gradcache_sparton.engine.memory_plan import MemoryPlan
-from gradcache_sparton.engine.memory_probe import MemoryPlanner
 from gradcache_sparton.engine.mini_batch import Rows, iter_mini_batches
 from gradcache_sparton.engine.option_rules import EngineFacts, check_option_rules
+from gradcache_sparton.engine.planner.memory_plan import MemoryPlan
+from gradcache_sparton.engine.planner.memory_probe import MemoryPlanner
 from gradcache_sparton.engine.reps import StepReps, leaf, leaf_grad, mini_batch_grad, replay_grads
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.run_eager import EagerRun
@@ -175,7 +175,7 @@ class GradCache:
     def plan(self, columns: Columns, autocast: AutocastState | None = None) -> StepSettings:
         """The planning phase (with ``max_memory``, before Step (1) when a plan is due: a training step on
         CUDA, the first or one with a batch larger or longer than the plan's): measure and choose the options
-        left unset (:mod:`~gradcache_sparton.engine.memory_plan`), decide :attr:`settings` from them and
+        left unset (:mod:`~gradcache_sparton.engine.planner.memory_plan`), decide :attr:`settings` from them and
         choose how mini-batches run. The plan may turn on the model's activation checkpointing (logged; it
         stays on). Without a plan due, the settings in effect. ``autocast``: the step's (default: captured
         now, as Step (1) does)."""

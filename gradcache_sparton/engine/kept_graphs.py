@@ -5,7 +5,7 @@ its rows cost one forward, not two, for the memory of their activations from Ste
 kept mini-batches are its last ones, and Step (1) runs them after every other mini-batch of the step, so no
 other forward runs beside the graphs held; Step (3) backprops them first, freeing that memory before the
 replays. Which and how many: ``StepSettings.keep_graphs`` (every one, none, or a ``max_memory`` plan's count
-per column, :func:`~gradcache_sparton.engine.memory_plan.choose_kept_graphs`).
+per column, :func:`~gradcache_sparton.engine.planner.memory_plan.choose_kept_graphs`).
 
 Legend: mb rows of a mini-batch, V rep width.
 """

@@ -1,7 +1,7 @@
 """Memory sizes as users write them (``"4GiB"``, ``"512MiB"``, ``"24GB"``, ``"auto"``): parsed and printed.
 
 The spelling of :class:`~gradcache_sparton.engine.GradCacheConfig`'s ``max_memory``; the planner that uses
-it is :mod:`~gradcache_sparton.engine.memory_plan`.
+it is :mod:`~gradcache_sparton.engine.planner.memory_plan`.
 """
 
 from __future__ import annotations

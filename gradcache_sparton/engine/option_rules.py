@@ -24,12 +24,22 @@ class EngineFacts:
     """What the rules read besides the options; None where not known yet (the options checked alone).
 
     ``module``: the encoder is an ``nn.Module``; ``routes_by_column``: it encodes each column its own way;
-    ``data_parallel``: it runs under DDP or FSDP, or the loss gathers the batch across ranks.
+    ``data_parallel``: it runs under DDP or FSDP, or the loss gathers the batch across ranks; ``compiled``:
+    it is compiled (``torch.compile``); ``checkpointing``: its activation checkpointing is on;
+    ``can_checkpoint``: its model can turn it on (what a memory plan reads).
     """
 
     module: bool | None = None
     routes_by_column: bool | None = None
     data_parallel: bool | None = None
+    compiled: bool = False
+    checkpointing: bool = False
+    can_checkpoint: bool = False
+
+    def graphs_possible(self, options: Any) -> bool:
+        """Whether a plan may choose CUDA graphs: a module, not compiled (its programs record nothing to
+        replay as a graph), no row of :data:`OPTION_RULES` against them."""
+        return self.module is True and not self.compiled and not unmet_needs("cuda_graphs", options, self)
 
 
 class OptionRule(NamedTuple):

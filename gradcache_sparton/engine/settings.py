@@ -3,7 +3,7 @@
 :class:`~gradcache_sparton.engine.GradCacheConfig` holds what the user asked, None where the engine is to
 decide. :func:`resolve_settings` decides it, from the encoder (a compiled one), the ranks whose batches the
 loss sees (gathering) and, when ``max_memory`` is set, the measured plan
-(:class:`~gradcache_sparton.engine.memory_plan.MemoryPlan`), into :class:`StepSettings`: concrete values, the
+(:class:`~gradcache_sparton.engine.planner.memory_plan.MemoryPlan`), into :class:`StepSettings`: concrete values, the
 only ones Steps (1)-(3) read. :class:`~gradcache_sparton.engine.GradCache` resolves them when it is built
 (``GradCache.settings``) and again after each plan (``GradCache.plan``); a trainer logs them from there.
 """
@@ -17,7 +17,7 @@ from torch import nn
 
 from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
 from gradcache_sparton.engine.distributed import data_parallel_world_size
-from gradcache_sparton.engine.memory_plan import MemoryPlan
+from gradcache_sparton.engine.planner.memory_plan import MemoryPlan
 
 __all__ = [
     "DEFAULT_MINI_BATCH_SIZE",

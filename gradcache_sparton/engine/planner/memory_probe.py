@@ -1,6 +1,6 @@
 """The measured side of ``max_memory``: :class:`MemoryPlanner` probes a column's peak memory on CUDA
 (:func:`measure_fits`), sizes what stays resident, reads the budget, and hands the numbers to
-:func:`~gradcache_sparton.engine.memory_plan.choose_plan` (the decision, which needs no GPU).
+:func:`~gradcache_sparton.engine.planner.memory_plan.choose_plan` (the decision, which needs no GPU).
 
 Memory is counted as the process reserves it (``torch.cuda.memory_reserved``: what ``nvidia-smi``, other
 processes and ``torch.cuda.set_per_process_memory_fraction`` see), not only as its tensors allocate it:
@@ -16,29 +16,29 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
-from gradcache_sparton.engine.allocator import use_expandable_segments
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
 from gradcache_sparton.engine.cuda_graphs import recording_stream
 from gradcache_sparton.engine.grad_state import GradState
-from gradcache_sparton.engine.memory_plan import (
+from gradcache_sparton.engine.memory_size import AUTO, size_bytes
+from gradcache_sparton.engine.option_rules import EngineFacts, check_option_rules
+from gradcache_sparton.engine.planner.allocator import use_expandable_segments
+from gradcache_sparton.engine.planner.memory_plan import (
     PLAN_MARGIN,
     ColumnFit,
     Footprint,
     MemoryPlan,
-    PlanChoices,
     # Private to the engine, kept as they are: how the plan reads a column's rows and padded length,
     # which the probe must read the same way.
     _length,
     _rows,
     choose_plan,
 )
-from gradcache_sparton.engine.memory_size import AUTO, size_bytes
-from gradcache_sparton.engine.option_rules import EngineFacts, check_option_rules, unmet_needs
 from gradcache_sparton.engine.rng_state import cuda_devices_of
 from gradcache_sparton.engine.settings import DEFAULT_MINI_BATCH_SIZE, checkpointing_on, plans_memory
 from gradcache_sparton.engine.types import Columns
@@ -47,7 +47,9 @@ from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, Spa
 
 __all__ = ["MemoryPlanner", "measure_fits"]
 
-logger = logging.getLogger("gradcache_sparton.engine.memory_plan")  # the plan's one log line, under its name
+logger = logging.getLogger(
+    "gradcache_sparton.engine.planner.memory_plan"
+)  # the plan's one log line, under its name
 
 AUTO_MARGIN = 0.10
 """``"auto"``: this fraction of what the device has free (plus what this process holds) is left aside."""
@@ -92,6 +94,7 @@ class MemoryPlanner:
             module=isinstance(encoder, nn.Module),
             routes_by_column=routes_by_column(encoder),
             data_parallel=data_parallel,
+            compiled=is_compiled(encoder),
         )
         self.plan: MemoryPlan | None = None
         self._off = data_parallel
@@ -119,23 +122,17 @@ class MemoryPlanner:
 
     def plan_for(self, columns: Columns, autocast: AutocastState) -> MemoryPlan:
         """Measure, choose and log a plan for ``columns``. Turns the CUDA allocator's expandable segments on
-        (:mod:`~gradcache_sparton.engine.allocator`, logged). Where the plan needs activation checkpointing, turns
+        (:mod:`~gradcache_sparton.engine.planner.allocator`, logged). Where the plan needs activation checkpointing, turns
         it on in the encoder's model (``gradient_checkpointing_enable``, logged): it stays on for that model,
         also after training (a model's later plans keep it; checkpoints do not record it)."""
         device = _device(columns)
         use_expandable_segments()  # before the probe's segments: the budget is a cap on what is reserved
         budget = _budget_bytes(self.config.max_memory, device)
         checkpointing = checkpointing_on(self.encoder)
-        choices = PlanChoices(
-            mini_batch_size=self.config.mini_batch_sizes(columns),
-            cuda_graphs=self.config.cuda_graphs,
-            reuse_argmax=self.config.reuse_argmax,
-            sparse_reps=self.config.sparse_reps,
-            keep_graphs=self.config.keep_graphs,
+        facts = replace(
+            self._facts,
             checkpointing=checkpointing,
             can_checkpoint=_checkpointing_owner(self.encoder) is not None,
-            graphs_possible=not is_compiled(self.encoder)
-            and not unmet_needs("cuda_graphs", self.config, self._facts),
         )
         modules = self.encoder if isinstance(self.encoder, nn.Module) else nn.Module()
         trained = [p for p in modules.parameters() if p.requires_grad]
@@ -163,7 +160,7 @@ class MemoryPlanner:
             return measured[on] if on in measured else measure(on)
 
         try:
-            plan = choose_plan(budget, rows, fits_for, footprint, choices)
+            plan = choose_plan(budget, rows, fits_for, footprint, self.config, facts)
             # The line is fitted to small mini-batches: measure the plan's larger ones at their own size
             # (the encoder's checkpointing is as the plan has it) and choose again where one peaks higher.
             for _ in range(CHECK_ROUNDS):
@@ -171,7 +168,7 @@ class MemoryPlanner:
                 if checked is None:
                     break
                 measured[plan.checkpointing] = checked
-                plan = choose_plan(budget, rows, fits_for, footprint, choices)
+                plan = choose_plan(budget, rows, fits_for, footprint, self.config, facts)
         except ValueError:
             if owner is not None and not checkpointing and checkpointing_on(self.encoder):
                 owner.gradient_checkpointing_disable()  # turned on to measure: back as it was

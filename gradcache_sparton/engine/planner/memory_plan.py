@@ -1,7 +1,7 @@
 """``max_memory``: the engine options that make a step fastest within a memory budget, from a measured probe.
 
 On the first training step (and again when a batch is longer or larger than the one planned for), on
-CUDA only, :class:`~gradcache_sparton.engine.memory_probe.MemoryPlanner` measures, per column at the batch's padded length, the peak memory
+CUDA only, :class:`~gradcache_sparton.engine.planner.memory_probe.MemoryPlanner` measures, per column at the batch's padded length, the peak memory
 as the process reserves it (the growth of ``torch.cuda.max_memory_reserved``, at least that of
 ``max_memory_allocated``: what ``nvidia-smi`` and a per-process memory cap see) of one mini-batch's forward
 and backward as Step (3) runs it (under
@@ -47,14 +47,15 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from gradcache_sparton.engine.config import GradCacheConfig
 from gradcache_sparton.engine.memory_size import format_bytes
+from gradcache_sparton.engine.option_rules import EngineFacts
 from gradcache_sparton.engine.types import Columns
 
 __all__ = [
     "ColumnFit",
     "Footprint",
     "MemoryPlan",
-    "PlanChoices",
     "choose_kept_graphs",
     "choose_plan",
 ]
@@ -85,7 +86,7 @@ SPARSE_DENSITY_HEADROOM = 1.5
 """Sparse reps are planned for this many times the non-zeros the probe saw (at most every entry): their memory
 follows the non-zeros, which training moves after the plan (a regularizer warming up from zero lets them
 grow), where dense reps take the same bytes at any density. A step whose reps outgrow it has the next step
-planned again (:meth:`~gradcache_sparton.engine.memory_probe.MemoryPlanner.check_entries`)."""
+planned again (:meth:`~gradcache_sparton.engine.planner.memory_probe.MemoryPlanner.check_entries`)."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class ColumnFit:
 @dataclass(frozen=True)
 class Footprint:
     """What stays held during a step besides the mini-batch being run, in bytes (reserved by the process,
-    as the probe counts it: :mod:`~gradcache_sparton.engine.memory_probe`).
+    as the probe counts it: :mod:`~gradcache_sparton.engine.planner.memory_probe`).
 
     ``allocated``: already held when planning, reserved with the allocator's cache emptied (weights, the
     batch, gradients and optimizer state that exist); ``grads``: parameter gradients not allocated yet;
@@ -191,25 +192,6 @@ class Footprint:
         if sparse:
             return held + self.sparse_rep_cache + self.sparse_loss
         return held + self.rep_cache * 3 // 2
-
-
-@dataclass(frozen=True)
-class PlanChoices:
-    """What the plan may decide. ``mini_batch_size``: per column, an explicit size or None (planned);
-    ``cuda_graphs`` / ``reuse_argmax``: True or False explicit, None planned; ``sparse_reps``: ``"false"``,
-    ``"true"`` or ``"auto"`` explicit (``"auto"`` is planned as dense: it may stay dense), None planned;
-    ``keep_graphs``: True or False explicit, None planned; ``checkpointing``: already on; ``can_checkpoint``:
-    the model can turn it on; ``graphs_possible``: the engine could run CUDA graphs (an ``nn.Module`` encoder,
-    not compiled, no token budget)."""
-
-    mini_batch_size: Mapping[str, int | None]
-    cuda_graphs: bool | None = None
-    reuse_argmax: bool | None = None
-    sparse_reps: str | None = None
-    keep_graphs: bool | None = None
-    checkpointing: bool = False
-    can_checkpoint: bool = False
-    graphs_possible: bool = False
 
 
 @dataclass(frozen=True)
@@ -299,7 +281,13 @@ class _Problem:
     budget: int
     rows: Mapping[str, int]
     footprint: Footprint
-    choices: PlanChoices
+    config: GradCacheConfig
+    facts: EngineFacts
+
+    @property
+    def explicit(self) -> dict[str, int | None]:
+        """Each column's mini-batch size as configured, None where planned."""
+        return self.config.mini_batch_sizes(self.rows)
 
     @property
     def usable(self) -> float:
@@ -312,12 +300,15 @@ def choose_plan(
     rows: Mapping[str, int],
     measure: Callable[[bool], Mapping[str, ColumnFit]],
     footprint: Footprint,
-    choices: PlanChoices,
+    config: GradCacheConfig,
+    facts: EngineFacts | None = None,
 ) -> MemoryPlan:
     """The fastest options whose predicted peak stays within ``budget`` bytes (less ``PLAN_MARGIN``).
 
     ``measure(checkpointing)`` gives each column's :class:`ColumnFit` (called again with True only when
-    nothing fits without checkpointing). Mini-batch rows never exceed a column's ``rows``.
+    nothing fits without checkpointing). Mini-batch rows never exceed a column's ``rows``. ``config``: the
+    options as the user gave them (each left unset is planned, each set is kept); ``facts``: the encoder's
+    (activation checkpointing on or possible, CUDA graphs possible).
 
     The rep cache, when ``sparse_reps`` is left unset: dense first, sparse (the reps and their gradients
     kept as their non-zeros) only where no dense plan fits in that checkpointing mode, i.e. where dense
@@ -332,24 +323,24 @@ def choose_plan(
         ValueError: naming ``max_memory``, when not even ``MIN_ROWS`` rows fit (with checkpointing where
             possible, and sparse reps where left unset) and no mini-batch size was set explicitly.
     """
-    problem = _Problem(budget, rows, footprint, choices)
-    usable = problem.usable
-    modes = [True] if choices.checkpointing else [False, *([True] if choices.can_checkpoint else [])]
-    layouts = [False, True] if choices.sparse_reps is None else [choices.sparse_reps == "true"]
+    facts = EngineFacts() if facts is None else facts
+    problem = _Problem(budget, rows, footprint, config, facts)
+    modes = [True] if facts.checkpointing else [False, *([True] if facts.can_checkpoint else [])]
+    layouts = [False, True] if config.sparse_reps is None else [config.sparse_reps == "true"]
     last: tuple[bool, dict[str, ColumnFit], _Candidate] | None = None
     for checkpointing in modes:
         fits = dict(measure(checkpointing))
         tried = []
         for sparse in layouts:
             candidates = _candidates(problem, fits, checkpointing, sparse)
-            chosen = _pick(candidates, rows, choices, usable)
+            chosen = _pick(candidates, problem)
             if chosen is not None:
                 return _plan(problem, fits, chosen, checkpointing)
             tried += candidates
         last = (checkpointing, fits, min(tried, key=lambda c: c.resident))
     assert last is not None
     checkpointing, fits, smallest = last
-    if any(size is not None for size in choices.mini_batch_size.values()):
+    if any(size is not None for size in problem.explicit.values()):
         # explicit: kept, warned
         return _plan(problem, fits, smallest, checkpointing)
     need = smallest.resident + max(fits[c].peak(min(MIN_ROWS, rows[c])) for c in rows)
@@ -368,31 +359,26 @@ def choose_plan(
 def _candidates(
     problem: _Problem, fits: Mapping[str, ColumnFit], checkpointing: bool, sparse: bool
 ) -> list[_Candidate]:
-    usable, rows, footprint, choices = problem.usable, problem.rows, problem.footprint, problem.choices
+    usable, rows, footprint, config = problem.usable, problem.rows, problem.footprint, problem.config
     graphs_options = [False]
-    if choices.cuda_graphs is True:  # asked for: kept (the engine says if it cannot run them)
+    if config.cuda_graphs is True:  # asked for: kept (the engine says if it cannot run them)
         graphs_options = [True]
-    elif (
-        choices.cuda_graphs is None
-        and choices.graphs_possible
-        and choices.reuse_argmax is not True
-        and choices.keep_graphs is not True
-    ):
+    elif config.cuda_graphs is None and problem.facts.graphs_possible(config):
         graphs_options = [False, True]
     candidates = []
     for graphs in graphs_options:
         if graphs:
             records_options = [False]
         else:
-            records_options = [True, False] if choices.reuse_argmax is None else [choices.reuse_argmax]
+            records_options = [True, False] if config.reuse_argmax is None else [config.reuse_argmax]
         for records in records_options:
             resident = footprint.resident(records=records, sparse=sparse)
             resident += footprint.graphs if graphs else 0
             sizes = {}
             for column, cap in rows.items():
-                explicit = choices.mini_batch_size.get(column)
+                explicit = problem.explicit[column]
                 largest = fits[column].largest(usable - resident, cap, graphs)
-                if graphs and choices.cuda_graphs is None:
+                if graphs and config.cuda_graphs is None:
                     largest = min(largest, GRAPH_ROWS)
                 sizes[column] = explicit if explicit is not None else largest
             mini_batch = max(
@@ -403,13 +389,12 @@ def _candidates(
     return candidates
 
 
-def _pick(
-    candidates: list[_Candidate], rows: Mapping[str, int], choices: PlanChoices, usable: float
-) -> _Candidate | None:
+def _pick(candidates: list[_Candidate], problem: _Problem) -> _Candidate | None:
     """The fitting candidate expected fastest: the largest eager mini-batches (``reuse_argmax`` on if it
     keeps ``REUSE_ARGMAX_KEEP`` of the rows), CUDA graphs instead where those are under ``GRAPHS_BELOW_ROWS``
     rows (or graphs were asked for); None if none fits."""
-    planned = [c for c in rows if choices.mini_batch_size.get(c) is None]
+    rows, usable, config = problem.rows, problem.usable, problem.config
+    planned = [c for c in rows if problem.explicit[c] is None]
 
     def fitting(candidate: _Candidate) -> bool:
         enough = all(candidate.sizes[c] >= min(MIN_ROWS, rows[c]) for c in planned)
@@ -427,7 +412,7 @@ def _pick(
             best = on if kept >= REUSE_ARGMAX_KEEP else off
     if not graphed:
         return best
-    if choices.cuda_graphs is True or best is None:
+    if config.cuda_graphs is True or best is None:
         return graphed[0]
     # Graphs pay where the eager mini-batches are small; a column that fits whole is not "small".
     split = [best.sizes[c] for c in planned if best.sizes[c] < rows[c]]
@@ -437,18 +422,18 @@ def _pick(
 def _plan(
     problem: _Problem, fits: dict[str, ColumnFit], chosen: _Candidate, checkpointing: bool
 ) -> MemoryPlan:
-    usable, rows, footprint, choices = problem.usable, problem.rows, problem.footprint, problem.choices
+    usable, rows, footprint, config = problem.usable, problem.rows, problem.footprint, problem.config
     reasons = []
-    planned = [c for c in rows if choices.mini_batch_size.get(c) is None]
+    planned = [c for c in rows if problem.explicit[c] is None]
     if chosen.peak > usable:
         reasons.append(
             f"WARNING: the explicit mini_batch_size is predicted to exceed the budget less {PLAN_MARGIN:.0%}"
         )
-    if chosen.graphs and choices.cuda_graphs is None:
+    if chosen.graphs and config.cuda_graphs is None:
         reasons.append(
             f"CUDA graphs: the largest eager mini-batch that fits is under {GRAPHS_BELOW_ROWS} rows"
         )
-    if chosen.sparse and choices.sparse_reps is None:
+    if chosen.sparse and config.sparse_reps is None:
         dense_loss = footprint.loss_peak(sparse=False)
         if dense_loss > usable:
             why = f"the loss over the whole batch would peak at {format_bytes(dense_loss)}"
@@ -460,17 +445,17 @@ def _plan(
             f"sparse reps: with the dense reps and their gradients ({format_bytes(footprint.rep_cache)}) {why}; "
             f"as their non-zeros they take {format_bytes(footprint.sparse_rep_cache)}"
         )
-    if checkpointing and not choices.checkpointing:
+    if checkpointing and not problem.facts.checkpointing:
         reasons.append(f"activation checkpointing: not {MIN_ROWS} rows fit without it")
     if planned and all(chosen.sizes[c] >= rows[c] for c in planned):
         reasons.append("the whole batch fits in one mini-batch per column")
     sizes, peak = dict(chosen.sizes), chosen.peak
-    kept = dict.fromkeys(rows, 0) if choices.keep_graphs is None else None
-    if choices.keep_graphs is not False and not chosen.graphs and chosen.peak <= usable:
+    kept = dict.fromkeys(rows, 0) if config.keep_graphs is None else None
+    if config.keep_graphs is not False and not chosen.graphs and chosen.peak <= usable:
         # Graphs kept from Step (1) to Step (3) sit beside the reps, the loss's temporaries or the backward
         # of another kept one; the other mini-batches run before them (Step (1)) and after them (Step (3)).
         held = max(footprint.loss_peak(sparse=chosen.sparse), chosen.resident)
-        if choices.keep_graphs:  # True: every mini-batch, counted in the predicted peak
+        if config.keep_graphs:  # True: every mini-batch, counted in the predicted peak
             kept_bytes = sum(
                 math.ceil(rows[c] / sizes[c]) * fits[c].peak(min(sizes[c], rows[c])) for c in rows
             )
@@ -498,9 +483,9 @@ def _plan(
         cuda_graphs=chosen.graphs,
         # Turned off only where left to its default and its records cost rows (graphs turn it off themselves).
         reuse_argmax=False
-        if choices.reuse_argmax is None and not chosen.records and not chosen.graphs
+        if config.reuse_argmax is None and not chosen.records and not chosen.graphs
         else None,
-        sparse_reps=chosen.sparse if choices.sparse_reps is None else None,
+        sparse_reps=chosen.sparse if config.sparse_reps is None else None,
         keep_graphs=kept,
         checkpointing=checkpointing,
         predicted_peak=peak,

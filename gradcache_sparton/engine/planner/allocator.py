@@ -22,7 +22,7 @@ import torch
 
 __all__ = ["use_expandable_segments"]
 
-logger = logging.getLogger("gradcache_sparton.engine.memory_plan")  # beside the plan's own line
+logger = logging.getLogger("gradcache_sparton.engine.planner.memory_plan")  # beside the plan's own line
 
 _SETTING = "expandable_segments"
 _ENVIRONMENT = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
