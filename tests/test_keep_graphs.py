@@ -283,9 +283,9 @@ def test_explicit_keep_graphs_is_kept_and_predicted() -> None:
     """keep_graphs=False: no graph kept and the peak of the step without them; True: as configured, with the
     kept graphs in the predicted peak (a warning where that exceeds the budget); CUDA graphs keep none."""
     off = _plan(64 * GIB, keep_graphs=False)
-    assert off.keep_graphs is None and off.predicted_peak == GIB + int(PASSAGE_FIT.peak(1024))
+    assert off.keep_graphs is False and off.predicted_peak == GIB + int(PASSAGE_FIT.peak(1024))
     on = _plan(16 * GIB, keep_graphs=True)
-    assert on.keep_graphs is None and on.predicted_peak > 16 * GIB
+    assert on.keep_graphs is True and on.predicted_peak > 16 * GIB
     assert "WARNING: keep_graphs" in on.reason
     graphed = _plan(16 * GIB, cuda_graphs=True, graphs_possible=True)
     assert graphed.cuda_graphs and graphed.keep_graphs == {"query": 0, "positive": 0}

@@ -204,7 +204,7 @@ def test_explicit_settings_are_kept() -> None:
         {"query": 8, "positive": None}, cuda_graphs=False, reuse_argmax=True, graphs_possible=True
     )
     plan = choose_plan(4 * GIB, ROWS, _measure(fits, []), _footprint(), *explicit)
-    assert plan.mini_batch_size["query"] == 8 and not plan.cuda_graphs and plan.reuse_argmax is None
+    assert plan.mini_batch_size["query"] == 8 and not plan.cuda_graphs and plan.reuse_argmax is True
     config = GradCacheConfig(max_memory="4GiB", mini_batch_size={"query": 8, "positive": None})
     settings = resolve_settings(config, torch.nn.Linear(2, 2), plan)
     assert settings.mini_batch_size == plan.mini_batch_size and settings.reuse_argmax is True
@@ -251,7 +251,7 @@ def test_reuse_argmax_off_where_its_records_crowd_out_rows() -> None:
     measure = _measure({False: _fits(0.5 * GIB, 40 * MIB)}, [])
     cheap = choose_plan(16 * GIB, ROWS, measure, _footprint(records=10 * MIB), *choices)
     costly = choose_plan(16 * GIB, ROWS, measure, _footprint(records=4 * GIB), *choices)
-    assert cheap.reuse_argmax is None and costly.reuse_argmax is False
+    assert cheap.reuse_argmax is True and costly.reuse_argmax is False
 
 
 def test_plan_never_changes_the_loss_or_gradients(config) -> None:
@@ -442,7 +442,7 @@ def test_the_refused_2gib_case_plans_sparse_reps(monkeypatch) -> None:
     plan = choose_plan(
         2 * GIB, ROWS, measure, footprint, *plan_inputs(dict.fromkeys(ROWS), graphs_possible=True)
     )
-    assert plan.sparse_reps is True and not plan.checkpointing
+    assert plan.sparse_reps == "true" and not plan.checkpointing
     assert min(plan.mini_batch_size.values()) >= MIN_ROWS and plan.predicted_peak <= 2 * GIB * (
         1 - PLAN_MARGIN
     )
@@ -462,7 +462,7 @@ def test_dense_reps_stay_where_they_fit(monkeypatch) -> None:
     plan = choose_plan(
         4 * GIB, ROWS, measure, footprint, *plan_inputs(dict.fromkeys(ROWS), graphs_possible=True)
     )
-    assert plan.sparse_reps is False and "reps dense" in plan.describe()
+    assert plan.sparse_reps == "false" and "reps dense" in plan.describe()
     assert plan.resident >= footprint.rep_cache
     assert (
         resolve_settings(GradCacheConfig(max_memory="4GiB"), torch.nn.Linear(2, 2), plan).sparse_reps
@@ -479,13 +479,13 @@ def test_explicit_sparse_reps_are_kept(monkeypatch, given) -> None:
     choices = plan_inputs(dict.fromkeys(ROWS), sparse_reps=given)
     plan = choose_plan(4 * GIB, ROWS, measure, footprint, *choices)
     assert (
-        plan.sparse_reps is None
+        plan.sparse_reps == given
         and resolve_settings(GradCacheConfig(sparse_reps=given), torch.nn.Linear(2, 2), plan).sparse_reps
         == given
     )
-    assert plan.resident == footprint.resident(records=plan.reuse_argmax is None, sparse=given == "true")
+    assert plan.resident == footprint.resident(records=plan.reuse_argmax, sparse=given == "true")
     if given == "true":
-        assert choose_plan(2 * GIB, ROWS, measure, footprint, *choices).sparse_reps is None
+        assert choose_plan(2 * GIB, ROWS, measure, footprint, *choices).sparse_reps == "true"
     else:
         with pytest.raises(ValueError, match="too small"):
             choose_plan(2 * GIB, ROWS, measure, footprint, *choices)
@@ -501,7 +501,9 @@ def test_sparse_reps_where_the_dense_loss_does_not_fit() -> None:
     plan = choose_plan(
         4 * GIB, ROWS, _measure({False: _fits(0.0, MIB)}, []), footprint, *plan_inputs(dict.fromkeys(ROWS))
     )
-    assert plan.sparse_reps is True and "the loss over the whole batch would peak at 4.00 GiB" in plan.reason
+    assert (
+        plan.sparse_reps == "true" and "the loss over the whole batch would peak at 4.00 GiB" in plan.reason
+    )
 
 
 def test_sparse_reps_before_activation_checkpointing() -> None:
@@ -515,7 +517,7 @@ def test_sparse_reps_before_activation_checkpointing() -> None:
     fits = {False: _fits(0.5 * GIB, 40 * MIB), True: _fits(0.1 * GIB, 5 * MIB)}
     choices = plan_inputs(dict.fromkeys(ROWS), can_checkpoint=True)
     plan = choose_plan(4 * GIB, ROWS, _measure(fits, calls), footprint, *choices)
-    assert calls == [False] and plan.sparse_reps is True and not plan.checkpointing
+    assert calls == [False] and plan.sparse_reps == "true" and not plan.checkpointing
     assert min(plan.mini_batch_size.values()) >= MIN_ROWS
 
 
@@ -585,7 +587,7 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     engine = GradCache(encoder, max_memory=f"{budget}B", cuda_graphs=False)
     loss, _ = engine.step(columns, loss_fn)
     plan = engine.memory_plan
-    assert plan is not None and plan.sparse_reps is True and engine.settings.sparse_reps == "true"
+    assert plan is not None and plan.sparse_reps == "true" and engine.settings.sparse_reps == "true"
     assert set(plan.mini_batch_size.values()) == {20} and layouts == [{SparseReps}]
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), grads_of(reference), rtol=RTOL_FP32)
@@ -601,7 +603,7 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     layouts.clear()
     roomy = GradCache(encoder_3pct(), max_memory=f"{budget + footprint.rep_cache * 2}B", cuda_graphs=False)
     roomy.step(columns, loss_fn)
-    assert roomy.memory_plan is not None and roomy.memory_plan.sparse_reps is False
+    assert roomy.memory_plan is not None and roomy.memory_plan.sparse_reps == "false"
     assert roomy.settings.sparse_reps == "false" and layouts == [{torch.Tensor}]
 
 
@@ -650,5 +652,5 @@ def _planned_config(plan: MemoryPlan) -> GradCacheConfig:
         mini_batch_size=dict(plan.mini_batch_size),
         cuda_graphs=plan.cuda_graphs,
         reuse_argmax=plan.reuse_argmax,
-        sparse_reps=None if plan.sparse_reps is None else str(plan.sparse_reps).lower(),
+        sparse_reps=plan.sparse_reps,
     )

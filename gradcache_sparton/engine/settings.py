@@ -130,9 +130,8 @@ def resolve_settings(
         checkpointing = checkpointing_on(encoder)
     else:
         mini_batch_size, cuda_graphs = dict(plan.mini_batch_size), plan.cuda_graphs
-        reuse_argmax = config.reuse_argmax if plan.reuse_argmax is None else plan.reuse_argmax
-        sparse_reps = config.sparse_reps if plan.sparse_reps is None else str(plan.sparse_reps).lower()
-        keep_graphs = bool(config.keep_graphs) if plan.keep_graphs is None else dict(plan.keep_graphs)
+        reuse_argmax, sparse_reps = plan.reuse_argmax, plan.sparse_reps
+        keep_graphs = plan.keep_graphs if isinstance(plan.keep_graphs, bool) else dict(plan.keep_graphs)
         checkpointing = plan.checkpointing
     if cuda_graphs:
         reuse_argmax, keep_graphs = False, False

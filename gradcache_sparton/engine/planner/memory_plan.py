@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from gradcache_sparton.engine.checks import rows_of
 from gradcache_sparton.engine.config import GradCacheConfig
 from gradcache_sparton.engine.memory_size import format_bytes
 from gradcache_sparton.engine.option_rules import EngineFacts
@@ -58,6 +59,7 @@ __all__ = [
     "MemoryPlan",
     "choose_kept_graphs",
     "choose_plan",
+    "padded_length",
 ]
 
 PLAN_MARGIN = 0.05
@@ -201,10 +203,12 @@ class MemoryPlan:
     budget: int
     mini_batch_size: dict[str, int]
     cuda_graphs: bool
-    reuse_argmax: bool | None  # False: turned off by the plan; None: as configured
-    sparse_reps: bool | None  # True / False: sparse / dense reps chosen by the plan; None: as configured
-    # Per column, how many of its last mini-batches keep their graph (all 0: none fits); None: as configured.
-    keep_graphs: dict[str, int] | None
+    reuse_argmax: (
+        bool  # the value the step runs: as configured, else the plan's (off where records cost rows)
+    )
+    sparse_reps: str  # "true" / "false" / "auto": as configured, else the layout the plan chose
+    # As configured (True / False), else per column how many of its last mini-batches keep their graph.
+    keep_graphs: bool | dict[str, int]
     checkpointing: bool
     predicted_peak: int
     resident: int
@@ -217,7 +221,7 @@ class MemoryPlan:
         if set(columns) != set(self.rows):
             return False
         return all(
-            _rows(features) <= self.rows[column] and _length(features) <= self.fits[column].length
+            rows_of(features) <= self.rows[column] and padded_length(features) <= self.fits[column].length
             for column, features in columns.items()
         )
 
@@ -232,10 +236,14 @@ class MemoryPlan:
             f"{format_bytes(self.fits[column].fixed)} + {format_bytes(self.fits[column].per_row)}/row)"
             for column, size in self.mini_batch_size.items()
         )
-        reuse = "as configured" if self.reuse_argmax is None else "off (its records would cost rows)"
-        reps = {None: "as configured", True: "sparse (non-zeros)", False: "dense"}[self.sparse_reps]
-        kept = "as configured"
-        if self.keep_graphs is not None:
+        reuse = "on" if self.reuse_argmax else "off"
+        reps = {"true": "sparse (non-zeros)", "false": "dense", "auto": "auto (counted dense)"}[
+            self.sparse_reps
+        ]
+        kept = (
+            {True: "all", False: "none"}.get(self.keep_graphs) if isinstance(self.keep_graphs, bool) else None
+        )
+        if isinstance(self.keep_graphs, dict):
             counts = ", ".join(f"{column} {count}" for column, count in self.keep_graphs.items())
             kept = counts if any(self.keep_graphs.values()) else "none"
         return (
@@ -254,10 +262,10 @@ class MemoryPlan:
             "memory_plan_cuda_graphs": float(self.cuda_graphs),
             "memory_plan_checkpointing": float(self.checkpointing),
         }
-        if self.sparse_reps is not None:
-            values["memory_plan_sparse_reps"] = float(self.sparse_reps)
-        for column, count in (self.keep_graphs or {}).items():
-            values[f"memory_plan_keep_graphs_{column}"] = float(count)
+        values["memory_plan_sparse_reps"] = float(self.sparse_reps == "true")
+        if isinstance(self.keep_graphs, dict):
+            for column, count in self.keep_graphs.items():
+                values[f"memory_plan_keep_graphs_{column}"] = float(count)
         for column, size in self.mini_batch_size.items():
             values[f"memory_plan_mini_batch_size_{column}"] = float(size)
         return values
@@ -481,12 +489,11 @@ def _plan(
         budget=problem.budget,
         mini_batch_size={c: max(1, sizes[c]) for c in rows},
         cuda_graphs=chosen.graphs,
-        # Turned off only where left to its default and its records cost rows (graphs turn it off themselves).
-        reuse_argmax=False
-        if config.reuse_argmax is None and not chosen.records and not chosen.graphs
-        else None,
-        sparse_reps=chosen.sparse if config.sparse_reps is None else None,
-        keep_graphs=kept,
+        # Left to its default: on where the plan kept its records, off for a compiled encoder (nothing to
+        # record) and under CUDA graphs (chosen.records is False there).
+        reuse_argmax=chosen.records and not (config.reuse_argmax is None and problem.facts.compiled),
+        sparse_reps=config.sparse_reps or ("true" if chosen.sparse else "false"),
+        keep_graphs=kept if config.keep_graphs is None else config.keep_graphs,
         checkpointing=checkpointing,
         predicted_peak=peak,
         resident=chosen.resident,
@@ -535,11 +542,7 @@ def choose_kept_graphs(
     return new_sizes, counts, used
 
 
-def _rows(features: Mapping[str, Tensor]) -> int:
-    return len(next(iter(features.values())))
-
-
-def _length(features: Mapping[str, Tensor]) -> int:
+def padded_length(features: Mapping[str, Tensor]) -> int:
     """The column's padded length (its attention mask's width; 1 without a 2-D one)."""
     mask = features.get("attention_mask")
     return int(mask.shape[1]) if mask is not None and mask.ndim == 2 else 1

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from gradcache_sparton.engine.autocast_state import AutocastState
+from gradcache_sparton.engine.checks import rows_of
 from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
 from gradcache_sparton.engine.cuda_graphs import recording_stream
 from gradcache_sparton.engine.grad_state import GradState
@@ -33,11 +34,10 @@ from gradcache_sparton.engine.planner.memory_plan import (
     ColumnFit,
     Footprint,
     MemoryPlan,
+    choose_plan,
     # Private to the engine, kept as they are: how the plan reads a column's rows and padded length,
     # which the probe must read the same way.
-    _length,
-    _rows,
-    choose_plan,
+    padded_length,
 )
 from gradcache_sparton.engine.rng_state import cuda_devices_of
 from gradcache_sparton.engine.settings import DEFAULT_MINI_BATCH_SIZE, checkpointing_on, plans_memory
@@ -154,7 +154,7 @@ class MemoryPlanner:
         fits = measure(checkpointing)
         footprint = _footprint(columns, fits, trained, device, first=not self._planned_once)
         owner = _checkpointing_owner(self.encoder)
-        rows = {column: _rows(features) for column, features in columns.items()}
+        rows = {column: rows_of(features) for column, features in columns.items()}
 
         def fits_for(on: bool) -> dict[str, ColumnFit]:
             return measured[on] if on in measured else measure(on)
@@ -184,9 +184,7 @@ class MemoryPlanner:
             owner.gradient_checkpointing_disable()
         self.plan = plan
         self._planned_once = True
-        self._counted_sparse = plan.sparse_reps is True or (
-            plan.sparse_reps is None and self.config.sparse_reps == "true"
-        )
+        self._counted_sparse = plan.sparse_reps == "true"
         over = plan.predicted_peak > budget * (1 - PLAN_MARGIN)  # an explicit mini_batch_size kept
         logger.log(logging.WARNING if over else logging.INFO, "%s", plan.describe())
         if owner is not None and plan.checkpointing and not checkpointing:
@@ -250,7 +248,7 @@ def measure_fits(
         cuda = {*cuda_devices_of(trained), *([device.index] if device.type == "cuda" else [])}
         with torch.random.fork_rng(devices=sorted(cuda)):
             for column, features in columns.items():
-                batch, length = _rows(features), _length(features)
+                batch, length = rows_of(features), padded_length(features)
                 points: list[tuple[int, int]] = []
                 rep = None
                 for rows in sorted({min(r, batch) for r in probe_rows}):
@@ -364,7 +362,7 @@ def _footprint(
     rep_cache = sparse_rep_cache = sparse_nnz = records = 0
     widest = 0  # the largest column's fp32 [B, V] bytes: a densified block of the sparse loss is no larger
     for column, features in columns.items():
-        fit, rows = fits[column], _rows(features)
+        fit, rows = fits[column], rows_of(features)
         nnz = rows * fit.width * fit.density
         planned_nnz = fit.sparse_entries(rows)
         rep_cache += 2 * rows * fit.width * fit.rep_bytes  # reps and their gradients, [B, V] each
