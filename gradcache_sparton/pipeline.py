@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -315,8 +316,7 @@ def run_evaluation(
                     _run_file(run_prefix, name, budget), overwrite=overwrite, suffixes=(".trec",)
                 )
     encoder = build_encoder(model_args, encoding.tokenizer)
-    encoder.check_max_length("query_max_length", query_max_length)
-    encoder.check_max_length("document_max_length", document_max_length)
+    encoding.check_encoder(encoder)
     encoder.to(device).eval()
     table: dict[str, dict[str, float]] = {}
     by_budget: dict[str, list[dict[str, float]]] = {}
@@ -386,11 +386,7 @@ def run_export(
     check_scale(scale)
     # JSON lines, uncompressed: what export_corpus writes, and what seismic and Anserini read.
     output_file = check_output_path(output_file, overwrite=overwrite, suffixes=(".jsonl", ".json"))
-    location = resolve_model_location(model_name_or_path)
-    if Path(location).is_dir() and has_query_table(
-        location
-    ):  # an inference-free model's table goes beside it
-        check_output_path(query_weights_file(output_file), overwrite=overwrite, suffixes=(".json",))
+    _check_query_weights_file(model_name_or_path, output_file, overwrite=overwrite)
     device = _check_device(device)
     _, document_max_length = checkpoint_max_lengths(
         model_name_or_path, document_max_length=document_max_length
@@ -436,6 +432,14 @@ def query_weights_file(output_file: str | Path) -> Path:
     ``corpus.jsonl`` -> ``corpus.idf.json`` (token -> weight, :func:`~gradcache_sparton.modeling.write_token_weights`)."""
     output_file = Path(output_file)
     return output_file.with_name(f"{output_file.stem}.{TOKEN_WEIGHTS_NAME}")
+
+
+def _check_query_weights_file(model_name_or_path: str, output_file: Path, *, overwrite: bool) -> None:
+    """An inference-free model's table goes beside the exported file (:func:`query_weights_file`): like
+    ``output_file``, it must not exist unless ``overwrite``."""
+    location = resolve_model_location(model_name_or_path)
+    if Path(location).is_dir() and has_query_table(location):
+        check_output_path(query_weights_file(output_file), overwrite=overwrite, suffixes=(".json",))
 
 
 def _load_export_model(
@@ -490,6 +494,7 @@ def _export_onnx(
             "--format onnx needs onnx, onnxscript and onnxruntime: pip install 'gradcache_sparton[onnx]'"
         )
     output_file = check_output_path(output_file, overwrite=overwrite, suffixes=(".onnx",))
+    _check_query_weights_file(model_name_or_path, output_file, overwrite=overwrite)
     _, document_max_length = checkpoint_max_lengths(
         model_name_or_path, document_max_length=document_max_length
     )
@@ -536,16 +541,31 @@ def run_idf(
     folder, which then only gains the table), ``query_table.safetensors`` and ``idf.json``
     (docs/inference_free.md), and where sentence-transformers has the model's equivalent (a masked LM, the
     tokenizer in the folder) its inference-free ``Router`` files (documents truncated at the checkpoint's
-    ``document_max_length``, else the backbone's positions). ``ValueError`` before any work if ``output_dir`` already has a query table
-    (unless ``overwrite``) or the corpus is empty or unreadable.
+    ``document_max_length``, else the backbone's positions). ``ValueError`` before any work, unless
+    ``overwrite``, if ``output_dir`` already has a query table or ``idf.json``, or, when it is not the model's
+    own folder, holds any file (another checkpoint's would be replaced); and if the corpus is empty or
+    unreadable. The table files replace a symlink in their place, never the file it points to.
     """
     output_dir = Path(output_dir)
     if output_dir.is_file():
         raise ValueError(f"output_dir {str(output_dir)!r} is a file")
-    if (output_dir / QUERY_TABLE_NAME).exists() and not overwrite:
-        raise ValueError(
-            f"output_dir {str(output_dir)!r} already has a {QUERY_TABLE_NAME}: pass overwrite=True (CLI: --overwrite)"
-        )
+    location = Path(resolve_model_location(model_name_or_path))
+    own_folder = location.is_dir() and output_dir.is_dir() and location.resolve() == output_dir.resolve()
+    if not overwrite:
+        tables = [n for n in (QUERY_TABLE_NAME, TOKEN_WEIGHTS_NAME) if os.path.lexists(output_dir / n)]
+        if tables:
+            raise ValueError(
+                f"output_dir {str(output_dir)!r} already has a {' and '.join(tables)}: pass overwrite=True "
+                "(CLI: --overwrite)"
+            )
+        held = sorted(p.name for p in output_dir.iterdir()) if output_dir.is_dir() and not own_folder else []
+        if held:
+            raise ValueError(
+                f"output_dir {str(output_dir)!r} is not the model's folder and holds files ({', '.join(held[:5])}"
+                f"{', ...' if len(held) > 5 else ''}) that the document encoder's would replace: give a new or "
+                "empty folder, the model's own folder (only the table files are added), or overwrite=True (CLI: "
+                "--overwrite)"
+            )
     beir_path = beir_folder(beir_path)
     texts = [document.full_text for document in iter_corpus(beir_path)]  # every line checked before the model
     if not texts:
@@ -554,9 +574,8 @@ def run_idf(
     tokenizer = build_tokenizer(model_args)
     encoder = build_encoder(model_args, tokenizer)  # the document side (a table the model had is replaced)
     table = QueryTable(idf_weights(texts, tokenizer), special_token_ids=tokenizer.all_special_ids)
-    location = Path(resolve_model_location(model_name_or_path))
     output_dir.mkdir(parents=True, exist_ok=True)
-    if not (location.is_dir() and location.resolve() == output_dir.resolve()):
+    if not own_folder:
         encoder.save_pretrained(output_dir, tokenizer=tokenizer)
     save_query_table(table, output_dir)
     write_token_weights(table, tokenizer, output_dir / TOKEN_WEIGHTS_NAME)

@@ -344,16 +344,32 @@ class CachedSpladeTrainer(Trainer):
             world = max(1, self.args.world_size)
             logger.info(
                 "Effective batch: %d per device x %d process(es) = %d rows per loss%s (x %d accumulation steps "
-                "per optimizer step); mini_batch_size %s; sparse_reps %s.",
+                "per optimizer step); mini_batch_size %s%s; sparse_reps %s.",
                 self.args.per_device_train_batch_size,
                 world,
                 self.args.per_device_train_batch_size * world,
                 " (reps gathered across processes)" if world > 1 else "",
                 self.args.gradient_accumulation_steps,
                 engine.settings.mini_batch_size_text(),
+                self._unplanned_note(engine),
                 engine.settings.sparse_reps,
             )
         logger.info("GradCache engine settings: %s.", engine.settings.describe())
+
+    def _unplanned_note(self, engine: GradCache) -> str:
+        """What the start line says of a ``max_memory`` that planned nothing on one process off CUDA (under
+        data parallelism the engine says it when built): where plans run and what applies instead."""
+        if (
+            engine.config.max_memory is None
+            or engine.memory_plan is not None
+            or self.args.world_size > 1
+            or self.args.device.type == "cuda"
+        ):
+            return ""
+        return (
+            f" (max_memory {engine.config.max_memory} is planned on one CUDA device only: on "
+            f"{self.args.device.type}, the engine's defaults apply to the options left unset)"
+        )
 
     def _cached_loss(self, model: nn.Module, columns: Mapping[str, Any]) -> CachedLoss:
         """The GradCache engine over ``model``, built from the arguments (the one place it is): kept across

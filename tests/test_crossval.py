@@ -674,7 +674,7 @@ def test_crossval_round_teacher_is_the_previous_model(tmp_path: Path, monkeypatc
         (["--rounds", "2", "--model_negatives", "92"], "ranks 10..100: at most 91"),
         (
             ["--rounds", "2", "--model_negatives", "1", "--document_max_length", "100"],
-            "document_max_length=100",
+            "document_max_length must be a positive multiple of 8, got 100",
         ),
     ],
 )

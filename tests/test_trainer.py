@@ -134,6 +134,25 @@ def test_trainer_logs_the_engines_settings_never_its_own_prediction(
     assert "mini_batch_size query 4, positive 8;" in logged[0] and "reuse_argmax on" in logged[0]
 
 
+@pytest.mark.parametrize("max_memory", ["auto", "4GiB"])
+def test_start_line_says_max_memory_plans_on_one_cuda_device_only(
+    tmp_path, tokenizer, sample_rows, caplog, max_memory
+) -> None:
+    """On a CPU, max_memory plans nothing: the start line (Effective batch) says the plan runs on one CUDA
+    device only and that the engine's defaults apply, for auto (otherwise silent) and for a size."""
+    args = _args(tmp_path, max_steps=1, mini_batch_size=None, max_memory=max_memory)
+    trainer = CachedSpladeTrainer(
+        _encoder(tokenizer, dropout=0.0), args, train_dataset=sample_rows, processing_class=tokenizer
+    )
+    with caplog.at_level("INFO", logger="gradcache_sparton.trainer"):
+        trainer.train()
+    (start,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Effective batch")]
+    assert (
+        f"mini_batch_size 32 (max_memory {max_memory} is planned on one CUDA device only: on cpu, the engine's "
+        "defaults apply to the options left unset);" in start
+    )
+
+
 _EVERY_FIELD_FLAGS = {
     "mini_batch_size": "4",
     "query_mini_batch_size": "2",

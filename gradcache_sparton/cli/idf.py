@@ -40,7 +40,12 @@ def idf_command(argv: Sequence[str]) -> int:
         help="the inference-free model's folder: the document encoder, query_table.safetensors and idf.json "
         "(the model's own folder: only the table files are added).",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace a query table output_dir has.")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the table files output_dir has, or the files of another checkpoint in it (never written "
+        "through a symlink).",
+    )
     args = parser.parse_args(argv)
     summary = run_idf(
         args.model_name_or_path,

@@ -231,6 +231,7 @@ def run_crossval(
     set_seed(earlier["settings"]["seeds"][0] if earlier is not None else settings.seeds[0])
     # An inference-free start without its own query table takes the IDF of the corpus searched.
     start_encoder = build_encoder(model_args, tokenizer, idf_documents=beir.corpus.values())
+    settings.encoding(tokenizer).check_encoder(start_encoder)  # the evaluation lengths: before any file
     teacher, progress = None, not training_args.disable_tqdm
     if settings.teacher == "bm25+model":
         teacher = teacher_scorer(

@@ -14,7 +14,7 @@ from gradcache_sparton.crossval.teacher import (
     TEACHER_NORMALISATIONS,
     TEACHERS,
 )
-from gradcache_sparton.evaluation.encoding import EncodingSettings
+from gradcache_sparton.evaluation.encoding import EncodingSettings, check_max_lengths
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
 from gradcache_sparton.primitives.option_field import option
 
@@ -137,9 +137,13 @@ class CrossvalSettings:
         for name in ("self_supervised_pairs", "bm25_negatives", "model_negatives"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("query_max_length", "document_max_length", "eval_batch_size", "resamples"):
+        for name in ("eval_batch_size", "resamples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        # The evaluation's encoding settings (EncodingSettings' own check), before any file is written.
+        check_max_lengths(
+            query_max_length=self.query_max_length, document_max_length=self.document_max_length
+        )
         if self.teacher not in TEACHERS:
             raise ValueError(f"teacher must be one of {TEACHERS}, got {self.teacher!r}")
         if self.teacher != "none" and self.bm25_negatives < 1:
@@ -210,12 +214,6 @@ class CrossvalSettings:
                     f"model_negatives={self.model_negatives} are drawn from the fold model's ranks "
                     f"{NEGATIVE_RANKS[0]}..{NEGATIVE_RANKS[1]}: at most {window}"
                 )
-            for name in ("query_max_length", "document_max_length"):
-                if getattr(self, name) % 8:
-                    raise ValueError(
-                        f"model_negatives rank the corpus at the evaluation lengths, which the miner needs as "
-                        f"multiples of 8 (as in training): got {name}={getattr(self, name)}"
-                    )
 
 
 def check_recipe_loss(settings: CrossvalSettings, training_args: CachedSpladeTrainingArguments) -> None:

@@ -5,9 +5,12 @@ Legend: B batch, S sequence, V vocabulary.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +21,15 @@ from gradcache_sparton.data.columns import QUERY_COLUMN
 from gradcache_sparton.primitives.column_routing import call_encoder
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
-__all__ = ["PAD_TO_MULTIPLE_OF", "Encoder", "EncodingSettings", "encode_texts", "encoder_device"]
+__all__ = [
+    "PAD_TO_MULTIPLE_OF",
+    "Encoder",
+    "EncodingSettings",
+    "check_max_lengths",
+    "encode_texts",
+    "encoder_device",
+    "takes_encoding",
+]
 
 Encoder = Callable[..., Tensor]
 
@@ -32,6 +43,14 @@ def encoder_device(encoder: Encoder) -> torch.device:
         for parameter in encoder.parameters():
             return parameter.device
     return torch.device("cpu")
+
+
+def check_max_lengths(**lengths: int) -> None:
+    """``ValueError`` naming the first length (keyword: its name) that is not a positive multiple of
+    :data:`PAD_TO_MULTIPLE_OF` (tokenizers cannot truncate to it and pad to a multiple of it)."""
+    for name, value in lengths.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % PAD_TO_MULTIPLE_OF:
+            raise ValueError(f"{name} must be a positive multiple of {PAD_TO_MULTIPLE_OF}, got {value!r}")
 
 
 @dataclass
@@ -60,15 +79,19 @@ class EncodingSettings:
             )
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size!r}")
-        for name in ("query_max_length", "document_max_length"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or value < 1
-                or value % PAD_TO_MULTIPLE_OF
-            ):
-                raise ValueError(f"{name} must be a positive multiple of {PAD_TO_MULTIPLE_OF}, got {value!r}")
+        check_max_lengths(
+            query_max_length=self.query_max_length, document_max_length=self.document_max_length
+        )
+
+    def check_encoder(self, encoder: Encoder) -> None:
+        """``ValueError`` naming the length if texts of ``query_max_length`` or ``document_max_length`` tokens
+        would run past ``encoder``'s position table or leave no text token after its prefix (its own
+        ``check_max_length``, as training checks it; an encoder without one, e.g. a plain callable, is not
+        checked). :meth:`encode` runs it before any text is encoded."""
+        check = getattr(encoder, "check_max_length", None)
+        if callable(check):
+            check("query_max_length", self.query_max_length, tokenizer=self.tokenizer)
+            check("document_max_length", self.document_max_length, tokenizer=self.tokenizer)
 
     def device_for(self, encoder: Encoder) -> torch.device:
         """Where texts are encoded and their reps ranked: ``device``, else the encoder's
@@ -77,7 +100,9 @@ class EncodingSettings:
 
     def encode(self, encoder: Encoder, texts: Sequence[str], *, column: str, desc: str) -> SparseReps:
         """``texts`` of one column (:data:`~gradcache_sparton.data.QUERY_COLUMN`: at ``query_max_length``;
-        a document column: at ``document_max_length``) encoded by :func:`encode_texts` with these settings."""
+        a document column: at ``document_max_length``) encoded by :func:`encode_texts` with these settings,
+        after :meth:`check_encoder`."""
+        self.check_encoder(encoder)
         return encode_texts(
             encoder,
             texts,
@@ -123,11 +148,7 @@ def encode_texts(
         raise ValueError("texts is empty: nothing to encode")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if max_length < 1 or max_length % PAD_TO_MULTIPLE_OF:
-        raise ValueError(
-            f"max_length must be a positive multiple of {PAD_TO_MULTIPLE_OF} (tokenizers cannot truncate to "
-            f"it and pad to a multiple of {PAD_TO_MULTIPLE_OF}), got {max_length}"
-        )
+    check_max_lengths(max_length=max_length)
     device = encoder_device(encoder) if device is None else torch.device(device)
     # Longest first: batches of similar lengths pad less, and the first batch shows the peak memory.
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
@@ -165,3 +186,49 @@ def encode_texts(
     inverse = torch.empty(len(texts), dtype=torch.int64)
     inverse[torch.tensor(order)] = torch.arange(len(texts))
     return SparseReps.concat(parts).select(inverse)
+
+
+# The keywords one EncodingSettings replaced in the functions that take it (export_corpus's max_length: its
+# document_max_length), refused with the call to write: the project keeps no deprecated aliases.
+_FORMER_KEYWORDS = {
+    "tokenizer": "tokenizer",
+    "query_max_length": "query_max_length",
+    "document_max_length": "document_max_length",
+    "max_length": "document_max_length",
+    "batch_size": "batch_size",
+    "device": "device",
+    "autocast_dtype": "autocast_dtype",
+    "show_progress": "show_progress",
+}
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def takes_encoding(function: _Function) -> _Function:
+    """Decorate a function (or ``__init__``) with an ``encoding: EncodingSettings`` keyword: a call with the
+    keywords it replaced (``tokenizer=``, ``query_max_length=``, ...) or with anything but an
+    :class:`EncodingSettings` as ``encoding`` (a tokenizer) raises one ``TypeError`` that shows the call to
+    write instead, before the function runs."""
+    former = [k for k in _FORMER_KEYWORDS if k not in inspect.signature(function).parameters]
+    name = function.__qualname__.removesuffix(".__init__")
+
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        given = {k: kwargs[k] for k in former if k in kwargs}
+        encoding = kwargs.get("encoding")
+        if given or not (encoding is None or isinstance(encoding, EncodingSettings)):
+            settings = ", ".join(
+                ["tokenizer"] + [f"{_FORMER_KEYWORDS[k]}={v!r}" for k, v in given.items() if k != "tokenizer"]
+            )
+            wrong = (
+                f"keyword(s) {sorted(given)} are no longer taken"
+                if given
+                else f"encoding must be an EncodingSettings, got {type(encoding).__name__}"
+            )
+            raise TypeError(
+                f"{name}: {wrong}; how texts are encoded is one EncodingSettings: write "
+                f"{name}(..., encoding=EncodingSettings({settings}))"
+            )
+        return function(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from gradcache_sparton.data import QUERY_COLUMN, BeirData
-from gradcache_sparton.evaluation.encoding import Encoder, EncodingSettings
+from gradcache_sparton.evaluation.encoding import Encoder, EncodingSettings, takes_encoding
 from gradcache_sparton.evaluation.metrics import (
     DEFAULT_MEASURES,
     measure_cutoff,
@@ -57,6 +57,7 @@ class SparseRetrievalEvaluator:
     tokens, as in training.
     """
 
+    @takes_encoding
     def __init__(
         self,
         data: BeirData,
@@ -68,8 +69,6 @@ class SparseRetrievalEvaluator:
     ) -> None:
         if not isinstance(data, BeirData):
             raise TypeError(f"data must be a BeirData (see load_beir), got {type(data).__name__}")
-        if not isinstance(encoding, EncodingSettings):
-            raise TypeError(f"encoding must be an EncodingSettings, got {type(encoding).__name__}")
         if retrieval not in RETRIEVALS:
             raise ValueError(f"retrieval must be one of {RETRIEVALS}, got {retrieval!r}")
         if retrieval == "seismic" and not seismic_available():

@@ -29,7 +29,7 @@ from typing import TextIO
 
 from tqdm.auto import tqdm
 
-from gradcache_sparton.evaluation.encoding import Encoder, EncodingSettings
+from gradcache_sparton.evaluation.encoding import Encoder, EncodingSettings, takes_encoding
 from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
@@ -106,6 +106,7 @@ def _check_impacts(doc_id: str, weights: Sequence[float], vector: dict[str, int]
         )
 
 
+@takes_encoding
 def export_corpus(
     encoder: Encoder,
     documents: Iterable[tuple[str, str]],

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from gradcache_sparton.data import NEGATIVE_PREFIX, POSITIVE_COLUMN, QUERY_COLUMN
 from gradcache_sparton.evaluation import EncodingSettings
+from gradcache_sparton.evaluation.encoding import takes_encoding
 from gradcache_sparton.mining.pairs import POSITIVE_ID_COLUMN, QUERY_ID_COLUMN, check_mining_pairs
 from gradcache_sparton.mining.rankings import (
     BM25_STEMMER,
@@ -133,6 +134,7 @@ def _eligible_negatives(
     return eligible
 
 
+@takes_encoding
 def mine_hard_negatives(
     pairs: datasets.Dataset,
     *,

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from gradcache_sparton.data import QUERY_COLUMN
 from gradcache_sparton.evaluation import EncodingSettings, retrieve
+from gradcache_sparton.evaluation.encoding import takes_encoding
 from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 
 __all__ = ["BM25_STEMMER", "bm25_rankings", "bm25_scores", "check_bm25_installed", "splade_rankings"]
@@ -244,6 +245,7 @@ def bm25_scores(
     return torch.from_numpy(candidate_scores), torch.from_numpy(top)
 
 
+@takes_encoding
 def splade_rankings(
     encoder: Callable[..., Tensor],
     queries: Sequence[str],

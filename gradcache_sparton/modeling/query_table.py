@@ -23,8 +23,9 @@ the largest value, df = 0), special tokens 0. Texts are tokenized without specia
 truncation.
 
 On disk (:func:`save_query_table`, :func:`load_query_table`): ``query_table.safetensors`` beside a
-model's weights, one fp32 tensor ``weight`` [V] and the metadata ``special_token_ids`` (a JSON list)
-and ``frozen`` (``"true"``/``"false"``). For a search engine or sentence-transformers,
+model's weights, one fp32 tensor ``weight`` [V] and the metadata ``special_token_ids`` (a JSON list,
+required: a table without it is refused, since which ids never count cannot be known from the weights)
+and ``frozen`` (``"true"``/``"false"``, default true). For a search engine or sentence-transformers,
 :func:`write_token_weights` writes the same weights as ``idf.json``: a JSON object token -> weight over
 every token id in id order, the format of sentence-transformers' ``SparseStaticEmbedding.from_json`` and
 of OpenSearch's inference-free tokenizers.
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -211,14 +212,14 @@ def save_query_table(table: QueryTable, folder: str | os.PathLike) -> Path:
 
     path = Path(folder) / QUERY_TABLE_NAME
     tensors, metadata = table.file_contents()
-    save_file(tensors, str(path), metadata)
-    return path
+    return _replace(path, lambda partial: save_file(tensors, str(partial), metadata))
 
 
 def load_query_table(folder: str | os.PathLike, *, frozen: bool | None = None) -> QueryTable:
     """The table of ``folder/query_table.safetensors``; ``frozen`` None: as saved.
 
-    ``ValueError`` naming the file when it is unreadable, has no [V] fp32 ``weight`` or bad metadata.
+    ``ValueError`` naming the file when it is unreadable, has no [V] fp32 ``weight``, no ``special_token_ids``
+    metadata (module doc) or bad metadata.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -236,25 +237,38 @@ def load_query_table(folder: str | os.PathLike, *, frozen: bool | None = None) -
             weight = f.get_tensor("weight")
     except (SafetensorError, OSError) as exc:
         raise ValueError(f"{path} is not a readable safetensors file ({exc})") from None
-    try:
-        special = json.loads(metadata.get("special_token_ids", "[]"))
-    except json.JSONDecodeError:
-        special = None
-    if not isinstance(special, list) or metadata.get("frozen", "true") not in ("true", "false"):
-        raise ValueError(
-            f"{path}: metadata must have special_token_ids (a JSON list) and frozen ('true'/'false'), got {metadata}"
-        )
+    special, saved_frozen = _read_metadata(path, metadata)
     if weight.dim() != 1 or weight.dtype != torch.float32:
         raise ValueError(
             f"{path}: weight must be a 1-D fp32 tensor [V], got {tuple(weight.shape)} {weight.dtype}"
         )
-    saved_frozen = metadata.get("frozen", "true") == "true"
     try:
         return QueryTable(
             weight, special_token_ids=special, frozen=saved_frozen if frozen is None else frozen
         )
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def _read_metadata(path: Path, metadata: dict[str, str]) -> tuple[list[int], bool]:
+    """The special token ids and ``frozen`` of the table file ``path`` (module doc); ``ValueError`` naming
+    the file when ``special_token_ids`` is missing (a table made elsewhere: which ids never count cannot be
+    known, and [CLS] and [SEP] would count in every query) or either is malformed."""
+    if "special_token_ids" not in metadata:
+        raise ValueError(
+            f"{path} has no special_token_ids in its metadata: which ids never count cannot be known (a table "
+            "from elsewhere); write it with save_query_table, or with safetensors' metadata "
+            '{"special_token_ids": json.dumps(tokenizer.all_special_ids)}'
+        )
+    try:
+        special = json.loads(metadata["special_token_ids"])
+    except json.JSONDecodeError:
+        special = None
+    if not isinstance(special, list) or metadata.get("frozen", "true") not in ("true", "false"):
+        raise ValueError(
+            f"{path}: metadata must have special_token_ids (a JSON list) and frozen ('true'/'false'), got {metadata}"
+        )
+    return special, metadata.get("frozen", "true") == "true"
 
 
 def _load_kind(
@@ -265,15 +279,7 @@ def _load_kind(
         raise ValueError(
             f"{path}: metadata kind {kind!r} is not a query table kind ({sorted(QueryTable._kinds)})"
         )
-    try:
-        special = json.loads(metadata.get("special_token_ids", "[]"))
-    except json.JSONDecodeError:
-        special = None
-    if not isinstance(special, list) or metadata.get("frozen", "true") not in ("true", "false"):
-        raise ValueError(
-            f"{path}: metadata must have special_token_ids (a JSON list) and frozen ('true'/'false'), got {metadata}"
-        )
-    saved_frozen = metadata.get("frozen", "true") == "true"
+    special, saved_frozen = _read_metadata(path, metadata)
     try:
         return QueryTable._kinds[kind].from_tensors(
             tensors, special_token_ids=special, frozen=saved_frozen if frozen is None else frozen
@@ -300,8 +306,19 @@ def write_token_weights(
         raise ValueError(
             "the tokenizer maps two ids to one token string: a token -> weight file cannot hold it"
         )
-    path = Path(path)
-    path.write_text(json.dumps(mapping, ensure_ascii=False) + "\n", encoding="utf-8")
+    text = json.dumps(mapping, ensure_ascii=False) + "\n"
+    return _replace(Path(path), lambda partial: partial.write_text(text, encoding="utf-8"))
+
+
+def _replace(path: Path, write: Callable[[Path], object]) -> Path:
+    """``write`` a new file beside ``path``, then rename it onto ``path``: a symlink there is replaced, never
+    written through (the file it points to, perhaps outside the folder, stays as it was)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
     return path
 
 
