@@ -359,16 +359,16 @@ class CachedSpladeTrainer(Trainer):
     def _unplanned_note(self, engine: GradCache) -> str:
         """What the start line says of a ``max_memory`` that planned nothing on one process off CUDA (under
         data parallelism the engine says it when built): where plans run and what applies instead."""
+        device = self.args.device.type
         if (
             engine.config.max_memory is None
-            or engine.memory_plan is not None
             or self.args.world_size > 1
-            or self.args.device.type == "cuda"
+            or plans_memory(engine.config, device, data_parallel=False)
         ):
             return ""
         return (
-            f" (max_memory {engine.config.max_memory} is planned on one CUDA device only: on "
-            f"{self.args.device.type}, the engine's defaults apply to the options left unset)"
+            f" (max_memory {engine.config.max_memory} is planned on one CUDA device only: on {device}, the "
+            "engine's defaults apply to the options left unset)"
         )
 
     def _cached_loss(self, model: nn.Module, columns: Mapping[str, Any]) -> CachedLoss:
