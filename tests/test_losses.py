@@ -396,10 +396,10 @@ def test_blocked_scores_on_the_tensor_cores_equal_fp64(sparse: bool) -> None:
     by at most e = 512 · 2**-24 · max score (all terms >= 0); lse then by e, each softmax weight by a
     factor within exp(±2e), and each gradient entry, a sum of at most 600 positive terms, by 2e plus
     600 · 2**-24 relative. A wrong product, block or row is an O(1) error."""
-    from gradcache_sparton.losses.blocked import _products_in_bf16
+    from gradcache_sparton.losses.blocked import products_in_bf16
 
     reps = {n: r.to(torch.bfloat16).float() for n, r in _batch(300, 512, 1, seed=52).items()}
-    assert _products_in_bf16([r.cuda() for r in reps.values()])
+    assert products_in_bf16([r.cuda() for r in reps.values()])
 
     def lse_and_grads(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
         columns = [rep.to(device, dtype) for rep in reps.values()]

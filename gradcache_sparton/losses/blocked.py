@@ -54,7 +54,7 @@ sum are compared across ranks first (one all-reduce of a few floats), and a diff
 Products on a GPU: without TF32 an fp32 matmul runs on the CUDA cores (an H100's datasheet peaks: 67
 TFLOP/s fp32 against 989 bf16 on the tensor cores), and the blocked products grow as B²: 4 · 2 · B ·
 (1+k)B · V flops a step. When every input holds bf16 values (reps made under bf16 autocast and upcast;
-checked once per call, :func:`_products_in_bf16`) the blocks are kept in bf16 and multiplied on the
+checked once per call, :func:`products_in_bf16`) the blocks are kept in bf16 and multiplied on the
 tensor cores with fp32 output (``torch.mm(..., out_dtype=torch.float32)``): the product of two bf16
 values is exact in fp32, so the scores are sums of the exact fp32 products, in another order. The
 backward's fp32 softmax weights are not bf16 values: each is split exactly into three bf16 parts (8 +
@@ -103,8 +103,10 @@ __all__ = [
     "RowsOf",
     "blocked_logsumexp",
     "check_block_size",
+    "check_same_on_every_rank",
     "compact_document_rows",
     "plan_query_blocks",
+    "products_in_bf16",
     "rows_logsumexp",
     "score_block_size",
 ]
@@ -345,11 +347,11 @@ def _dense_rows(position: int, tensor: Tensor) -> RowBlocks:
 
 # Device types whose block products run in bf16 with fp32 output when the values allow it (module doc).
 _BF16_PRODUCT_DEVICES = frozenset({"cuda"})
-# Elements checked at a time by _products_in_bf16: its temporaries stay ~112 MiB whatever the [B, V].
+# Elements checked at a time by products_in_bf16: its temporaries stay ~112 MiB whatever the [B, V].
 _CHECK_CHUNK = 1 << 24
 
 
-def _products_in_bf16(tensors: Sequence[Tensor]) -> bool:
+def products_in_bf16(tensors: Sequence[Tensor]) -> bool:
     """True when the blocks can be multiplied as bf16 with exact products: fp32 inputs on a GPU whose
     values are all bf16 values (one pass over them in chunks, one device sync). NaN compares unequal."""
     if not all(t.dtype == torch.float32 and t.device.type in _BF16_PRODUCT_DEVICES for t in tensors):
@@ -396,7 +398,7 @@ def _mm_fp32_left(weights: Tensor, block: Tensor) -> Tensor:
     return _mm(weights.transpose(0, 1).reshape(m, 3 * k), block.repeat(3, 1))
 
 
-def _check_same_on_every_rank(tensors: Sequence[Tensor]) -> None:
+def check_same_on_every_rank(tensors: Sequence[Tensor]) -> None:
     """Raise on every rank unless every rank passed inputs of the same sizes and fp64 sums (one all-reduce)."""
     here = torch.stack([torch.stack([t.new_tensor(t.numel(), dtype=torch.float64), t.detach().sum(dtype=torch.float64)])
                         for t in tensors]).reshape(-1)  # fmt: skip
@@ -422,7 +424,7 @@ def _blocked_lse_forward(
     device = q_rows.tensor.device
     blocks, summed = _rank_blocks(plan, shard)
     if summed:
-        _check_same_on_every_rank([q_rows.tensor, *(d.tensor for d in d_rows)])
+        check_same_on_every_rank([q_rows.tensor, *(d.tensor for d in d_rows)])
     lse = torch.zeros(q_rows.num_rows, dtype=dtype, device=device)  # [B]
     for block in blocks:
         i0, i1, columns = block.start, block.stop, _block_columns(block, q_rows.vocab_size)
@@ -512,7 +514,7 @@ class _BlockedLogSumExp(torch.autograd.Function):
         d_rows = [rows_of(1 + c, tensor) for c, tensor in enumerate(d)]
         with torch.autocast(q.device.type, enabled=False):
             dtype = accumulation_dtype(q, *d)
-            block_dtype = torch.bfloat16 if _products_in_bf16([q, *d]) else dtype
+            block_dtype = torch.bfloat16 if products_in_bf16([q, *d]) else dtype
             plan = plan_query_blocks(q_rows, block_size)
             lse = _blocked_lse_forward(q_rows, d_rows, plan, temperature, shard, dtype, block_dtype)
         ctx.save_for_backward(q, lse, *d)

@@ -77,8 +77,10 @@ class Scores(Protocol):
         temperature: float,
         block_size: int,
         shard_across_ranks: bool,
+        kernel: str,
     ) -> Tensor:
-        """Each query's log-sum-exp of its scaled scores against every row of ``d_reps`` -> [B], in blocks."""
+        """Each query's log-sum-exp of its scaled scores against every row of ``d_reps`` -> [B], in blocks;
+        ``kernel`` ('auto', 'fused', 'blocked'): whether the fused kernel of :mod:`.fused_lse` may run."""
         ...
 
 
@@ -105,7 +107,13 @@ class _DenseScores:
         temperature: float,
         block_size: int,
         shard_across_ranks: bool,
+        kernel: str,
     ) -> Tensor:
+        if kernel == "fused":
+            raise ValueError(
+                "score_kernel='fused' scores sparse reps only (the engine's sparse_reps); dense [B, V] reps run "
+                "the blocked path: use score_kernel='auto' or 'blocked'"
+            )
         return blocked_logsumexp(
             q_reps,
             d_reps,
@@ -131,6 +139,12 @@ def _whole_scores(q_reps: Tensor, d_columns: Sequence[Tensor]) -> Tensor:
     concatenated into a [(1+k)·B, V] copy.
     """
     return torch.cat([unchecked_dot_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)
+
+
+def _kernel(score_kernel: str, block_size: int | None) -> str:
+    """The log-sum-exp's kernel setting: ``score_kernel``, but 'auto' with an explicit ``block_size`` is
+    'blocked' (a block size is the blocked path's setting; the fused kernel has its own tiles)."""
+    return "blocked" if score_kernel == "auto" and block_size is not None else score_kernel
 
 
 def check_temperature(temperature: float, *, name: str = "temperature") -> None:
@@ -186,9 +200,10 @@ def info_nce(
     temperature: float,
     block_size: int | None = None,
     shard_across_ranks: bool = False,
+    score_kernel: str = "auto",
 ) -> Tensor:
     """:func:`info_nce_loss` of checked columns, scored by ``scores``; ``shard_across_ranks``: blocked, 1/W
-    of the queries per rank (:mod:`.blocked`)."""
+    of the queries per rank (:mod:`.blocked`); ``score_kernel``: see :func:`_kernel`."""
     q_reps, pos_reps, neg_reps = columns
     block = scores.block_size(q_reps, 1 + len(neg_reps), block_size, shard_across_ranks)
     if block is not None:
@@ -201,6 +216,7 @@ def info_nce(
             temperature=temperature,
             block_size=block,
             shard_across_ranks=shard_across_ranks,
+            kernel=_kernel(score_kernel, block_size),
         )
         return (lse - scores.paired(q_reps, pos_reps) / temperature).mean()  # [B] -> []
     all_scores = _whole_scores(q_reps, [pos_reps, *neg_reps])  # [B, (1+k)·B]; column j < B is positive j
@@ -337,9 +353,10 @@ def kl_div(
     in_batch: bool,
     block_size: int | None = None,
     shard_across_ranks: bool = False,
+    score_kernel: str = "auto",
 ) -> Tensor:
-    """:func:`kl_div_loss` of checked columns and teacher scores, scored by ``scores`` (``shard_across_ranks``:
-    as :func:`info_nce`)."""
+    """:func:`kl_div_loss` of checked columns and teacher scores, scored by ``scores`` (``shard_across_ranks``,
+    ``score_kernel``: as :func:`info_nce`)."""
     q_reps, pos_reps, neg_reps = columns
     d_columns = [pos_reps, *neg_reps]
     B, k = q_reps.shape[0], len(neg_reps)
@@ -360,6 +377,7 @@ def kl_div(
             temperature=temperature,
             block_size=block,
             shard_across_ranks=shard_across_ranks,
+            kernel=_kernel(score_kernel, block_size),
         )  # [B]
         log_student = own_scores / temperature - lse[:, None]  # [B, 1+k]
     else:

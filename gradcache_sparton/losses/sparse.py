@@ -46,6 +46,7 @@ from gradcache_sparton.losses.blocked import (
 )
 from gradcache_sparton.losses.columns import accumulation_dtype
 from gradcache_sparton.losses.contrastive import Scores
+from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
 
 # Bytes of the [blocks, V] bool mask a plan finds each query block's active columns with, at a time.
@@ -276,7 +277,8 @@ def sparse_expected_flops(q_columns: Sequence[SparseReps], d_columns: Sequence[S
 
 class _SparseScores:
     """:class:`~.contrastive.Scores` of :class:`SparseReps`: paired scores by sorted search, the log-sum-exp
-    always in blocks (:func:`sparse_block_size` rows when none is given)."""
+    in the fused kernel (:func:`~.fused_lse.use_fused_kernel` says when) or in blocks (:func:`sparse_block_size`
+    rows when none is given)."""
 
     def paired(self, q_reps: SparseReps, d_reps: SparseReps) -> Tensor:
         return sparse_paired_scores(q_reps, d_reps)
@@ -296,7 +298,12 @@ class _SparseScores:
         temperature: float,
         block_size: int,
         shard_across_ranks: bool,
+        kernel: str,
     ) -> Tensor:
+        if use_fused_kernel(q_reps, d_reps, kernel):
+            return fused_sparse_logsumexp(
+                q_reps, d_reps, temperature=temperature, shard_across_ranks=shard_across_ranks
+            )
         return sparse_blocked_logsumexp(
             q_reps,
             d_reps,

@@ -41,6 +41,7 @@ from gradcache_sparton.losses.contrastive import (
     margin_mse,
     margin_mse_loss,
 )
+from gradcache_sparton.losses.fused_lse import SCORE_KERNELS, check_score_kernel
 from gradcache_sparton.losses.regularizers import REGULARIZER_CORES, REGULARIZERS, get_regularizer
 from gradcache_sparton.losses.schedule import (
     WARMUP_SHAPES,
@@ -220,6 +221,17 @@ class SpladeLossConfig:
         "gradients up to fp32 summation order. Every rank must call the loss with the same reps.",
     )
 
+    score_kernel: str = option(
+        "auto",
+        "infonce and kl_div with kl_in_batch, on sparse reps (the engine's sparse_reps): how the [B, (1+k)·B] "
+        "scores' log-sum-exp runs. 'fused': Triton kernels that keep each score tile on chip (GPU; fp32 "
+        "accumulation, within a documented bound of fp64); 'blocked': score blocks in memory "
+        "(score_block_size); 'auto': fused on a GPU from losses.fused_lse.FUSED_MIN_QUERIES queries on (not "
+        "yet measured faster: blocked), unless score_block_size is set. Dense reps always run blocked ('fused' "
+        "raises).",
+        choices=list(SCORE_KERNELS),
+    )
+
     def __post_init__(self) -> None:
         check_weight(self.query_reg_weight, name="query_reg_weight")
         check_weight(self.doc_reg_weight, name="doc_reg_weight")
@@ -271,6 +283,18 @@ class SpladeLossConfig:
                 f"score_block_size applies to contrastive='infonce' or 'kl_div' with kl_in_batch only (the "
                 f"losses with a [B, (1+k)·B] score matrix), got score_block_size={self.score_block_size} with "
                 f"contrastive={self.contrastive!r}, kl_in_batch={self.kl_in_batch}"
+            )
+        check_score_kernel(self.score_kernel)
+        if self.score_kernel != "auto" and not scores_whole_batch:
+            raise ValueError(
+                f"score_kernel applies to contrastive='infonce' or 'kl_div' with kl_in_batch only, got "
+                f"score_kernel={self.score_kernel!r} with contrastive={self.contrastive!r}, "
+                f"kl_in_batch={self.kl_in_batch}"
+            )
+        if self.score_kernel == "fused" and self.score_block_size is not None:
+            raise ValueError(
+                f"score_block_size sets the blocked path's blocks, got score_block_size={self.score_block_size} "
+                "with score_kernel='fused' (its tiles are its own): drop one of them"
             )
         check_warmup(
             self.reg_warmup_steps,
@@ -394,6 +418,7 @@ class SpladeLoss:
 def _contrastive_settings(config: SpladeLossConfig) -> dict[str, Any]:
     """The config's keyword arguments of its contrastive loss (the loss kwargs add per-batch tensors)."""
     shard = {"shard_across_ranks": True} if config.shard_scores_across_ranks else {}
+    shard = {**shard, "score_kernel": config.score_kernel}  # how the [B, (1+k)·B] scores run
     if config.contrastive == "infonce":
         return {"temperature": config.temperature, "block_size": config.score_block_size, **shard}
     if config.contrastive == "kl_div":

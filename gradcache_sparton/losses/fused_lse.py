@@ -1,0 +1,332 @@
+"""The sparse InfoNCE's log-sum-exp in fused Triton kernels: score tiles built on chip, never a score block in memory.
+
+Legend: B queries, N = (1+k)·B documents, V vocabulary, BM × BN one score tile (queries × documents), BK columns
+of one product step, bd the documents of one document block, K_t query tile t's padded active columns.
+
+The same quantity as :func:`~.sparse.sparse_blocked_logsumexp`, ``lse[i] = logsumexp_j (q_i · d_j) / temperature``
+over every document of the batch, differentiable in every column's weights, computed as flash-attention and Cut
+Cross-Entropy compute theirs: an online log-sum-exp over score tiles that live in registers only.
+
+Layout (built once per forward, kept for the backward):
+
+- queries in tiles of BM rows; each tile carries its active columns (the sorted unique vocabulary ids of its
+  rows' non-zeros, padded with id V up to a multiple of BK) and its reps over them, transposed: ``QT``
+  [K_total, BM] (bf16 or fp32, see below), K_total = sum_t K_t (linear in the queries' non-zeros). A tile
+  of 64 trained SPLADE queries (~50 non-zeros each) has ~1,100 active columns of V = 30,522, so the products
+  run over ~4% of V (the blocked path's query blocks of 512 rows run over their union, ~13%);
+- documents in blocks of bd rows, each densified once over all V, transposed: ``DT`` [V + 1, bd] (row V
+  zero, the padding's), so a query tile's BK columns are BK contiguous runs of documents.
+
+Forward: one program per query tile walks the block's documents in BN-wide tiles; a score tile is the sum
+over the query tile's columns of ``QT[k]ᵀ · DT[id_k]`` (``tl.dot`` steps, fp32 accumulation), scaled by
+1/temperature and folded into the tile's running max and sum. Nothing of size B × N, or bq × bd, is written:
+the running max and sum [B] carry over from one document block to the next.
+
+Backward: the same tiles recomputed (same tiles, same order of products), ``p = exp(s - lse) · dL/dlse /
+temperature``, then per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the tile's own rows) and
+``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds: every query tile adds to the document block's gradient).
+The gradients are gathered at the non-zeros: ``grad_q`` from ``grad_QT`` at each entry's (column, row),
+``grad_d`` from ``grad_DT`` at each document entry. A document's entries outside a query tile's columns get
+nothing from that tile, which is exact: their products there are with query zeros.
+
+Exactness (products, sums and the bound against a dense fp64 reference: docs/losses.md, "The fused
+kernel"):
+
+- products: when every weight holds a bf16 value (reps made under bf16 autocast; checked once per call as
+  the blocked path does) the tiles are bf16 and ``tl.dot`` forms exact products summed in fp32; otherwise
+  fp32 tiles with ``input_precision="ieee"`` (no TF32), products rounded once. The backward's fp32 ``p`` is
+  split into :data:`SPLIT_PARTS` bf16 parts whose sum is ``p`` exactly (3 parts, 24 significant bits), so
+  its gradient products are exact too;
+- sums: fp32, in another order than the dense computation (K-steps, then tiles, then document blocks);
+- no tile is skipped; the document gradient's atomic adds make its fp32 order, and so its last bits,
+  vary from run to run (the bound covers every order).
+
+Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: linear in the queries'
+non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
+:data:`DOC_BLOCK_MAX_BYTES`: a constant, not a function of B), the running max and sum [B]. Nothing grows
+with B².
+
+Sharded across ranks (``shard_across_ranks``): rank r runs its contiguous 1/W of the query tiles; the lse
+(rows of other ranks zero) and the gradients are summed with one all-reduce each, as in :mod:`.blocked`.
+
+Which path runs: ``SpladeLossConfig.score_kernel`` ('auto', 'fused' or 'blocked'); 'auto' takes this one
+for sparse reps on a GPU from :data:`FUSED_MIN_QUERIES` queries on (:func:`use_fused_kernel`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from gradcache_sparton.losses.blocked import check_same_on_every_rank, products_in_bf16
+from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
+
+__all__ = [
+    "DOC_BLOCK_MAX_BYTES",
+    "FUSED_MIN_QUERIES",
+    "SCORE_KERNELS",
+    "SPLIT_PARTS",
+    "QueryTiles",
+    "build_query_tiles",
+    "check_score_kernel",
+    "fused_sparse_logsumexp",
+    "use_fused_kernel",
+]
+
+# Values of SpladeLossConfig.score_kernel: the automatic choice, this module's kernels, or the blocked path.
+SCORE_KERNELS = ("auto", "fused", "blocked")
+
+# 'auto' takes the fused kernels from this many queries on (sparse reps on a GPU). A placeholder until the
+# A/B of benchmarks/bench_loss_kernel.py sets it from measurements.
+FUSED_MIN_QUERIES = 4096
+
+# Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): the
+# sparse path's per-buffer bound, so bd = 4,352 documents at V = 30,522.
+DOC_BLOCK_MAX_BYTES = SPARSE_BLOCK_MAX_BYTES
+
+# bf16 parts the backward splits its fp32 softmax weights into (module doc, "Exactness"): 3 parts hold all 24
+# significant bits, so every gradient product is exact.
+SPLIT_PARTS = 3
+
+
+class _Shape(NamedTuple):
+    bm: int
+    bk: int
+    bn_forward: int
+    bn_backward: int
+    warps: int
+    stages: int
+
+
+# GPU tiles: tl.dot needs power-of-two edges >= 16; BM = 64 is the wgmma row edge. Starting points, not tuned.
+_GPU_SHAPE = _Shape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=8, stages=2)
+# Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
+_INTERPRETER_SHAPE = _Shape(bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _tile_shape() -> _Shape:
+    return _INTERPRETER_SHAPE if _interpreting() else _GPU_SHAPE
+
+
+def check_score_kernel(value: object, *, name: str = "score_kernel") -> None:
+    """Raise unless ``value`` is one of :data:`SCORE_KERNELS`; ``name`` names the argument."""
+    if value not in SCORE_KERNELS:
+        raise ValueError(f"{name} must be one of {list(SCORE_KERNELS)}, got {value!r}")
+
+
+def use_fused_kernel(q_reps: SparseReps, d_reps: Sequence[SparseReps], kernel: str) -> bool:
+    """Whether the log-sum-exp of these sparse reps runs the fused kernels under ``kernel`` (module doc).
+
+    'auto': on a GPU, fp32 weights (the losses' upcast copies), at least :data:`FUSED_MIN_QUERIES` queries.
+    'fused': always; raises ``ValueError`` where the kernels cannot run (fp64 weights, or a CPU outside
+    the Triton interpreter). 'blocked': never.
+    """
+    if kernel == "blocked":
+        return False
+    weights = [q_reps.weights, *(d.weights for d in d_reps)]
+    runnable = all(w.dtype == torch.float32 for w in weights) and (q_reps.weights.is_cuda or _interpreting())
+    if kernel == "fused":
+        if not runnable:
+            raise ValueError(
+                "score_kernel='fused' needs fp32 (or bf16/fp16, upcast) sparse reps on a CUDA device, got "
+                f"{q_reps.weights.dtype} on {q_reps.weights.device}; use score_kernel='blocked' or 'auto'"
+            )
+        return True
+    return runnable and q_reps.weights.is_cuda and q_reps.num_rows >= FUSED_MIN_QUERIES
+
+
+class QueryTiles(NamedTuple):
+    """The queries as tiles over their active columns (module doc, "Layout")."""
+
+    tile_ptr: Tensor
+    """[T + 1] int32: tile t's rows of ``qt`` and ``cols`` are ``tile_ptr[t]:tile_ptr[t + 1]`` (multiples of BK)."""
+    cols: Tensor
+    """[K_total] int32: the vocabulary id of each row of ``qt`` (V: padding)."""
+    qt: Tensor
+    """[K_total, BM] (bf16 or fp32): tile t's reps over its columns, transposed; zero where a query has no entry."""
+    entry_pos: Tensor
+    """[nnz] int64: each query entry's row of ``qt``."""
+    entry_lane: Tensor
+    """[nnz] int64: each query entry's column of ``qt`` (its row within its tile)."""
+
+
+def build_query_tiles(reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype) -> QueryTiles:
+    """:class:`QueryTiles` of ``reps`` with ``weights`` (one sort of the entries' (tile, id) keys, one sync)."""
+    vocab, device = reps.vocab_size, weights.device
+    rows = reps.row_ids()  # [nnz]
+    tile = rows // bm
+    num_tiles = -(-reps.num_rows // bm)
+    keys, inverse = torch.unique(tile * vocab + reps.token_ids.long(), sorted=True, return_inverse=True)
+    key_tile = keys // vocab  # [U_all]: unique (tile, id) pairs, by tile then id
+    counts = torch.bincount(key_tile, minlength=num_tiles)  # [T]
+    padded = (counts + bk - 1) // bk * bk
+    tile_ptr = torch.zeros(num_tiles + 1, dtype=torch.int64, device=device)
+    tile_ptr[1:] = torch.cumsum(padded, 0)
+    first = torch.zeros_like(tile_ptr)
+    first[1:] = torch.cumsum(counts, 0)
+    pos = tile_ptr[key_tile] + torch.arange(keys.numel(), device=device) - first[key_tile]  # [U_all]
+    total = max(int(tile_ptr[-1]), bk)  # at least one step's rows: no empty tensor reaches a kernel
+    cols = torch.full((total,), vocab, dtype=torch.int32, device=device)
+    cols[pos] = (keys % vocab).to(torch.int32)
+    entry_pos, entry_lane = pos[inverse], rows % bm
+    qt = torch.zeros((total, bm), dtype=dtype, device=device)
+    qt[entry_pos, entry_lane] = weights.to(dtype)
+    return QueryTiles(tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane)
+
+
+class _DocBlocks:
+    """A document column read in blocks of ``bd`` rows, densified transposed over V + 1 (module doc)."""
+
+    def __init__(self, reps: SparseReps, bd: int) -> None:
+        self.reps, self.bd = reps, bd
+        self._offsets = reps.offsets.tolist()  # read back once: no device sync per block
+        self._rows = reps.row_ids()
+        self._ids = reps.token_ids.long()
+
+    def blocks(self) -> Iterator[tuple[int, int, int, int]]:
+        """(first row, rows, first entry, end entry) of each block."""
+        num_rows = self.reps.num_rows
+        for j0 in range(0, num_rows, self.bd):
+            j1 = min(j0 + self.bd, num_rows)
+            yield j0, j1 - j0, self._offsets[j0], self._offsets[j1]
+
+    def densify(self, weights: Tensor, j0: int, n: int, lo: int, hi: int, dtype: torch.dtype) -> Tensor:
+        """Rows ``j0:j0+n`` as DT [V + 1, n] of ``dtype`` (row V zero)."""
+        dt = weights.new_zeros((self.reps.vocab_size + 1, n), dtype=dtype)
+        dt[self._ids[lo:hi], self._rows[lo:hi] - j0] = weights[lo:hi].to(dtype)
+        return dt
+
+    def gather(self, grad_dt: Tensor, j0: int, lo: int, hi: int) -> Tensor:
+        """[hi - lo]: the block's gradient at its entries."""
+        return grad_dt[self._ids[lo:hi], self._rows[lo:hi] - j0]
+
+
+def _document_rows(vocab: int, shape: _Shape) -> int:
+    """bd: documents per block, a multiple of both BN, with grad_DT within :data:`DOC_BLOCK_MAX_BYTES`."""
+    edge = math.lcm(shape.bn_forward, shape.bn_backward)
+    return max(edge, DOC_BLOCK_MAX_BYTES // (4 * (vocab + 1)) // edge * edge)
+
+
+def _rank_tiles(num_tiles: int, shard: bool) -> tuple[range, bool]:
+    """This rank's query tiles (contiguous, 1/W of them; all unsharded) and whether results are summed."""
+    if not (shard and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return range(num_tiles), False
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return range(num_tiles * rank // world, num_tiles * (rank + 1) // world), True
+
+
+def fused_sparse_logsumexp(
+    q_reps: SparseReps,
+    d_reps: Sequence[SparseReps],
+    *,
+    temperature: float,
+    shard_across_ranks: bool = False,
+) -> Tensor:
+    """Each query's log-sum-exp of its scaled scores against every document -> [B] fp32 (module doc).
+
+    Differentiable in ``q_reps.weights`` and every ``d_reps[c].weights`` (fp32). Unchecked: columns of one V on
+    one device, ``temperature > 0``; :func:`use_fused_kernel` says where it runs.
+    """
+    layouts = (q_reps, *d_reps)
+    return _FusedLogSumExp.apply(layouts, temperature, shard_across_ranks, q_reps.weights, *(d.weights for d in d_reps))
+
+
+class _Saved(NamedTuple):
+    tiles: QueryTiles
+    rows: range
+    summed: bool
+    bd: int
+
+
+class _FusedLogSumExp(torch.autograd.Function):
+    """Row log-sum-exp of the scaled scores, forward and backward in the kernels of :mod:`.fused_lse_triton`."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        layouts: tuple[SparseReps, ...],
+        temperature: float,
+        shard: bool,
+        q: Tensor,
+        *d: Tensor,
+    ) -> Tensor:
+        from gradcache_sparton.losses.fused_lse_triton import TileShape, launch_forward
+
+        shape = _tile_shape()
+        q_layout, d_layouts = layouts[0], layouts[1:]
+        dtype = torch.bfloat16 if products_in_bf16([q, *d]) else torch.float32
+        tiles = build_query_tiles(q_layout, q, bm=shape.bm, bk=shape.bk, dtype=dtype)
+        own, summed = _rank_tiles(tiles.tile_ptr.numel() - 1, shard)
+        if summed:
+            check_same_on_every_rank([q, *d])
+        num_rows = q_layout.num_rows
+        run_max = torch.full((num_rows,), -torch.inf, dtype=torch.float32, device=q.device)
+        run_sum = torch.zeros_like(run_max)
+        bd = _document_rows(q_layout.vocab_size, shape)
+        launch_shape = TileShape(*shape)
+        for layout, weights in zip(d_layouts, d, strict=True):
+            column = _DocBlocks(layout, bd)
+            for j0, n, lo, hi in column.blocks():
+                dt = column.densify(weights, j0, n, lo, hi, dtype)  # [V + 1, n]
+                launch_forward(
+                    tiles.qt, tiles.cols, tiles.tile_ptr, dt, run_max, run_sum,
+                    num_rows=num_rows, n_docs=n, inv_t=1.0 / temperature, tiles=own, shape=launch_shape,
+                )  # fmt: skip
+        rows = range(own.start * shape.bm, min(own.stop * shape.bm, num_rows))
+        lse = torch.zeros_like(run_max)  # [B]; other ranks' rows stay zero
+        lse[rows.start : rows.stop] = run_max[rows.start : rows.stop] + torch.log(run_sum[rows.start : rows.stop])
+        if summed:
+            dist.all_reduce(lse)
+        ctx.save_for_backward(q, lse, *d)
+        ctx.layouts, ctx.temperature, ctx.dtype = layouts, temperature, dtype
+        ctx.plan = _Saved(tiles, own, summed, bd)
+        return lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
+        from gradcache_sparton.losses.fused_lse_triton import TileShape, launch_backward
+
+        q, lse, *d = ctx.saved_tensors
+        saved: _Saved = ctx.plan
+        tiles, shape = saved.tiles, TileShape(*_tile_shape())
+        q_layout, d_layouts = ctx.layouts[0], ctx.layouts[1:]
+        num_rows, inv_t = q_layout.num_rows, 1.0 / ctx.temperature
+        g = (grad_lse.to(torch.float32) * inv_t).contiguous()  # [B]
+        needs_q, needs_d = ctx.needs_input_grad[3], ctx.needs_input_grad[4:]
+        grad_qt = torch.zeros(tiles.qt.shape, dtype=torch.float32, device=q.device) if needs_q else None
+        grad_d: list[Tensor | None] = []
+        for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
+            grad = torch.zeros_like(weights, dtype=torch.float32) if needs else None
+            column = _DocBlocks(layout, saved.bd)
+            for j0, n, lo, hi in column.blocks():
+                if grad_qt is None and grad is None:
+                    break
+                dt = column.densify(weights, j0, n, lo, hi, ctx.dtype)  # [V + 1, n]
+                grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
+                launch_backward(
+                    tiles.qt, tiles.cols, tiles.tile_ptr, dt, lse, g, grad_qt, grad_dt,
+                    num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, shape=shape, parts=SPLIT_PARTS,
+                )  # fmt: skip
+                if grad is not None and grad_dt is not None:
+                    grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
+            grad_d.append(grad)
+        grad_q = None if grad_qt is None else grad_qt[tiles.entry_pos, tiles.entry_lane]  # [nnz_q]
+        if saved.summed:
+            for grad in (grad_q, *grad_d):
+                if grad is not None:
+                    dist.all_reduce(grad)
+        grads = [grad_q, *grad_d]
+        cast = [None if g_ is None else g_.to(t.dtype) for g_, t in zip(grads, (q, *d), strict=True)]
+        return None, None, None, *cast  # layouts, temperature, shard, q, *d

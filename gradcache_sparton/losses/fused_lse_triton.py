@@ -1,0 +1,180 @@
+"""Triton kernels of the fused sparse log-sum-exp (:mod:`.fused_lse`): score tiles on chip, never in memory.
+
+Legend: B queries, V vocabulary, bd documents of one document block, BM × BN one score tile (queries ×
+documents), BK columns per product step, K_t the padded active columns of query tile t.
+
+Inputs, built by :mod:`.fused_lse` (its module doc has the layout and the exactness argument):
+
+- ``QT`` [K_total, BM]: every query tile's reps over its own active columns, transposed (row k of tile t
+  holds the BM queries' weights at vocabulary id ``COLS[k]``); tile t owns rows ``TILE_PTR[t]:TILE_PTR[t+1]``
+  (a multiple of BK, padded with id V, whose weights are zero);
+- ``DT`` [V + 1, bd]: one document block densified over the whole vocabulary, transposed (row V zero), so
+  the BK rows a query tile needs are gathered as contiguous runs of documents.
+
+A score tile is ``sum_k QT[k, :]ᵀ · DT[COLS[k], n-tile]`` over the tile's columns: ``tl.dot`` steps of
+[BM, BK] @ [BK, BN] -> [BM, BN] with fp32 accumulation (bf16 operands: exact products; fp32 operands:
+``input_precision="ieee"``, no TF32). The forward keeps a running max and sum per query (online
+log-sum-exp); the backward recomputes each tile, forms ``p = exp(s - lse) · g`` and adds
+``p @ DTᵀ`` into the query tile's gradient (rows it alone owns: plain read-add-write) and
+``QTᵀ @ p`` into the document block's gradient (shared by every query tile: atomic adds). In bf16 the
+fp32 ``p`` is split into PARTS bf16 parts (8 significant bits each) whose products are exact.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["TileShape", "launch_backward", "launch_forward"]
+
+INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+class TileShape:
+    """Tile edges and launch settings: BM and BK fix the tables of :mod:`.fused_lse` (shared by both passes)."""
+
+    def __init__(self, bm: int, bk: int, bn_forward: int, bn_backward: int, warps: int, stages: int) -> None:
+        self.bm, self.bk = bm, bk
+        self.bn_forward, self.bn_backward = bn_forward, bn_backward
+        self.warps, self.stages = warps, stages
+
+
+@triton.jit
+def _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """[BM, BN] fp32 scores (unscaled) of one query tile against documents ``n_cols``."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        k = (k0 + kk).to(tl.int64)  # [BK]
+        c = tl.load(COLS + k).to(tl.int64)  # [BK] vocabulary ids (V: padding, a zero row of DT)
+        a = tl.load(QT + k[None, :] * BM + r[:, None])  # [BM, BK]
+        b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BK, BN]
+        acc = _dot(a, b, acc, IEEE)  # [BM, BK] @ [BK, BN] -> [BM, BN]
+    return acc
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    """``acc + a @ b`` in fp32: bf16 operands (exact products), or fp32 ones without TF32 (IEEE). Triton
+    3.9's interpreter multiplies bf16 ``tl.dot`` operands wrongly (errors ~1e10): there (TRITON_INTERPRET=1)
+    bf16 operands are upcast first, exactly, and multiplied as fp32, the same exact products."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    if INTERPRETING:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _forward_kernel(QT, COLS, TILE_PTR, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, stride_dt, inv_t, tile_lo,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """One query tile against one document block: update the tile's running max and sum (online lse)."""
+    t = tile_lo + tl.program_id(0)
+    k_lo = tl.load(TILE_PTR + t)
+    k_hi = tl.load(TILE_PTR + t + 1)
+    r = tl.arange(0, BM)
+    kk = tl.arange(0, BK)
+    rows = t * BM + r  # [BM]
+    row_ok = rows < num_rows
+    run_max = tl.load(RUN_MAX + rows, mask=row_ok, other=0.0)  # [BM]
+    run_sum = tl.load(RUN_SUM + rows, mask=row_ok, other=0.0)  # [BM]
+    for n0 in range(0, n_docs, BN):
+        n_cols = n0 + tl.arange(0, BN)
+        n_ok = n_cols < n_docs
+        s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
+        s = tl.where(n_ok[None, :], s, float("-inf"))  # [BM, BN]
+        new_max = tl.maximum(run_max, tl.max(s, axis=1))  # finite: the tile has a document
+        run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(s - new_max[:, None]), axis=1)
+        run_max = new_max
+    tl.store(RUN_MAX + rows, run_max, mask=row_ok)
+    tl.store(RUN_SUM + rows, run_sum, mask=row_ok)
+
+
+@triton.jit
+def _split_dot(p, b, acc, PARTS: tl.constexpr, IEEE: tl.constexpr):
+    """``acc + p @ b`` for fp32 ``p``: in PARTS exact bf16 parts against a bf16 ``b``, or one ieee fp32 dot."""
+    if IEEE:
+        return _dot(p, b, acc, IEEE)
+    hi = p.to(tl.bfloat16)
+    acc = _dot(hi, b, acc, IEEE)
+    rest = p - hi.to(tl.float32)  # exact (fp32)
+    mid = rest.to(tl.bfloat16)
+    acc = _dot(mid, b, acc, IEEE)
+    if PARTS == 3:
+        rest = rest - mid.to(tl.float32)  # exact (fp32)
+        acc = _dot(rest.to(tl.bfloat16), b, acc, IEEE)
+    return acc
+
+
+@triton.jit
+def _backward_kernel(QT, COLS, TILE_PTR, DT, LSE, G, GQT, GDT, num_rows, n_docs, stride_dt, inv_t, tile_lo, pad_id,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                     PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
+    """One query tile against one document block: recompute each tile, add its gradients (module doc)."""
+    t = tile_lo + tl.program_id(0)
+    k_lo = tl.load(TILE_PTR + t)
+    k_hi = tl.load(TILE_PTR + t + 1)
+    r = tl.arange(0, BM)
+    kk = tl.arange(0, BK)
+    rows = t * BM + r
+    row_ok = rows < num_rows
+    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
+    g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
+    for n0 in range(0, n_docs, BN):
+        n_cols = n0 + tl.arange(0, BN)
+        n_ok = n_cols < n_docs
+        s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
+        p = tl.exp(s - lse[:, None]) * g[:, None]  # [BM, BN]: d loss / d (q · d)
+        p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
+        for k0 in range(k_lo, k_hi, BK):
+            k = (k0 + kk).to(tl.int64)
+            c = tl.load(COLS + k).to(tl.int64)  # [BK]
+            b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)
+            if NEED_Q:
+                # [BM, BN] @ [BN, BK] -> [BM, BK]; this tile's rows of GQT are this program's alone
+                gq = _split_dot(p, tl.trans(b), tl.zeros((BM, BK), dtype=tl.float32), PARTS, IEEE)
+                at = GQT + k[None, :] * BM + r[:, None]
+                tl.store(at, tl.load(at) + gq)
+            if NEED_D:
+                a = tl.load(QT + k[None, :] * BM + r[:, None])  # [BM, BK]
+                # [BK, BM] @ [BM, BN] -> [BK, BN]; every query tile adds here: atomics (padding ids skipped)
+                pt = tl.trans(p)  # [BN, BM]
+                gd = tl.trans(_split_dot(pt, a, tl.zeros((BN, BK), dtype=tl.float32), PARTS, IEEE))
+                keep = (c < pad_id)[:, None] & n_ok[None, :]
+                tl.atomic_add(GDT + c[:, None] * stride_dt + n_cols[None, :], gd, mask=keep, sem="relaxed")
+
+
+def launch_forward(
+    qt: Tensor, cols: Tensor, tile_ptr: Tensor, dt: Tensor, run_max: Tensor, run_sum: Tensor,
+    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, shape: TileShape,
+) -> None:  # fmt: skip
+    """Update ``run_max``/``run_sum`` [B] of the query tiles ``tiles`` against the ``n_docs`` columns of ``dt``."""
+    if len(tiles) == 0:
+        return
+    _forward_kernel[(len(tiles),)](
+        qt, cols, tile_ptr, dt, run_max, run_sum, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
+        BM=shape.bm, BN=shape.bn_forward, BK=shape.bk, IEEE=qt.dtype == torch.float32,
+        num_warps=shape.warps, num_stages=shape.stages,
+    )  # fmt: skip
+
+
+def launch_backward(
+    qt: Tensor, cols: Tensor, tile_ptr: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
+    grad_qt: Tensor | None, grad_dt: Tensor | None,
+    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, shape: TileShape, parts: int,
+) -> None:  # fmt: skip
+    """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
+    and ``grad_dt`` [V + 1, bd] (fp32; None: not needed)."""
+    if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
+        return
+    _backward_kernel[(len(tiles),)](
+        qt, cols, tile_ptr, dt, lse, g, qt if grad_qt is None else grad_qt, dt if grad_dt is None else grad_dt,
+        num_rows, n_docs, dt.stride(0), inv_t, tiles.start, dt.shape[0] - 1,
+        BM=shape.bm, BN=shape.bn_backward, BK=shape.bk, IEEE=qt.dtype == torch.float32, PARTS=parts,
+        NEED_Q=grad_qt is not None, NEED_D=grad_dt is not None,
+        num_warps=shape.warps, num_stages=shape.stages,
+    )  # fmt: skip
