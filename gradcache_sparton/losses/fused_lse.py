@@ -71,9 +71,12 @@ from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, Spa
 __all__ = [
     "DOC_BLOCK_MAX_BYTES",
     "FUSED_MIN_QUERIES",
+    "GPU_TILES",
+    "INTERPRETER_TILES",
     "SCORE_KERNELS",
     "SPLIT_PARTS",
     "QueryTiles",
+    "TileShape",
     "build_query_tiles",
     "check_score_kernel",
     "fused_sparse_logsumexp",
@@ -96,7 +99,9 @@ DOC_BLOCK_MAX_BYTES = SPARSE_BLOCK_MAX_BYTES
 SPLIT_PARTS = 3
 
 
-class _Shape(NamedTuple):
+class TileShape(NamedTuple):
+    """Tile edges and launch settings; BM and BK also shape the query tables (:class:`QueryTiles`)."""
+
     bm: int
     bk: int
     bn_forward: int
@@ -106,17 +111,17 @@ class _Shape(NamedTuple):
 
 
 # GPU tiles: tl.dot needs power-of-two edges >= 16; BM = 64 is the wgmma row edge. Starting points, not tuned.
-_GPU_SHAPE = _Shape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=8, stages=2)
+GPU_TILES = TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=8, stages=2)
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
-_INTERPRETER_SHAPE = _Shape(bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1)
+INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1)
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _tile_shape() -> _Shape:
-    return _INTERPRETER_SHAPE if _interpreting() else _GPU_SHAPE
+def _tile_shape() -> TileShape:
+    return INTERPRETER_TILES if _interpreting() else GPU_TILES
 
 
 def check_score_kernel(value: object, *, name: str = "score_kernel") -> None:
@@ -161,7 +166,9 @@ class QueryTiles(NamedTuple):
     """[nnz] int64: each query entry's column of ``qt`` (its row within its tile)."""
 
 
-def build_query_tiles(reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype) -> QueryTiles:
+def build_query_tiles(
+    reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype
+) -> QueryTiles:
     """:class:`QueryTiles` of ``reps`` with ``weights`` (one sort of the entries' (tile, id) keys, one sync)."""
     vocab, device = reps.vocab_size, weights.device
     rows = reps.row_ids()  # [nnz]
@@ -212,7 +219,7 @@ class _DocBlocks:
         return grad_dt[self._ids[lo:hi], self._rows[lo:hi] - j0]
 
 
-def _document_rows(vocab: int, shape: _Shape) -> int:
+def _document_rows(vocab: int, shape: TileShape) -> int:
     """bd: documents per block, a multiple of both BN, with grad_DT within :data:`DOC_BLOCK_MAX_BYTES`."""
     edge = math.lcm(shape.bn_forward, shape.bn_backward)
     return max(edge, DOC_BLOCK_MAX_BYTES // (4 * (vocab + 1)) // edge * edge)
@@ -239,14 +246,20 @@ def fused_sparse_logsumexp(
     one device, ``temperature > 0``; :func:`use_fused_kernel` says where it runs.
     """
     layouts = (q_reps, *d_reps)
-    return _FusedLogSumExp.apply(layouts, temperature, shard_across_ranks, q_reps.weights, *(d.weights for d in d_reps))
+    return _FusedLogSumExp.apply(
+        layouts, temperature, shard_across_ranks, q_reps.weights, *(d.weights for d in d_reps)
+    )
 
 
 class _Saved(NamedTuple):
+    """What the backward reuses: the forward's tables, tiles, document blocks and settings."""
+
     tiles: QueryTiles
     rows: range
     summed: bool
     bd: int
+    shape: TileShape
+    parts: int
 
 
 class _FusedLogSumExp(torch.autograd.Function):
@@ -261,7 +274,7 @@ class _FusedLogSumExp(torch.autograd.Function):
         q: Tensor,
         *d: Tensor,
     ) -> Tensor:
-        from gradcache_sparton.losses.fused_lse_triton import TileShape, launch_forward
+        from gradcache_sparton.losses.fused_lse_triton import launch_forward
 
         shape = _tile_shape()
         q_layout, d_layouts = layouts[0], layouts[1:]
@@ -274,33 +287,35 @@ class _FusedLogSumExp(torch.autograd.Function):
         run_max = torch.full((num_rows,), -torch.inf, dtype=torch.float32, device=q.device)
         run_sum = torch.zeros_like(run_max)
         bd = _document_rows(q_layout.vocab_size, shape)
-        launch_shape = TileShape(*shape)
         for layout, weights in zip(d_layouts, d, strict=True):
             column = _DocBlocks(layout, bd)
             for j0, n, lo, hi in column.blocks():
                 dt = column.densify(weights, j0, n, lo, hi, dtype)  # [V + 1, n]
                 launch_forward(
                     tiles.qt, tiles.cols, tiles.tile_ptr, dt, run_max, run_sum,
-                    num_rows=num_rows, n_docs=n, inv_t=1.0 / temperature, tiles=own, shape=launch_shape,
+                    num_rows=num_rows, n_docs=n, inv_t=1.0 / temperature, tiles=own, bm=shape.bm, bk=shape.bk,
+                    bn=shape.bn_forward, warps=shape.warps, stages=shape.stages,
                 )  # fmt: skip
         rows = range(own.start * shape.bm, min(own.stop * shape.bm, num_rows))
         lse = torch.zeros_like(run_max)  # [B]; other ranks' rows stay zero
-        lse[rows.start : rows.stop] = run_max[rows.start : rows.stop] + torch.log(run_sum[rows.start : rows.stop])
+        lse[rows.start : rows.stop] = run_max[rows.start : rows.stop] + torch.log(
+            run_sum[rows.start : rows.stop]
+        )
         if summed:
             dist.all_reduce(lse)
         ctx.save_for_backward(q, lse, *d)
         ctx.layouts, ctx.temperature, ctx.dtype = layouts, temperature, dtype
-        ctx.plan = _Saved(tiles, own, summed, bd)
+        ctx.plan = _Saved(tiles, own, summed, bd, shape, SPLIT_PARTS)
         return lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-        from gradcache_sparton.losses.fused_lse_triton import TileShape, launch_backward
+        from gradcache_sparton.losses.fused_lse_triton import launch_backward
 
         q, lse, *d = ctx.saved_tensors
         saved: _Saved = ctx.plan
-        tiles, shape = saved.tiles, TileShape(*_tile_shape())
+        tiles, shape = saved.tiles, saved.shape
         q_layout, d_layouts = ctx.layouts[0], ctx.layouts[1:]
         num_rows, inv_t = q_layout.num_rows, 1.0 / ctx.temperature
         g = (grad_lse.to(torch.float32) * inv_t).contiguous()  # [B]
@@ -317,7 +332,8 @@ class _FusedLogSumExp(torch.autograd.Function):
                 grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
                 launch_backward(
                     tiles.qt, tiles.cols, tiles.tile_ptr, dt, lse, g, grad_qt, grad_dt,
-                    num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, shape=shape, parts=SPLIT_PARTS,
+                    num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
+                    bn=shape.bn_backward, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                 )  # fmt: skip
                 if grad is not None and grad_dt is not None:
                     grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)

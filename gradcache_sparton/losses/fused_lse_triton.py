@@ -29,18 +29,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["TileShape", "launch_backward", "launch_forward"]
+__all__ = ["launch_backward", "launch_forward"]
 
 INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-
-class TileShape:
-    """Tile edges and launch settings: BM and BK fix the tables of :mod:`.fused_lse` (shared by both passes)."""
-
-    def __init__(self, bm: int, bk: int, bn_forward: int, bn_backward: int, warps: int, stages: int) -> None:
-        self.bm, self.bk = bm, bk
-        self.bn_forward, self.bn_backward = bn_forward, bn_backward
-        self.warps, self.stages = warps, stages
 
 
 @triton.jit
@@ -150,22 +141,22 @@ def _backward_kernel(QT, COLS, TILE_PTR, DT, LSE, G, GQT, GDT, num_rows, n_docs,
 
 def launch_forward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, dt: Tensor, run_max: Tensor, run_sum: Tensor,
-    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, shape: TileShape,
+    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
 ) -> None:  # fmt: skip
     """Update ``run_max``/``run_sum`` [B] of the query tiles ``tiles`` against the ``n_docs`` columns of ``dt``."""
     if len(tiles) == 0:
         return
     _forward_kernel[(len(tiles),)](
         qt, cols, tile_ptr, dt, run_max, run_sum, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
-        BM=shape.bm, BN=shape.bn_forward, BK=shape.bk, IEEE=qt.dtype == torch.float32,
-        num_warps=shape.warps, num_stages=shape.stages,
+        BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
 def launch_backward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
     grad_qt: Tensor | None, grad_dt: Tensor | None,
-    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, shape: TileShape, parts: int,
+    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
+    parts: int,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     and ``grad_dt`` [V + 1, bd] (fp32; None: not needed)."""
@@ -174,7 +165,6 @@ def launch_backward(
     _backward_kernel[(len(tiles),)](
         qt, cols, tile_ptr, dt, lse, g, qt if grad_qt is None else grad_qt, dt if grad_dt is None else grad_dt,
         num_rows, n_docs, dt.stride(0), inv_t, tiles.start, dt.shape[0] - 1,
-        BM=shape.bm, BN=shape.bn_backward, BK=shape.bk, IEEE=qt.dtype == torch.float32, PARTS=parts,
-        NEED_Q=grad_qt is not None, NEED_D=grad_dt is not None,
-        num_warps=shape.warps, num_stages=shape.stages,
+        BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, PARTS=parts,
+        NEED_Q=grad_qt is not None, NEED_D=grad_dt is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
