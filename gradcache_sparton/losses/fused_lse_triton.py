@@ -54,10 +54,12 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
     3.9's interpreter multiplies bf16 ``tl.dot`` operands wrongly (errors ~1e10): there (TRITON_INTERPRET=1)
     bf16 operands are upcast first, exactly, and multiplied as fp32, the same exact products."""
     if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    if INTERPRETING:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    elif INTERPRETING:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
 
 
 @triton.jit
@@ -89,15 +91,16 @@ def _forward_kernel(QT, COLS, TILE_PTR, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, 
 def _split_dot(p, b, acc, PARTS: tl.constexpr, IEEE: tl.constexpr):
     """``acc + p @ b`` for fp32 ``p``: in PARTS exact bf16 parts against a bf16 ``b``, or one ieee fp32 dot."""
     if IEEE:
-        return _dot(p, b, acc, IEEE)
-    hi = p.to(tl.bfloat16)
-    acc = _dot(hi, b, acc, IEEE)
-    rest = p - hi.to(tl.float32)  # exact (fp32)
-    mid = rest.to(tl.bfloat16)
-    acc = _dot(mid, b, acc, IEEE)
-    if PARTS == 3:
-        rest = rest - mid.to(tl.float32)  # exact (fp32)
-        acc = _dot(rest.to(tl.bfloat16), b, acc, IEEE)
+        acc = _dot(p, b, acc, IEEE)
+    else:
+        hi = p.to(tl.bfloat16)
+        acc = _dot(hi, b, acc, IEEE)
+        rest = p - hi.to(tl.float32)  # exact (fp32)
+        mid = rest.to(tl.bfloat16)
+        acc = _dot(mid, b, acc, IEEE)
+        if PARTS == 3:
+            rest = rest - mid.to(tl.float32)  # exact (fp32)
+            acc = _dot(rest.to(tl.bfloat16), b, acc, IEEE)
     return acc
 
 
