@@ -4,7 +4,10 @@ and the loss and every rep gradient equal the unsharded loss's on the same (gath
 One 2-rank launch (``rank_launch.launch_ranks``, bounded in time) runs every scenario (this file is also the ranks' script); the tests read what each rank
 saved. fp64 reps, so the only difference is the order in which the ranks' partial document gradients are
 summed: ~1e-16 relative per term, far below the 1e-12 tolerance; a missing all-reduce (a rank's lse or
-gradients from its own queries only) is an O(1) error.
+gradients from its own queries only) is an O(1) error. The fused kernel (``score_kernel='fused'``, fp32 only)
+runs on fp32 reps of FUSED_ROWS rows: 3 query tiles of 16 under the interpreter, 1 on rank 0 and 2 on rank 1;
+its lse rows and query gradients are each one rank's (bitwise the unsharded ones), its document gradients two
+ranks' partial fp32 sums added in another order: a few 2^-24 relative of the largest, within FUSED_RTOL.
 """
 
 from __future__ import annotations
@@ -22,33 +25,45 @@ from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 WORLD_SIZE = 2
 RTOL = 1e-12  # see the module docstring
+FUSED_RTOL = 1e-6  # see the module docstring
 SCENARIOS = {  # name: (loss settings, sparse reps)
     "infonce, dense": ({"contrastive": "infonce"}, False),
     "infonce, sparse": ({"contrastive": "infonce"}, True),
     "in-batch kl_div, dense": ({"contrastive": "kl_div", "kl_in_batch": True}, False),
     "in-batch kl_div, sparse": ({"contrastive": "kl_div", "kl_in_batch": True}, True),
+    "infonce, sparse, fused": ({"contrastive": "infonce", "score_kernel": "fused"}, True),
+    "in-batch kl_div, sparse, fused": (
+        {"contrastive": "kl_div", "kl_in_batch": True, "score_kernel": "fused"},
+        True,
+    ),
 }
 ROWS, VOCAB, BLOCK = 10, 40, 3  # 4 query blocks (3 + 3 + 3 + 1), 2 per rank
+FUSED_ROWS = 40  # query tiles of 16 rows under the interpreter: 16 + 16 + 8
 
 
-def _reps(sparse: bool, seed: int = 0) -> dict[str, torch.Tensor | SparseReps]:
-    """The same relu'd fp64 reps on every rank (queries, positives, one hard-negative column) for one seed."""
+def _reps(sparse: bool, seed: int = 0, fused: bool = False) -> dict[str, torch.Tensor | SparseReps]:
+    """The same relu'd fp64 reps on every rank (queries, positives, one hard-negative column) for one seed
+    (``fused``: FUSED_ROWS rows, fp32)."""
     generator = torch.Generator().manual_seed(seed)
-    reps = {c: torch.randn(ROWS, VOCAB, generator=generator, dtype=torch.float64).relu() for c in "qpn"}
+    rows, dtype = (FUSED_ROWS, torch.float32) if fused else (ROWS, torch.float64)
+    reps = {c: torch.randn(rows, VOCAB, generator=generator, dtype=dtype).relu() for c in "qpn"}
     return {c: SparseReps.from_dense(r, dtype=None) if sparse else r for c, r in reps.items()}
 
 
 def _loss_and_grads(
     settings: dict, sparse: bool, shard: bool, seed: int = 0
 ) -> tuple[float, list[list[float]]]:
-    config = SpladeLossConfig(score_block_size=BLOCK, shard_scores_across_ranks=shard, **settings)
-    reps = _reps(sparse, seed)
+    fused = settings.get("score_kernel") == "fused"
+    block = None if fused else BLOCK  # the fused kernel's tiles are its own
+    config = SpladeLossConfig(score_block_size=block, shard_scores_across_ranks=shard, **settings)
+    reps = _reps(sparse, seed, fused)
     leaves = [r.weights if sparse else r for r in reps.values()]
     for leaf in leaves:
         leaf.requires_grad_(True)
     kwargs = {}
     if settings["contrastive"] == "kl_div":
-        kwargs["teacher_scores"] = torch.randn(ROWS, 2, generator=torch.Generator().manual_seed(1))
+        rows = FUSED_ROWS if fused else ROWS
+        kwargs["teacher_scores"] = torch.randn(rows, 2, generator=torch.Generator().manual_seed(1))
     loss, _ = SpladeLoss(config)(reps, **kwargs)
     loss.backward()
     return float(loss), [leaf.grad.reshape(-1).tolist() for leaf in leaves]
@@ -84,12 +99,13 @@ def ranks(tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_sharded_scores_equal_unsharded(ranks: list[dict], scenario: str) -> None:
     """Each rank scoring half the query blocks gives, on every rank, the unsharded loss and every rep gradient."""
+    rtol = FUSED_RTOL if scenario.endswith("fused") else RTOL
     for result in ranks:
         (want_loss, want_grads), (got_loss, got_grads) = result[scenario]["want"], result[scenario]["got"]
-        assert got_loss == pytest.approx(want_loss, rel=RTOL)
+        assert got_loss == pytest.approx(want_loss, rel=rtol)
         for got, want in zip(got_grads, want_grads, strict=True):
             scale = max(abs(w) for w in want)
-            assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= RTOL * scale
+            assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= rtol * scale
 
 
 @pytest.mark.slow

@@ -110,10 +110,7 @@ class _DenseScores:
         kernel: str,
     ) -> Tensor:
         if kernel == "fused":
-            raise ValueError(
-                "score_kernel='fused' scores sparse reps only (the engine's sparse_reps); dense [B, V] reps run "
-                "the blocked path: use score_kernel='auto' or 'blocked'"
-            )
+            raise ValueError(_FUSED_DENSE)
         return blocked_logsumexp(
             q_reps,
             d_reps,
@@ -141,10 +138,19 @@ def _whole_scores(q_reps: Tensor, d_columns: Sequence[Tensor]) -> Tensor:
     return torch.cat([unchecked_dot_scores(q_reps, d_reps) for d_reps in d_columns], dim=1)
 
 
-def _kernel(score_kernel: str, block_size: int | None) -> str:
+def _kernel(score_kernel: str, block_size: int | None, block: int | None) -> str:
     """The log-sum-exp's kernel setting: ``score_kernel``, but 'auto' with an explicit ``block_size`` is
-    'blocked' (a block size is the blocked path's setting; the fused kernel has its own tiles)."""
+    'blocked' (a block size is the blocked path's setting; the fused kernel has its own tiles). Raises for
+    'fused' where the whole score matrix is built (``block`` None: dense reps below the blocking size)."""
+    if score_kernel == "fused" and block is None:
+        raise ValueError(_FUSED_DENSE)
     return "blocked" if score_kernel == "auto" and block_size is not None else score_kernel
+
+
+_FUSED_DENSE = (
+    "score_kernel='fused' scores sparse reps only (the engine's sparse_reps); dense [B, V] reps run the "
+    "blocked path or the whole score matrix: use score_kernel='auto' or 'blocked'"
+)
 
 
 def check_temperature(temperature: float, *, name: str = "temperature") -> None:
@@ -206,6 +212,7 @@ def info_nce(
     of the queries per rank (:mod:`.blocked`); ``score_kernel``: see :func:`_kernel`."""
     q_reps, pos_reps, neg_reps = columns
     block = scores.block_size(q_reps, 1 + len(neg_reps), block_size, shard_across_ranks)
+    kernel = _kernel(score_kernel, block_size, block)
     if block is not None:
         # -log softmax at the own positive = logsumexp over the batch's documents - the positive's score.
         # Queries and positives feed both terms: one fp32 copy each, so their gradients are rounded once.
@@ -216,7 +223,7 @@ def info_nce(
             temperature=temperature,
             block_size=block,
             shard_across_ranks=shard_across_ranks,
-            kernel=_kernel(score_kernel, block_size),
+            kernel=kernel,
         )
         return (lse - scores.paired(q_reps, pos_reps) / temperature).mean()  # [B] -> []
     all_scores = _whole_scores(q_reps, [pos_reps, *neg_reps])  # [B, (1+k)·B]; column j < B is positive j
@@ -361,6 +368,7 @@ def kl_div(
     d_columns = [pos_reps, *neg_reps]
     B, k = q_reps.shape[0], len(neg_reps)
     block = scores.block_size(q_reps, 1 + k, block_size, shard_across_ranks) if in_batch else None
+    kernel = _kernel(score_kernel, block_size, block) if in_batch else "blocked"
     if in_batch and block is None:
         all_scores = _whole_scores(q_reps, d_columns)  # [B, (1+k)·B]; query i's candidate j is column j·B + i
         log_student = F.log_softmax(all_scores / temperature, dim=1)  # [B, (1+k)·B]
@@ -377,7 +385,7 @@ def kl_div(
             temperature=temperature,
             block_size=block,
             shard_across_ranks=shard_across_ranks,
-            kernel=_kernel(score_kernel, block_size),
+            kernel=kernel,
         )  # [B]
         log_student = own_scores / temperature - lse[:, None]  # [B, 1+k]
     else:

@@ -1,0 +1,197 @@
+"""The fused sparse log-sum-exp (``losses/fused_lse.py``): lse, loss and every gradient against a dense fp64
+computation and the blocked path, under the Triton interpreter on CPU (compiled on a GPU).
+
+Legend: B queries, N documents (2B: positives, one hard-negative column), V vocabulary.
+
+Shapes are small but awkward: B = 37 (query tiles of 16: 16 + 16 + 5), V = 53, documents in blocks of 16 (the
+module's block bound patched down: 37 = 16 + 16 + 5 per column), an all-zero query row, all-zero documents,
+duplicate documents, temperature 0.7, an upstream gradient of both signs. Two tile dtypes: fp32 tiles (weights
+that are not bf16 values; ieee products) and bf16 tiles (bf16 values; the backward's 3-part split).
+
+Tolerance (docs/losses.md, "The fused kernel": the bound): every quantity is compared as
+``|got - want| <= TOL · scale`` where ``scale`` is the same quantity computed from absolute values in fp64
+(sum of |terms|): fp32 sums of n terms err by at most ``n · 2^-24`` of that (first order), and the largest n
+here (a gradient: N = 74 documents, plus a score's <= 53 products, the exp and the split) is < 200, so
+TOL = 200 · 2^-24 ≈ 1.2e-5. A missing product, tile, document block or split part (one bf16 part alone: 2^-9
+relative) is far outside it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse
+from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
+from gradcache_sparton.primitives.sparse_reps import SparseReps
+
+pytestmark = pytest.mark.kernel
+
+B, V, TEMPERATURE = 37, 53, 0.7
+TOL = 200 * 2.0**-24  # see the module docstring
+TILE_DTYPES = ["fp32", "bf16"]
+
+
+@pytest.fixture(autouse=True)
+def small_document_blocks(monkeypatch) -> None:
+    """Documents in blocks of 16 rows (the bound that gives 4,352 at V = 30,522 gives 16 here)."""
+    monkeypatch.setattr(fused_lse, "DOC_BLOCK_MAX_BYTES", 4 * (V + 1) * 16)
+
+
+def _dense_batch(kind: str, seed: int = 0) -> list[torch.Tensor]:
+    """Queries, positives, negatives [B, V] >= 0 (relu'd, ~30% / 60% non-zero) with the awkward rows."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def column(density: float) -> torch.Tensor:
+        values = torch.rand(B, V, generator=generator) * 2.5
+        return values * (torch.rand(B, V, generator=generator) < density)
+
+    columns = [column(0.3), column(0.6), column(0.6)]
+    if kind == "bf16":
+        columns = [c.to(torch.bfloat16).float() for c in columns]
+    else:  # not bf16 values
+        columns = [c + (c != 0) * 1e-3 * torch.rand(B, V, generator=generator) for c in columns]
+    q, pos, neg = columns
+    q[3] = 0  # an empty query: every score 0, lse = log N
+    pos[5] = 0  # empty documents
+    neg[0] = 0
+    pos[9] = pos[10] = neg[20]  # the same document three times
+    return columns
+
+
+def _sparse(columns: list[torch.Tensor]) -> list[SparseReps]:
+    reps = [SparseReps.from_dense(c) for c in columns]
+    for r in reps:
+        r.weights.requires_grad_(True)
+    return reps
+
+
+def _tiles(monkeypatch, kind: str) -> None:
+    """bf16 tiles wherever the values allow (the GPU's choice), forced here on CPU."""
+    monkeypatch.setattr(fused_lse, "products_in_bf16", lambda tensors: kind == "bf16")
+
+
+def _at_nonzeros(dense_grad: torch.Tensor, reps: SparseReps) -> torch.Tensor:
+    return dense_grad[reps.row_ids(), reps.token_ids.long()]
+
+
+def _reference(columns: list[torch.Tensor], upstream: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """fp64 lse and gradients of sum(upstream · lse), and the same from absolute values (the error scales)."""
+    q, *docs = [c.double().requires_grad_(True) for c in columns]
+    scores = torch.cat([q @ d.T for d in docs], dim=1) / TEMPERATURE  # [B, N]
+    lse = torch.logsumexp(scores, dim=1)
+    (lse * upstream.double()).sum().backward()
+    with torch.no_grad():
+        p = (
+            torch.softmax(scores, dim=1) * upstream.double().abs()[:, None] / TEMPERATURE
+        )  # [B, N] |d L / d s|
+        d_all = torch.cat([d.detach() for d in docs])  # [N, V]
+        abs_q = p @ d_all  # [B, V]
+        abs_d = (p.T @ q.detach()).split(B)  # N x [V] per column
+        lse_scale = scores.abs().amax(dim=1) + torch.log(torch.tensor(float(scores.shape[1])))
+    return {
+        "lse": [lse.detach(), lse_scale],
+        "grads": [q.grad, *(d.grad for d in docs)],
+        "scales": [abs_q, *abs_d],
+    }
+
+
+@pytest.mark.parametrize("kind", TILE_DTYPES)
+def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str) -> None:
+    """lse [B] and the gradients of the queries, positives and negatives equal dense fp64 within the bound."""
+    _tiles(monkeypatch, kind)
+    columns = _dense_batch(kind)
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(1))  # both signs
+    reps = _sparse(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    (lse * upstream).sum().backward()
+    want = _reference(columns, upstream)
+    want_lse, lse_scale = want["lse"]
+    assert ((lse.double() - want_lse).abs() <= TOL * lse_scale).all()
+    for r, grad, scale in zip(reps, want["grads"], want["scales"], strict=True):
+        got, expected, bound = r.weights.grad.double(), _at_nonzeros(grad, r), _at_nonzeros(scale, r)
+        assert ((got - expected).abs() <= TOL * bound + 1e-12).all()
+
+
+@pytest.mark.parametrize("kind", TILE_DTYPES)
+def test_empty_query_scores_log_n_and_gets_no_gradient_elsewhere(monkeypatch, kind: str) -> None:
+    """An all-zero query scores 0 against every document: its lse is log N up to fp32 rounding."""
+    _tiles(monkeypatch, kind)
+    reps = _sparse(_dense_batch(kind))
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    assert float(lse[3].detach()) == pytest.approx(float(torch.log(torch.tensor(2.0 * B))), rel=2**-22)
+
+
+@pytest.mark.parametrize("kind", TILE_DTYPES)
+def test_duplicate_documents_get_equal_gradients(monkeypatch, kind: str) -> None:
+    """Three copies of one document (two positives, one negative) get the same gradient, within the bound."""
+    _tiles(monkeypatch, kind)
+    reps = _sparse(_dense_batch(kind))
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    lse.sum().backward()
+    pos, neg = reps[1], reps[2]
+    copies = [pos.weights.grad[pos.offsets[i] : pos.offsets[i + 1]] for i in (9, 10)]
+    copies.append(neg.weights.grad[neg.offsets[20] : neg.offsets[21]])
+    for other in copies[1:]:
+        assert torch.allclose(other, copies[0], rtol=TOL, atol=0)
+
+
+@pytest.mark.parametrize("kind", TILE_DTYPES)
+@pytest.mark.parametrize("contrastive", ["infonce", "kl_div"])
+def test_fused_loss_matches_blocked(monkeypatch, kind: str, contrastive: str) -> None:
+    """SpladeLoss with score_kernel='fused' gives the blocked path's loss and every gradient (infonce, in-batch KL)."""
+    _tiles(monkeypatch, kind)
+    columns = _dense_batch(kind)
+    settings = {"contrastive": contrastive, "temperature": TEMPERATURE}
+    kwargs = {}
+    if contrastive == "kl_div":
+        settings["kl_in_batch"] = True
+        kwargs["teacher_scores"] = torch.randn(B, 2, generator=torch.Generator().manual_seed(3))
+    results = {}
+    for kernel in ("fused", "blocked"):
+        reps = dict(zip("qpn", _sparse(columns), strict=True))
+        loss, _ = SpladeLoss(SpladeLossConfig(score_kernel=kernel, **settings))(reps, **kwargs)
+        loss.backward()
+        results[kernel] = (loss, [r.weights.grad for r in reps.values()])
+    (fused, fused_grads), (blocked, blocked_grads) = results["fused"], results["blocked"]
+    # Both are within the bound of the fp64 value; their difference within twice that (scales ~ |values| here:
+    # the loss and its gradients are sums of terms of one sign per row, up to the regularizers' small parts).
+    assert fused.item() == pytest.approx(blocked.item(), rel=2 * TOL)
+    for got, want in zip(fused_grads, blocked_grads, strict=True):
+        assert (got - want).abs().max() <= 2 * TOL * want.abs().max()
+
+
+def test_fused_is_chosen_only_where_asked_or_measured(monkeypatch) -> None:
+    """'blocked' never runs the kernel, 'fused' always (raising where it cannot), 'auto' only on a GPU above the
+    measured size."""
+    reps = _sparse(_dense_batch("fp32"))
+    assert not use_fused_kernel(reps[0], reps[1:], "blocked")
+    assert use_fused_kernel(reps[0], reps[1:], "fused")  # the interpreter runs it on CPU
+    assert not use_fused_kernel(reps[0], reps[1:], "auto")  # CPU tensors: never automatically
+    fp64 = [SparseReps(r.offsets, r.token_ids, r.weights.detach().double(), r.vocab_size) for r in reps]
+    with pytest.raises(ValueError, match="score_kernel='fused' needs fp32"):
+        use_fused_kernel(fp64[0], fp64[1:], "fused")
+    monkeypatch.setattr(fused_lse, "_interpreting", lambda: False)
+    with pytest.raises(ValueError, match="on a CUDA device"):
+        use_fused_kernel(reps[0], reps[1:], "fused")
+
+
+def test_fused_refuses_dense_reps() -> None:
+    """score_kernel='fused' with dense [B, V] reps is a ValueError naming the setting, not a silent blocked run."""
+    columns = _dense_batch("fp32")
+    with pytest.raises(ValueError, match="score_kernel='fused' scores sparse reps only"):
+        SpladeLoss(SpladeLossConfig(score_kernel="fused"))(dict(zip("qpn", columns, strict=True)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"score_kernel": "triton"}, "score_kernel must be one of"),
+        ({"score_kernel": "fused", "contrastive": "margin_mse"}, "score_kernel applies to"),
+        ({"score_kernel": "fused", "score_block_size": 64}, "score_block_size sets the blocked path"),
+    ],
+)
+def test_score_kernel_config_is_checked(kwargs: dict, match: str) -> None:
+    """A bad score_kernel, or one that cannot apply, raises a ValueError naming it before any work."""
+    with pytest.raises(ValueError, match=match):
+        SpladeLossConfig(**kwargs)
