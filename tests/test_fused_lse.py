@@ -114,6 +114,27 @@ def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", TILE_DTYPES)
+def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str) -> None:
+    """An entry stored with weight 0 (a SparseReps may hold some) gets the dense gradient at its position,
+    although the kernels find entries by their stored bits (-0.0 for these)."""
+    _tiles(monkeypatch, kind)
+    reps = []
+    for column in _dense_batch(kind):
+        r = SparseReps.from_dense(column)
+        weights = r.weights.clone()
+        weights[::5] = 0.0  # every fifth entry: an explicit zero
+        reps.append(SparseReps(r.offsets, r.token_ids, weights.requires_grad_(True), r.vocab_size))
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(4))
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    (lse * upstream).sum().backward()
+    want = _reference([r.to_dense().detach() for r in reps], upstream)
+    for r, grad, scale in zip(reps, want["grads"], want["scales"], strict=True):
+        got, expected, bound = r.weights.grad.double(), _at_nonzeros(grad, r), _at_nonzeros(scale, r)
+        assert (expected[::5].abs() > 0).any()  # the zeros' gradients are not all zero: the test can fail
+        assert ((got - expected).abs() <= TOL * bound + 1e-12).all()
+
+
+@pytest.mark.parametrize("kind", TILE_DTYPES)
 def test_empty_query_scores_log_n(monkeypatch, kind: str) -> None:
     """An all-zero query scores 0 against every document: its lse is log N up to fp32 rounding."""
     _tiles(monkeypatch, kind)

@@ -79,6 +79,7 @@ __all__ = [
     "TileShape",
     "build_query_tiles",
     "check_score_kernel",
+    "entry_values",
     "fused_sparse_logsumexp",
     "use_fused_kernel",
 ]
@@ -151,6 +152,13 @@ def use_fused_kernel(q_reps: SparseReps, d_reps: Sequence[SparseReps], kernel: s
     return runnable and q_reps.weights.is_cuda and q_reps.num_rows >= FUSED_MIN_QUERIES
 
 
+def entry_values(weights: Tensor, dtype: torch.dtype) -> Tensor:
+    """``weights`` as ``dtype``, an entry of weight 0 as -0.0: the kernels find the entries by their bits (not all
+    zero) and write gradients there only; -0.0 adds nothing to a score."""
+    values = weights.to(dtype)
+    return values.masked_fill(values == 0, -0.0)
+
+
 class QueryTiles(NamedTuple):
     """The queries as tiles over their active columns (module doc, "Layout")."""
 
@@ -188,7 +196,7 @@ def build_query_tiles(
     cols[pos] = (keys % vocab).to(torch.int32)
     entry_pos, entry_lane = pos[inverse], rows % bm
     qt = torch.zeros((total, bm), dtype=dtype, device=device)
-    qt[entry_pos, entry_lane] = weights.to(dtype)
+    qt[entry_pos, entry_lane] = entry_values(weights, dtype)
     return QueryTiles(tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane)
 
 
@@ -211,7 +219,7 @@ class _DocBlocks:
     def densify(self, weights: Tensor, j0: int, n: int, lo: int, hi: int, dtype: torch.dtype) -> Tensor:
         """Rows ``j0:j0+n`` as DT [V + 1, n] of ``dtype`` (row V zero)."""
         dt = weights.new_zeros((self.reps.vocab_size + 1, n), dtype=dtype)
-        dt[self._ids[lo:hi], self._rows[lo:hi] - j0] = weights[lo:hi].to(dtype)
+        dt[self._ids[lo:hi], self._rows[lo:hi] - j0] = entry_values(weights[lo:hi], dtype)
         return dt
 
     def gather(self, grad_dt: Tensor, j0: int, lo: int, hi: int) -> Tensor:

@@ -88,27 +88,49 @@ def _forward_kernel(QT, COLS, TILE_PTR, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, 
 
 
 @triton.jit
-def _split_dot(p, b, acc, PARTS: tl.constexpr, IEEE: tl.constexpr):
-    """``acc + p @ b`` for fp32 ``p``: in PARTS exact bf16 parts against a bf16 ``b``, or one ieee fp32 dot."""
-    if IEEE:
-        acc = _dot(p, b, acc, IEEE)
-    else:
-        hi = p.to(tl.bfloat16)
-        acc = _dot(hi, b, acc, IEEE)
-        rest = p - hi.to(tl.float32)  # exact (fp32)
-        mid = rest.to(tl.bfloat16)
-        acc = _dot(mid, b, acc, IEEE)
+def _mul3(a, b1, b2, b3, acc, PARTS: tl.constexpr, IEEE: tl.constexpr):
+    """``acc + a @ (b1 + b2 + b3)``: the bf16 parts of an fp32 matrix (:func:`_parts`) on the right, each
+    product exact, or ``b1`` alone (fp32 tiles)."""
+    acc = _dot(a, b1, acc, IEEE)
+    if not IEEE:
+        acc = _dot(a, b2, acc, IEEE)
         if PARTS == 3:
-            rest = rest - mid.to(tl.float32)  # exact (fp32)
-            acc = _dot(rest.to(tl.bfloat16), b, acc, IEEE)
+            acc = _dot(a, b3, acc, IEEE)
     return acc
 
 
 @triton.jit
-def _backward_kernel(QT, COLS, TILE_PTR, DT, LSE, G, GQT, GDT, num_rows, n_docs, stride_dt, inv_t, tile_lo, pad_id,
+def _parts(p, IEEE: tl.constexpr):
+    """fp32 ``p`` as three bf16 parts whose fp32 sum is ``p`` exactly (8 + 8 + 8 significant bits); for fp32
+    tiles (IEEE) ``p`` itself, the other two unused."""
+    if IEEE:
+        hi, mid, lo = p, p, p
+    else:
+        hi = p.to(tl.bfloat16)
+        rest = p - hi.to(tl.float32)  # exact (fp32)
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(
+            tl.bfloat16
+        )  # exact difference, then its rounding (the last bits)
+    return hi, mid, lo
+
+
+@triton.jit
+def _nonzero(x, IEEE: tl.constexpr):
+    """Where ``x``'s bits are not all zero: the reps' entries (an entry of weight 0 is stored as -0.0)."""
+    if IEEE:  # noqa: SIM108 (a compile-time branch: each arm types x differently)
+        out = x.to(tl.int32, bitcast=True) != 0
+    else:
+        out = x.to(tl.int16, bitcast=True) != 0
+    return out
+
+
+@triton.jit
+def _backward_kernel(QT, COLS, TILE_PTR, DT, LSE, G, GQT, GDT, num_rows, n_docs, stride_dt, inv_t, tile_lo,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                      PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
-    """One query tile against one document block: recompute each tile, add its gradients (module doc)."""
+    """One query tile against one document block: recompute each tile, add its gradients (module doc). Both
+    gradients are written at the reps' entries only (the rest is never read): bits of QT / DT not all zero."""
     t = tile_lo + tl.program_id(0)
     k_lo = tl.load(TILE_PTR + t)
     k_hi = tl.load(TILE_PTR + t + 1)
@@ -124,22 +146,26 @@ def _backward_kernel(QT, COLS, TILE_PTR, DT, LSE, G, GQT, GDT, num_rows, n_docs,
         s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
         p = tl.exp(s - lse[:, None]) * g[:, None]  # [BM, BN]: d loss / d (q · d)
         p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
+        p1, p2, p3 = _parts(p, IEEE)  # [BM, BN] each, split once for every step below
+        pt1, pt2, pt3 = _parts(tl.trans(p), IEEE)  # [BN, BM]
         for k0 in range(k_lo, k_hi, BK):
             k = (k0 + kk).to(tl.int64)
             c = tl.load(COLS + k).to(tl.int64)  # [BK]
-            b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)
+            b = tl.load(
+                DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0
+            )  # [BK, BN]
+            at = tl.load(QT + k[:, None] * BM + r[None, :])  # [BK, BM]: QT's rows as stored
             if NEED_Q:
-                # [BM, BN] @ [BN, BK] -> [BM, BK]; this tile's rows of GQT are this program's alone
-                gq = _split_dot(p, tl.trans(b), tl.zeros((BM, BK), dtype=tl.float32), PARTS, IEEE)
-                at = GQT + k[None, :] * BM + r[:, None]
-                tl.store(at, tl.load(at) + gq)
+                # [BK, BN] @ [BN, BM] -> [BK, BM]; this tile's rows of GQT are this program's alone
+                gq = _mul3(b, pt1, pt2, pt3, tl.zeros((BK, BM), dtype=tl.float32), PARTS, IEEE)
+                to = GQT + k[:, None] * BM + r[None, :]
+                entry = _nonzero(at, IEEE)  # the queries' entries
+                tl.store(to, tl.load(to, mask=entry, other=0.0) + gq, mask=entry)
             if NEED_D:
-                a = tl.load(QT + k[None, :] * BM + r[:, None])  # [BM, BK]
-                # [BK, BM] @ [BM, BN] -> [BK, BN]; every query tile adds here: atomics (padding ids skipped)
-                pt = tl.trans(p)  # [BN, BM]
-                gd = tl.trans(_split_dot(pt, a, tl.zeros((BN, BK), dtype=tl.float32), PARTS, IEEE))
-                keep = (c < pad_id)[:, None] & n_ok[None, :]
-                tl.atomic_add(GDT + c[:, None] * stride_dt + n_cols[None, :], gd, mask=keep, sem="relaxed")
+                # [BK, BM] @ [BM, BN] -> [BK, BN]; every query tile adds here: atomics, at the documents' entries
+                gd = _mul3(at, p1, p2, p3, tl.zeros((BK, BN), dtype=tl.float32), PARTS, IEEE)
+                entry = _nonzero(b, IEEE) & n_ok[None, :]  # padding ids read DT's zero row: no entry
+                tl.atomic_add(GDT + c[:, None] * stride_dt + n_cols[None, :], gd, mask=entry, sem="relaxed")
 
 
 def launch_forward(
@@ -167,7 +193,7 @@ def launch_backward(
         return
     _backward_kernel[(len(tiles),)](
         qt, cols, tile_ptr, dt, lse, g, qt if grad_qt is None else grad_qt, dt if grad_dt is None else grad_dt,
-        num_rows, n_docs, dt.stride(0), inv_t, tiles.start, dt.shape[0] - 1,
+        num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
         BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, PARTS=parts,
         NEED_Q=grad_qt is not None, NEED_D=grad_dt is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
