@@ -18,7 +18,8 @@ abstracts as hard negatives):
    each path issues over its time as a fraction of the device's dense bf16 peak (fused: 2·B·N·mean K_t per
    pass-unit, forward 1 unit, backward 1 + 2·SPLIT_PARTS; blocked: its plan's widths, forward 1, backward 7);
    a point whose runs would pass ``--budget_s`` (projected: 4x the last point's) is skipped and named;
-3. tiles (``--tile_batch``, optional): the fused path alone under alternative tile shapes (``--tiles``).
+3. variants (``--tile_batch``, optional): the fused path alone under other settings (``--variants``: tile shapes,
+   one or two backward kernels, 2 or 3 split parts, queries sorted into tiles or not).
 
 GPU:  python -m benchmarks.bench_loss_kernel --beir_path /work/shared/data/scifact --output $OUT/loss_kernel.json
 CPU:  TRITON_INTERPRET=1 python -m benchmarks.bench_loss_kernel --device cpu --beir_path default \\
@@ -48,6 +49,17 @@ from gradcache_sparton.primitives.sparse_reps import SparseReps
 # Dense bf16 tensor-core peaks (datasheet, SXM, without sparsity), by a substring of the device name.
 BF16_PEAK_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 COLUMNS = ("query", "positive", "negative")
+# Fused settings compared at --tile_batch: TileShape's fields, then SPLIT_PARTS and SORT_QUERIES (1/0).
+VARIANTS = (
+    "64,32,128,64,4,3,1,2,1",  # the defaults
+    "64,32,128,64,4,3,2,2,1",  # one backward kernel per gradient
+    "64,32,128,64,4,3,1,3,1",  # 3 split parts (exact products)
+    "64,32,128,64,4,3,1,2,0",  # queries in the batch's order
+    "64,64,128,64,8,2,1,2,1",
+    "64,32,128,128,8,3,1,2,1",
+    "64,32,256,64,8,3,1,2,1",
+    "128,32,128,64,8,3,1,2,1",
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -61,8 +73,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting (median)")
     parser.add_argument("--budget_s", type=float, default=420.0, help="skip A/B points past this wall clock")
     parser.add_argument("--tile_batch", type=int, default=0, help="B of the tile comparison (0: none)")
-    parser.add_argument("--tiles", default="64,64,128,64,8,2;64,32,128,64,4,3;128,64,128,64,8,2;64,64,64,128,8,2",
-                        help="bm,bk,bn_forward,bn_backward,warps,stages;...")  # fmt: skip
+    parser.add_argument("--variants", default=";".join(VARIANTS),
+                        help="bm,bk,bn_forward,bn_backward,warps,stages,backward_passes,split_parts,sort;...")  # fmt: skip
     parser.add_argument("--query_len", type=int, default=32)
     parser.add_argument("--doc_len", type=int, default=256)
     parser.add_argument("--encode_batch", type=int, default=512)
@@ -70,7 +82,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",") if b]
-    args.tiles = [fused_lse.TileShape(*map(int, t.split(","))) for t in args.tiles.split(";") if t]
+    args.variants = [tuple(map(int, v.split(","))) for v in args.variants.split(";") if v]
     return args
 
 
@@ -135,8 +147,9 @@ def check(text: Any, args: argparse.Namespace) -> dict:
 
 
 def tile_stats(q_reps: SparseReps, shape: fused_lse.TileShape) -> dict:
+    order = fused_lse.query_order(q_reps) if fused_lse.SORT_QUERIES else None
     tiles = fused_lse.build_query_tiles(
-        q_reps, q_reps.weights, bm=shape.bm, bk=shape.bk, dtype=torch.bfloat16
+        q_reps, q_reps.weights, bm=shape.bm, bk=shape.bk, dtype=torch.bfloat16, order=order
     )
     num_tiles = tiles.tile_ptr.numel() - 1
     widths = (tiles.tile_ptr[1:] - tiles.tile_ptr[:-1]).double()
@@ -191,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {"stamp": run_stamp(device), "command": " ".join(sys.argv),
                                "args": {k: str(v) for k, v in vars(args).items()},
                                "gpu_tiles": fused_lse.GPU_TILES._asdict(), "split_parts": fused_lse.SPLIT_PARTS,
+                               "sort_queries": fused_lse.SORT_QUERIES,
                                "fused_min_queries": fused_lse.FUSED_MIN_QUERIES, "ab": []}  # fmt: skip
 
     def save() -> None:
@@ -210,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         point: dict[str, Any] = {"batch": batch, "distinct_rows": distinct, "status": "ok",
                                  "tiles": tile_stats(reps["query"], fused_lse.GPU_TILES)}  # fmt: skip
         documents = 2 * batch
-        units = {"fused": (2.0 * batch * documents * point["tiles"]["k_mean"], 1, 1 + 2 * fused_lse.SPLIT_PARTS),
+        backward_units = fused_lse.GPU_TILES.backward_passes + 2 * fused_lse.SPLIT_PARTS
+        units = {"fused": (2.0 * batch * documents * point["tiles"]["k_mean"], 1, backward_units),
                  "blocked": (2.0 * documents * blocked_width_rows(reps["query"]), 1, 7)}  # fmt: skip
         point_s = 0.0
         for kernel in ("fused", "blocked"):
@@ -237,20 +252,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         del reps
     if args.tile_batch:
         reps, _ = batch_reps("text", args.tile_batch, text, seed=args.tile_batch)
-        default = fused_lse.GPU_TILES
+        defaults = fused_lse.GPU_TILES, fused_lse.SPLIT_PARTS, fused_lse.SORT_QUERIES
         rows = []
         try:
-            for shape in args.tiles:
-                fused_lse.GPU_TILES = shape
+            for variant in args.variants:
+                fused_lse.GPU_TILES = fused_lse.TileShape(*variant[:7])
+                fused_lse.SPLIT_PARTS, fused_lse.SORT_QUERIES = variant[7], bool(variant[8])
+                settings = {**fused_lse.GPU_TILES._asdict(), "split_parts": variant[7], "sort": variant[8]}
                 try:
                     row = timed(reps, "fused", args.repeats, device)
                 except Exception as error:  # a shape the compiler rejects: recorded, the others still run
                     row = {"status": "failed", "error": f"{type(error).__name__}: {str(error)[:300]}"}
-                rows.append({"tiles": shape._asdict(), **row})
-                results["tiles"] = {"batch": args.tile_batch, "rows": rows}
+                rows.append(
+                    {"settings": settings, "tiles": tile_stats(reps["query"], fused_lse.GPU_TILES), **row}
+                )
+                results["variants"] = {"batch": args.tile_batch, "rows": rows}
                 save()
         finally:
-            fused_lse.GPU_TILES = default
+            fused_lse.GPU_TILES, fused_lse.SPLIT_PARTS, fused_lse.SORT_QUERIES = defaults
     results["wall_s"] = time.monotonic() - began
     save()
     for point in results["ab"]:

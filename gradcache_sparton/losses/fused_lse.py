@@ -55,6 +55,7 @@ for sparse reps on a GPU from :data:`FUSED_MIN_QUERIES` queries on (:func:`use_f
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -74,6 +75,7 @@ __all__ = [
     "GPU_TILES",
     "INTERPRETER_TILES",
     "SCORE_KERNELS",
+    "SORT_QUERIES",
     "SPLIT_PARTS",
     "QueryTiles",
     "TileShape",
@@ -81,6 +83,7 @@ __all__ = [
     "check_score_kernel",
     "entry_values",
     "fused_sparse_logsumexp",
+    "query_order",
     "use_fused_kernel",
 ]
 
@@ -95,9 +98,14 @@ FUSED_MIN_QUERIES = 4096
 # sparse path's per-buffer bound, so bd = 4,352 documents at V = 30,522.
 DOC_BLOCK_MAX_BYTES = SPARSE_BLOCK_MAX_BYTES
 
-# bf16 parts the backward splits its fp32 softmax weights into (module doc, "Exactness"): 3 parts hold all 24
-# significant bits, so every gradient product is exact.
-SPLIT_PARTS = 3
+# bf16 parts the backward splits its fp32 softmax weights into (module doc, "Exactness"): 2 parts hold the
+# leading 16 significant bits (each weight within 2^-18 of itself, docs/losses.md's bound); 3 parts hold all 24,
+# every gradient product exact, for 2 more tensor-core products a tile.
+SPLIT_PARTS = 2
+
+# Order the queries into tiles by their two heaviest terms (:func:`query_order`): queries that share terms share
+# a tile, whose active columns (the products' width) are then fewer. False: the batch's order.
+SORT_QUERIES = True
 
 
 class TileShape(NamedTuple):
@@ -109,12 +117,18 @@ class TileShape(NamedTuple):
     bn_backward: int
     warps: int
     stages: int
+    backward_passes: int
+    """1: one backward kernel adds both gradients; 2: one kernel per gradient (fewer live registers, one more
+    recomputation of the scores)."""
 
 
-# GPU tiles: tl.dot needs power-of-two edges >= 16; BM = 64 is the wgmma row edge. Starting points, not tuned.
-GPU_TILES = TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=8, stages=2)
+# GPU tiles: tl.dot needs power-of-two edges >= 16; BM = 64 is the wgmma row edge. The best of four shapes at
+# B 65,536 on one H200 (benchmarks/bench_loss_kernel.py, 2026-12-06): forward 0.146 s against 0.162-0.186.
+GPU_TILES = TileShape(bm=64, bk=32, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1)
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
-INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1)
+INTERPRETER_TILES = TileShape(
+    bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1, backward_passes=1
+)
 
 
 def _interpreting() -> bool:
@@ -172,16 +186,43 @@ class QueryTiles(NamedTuple):
     """[nnz] int64: each query entry's row of ``qt``."""
     entry_lane: Tensor
     """[nnz] int64: each query entry's column of ``qt`` (its row within its tile)."""
+    row_idx: Tensor
+    """[T · BM] int32: the query at each tile row (B: padding); tiles hold the queries in :func:`query_order`."""
+
+
+def query_order(reps: SparseReps) -> Tensor:
+    """[B] int64: the queries sorted by their heaviest term's id, then their second heaviest's (empty rows last),
+    so that tiles of consecutive queries share terms. Stable sorts of the entries and of B keys, no sync."""
+    vocab, nnz = reps.vocab_size, reps.weights.numel()
+    heaviest = torch.full((reps.num_rows, 2), vocab, dtype=torch.int64, device=reps.weights.device)
+    if nnz:
+        rows = reps.row_ids()  # [nnz]: the row of each position (the same segments after sorting within rows)
+        by_weight = torch.sort(reps.weights.detach(), descending=True, stable=True).indices
+        entries = by_weight[torch.sort(rows[by_weight], stable=True).indices]  # by row, heaviest first
+        rank = torch.arange(nnz, device=rows.device) - reps.offsets[rows]  # [nnz]: place within the row
+        top = rank < 2
+        heaviest[rows[top], rank[top]] = reps.token_ids.long()[entries][top]
+    return torch.sort(heaviest[:, 0] * (vocab + 1) + heaviest[:, 1], stable=True).indices
 
 
 def build_query_tiles(
-    reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype
+    reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype, order: Tensor | None = None
 ) -> QueryTiles:
-    """:class:`QueryTiles` of ``reps`` with ``weights`` (one sort of the entries' (tile, id) keys, one sync)."""
-    vocab, device = reps.vocab_size, weights.device
+    """:class:`QueryTiles` of ``reps`` with ``weights``, the queries in ``order`` ([B] positions -> rows; None: as
+    they are): one sort of the entries' (tile, id) keys, one sync."""
+    vocab, device, num_rows = reps.vocab_size, weights.device, reps.num_rows
+    num_tiles = -(-num_rows // bm)
+    row_idx = torch.full((num_tiles * bm,), num_rows, dtype=torch.int32, device=device)
     rows = reps.row_ids()  # [nnz]
-    tile = rows // bm
-    num_tiles = -(-reps.num_rows // bm)
+    if order is None:
+        row_idx[:num_rows] = torch.arange(num_rows, dtype=torch.int32, device=device)
+        at = rows
+    else:
+        row_idx[:num_rows] = order.to(torch.int32)
+        position = torch.empty_like(order)
+        position[order] = torch.arange(num_rows, device=device)
+        at = position[rows]  # [nnz]: each entry's position in the tiles
+    tile = at // bm
     keys, inverse = torch.unique(tile * vocab + reps.token_ids.long(), sorted=True, return_inverse=True)
     key_tile = keys // vocab  # [U_all]: unique (tile, id) pairs, by tile then id
     counts = torch.bincount(key_tile, minlength=num_tiles)  # [T]
@@ -194,10 +235,10 @@ def build_query_tiles(
     total = max(int(tile_ptr[-1]), bk)  # at least one step's rows: no empty tensor reaches a kernel
     cols = torch.full((total,), vocab, dtype=torch.int32, device=device)
     cols[pos] = (keys % vocab).to(torch.int32)
-    entry_pos, entry_lane = pos[inverse], rows % bm
+    entry_pos, entry_lane = pos[inverse], at % bm
     qt = torch.zeros((total, bm), dtype=dtype, device=device)
     qt[entry_pos, entry_lane] = entry_values(weights, dtype)
-    return QueryTiles(tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane)
+    return QueryTiles(tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx)
 
 
 class _DocBlocks:
@@ -287,7 +328,8 @@ class _FusedLogSumExp(torch.autograd.Function):
         shape = _tile_shape()
         q_layout, d_layouts = layouts[0], layouts[1:]
         dtype = torch.bfloat16 if products_in_bf16([q, *d]) else torch.float32
-        tiles = build_query_tiles(q_layout, q, bm=shape.bm, bk=shape.bk, dtype=dtype)
+        order = query_order(q_layout) if SORT_QUERIES else None
+        tiles = build_query_tiles(q_layout, q, bm=shape.bm, bk=shape.bk, dtype=dtype, order=order)
         own, summed = _rank_tiles(tiles.tile_ptr.numel() - 1, shard)
         if summed:
             check_same_on_every_rank([q, *d])
@@ -300,15 +342,14 @@ class _FusedLogSumExp(torch.autograd.Function):
             for j0, n, lo, hi in column.blocks():
                 dt = column.densify(weights, j0, n, lo, hi, dtype)  # [V + 1, n]
                 launch_forward(
-                    tiles.qt, tiles.cols, tiles.tile_ptr, dt, run_max, run_sum,
+                    tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, run_max, run_sum,
                     num_rows=num_rows, n_docs=n, inv_t=1.0 / temperature, tiles=own, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_forward, warps=shape.warps, stages=shape.stages,
                 )  # fmt: skip
-        rows = range(own.start * shape.bm, min(own.stop * shape.bm, num_rows))
+        rows = tiles.row_idx[own.start * shape.bm : own.stop * shape.bm].long()
+        rows = rows[rows < num_rows]  # this rank's queries
         lse = torch.zeros_like(run_max)  # [B]; other ranks' rows stay zero
-        lse[rows.start : rows.stop] = run_max[rows.start : rows.stop] + torch.log(
-            run_sum[rows.start : rows.stop]
-        )
+        lse[rows] = run_max[rows] + torch.log(run_sum[rows])
         if summed:
             dist.all_reduce(lse)
         ctx.save_for_backward(q, lse, *d)
@@ -338,11 +379,16 @@ class _FusedLogSumExp(torch.autograd.Function):
                     break
                 dt = column.densify(weights, j0, n, lo, hi, ctx.dtype)  # [V + 1, n]
                 grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
-                launch_backward(
-                    tiles.qt, tiles.cols, tiles.tile_ptr, dt, lse, g, grad_qt, grad_dt,
+                launch = functools.partial(
+                    launch_backward, tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g,
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                 )  # fmt: skip
+                if shape.backward_passes == 1:
+                    launch(grad_qt, grad_dt)
+                else:  # one kernel per gradient
+                    launch(grad_qt, None)
+                    launch(None, grad_dt)
                 if grad is not None and grad_dt is not None:
                     grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
             grad_d.append(grad)

@@ -63,7 +63,7 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(QT, COLS, TILE_PTR, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, stride_dt, inv_t, tile_lo,
+def _forward_kernel(QT, COLS, TILE_PTR, ROWS, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, stride_dt, inv_t, tile_lo,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """One query tile against one document block: update the tile's running max and sum (online lse)."""
     t = tile_lo + tl.program_id(0)
@@ -71,7 +71,7 @@ def _forward_kernel(QT, COLS, TILE_PTR, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, 
     k_hi = tl.load(TILE_PTR + t + 1)
     r = tl.arange(0, BM)
     kk = tl.arange(0, BK)
-    rows = t * BM + r  # [BM]
+    rows = tl.load(ROWS + t * BM + r)  # [BM]: the tile's queries (num_rows: padding)
     row_ok = rows < num_rows
     run_max = tl.load(RUN_MAX + rows, mask=row_ok, other=0.0)  # [BM]
     run_sum = tl.load(RUN_SUM + rows, mask=row_ok, other=0.0)  # [BM]
@@ -100,15 +100,27 @@ def _mul3(a, b1, b2, b3, acc, PARTS: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _bf16(x):
+    """fp32 ``x`` rounded to the nearest bf16 (ties to even), as the GPU's conversion does. Triton 3.9's interpreter
+    truncates instead (errors up to 2^-7, all of one sign): there the rounding is done on the bits first, so the
+    conversion only drops zeros."""
+    if INTERPRETING:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # round the low 16 bits away, ties to even
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
 def _parts(p, IEEE: tl.constexpr):
     """fp32 ``p`` as three bf16 parts whose fp32 sum is ``p`` exactly (8 + 8 + 8 significant bits); for fp32
     tiles (IEEE) ``p`` itself, the other two unused."""
     if IEEE:
         hi, mid, lo = p, p, p
     else:
-        hi = p.to(tl.bfloat16)
+        hi = _bf16(p)
         rest = p - hi.to(tl.float32)  # exact (fp32)
-        mid = rest.to(tl.bfloat16)
+        mid = _bf16(rest)
         lo = (rest - mid.to(tl.float32)).to(
             tl.bfloat16
         )  # exact difference, then its rounding (the last bits)
@@ -126,7 +138,7 @@ def _nonzero(x, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _backward_kernel(QT, COLS, TILE_PTR, DT, LSE, G, GQT, GDT, num_rows, n_docs, stride_dt, inv_t, tile_lo,
+def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, num_rows, n_docs, stride_dt, inv_t, tile_lo,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                      PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
     """One query tile against one document block: recompute each tile, add its gradients (module doc). Both
@@ -136,7 +148,7 @@ def _backward_kernel(QT, COLS, TILE_PTR, DT, LSE, G, GQT, GDT, num_rows, n_docs,
     k_hi = tl.load(TILE_PTR + t + 1)
     r = tl.arange(0, BM)
     kk = tl.arange(0, BK)
-    rows = t * BM + r
+    rows = tl.load(ROWS + t * BM + r)  # [BM]: the tile's queries (num_rows: padding)
     row_ok = rows < num_rows
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
@@ -146,8 +158,10 @@ def _backward_kernel(QT, COLS, TILE_PTR, DT, LSE, G, GQT, GDT, num_rows, n_docs,
         s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
         p = tl.exp(s - lse[:, None]) * g[:, None]  # [BM, BN]: d loss / d (q · d)
         p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
-        p1, p2, p3 = _parts(p, IEEE)  # [BM, BN] each, split once for every step below
-        pt1, pt2, pt3 = _parts(tl.trans(p), IEEE)  # [BN, BM]
+        if NEED_Q:
+            pt1, pt2, pt3 = _parts(tl.trans(p), IEEE)  # [BN, BM] each, split once for every step below
+        if NEED_D:
+            p1, p2, p3 = _parts(p, IEEE)  # [BM, BN] each
         for k0 in range(k_lo, k_hi, BK):
             k = (k0 + kk).to(tl.int64)
             c = tl.load(COLS + k).to(tl.int64)  # [BK]
@@ -169,20 +183,20 @@ def _backward_kernel(QT, COLS, TILE_PTR, DT, LSE, G, GQT, GDT, num_rows, n_docs,
 
 
 def launch_forward(
-    qt: Tensor, cols: Tensor, tile_ptr: Tensor, dt: Tensor, run_max: Tensor, run_sum: Tensor,
+    qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, run_max: Tensor, run_sum: Tensor,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
 ) -> None:  # fmt: skip
     """Update ``run_max``/``run_sum`` [B] of the query tiles ``tiles`` against the ``n_docs`` columns of ``dt``."""
     if len(tiles) == 0:
         return
     _forward_kernel[(len(tiles),)](
-        qt, cols, tile_ptr, dt, run_max, run_sum, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
+        qt, cols, tile_ptr, row_idx, dt, run_max, run_sum, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
         BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
 def launch_backward(
-    qt: Tensor, cols: Tensor, tile_ptr: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
+    qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
     grad_qt: Tensor | None, grad_dt: Tensor | None,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
     parts: int,
@@ -192,7 +206,7 @@ def launch_backward(
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
     _backward_kernel[(len(tiles),)](
-        qt, cols, tile_ptr, dt, lse, g, qt if grad_qt is None else grad_qt, dt if grad_dt is None else grad_dt,
+        qt, cols, tile_ptr, row_idx, dt, lse, g, qt if grad_qt is None else grad_qt, dt if grad_dt is None else grad_dt,
         num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
         BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, PARTS=parts,
         NEED_Q=grad_qt is not None, NEED_D=grad_dt is not None, num_warps=warps, num_stages=stages,
