@@ -9,7 +9,8 @@ Cross-Entropy compute theirs: an online log-sum-exp over score tiles that live i
 
 Layout (built once per forward, kept for the backward):
 
-- queries in tiles of BM rows; each tile carries its active columns (the sorted unique vocabulary ids of its
+- queries in tiles of BM rows, in the order of :func:`query_order` (a min-hash of their terms, so that queries
+  sharing terms tend to share a tile; :data:`SORT_QUERIES`); each tile carries its active columns (the sorted unique vocabulary ids of its
   rows' non-zeros, padded with id V up to a multiple of BK) and its reps over them, transposed: ``QT``
   [K_total, BM] (bf16 or fp32, see below), K_total = sum_t K_t (linear in the queries' non-zeros). A tile
   of 64 trained SPLADE queries (~50 non-zeros each) has ~1,100 active columns of V = 30,522, so the products
@@ -35,8 +36,8 @@ kernel"):
 - products: when every weight holds a bf16 value (reps made under bf16 autocast; checked once per call as
   the blocked path does) the tiles are bf16 and ``tl.dot`` forms exact products summed in fp32; otherwise
   fp32 tiles with ``input_precision="ieee"`` (no TF32), products rounded once. The backward's fp32 ``p`` is
-  split into :data:`SPLIT_PARTS` bf16 parts whose sum is ``p`` exactly (3 parts, 24 significant bits), so
-  its gradient products are exact too;
+  split into :data:`SPLIT_PARTS` bf16 parts, each product of a part exact: 2 parts (the default) hold ``p``'s
+  leading 16 significant bits, within 2^-16 of ``p``; 3 parts hold all 24, ``p`` itself;
 - sums: fp32, in another order than the dense computation (K-steps, then tiles, then document blocks);
 - no tile is skipped; the document gradient's atomic adds make its fp32 order, and so its last bits,
   vary from run to run (the bound covers every order).
@@ -103,9 +104,12 @@ DOC_BLOCK_MAX_BYTES = SPARSE_BLOCK_MAX_BYTES
 # every gradient product exact, for 2 more tensor-core products a tile.
 SPLIT_PARTS = 2
 
-# Order the queries into tiles by their two heaviest terms (:func:`query_order`): queries that share terms share
-# a tile, whose active columns (the products' width) are then fewer. False: the batch's order.
+# Order the queries into tiles by a min-hash of their terms (:func:`query_order`): queries that share terms tend
+# to share a tile, whose active columns (the products' width) are then fewer; copies of a query always share
+# one. False: the batch's order.
 SORT_QUERIES = True
+# Knuth's multiplicative hash (2^32 / golden ratio): spreads the vocabulary ids over [0, 2^32).
+_HASH_MULTIPLIER = 2654435761
 
 
 class TileShape(NamedTuple):
@@ -191,18 +195,12 @@ class QueryTiles(NamedTuple):
 
 
 def query_order(reps: SparseReps) -> Tensor:
-    """[B] int64: the queries sorted by their heaviest term's id, then their second heaviest's (empty rows last),
-    so that tiles of consecutive queries share terms. Stable sorts of the entries and of B keys, no sync."""
-    vocab, nnz = reps.vocab_size, reps.weights.numel()
-    heaviest = torch.full((reps.num_rows, 2), vocab, dtype=torch.int64, device=reps.weights.device)
-    if nnz:
-        rows = reps.row_ids()  # [nnz]: the row of each position (the same segments after sorting within rows)
-        by_weight = torch.sort(reps.weights.detach(), descending=True, stable=True).indices
-        entries = by_weight[torch.sort(rows[by_weight], stable=True).indices]  # by row, heaviest first
-        rank = torch.arange(nnz, device=rows.device) - reps.offsets[rows]  # [nnz]: place within the row
-        top = rank < 2
-        heaviest[rows[top], rank[top]] = reps.token_ids.long()[entries][top]
-    return torch.sort(heaviest[:, 0] * (vocab + 1) + heaviest[:, 1], stable=True).indices
+    """[B] int64: the queries sorted by the min-hash of their term sets (the least of one fixed hash of their ids;
+    empty rows last), so that queries sharing terms tend to share a tile. One scatter-min and one sort, no sync."""
+    hashed = reps.token_ids.long() * _HASH_MULTIPLIER % (1 << 32)  # [nnz]
+    key = torch.full((reps.num_rows,), 1 << 32, dtype=torch.int64, device=hashed.device)
+    key = key.scatter_reduce(0, reps.row_ids(), hashed, "amin")  # [B]
+    return torch.sort(key, stable=True).indices
 
 
 def build_query_tiles(

@@ -17,7 +17,9 @@ A score tile is ``sum_k QT[k, :]ᵀ · DT[COLS[k], n-tile]`` over the tile's col
 log-sum-exp); the backward recomputes each tile, forms ``p = exp(s - lse) · g`` and adds
 ``p @ DTᵀ`` into the query tile's gradient (rows it alone owns: plain read-add-write) and
 ``QTᵀ @ p`` into the document block's gradient (shared by every query tile: atomic adds). In bf16 the
-fp32 ``p`` is split into PARTS bf16 parts (8 significant bits each) whose products are exact.
+fp32 ``p`` is split into PARTS bf16 parts (8 significant bits each) whose products are exact: 2 parts
+hold ``p`` to 2^-16, 3 parts exactly. ``ROWS`` [T · BM] names each tile row's query (the tiles hold the
+queries in a sorted order; B marks padding).
 """
 
 from __future__ import annotations
