@@ -91,9 +91,10 @@ __all__ = [
 # Values of SpladeLossConfig.score_kernel: the automatic choice, this module's kernels, or the blocked path.
 SCORE_KERNELS = ("auto", "fused", "blocked")
 
-# 'auto' takes the fused kernels from this many queries on (sparse reps on a GPU). A placeholder until the
-# A/B of benchmarks/bench_loss_kernel.py sets it from measurements.
-FUSED_MIN_QUERIES = 4096
+# 'auto' takes the fused kernels from this many queries on (sparse reps on a GPU); None: never (the A/B of
+# benchmarks/bench_loss_kernel.py sets it). The first A/B (one H200, 2026-12-06) had the fused loss slower at
+# every B from 16,384 to 131,072 (its backward), so 'auto' keeps the blocked path until one shows it faster.
+FUSED_MIN_QUERIES: int | None = None
 
 # Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): the
 # sparse path's per-buffer bound, so bd = 4,352 documents at V = 30,522.
@@ -152,7 +153,8 @@ def check_score_kernel(value: object, *, name: str = "score_kernel") -> None:
 def use_fused_kernel(q_reps: SparseReps, d_reps: Sequence[SparseReps], kernel: str) -> bool:
     """Whether the log-sum-exp of these sparse reps runs the fused kernels under ``kernel`` (module doc).
 
-    'auto': on a GPU, fp32 weights (the losses' upcast copies), at least :data:`FUSED_MIN_QUERIES` queries.
+    'auto': on a GPU, fp32 weights (the losses' upcast copies), at least :data:`FUSED_MIN_QUERIES` queries
+    (None: never).
     'fused': always; raises ``ValueError`` where the kernels cannot run (fp64 weights, or a CPU outside
     the Triton interpreter). 'blocked': never.
     """
@@ -167,7 +169,8 @@ def use_fused_kernel(q_reps: SparseReps, d_reps: Sequence[SparseReps], kernel: s
                 f"{q_reps.weights.dtype} on {q_reps.weights.device}; use score_kernel='blocked' or 'auto'"
             )
         return True
-    return runnable and q_reps.weights.is_cuda and q_reps.num_rows >= FUSED_MIN_QUERIES
+    measured = FUSED_MIN_QUERIES is not None and q_reps.num_rows >= FUSED_MIN_QUERIES
+    return runnable and q_reps.weights.is_cuda and measured
 
 
 def entry_values(weights: Tensor, dtype: torch.dtype) -> Tensor:
