@@ -418,7 +418,8 @@ class SpladeLoss:
 def _contrastive_settings(config: SpladeLossConfig) -> dict[str, Any]:
     """The config's keyword arguments of its contrastive loss (the loss kwargs add per-batch tensors)."""
     shard = {"shard_across_ranks": True} if config.shard_scores_across_ranks else {}
-    shard = {**shard, "score_kernel": config.score_kernel}  # how the [B, (1+k)·B] scores run
+    if config.score_kernel != "auto":  # how the [B, (1+k)·B] scores run ('auto': the cores' default)
+        shard = {**shard, "score_kernel": config.score_kernel}
     if config.contrastive == "infonce":
         return {"temperature": config.temperature, "block_size": config.score_block_size, **shard}
     if config.contrastive == "kl_div":
