@@ -13,6 +13,7 @@ Every ``__post_init__`` raises ``ValueError`` naming the field, before any model
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -553,9 +554,19 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
             }
         return GradCacheConfig(**values)
 
-    def splade_loss_config(self) -> SpladeLossConfig:
-        """The :class:`SpladeLossConfig` these arguments describe: a copy of the inherited fields."""
-        return SpladeLossConfig(**{f.name: getattr(self, f.name) for f in fields(SpladeLossConfig)})
+    def splade_loss_config(self, *, inference_free: bool = False) -> SpladeLossConfig:
+        """The :class:`SpladeLossConfig` these arguments describe: a copy of the inherited fields. For an
+        inference-free model (``inference_free``: queries by a table) the family's loss defaults, logged: no
+        query regularizer (a table query costs its tokens whatever their weights; the regularizer is on the
+        documents only). Its other defaults: :meth:`table_learning_rate`."""
+        config = SpladeLossConfig(**{f.name: getattr(self, f.name) for f in fields(SpladeLossConfig)})
+        if inference_free and config.query_reg_weight:
+            logger.info(
+                "Inference-free model: no query regularizer (query_reg_weight %g -> 0).",
+                config.query_reg_weight,
+            )
+            config = dataclasses.replace(config, query_reg_weight=0.0)
+        return config
 
 
 def load_config_file(path: Path) -> dict[str, Any]:

@@ -37,7 +37,6 @@ checkpoint as one process, and resuming loads it back into the shards. FSDP vers
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -144,18 +143,10 @@ class CachedSpladeTrainer(Trainer):
             raise TypeError(f"args must be CachedSpladeTrainingArguments, got {type(args).__name__}")
         check_not_sentence_transformers_loss(loss)
         if loss is None:
-            loss_config = args.splade_loss_config()
             inference_free = isinstance(model, InferenceFreeEncoder) or is_inference_free_sparse_encoder(
                 model
             )
-            if inference_free and loss_config.query_reg_weight:
-                # A table query costs its tokens whatever its weights: the regularizer is on the documents only.
-                logger.info(
-                    "Inference-free model: no query regularizer (query_reg_weight %g -> 0).",
-                    args.query_reg_weight,
-                )
-                loss_config = dataclasses.replace(loss_config, query_reg_weight=0.0)
-            loss = SpladeLoss(loss_config)
+            loss = SpladeLoss(args.splade_loss_config(inference_free=inference_free))
         self._sparse_encoder = is_sparse_encoder(model)
         # The engine over the model the Trainer passes (see _cached_loss), and which model and columns it was for.
         self._engine: CachedLoss | None = None
