@@ -77,9 +77,11 @@ def _run(name: str, flags: list[str], extra: list[str], out: Path, work: Path) -
         "log": log.name,
     }
     if done.returncode == 0:
-        summary = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
+        # stdout: the Trainer's log lines, then the run's summary (a JSON object), then the printed gain
+        start = done.stdout.index('{\n  "output_dir"')
+        summary, end = json.JSONDecoder().raw_decode(done.stdout, start)
         record.update({key: summary[key] for key in _KEPT if key in summary})
-        record["printed"] = done.stdout[done.stdout.rindex("}") + 1 :].strip()
+        record["printed"] = done.stdout[end:].strip()
     return record
 
 
