@@ -92,8 +92,9 @@ __all__ = [
 SCORE_KERNELS = ("auto", "fused", "blocked")
 
 # 'auto' takes the fused kernels from this many queries on (sparse reps on a GPU); None: never (the A/B of
-# benchmarks/bench_loss_kernel.py sets it). The first A/B (one H200, 2026-12-06) had the fused loss slower at
-# every B from 16,384 to 131,072 (its backward), so 'auto' keeps the blocked path until one shows it faster.
+# benchmarks/bench_loss_kernel.py sets it). Its two runs (docs/scale.md, "The fused kernel") had the fused loss
+# slower in total than the blocked one at every B from 16,384 to 131,072 (its backward), but for one tile setting
+# at one B: 'auto' keeps the blocked path until a whole curve shows it faster.
 FUSED_MIN_QUERIES: int | None = None
 
 # Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): the
@@ -127,9 +128,10 @@ class TileShape(NamedTuple):
     recomputation of the scores)."""
 
 
-# GPU tiles: tl.dot needs power-of-two edges >= 16; BM = 64 is the wgmma row edge. The best of four shapes at
-# B 65,536 on one H200 (benchmarks/bench_loss_kernel.py, 2026-12-06): forward 0.146 s against 0.162-0.186.
-GPU_TILES = TileShape(bm=64, bk=32, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1)
+# GPU tiles: tl.dot needs power-of-two edges >= 16; BM = 64 is the wgmma row edge. The fastest of ten settings at
+# B 65,536 on one H100 (benchmarks/results/loss_kernel_h100_run2.json, "variants"): forward 0.143 s, backward
+# 1.37 s, against 0.139 s and 2.31 s for (64, 32, 128, 64, 4 warps, 3 stages), the A/B's setting in that run.
+GPU_TILES = TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1)
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
 INTERPRETER_TILES = TileShape(
     bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1, backward_passes=1
