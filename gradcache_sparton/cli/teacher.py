@@ -48,7 +48,8 @@ class TeacherOptions:
     depth: int = option(DEFAULT_DEPTH, "zscore only: the query's top K corpus scores it normalises against.")
     beir_path: str | None = option(
         None,
-        "BEIR folder whose corpus gives BM25's statistics and zscore's top K (default: the rows' texts).",
+        "BEIR folder ('default': the shipped SciFact dev sample) whose corpus gives BM25's statistics and "
+        "zscore's top K (None: the rows' own texts).",
     )
     query_max_length: int | None = option(
         None, "our checkpoints' query tokens (None: their training length)."

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradcache_sparton.data import POSITIVE_COLUMN, QUERY_COLUMN, read_corpus
+from gradcache_sparton.data import POSITIVE_COLUMN, QUERY_COLUMN, beir_folder, read_corpus
 from gradcache_sparton.data.columns import negative_number
 from gradcache_sparton.data.output import check_output_path, write_training_file
 from gradcache_sparton.mining.rankings import check_bm25_installed
@@ -114,6 +114,8 @@ def run_teacher_scores(
         )
     if not Path(train_data).is_file():
         raise ValueError(f"--train_data {str(train_data)!r} does not exist")
+    if beir_path is not None:
+        beir_path = beir_folder(beir_path)  # 'default': the shipped SciFact dev sample
     if beir_path is not None and not Path(beir_path).is_dir():
         raise ValueError(f"--beir_path {str(beir_path)!r} is not a directory")
     kinds = [teacher_kind(name) for name in teachers]
