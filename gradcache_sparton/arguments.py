@@ -69,9 +69,8 @@ BACKBONE_PRESETS: dict[str, dict[str, int]] = {
 # near-best nDCG@10 of their scans (0.157, 0.207); with bias 0 about 30k terms are active.
 INIT_DECODER_BIAS_SIGMAS = 2.2
 
-# A trained query table's learning rate over the encoder's when query_table_learning_rate is not given:
-# sentence-transformers trains SparseStaticEmbedding at 1e-3 against 2e-5 for the encoder (50x); measured on
-# the shipped dev sample in docs/inference_free.md.
+# A trained query table's learning rate over the encoder's by default: sentence-transformers' ratio (1e-3 against
+# 2e-5), measured on the shipped dev sample in docs/inference_free.md.
 QUERY_TABLE_LEARNING_RATE_SCALE = 50
 
 #: ``query_encoder``'s inference-free choices: a weight table, fixed, trained, or computed from the embeddings.
@@ -518,9 +517,7 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
             self.allow_non_finite = bool(self.fp16)  # a GradScaler skips non-finite steps
         _positive(self.query_mini_batch_size, "query_mini_batch_size", allow_none=True)
         rate = self.query_table_learning_rate
-        if rate is not None and (
-            isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < float("inf")
-        ):
+        if rate is not None and (type(rate) not in (int, float) or not 0 < rate < float("inf")):
             raise ValueError(
                 f"query_table_learning_rate must be a positive finite float or None, got {rate!r}"
             )
@@ -536,11 +533,9 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
             raise ValueError("remove_unused_columns must be False: the collator reads the text columns")
 
     def table_learning_rate(self) -> float:
-        """A trained query table's learning rate: ``query_table_learning_rate``, else ``learning_rate`` x
-        ``QUERY_TABLE_LEARNING_RATE_SCALE``."""
-        if self.query_table_learning_rate is not None:
-            return float(self.query_table_learning_rate)
-        return self.learning_rate * QUERY_TABLE_LEARNING_RATE_SCALE
+        """A trained query table's: ``query_table_learning_rate``, else ``QUERY_TABLE_LEARNING_RATE_SCALE`` x ours."""
+        rate = self.query_table_learning_rate
+        return self.learning_rate * QUERY_TABLE_LEARNING_RATE_SCALE if rate is None else float(rate)
 
     def grad_cache_config(self, columns: Iterable[str]) -> GradCacheConfig:
         """The :class:`GradCacheConfig` these arguments describe for a batch of ``columns``: a copy of the
@@ -555,15 +550,14 @@ class CachedSpladeTrainingArguments(SpladeLossConfig, GradCacheConfig, TrainingA
         return GradCacheConfig(**values)
 
     def splade_loss_config(self, *, inference_free: bool = False) -> SpladeLossConfig:
-        """The :class:`SpladeLossConfig` these arguments describe: a copy of the inherited fields. For an
-        inference-free model (``inference_free``: queries by a table) the family's loss defaults, logged: no
-        query regularizer (a table query costs its tokens whatever their weights; the regularizer is on the
-        documents only). Its other defaults: :meth:`table_learning_rate`."""
+        """The :class:`SpladeLossConfig` these arguments describe: a copy of the inherited fields; for an
+        inference-free model (queries by a table: a query costs its tokens whatever their weights) no query
+        regularizer, logged. The family's other default: :meth:`table_learning_rate`."""
         config = SpladeLossConfig(**{f.name: getattr(self, f.name) for f in fields(SpladeLossConfig)})
         if inference_free and config.query_reg_weight:
             logger.info(
                 "Inference-free model: no query regularizer (query_reg_weight %g -> 0).",
-                config.query_reg_weight,
+                self.query_reg_weight,
             )
             config = dataclasses.replace(config, query_reg_weight=0.0)
         return config
