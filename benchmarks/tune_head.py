@@ -33,20 +33,20 @@ import triton
 from benchmarks.common import run_stamp
 from gradcache_sparton.kernels.reference import sparton_head_backward_reference, sparton_head_reference
 from gradcache_sparton.kernels.sparton_backward import (
-    _column_segments,
-    _row_segments,
-    _row_segments_from_columns,
-    _sparse_backward,
+    column_segments,
+    row_segments,
+    row_segments_from_columns,
+    sparse_backward,
     sparton_backward,
 )
 from gradcache_sparton.kernels.sparton_backward_dense import grad_e_dense, grad_h_dense
 from gradcache_sparton.kernels.sparton_blocks import (
-    _BWD_GPU,
-    _DENSE_BWD_GPU,
     BackwardBlocks,
     DenseBackwardBlocks,
     ForwardBlocks,
     PackedForwardBlocks,
+    default_backward_blocks,
+    default_dense_backward_blocks,
 )
 from gradcache_sparton.kernels.sparton_forward import sparton_forward
 
@@ -90,7 +90,7 @@ FWD_CANDIDATES = [
 # (c_block_n non-zeros per step, c_block_d wide), the b loop (e_block_b rows per step; 1 was its fastest
 # at B=128, S=512 and at B=512, S=32 on an H100, 2026-11-23). The dense regime's grad_H at short S takes
 # the first DENSE_BWD_CANDIDATES' tiles; its candidates are timed alone below.
-_DEFAULT = _BWD_GPU
+_DEFAULT = default_backward_blocks(torch.bfloat16)  # on a GPU: the committed 16-bit tiles
 BWD_CANDIDATES = [
     _DEFAULT,
     replace(_DEFAULT, short_s=0),
@@ -118,7 +118,7 @@ def _path(blocks: BackwardBlocks) -> str:
 # product (as before rows were packed), 64 two, 128 four. (K = 128 for grad_E, or 4 warps at K = 64 x
 # N = 64, spill registers when compiled for sm_90: left out.)
 DENSE_BWD_CANDIDATES = [
-    _DENSE_BWD_GPU,
+    default_dense_backward_blocks(),  # on a GPU: the committed tiles
     DenseBackwardBlocks(128, 64, 128, 8, 128, 64, 128, 8, 3),
     DenseBackwardBlocks(128, 32, 128, 8, 32, 64, 128, 4, 3),
     DenseBackwardBlocks(128, 32, 64, 4, 32, 64, 64, 4, 3),
@@ -223,8 +223,8 @@ def main() -> int:
             same = all(torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3) for a, b in pairs)
             ms = bench(lambda blk=blk: sparton_backward(g, h, e, mx, arg, blocks=blk))
             # each gradient alone: its share of the count of non-zeros and of the column layout included
-            grad_e_only = lambda blk=blk: _sparse_backward(h, e, coef, arg32, (False, True), blk)
-            grad_h_only = lambda blk=blk: _sparse_backward(h, e, coef, arg32, (True, False), blk)
+            grad_e_only = lambda blk=blk: sparse_backward(h, e, coef, arg32, (False, True), blk)
+            grad_h_only = lambda blk=blk: sparse_backward(h, e, coef, arg32, (True, False), blk)
             row = {
                 "kind": "bwd",
                 "kernel": _path(blk),
@@ -263,7 +263,7 @@ def main() -> int:
         tiles = dict(
             h_block_m=m_rows, h_block_v=k_vocab, h_block_d=n_hidden, h_num_warps=warps, h_num_stages=stages
         )
-        blk = replace(_DENSE_BWD_GPU, **tiles)
+        blk = replace(DENSE_BWD_CANDIDATES[0], **tiles)
         try:
             got = grad_h_dense(e, coef, arg32, S, h.dtype, blk)
             same = torch.allclose(got.float(), want[0].float(), rtol=1e-2, atol=1e-3)
@@ -292,20 +292,20 @@ def main() -> int:
     rows.append({"kind": "layout_column_torch_sort", "ms": bench(lambda: torch.sort(keys, stable=True))})
     print(rows[-1])
     for tiles in COLUMN_LAYOUT_CANDIDATES:
-        order, got = _column_segments(coef, live, B * V + 1, *tiles)
+        order, got = column_segments(coef, live, B * V + 1, *tiles)
         same = torch.equal(order[:n].long(), want[:n]) and torch.equal(got, offsets)
-        ms = bench(lambda tiles=tiles: _column_segments(coef, live, B * V + 1, *tiles))
+        ms = bench(lambda tiles=tiles: column_segments(coef, live, B * V + 1, *tiles))
         rows.append({"kind": "layout_column", "blocks": list(tiles), "ms": ms, "ok": same})
         print(rows[-1], flush=True)
-    rows.append({"kind": "layout_row_torch_sort", "ms": bench(lambda: _row_segments(coef, arg32, S))})
+    rows.append({"kind": "layout_row_torch_sort", "ms": bench(lambda: row_segments(coef, arg32, S))})
     print(rows[-1])
     # grad_H's rows from the column layout (short S, sparse regime): its first limit slots sorted by row
     limit = min(int(_DEFAULT.by_column_below * B * V), B * V + 1)
-    order, _ = _column_segments(coef, live, limit)
-    got_rows = _row_segments_from_columns(order, arg32, S, live, limit)
-    want_rows = _row_segments(coef, arg32, S)
+    order, _ = column_segments(coef, live, limit)
+    got_rows = row_segments_from_columns(order, arg32, S, live, limit)
+    want_rows = row_segments(coef, arg32, S)
     same = torch.equal(got_rows[0][:n].long(), want_rows[0][:n]) and torch.equal(got_rows[1], want_rows[1])
-    ms = bench(lambda: _row_segments_from_columns(order, arg32, S, live, limit))
+    ms = bench(lambda: row_segments_from_columns(order, arg32, S, live, limit))
     rows.append({"kind": "layout_row_from_columns", "ms": ms, "ok": same or n >= limit})
     print(rows[-1])
     rows.append(_best(rows))

@@ -417,10 +417,10 @@ def test_triton_segments_equal_the_stable_sort(kernel_device, B, S, V, density) 
     columns = torch.arange(V)[None, :].expand(B, V)
     rows = torch.arange(B)[:, None] * S + arg
     coef_d, arg_d = coef.to(kernel_device), arg.to(kernel_device)
-    got_columns = backward._column_segments(coef_d, torch.tensor(live, device=kernel_device), B * V + 1)
-    got_rows = backward._row_segments(coef_d, arg_d, S)
+    got_columns = backward.column_segments(coef_d, torch.tensor(live, device=kernel_device), B * V + 1)
+    got_rows = backward.row_segments(coef_d, arg_d, S)
     live_d = torch.tensor(live, device=kernel_device)
-    got_rows_from_columns = backward._row_segments_from_columns(got_columns[0], arg_d, S, live_d, B * V + 1)
+    got_rows_from_columns = backward.row_segments_from_columns(got_columns[0], arg_d, S, live_d, B * V + 1)
     layouts = ((got_columns, columns, V), (got_rows, rows, B * S), (got_rows_from_columns, rows, B * S))
     for (order, offsets), keys, count in layouts:
         sorted_keys, want = torch.sort(torch.where(coef != 0, keys, count).reshape(-1), stable=True)

@@ -51,3 +51,14 @@ def test_private_names_do_not_cross_modules() -> None:
     crossings = sorted(_crossings())
     listed = "\n".join(f"{m} uses {source}.{name}" for m, source, name in crossings)
     assert len(crossings) <= MAX_CROSSINGS, f"{len(crossings)} private names cross modules:\n{listed}"
+
+
+def test_benchmarks_import_no_private_package_name() -> None:
+    """No benchmark imports a private name of the package: what a benchmark times is public API."""
+    found = []
+    for path in sorted((PACKAGE.parent / "benchmarks").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gradcache_sparton"):
+                found += [f"{path.name}: {node.module}.{a.name}" for a in node.names if _private(a.name)]
+    assert not found, "benchmarks import private names:\n" + "\n".join(found)

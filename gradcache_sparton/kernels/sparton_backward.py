@@ -58,7 +58,13 @@ from gradcache_sparton.kernels.sparton_blocks import (
     row_keys_block,
 )
 
-__all__ = ["sparton_backward"]
+__all__ = [
+    "column_segments",
+    "row_segments",
+    "row_segments_from_columns",
+    "sparse_backward",
+    "sparton_backward",
+]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -284,7 +290,7 @@ def _order_dtype(B: int, V: int) -> torch.dtype:
     return torch.int32 if B * V < 2**31 else torch.int64
 
 
-def _column_segments(
+def column_segments(
     coef: Tensor, live: Tensor, limit: int, block_b: int | None = None, block_v: int | None = None
 ) -> tuple[Tensor, Tensor]:
     """(order [B·V], offsets [V + 1] int64): the non-zeros of coef [B, V] column by column, b increasing
@@ -308,7 +314,7 @@ def _column_segments(
     return order, offsets
 
 
-def _row_segments(coef: Tensor, arg: Tensor, S: int) -> tuple[Tensor, Tensor]:
+def row_segments(coef: Tensor, arg: Tensor, S: int) -> tuple[Tensor, Tensor]:
     """(order [B·V] int64, offsets [B·S + 1] int64): the non-zeros of coef [B, V] by destination row
     b·S + argmax[b, v], v increasing within a row (a fixed summation order), as the flat index b·V + v;
     row r's entries are order[offsets[r]:offsets[r + 1]], the zeros after them."""
@@ -324,10 +330,10 @@ def _row_segments(coef: Tensor, arg: Tensor, S: int) -> tuple[Tensor, Tensor]:
     return order, torch.searchsorted(sorted_keys, bounds)
 
 
-def _row_segments_from_columns(
+def row_segments_from_columns(
     order: Tensor, arg: Tensor, S: int, live: Tensor, limit: int
 ) -> tuple[Tensor, Tensor]:
-    """``_row_segments``' layout (the same entries in the same order) built from the column layout's
+    """``row_segments``' layout (the same entries in the same order) built from the column layout's
     first ``limit`` slots instead of all B·V entries: where live < limit they hold every non-zero, v
     increasing (column order), and a stable sort by destination row keeps v increasing within a row.
     Where live >= limit the column layout was not written: every key is the sentinel (the sort still
@@ -344,7 +350,7 @@ def _row_segments_from_columns(
     return order[:capacity][by_row], torch.searchsorted(sorted_keys, bounds)
 
 
-def _sparse_backward(
+def sparse_backward(
     h: Tensor,
     e: Tensor,
     coef: Tensor,
@@ -365,7 +371,7 @@ def _sparse_backward(
     short = blocks.short_s >= S
     order = col_offsets = None
     if limit > 0 and (need_e or (need_h and short)):
-        order, col_offsets = _column_segments(coef, live, limit)  # [B·V], [V + 1]
+        order, col_offsets = column_segments(coef, live, limit)  # [B·V], [V + 1]
     grad_e = _grad_e(h, coef, arg, live, limit, order, col_offsets, e.dtype, blocks) if need_e else None
     grad_h = _grad_h(e, coef, arg, S, live, limit, order, short, h.dtype, blocks) if need_h else None
     return grad_h, grad_e
@@ -453,10 +459,10 @@ def _grad_h(
     grad_h = torch.empty(B, S, D, device=e.device, dtype=dtype)  # every row written (zeros if no entry)
     # (rows [B·V], offsets [B·S + 1]) and the bound under which the CSR kernel runs
     if not short:
-        layout, below = _row_segments(coef, arg, S), B * V + 1  # whatever the density
+        layout, below = row_segments(coef, arg, S), B * V + 1  # whatever the density
     elif limit > 0:
         assert order is not None
-        layout, below = _row_segments_from_columns(order, arg, S, live, limit), limit
+        layout, below = row_segments_from_columns(order, arg, S, live, limit), limit
     else:
         layout, below = None, 0  # no column layout: the tensor cores only
     if layout is not None:
@@ -526,5 +532,5 @@ def sparton_backward(
     else:
         blocks = blocks or default_backward_blocks(h.dtype)
         assert isinstance(blocks, BackwardBlocks)
-        grad_h, grad_e = _sparse_backward(h, e, coef, arg, (need_h, need_e), blocks)
+        grad_h, grad_e = sparse_backward(h, e, coef, arg, (need_h, need_e), blocks)
     return grad_h, grad_e, grad_bias
