@@ -191,28 +191,18 @@ def _backward_op(
     """(grad_H [B, S, D], grad_E [V, D], grad_bias [V] in the dtype of max); a gradient not needed is
     neither computed nor allocated, and comes back as an empty tensor (custom ops return tensors)."""
     needs = (need_grad_hidden, need_grad_weight, need_grad_bias)
+    backward = sparton_head_backward_reference
     if _use_triton(hidden_states):
-        from gradcache_sparton.kernels.sparton_backward import sparton_backward  # imports triton
-
-        grads = sparton_backward(
-            grad_y,
-            hidden_states,
-            weight,
-            max_logits,
-            argmax,
-            needs_input_grad=needs,
-            activation_function=activation_function,
-        )
-    else:
-        grads = sparton_head_backward_reference(
-            grad_y,
-            hidden_states,
-            weight,
-            max_logits,
-            argmax,
-            needs_input_grad=needs,
-            activation_function=activation_function,
-        )
+        from gradcache_sparton.kernels.sparton_backward import sparton_backward as backward  # imports triton
+    grads = backward(
+        grad_y,
+        hidden_states,
+        weight,
+        max_logits,
+        argmax,
+        needs_input_grad=needs,
+        activation_function=activation_function,
+    )
     like = (hidden_states, weight, max_logits)
     return tuple(g if g is not None else t.new_empty(0) for g, t in zip(grads, like, strict=True))
 
