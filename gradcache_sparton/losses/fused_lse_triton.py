@@ -37,6 +37,16 @@ INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == 
 
 
 @triton.jit
+def _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM: tl.constexpr, BK: tl.constexpr):
+    """This program's query tile t: its rows [k_lo, k_hi) of QT, the offsets r [BM] and kk [BK], its
+    queries ``rows`` [BM] (num_rows: padding) and ``row_ok``, which of them are real."""
+    t = tile_lo + tl.program_id(0)
+    r = tl.arange(0, BM)
+    rows = tl.load(ROWS + t * BM + r)  # [BM]
+    return tl.load(TILE_PTR + t), tl.load(TILE_PTR + t + 1), r, tl.arange(0, BK), rows, rows < num_rows
+
+
+@triton.jit
 def _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """[BM, BN] fp32 scores (unscaled) of one query tile against documents ``n_cols``."""
@@ -68,13 +78,7 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 def _forward_kernel(QT, COLS, TILE_PTR, ROWS, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, stride_dt, inv_t, tile_lo,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """One query tile against one document block: update the tile's running max and sum (online lse)."""
-    t = tile_lo + tl.program_id(0)
-    k_lo = tl.load(TILE_PTR + t)
-    k_hi = tl.load(TILE_PTR + t + 1)
-    r = tl.arange(0, BM)
-    kk = tl.arange(0, BK)
-    rows = tl.load(ROWS + t * BM + r)  # [BM]: the tile's queries (num_rows: padding)
-    row_ok = rows < num_rows
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
     run_max = tl.load(RUN_MAX + rows, mask=row_ok, other=0.0)  # [BM]
     run_sum = tl.load(RUN_SUM + rows, mask=row_ok, other=0.0)  # [BM]
     for n0 in range(0, n_docs, BN):
@@ -145,13 +149,7 @@ def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, num_rows, n
                      PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
     """One query tile against one document block: recompute each tile, add its gradients (module doc). Both
     gradients are written at the reps' entries only (the rest is never read): bits of QT / DT not all zero."""
-    t = tile_lo + tl.program_id(0)
-    k_lo = tl.load(TILE_PTR + t)
-    k_hi = tl.load(TILE_PTR + t + 1)
-    r = tl.arange(0, BM)
-    kk = tl.arange(0, BK)
-    rows = tl.load(ROWS + t * BM + r)  # [BM]: the tile's queries (num_rows: padding)
-    row_ok = rows < num_rows
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
     for n0 in range(0, n_docs, BN):
