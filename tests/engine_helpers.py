@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -112,6 +113,29 @@ def dropout_free_config() -> BertConfig:
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
+
+
+def save_small_masked_lm(path: Path) -> Path:
+    """A tiny dropout-free BERT masked-LM (:func:`dropout_free_config`'s shape) and a WordPiece tokenizer of the
+    shipped vocabulary's first 3,000 entries (special tokens, characters, the most frequent words), saved in
+    ``path`` like a hub checkpoint. Its decoder bias is not zero, so a head ignoring it would show; V 10x smaller
+    than BERT's keeps fp64 gradient comparisons fast."""
+    from transformers import AutoTokenizer, BertTokenizer
+
+    from gradcache_sparton.resources import default_tokenizer_path
+
+    full = AutoTokenizer.from_pretrained(default_tokenizer_path())
+    vocab = sorted(full.get_vocab(), key=full.get_vocab().get)
+    small = BertTokenizer(vocab={token: i for i, token in enumerate(vocab[:3000])})
+    config = dropout_free_config()
+    config.vocab_size = len(small)
+    torch.manual_seed(0)
+    model = BertForMaskedLM(config)
+    with torch.no_grad():
+        model.cls.predictions.bias.normal_(0.0, 0.05)
+    model.save_pretrained(path)
+    small.save_pretrained(path)
+    return path
 
 
 class RecordingEncoder(nn.Module):

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+from transformers import BertForMaskedLM, BertTokenizer
 
 pytest.importorskip("sentence_transformers", reason="needs the sentence-transformers extra")
 
+from engine_helpers import save_small_masked_lm
 from sentence_transformers import SparseEncoder
 from sentence_transformers.base.modules import Router, Transformer
 from sentence_transformers.sparse_encoder.losses import (
@@ -59,31 +60,7 @@ NEGATIVES = ["A recipe for bread.", "Stock markets fell.", "The cat sleeps.", "V
 @pytest.fixture(scope="module")
 def backbone_dir(tmp_path_factory) -> Path:
     """A tiny dropout-free BERT masked-LM over the shipped vocabulary's first 3,000 tokens, with a decoder bias."""
-    from transformers import AutoTokenizer
-
-    from gradcache_sparton.resources import default_tokenizer_path
-
-    full = AutoTokenizer.from_pretrained(default_tokenizer_path())
-    vocab = sorted(full.get_vocab(), key=full.get_vocab().get)
-    small = BertTokenizer(vocab={token: i for i, token in enumerate(vocab[:3000])})
-    config = BertConfig(
-        vocab_size=len(small),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    torch.manual_seed(0)
-    model = BertForMaskedLM(config)
-    with torch.no_grad():
-        model.cls.predictions.bias.normal_(0.0, 0.05)
-    path = tmp_path_factory.mktemp("bert")
-    model.save_pretrained(path)
-    small.save_pretrained(path)
-    return path
+    return save_small_masked_lm(tmp_path_factory.mktemp("bert"))
 
 
 def router_model(path: Path, *, frozen: bool, dtype: torch.dtype = torch.float64) -> SparseEncoder:

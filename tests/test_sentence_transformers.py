@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+from transformers import BertConfig
 
 pytest.importorskip("sentence_transformers", reason="needs the sentence-transformers extra")
 
+from engine_helpers import save_small_masked_lm
 from sentence_transformers import SparseEncoder
 from sentence_transformers.base.modules import Transformer
 from sentence_transformers.sparse_encoder.losses import (
@@ -55,33 +56,10 @@ NEGATIVES = ["A recipe for bread.", "Stock markets fell.", "The cat sleeps.", "V
 
 
 @pytest.fixture(scope="module")
-def backbone_dir(tmp_path_factory, tokenizer) -> Path:
-    """A tiny dropout-free BERT masked-LM and a 3,000-token WordPiece tokenizer, saved like a hub checkpoint.
-
-    The tokenizer keeps the shipped vocabulary's first 3,000 entries (special tokens, characters, the
-    most frequent words): V 10x smaller than BERT's keeps the fp64 gradient comparisons fast.
-    """
-    vocab = list(tokenizer.get_vocab())
-    vocab.sort(key=tokenizer.get_vocab().get)
-    small = BertTokenizer(vocab={token: i for i, token in enumerate(vocab[:3000])})
-    config = BertConfig(
-        vocab_size=len(small),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    torch.manual_seed(0)
-    model = BertForMaskedLM(config)
-    with torch.no_grad():  # a decoder bias that is not zero, so a head ignoring it would show
-        model.cls.predictions.bias.normal_(0.0, 0.05)
-    path = tmp_path_factory.mktemp("bert")
-    model.save_pretrained(path)
-    small.save_pretrained(path)
-    return path
+def backbone_dir(tmp_path_factory) -> Path:
+    """A tiny dropout-free BERT masked-LM and a 3,000-token WordPiece tokenizer, saved like a hub checkpoint
+    (:func:`engine_helpers.save_small_masked_lm`)."""
+    return save_small_masked_lm(tmp_path_factory.mktemp("bert"))
 
 
 def sparse_encoder(path: Path, *, legacy: bool = False) -> SparseEncoder:
