@@ -78,6 +78,7 @@ __all__ = [
     "SCORE_KERNELS",
     "SORT_QUERIES",
     "SPLIT_PARTS",
+    "VARIANTS",
     "QueryTiles",
     "TileShape",
     "build_query_tiles",
@@ -126,13 +127,25 @@ class TileShape(NamedTuple):
     backward_passes: int
     """1: one backward kernel adds both gradients; 2: one kernel per gradient (fewer live registers, one more
     recomputation of the scores)."""
+    query_gradient: str = "columns"
+    """'columns': over the query tile's columns on the tensor cores (split products, the tile's [K_t, BM] written);
+    'entries': at each query's own entries only, fp32 products on the CUDA cores (module doc, "Backward")."""
 
 
-# GPU tiles: tl.dot needs power-of-two edges >= 16; BM = 64 is the wgmma row edge. The fastest of ten settings at
-# B 65,536 on one H100 (benchmarks/results/loss_kernel_h100_run2.json, "variants"): forward 0.143 s, backward
-# 1.37 s, against 0.139 s and 2.31 s for (64, 32, 128, 64, 4 warps, 3 stages), the A/B's setting in that run.
-GPU_TILES = TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1)
-# Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
+# Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
+# edges >= 16; BM = 64 is the wgmma row edge. 'columns': the fastest of ten settings at B 65,536 on one H100
+# (benchmarks/results/loss_kernel_h100_run2.json, "variants"): forward 0.143 s, backward 1.37 s, against 0.139 s
+# and 2.31 s for (64, 32, 128, 64, 4 warps, 3 stages). The 'entries' settings are not measured yet.
+VARIANTS = {
+    "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1),
+    "entries": TileShape(64, 64, 128, 64, 4, 3, 1, "entries"),
+    "entries-2pass": TileShape(64, 64, 128, 64, 4, 3, 2, "entries"),
+    "entries-bn128": TileShape(64, 64, 128, 128, 8, 3, 1, "entries"),
+}
+# The GPU's setting.
+GPU_TILES = VARIANTS["columns"]
+# Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles; the kernels
+# (backward passes, query gradient) are GPU_TILES's, so the interpreter checks the setting the GPU runs.
 INTERPRETER_TILES = TileShape(
     bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1, backward_passes=1
 )
@@ -143,7 +156,15 @@ def _interpreting() -> bool:
 
 
 def _tile_shape() -> TileShape:
-    return INTERPRETER_TILES if _interpreting() else GPU_TILES
+    if GPU_TILES.query_gradient not in ("columns", "entries"):
+        raise ValueError(
+            f"GPU_TILES.query_gradient must be 'columns' or 'entries', got {GPU_TILES.query_gradient!r}"
+        )
+    if not _interpreting():
+        return GPU_TILES
+    return INTERPRETER_TILES._replace(
+        backward_passes=GPU_TILES.backward_passes, query_gradient=GPU_TILES.query_gradient
+    )
 
 
 def check_score_kernel(value: object, *, name: str = "score_kernel") -> None:
@@ -197,6 +218,14 @@ class QueryTiles(NamedTuple):
     """[nnz] int64: each query entry's column of ``qt`` (its row within its tile)."""
     row_idx: Tensor
     """[T · BM] int32: the query at each tile row (B: padding); tiles hold the queries in :func:`query_order`."""
+    entry_ptr: Tensor
+    """[T + 1] int32: tile t's entry slots are ``entry_ptr[t]:entry_ptr[t + 1]`` (multiples of BK)."""
+    slot_col: Tensor
+    """[E_total] int32: the vocabulary id of each entry slot (V: padding)."""
+    slot_lane: Tensor
+    """[E_total] int32: the tile row (query) of each entry slot."""
+    entry_slot: Tensor
+    """[nnz] int64: each query entry's slot; a tile's slots run by vocabulary id."""
 
 
 def query_order(reps: SparseReps) -> Tensor:
@@ -235,13 +264,32 @@ def build_query_tiles(
     first = torch.zeros_like(tile_ptr)
     first[1:] = torch.cumsum(counts, 0)
     pos = tile_ptr[key_tile] + torch.arange(keys.numel(), device=device) - first[key_tile]  # [U_all]
-    total = max(int(tile_ptr[-1]), bk)  # at least one step's rows: no empty tensor reaches a kernel
+    by_key = torch.sort(inverse, stable=True).indices  # [nnz]: the entries by (tile, id)
+    entry_counts = torch.bincount(tile, minlength=num_tiles)  # [T]
+    entry_ptr = torch.zeros_like(tile_ptr)
+    entry_ptr[1:] = torch.cumsum((entry_counts + bk - 1) // bk * bk, 0)
+    entry_first = torch.zeros_like(tile_ptr)
+    entry_first[1:] = torch.cumsum(entry_counts, 0)
+    entry_slot = torch.empty_like(by_key)
+    sorted_tile = tile[by_key]
+    entry_slot[by_key] = (
+        entry_ptr[sorted_tile] + torch.arange(by_key.numel(), device=device) - entry_first[sorted_tile]
+    )
+    # at least one step's rows and slots: no empty tensor reaches a kernel
+    total, slots = (max(int(n), bk) for n in torch.stack([tile_ptr[-1], entry_ptr[-1]]).tolist())
     cols = torch.full((total,), vocab, dtype=torch.int32, device=device)
     cols[pos] = (keys % vocab).to(torch.int32)
     entry_pos, entry_lane = pos[inverse], at % bm
     qt = torch.zeros((total, bm), dtype=dtype, device=device)
     qt[entry_pos, entry_lane] = entry_values(weights, dtype)
-    return QueryTiles(tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx)
+    slot_col = torch.full((slots,), vocab, dtype=torch.int32, device=device)
+    slot_col[entry_slot] = reps.token_ids.to(torch.int32)
+    slot_lane = torch.zeros(slots, dtype=torch.int32, device=device)
+    slot_lane[entry_slot] = entry_lane.to(torch.int32)
+    return QueryTiles(
+        tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx,
+        entry_ptr.to(torch.int32), slot_col, slot_lane, entry_slot,
+    )  # fmt: skip
 
 
 class _DocBlocks:
@@ -372,7 +420,10 @@ class _FusedLogSumExp(torch.autograd.Function):
         num_rows, inv_t = q_layout.num_rows, 1.0 / ctx.temperature
         g = (grad_lse.to(torch.float32) * inv_t).contiguous()  # [B]
         needs_q, needs_d = ctx.needs_input_grad[3], ctx.needs_input_grad[4:]
-        grad_qt = torch.zeros(tiles.qt.shape, dtype=torch.float32, device=q.device) if needs_q else None
+        at_entries = shape.query_gradient == "entries"
+        entries = (tiles.entry_ptr, tiles.slot_col, tiles.slot_lane) if at_entries else None
+        grad_shape = tiles.slot_col.shape if at_entries else tiles.qt.shape  # slots, or the tiles' columns
+        grad_qt = torch.zeros(grad_shape, dtype=torch.float32, device=q.device) if needs_q else None
         grad_d: list[Tensor | None] = []
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
             grad = torch.zeros_like(weights, dtype=torch.float32) if needs else None
@@ -384,6 +435,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                 grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
                 launch = functools.partial(
                     launch_backward, tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g,
+                    entries=entries,
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                 )  # fmt: skip
@@ -395,7 +447,12 @@ class _FusedLogSumExp(torch.autograd.Function):
                 if grad is not None and grad_dt is not None:
                     grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
             grad_d.append(grad)
-        grad_q = None if grad_qt is None else grad_qt[tiles.entry_pos, tiles.entry_lane]  # [nnz_q]
+        if grad_qt is None:
+            grad_q = None
+        elif at_entries:
+            grad_q = grad_qt[tiles.entry_slot]  # [nnz_q]
+        else:
+            grad_q = grad_qt[tiles.entry_pos, tiles.entry_lane]  # [nnz_q]
         if saved.summed:
             for grad in (grad_q, *grad_d):
                 if grad is not None:
