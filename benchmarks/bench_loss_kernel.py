@@ -1,40 +1,42 @@
-"""The sparse InfoNCE loss: the fused Triton kernel against the blocked path, checked against fp64, then A/B timed.
+"""The sparse InfoNCE loss: the fused Triton kernel's settings against the blocked path, checked against fp64,
+then A/B timed, all in one call.
 
 Legend: B queries, N = 2B documents (positives and one hard negative each), V vocabulary (30,522), K_t a query
 tile's padded active columns, nnz non-zeros.
 
-One run, three parts (SciFact text reps as ``benchmarks/bench_loss_curve.py`` makes them: the shipped
+One run, two parts (SciFact text reps as ``benchmarks/bench_loss_curve.py`` makes them: the shipped
 SPLADE-tiny, bf16 autocast on a GPU; B queries drawn with replacement, their abstracts as positives, random
-abstracts as hard negatives):
+abstracts as hard negatives). The fused settings are the names of ``losses.fused_lse.VARIANTS`` given by
+``--variants`` (default: all), each run as ``fused_lse.GPU_TILES``:
 
 1. check: at ``--check_batch`` queries, the loss (``SpladeLoss``, InfoNCE only: regularizer weights 0) and the
-   gradients of the queries', positives' and negatives' weights from the fused kernel and from the blocked path,
-   each against a dense fp64 computation (max abs error, and max abs error over the largest |value|); for
-   "bf16" inputs (the reps as encoded: bf16 values, bf16 tiles) and "fp32" inputs (the same weights times
+   gradients of the queries', positives' and negatives' weights from the blocked path and from every fused
+   setting, each against a dense fp64 computation (max abs error, and max abs error over the largest |value|);
+   for "bf16" inputs (the reps as encoded: bf16 values, bf16 tiles) and "fp32" inputs (the same weights times
    1 + 1e-3·U(0,1): not bf16 values, fp32 tiles without TF32);
 2. A/B: for each B of ``--batches``, ``SpladeLoss`` (InfoNCE + FLOPS, as bench_loss_curve) with
-   ``score_kernel='fused'`` and ``'blocked'``: forward, backward and forward + backward medians of ``--repeats``
-   runs (CUDA events, after one warm-up run), peak memory allocated and reserved, and the tensor-core work
-   each path issues over its time as a fraction of the device's dense bf16 peak (fused: 2·B·N·mean K_t per
-   pass-unit, forward 1 unit, backward 1 + 2·SPLIT_PARTS; blocked: its plan's widths, forward 1, backward 7);
-   a point whose runs would pass ``--budget_s`` (projected: 4x the last point's) is skipped and named;
-3. variants (``--tile_batch``, optional): the fused path alone under other settings (``--variants``: tile shapes,
-   one or two backward kernels, 2 or 3 split parts, queries sorted into tiles or not).
+   ``score_kernel='blocked'`` and ``'fused'`` under every setting: forward, backward and forward + backward
+   medians of ``--repeats`` runs (CUDA events, after one warm-up run), peak memory allocated and reserved, and
+   the tensor-core work each path issues over its time as a fraction of the device's dense bf16 peak (fused:
+   2·B·N·mean K_t per pass-unit, forward 1 unit, backward :func:`fused_backward_units`; blocked: its plan's
+   widths, forward 1, backward 7). A run that would pass ``--budget_s`` (projected from the point's last run,
+   4x the previous point's) is skipped and named.
 
-GPU:  python -m benchmarks.bench_loss_kernel --beir_path /work/shared/data/scifact --output $OUT/loss_kernel.json
-CPU:  TRITON_INTERPRET=1 python -m benchmarks.bench_loss_kernel --device cpu --beir_path default \\
-          --max_texts 200 --query_len 8 --doc_len 16 --check_batch 24 --batches 32 --output /tmp/k.json
+GPU:   python -m benchmarks.bench_loss_kernel --beir_path /work/shared/data/scifact --batches 65536 \\
+           --output $OUT/loss_kernel.json
+Smoke: python -m benchmarks.bench_loss_kernel --smoke --output /tmp/k.json  (CPU, Triton interpreter, B 32)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -49,19 +51,9 @@ from gradcache_sparton.primitives.sparse_reps import SparseReps
 # Dense bf16 tensor-core peaks (datasheet, SXM, without sparsity), by a substring of the device name.
 BF16_PEAK_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 COLUMNS = ("query", "positive", "negative")
-# Fused settings compared at --tile_batch: TileShape's fields, then SPLIT_PARTS and SORT_QUERIES (1/0).
-VARIANTS = (
-    "64,32,128,64,4,3,1,2,1",  # the defaults
-    "64,32,128,64,4,3,2,2,1",  # one backward kernel per gradient
-    "64,32,128,64,4,3,1,3,1",  # 3 split parts (exact products)
-    "64,32,128,64,4,3,1,2,0",  # queries in the batch's order
-    "64,64,128,64,8,2,1,2,1",
-    "64,32,128,128,8,3,1,2,1",
-    "64,32,256,64,8,3,1,2,1",
-    "128,32,128,64,8,3,1,2,1",
-    "64,64,128,64,4,3,1,2,1",
-    "128,64,128,64,8,2,2,2,1",
-)
+# --smoke: CPU sizes under the Triton interpreter (seconds a setting).
+SMOKE = {"device": "cpu", "beir_path": "default", "max_texts": 120, "query_len": 8, "doc_len": 16,
+         "check_batch": 24, "batches": "32", "repeats": 1}  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -73,19 +65,48 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--check_batch", type=int, default=2048, help="B of the fp64 check")
     parser.add_argument("--batches", default="16384,32768,65536,131072", help="comma-separated B of the A/B")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting (median)")
-    parser.add_argument("--budget_s", type=float, default=420.0, help="skip A/B points past this wall clock")
-    parser.add_argument("--tile_batch", type=int, default=0, help="B of the tile comparison (0: none)")
-    parser.add_argument("--variants", default=";".join(VARIANTS),
-                        help="bm,bk,bn_forward,bn_backward,warps,stages,backward_passes,split_parts,sort;...")  # fmt: skip
+    parser.add_argument("--budget_s", type=float, default=240.0, help="skip runs past this wall clock")
+    parser.add_argument("--variants", default=",".join(fused_lse.VARIANTS),
+                        help=f"comma-separated names of fused settings, of {list(fused_lse.VARIANTS)}")  # fmt: skip
     parser.add_argument("--query_len", type=int, default=32)
     parser.add_argument("--doc_len", type=int, default=256)
     parser.add_argument("--encode_batch", type=int, default=512)
     parser.add_argument("--max_texts", type=int, default=0, help="at most this many queries (0: all)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU sizes under the Triton interpreter (overrides)"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
     args.batches = [int(b) for b in args.batches.split(",") if b]
-    args.variants = [tuple(map(int, v.split(","))) for v in args.variants.split(";") if v]
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in fused_lse.VARIANTS]
+    if unknown or not args.variants:
+        parser.error(f"--variants must name some of {list(fused_lse.VARIANTS)}, got {unknown or 'none'}")
+    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error(
+            "--device cpu (and --smoke) run the fused kernels under the Triton interpreter: set TRITON_INTERPRET=1"
+        )
     return args
+
+
+@contextlib.contextmanager
+def fused_setting(name: str) -> Iterator[None]:
+    """``fused_lse.GPU_TILES`` set to the named setting of ``fused_lse.VARIANTS`` while inside."""
+    default = fused_lse.GPU_TILES
+    fused_lse.GPU_TILES = fused_lse.VARIANTS[name]
+    try:
+        yield
+    finally:
+        fused_lse.GPU_TILES = default
+
+
+def fused_backward_units(shape: fused_lse.TileShape) -> int:
+    """Tensor-core products of a fused backward per score tile, in forward units: the scores once per pass, the
+    document gradient's split parts, and the query gradient's when it runs over the tile's columns."""
+    query = fused_lse.SPLIT_PARTS if shape.query_gradient == "columns" else 0
+    return shape.backward_passes + fused_lse.SPLIT_PARTS + query
 
 
 def leaves(reps: dict[str, SparseReps]) -> dict[str, SparseReps]:
@@ -139,11 +160,15 @@ def check(text: Any, args: argparse.Namespace) -> dict:
                 r.weights.shape, generator=generator).to(r.weights.device)), r.vocab_size) for c, r in reps.items()}  # fmt: skip
         ref_value, ref_grads = fp64_reference(reps)
         row: dict[str, Any] = {"loss_fp64": ref_value}
-        results = {kernel: loss_and_grads(reps, kernel, reg=False) for kernel in ("fused", "blocked")}
-        for kernel, (value, grads) in results.items():
-            row[kernel] = errors(value, grads, ref_value, ref_grads)
-        f, b = results["fused"], results["blocked"]
-        row["fused_vs_blocked"] = errors(f[0], f[1], b[0], [g.double() for g in b[1]])
+        blocked = loss_and_grads(reps, "blocked", reg=False)
+        row["blocked"] = errors(*blocked, ref_value, ref_grads)
+        for name in args.variants:
+            with fused_setting(name):
+                value, grads = loss_and_grads(reps, "fused", reg=False)
+            row[f"fused:{name}"] = errors(value, grads, ref_value, ref_grads)
+            row[f"fused:{name}_vs_blocked"] = errors(
+                value, grads, blocked[0], [g.double() for g in blocked[1]]
+            )
         out[kind] = row
     return out
 
@@ -155,8 +180,10 @@ def tile_stats(q_reps: SparseReps, shape: fused_lse.TileShape) -> dict:
     )
     num_tiles = tiles.tile_ptr.numel() - 1
     widths = (tiles.tile_ptr[1:] - tiles.tile_ptr[:-1]).double()
+    slots = (tiles.entry_ptr[1:] - tiles.entry_ptr[:-1]).double()  # the entries of a tile, padded
     return {"tiles": num_tiles, "k_mean": float(widths.mean()), "k_max": float(widths.max()),
-            "k_mean_fraction_of_v": float(widths.mean()) / q_reps.vocab_size}  # fmt: skip
+            "k_mean_fraction_of_v": float(widths.mean()) / q_reps.vocab_size,
+            "entry_slots_mean": float(slots.mean())}  # fmt: skip
 
 
 def blocked_width_rows(q_reps: SparseReps) -> float:
@@ -198,6 +225,29 @@ def peak_flops(device: torch.device) -> float | None:
     return next((v for k, v in BF16_PEAK_FLOPS.items() if k in name), None)
 
 
+def time_path(reps: dict[str, SparseReps], path: str, args: argparse.Namespace, device: torch.device,
+              units: tuple[float, int, int], peak: float | None) -> dict:  # fmt: skip
+    """One path's timings at one B ('blocked' or 'fused:<setting>'), or why there are none."""
+    kernel, _, name = path.partition(":")
+    try:
+        with contextlib.ExitStack() as stack:
+            if name:
+                stack.enter_context(fused_setting(name))
+            row = timed(reps, kernel, args.repeats, device)
+    except torch.OutOfMemoryError as error:
+        torch.cuda.empty_cache()
+        return {"status": "out of memory", "error": str(error)[:300]}
+    except Exception as error:  # a setting the compiler rejects: recorded, the others still run
+        return {"status": "failed", "error": f"{type(error).__name__}: {str(error)[:300]}"}
+    unit, fwd, bwd = units
+    row["tensor_core_flops"] = {"forward": unit * fwd, "backward": unit * bwd}
+    if peak is not None:
+        row["fraction_of_bf16_peak"] = {"forward": unit * fwd / row["forward_s"] / peak,
+                                        "backward": unit * bwd / row["backward_s"] / peak,
+                                        "total": unit * (fwd + bwd) / row["total_s"] / peak}  # fmt: skip
+    return row
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.monotonic()
@@ -205,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = encoded_text(args, device)
     results: dict[str, Any] = {"stamp": run_stamp(device), "command": " ".join(sys.argv),
                                "args": {k: str(v) for k, v in vars(args).items()},
-                               "gpu_tiles": fused_lse.GPU_TILES._asdict(), "split_parts": fused_lse.SPLIT_PARTS,
+                               "variants": {n: fused_lse.VARIANTS[n]._asdict() for n in args.variants},
+                               "default_tiles": fused_lse.GPU_TILES._asdict(), "split_parts": fused_lse.SPLIT_PARTS,
                                "sort_queries": fused_lse.SORT_QUERIES,
                                "fused_min_queries": fused_lse.FUSED_MIN_QUERIES, "ab": []}  # fmt: skip
 
@@ -217,68 +268,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["check"] = check(text, args)
     save()
     peak = peak_flops(device)
-    last = None  # wall seconds of the last point's timed runs: the next one's are ~4x (work grows as B²)
+    paths = ["blocked", *(f"fused:{name}" for name in args.variants)]
+    last = None  # wall seconds of the last point: the next one's are ~4x (work grows as B²)
     for batch in args.batches:
         if last is not None and time.monotonic() - began + 4 * last > args.budget_s:
             results["ab"].append({"batch": batch, "status": "budget"})
             break
+        point_began = time.monotonic()
         reps, distinct = batch_reps("text", batch, text, seed=batch)
-        point: dict[str, Any] = {"batch": batch, "distinct_rows": distinct, "status": "ok",
-                                 "tiles": tile_stats(reps["query"], fused_lse.GPU_TILES)}  # fmt: skip
-        documents = 2 * batch
-        backward_units = fused_lse.GPU_TILES.backward_passes + 2 * fused_lse.SPLIT_PARTS
-        units = {"fused": (2.0 * batch * documents * point["tiles"]["k_mean"], 1, backward_units),
-                 "blocked": (2.0 * documents * blocked_width_rows(reps["query"]), 1, 7)}  # fmt: skip
-        point_s = 0.0
-        for kernel in ("fused", "blocked"):
-            try:
-                row = timed(reps, kernel, args.repeats, device)
-            except torch.OutOfMemoryError as error:
-                row = {"status": "out of memory", "error": str(error)[:300]}
-                torch.cuda.empty_cache()
+        point: dict[str, Any] = {"batch": batch, "distinct_rows": distinct, "status": "ok", "tiles": {}}
+        blocked_unit = 2.0 * 2 * batch * blocked_width_rows(reps["query"])
+        run_s = 0.0  # the last run's wall seconds, all its repeats: the next path's projection
+        for path in paths:
+            if time.monotonic() - began + run_s > args.budget_s:
+                point[path] = {"status": "budget"}
+                continue
+            path_began = time.monotonic()
+            if path == "blocked":
+                units = (blocked_unit, 1, 7)
             else:
-                unit, fwd, bwd = units[kernel]
-                row["tensor_core_flops"] = {"forward": unit * fwd, "backward": unit * bwd}
-                if peak is not None:
-                    row["fraction_of_bf16_peak"] = {"forward": unit * fwd / row["forward_s"] / peak,
-                                                    "backward": unit * bwd / row["backward_s"] / peak,
-                                                    "total": unit * (fwd + bwd) / row["total_s"] / peak}  # fmt: skip
-                point_s += row["total_s"] * (args.repeats + 1)
-            point[kernel] = row
+                shape = fused_lse.VARIANTS[path.partition(":")[2]]
+                point["tiles"][path] = stats = tile_stats(reps["query"], shape)
+                units = (2.0 * batch * 2 * batch * stats["k_mean"], 1, fused_backward_units(shape))
+            point[path] = time_path(reps, path, args, device, units, peak)
+            run_s = time.monotonic() - path_began
             save()
-        if "total_s" in point["fused"] and "total_s" in point["blocked"]:
-            point["speedup_total"] = point["blocked"]["total_s"] / point["fused"]["total_s"]
+        blocked = point["blocked"].get("total_s")
+        for path in paths[1:]:
+            if blocked and "total_s" in point[path]:
+                point[path]["speedup_total_over_blocked"] = blocked / point[path]["total_s"]
         results["ab"].append(point)
         save()
-        last = point_s
+        last = time.monotonic() - point_began
         del reps
-    if args.tile_batch:
-        reps, _ = batch_reps("text", args.tile_batch, text, seed=args.tile_batch)
-        defaults = fused_lse.GPU_TILES, fused_lse.SPLIT_PARTS, fused_lse.SORT_QUERIES
-        rows = []
-        try:
-            for variant in args.variants:
-                fused_lse.GPU_TILES = fused_lse.TileShape(*variant[:7])
-                fused_lse.SPLIT_PARTS, fused_lse.SORT_QUERIES = variant[7], bool(variant[8])
-                settings = {**fused_lse.GPU_TILES._asdict(), "split_parts": variant[7], "sort": variant[8]}
-                try:
-                    row = timed(reps, "fused", args.repeats, device)
-                except Exception as error:  # a shape the compiler rejects: recorded, the others still run
-                    row = {"status": "failed", "error": f"{type(error).__name__}: {str(error)[:300]}"}
-                rows.append(
-                    {"settings": settings, "tiles": tile_stats(reps["query"], fused_lse.GPU_TILES), **row}
-                )
-                results["variants"] = {"batch": args.tile_batch, "rows": rows}
-                save()
-        finally:
-            fused_lse.GPU_TILES, fused_lse.SPLIT_PARTS, fused_lse.SORT_QUERIES = defaults
     results["wall_s"] = time.monotonic() - began
     save()
+    keys = ("forward_s", "backward_s", "total_s", "peak_allocated_gib", "status")
     for point in results["ab"]:
-        if point["status"] == "ok":
-            f, b = point["fused"], point["blocked"]
-            print(point["batch"], {k: f.get(k) for k in ("forward_s", "backward_s", "total_s", "peak_allocated_gib")},
-                  {k: b.get(k) for k in ("forward_s", "backward_s", "total_s", "peak_allocated_gib")})  # fmt: skip
+        for path in paths:
+            if point["status"] == "ok":
+                print(point["batch"], path, {k: point[path][k] for k in keys if k in point[path]})
     print(json.dumps(results["check"], indent=1))
     return 0
 

@@ -1,5 +1,5 @@
-"""bench_loss_kernel at CPU sizes (Triton interpreter): one command checks both paths against fp64, times the A/B
-and a variant, and writes them all."""
+"""bench_loss_kernel at CPU sizes (Triton interpreter): one command checks the blocked path and the fused settings
+against fp64, times them all, and writes them."""
 
 from __future__ import annotations
 
@@ -11,32 +11,27 @@ from benchmarks import bench_loss_kernel
 
 
 @pytest.mark.slow
-def test_loss_kernel_bench_runs_tiny_and_both_paths_match_fp64(tmp_path) -> None:
-    """The check's fused and blocked losses and gradients are within the fp32 bound of fp64 (1e-4 of the
-    largest: a few hundred 2^-24 plus the 2-part split's 2^-16), every A/B point and variant has its times."""
+def test_loss_kernel_bench_smoke_checks_and_times_every_setting(tmp_path, monkeypatch) -> None:
+    """--smoke (CPU, interpreter): the blocked path and every fused setting are within the fp32 bound of fp64
+    (1e-4 of the largest: a few hundred 2^-24 plus the 2-part split's 2^-16), and each has its A/B times."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     out = tmp_path / "kernel.json"
-    argv = [
-        "--device",
-        "cpu",
-        "--beir_path",
-        "default",
-        "--max_texts",
-        "120",
-        "--query_len",
-        "8",
-        "--doc_len",
-        "16",
-    ]
-    argv += ["--check_batch", "24", "--batches", "32", "--repeats", "1", "--tile_batch", "32"]
-    argv += ["--variants", "16,16,16,16,4,1,2,3,0", "--output", str(out)]
-    assert bench_loss_kernel.main(argv) == 0
+    assert (
+        bench_loss_kernel.main(["--smoke", "--variants", "columns,entries-2pass", "--output", str(out)]) == 0
+    )
     report = json.loads(out.read_text())
+    paths = ["blocked", "fused:columns", "fused:entries-2pass"]
     for kind in ("bf16", "fp32"):
-        for path in ("fused", "blocked"):
+        for path in paths:
             errors = report["check"][kind][path]
             assert errors["loss_rel"] < 1e-5
             assert max(v for k, v in errors.items() if k.endswith("_rel_to_max")) < 1e-4
     (point,) = report["ab"]
-    assert point["status"] == "ok" and point["fused"]["total_s"] > 0 and point["blocked"]["total_s"] > 0
-    (variant,) = report["variants"]["rows"]
-    assert variant["settings"]["backward_passes"] == 2 and variant["total_s"] > 0
+    assert point["status"] == "ok" and all(point[path]["total_s"] > 0 for path in paths)
+    assert report["variants"]["entries-2pass"]["query_gradient"] == "entries"
+
+
+def test_loss_kernel_bench_refuses_unknown_settings(tmp_path) -> None:
+    """A --variants name not in fused_lse.VARIANTS stops the run before any work, naming the flag."""
+    with pytest.raises(SystemExit):
+        bench_loss_kernel.parse_args(["--variants", "columns,nope", "--output", str(tmp_path / "k.json")])
