@@ -244,6 +244,16 @@ def test_fused_is_chosen_only_where_asked_or_measured(monkeypatch) -> None:
         use_fused_kernel(reps[0], reps[1:], "fused")
 
 
+def test_unknown_query_gradient_is_refused(monkeypatch) -> None:
+    """A GPU setting whose query_gradient is neither 'columns' nor 'entries' raises naming it, not a silent choice."""
+    monkeypatch.setattr(
+        fused_lse, "GPU_TILES", fused_lse.VARIANTS["entries"]._replace(query_gradient="entry")
+    )
+    reps = _sparse(_dense_batch("fp32"))
+    with pytest.raises(ValueError, match=r"GPU_TILES\.query_gradient must be"):
+        fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+
+
 def test_fused_refuses_dense_reps() -> None:
     """score_kernel='fused' with dense [B, V] reps is a ValueError naming the setting, not a silent blocked run."""
     columns = _dense_batch("fp32")

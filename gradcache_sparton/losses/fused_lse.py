@@ -28,7 +28,10 @@ temperature``, then per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the tile's own r
 ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds: every query tile adds to the document block's gradient).
 The gradients are gathered at the non-zeros: ``grad_q`` from ``grad_QT`` at each entry's (column, row),
 ``grad_d`` from ``grad_DT`` at each document entry. A document's entries outside a query tile's columns get
-nothing from that tile, which is exact: their products there are with query zeros.
+nothing from that tile, which is exact: their products there are with query zeros. A setting with
+``query_gradient='entries'`` (:data:`VARIANTS`) takes the query gradient only at each query's own entries
+instead: per entry, ``sum_n p[row, n] · DT[id, n]`` over the tile's documents, fp32 products of the unsplit ``p`` on
+the CUDA cores (a tile's ~3.5% of [K_t, BM] that are entries; no split, no tensor-core products for it).
 
 Exactness (products, sums and the bound against a dense fp64 reference: docs/losses.md, "The fused
 kernel"):
@@ -42,8 +45,8 @@ kernel"):
 - no tile is skipped; the document gradient's atomic adds make its fp32 order, and so its last bits,
   vary from run to run (the bound covers every order).
 
-Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: linear in the queries'
-non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
+Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile; 'entries': 4 bytes per entry
+slot instead of the gradient's 4·BM: linear in the queries' non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
 :data:`DOC_BLOCK_MAX_BYTES`: a constant, not a function of B), the running max and sum [B]. Nothing grows
 with B².
 
