@@ -142,8 +142,9 @@ class TileShape(NamedTuple):
 VARIANTS = {
     "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1),
     "entries": TileShape(64, 64, 128, 64, 4, 3, 1, "entries"),
-    "entries-2pass": TileShape(64, 64, 128, 64, 4, 3, 2, "entries"),
     "entries-bn128": TileShape(64, 64, 128, 128, 8, 3, 1, "entries"),
+    "entries-bk128": TileShape(64, 128, 128, 64, 8, 3, 1, "entries"),
+    "entries-2pass": TileShape(64, 64, 128, 64, 4, 3, 2, "entries"),
 }
 # The GPU's setting.
 GPU_TILES = VARIANTS["columns"]
