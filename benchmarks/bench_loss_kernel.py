@@ -150,6 +150,11 @@ def errors(value: float, grads: list[torch.Tensor], ref_value: float, ref_grads:
     return out
 
 
+def failure(error: Exception) -> dict:
+    """A run that raised, as its record: the others still run."""
+    return {"status": "failed", "error": f"{type(error).__name__}: {str(error)[:300]}"}
+
+
 def check(text: Any, args: argparse.Namespace) -> dict:
     reps, _ = batch_reps("text", args.check_batch, text, seed=1)
     generator = torch.Generator().manual_seed(2)
@@ -163,8 +168,12 @@ def check(text: Any, args: argparse.Namespace) -> dict:
         blocked = loss_and_grads(reps, "blocked", reg=False)
         row["blocked"] = errors(*blocked, ref_value, ref_grads)
         for name in args.variants:
-            with fused_setting(name):
-                value, grads = loss_and_grads(reps, "fused", reg=False)
+            try:
+                with fused_setting(name):
+                    value, grads = loss_and_grads(reps, "fused", reg=False)
+            except Exception as error:  # a setting the compiler rejects: recorded, the others still run
+                row[f"fused:{name}"] = failure(error)
+                continue
             row[f"fused:{name}"] = errors(value, grads, ref_value, ref_grads)
             row[f"fused:{name}_vs_blocked"] = errors(
                 value, grads, blocked[0], [g.double() for g in blocked[1]]
@@ -238,7 +247,7 @@ def time_path(reps: dict[str, SparseReps], path: str, args: argparse.Namespace, 
         torch.cuda.empty_cache()
         return {"status": "out of memory", "error": str(error)[:300]}
     except Exception as error:  # a setting the compiler rejects: recorded, the others still run
-        return {"status": "failed", "error": f"{type(error).__name__}: {str(error)[:300]}"}
+        return failure(error)
     unit, fwd, bwd = units
     row["tensor_core_flops"] = {"forward": unit * fwd, "backward": unit * bwd}
     if peak is not None:
