@@ -27,7 +27,7 @@ from engine_helpers import (
 
 from gradcache_sparton.engine import CachedLoss, GradCache, GradCacheConfig
 from gradcache_sparton.engine.cuda_graphs import _reentrant_checkpoint_in
-from gradcache_sparton.engine.settings import resolve_settings
+from gradcache_sparton.engine.settings import encoder_facts, resolve_settings
 
 RTOL_FP32 = 1e-5  # as tests/test_engine.py
 BATCH = 8
@@ -290,11 +290,11 @@ def test_refused_cuda_graph_settings_raise(config, monkeypatch, options, match: 
 def test_cuda_graphs_round_lengths_to_32_unless_told_otherwise(config) -> None:
     """cuda_graphs without mini_batch_length_multiple rounds lengths to multiples of 32 (a graph per shape
     needs few shapes); a given multiple is kept."""
-    encoder = make_encoder(config)
-    assert resolve_settings(GradCacheConfig(cuda_graphs=True), encoder).mini_batch_length_multiple == 32
+    facts = encoder_facts(make_encoder(config))
+    assert resolve_settings(GradCacheConfig(cuda_graphs=True), facts).mini_batch_length_multiple == 32
     graphed = GradCacheConfig(cuda_graphs=True, mini_batch_length_multiple=8)
-    assert resolve_settings(graphed, encoder).mini_batch_length_multiple == 8
-    assert resolve_settings(GradCacheConfig(), encoder).mini_batch_length_multiple is None
+    assert resolve_settings(graphed, facts).mini_batch_length_multiple == 8
+    assert resolve_settings(GradCacheConfig(), facts).mini_batch_length_multiple is None
 
 
 def test_cuda_graphs_on_cpu_inputs_raise_before_encoding(config) -> None:

@@ -36,10 +36,9 @@ from engine_helpers import (
 from gradcache_sparton.engine import CachedLoss, GradCache, GradCacheConfig
 from gradcache_sparton.engine import gradcache as gradcache_module
 from gradcache_sparton.engine.autocast_state import AutocastState
-from gradcache_sparton.engine.config import is_compiled
 from gradcache_sparton.engine.mini_batch import iter_mini_batches, row_slices
 from gradcache_sparton.engine.rng_state import RngState
-from gradcache_sparton.engine.settings import resolve_settings
+from gradcache_sparton.engine.settings import encoder_facts, is_compiled, resolve_settings
 from gradcache_sparton.primitives.host_count import HostCount
 
 RTOL_FP32 = 1e-5  # see the module docstring
@@ -620,25 +619,29 @@ def test_config_decides_its_automatic_defaults(config) -> None:
     are rounded to multiples of 32 unless set; cuda_graphs turns the reuse_argmax default off; sparse_reps
     takes bools and any case and keeps one spelling."""
     encoder = make_encoder(config)
-    eager = resolve_settings(GradCacheConfig(), encoder)
+    eager = resolve_settings(GradCacheConfig(), encoder_facts(encoder))
     assert (eager.check_replay, eager.reuse_argmax, eager.mini_batch_length_multiple) == (True, True, None)
     for compiled in (torch.compile(encoder), torch.nn.Sequential(make_encoder(config))):
         if isinstance(compiled, torch.nn.Sequential):
             compiled[0].compile()
         assert is_compiled(compiled) and not is_compiled(encoder)
-        decided = resolve_settings(GradCacheConfig(), compiled)
+        decided = resolve_settings(GradCacheConfig(), encoder_facts(compiled))
         assert (decided.check_replay, decided.reuse_argmax, decided.mini_batch_length_multiple) == (
             False,
             False,
             32,
         )
         kept = resolve_settings(
-            GradCacheConfig(check_replay=True, reuse_argmax=True, mini_batch_length_multiple=8), compiled
+            GradCacheConfig(check_replay=True, reuse_argmax=True, mini_batch_length_multiple=8),
+            encoder_facts(compiled),
         )
         assert (kept.check_replay, kept.reuse_argmax) == (True, True)
         assert kept.mini_batch_length_multiple == 8
     graphed = GradCacheConfig(cuda_graphs=True, mini_batch_length_multiple=8)
-    assert graphed.reuse_argmax is None and resolve_settings(graphed, encoder).reuse_argmax is False
+    assert (
+        graphed.reuse_argmax is None
+        and resolve_settings(graphed, encoder_facts(encoder)).reuse_argmax is False
+    )
     spellings = [GradCacheConfig(sparse_reps=value).sparse_reps for value in (True, False, "AUTO", "False")]
     assert spellings == ["true", "false", "auto", "false"]
 

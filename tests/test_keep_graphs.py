@@ -39,7 +39,7 @@ from gradcache_sparton.engine.planner.memory_plan import (
     choose_kept_graphs,
     choose_plan,
 )
-from gradcache_sparton.engine.settings import resolve_settings
+from gradcache_sparton.engine.settings import encoder_facts, resolve_settings
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.modeling import SpladeEncoder
 from gradcache_sparton.primitives.sparse_reps import SparseReps
@@ -217,15 +217,14 @@ def test_keep_graphs_is_refused_under_data_parallelism(config) -> None:
 
 def test_settings_take_the_plans_kept_graphs_but_not_under_cuda_graphs() -> None:
     """Left unset, keep_graphs is the plan's count per column (off without a plan); CUDA graphs turn it off."""
-    linear = torch.nn.Linear(2, 2)
-    assert resolve_settings(GradCacheConfig(), linear).kept_mini_batches("query", 3) == 0
-    assert resolve_settings(GradCacheConfig(keep_graphs=True), linear).kept_mini_batches("query", 3) == 3
-    plan = _plan(64 * GIB)
-    decided = resolve_settings(GradCacheConfig(max_memory="64GiB"), linear, plan)
-    assert decided.keep_graphs == plan.keep_graphs == {"query": 1, "positive": 1}
+    facts = encoder_facts(torch.nn.Linear(2, 2))
+    assert resolve_settings(GradCacheConfig(), facts).kept_mini_batches("query", 3) == 0
+    assert resolve_settings(GradCacheConfig(keep_graphs=True), facts).kept_mini_batches("query", 3) == 3
+    decided = _plan(64 * GIB).settings
+    assert decided.keep_graphs == {"query": 1, "positive": 1}
     assert decided.kept_mini_batches("query", 5) == 1
-    graphed = resolve_settings(GradCacheConfig(max_memory="64GiB"), linear, replace(plan, cuda_graphs=True))
-    assert graphed.keep_graphs is False
+    graphed = replace(decided, cuda_graphs=True)
+    assert graphed.keep_graphs is False and graphed.kept_mini_batches("query", 5) == 0
 
 
 ROWS = {"query": 1024, "positive": 1024}
@@ -249,7 +248,7 @@ def test_with_memory_to_spare_every_graph_is_kept() -> None:
     """A budget that holds every column's graphs at once: the whole batch as kept mini-batches (an uncached
     step), predicted at what is held plus each kept mini-batch's measured peak."""
     plan = _plan(64 * GIB)
-    assert plan.mini_batch_size == ROWS and plan.keep_graphs == {"query": 1, "positive": 1}
+    assert plan.settings.mini_batch_size == ROWS and plan.settings.keep_graphs == {"query": 1, "positive": 1}
     assert plan.predicted_peak == GIB + int(QUERY_FIT.peak(1024) + PASSAGE_FIT.peak(1024))
     assert "uncached step" in plan.reason
 
@@ -260,8 +259,8 @@ def test_where_only_some_fit_the_last_column_is_cut_to_keep_more() -> None:
     budget = 48 * GIB
     plan = _plan(budget)
     usable = budget * (1 - PLAN_MARGIN)
-    size, kept = plan.mini_batch_size["positive"], plan.keep_graphs["positive"]
-    assert plan.keep_graphs["query"] == 1 and 0 < kept * size < ROWS["positive"]
+    size, kept = plan.settings.mini_batch_size["positive"], plan.settings.keep_graphs["positive"]
+    assert plan.settings.keep_graphs["query"] == 1 and 0 < kept * size < ROWS["positive"]
     assert MIN_ROWS <= size < ROWS["positive"] and ROWS["positive"] / size <= KEEP_MAX_SPLIT
     assert plan.predicted_peak <= usable
     assert GIB + QUERY_FIT.peak(1024) + (kept + 1) * PASSAGE_FIT.peak(size) > usable  # one more would not fit
@@ -275,20 +274,20 @@ def test_a_column_of_explicit_mini_batch_size_keeps_no_graph() -> None:
     fits = {"query": QUERY_FIT, "positive": PASSAGE_FIT}
     choices = plan_inputs({"query": 256, "positive": None})
     plan = choose_plan(64 * GIB, ROWS, lambda on: fits, _footprint(), *choices)
-    assert plan.mini_batch_size == {"query": 256, "positive": 1024}
-    assert plan.keep_graphs == {"query": 0, "positive": 1}
+    assert plan.settings.mini_batch_size == {"query": 256, "positive": 1024}
+    assert plan.settings.keep_graphs == {"query": 0, "positive": 1}
 
 
 def test_explicit_keep_graphs_is_kept_and_predicted() -> None:
     """keep_graphs=False: no graph kept and the peak of the step without them; True: as configured, with the
     kept graphs in the predicted peak (a warning where that exceeds the budget); CUDA graphs keep none."""
     off = _plan(64 * GIB, keep_graphs=False)
-    assert off.keep_graphs is False and off.predicted_peak == GIB + int(PASSAGE_FIT.peak(1024))
+    assert off.settings.keep_graphs is False and off.predicted_peak == GIB + int(PASSAGE_FIT.peak(1024))
     on = _plan(16 * GIB, keep_graphs=True)
-    assert on.keep_graphs is True and on.predicted_peak > 16 * GIB
+    assert on.settings.keep_graphs is True and on.predicted_peak > 16 * GIB
     assert "WARNING: keep_graphs" in on.reason
     graphed = _plan(16 * GIB, cuda_graphs=True, graphs_possible=True)
-    assert graphed.cuda_graphs and graphed.keep_graphs == {"query": 0, "positive": 0}
+    assert graphed.settings.cuda_graphs and graphed.settings.keep_graphs is False
     assert "keeping their graph none;" in graphed.describe()
 
 

@@ -41,7 +41,7 @@ from gradcache_sparton.engine.planner.memory_probe import (
     _fits_checked_at,
     measure_fits,
 )
-from gradcache_sparton.engine.settings import checkpointing_on, resolve_settings
+from gradcache_sparton.engine.settings import checkpointing_on, encoder_facts, resolve_settings
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.losses.sparse import sparse_block_size
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
@@ -119,11 +119,11 @@ def test_without_max_memory_the_defaults_are_unchanged(tmp_path) -> None:
     engine's max_memory is off by default, the trainer's auto."""
     config = GradCacheConfig()
     assert (config.mini_batch_size, config.cuda_graphs, config.max_memory) == (None, None, None)
-    decided = resolve_settings(config, torch.nn.Linear(2, 2))
+    decided = resolve_settings(config, encoder_facts(torch.nn.Linear(2, 2)))
     assert (decided.mini_batch_size, decided.cuda_graphs, decided.sparse_reps) == (32, False, "false")
     planned = GradCacheConfig(max_memory="4GiB")
     assert (planned.mini_batch_size, planned.cuda_graphs) == (None, None)
-    decided = resolve_settings(planned, torch.nn.Linear(2, 2))  # before a plan (or off CUDA)
+    decided = resolve_settings(planned, encoder_facts(torch.nn.Linear(2, 2)))  # before a plan (or off CUDA)
     assert (decided.mini_batch_size, decided.cuda_graphs, decided.planned) == (32, False, False)
     args = CachedSpladeTrainingArguments(output_dir=str(tmp_path), report_to="none", max_memory="none")
     assert args.mini_batch_size is None and args.max_memory is None
@@ -156,9 +156,13 @@ def test_plan_takes_the_largest_mini_batch_that_fits() -> None:
         *plan_inputs(dict.fromkeys(ROWS)),
     )
     usable = 16 * GIB * (1 - PLAN_MARGIN)
-    size = plan.mini_batch_size["positive"]
+    size = plan.settings.mini_batch_size["positive"]
     assert GIB + fit.peak(size) <= usable < GIB + fit.peak(size + 1)
-    assert plan.predicted_peak <= usable and not plan.checkpointing and not plan.cuda_graphs
+    assert (
+        plan.predicted_peak <= usable
+        and not plan.settings.activation_checkpointing
+        and not plan.settings.cuda_graphs
+    )
     assert calls == [False]  # checkpointing was never needed
 
 
@@ -171,7 +175,7 @@ def test_whole_batch_when_it_fits() -> None:
         _footprint(),
         *plan_inputs(dict.fromkeys(ROWS)),
     )
-    assert plan.mini_batch_size == ROWS
+    assert plan.settings.mini_batch_size == ROWS
 
 
 def test_checkpointing_when_nothing_fits_without_it() -> None:
@@ -180,8 +184,10 @@ def test_checkpointing_when_nothing_fits_without_it() -> None:
     fits = {False: _fits(GIB, 200 * MIB), True: _fits(0.5 * GIB, 10 * MIB)}
     choices = plan_inputs(dict.fromkeys(ROWS), can_checkpoint=True)
     plan = choose_plan(4 * GIB, ROWS, _measure(fits, calls), _footprint(), *choices)
-    assert calls == [False, True] and plan.checkpointing
-    assert plan.mini_batch_size["positive"] >= MIN_ROWS and plan.predicted_peak <= 4 * GIB * (1 - PLAN_MARGIN)
+    assert calls == [False, True] and plan.settings.activation_checkpointing
+    assert plan.settings.mini_batch_size["positive"] >= MIN_ROWS and plan.predicted_peak <= 4 * GIB * (
+        1 - PLAN_MARGIN
+    )
 
 
 def test_too_small_a_budget_is_one_clear_error() -> None:
@@ -198,16 +204,17 @@ def test_too_small_a_budget_is_one_clear_error() -> None:
 
 
 def test_explicit_settings_are_kept() -> None:
-    """An explicit mini_batch_size, cuda_graphs=False or reuse_argmax=True is what the plan runs."""
+    """An explicit mini_batch_size, cuda_graphs=False or reuse_argmax=True is what the plan's settings run."""
     fits = {False: _fits(0.5 * GIB, 40 * MIB)}
     explicit = plan_inputs(
         {"query": 8, "positive": None}, cuda_graphs=False, reuse_argmax=True, graphs_possible=True
     )
     plan = choose_plan(4 * GIB, ROWS, _measure(fits, []), _footprint(), *explicit)
-    assert plan.mini_batch_size["query"] == 8 and not plan.cuda_graphs and plan.reuse_argmax is True
-    config = GradCacheConfig(max_memory="4GiB", mini_batch_size={"query": 8, "positive": None})
-    settings = resolve_settings(config, torch.nn.Linear(2, 2), plan)
-    assert settings.mini_batch_size == plan.mini_batch_size and settings.reuse_argmax is True
+    settings = plan.settings
+    assert (
+        settings.mini_batch_size["query"] == 8 and not settings.cuda_graphs and settings.reuse_argmax is True
+    )
+    assert settings.planned and set(settings.mini_batch_size) == set(ROWS)
 
 
 def test_cuda_graphs_where_eager_mini_batches_are_small() -> None:
@@ -216,15 +223,15 @@ def test_cuda_graphs_where_eager_mini_batches_are_small() -> None:
     small = choose_plan(
         4 * GIB, ROWS, _measure({False: _fits(0.2 * GIB, 40 * MIB)}, []), _footprint(), *choices
     )
-    assert small.cuda_graphs and set(small.mini_batch_size.values()) == {GRAPH_ROWS}
-    settings = resolve_settings(GradCacheConfig(max_memory="4GiB"), torch.nn.Linear(2, 2), small)
+    assert small.settings.cuda_graphs and set(small.settings.mini_batch_size.values()) == {GRAPH_ROWS}
+    settings = small.settings
     assert (
         settings.cuda_graphs and settings.reuse_argmax is False and settings.mini_batch_length_multiple == 32
     )
     large = choose_plan(
         24 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), *choices
     )
-    assert not large.cuda_graphs and min(large.mini_batch_size.values()) > GRAPH_ROWS
+    assert not large.settings.cuda_graphs and min(large.settings.mini_batch_size.values()) > GRAPH_ROWS
 
 
 def test_graphs_pay_for_their_recording_stream() -> None:
@@ -235,14 +242,16 @@ def test_graphs_pay_for_their_recording_stream() -> None:
     fits = _measure({False: _fits(0.2 * GIB, 40 * MIB)}, [])
     usable = 4 * GIB * (1 - PLAN_MARGIN)
     plain = choose_plan(4 * GIB, ROWS, fits, _footprint(), *choices)
-    assert plain.cuda_graphs and set(plain.mini_batch_size.values()) == {GRAPH_ROWS}
+    assert plain.settings.cuda_graphs and set(plain.settings.mini_batch_size.values()) == {GRAPH_ROWS}
     tighter = replace(_footprint(), graphs=int(usable - plain.predicted_peak) + MIB)
     shrunk = choose_plan(4 * GIB, ROWS, fits, tighter, *choices)
-    assert shrunk.cuda_graphs and max(shrunk.mini_batch_size.values()) < GRAPH_ROWS
+    assert shrunk.settings.cuda_graphs and max(shrunk.settings.mini_batch_size.values()) < GRAPH_ROWS
     assert shrunk.predicted_peak <= usable
     costly = choose_plan(4 * GIB, ROWS, fits, replace(_footprint(), graphs=int(usable)), *choices)
     eager = choose_plan(4 * GIB, ROWS, fits, _footprint(), *plan_inputs(dict.fromkeys(ROWS)))
-    assert not costly.cuda_graphs and costly.mini_batch_size == eager.mini_batch_size
+    assert (
+        not costly.settings.cuda_graphs and costly.settings.mini_batch_size == eager.settings.mini_batch_size
+    )
 
 
 def test_reuse_argmax_off_where_its_records_crowd_out_rows() -> None:
@@ -251,7 +260,7 @@ def test_reuse_argmax_off_where_its_records_crowd_out_rows() -> None:
     measure = _measure({False: _fits(0.5 * GIB, 40 * MIB)}, [])
     cheap = choose_plan(16 * GIB, ROWS, measure, _footprint(records=10 * MIB), *choices)
     costly = choose_plan(16 * GIB, ROWS, measure, _footprint(records=4 * GIB), *choices)
-    assert cheap.reuse_argmax is True and costly.reuse_argmax is False
+    assert cheap.settings.reuse_argmax is True and costly.settings.reuse_argmax is False
 
 
 def test_plan_never_changes_the_loss_or_gradients(config) -> None:
@@ -259,7 +268,7 @@ def test_plan_never_changes_the_loss_or_gradients(config) -> None:
     rows = {"query": 32, "positive": 32, "negative": 32}
     fits = {column: ColumnFit(0.0, 45 * MIB, 16) for column in rows}
     plan = choose_plan(GIB, rows, lambda on: fits, _footprint(0), *plan_inputs(dict.fromkeys(rows)))
-    assert plan.mini_batch_size["query"] == 21  # floor(0.95 GiB / 45 MiB): a real split
+    assert plan.settings.mini_batch_size["query"] == 21  # floor(0.95 GiB / 45 MiB): a real split
     planned = _planned_config(plan)
 
     encoder = make_encoder(config)
@@ -344,8 +353,12 @@ def test_cpu_ignores_a_size_with_one_warning(config) -> None:
 def test_data_parallel_refuses_a_size(config) -> None:
     """Under data parallelism a size is refused (ranks must agree on one plan); auto is ignored."""
     with pytest.raises(ValueError, match="max_memory='4GiB' needs no data parallelism"):
-        MemoryPlanner(GradCacheConfig(max_memory="4GiB"), make_encoder(config), data_parallel=True)
-    planner = MemoryPlanner(GradCacheConfig(max_memory="auto"), make_encoder(config), data_parallel=True)
+        encoder = make_encoder(config)
+        MemoryPlanner(GradCacheConfig(max_memory="4GiB"), encoder, encoder_facts(encoder, data_parallel=True))
+    encoder = make_encoder(config)
+    planner = MemoryPlanner(
+        GradCacheConfig(max_memory="auto"), encoder, encoder_facts(encoder, data_parallel=True)
+    )
     assert not planner.needs_plan(make_columns(4, 2))
 
 
@@ -364,12 +377,16 @@ def test_real_probe_keeps_the_measured_peak_within_the_budget(tiny_bert_config) 
     measuring = GradCache(encoder, max_memory="auto")
     measuring.encode(columns)  # plans (autograd on), then Step (1) only
     first = measuring.memory_plan
-    assert first is not None and first.mini_batch_size == {"query": 256, "positive": 256}
+    assert first is not None and first.settings.mini_batch_size == {"query": 256, "positive": 256}
     budget = int((first.resident + max(fit.peak(64) for fit in first.fits.values())) / (1 - PLAN_MARGIN))
     engine = GradCache(encoder, max_memory=f"{budget}B")
     engine.step(columns, contrastive_flops_loss)
     plan = engine.memory_plan
-    assert plan is not None and plan.predicted_peak <= budget and max(plan.mini_batch_size.values()) < 256
+    assert (
+        plan is not None
+        and plan.predicted_peak <= budget
+        and max(plan.settings.mini_batch_size.values()) < 256
+    )
     planned_grads = grads_of(encoder)
     encoder.zero_grad(set_to_none=True)
     torch.cuda.reset_peak_memory_stats()
@@ -386,7 +403,7 @@ def test_explicit_cuda_graphs_plans_rows_under_graphs() -> None:
     plan = choose_plan(
         24 * GIB, ROWS, _measure({False: _fits(0.5 * GIB, 40 * MIB)}, []), _footprint(), *choices
     )
-    assert plan.cuda_graphs and plan.mini_batch_size["query"] > GRAPH_ROWS
+    assert plan.settings.cuda_graphs and plan.settings.mini_batch_size["query"] > GRAPH_ROWS
     assert plan.predicted_peak <= 24 * GIB * (1 - PLAN_MARGIN)
 
 
@@ -442,17 +459,13 @@ def test_the_refused_2gib_case_plans_sparse_reps(monkeypatch) -> None:
     plan = choose_plan(
         2 * GIB, ROWS, measure, footprint, *plan_inputs(dict.fromkeys(ROWS), graphs_possible=True)
     )
-    assert plan.sparse_reps == "true" and not plan.checkpointing
-    assert min(plan.mini_batch_size.values()) >= MIN_ROWS and plan.predicted_peak <= 2 * GIB * (
+    assert plan.settings.sparse_reps == "true" and not plan.settings.activation_checkpointing
+    assert min(plan.settings.mini_batch_size.values()) >= MIN_ROWS and plan.predicted_peak <= 2 * GIB * (
         1 - PLAN_MARGIN
     )
     assert plan.predicted_peak >= footprint.loss_peak(sparse=True)  # the sparse loss is counted
     assert "reps sparse" in plan.describe() and "sparse reps: with the dense reps" in plan.reason
     assert plan.log_values()["memory_plan_sparse_reps"] == 1.0
-    assert (
-        resolve_settings(GradCacheConfig(max_memory="2GiB"), torch.nn.Linear(2, 2), plan).sparse_reps
-        == "true"
-    )
 
 
 def test_dense_reps_stay_where_they_fit(monkeypatch) -> None:
@@ -462,12 +475,8 @@ def test_dense_reps_stay_where_they_fit(monkeypatch) -> None:
     plan = choose_plan(
         4 * GIB, ROWS, measure, footprint, *plan_inputs(dict.fromkeys(ROWS), graphs_possible=True)
     )
-    assert plan.sparse_reps == "false" and "reps dense" in plan.describe()
+    assert plan.settings.sparse_reps == "false" and "reps dense" in plan.describe()
     assert plan.resident >= footprint.rep_cache
-    assert (
-        resolve_settings(GradCacheConfig(max_memory="4GiB"), torch.nn.Linear(2, 2), plan).sparse_reps
-        == "false"
-    )
 
 
 @pytest.mark.parametrize("given", ["true", "false", "auto"])
@@ -478,14 +487,10 @@ def test_explicit_sparse_reps_are_kept(monkeypatch, given) -> None:
     measure = _measure({False: dict.fromkeys(ROWS, BERT_FIT)}, [])
     choices = plan_inputs(dict.fromkeys(ROWS), sparse_reps=given)
     plan = choose_plan(4 * GIB, ROWS, measure, footprint, *choices)
-    assert (
-        plan.sparse_reps == given
-        and resolve_settings(GradCacheConfig(sparse_reps=given), torch.nn.Linear(2, 2), plan).sparse_reps
-        == given
-    )
-    assert plan.resident == footprint.resident(records=plan.reuse_argmax, sparse=given == "true")
+    assert plan.settings.sparse_reps == given
+    assert plan.resident == footprint.resident(records=plan.settings.reuse_argmax, sparse=given == "true")
     if given == "true":
-        assert choose_plan(2 * GIB, ROWS, measure, footprint, *choices).sparse_reps == "true"
+        assert choose_plan(2 * GIB, ROWS, measure, footprint, *choices).settings.sparse_reps == "true"
     else:
         with pytest.raises(ValueError, match="too small"):
             choose_plan(2 * GIB, ROWS, measure, footprint, *choices)
@@ -502,7 +507,8 @@ def test_sparse_reps_where_the_dense_loss_does_not_fit() -> None:
         4 * GIB, ROWS, _measure({False: _fits(0.0, MIB)}, []), footprint, *plan_inputs(dict.fromkeys(ROWS))
     )
     assert (
-        plan.sparse_reps == "true" and "the loss over the whole batch would peak at 4.00 GiB" in plan.reason
+        plan.settings.sparse_reps == "true"
+        and "the loss over the whole batch would peak at 4.00 GiB" in plan.reason
     )
 
 
@@ -517,8 +523,12 @@ def test_sparse_reps_before_activation_checkpointing() -> None:
     fits = {False: _fits(0.5 * GIB, 40 * MIB), True: _fits(0.1 * GIB, 5 * MIB)}
     choices = plan_inputs(dict.fromkeys(ROWS), can_checkpoint=True)
     plan = choose_plan(4 * GIB, ROWS, _measure(fits, calls), footprint, *choices)
-    assert calls == [False] and plan.sparse_reps == "true" and not plan.checkpointing
-    assert min(plan.mini_batch_size.values()) >= MIN_ROWS
+    assert (
+        calls == [False]
+        and plan.settings.sparse_reps == "true"
+        and not plan.settings.activation_checkpointing
+    )
+    assert min(plan.settings.mini_batch_size.values()) >= MIN_ROWS
 
 
 def test_sparse_loss_estimate_covers_its_densified_blocks(monkeypatch) -> None:
@@ -587,8 +597,8 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     engine = GradCache(encoder, max_memory=f"{budget}B", cuda_graphs=False)
     loss, _ = engine.step(columns, loss_fn)
     plan = engine.memory_plan
-    assert plan is not None and plan.sparse_reps == "true" and engine.settings.sparse_reps == "true"
-    assert set(plan.mini_batch_size.values()) == {20} and layouts == [{SparseReps}]
+    assert plan is not None and plan.settings.sparse_reps == "true" and engine.settings.sparse_reps == "true"
+    assert set(plan.settings.mini_batch_size.values()) == {20} and layouts == [{SparseReps}]
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL_FP32, atol=0)
     assert_grads_close(grads_of(encoder), grads_of(reference), rtol=RTOL_FP32)
 
@@ -603,7 +613,7 @@ def test_planned_sparse_reps_run_on_that_step_and_change_nothing(config, monkeyp
     layouts.clear()
     roomy = GradCache(encoder_3pct(), max_memory=f"{budget + footprint.rep_cache * 2}B", cuda_graphs=False)
     roomy.step(columns, loss_fn)
-    assert roomy.memory_plan is not None and roomy.memory_plan.sparse_reps == "false"
+    assert roomy.memory_plan is not None and roomy.memory_plan.settings.sparse_reps == "false"
     assert roomy.settings.sparse_reps == "false" and layouts == [{torch.Tensor}]
 
 
@@ -638,7 +648,7 @@ def test_checkpointing_the_plan_turns_on_is_logged_and_stays(config, monkeypatch
     assert not checkpointing_on(encoder) and not engine.settings.activation_checkpointing
     with caplog.at_level("INFO", logger="gradcache_sparton.engine.planner.memory_plan"):
         engine.step(columns, contrastive_flops_loss)
-    assert engine.memory_plan is not None and engine.memory_plan.checkpointing
+    assert engine.memory_plan is not None and engine.memory_plan.settings.activation_checkpointing
     assert engine.settings.activation_checkpointing and checkpointing_on(encoder)
     turned_on = [
         r.getMessage() for r in caplog.records if "activation checkpointing turned on" in r.getMessage()
@@ -649,8 +659,8 @@ def test_checkpointing_the_plan_turns_on_is_logged_and_stays(config, monkeypatch
 def _planned_config(plan: MemoryPlan) -> GradCacheConfig:
     """The options ``plan`` chose, given explicitly (no max_memory: run as planned, without planning)."""
     return GradCacheConfig(
-        mini_batch_size=dict(plan.mini_batch_size),
-        cuda_graphs=plan.cuda_graphs,
-        reuse_argmax=plan.reuse_argmax,
-        sparse_reps=plan.sparse_reps,
+        mini_batch_size=dict(plan.settings.mini_batch_size),
+        cuda_graphs=plan.settings.cuda_graphs,
+        reuse_argmax=plan.settings.reuse_argmax,
+        sparse_reps=plan.settings.sparse_reps,
     )

@@ -39,7 +39,7 @@ from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.cli import main
 from gradcache_sparton.data import default_train_data_path, load_training_data
 from gradcache_sparton.engine import CachedLoss
-from gradcache_sparton.engine.settings import resolve_settings
+from gradcache_sparton.engine.settings import encoder_facts, resolve_settings
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 from gradcache_sparton.trainer import CachedSpladeTrainer
@@ -308,7 +308,10 @@ def test_bad_sparse_reps_values_are_refused(tmp_path, capsys, monkeypatch, confi
         args = _args(tmp_path, sparse_reps=None, max_memory=max_memory)
         assert args.sparse_reps is args.grad_cache_config(["query"]).sparse_reps is None
         assert (
-            resolve_settings(args.grad_cache_config(["query"]), torch.nn.Linear(2, 2)).sparse_reps == "false"
+            resolve_settings(
+                args.grad_cache_config(["query"]), encoder_facts(torch.nn.Linear(2, 2))
+            ).sparse_reps
+            == "false"
         )
 
     def never_build_the_model(*args: Any, **kwargs: Any) -> None:

@@ -6,8 +6,9 @@
 command-line flag and a YAML/JSON key with the help text below. ``__post_init__`` is the one place the
 options are checked (a ``TypeError`` or ``ValueError`` naming the field) and put in one spelling; a field
 left None is for the engine to decide, in one place:
-:func:`~gradcache_sparton.engine.settings.resolve_settings`. Adding an engine option is one field here, its
-decision there when it has an automatic default, and its use in the engine.
+:func:`~gradcache_sparton.engine.settings.resolve_settings` (and, for those ``max_memory`` plans, the planner,
+which returns the same settings with its choices). Adding an engine option is one field here, its field in
+``StepSettings`` and its decision there, and its use in the engine (docs/engine_options.md walks one).
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from torch import nn
-
 from gradcache_sparton.engine.memory_size import parse_max_memory
 from gradcache_sparton.engine.option_rules import check_option_rules
 from gradcache_sparton.primitives.option_field import option
 
-__all__ = ["GradCacheConfig", "is_compiled"]
+__all__ = ["GradCacheConfig"]
 
 
 @dataclass
@@ -194,14 +193,3 @@ class GradCacheConfig:
         if isinstance(self.mini_batch_size, Mapping):
             return {column: self.mini_batch_size.get(column) for column in columns}
         return dict.fromkeys(columns, self.mini_batch_size)
-
-
-def is_compiled(encoder: object) -> bool:
-    """Whether ``encoder`` is, or holds, a module compiled with ``torch.compile`` (a wrapper) or
-    ``nn.Module.compile()`` (in place)."""
-    if not isinstance(encoder, nn.Module):
-        return False
-    return any(
-        hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
-        for module in encoder.modules()
-    )

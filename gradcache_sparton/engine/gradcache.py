@@ -66,14 +66,14 @@ from gradcache_sparton.engine.kept_graphs import (
     kept_counts,
 )
 from gradcache_sparton.engine.mini_batch import Rows, iter_mini_batches
-from gradcache_sparton.engine.option_rules import EngineFacts, check_option_rules
+from gradcache_sparton.engine.option_rules import check_option_rules
 from gradcache_sparton.engine.planner.memory_plan import MemoryPlan
 from gradcache_sparton.engine.planner.memory_probe import MemoryPlanner
 from gradcache_sparton.engine.reps import StepReps, leaf, leaf_grad, mini_batch_grad, replay_grads
 from gradcache_sparton.engine.rng_state import RngState, cuda_devices_of
 from gradcache_sparton.engine.run_eager import EagerRun
 from gradcache_sparton.engine.run_memo import MemoRun
-from gradcache_sparton.engine.settings import StepSettings, resolve_settings
+from gradcache_sparton.engine.settings import StepSettings, encoder_facts, resolve_settings
 from gradcache_sparton.engine.sparse_grads import SparseRepGrad
 from gradcache_sparton.engine.types import (
     Columns,
@@ -84,7 +84,7 @@ from gradcache_sparton.engine.types import (
     MiniBatchContext,
     ReplayState,
 )
-from gradcache_sparton.primitives.column_routing import call_encoder, routes_by_column, trains_column
+from gradcache_sparton.primitives.column_routing import call_encoder, trains_column
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = ["GradCache"]
@@ -116,8 +116,8 @@ class GradCache:
     Attributes:
         config: the options as given (None where the engine decides).
         settings: what the steps run with, every option decided
-            (:func:`~gradcache_sparton.engine.settings.resolve_settings`): from ``config`` and the encoder when
-            built; with ``max_memory``, again after each plan (:meth:`plan`).
+            (:func:`~gradcache_sparton.engine.settings.resolve_settings`): from ``config`` and the encoder's
+            facts when built; with ``max_memory``, each plan's (:meth:`plan`).
         world_size: how many ranks' batches the loss sees (1 when not gathering).
     """
 
@@ -139,7 +139,6 @@ class GradCache:
         self.config = GradCacheConfig(**options) if config is None else config
         self.encoder = encoder
         self.world_size = data_parallel_world_size(self.config.gather_across_ranks)
-        self.settings: StepSettings = resolve_settings(self.config, encoder, world_size=self.world_size)
         ddp, fsdp = find_ddp(encoder), find_fsdp(encoder)
         if mini_batch_context is None and ddp is not None:
             mini_batch_context = ddp_no_sync_context(ddp)
@@ -149,22 +148,15 @@ class GradCache:
         # Data-parallel training needs one (synchronising) backward per rank and step, and agreement
         # across ranks before Step (3) starts.
         self._data_parallel = self.world_size > 1 or ddp is not None or fsdp is not None
-        facts = EngineFacts(
-            module=isinstance(encoder, nn.Module),
-            routes_by_column=routes_by_column(encoder),
-            data_parallel=self._data_parallel,
-        )
+        facts = encoder_facts(encoder, data_parallel=self._data_parallel)
         check_option_rules(self.config, facts)  # a plan chooses CUDA graphs only where these allow them
+        self.settings: StepSettings = resolve_settings(self.config, facts, world_size=self.world_size)
         # Under FSDP each forward and backward is a collective: every rank must run as many of each.
         self._equal_passes = fsdp is not None and data_parallel_world_size(None) > 1
         self._run = self._mini_batch_run()
         self._kept_run = EagerRun(encoder)  # keep_graphs: Step (1) with a graph, the encoder's own forward
         # max_memory: the options left unset are planned on the first step (memory_plan).
-        self._planner = (
-            None
-            if self.config.max_memory is None
-            else MemoryPlanner(self.config, encoder, data_parallel=self._data_parallel)
-        )
+        self._planner = None if self.config.max_memory is None else MemoryPlanner(self.config, encoder, facts)
 
     @property
     def memory_plan(self) -> MemoryPlan | None:
@@ -175,7 +167,7 @@ class GradCache:
     def plan(self, columns: Columns, autocast: AutocastState | None = None) -> StepSettings:
         """The planning phase (with ``max_memory``, before Step (1) when a plan is due: a training step on
         CUDA, the first or one with a batch larger or longer than the plan's): measure and choose the options
-        left unset (:mod:`~gradcache_sparton.engine.planner.memory_plan`), decide :attr:`settings` from them and
+        left unset (:mod:`~gradcache_sparton.engine.planner.memory_plan`), take the plan's :attr:`settings` and
         choose how mini-batches run. The plan may turn on the model's activation checkpointing (logged; it
         stays on). Without a plan due, the settings in effect. ``autocast``: the step's (default: captured
         now, as Step (1) does)."""
@@ -184,8 +176,7 @@ class GradCache:
         if autocast is None:
             autocast = AutocastState.capture({t.device.type for f in columns.values() for t in f.values()})
         self._run = EagerRun(self.encoder)  # a previous plan's CUDA graphs are freed before measuring
-        plan = self._planner.plan_for(columns, autocast)
-        self.settings = resolve_settings(self.config, self.encoder, plan, world_size=self.world_size)
+        self.settings = self._planner.plan_for(columns, autocast).settings
         self._run = self._mini_batch_run()
         return self.settings
 

@@ -1,11 +1,14 @@
-"""What the engine runs a step with: :func:`resolve_settings`, the one place its options are decided.
+"""What the engine runs a step with: :class:`StepSettings`, every option decided, and the one place they are
+decided from what was asked.
 
 :class:`~gradcache_sparton.engine.GradCacheConfig` holds what the user asked, None where the engine is to
-decide. :func:`resolve_settings` decides it, from the encoder (a compiled one), the ranks whose batches the
-loss sees (gathering) and, when ``max_memory`` is set, the measured plan
-(:class:`~gradcache_sparton.engine.planner.memory_plan.MemoryPlan`), into :class:`StepSettings`: concrete values, the
-only ones Steps (1)-(3) read. :class:`~gradcache_sparton.engine.GradCache` resolves them when it is built
-(``GradCache.settings``) and again after each plan (``GradCache.plan``); a trainer logs them from there.
+decide. :func:`resolve_settings` decides it from the facts about the encoder (:func:`encoder_facts`: a compiled
+one, its activation checkpointing) and the ranks whose batches the loss sees (gathering), into
+:class:`StepSettings`: concrete values, the only ones Steps (1)-(3) read. When ``max_memory`` is set, the planner
+(:func:`~gradcache_sparton.engine.planner.memory_plan.choose_plan`) starts from the same settings and returns
+them with the options it chose (``MemoryPlan.settings``). :class:`~gradcache_sparton.engine.GradCache` resolves
+them when it is built (``GradCache.settings``) and takes each plan's (``GradCache.plan``); a trainer logs them
+from there.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
+from gradcache_sparton.engine.config import GradCacheConfig
 from gradcache_sparton.engine.distributed import data_parallel_world_size
-from gradcache_sparton.engine.planner.memory_plan import MemoryPlan
+from gradcache_sparton.engine.option_rules import EngineFacts
+from gradcache_sparton.primitives.column_routing import routes_by_column
 
 __all__ = [
     "DEFAULT_MINI_BATCH_SIZE",
     "StepSettings",
     "checkpointing_on",
+    "encoder_facts",
+    "is_compiled",
     "plans_memory",
     "resolve_settings",
 ]
@@ -45,6 +51,10 @@ class StepSettings:
     (False), or of each column's last ``keep_graphs[column]`` mini-batches (a plan's choice), and Step (3)
     backprops those instead of re-encoding them; ``world_size``: how many ranks' batches the loss sees
     (``gather_across_ranks``: more than one); ``planned``: a ``max_memory`` plan decided them.
+
+    Consistent by construction: under ``cuda_graphs`` no mini-batch reuses an argmax (the records are kept on
+    the host) or keeps its graph (a graphed mini-batch replays its own recorded graph), and mini-batch
+    lengths are rounded to ``GRAPHED_LENGTH_MULTIPLE`` unless a multiple was given (few shapes: few graphs).
     """
 
     mini_batch_size: int | dict[str, int]
@@ -59,6 +69,13 @@ class StepSettings:
     world_size: int
     keep_graphs: bool | dict[str, int] = False
     planned: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cuda_graphs:
+            object.__setattr__(self, "reuse_argmax", False)
+            object.__setattr__(self, "keep_graphs", False)
+            if self.mini_batch_length_multiple is None:
+                object.__setattr__(self, "mini_batch_length_multiple", GRAPHED_LENGTH_MULTIPLE)
 
     def mini_batch_sizes(self, columns: Mapping[str, object]) -> dict[str, int]:
         """Each column's mini-batch size (a mapping was checked to have one entry per column)."""
@@ -101,58 +118,54 @@ class StepSettings:
 
 
 def resolve_settings(
-    config: GradCacheConfig, encoder: object, plan: MemoryPlan | None = None, *, world_size: int | None = None
+    config: GradCacheConfig, facts: EngineFacts, *, world_size: int | None = None
 ) -> StepSettings:
-    """``config`` decided for ``encoder`` (and ``plan``, the options a ``max_memory`` plan chose; its
-    explicit ones were kept when planning). ``world_size``: how many ranks' batches the loss sees (default:
+    """``config`` decided for an encoder with ``facts`` (:func:`encoder_facts`), before any plan.
+    ``world_size``: how many ranks' batches the loss sees (default:
     :func:`~gradcache_sparton.engine.distributed.data_parallel_world_size` of ``gather_across_ranks``).
 
-    Without a plan, what ``max_memory`` would plan takes the engine's defaults: ``DEFAULT_MINI_BATCH_SIZE``
-    rows, no CUDA graphs, dense reps. ``check_replay`` and ``reuse_argmax`` left None are on, off for a
-    compiled encoder (``torch.compile``: its graph-less and graph-recording programs may round differently,
-    and its head records nothing); ``reuse_argmax`` is off under CUDA graphs (its records are kept on the
-    host). ``keep_graphs`` left None is the plan's choice, else off; off under CUDA graphs.
-    ``mini_batch_length_multiple`` left None is ``GRAPHED_LENGTH_MULTIPLE`` under CUDA graphs and for
-    a compiled encoder (few shapes: few graphs, few recompilations). ``gather_across_ranks`` left None
-    gathers when ``torch.distributed`` runs more than one rank.
+    What ``max_memory`` would plan takes the engine's defaults until a plan chooses it
+    (:func:`~gradcache_sparton.engine.planner.memory_plan.choose_plan`, from these settings):
+    ``DEFAULT_MINI_BATCH_SIZE`` rows, no CUDA graphs, dense reps, no graphs kept, activation checkpointing as
+    the model has it. ``check_replay`` and ``reuse_argmax`` left None are on, off for a compiled encoder
+    (``torch.compile``: its graph-less and graph-recording programs may round differently, and its head
+    records nothing). ``mini_batch_length_multiple`` left None is ``GRAPHED_LENGTH_MULTIPLE`` for a compiled
+    encoder (few shapes: few recompilations) and under CUDA graphs (:class:`StepSettings`).
+    ``gather_across_ranks`` left None gathers when ``torch.distributed`` runs more than one rank.
     """
-    compiled = is_compiled(encoder)
-    if plan is None:
-        sizes = config.mini_batch_size
-        if isinstance(sizes, Mapping):
-            sizes = {
-                column: DEFAULT_MINI_BATCH_SIZE if size is None else size for column, size in sizes.items()
-            }
-        mini_batch_size = DEFAULT_MINI_BATCH_SIZE if sizes is None else sizes
-        cuda_graphs, reuse_argmax = bool(config.cuda_graphs), config.reuse_argmax
-        sparse_reps = config.sparse_reps
-        keep_graphs: bool | dict[str, int] = bool(config.keep_graphs)
-        checkpointing = checkpointing_on(encoder)
-    else:
-        mini_batch_size, cuda_graphs = dict(plan.mini_batch_size), plan.cuda_graphs
-        reuse_argmax, sparse_reps = plan.reuse_argmax, plan.sparse_reps
-        keep_graphs = plan.keep_graphs if isinstance(plan.keep_graphs, bool) else dict(plan.keep_graphs)
-        checkpointing = plan.checkpointing
-    if cuda_graphs:
-        reuse_argmax, keep_graphs = False, False
+    sizes = config.mini_batch_size
+    if isinstance(sizes, Mapping):
+        sizes = {column: DEFAULT_MINI_BATCH_SIZE if size is None else size for column, size in sizes.items()}
     length_multiple = config.mini_batch_length_multiple
-    if length_multiple is None and (cuda_graphs or compiled):
+    if length_multiple is None and facts.compiled:
         length_multiple = GRAPHED_LENGTH_MULTIPLE
     if world_size is None:
         world_size = data_parallel_world_size(config.gather_across_ranks)
     return StepSettings(
-        mini_batch_size=mini_batch_size,
+        mini_batch_size=DEFAULT_MINI_BATCH_SIZE if sizes is None else sizes,
         mini_batch_tokens=config.mini_batch_tokens,
         mini_batch_length_multiple=length_multiple,
-        cuda_graphs=cuda_graphs,
-        activation_checkpointing=checkpointing,
-        sparse_reps=sparse_reps or "false",
-        reuse_argmax=not compiled if reuse_argmax is None else reuse_argmax,
-        check_replay=not compiled if config.check_replay is None else config.check_replay,
+        cuda_graphs=bool(config.cuda_graphs),
+        activation_checkpointing=facts.checkpointing,
+        sparse_reps=config.sparse_reps or "false",
+        reuse_argmax=not facts.compiled if config.reuse_argmax is None else config.reuse_argmax,
+        check_replay=not facts.compiled if config.check_replay is None else config.check_replay,
         gather_across_ranks=world_size > 1,
         world_size=world_size,
-        keep_graphs=keep_graphs,
-        planned=plan is not None,
+        keep_graphs=bool(config.keep_graphs),
+    )
+
+
+def encoder_facts(encoder: object, *, data_parallel: bool | None = None) -> EngineFacts:
+    """What the options' rules and the settings read about ``encoder``: a module or a function, whether it
+    routes by column, is compiled, has activation checkpointing on; ``data_parallel`` as the engine knows it
+    (None: not known)."""
+    return EngineFacts(
+        module=isinstance(encoder, nn.Module),
+        routes_by_column=routes_by_column(encoder),
+        data_parallel=data_parallel,
+        compiled=is_compiled(encoder),
+        checkpointing=checkpointing_on(encoder),
     )
 
 
@@ -170,3 +183,14 @@ def checkpointing_on(encoder: object) -> bool:
     if not isinstance(encoder, nn.Module):
         return False
     return any(getattr(module, "gradient_checkpointing", False) is True for module in encoder.modules())
+
+
+def is_compiled(encoder: object) -> bool:
+    """Whether ``encoder`` is, or holds, a module compiled with ``torch.compile`` (a wrapper) or
+    ``nn.Module.compile()`` (in place)."""
+    if not isinstance(encoder, nn.Module):
+        return False
+    return any(
+        hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
+        for module in encoder.modules()
+    )

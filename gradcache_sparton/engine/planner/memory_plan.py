@@ -29,8 +29,8 @@ Every explicit setting is kept (a ``mini_batch_size``, ``cuda_graphs``, ``reuse_
 ``keep_graphs``, checkpointing turned on); the plan only decides how rows are cut and run and how the reps are
 held, never the loss or the gradients (sparse reps give the dense ones up to fp32 summation order): the probe's
 gradients and RNG draws are put back. It logs one line with the measured numbers
-(:meth:`MemoryPlan.describe`) and is kept on the engine (``GradCache.memory_plan``), which decides its
-settings from it (:func:`~gradcache_sparton.engine.settings.resolve_settings`, ``GradCache.settings``).
+(:meth:`MemoryPlan.describe`) and is kept on the engine (``GradCache.memory_plan``), which runs its settings
+(``MemoryPlan.settings``: the engine's settings before the plan, with the options it chose; ``GradCache.settings``).
 
 Off CUDA there is nothing to measure: a size is ignored with one warning, ``"auto"`` quietly. Under data
 parallelism the ranks would have to agree on one plan: a size is refused when the engine is built,
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import Tensor
 
@@ -51,6 +51,7 @@ from gradcache_sparton.engine.checks import rows_of
 from gradcache_sparton.engine.config import GradCacheConfig
 from gradcache_sparton.engine.memory_size import format_bytes
 from gradcache_sparton.engine.option_rules import EngineFacts
+from gradcache_sparton.engine.settings import StepSettings, resolve_settings
 from gradcache_sparton.engine.types import Columns
 
 __all__ = [
@@ -198,18 +199,12 @@ class Footprint:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """The options chosen for a budget, with the numbers they were chosen from."""
+    """What a budget chose, with the numbers it was chosen from: ``settings``, the step's every option decided
+    (the configured ones kept, the plan's choices for those left unset); ``predicted_peak`` and ``resident``,
+    bytes; each column's measured ``fits`` and ``rows``; and the ``reason``, in words."""
 
     budget: int
-    mini_batch_size: dict[str, int]
-    cuda_graphs: bool
-    reuse_argmax: (
-        bool  # the value the step runs: as configured, else the plan's (off where records cost rows)
-    )
-    sparse_reps: str  # "true" / "false" / "auto": as configured, else the layout the plan chose
-    # As configured (True / False), else per column how many of its last mini-batches keep their graph.
-    keep_graphs: bool | dict[str, int]
-    checkpointing: bool
+    settings: StepSettings
     predicted_peak: int
     resident: int
     fits: dict[str, ColumnFit]
@@ -231,66 +226,77 @@ class MemoryPlan:
 
     def describe(self) -> str:
         """One line: what was chosen and why, with the measured numbers."""
+        settings = self.settings
         columns = ", ".join(
             f"{column} {size} rows (probe at length {self.fits[column].length}: "
             f"{format_bytes(self.fits[column].fixed)} + {format_bytes(self.fits[column].per_row)}/row)"
-            for column, size in self.mini_batch_size.items()
+            for column, size in settings.mini_batch_sizes(self.rows).items()
         )
-        reuse = "on" if self.reuse_argmax else "off"
-        reps = {"true": "sparse (non-zeros)", "false": "dense", "auto": "auto (counted dense)"}[
-            self.sparse_reps
-        ]
-        kept = (
-            {True: "all", False: "none"}.get(self.keep_graphs) if isinstance(self.keep_graphs, bool) else None
-        )
-        if isinstance(self.keep_graphs, dict):
-            counts = ", ".join(f"{column} {count}" for column, count in self.keep_graphs.items())
-            kept = counts if any(self.keep_graphs.values()) else "none"
+        reps = {"true": "sparse (non-zeros)", "false": "dense", "auto": "auto (counted dense)"}
+        kept = settings.keep_graphs
+        if isinstance(kept, dict) and any(kept.values()):
+            kept_text = ", ".join(f"{column} {count}" for column, count in kept.items())
+        else:
+            kept_text = "all" if kept is True else "none"
         return (
             f"max_memory {format_bytes(self.budget)}: mini-batches {columns}; CUDA graphs "
-            f"{'on' if self.cuda_graphs else 'off'}, activation checkpointing "
-            f"{'on' if self.checkpointing else 'off'}, reuse_argmax {reuse}, reps {reps}, mini-batches keeping "
-            f"their graph {kept}; predicted peak "
+            f"{'on' if settings.cuda_graphs else 'off'}, activation checkpointing "
+            f"{'on' if settings.activation_checkpointing else 'off'}, reuse_argmax "
+            f"{'on' if settings.reuse_argmax else 'off'}, reps {reps[settings.sparse_reps]}, mini-batches keeping "
+            f"their graph {kept_text}; predicted peak "
             f"{format_bytes(self.predicted_peak)} (resident {format_bytes(self.resident)}); {self.reason}"
         )
 
     def log_values(self) -> dict[str, float]:
         """The plan as numbers for a trainer's logs."""
+        settings = self.settings
         values = {
             "memory_plan_budget_gib": round(self.budget / 2**30, 3),
             "memory_plan_predicted_peak_gib": round(self.predicted_peak / 2**30, 3),
-            "memory_plan_cuda_graphs": float(self.cuda_graphs),
-            "memory_plan_checkpointing": float(self.checkpointing),
+            "memory_plan_cuda_graphs": float(settings.cuda_graphs),
+            "memory_plan_checkpointing": float(settings.activation_checkpointing),
         }
-        values["memory_plan_sparse_reps"] = float(self.sparse_reps == "true")
-        if isinstance(self.keep_graphs, dict):
-            for column, count in self.keep_graphs.items():
+        values["memory_plan_sparse_reps"] = float(settings.sparse_reps == "true")
+        if isinstance(settings.keep_graphs, dict):
+            for column, count in settings.keep_graphs.items():
                 values[f"memory_plan_keep_graphs_{column}"] = float(count)
-        for column, size in self.mini_batch_size.items():
+        for column, size in settings.mini_batch_sizes(self.rows).items():
             values[f"memory_plan_mini_batch_size_{column}"] = float(size)
         return values
 
 
 @dataclass(frozen=True)
 class _Candidate:
-    sizes: dict[str, int]
-    graphs: bool
+    """Settings the plan weighs, with what their memory counts: ``records``, ``reuse_argmax``'s records held
+    (counted also where a compiled encoder's head will record nothing); ``sparse``, the reps held as their
+    non-zeros (``"auto"`` counted dense); the predicted ``peak`` and the ``resident`` bytes."""
+
+    settings: StepSettings
     records: bool
     sparse: bool
     peak: int
     resident: int
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Each column's mini-batch rows (a plan's settings name every column)."""
+        sizes = self.settings.mini_batch_size
+        assert isinstance(sizes, dict)
+        return sizes
+
 
 @dataclass(frozen=True)
 class _Problem:
-    """What :func:`choose_plan` plans for: the budget in bytes, each column's rows, what stays resident, and
-    the options set explicitly."""
+    """What :func:`choose_plan` plans for: the budget in bytes, each column's rows, what stays resident, the
+    options as asked (``config``: None where the plan chooses), the encoder's facts and the settings before
+    any plan (``base``: the configured options decided, :func:`~gradcache_sparton.engine.settings.resolve_settings`)."""
 
     budget: int
     rows: Mapping[str, int]
     footprint: Footprint
     config: GradCacheConfig
     facts: EngineFacts
+    base: StepSettings
 
     @property
     def explicit(self) -> dict[str, int | None]:
@@ -311,12 +317,14 @@ def choose_plan(
     config: GradCacheConfig,
     facts: EngineFacts | None = None,
 ) -> MemoryPlan:
-    """The fastest options whose predicted peak stays within ``budget`` bytes (less ``PLAN_MARGIN``).
+    """The fastest settings whose predicted peak stays within ``budget`` bytes (less ``PLAN_MARGIN``), as the
+    plan's :class:`~gradcache_sparton.engine.settings.StepSettings` (``MemoryPlan.settings``: what the step runs).
 
     ``measure(checkpointing)`` gives each column's :class:`ColumnFit` (called again with True only when
     nothing fits without checkpointing). Mini-batch rows never exceed a column's ``rows``. ``config``: the
-    options as the user gave them (each left unset is planned, each set is kept); ``facts``: the encoder's
-    (activation checkpointing on or possible, CUDA graphs possible).
+    options as the user gave them (each left unset is planned, each set is kept, as
+    :func:`~gradcache_sparton.engine.settings.resolve_settings` decides it); ``facts``: the encoder's
+    (compiled, activation checkpointing on or possible, CUDA graphs possible).
 
     The rep cache, when ``sparse_reps`` is left unset: dense first, sparse (the reps and their gradients
     kept as their non-zeros) only where no dense plan fits in that checkpointing mode, i.e. where dense
@@ -332,7 +340,7 @@ def choose_plan(
             possible, and sparse reps where left unset) and no mini-batch size was set explicitly.
     """
     facts = EngineFacts() if facts is None else facts
-    problem = _Problem(budget, rows, footprint, config, facts)
+    problem = _Problem(budget, rows, footprint, config, facts, resolve_settings(config, facts))
     modes = [True] if facts.checkpointing else [False, *([True] if facts.can_checkpoint else [])]
     layouts = [False, True] if config.sparse_reps is None else [config.sparse_reps == "true"]
     last: tuple[bool, dict[str, ColumnFit], _Candidate] | None = None
@@ -368,6 +376,7 @@ def _candidates(
     problem: _Problem, fits: Mapping[str, ColumnFit], checkpointing: bool, sparse: bool
 ) -> list[_Candidate]:
     usable, rows, footprint, config = problem.usable, problem.rows, problem.footprint, problem.config
+    compiled_default = config.reuse_argmax is None and problem.facts.compiled  # its head records nothing
     graphs_options = [False]
     if config.cuda_graphs is True:  # asked for: kept (the engine says if it cannot run them)
         graphs_options = [True]
@@ -393,7 +402,18 @@ def _candidates(
                 fits[c].graphed_peak(sizes[c]) if graphs else fits[c].peak(sizes[c]) for c in rows
             )
             peak = max(resident + mini_batch, footprint.loss_peak(sparse=sparse))
-            candidates.append(_Candidate(sizes, graphs, records, sparse, int(peak), resident))
+            settings = replace(
+                problem.base,
+                mini_batch_size=sizes,
+                cuda_graphs=graphs,
+                activation_checkpointing=checkpointing,
+                # Left to its default: on where the plan counts its records, off for a compiled encoder and
+                # under CUDA graphs (StepSettings).
+                reuse_argmax=records and not compiled_default,
+                sparse_reps=config.sparse_reps or ("true" if sparse else "false"),
+                planned=True,
+            )
+            candidates.append(_Candidate(settings, records, sparse, int(peak), resident))
     return candidates
 
 
@@ -408,8 +428,8 @@ def _pick(candidates: list[_Candidate], problem: _Problem) -> _Candidate | None:
         enough = all(candidate.sizes[c] >= min(MIN_ROWS, rows[c]) for c in planned)
         return enough and candidate.peak <= usable
 
-    eager = [c for c in candidates if not c.graphs and fitting(c)]
-    graphed = [c for c in candidates if c.graphs and fitting(c)]
+    eager = [c for c in candidates if not c.settings.cuda_graphs and fitting(c)]
+    graphed = [c for c in candidates if c.settings.cuda_graphs and fitting(c)]
     best = None
     if eager:
         on = next((c for c in eager if c.records), None)
@@ -437,7 +457,7 @@ def _plan(
         reasons.append(
             f"WARNING: the explicit mini_batch_size is predicted to exceed the budget less {PLAN_MARGIN:.0%}"
         )
-    if chosen.graphs and config.cuda_graphs is None:
+    if chosen.settings.cuda_graphs and config.cuda_graphs is None:
         reasons.append(
             f"CUDA graphs: the largest eager mini-batch that fits is under {GRAPHS_BELOW_ROWS} rows"
         )
@@ -459,7 +479,7 @@ def _plan(
         reasons.append("the whole batch fits in one mini-batch per column")
     sizes, peak = dict(chosen.sizes), chosen.peak
     kept = dict.fromkeys(rows, 0) if config.keep_graphs is None else None
-    if config.keep_graphs is not False and not chosen.graphs and chosen.peak <= usable:
+    if config.keep_graphs is not False and not chosen.settings.cuda_graphs and chosen.peak <= usable:
         # Graphs kept from Step (1) to Step (3) sit beside the reps, the loss's temporaries or the backward
         # of another kept one; the other mini-batches run before them (Step (1)) and after them (Step (3)).
         held = max(footprint.loss_peak(sparse=chosen.sparse), chosen.resident)
@@ -485,16 +505,10 @@ def _plan(
                 )
     if not reasons:
         reasons.append("the largest mini-batches within the budget")
+    settings = replace(chosen.settings, mini_batch_size={c: max(1, sizes[c]) for c in rows})
     return MemoryPlan(
         budget=problem.budget,
-        mini_batch_size={c: max(1, sizes[c]) for c in rows},
-        cuda_graphs=chosen.graphs,
-        # Left to its default: on where the plan kept its records, off for a compiled encoder (nothing to
-        # record) and under CUDA graphs (chosen.records is False there).
-        reuse_argmax=chosen.records and not (config.reuse_argmax is None and problem.facts.compiled),
-        sparse_reps=config.sparse_reps or ("true" if chosen.sparse else "false"),
-        keep_graphs=kept if config.keep_graphs is None else config.keep_graphs,
-        checkpointing=checkpointing,
+        settings=settings if kept is None else replace(settings, keep_graphs=kept),
         predicted_peak=peak,
         resident=chosen.resident,
         fits=fits,

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from gradcache_sparton.engine.autocast_state import AutocastState
 from gradcache_sparton.engine.checks import rows_of
-from gradcache_sparton.engine.config import GradCacheConfig, is_compiled
+from gradcache_sparton.engine.config import GradCacheConfig
 from gradcache_sparton.engine.cuda_graphs import recording_stream
 from gradcache_sparton.engine.grad_state import GradState
 from gradcache_sparton.engine.memory_size import AUTO, size_bytes
@@ -35,14 +35,12 @@ from gradcache_sparton.engine.planner.memory_plan import (
     Footprint,
     MemoryPlan,
     choose_plan,
-    # Private to the engine, kept as they are: how the plan reads a column's rows and padded length,
-    # which the probe must read the same way.
-    padded_length,
+    padded_length,  # how the plan reads a column's padded length, which the probe must read the same way
 )
 from gradcache_sparton.engine.rng_state import cuda_devices_of
 from gradcache_sparton.engine.settings import DEFAULT_MINI_BATCH_SIZE, checkpointing_on, plans_memory
 from gradcache_sparton.engine.types import Columns
-from gradcache_sparton.primitives.column_routing import call_encoder, routes_by_column
+from gradcache_sparton.primitives.column_routing import call_encoder
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
 
 __all__ = ["MemoryPlanner", "measure_fits"]
@@ -79,26 +77,22 @@ class MemoryPlanner:
     Args:
         config: the options as given (before the engine's automatic defaults), with ``max_memory`` set.
         encoder: the engine's encoder.
-        data_parallel: the engine runs under data parallelism (a size is refused: the ranks would have to
-            agree on one plan; ``"auto"`` is ignored).
+        facts: the engine's facts about it
+            (:func:`~gradcache_sparton.engine.settings.encoder_facts`); under data parallelism a size is
+            refused (the ranks would have to agree on one plan) and ``"auto"`` ignored.
 
     Attributes:
         plan: the plan in effect (None before the first planned step, or where nothing is planned).
     """
 
-    def __init__(self, config: GradCacheConfig, encoder: object, *, data_parallel: bool) -> None:
-        check_option_rules(config, EngineFacts(data_parallel=data_parallel))
+    def __init__(self, config: GradCacheConfig, encoder: object, facts: EngineFacts) -> None:
+        check_option_rules(config, facts)
         self.config = config
         self.encoder = encoder
-        self._facts = EngineFacts(
-            module=isinstance(encoder, nn.Module),
-            routes_by_column=routes_by_column(encoder),
-            data_parallel=data_parallel,
-            compiled=is_compiled(encoder),
-        )
+        self._facts = facts
         self.plan: MemoryPlan | None = None
-        self._off = data_parallel
-        if data_parallel:
+        self._off = facts.data_parallel is True
+        if self._off:
             logger.info("max_memory auto is not planned under data parallelism: the engine's defaults apply")
         self._planned_once = False
         self._counted_sparse = False  # the plan counted the reps as their non-zeros
@@ -167,7 +161,7 @@ class MemoryPlanner:
                 checked = _fits_checked_at(plan, columns, autocast, trained, device, self.encoder, room=room)
                 if checked is None:
                     break
-                measured[plan.checkpointing] = checked
+                measured[plan.settings.activation_checkpointing] = checked
                 plan = choose_plan(budget, rows, fits_for, footprint, self.config, facts)
         except ValueError:
             if owner is not None and not checkpointing and checkpointing_on(self.encoder):
@@ -178,16 +172,16 @@ class MemoryPlanner:
         if (
             owner is not None
             and not checkpointing
-            and not plan.checkpointing
+            and not plan.settings.activation_checkpointing
             and checkpointing_on(self.encoder)
         ):
             owner.gradient_checkpointing_disable()
         self.plan = plan
         self._planned_once = True
-        self._counted_sparse = plan.sparse_reps == "true"
+        self._counted_sparse = plan.settings.sparse_reps == "true"
         over = plan.predicted_peak > budget * (1 - PLAN_MARGIN)  # an explicit mini_batch_size kept
         logger.log(logging.WARNING if over else logging.INFO, "%s", plan.describe())
-        if owner is not None and plan.checkpointing and not checkpointing:
+        if owner is not None and plan.settings.activation_checkpointing and not checkpointing:
             logger.info(
                 "max_memory: activation checkpointing turned on in %s (gradient_checkpointing_enable, "
                 "non-reentrant); it stays on for this model",
@@ -310,7 +304,7 @@ def _fits_checked_at(
     where it peaks above the prediction; None where none does (``peak_bytes`` and ``room`` as in
     :func:`measure_fits`)."""
     fits, raised = dict(plan.fits), False
-    for column, size in plan.mini_batch_size.items():
+    for column, size in plan.settings.mini_batch_sizes(plan.rows).items():
         if size <= max(PROBE_ROWS):
             continue
         part = {column: columns[column]}
