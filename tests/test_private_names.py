@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gradcache_sparton"
 
-# Each crossing left, with its reason in a comment at the import (memory_probe.py, crossval/protocol.py,
+# Each crossing left, with its reason in a comment at the import (crossval/protocol.py,
 # crossval/merge.py). A new one is a seam to name: make the name public in its module's __all__.
 MAX_CROSSINGS = 8
 
