@@ -32,13 +32,12 @@ from gradcache_sparton.kernels import HEAD_ACTIVATIONS, check_head_activation
 from gradcache_sparton.losses import SpladeLossConfig
 from gradcache_sparton.primitives.option_field import option
 from gradcache_sparton.primitives.option_types import check_value_types
+from gradcache_sparton.primitives.query_encoders import QUERY_ENCODERS
 
 __all__ = [
     "BACKBONE_PRESETS",
     "INIT_DECODER_BIAS_SIGMAS",
-    "QUERY_ENCODERS",
     "QUERY_TABLE_LEARNING_RATE_SCALE",
-    "TABLE_QUERY_ENCODERS",
     "CachedSpladeTrainingArguments",
     "DataArguments",
     "ModelArguments",
@@ -72,11 +71,6 @@ INIT_DECODER_BIAS_SIGMAS = 2.2
 # A trained query table's learning rate over the encoder's by default: sentence-transformers' ratio (1e-3 against
 # 2e-5), measured on the shipped dev sample in docs/inference_free.md.
 QUERY_TABLE_LEARNING_RATE_SCALE = 50
-
-#: ``query_encoder``'s inference-free choices: a weight table, fixed, trained, or computed from the embeddings.
-TABLE_QUERY_ENCODERS = ("idf", "learned_idf", "li_lsr")
-#: ``query_encoder``'s choices: the siamese SPLADE encoder, or an inference-free table.
-QUERY_ENCODERS = ("splade", *TABLE_QUERY_ENCODERS)
 
 
 def _has_accelerator() -> bool:

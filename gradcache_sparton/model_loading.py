@@ -24,13 +24,13 @@ from gradcache_sparton.modeling import (
     SpladeEncoder,
     check_checkpoint_files,
     check_max_length,
-    has_query_table,
     idf_weights,
     li_lsr_table_from,
-    load_query_table,
+    load_query_encoder,
     position_limit,
     read_splade_config,
 )
+from gradcache_sparton.primitives.query_encoders import SIAMESE_QUERY_ENCODER
 from gradcache_sparton.resources import SHIPPED_MODELS, default_tokenizer_path, shipped_model_path
 
 if TYPE_CHECKING:
@@ -176,33 +176,35 @@ def build_encoder(
     unless ``mask_special_tokens`` is given (True: mask the tokenizer's special ids, False: none) or
     ``prefix_length`` / ``bidirectional`` / ``echo`` / ``activation_function`` are.
 
-    The query side (``query_encoder``): a folder with a ``query_table.safetensors`` loads as an
-    :class:`~gradcache_sparton.modeling.InferenceFreeEncoder` unless ``query_encoder="splade"`` (then its
-    document encoder, siamese). ``"idf"`` / ``"learned_idf"`` give an inference-free model whose table is
-    frozen / trained, taken from the checkpoint, else the IDF of ``idf_documents`` (the training documents;
-    ``ValueError`` if there are none); ``"li_lsr"`` a :class:`~gradcache_sparton.modeling.LiLsrTable`, the
-    checkpoint's, else fitted to that table over the document encoder's input embeddings. A Li-LSR
-    checkpoint read as ``idf`` / ``learned_idf`` gives the table it induces."""
-    encoder = _build_document_encoder(model_args, tokenizer)
+    The query encoder (docs/inference_free.md): ``model_args.query_encoder`` if given, else the one the
+    checkpoint folder records (:func:`~gradcache_sparton.modeling.load_query_encoder`; a folder from before
+    the record: its query table's if it has one, else ``"splade"``). The flag decides this model's query
+    encoder and the folder's table is where a table starts: ``"splade"`` gives the document encoder
+    (siamese); ``"idf"`` / ``"learned_idf"`` an :class:`~gradcache_sparton.modeling.InferenceFreeEncoder`
+    whose table is frozen / trained, the checkpoint's, else the IDF of ``idf_documents`` (the training
+    documents; ``ValueError`` if there are none); ``"li_lsr"`` a
+    :class:`~gradcache_sparton.modeling.LiLsrTable`, the checkpoint's, else fitted to that table over the
+    document encoder's input embeddings. A Li-LSR checkpoint read as ``idf`` / ``learned_idf`` gives the
+    table it induces. ``ValueError`` naming the files, before any weights load, for a folder whose recorded
+    query encoder its files contradict."""
     folder = _local_folder(model_args.model_name_or_path)
-    table = load_query_table(folder) if folder is not None and has_query_table(folder) else None
-    kind = model_args.query_encoder
-    if kind is None:
-        saved = None if table is None else ("li_lsr" if isinstance(table, LiLsrTable) else None)
-        kind = saved or ("splade" if table is None else ("idf" if table.frozen else "learned_idf"))
-    if kind == "splade":
-        if table is not None:
-            logger.info("query_encoder='splade': the checkpoint's query table is not used (siamese queries).")
+    saved, table = load_query_encoder(folder) if folder is not None else (SIAMESE_QUERY_ENCODER, None)
+    query_encoder = model_args.query_encoder or saved
+    if query_encoder != saved:
+        logger.info("query_encoder=%r over a checkpoint whose query encoder is %r.", query_encoder, saved)
+    encoder = _build_document_encoder(model_args, tokenizer)
+    if query_encoder == SIAMESE_QUERY_ENCODER:
         return encoder
     if table is None:
         if idf_documents is None:
             raise ValueError(
-                f"query_encoder={kind!r} needs a query table: model_name_or_path has no query_table.safetensors "
-                "and there are no training documents to compute the IDF from (`gradcache-sparton idf` writes one)"
+                f"query_encoder={query_encoder!r} needs a query table: model_name_or_path has no "
+                "query_table.safetensors and there are no training documents to compute the IDF from "
+                "(`gradcache-sparton idf` writes one)"
             )
         table = QueryTable(idf_weights(idf_documents, tokenizer), special_token_ids=tokenizer.all_special_ids)
         logger.info("Query table: the IDF of the training documents.")
-    if kind == "li_lsr" and not isinstance(table, LiLsrTable):
+    if query_encoder == "li_lsr" and not isinstance(table, LiLsrTable):
         table, fit = li_lsr_table_from(table, encoder.model.get_input_embeddings().weight)
         logger.info(
             "Query table: Li-LSR over the input embeddings, fitted to the IDF over %d tokens (RMSE %.3f, "
@@ -211,12 +213,13 @@ def build_encoder(
             fit["fit_rmse"],
             fit["fit_correlation"],
         )
-    elif kind != "li_lsr" and isinstance(table, LiLsrTable):
+    elif query_encoder != "li_lsr" and isinstance(table, LiLsrTable):
         logger.info(
-            "query_encoder=%r: the checkpoint's Li-LSR table is used as the fixed table it induces.", kind
+            "query_encoder=%r: the checkpoint's Li-LSR table is used as the fixed table it induces.",
+            query_encoder,
         )
         table = QueryTable(table.weight.detach(), special_token_ids=table.special_token_ids)
-    table.requires_grad_(kind != "idf")
+    table.requires_grad_(query_encoder != "idf")
     return InferenceFreeEncoder.from_document_encoder(encoder, table)
 
 

@@ -25,12 +25,7 @@ import torch
 from transformers import PreTrainedTokenizerBase, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
-from gradcache_sparton.arguments import (
-    TABLE_QUERY_ENCODERS,
-    CachedSpladeTrainingArguments,
-    DataArguments,
-    ModelArguments,
-)
+from gradcache_sparton.arguments import CachedSpladeTrainingArguments, DataArguments, ModelArguments
 from gradcache_sparton.data import (
     DEFAULT_BEIR_NAME,
     BeirData,
@@ -75,11 +70,12 @@ from gradcache_sparton.modeling import (
     InferenceFreeEncoder,
     QueryTable,
     SpladeEncoder,
-    has_query_table,
     idf_weights,
+    load_query_encoder,
     save_query_table,
     write_token_weights,
 )
+from gradcache_sparton.primitives.query_encoders import INFERENCE_FREE_QUERY_ENCODERS
 from gradcache_sparton.run_checks import validate_run
 from gradcache_sparton.run_state import TrainingStopped, output_dir_lock
 from gradcache_sparton.trainer import CachedSpladeTrainer
@@ -200,7 +196,9 @@ def _run_training(
     )
     set_seed(training_args.seed)  # the random init too, not only what the Trainer seeds later
     idf_documents = (
-        _training_documents(train_dataset) if model_args.query_encoder in TABLE_QUERY_ENCODERS else None
+        _training_documents(train_dataset)
+        if model_args.query_encoder in INFERENCE_FREE_QUERY_ENCODERS
+        else None
     )
     encoder = build_encoder(model_args, tokenizer, idf_documents=idf_documents)
     encoder.lora = None  # this run's record, not a loaded checkpoint's
@@ -438,7 +436,7 @@ def _check_query_weights_file(model_name_or_path: str, output_file: Path, *, ove
     """An inference-free model's table goes beside the exported file (:func:`query_weights_file`): like
     ``output_file``, it must not exist unless ``overwrite``."""
     location = resolve_model_location(model_name_or_path)
-    if Path(location).is_dir() and has_query_table(location):
+    if Path(location).is_dir() and load_query_encoder(location)[0] in INFERENCE_FREE_QUERY_ENCODERS:
         check_output_path(query_weights_file(output_file), overwrite=overwrite, suffixes=(".json",))
 
 
@@ -538,8 +536,8 @@ def run_idf(
     the IDF of a BEIR corpus (``"default"``: the shipped SciFact dev sample) under its tokenizer.
 
     ``output_dir`` receives the document encoder's checkpoint and tokenizer (unless it is the model's own
-    folder, which then only gains the table), ``query_table.safetensors`` and ``idf.json``
-    (docs/inference_free.md), and where sentence-transformers has the model's equivalent (a masked LM, the
+    folder, which then only gains the table and its ``splade_config.json`` the ``query_encoder`` ``"idf"``),
+    ``query_table.safetensors`` and ``idf.json`` (docs/inference_free.md), and where sentence-transformers has the model's equivalent (a masked LM, the
     tokenizer in the folder) its inference-free ``Router`` files (documents truncated at the checkpoint's
     ``document_max_length``, else the backbone's positions). ``ValueError`` before any work, unless
     ``overwrite``, if ``output_dir`` already has a query table or ``idf.json``, or, when it is not the model's
@@ -563,7 +561,7 @@ def run_idf(
             raise ValueError(
                 f"output_dir {str(output_dir)!r} is not the model's folder and holds files ({', '.join(held[:5])}"
                 f"{', ...' if len(held) > 5 else ''}) that the document encoder's would replace: give a new or "
-                "empty folder, the model's own folder (only the table files are added), or overwrite=True (CLI: "
+                "empty folder, the model's own folder (only the table files and its query encoder's record are added), or overwrite=True (CLI: "
                 "--overwrite)"
             )
     beir_path = beir_folder(beir_path)
@@ -574,12 +572,14 @@ def run_idf(
     tokenizer = build_tokenizer(model_args)
     encoder = build_encoder(model_args, tokenizer)  # the document side (a table the model had is replaced)
     table = QueryTable(idf_weights(texts, tokenizer), special_token_ids=tokenizer.all_special_ids)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if not own_folder:
-        encoder.save_pretrained(output_dir, tokenizer=tokenizer)
-    save_query_table(table, output_dir)
-    write_token_weights(table, tokenizer, output_dir / TOKEN_WEIGHTS_NAME)
     inference_free = InferenceFreeEncoder.from_document_encoder(encoder, table)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if own_folder:  # the table, and its query encoder recorded in the folder's splade_config.json
+        save_query_table(table, output_dir)
+        inference_free.write_splade_config(output_dir)
+    else:
+        inference_free.save_pretrained(output_dir, tokenizer=tokenizer)
+    write_token_weights(table, tokenizer, output_dir / TOKEN_WEIGHTS_NAME)
     has_tokenizer = any((output_dir / name).is_file() for name in ("tokenizer_config.json", "vocab.txt"))
     if has_tokenizer and sentence_transformers_can_load(inference_free):
         length = (

@@ -64,12 +64,13 @@ def test_l0_encoder_saves_and_loads_its_activation(backbone_dir, tmp_path) -> No
 
 
 def test_relu_folders_keep_their_file_and_older_folders_load_as_relu(backbone_dir, tmp_path) -> None:
-    """The default activation is not written (the two-key file older versions read), and a splade_config.json
-    without the field, as every older folder has, loads with relu."""
+    """The default activation is not written (pooling, masked ids and the query encoder are), and a
+    splade_config.json without the field, as every older folder has, loads with relu."""
     SpladeEncoder.from_pretrained(backbone_dir).save_pretrained(tmp_path / "relu")
     assert set(json.loads((tmp_path / "relu" / "splade_config.json").read_text())) == {
         "pooling",
         "special_token_ids",
+        "query_encoder",
     }
     assert SpladeEncoder.from_pretrained(tmp_path / "relu").activation_function == "relu"
 

@@ -38,7 +38,8 @@ def idf_command(argv: Sequence[str]) -> int:
         type=Path,
         required=True,
         help="the inference-free model's folder: the document encoder, query_table.safetensors and idf.json "
-        "(the model's own folder: only the table files are added).",
+        "(the model's own folder: only the table files are added, and query_encoder 'idf' recorded in its "
+        "splade_config.json).",
     )
     parser.add_argument(
         "--overwrite",

@@ -12,6 +12,8 @@
   model (a weight per token, e.g. the corpus's IDF), its file ``query_table.safetensors`` and ``idf.json``;
 - :mod:`~gradcache_sparton.modeling.li_lsr`: :class:`LiLsrTable`, a query table computed from the token
   embeddings by D + 1 trained numbers (Li-LSR), started from a given table (:func:`li_lsr_table_from`);
+- :mod:`~gradcache_sparton.modeling.query_encoder`: :func:`load_query_encoder`, what encodes a saved model's
+  queries (``splade_config.json``'s ``query_encoder``, checked against the folder's files);
 - :mod:`~gradcache_sparton.modeling.inference_free`: :class:`InferenceFreeEncoder`, the table for queries
   and the SPLADE encoder for documents in one module, routed by column.
 """
@@ -23,6 +25,7 @@ from gradcache_sparton.modeling.backbones import (
     supported_masked_lm_classes,
 )
 from gradcache_sparton.modeling.checkpoint import (
+    QUERY_ENCODER_FIELD,
     SPLADE_CONFIG_NAME,
     TRAINING_OPTIONS,
     check_checkpoint_files,
@@ -34,6 +37,7 @@ from gradcache_sparton.modeling.encoder import SpladeEncoder
 from gradcache_sparton.modeling.inference_free import InferenceFreeEncoder
 from gradcache_sparton.modeling.li_lsr import LiLsrTable, li_lsr_table_from
 from gradcache_sparton.modeling.llm import default_special_token_ids
+from gradcache_sparton.modeling.query_encoder import load_query_encoder
 from gradcache_sparton.modeling.query_table import (
     QUERY_TABLE_NAME,
     TOKEN_WEIGHTS_NAME,
@@ -47,6 +51,7 @@ from gradcache_sparton.modeling.query_table import (
 )
 
 __all__ = [
+    "QUERY_ENCODER_FIELD",
     "QUERY_TABLE_NAME",
     "SPLADE_CONFIG_NAME",
     "TOKEN_WEIGHTS_NAME",
@@ -62,6 +67,7 @@ __all__ = [
     "idf_weights",
     "li_lsr_table_from",
     "load_backbone",
+    "load_query_encoder",
     "load_query_table",
     "position_limit",
     "query_table_parameters",

@@ -3,8 +3,10 @@ checked before any weights load, and weights loaded only when every tensor of th
 
 ``SpladeEncoder.save_pretrained`` writes what the backbone writes (one tied [V, D] matrix, safetensors)
 and ``splade_config.json`` (pooling, masked ids, the decoder-only options, the head's activation when it
-is not the default ``"relu"``, how it was trained), which ``AutoModelForMaskedLM`` ignores. A file without
-``activation_function`` (every folder written before it existed) reads as ``"relu"``.
+is not the default ``"relu"``, how it was trained, the model's ``query_encoder``), which
+``AutoModelForMaskedLM`` ignores. A file without ``activation_function`` (every folder written before it
+existed) reads as ``"relu"``; one without ``query_encoder`` has the query encoder its files hold
+(:mod:`.query_encoder`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from gradcache_sparton.kernels import DEFAULT_HEAD_ACTIVATION, HEAD_ACTIVATIONS
+from gradcache_sparton.primitives.query_encoders import QUERY_ENCODERS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = [
     "CONFIG_LOCATION_KWARGS",
+    "QUERY_ENCODER_FIELD",
     "SPLADE_CONFIG_NAME",
     "TRAINING_OPTIONS",
     "backbone_state_dict",
@@ -49,6 +53,9 @@ _MAX_LENGTHS = ("query_max_length", "document_max_length")
 _LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 #: How the checkpoint was trained (max lengths, ``lora``), saved in splade_config.json when known.
 TRAINING_OPTIONS = (*_MAX_LENGTHS, "lora")
+#: The field of splade_config.json recording what encodes the model's queries (one of ``QUERY_ENCODERS``):
+#: a record of the folder, not an encoder option.
+QUERY_ENCODER_FIELD = "query_encoder"
 
 # Hub-location arguments of ``from_pretrained`` that also apply to reading the config alone.
 CONFIG_LOCATION_KWARGS = ("cache_dir", "revision", "subfolder", "token", "local_files_only")
@@ -84,7 +91,7 @@ def read_splade_config(path: str, **location: Any) -> dict[str, Any]:
     if file is None or not os.path.isfile(file):
         return _sentence_transformers_activation(folder) if os.path.isdir(path) else {}
     options = read_json_file(file)
-    optional = (*_DECODER_OPTIONS, *_HEAD_OPTIONS, *TRAINING_OPTIONS)
+    optional = (*_DECODER_OPTIONS, *_HEAD_OPTIONS, *TRAINING_OPTIONS, QUERY_ENCODER_FIELD)
     if not isinstance(options, dict) or set(options) - {"pooling", "special_token_ids", *optional}:
         raise ValueError(
             f"{file} must hold a JSON object with pooling and special_token_ids (and optionally "
@@ -101,6 +108,10 @@ def read_splade_config(path: str, **location: Any) -> dict[str, Any]:
             raise ValueError(f"{file}: {name} must be a positive int, got {value!r}")
     if "lora" in options:
         _check_lora_record(options["lora"], file)
+    if QUERY_ENCODER_FIELD in options and options[QUERY_ENCODER_FIELD] not in QUERY_ENCODERS:
+        raise ValueError(
+            f"{file}: {QUERY_ENCODER_FIELD} must be one of {list(QUERY_ENCODERS)}, got {options[QUERY_ENCODER_FIELD]!r}"
+        )
     return options
 
 

@@ -43,6 +43,7 @@ from gradcache_sparton.modeling.backbones import (
 )
 from gradcache_sparton.modeling.checkpoint import (
     CONFIG_LOCATION_KWARGS,
+    QUERY_ENCODER_FIELD,
     SPLADE_CONFIG_NAME,
     TRAINING_OPTIONS,
     backbone_state_dict,
@@ -56,6 +57,7 @@ from gradcache_sparton.modeling.llm import (
     default_special_token_ids,
     echo_inputs,
 )
+from gradcache_sparton.primitives.query_encoders import SIAMESE_QUERY_ENCODER
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -65,7 +67,7 @@ __all__ = ["SpladeEncoder"]
 # SPLADE v2 and later max-pool over the sequence; that is the only pooling the fused head computes.
 _POOLINGS = ("max",)
 # The options beyond pooling and masked ids with their defaults: splade_config.json and the repr name
-# only those that differ, so a checkpoint with the defaults keeps the two-key file older versions read.
+# only those that differ.
 _OPTION_DEFAULTS = {
     "prefix_length": 0,
     "bidirectional": False,
@@ -243,11 +245,13 @@ class SpladeEncoder(nn.Module):
         checkpoint's ``splade_config.json`` if it has one, else to ``"max"``, :func:`default_special_token_ids`
         and the other options' defaults (``activation_function="relu"``); how it was trained (``query_max_length``, ``document_max_length``,
         ``lora``) comes from there too. The config is read and the family checked before
-        any weights load.
+        any weights load. Of an inference-free folder (its ``query_encoder`` a table) this loads the document
+        encoder, as a siamese model.
         """
         path = os.fspath(pretrained_model_name_or_path)
         location = {k: model_kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in model_kwargs}
         options = read_splade_config(path, **location)
+        options.pop(QUERY_ENCODER_FIELD, None)  # what encodes the folder's queries: read by model_loading
         trained = {name: options.pop(name) for name in TRAINING_OPTIONS if name in options}
         if pooling is not None:
             options["pooling"] = pooling
@@ -283,6 +287,11 @@ class SpladeEncoder(nn.Module):
     def vocab_size(self) -> int:
         """V, the decoder's output size: the width of the reps."""
         return self.head.vocab_size
+
+    @property
+    def query_encoder(self) -> str:
+        """What encodes this model's queries (``splade_config.json``'s ``query_encoder``): ``"splade"``, itself."""
+        return SIAMESE_QUERY_ENCODER
 
     @property
     def activation_function(self) -> str:
@@ -439,7 +448,8 @@ class SpladeEncoder(nn.Module):
         is_main_process: bool = True,
         **kwargs: Any,
     ) -> None:
-        """Write a standard masked-LM checkpoint (safetensors), the tokenizer and ``splade_config.json``.
+        """Write a standard masked-LM checkpoint (safetensors), the tokenizer and ``splade_config.json`` (its
+        options and the model's :attr:`query_encoder`).
 
         ``AutoModelForMaskedLM.from_pretrained(save_directory)`` loads the result unchanged. Accepts the
         Trainer's call ``save_pretrained(output_dir, state_dict=..., safe_serialization=...)``: a given
@@ -457,16 +467,22 @@ class SpladeEncoder(nn.Module):
         )
         if not is_main_process:
             return
+        self.write_splade_config(save_directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(save_directory)
+
+    def write_splade_config(self, save_directory: str | os.PathLike) -> None:
+        """Write ``save_directory/splade_config.json``: the options (those off their defaults), how the model
+        was trained and its :attr:`query_encoder` (:mod:`.checkpoint`)."""
         options = {"pooling": self.pooling, "special_token_ids": list(self.special_token_ids)}
         options.update(self._changed_options())  # only those off their defaults: _OPTION_DEFAULTS
         options.update(
             {name: getattr(self, name) for name in TRAINING_OPTIONS if getattr(self, name) is not None}
         )
+        options[QUERY_ENCODER_FIELD] = self.query_encoder
         with open(os.path.join(save_directory, SPLADE_CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(options, f, indent=2)
             f.write("\n")
-        if tokenizer is not None:
-            tokenizer.save_pretrained(save_directory)
 
     def _pooling_options(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _OPTION_DEFAULTS}

@@ -12,9 +12,10 @@ learned table's gradient is synchronised under DDP like the encoder's when the q
 a document column (as the training data's columns do): see :meth:`InferenceFreeEncoder.forward`.
 
 On disk it is the document encoder's checkpoint (a standard masked-LM folder with its
-``splade_config.json``) plus ``query_table.safetensors`` (:mod:`.query_table`): a folder with that file
-loads as this model (:meth:`InferenceFreeEncoder.from_pretrained`), the same folder without it as the
-siamese :class:`SpladeEncoder`, and ``AutoModelForMaskedLM`` reads the document encoder alone.
+``splade_config.json``, whose ``query_encoder`` records the table's name, :mod:`.query_encoder`) plus
+``query_table.safetensors`` (:mod:`.query_table`): such a folder loads as this model
+(:meth:`InferenceFreeEncoder.from_pretrained`), its document encoder as the siamese :class:`SpladeEncoder`,
+and ``AutoModelForMaskedLM`` reads the document encoder alone.
 """
 
 from __future__ import annotations
@@ -28,13 +29,8 @@ from torch import Tensor
 
 from gradcache_sparton.data.columns import QUERY_COLUMN
 from gradcache_sparton.modeling.encoder import SpladeEncoder
-from gradcache_sparton.modeling.query_table import (
-    QUERY_TABLE_NAME,
-    QueryTable,
-    has_query_table,
-    load_query_table,
-    save_query_table,
-)
+from gradcache_sparton.modeling.query_encoder import load_query_encoder
+from gradcache_sparton.modeling.query_table import QueryTable, save_query_table
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -93,17 +89,25 @@ class InferenceFreeEncoder(SpladeEncoder):
         """Load a local inference-free folder: the document encoder (``SpladeEncoder.from_pretrained`` with
         ``kwargs``) and its ``query_table.safetensors`` (``frozen`` None: as saved).
 
-        ``ValueError`` naming the folder if it has no query table (a siamese checkpoint: load it with
-        :class:`SpladeEncoder`, or build a table with ``gradcache-sparton idf``).
+        ``ValueError`` naming the folder if its query encoder is ``"splade"`` (a siamese checkpoint: load it
+        with :class:`SpladeEncoder`, or build a table with ``gradcache-sparton idf``), and naming the files if
+        the recorded query encoder contradicts them (:func:`~.query_encoder.load_query_encoder`).
         """
         path = os.fspath(pretrained_model_name_or_path)
-        if not has_query_table(path):
+        query_encoder, table = load_query_encoder(path)
+        if table is None:
             raise ValueError(
-                f"{path!r} has no {QUERY_TABLE_NAME}: it is not an inference-free model (a siamese SPLADE "
-                "checkpoint loads as SpladeEncoder; `gradcache-sparton idf` adds an IDF query table)"
+                f"{path!r} is not an inference-free model (its query encoder is {query_encoder!r}: a siamese "
+                "SPLADE checkpoint loads as SpladeEncoder; `gradcache-sparton idf` adds an IDF query table)"
             )
-        table = load_query_table(path, frozen=frozen)
+        if frozen is not None:
+            table.requires_grad_(not frozen)
         return cls.from_document_encoder(SpladeEncoder.from_pretrained(path, **kwargs), table)
+
+    @property
+    def query_encoder(self) -> str:
+        """What encodes this model's queries: its table's name (``"idf"``, ``"learned_idf"``, ``"li_lsr"``)."""
+        return self.query_table.query_encoder
 
     def document_encoder(self) -> SpladeEncoder:
         """The document side alone, as a :class:`SpladeEncoder` sharing this model's backbone."""
@@ -178,4 +182,4 @@ class InferenceFreeEncoder(SpladeEncoder):
             save_query_table(table, save_directory)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, inference_free=True"
+        return f"{super().extra_repr()}, query_encoder={self.query_encoder!r}"

@@ -104,6 +104,10 @@ class LiLsrTable(QueryTable):
     def frozen(self) -> bool:
         return not self.projection.requires_grad
 
+    @property
+    def query_encoder(self) -> str:
+        return "li_lsr"
+
     @classmethod
     def from_tensors(
         cls, tensors: Mapping[str, Tensor], *, special_token_ids: Sequence[int], frozen: bool

@@ -112,6 +112,12 @@ class QueryTable(nn.Module):
         """Token ids that never count."""
         return tuple(self._special_token_ids.tolist())
 
+    @property
+    def query_encoder(self) -> str:
+        """The model's query encoder this table is (``splade_config.json``'s ``query_encoder``): ``"idf"``
+        frozen, ``"learned_idf"`` trained."""
+        return "idf" if self.frozen else "learned_idf"
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor, **unused: Tensor) -> Tensor:
         """[B, S] ``input_ids``/``attention_mask`` -> [B, V] reps (fp32); other features (token_type_ids) unused."""
         present = torch.zeros(input_ids.shape[0], self.vocab_size, device=input_ids.device)  # [B, V]

@@ -13,6 +13,8 @@ evaluation. They import nothing else from the package.
   a field (its default and its help text);
 - :mod:`~gradcache_sparton.primitives.option_types`: :func:`check_value_types`, a configuration file's values
   checked against the types of the fields they set.
+- :mod:`~gradcache_sparton.primitives.query_encoders`: the names of a model's query encoder (``"splade"``, or an
+  inference-free query table: ``"idf"``, ``"learned_idf"``, ``"li_lsr"``), from the flag to the model folder.
 """
 
 from gradcache_sparton.primitives.forward_memo import (
