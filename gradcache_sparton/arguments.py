@@ -176,8 +176,9 @@ class ModelArguments:
         "table, trained) or 'li_lsr' (the table computed from the token embeddings, weight = log1p(relu(E.w + "
         "b)), w and b trained, fitted to the IDF at the start). The table starts from the checkpoint's "
         "query_table.safetensors if it has one, else from the IDF of the training documents "
-        "(docs/inference_free.md). Default: as the checkpoint is "
-        "(inference-free if it has a query table, else splade).",
+        "(docs/inference_free.md). Default: the query encoder the checkpoint's splade_config.json records (a "
+        "folder without the record: inference-free if it has a query table, else splade); given, it decides, "
+        "whatever the checkpoint records.",
         choices=QUERY_ENCODERS,
     )
     lora_r: int = option(

@@ -18,6 +18,8 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokeni
 
 from gradcache_sparton.arguments import INIT_DECODER_BIAS_SIGMAS, ModelArguments
 from gradcache_sparton.modeling import (
+    QUERY_ENCODER_FIELD,
+    QUERY_TABLE_NAME,
     InferenceFreeEncoder,
     LiLsrTable,
     QueryTable,
@@ -187,11 +189,17 @@ def build_encoder(
     document encoder's input embeddings. A Li-LSR checkpoint read as ``idf`` / ``learned_idf`` gives the
     table it induces. ``ValueError`` naming the files, before any weights load, for a folder whose recorded
     query encoder its files contradict."""
-    folder = _local_folder(model_args.model_name_or_path)
-    saved, table = load_query_encoder(folder) if folder is not None else (SIAMESE_QUERY_ENCODER, None)
+    saved, table = _saved_query_encoder(model_args.model_name_or_path)
     query_encoder = model_args.query_encoder or saved
     if query_encoder != saved:
         logger.info("query_encoder=%r over a checkpoint whose query encoder is %r.", query_encoder, saved)
+    if table is None and saved != SIAMESE_QUERY_ENCODER and query_encoder != SIAMESE_QUERY_ENCODER:
+        name = model_args.model_name_or_path
+        raise ValueError(
+            f"model_name_or_path {name!r} (a hub id) records query_encoder {saved!r}, whose "
+            f"{QUERY_TABLE_NAME} is read from a local folder only: download the repository (e.g. `hf download "
+            f"{name} --local-dir DIR`) and give DIR, or pass query_encoder='splade' for its document encoder"
+        )
     encoder = _build_document_encoder(model_args, tokenizer)
     if query_encoder == SIAMESE_QUERY_ENCODER:
         return encoder
@@ -223,12 +231,17 @@ def build_encoder(
     return InferenceFreeEncoder.from_document_encoder(encoder, table)
 
 
-def _local_folder(model_name_or_path: str | None) -> str | None:
-    """The local folder ``model_name_or_path`` names (a shipped model's too), else None."""
+def _saved_query_encoder(model_name_or_path: str | None) -> tuple[str, QueryTable | None]:
+    """The query encoder of the checkpoint ``model_name_or_path`` names and its table: a local folder's (a
+    shipped model's too) as :func:`~gradcache_sparton.modeling.load_query_encoder` reads them, a hub
+    checkpoint's as its ``splade_config.json`` records it (its table not downloaded: None), a model built
+    at random ``"splade"``."""
     if model_name_or_path is None:
-        return None
+        return SIAMESE_QUERY_ENCODER, None
     location = resolve_model_location(model_name_or_path)
-    return location if Path(location).is_dir() else None
+    if Path(location).is_dir():
+        return load_query_encoder(location)
+    return read_splade_config(location).get(QUERY_ENCODER_FIELD, SIAMESE_QUERY_ENCODER), None
 
 
 def _build_document_encoder(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> SpladeEncoder:

@@ -158,3 +158,20 @@ def test_idf_command_records_idf_in_a_new_folder_and_in_the_models_own(
     assert main([*argv, "--output_dir", str(model)]) == 0
     assert json.loads((model / SPLADE_CONFIG_NAME).read_text()) == {**before, "query_encoder": "idf"}
     assert _kind(_load(model, tokenizer)) == "idf"
+
+
+def test_a_hub_checkpoint_recording_a_table_is_refused_not_loaded_siamese(monkeypatch, tokenizer) -> None:
+    """A hub id whose splade_config.json records a query table (not downloaded) is one ValueError saying to
+    download the folder, before any weights load; query_encoder 'splade' asks for its document encoder only."""
+    import gradcache_sparton.model_loading as model_loading
+
+    monkeypatch.setattr(model_loading, "resolve_model_location", lambda name, **_: name)
+    monkeypatch.setattr(model_loading, "read_splade_config", lambda location: {"query_encoder": "idf"})
+    with pytest.raises(
+        ValueError, match=r"'owner/model' \(a hub id\) records query_encoder 'idf'.*hf download"
+    ):
+        _load(Path("owner/model"), tokenizer)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="owner/model") as caught:  # no table needed: on to the weights
+        _load(Path("owner/model"), tokenizer, "splade")
+    assert "records query_encoder" not in str(caught.value)

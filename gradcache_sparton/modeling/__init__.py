@@ -8,7 +8,7 @@
   attention, echo inputs, BOS/EOS kept out of the pool);
 - :mod:`~gradcache_sparton.modeling.checkpoint`: ``splade_config.json`` and the checks made before any
   weights load;
-- :mod:`~gradcache_sparton.modeling.query_table`: :class:`QueryTable`, the query side of an inference-free
+- :mod:`~gradcache_sparton.modeling.query_table`: :class:`QueryTable`, the query encoder of an inference-free
   model (a weight per token, e.g. the corpus's IDF), its file ``query_table.safetensors`` and ``idf.json``;
 - :mod:`~gradcache_sparton.modeling.li_lsr`: :class:`LiLsrTable`, a query table computed from the token
   embeddings by D + 1 trained numbers (Li-LSR), started from a given table (:func:`li_lsr_table_from`);

@@ -46,7 +46,7 @@ class InferenceFreeEncoder(SpladeEncoder):
 
     Args:
         model: the document side's masked-LM backbone, as for :class:`SpladeEncoder`.
-        query_table: the query side; its V must be the decoder's.
+        query_table: the query encoder; its V must be the decoder's.
         **options: the :class:`SpladeEncoder` options of the document side (pooling, special tokens, ...).
     """
 

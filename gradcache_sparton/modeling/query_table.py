@@ -1,4 +1,4 @@
-"""The query side of an inference-free model: one weight per vocabulary token, no transformer.
+"""The query encoder of an inference-free model: one weight per vocabulary token, no transformer.
 
 Legend: B batch, S sequence, V vocabulary.
 
