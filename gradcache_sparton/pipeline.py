@@ -575,8 +575,8 @@ def run_idf(
     inference_free = InferenceFreeEncoder.from_document_encoder(encoder, table)
     output_dir.mkdir(parents=True, exist_ok=True)
     if own_folder:  # the table, and its query encoder recorded in the folder's splade_config.json
-        save_query_table(table, output_dir)
         inference_free.write_splade_config(output_dir)
+        save_query_table(table, output_dir)
     else:
         inference_free.save_pretrained(output_dir, tokenizer=tokenizer)
     write_token_weights(table, tokenizer, output_dir / TOKEN_WEIGHTS_NAME)

@@ -22,6 +22,7 @@ from gradcache_sparton.modeling import (
     SpladeEncoder,
     li_lsr_table_from,
     load_query_encoder,
+    save_query_table,
 )
 
 
@@ -175,3 +176,15 @@ def test_a_hub_checkpoint_recording_a_table_is_refused_not_loaded_siamese(monkey
     with pytest.raises(ValueError, match="owner/model") as caught:  # no table needed: on to the weights
         _load(Path("owner/model"), tokenizer, "splade")
     assert "records query_encoder" not in str(caught.value)
+
+
+def test_save_query_table_into_a_siamese_folder_records_the_table(
+    tmp_path, tiny_bert_config, tokenizer
+) -> None:
+    """save_query_table into a saved siamese folder (the documented way to add a table made elsewhere) records
+    the table's query encoder, other keys kept, and the folder then loads as that inference-free model."""
+    folder = _save(tmp_path / "m", tiny_bert_config, tokenizer, "splade")
+    before = json.loads((folder / SPLADE_CONFIG_NAME).read_text())
+    save_query_table(QueryTable(torch.ones(len(tokenizer)), special_token_ids=[0], frozen=False), folder)
+    assert json.loads((folder / SPLADE_CONFIG_NAME).read_text()) == {**before, "query_encoder": "learned_idf"}
+    assert _kind(_load(folder, tokenizer)) == "learned_idf"

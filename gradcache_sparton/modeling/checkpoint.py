@@ -35,6 +35,7 @@ __all__ = [
     "load_backbone",
     "read_json_file",
     "read_splade_config",
+    "record_query_encoder",
 ]
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,20 @@ def read_splade_config(path: str, **location: Any) -> dict[str, Any]:
             f"{file}: {QUERY_ENCODER_FIELD} must be one of {list(QUERY_ENCODERS)}, got {options[QUERY_ENCODER_FIELD]!r}"
         )
     return options
+
+
+def record_query_encoder(folder: str | os.PathLike, query_encoder: str) -> None:
+    """Set ``query_encoder`` in the local ``folder``'s ``splade_config.json``, its other keys kept as they are;
+    nothing where the folder has no such file (its query encoder is then what its files hold)."""
+    folder = os.fspath(folder)
+    file = os.path.join(folder, SPLADE_CONFIG_NAME)
+    if not os.path.isfile(file):
+        return
+    options = read_splade_config(folder)
+    options[QUERY_ENCODER_FIELD] = query_encoder
+    with open(file, "w", encoding="utf-8") as f:
+        json.dump(options, f, indent=2)
+        f.write("\n")
 
 
 def _sentence_transformers_activation(folder: str) -> dict[str, Any]:

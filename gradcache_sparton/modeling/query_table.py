@@ -43,6 +43,8 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
+from gradcache_sparton.modeling.checkpoint import record_query_encoder
+
 __all__ = [
     "QUERY_TABLE_NAME",
     "TOKEN_WEIGHTS_NAME",
@@ -213,12 +215,16 @@ def has_query_table(folder: str | os.PathLike) -> bool:
 
 
 def save_query_table(table: QueryTable, folder: str | os.PathLike) -> Path:
-    """Write ``table`` as ``folder/query_table.safetensors`` (module doc); returns the file."""
+    """Write ``table`` as ``folder/query_table.safetensors`` (module doc) and record its
+    :attr:`~QueryTable.query_encoder` in the folder's ``splade_config.json`` where it has one (the folder is
+    then this table's inference-free model); returns the file."""
     from safetensors.torch import save_file
 
     path = Path(folder) / QUERY_TABLE_NAME
     tensors, metadata = table.file_contents()
-    return _replace(path, lambda partial: save_file(tensors, str(partial), metadata))
+    _replace(path, lambda partial: save_file(tensors, str(partial), metadata))
+    record_query_encoder(folder, table.query_encoder)
+    return path
 
 
 def load_query_table(folder: str | os.PathLike, *, frozen: bool | None = None) -> QueryTable:
