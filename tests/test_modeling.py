@@ -287,6 +287,7 @@ def test_save_reload_is_a_standard_masked_lm(family: str, tmp_path: Path) -> Non
         assert json.loads((directory / SPLADE_CONFIG_NAME).read_text()) == {
             "pooling": "max",
             "special_token_ids": [1, 2],
+            "query_encoder": "splade",
         }
 
         with transformers_warnings() as warned:

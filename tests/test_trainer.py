@@ -680,6 +680,7 @@ def test_saved_training_lengths_round_trip_and_bad_values_are_refused(tmp_path, 
         "special_token_ids": [],
         "query_max_length": 24,
         "document_max_length": 96,
+        "query_encoder": "splade",
     }
     reloaded = SpladeEncoder.from_pretrained(tmp_path / "ckpt")
     assert (reloaded.query_max_length, reloaded.document_max_length) == (24, 96)
