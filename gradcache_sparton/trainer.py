@@ -75,9 +75,8 @@ from gradcache_sparton.modeling import (
     InferenceFreeEncoder,
     SpladeEncoder,
     check_checkpoint_files,
-    has_query_table,
     load_backbone,
-    load_query_table,
+    load_query_encoder,
     query_table_parameters,
 )
 from gradcache_sparton.run_checks import (
@@ -522,11 +521,12 @@ class CachedSpladeTrainer(Trainer):
             return
         encoder.model.load_state_dict(loaded.state_dict(), strict=True)
         if isinstance(encoder, InferenceFreeEncoder):  # the query table beside the backbone's weights
-            if not has_query_table(resume_from_checkpoint):
+            query_encoder, saved = load_query_encoder(resume_from_checkpoint)  # as recorded, checked
+            if saved is None:
                 raise ValueError(
-                    f"checkpoint {resume_from_checkpoint} has no query table: not this inference-free run's"
+                    f"checkpoint {resume_from_checkpoint} has no query table (its query encoder is "
+                    f"{query_encoder!r}): not this inference-free run's"
                 )
-            saved = load_query_table(resume_from_checkpoint)
             if saved.vocab_size != encoder.query_table.vocab_size or saved.kind != encoder.query_table.kind:
                 raise ValueError(
                     f"{Path(resume_from_checkpoint) / QUERY_TABLE_NAME} holds a {saved.kind} table of "

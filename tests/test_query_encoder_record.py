@@ -188,3 +188,29 @@ def test_save_query_table_into_a_siamese_folder_records_the_table(
     save_query_table(QueryTable(torch.ones(len(tokenizer)), special_token_ids=[0], frozen=False), folder)
     assert json.loads((folder / SPLADE_CONFIG_NAME).read_text()) == {**before, "query_encoder": "learned_idf"}
     assert _kind(_load(folder, tokenizer)) == "learned_idf"
+
+
+def test_resuming_from_a_checkpoint_whose_table_is_gone_names_the_record(
+    tmp_path, capsys, tiny_bert_config, tokenizer
+) -> None:
+    """Resuming a learned_idf run from a checkpoint that records learned_idf but lost its table file is one
+    error line (exit 2) naming splade_config.json, the missing table file and the recorded query encoder."""
+    start = _save(tmp_path / "start", tiny_bert_config, tokenizer, "learned_idf")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(
+        "".join(json.dumps({"query": f"q {i}", "positive": f"answer {i}"}) + "\n" for i in range(8))
+    )
+    run = tmp_path / "run"
+    argv = ["train", "--model_name_or_path", str(start), "--train_data", str(pairs),
+            "--per_device_train_batch_size", "4", "--mini_batch_size", "2", "--query_max_length", "16",
+            "--document_max_length", "16", "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1",
+            "--eval_beir", "none", "--use_cpu", "--disable_tqdm", "True", "--report_to", "none",
+            "--output_dir", str(run)]  # fmt: skip
+    assert main(argv) == 0
+    checkpoint = run / "checkpoint-1"
+    assert load_query_encoder(checkpoint)[0] == "learned_idf"  # the run's checkpoints record it
+    (checkpoint / QUERY_TABLE_NAME).unlink()
+    capsys.readouterr()
+    assert main([*argv, "--resume_from_checkpoint", str(checkpoint), "--overwrite_output_dir", "True"]) == 2
+    line = next(line for line in capsys.readouterr().err.splitlines() if ": error: " in line)
+    assert all(word in line for word in (SPLADE_CONFIG_NAME, QUERY_TABLE_NAME, "'learned_idf'")), line
