@@ -32,7 +32,7 @@ B, V, TEMPERATURE = 37, 53, 0.7
 TOL = 200 * 2.0**-24  # see the module docstring
 TILE_DTYPES = ["fp32", "bf16", "bf16-exact"]
 # fused_lse.VARIANTS with distinct kernels (the interpreter runs each one's kernels on its own small tiles).
-KERNEL_VARIANTS = ["columns", "entries", "entries-2pass"]
+KERNEL_VARIANTS = ["columns", "entries", "lanes", "entries-2pass"]
 
 
 def _grad_tol(kind: str) -> float:
@@ -43,7 +43,7 @@ def _grad_tol(kind: str) -> float:
 def _grad_tols(kind: str, variant: str) -> list[float]:
     """Tolerances of the query, positive and negative gradients: the query gradient at its entries takes the
     unsplit fp32 weights (TOL alone, no 2^-16: a split there would fail it); the documents' keep the split."""
-    query = TOL if fused_lse.VARIANTS[variant].query_gradient == "entries" else _grad_tol(kind)
+    query = TOL if fused_lse.VARIANTS[variant].query_gradient != "columns" else _grad_tol(kind)
     return [query, _grad_tol(kind), _grad_tol(kind)]
 
 
@@ -141,7 +141,7 @@ def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool, vari
         assert ((got - expected).abs() <= tol * bound + 1e-12).all()
 
 
-@pytest.mark.parametrize("variant", ["columns", "entries"])
+@pytest.mark.parametrize("variant", ["columns", "entries", "lanes"])
 @pytest.mark.parametrize("kind", TILE_DTYPES)
 def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str, variant: str) -> None:
     """An entry stored with weight 0 (a SparseReps may hold some) gets the dense gradient at its position,
@@ -175,7 +175,7 @@ def test_empty_query_scores_log_n(monkeypatch, kind: str) -> None:
     assert float(lse[3].detach()) == pytest.approx(float(torch.log(torch.tensor(2.0 * B))), rel=2**-22)
 
 
-@pytest.mark.parametrize("variant", ["columns", "entries"])
+@pytest.mark.parametrize("variant", ["columns", "entries", "lanes"])
 @pytest.mark.parametrize("kind", TILE_DTYPES)
 def test_duplicate_documents_get_equal_gradients(monkeypatch, kind: str, variant: str) -> None:
     """Three copies of one document (two positives, one negative) get the same gradient, within the bound."""

@@ -8,7 +8,7 @@ gradients from its own queries only) is an O(1) error. The fused kernel (``score
 runs on fp32 reps of FUSED_ROWS rows: 3 query tiles of 16 under the interpreter, 1 on rank 0 and 2 on rank 1;
 its lse rows and query gradients are each one rank's (bitwise the unsharded ones), its document gradients two
 ranks' partial fp32 sums added in another order: a few 2^-24 relative of the largest, within FUSED_RTOL; the
-same under the fused setting that takes the query gradient at the entries (FUSED_VARIANTS).
+same under the fused settings that take the query gradient at the entries (FUSED_VARIANTS).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ SCENARIOS = {  # name: (loss settings, sparse reps)
         True,
     ),
     "infonce, sparse, fused, entries": ({"contrastive": "infonce", "score_kernel": "fused"}, True),
+    "infonce, sparse, fused, lanes": ({"contrastive": "infonce", "score_kernel": "fused"}, True),
 }
 # Scenarios run under a named fused setting (fused_lse.VARIANTS) other than the default.
-FUSED_VARIANTS = {"infonce, sparse, fused, entries": "entries"}
+FUSED_VARIANTS = {"infonce, sparse, fused, entries": "entries", "infonce, sparse, fused, lanes": "lanes"}
 ROWS, VOCAB, BLOCK = 10, 40, 3  # 4 query blocks (3 + 3 + 3 + 1), 2 per rank
 FUSED_ROWS = 40  # query tiles of 16 rows under the interpreter: 16 + 16 + 8
 

@@ -31,7 +31,9 @@ The gradients are gathered at the non-zeros: ``grad_q`` from ``grad_QT`` at each
 nothing from that tile, which is exact: their products there are with query zeros. A setting with
 ``query_gradient='entries'`` (:data:`VARIANTS`) takes the query gradient only at each query's own entries
 instead: per entry, ``sum_n p[row, n] · DT[id, n]`` over the tile's documents, fp32 products of the unsplit ``p`` on
-the CUDA cores (a tile's ~3.5% of [K_t, BM] that are entries; no split, no tensor-core products for it).
+the CUDA cores (a tile's ~3.5% of [K_t, BM] that are entries; no split, no tensor-core products for it);
+'lanes' the same with the tile's entries in a [depth, BM] table, one entry of every query a step (no gather
+of the softmax weights, at the cost of padding each query to the tile's longest).
 
 Exactness (products, sums and the bound against a dense fp64 reference: docs/losses.md, "The fused
 kernel"):
@@ -46,7 +48,7 @@ kernel"):
   vary from run to run (the bound covers every order).
 
 Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile; 'entries': 4 bytes per entry
-slot instead of the gradient's 4·BM: linear in the queries' non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
+slot instead of the gradient's 4·BM, 'lanes' 8 bytes per slot of [depth, BM]: linear in the queries' non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
 :data:`DOC_BLOCK_MAX_BYTES`: a constant, not a function of B), the running max and sum [B]. Nothing grows
 with B².
 
@@ -132,7 +134,9 @@ class TileShape(NamedTuple):
     recomputation of the scores)."""
     query_gradient: str = "columns"
     """'columns': over the query tile's columns on the tensor cores (split products, the tile's [K_t, BM] written);
-    'entries': at each query's own entries only, fp32 products on the CUDA cores (module doc, "Backward")."""
+    'entries': at each query's own entries only, fp32 products on the CUDA cores (module doc, "Backward"), the
+    tile's entries in a list (each gathers its query's softmax weights); 'lanes': the same, the entries in a
+    [depth, BM] table (slot (s, i): query i's s-th entry), so each step reads one entry of every query."""
 
 
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
@@ -142,6 +146,7 @@ class TileShape(NamedTuple):
 VARIANTS = {
     "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1),
     "entries": TileShape(64, 64, 128, 64, 4, 3, 1, "entries"),
+    "lanes": TileShape(64, 64, 128, 64, 4, 3, 1, "lanes"),
     "entries-bn128": TileShape(64, 64, 128, 128, 8, 3, 1, "entries"),
     "entries-bk128": TileShape(64, 128, 128, 64, 8, 3, 1, "entries"),
     "entries-2pass": TileShape(64, 64, 128, 64, 4, 3, 2, "entries"),
@@ -160,9 +165,9 @@ def _interpreting() -> bool:
 
 
 def _tile_shape() -> TileShape:
-    if GPU_TILES.query_gradient not in ("columns", "entries"):
+    if GPU_TILES.query_gradient not in ("columns", "entries", "lanes"):
         raise ValueError(
-            f"GPU_TILES.query_gradient must be 'columns' or 'entries', got {GPU_TILES.query_gradient!r}"
+            f"GPU_TILES.query_gradient must be 'columns', 'entries' or 'lanes', got {GPU_TILES.query_gradient!r}"
         )
     if not _interpreting():
         return GPU_TILES
@@ -223,13 +228,14 @@ class QueryTiles(NamedTuple):
     row_idx: Tensor
     """[T · BM] int32: the query at each tile row (B: padding); tiles hold the queries in :func:`query_order`."""
     entry_ptr: Tensor
-    """[T + 1] int32: tile t's entry slots are ``entry_ptr[t]:entry_ptr[t + 1]`` (multiples of BK)."""
+    """[T + 1] int32: tile t's entry slots are ``entry_ptr[t]:entry_ptr[t + 1]`` (a list: multiples of BK; lane-major:
+    rows of BM slots)."""
     slot_col: Tensor
     """[E_total] int32: the vocabulary id of each entry slot (V: padding)."""
     slot_lane: Tensor
-    """[E_total] int32: the tile row (query) of each entry slot."""
+    """[E_total] int32: the tile row (query) of each entry slot (lane-major: unused)."""
     entry_slot: Tensor
-    """[nnz] int64: each query entry's slot; a tile's slots run by vocabulary id."""
+    """[nnz] int64: each query entry's slot; a tile's listed slots run by vocabulary id."""
 
 
 def query_order(reps: SparseReps) -> Tensor:
@@ -242,10 +248,11 @@ def query_order(reps: SparseReps) -> Tensor:
 
 
 def build_query_tiles(
-    reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype, order: Tensor | None = None
-) -> QueryTiles:
+    reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype, order: Tensor | None = None,
+    lanes: bool = False,
+) -> QueryTiles:  # fmt: skip
     """:class:`QueryTiles` of ``reps`` with ``weights``, the queries in ``order`` ([B] positions -> rows; None: as
-    they are): one sort of the entries' (tile, id) keys, one sync."""
+    they are), the entry slots listed (``lanes``: lane-major): one sort of the entries' (tile, id) keys, two syncs."""
     vocab, device, num_rows = reps.vocab_size, weights.device, reps.num_rows
     num_tiles = -(-num_rows // bm)
     row_idx = torch.full((num_tiles * bm,), num_rows, dtype=torch.int32, device=device)
@@ -268,32 +275,58 @@ def build_query_tiles(
     first = torch.zeros_like(tile_ptr)
     first[1:] = torch.cumsum(counts, 0)
     pos = tile_ptr[key_tile] + torch.arange(keys.numel(), device=device) - first[key_tile]  # [U_all]
-    by_key = torch.sort(inverse, stable=True).indices  # [nnz]: the entries by (tile, id)
-    entry_counts = torch.bincount(tile, minlength=num_tiles)  # [T]
-    entry_ptr = torch.zeros_like(tile_ptr)
-    entry_ptr[1:] = torch.cumsum((entry_counts + bk - 1) // bk * bk, 0)
-    entry_first = torch.zeros_like(tile_ptr)
-    entry_first[1:] = torch.cumsum(entry_counts, 0)
-    entry_slot = torch.empty_like(by_key)
-    sorted_tile = tile[by_key]
-    entry_slot[by_key] = (
-        entry_ptr[sorted_tile] + torch.arange(by_key.numel(), device=device) - entry_first[sorted_tile]
-    )
-    # at least one step's rows and slots: no empty tensor reaches a kernel
-    total, slots = (max(int(n), bk) for n in torch.stack([tile_ptr[-1], entry_ptr[-1]]).tolist())
+    total = max(int(tile_ptr[-1]), bk)  # at least one step's rows: no empty tensor reaches a kernel
     cols = torch.full((total,), vocab, dtype=torch.int32, device=device)
     cols[pos] = (keys % vocab).to(torch.int32)
     entry_pos, entry_lane = pos[inverse], at % bm
     qt = torch.zeros((total, bm), dtype=dtype, device=device)
     qt[entry_pos, entry_lane] = entry_values(weights, dtype)
-    slot_col = torch.full((slots,), vocab, dtype=torch.int32, device=device)
+    slots = _lane_slots(reps, at, bm) if lanes else _entry_slots(reps, at, inverse, bm, bk)
+    return QueryTiles(tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx, *slots)
+
+
+def _entry_slots(reps: SparseReps, at: Tensor, inverse: Tensor, bm: int, bk: int) -> tuple[Tensor, ...]:
+    """(entry_ptr, slot_col, slot_lane, entry_slot) of :class:`QueryTiles`, a tile's entries in a list by
+    vocabulary id (``inverse``: each entry's unique (tile, id) key), padded to a multiple of BK."""
+    device, tile = at.device, at // bm
+    num_tiles = -(-reps.num_rows // bm)
+    by_key = torch.sort(inverse, stable=True).indices  # [nnz]: the entries by (tile, id)
+    counts = torch.bincount(tile, minlength=num_tiles)  # [T]
+    entry_ptr = torch.zeros(num_tiles + 1, dtype=torch.int64, device=device)
+    entry_ptr[1:] = torch.cumsum((counts + bk - 1) // bk * bk, 0)
+    first = torch.zeros_like(entry_ptr)
+    first[1:] = torch.cumsum(counts, 0)
+    entry_slot = torch.empty_like(by_key)
+    sorted_tile = tile[by_key]
+    entry_slot[by_key] = (
+        entry_ptr[sorted_tile] + torch.arange(by_key.numel(), device=device) - first[sorted_tile]
+    )
+    slots = max(int(entry_ptr[-1]), bk)  # at least one step's slots
+    slot_col = torch.full((slots,), reps.vocab_size, dtype=torch.int32, device=device)
     slot_col[entry_slot] = reps.token_ids.to(torch.int32)
     slot_lane = torch.zeros(slots, dtype=torch.int32, device=device)
-    slot_lane[entry_slot] = entry_lane.to(torch.int32)
-    return QueryTiles(
-        tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx,
-        entry_ptr.to(torch.int32), slot_col, slot_lane, entry_slot,
-    )  # fmt: skip
+    slot_lane[entry_slot] = (at % bm).to(torch.int32)
+    return entry_ptr.to(torch.int32), slot_col, slot_lane, entry_slot
+
+
+def _lane_slots(reps: SparseReps, at: Tensor, bm: int) -> tuple[Tensor, ...]:
+    """(entry_ptr, slot_col, slot_lane, entry_slot) of :class:`QueryTiles`, lane-major: tile t's slots are
+    [depth_t, BM] (rows ``entry_ptr[t]:entry_ptr[t + 1]``), query lane i's s-th entry at (s, i), depth_t the most
+    entries of one query of the tile; ``slot_col`` is that table flat, ``entry_slot`` the flat index (slot_lane:
+    unused, ``slot_col``)."""
+    device, tile = at.device, at // bm
+    num_tiles = -(-reps.num_rows // bm)
+    per_lane = torch.bincount(at, minlength=num_tiles * bm).view(
+        num_tiles, bm
+    )  # [T, BM] entries of each query
+    entry_ptr = torch.zeros(num_tiles + 1, dtype=torch.int64, device=device)
+    entry_ptr[1:] = torch.cumsum(per_lane.amax(dim=1), 0)
+    rank = torch.arange(at.numel(), device=device) - reps.offsets[reps.row_ids()]  # [nnz]: within its query
+    entry_slot = (entry_ptr[tile] + rank) * bm + at % bm
+    slots = max(int(entry_ptr[-1]), 1) * bm  # at least one row: no empty tensor reaches a kernel
+    slot_col = torch.full((slots,), reps.vocab_size, dtype=torch.int32, device=device)
+    slot_col[entry_slot] = reps.token_ids.to(torch.int32)
+    return entry_ptr.to(torch.int32), slot_col, slot_col, entry_slot
 
 
 class _DocBlocks:
@@ -384,7 +417,15 @@ class _FusedLogSumExp(torch.autograd.Function):
         q_layout, d_layouts = layouts[0], layouts[1:]
         dtype = torch.bfloat16 if products_in_bf16([q, *d]) else torch.float32
         order = query_order(q_layout) if SORT_QUERIES else None
-        tiles = build_query_tiles(q_layout, q, bm=shape.bm, bk=shape.bk, dtype=dtype, order=order)
+        tiles = build_query_tiles(
+            q_layout,
+            q,
+            bm=shape.bm,
+            bk=shape.bk,
+            dtype=dtype,
+            order=order,
+            lanes=shape.query_gradient == "lanes",
+        )
         own, summed = _rank_tiles(tiles.tile_ptr.numel() - 1, shard)
         if summed:
             check_same_on_every_rank([q, *d])
@@ -424,7 +465,7 @@ class _FusedLogSumExp(torch.autograd.Function):
         num_rows, inv_t = q_layout.num_rows, 1.0 / ctx.temperature
         g = (grad_lse.to(torch.float32) * inv_t).contiguous()  # [B]
         needs_q, needs_d = ctx.needs_input_grad[3], ctx.needs_input_grad[4:]
-        at_entries = shape.query_gradient == "entries"
+        at_entries = shape.query_gradient in ("entries", "lanes")
         entries = (tiles.entry_ptr, tiles.slot_col, tiles.slot_lane) if at_entries else None
         grad_shape = tiles.slot_col.shape if at_entries else tiles.qt.shape  # slots, or the tiles' columns
         grad_qt = torch.zeros(grad_shape, dtype=torch.float32, device=q.device) if needs_q else None
@@ -439,7 +480,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                 grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
                 launch = functools.partial(
                     launch_backward, tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g,
-                    entries=entries,
+                    entries=entries, lanes=shape.query_gradient == "lanes",
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                 )  # fmt: skip

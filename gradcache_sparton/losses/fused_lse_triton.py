@@ -161,27 +161,42 @@ def _entry_grads(p, DT, E_COL, E_LANE, GQE, e_lo, e_hi, stride_dt, n_cols, n_ok,
 
 
 @triton.jit
+def _lane_grads(p, DT, LANE_COL, GQL, s_lo, s_hi, stride_dt, n_cols, n_ok, r, BM: tl.constexpr):
+    """Add ``sum_n p[i, n] · DT[col_si, n]`` into ``GQL[s, i]`` for the tile's lane-major slot rows [s_lo, s_hi):
+    the query gradient at each query's own entries, one entry of every query a step, fp32 on the CUDA cores."""
+    for s in range(s_lo, s_hi):
+        c = tl.load(LANE_COL + s * BM + r).to(tl.int64)  # [BM] query i's s-th entry's id (V: none)
+        d = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BM, BN]
+        to = GQL + s * BM + r
+        tl.store(to, tl.load(to) + tl.sum(p * d.to(tl.float32), axis=1))
+
+
+@triton.jit
 def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, ENTRY_PTR, E_COL, E_LANE,
                      num_rows, n_docs, stride_dt, inv_t, tile_lo,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                      PARTS: tl.constexpr, Q_COLUMNS: tl.constexpr, Q_ENTRIES: tl.constexpr,
-                     NEED_D: tl.constexpr):  # fmt: skip
+                     Q_LANES: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
     """One query tile against one document block: recompute each tile, add its gradients (module doc). Both
     gradients are written at the reps' entries only (the rest is never read): bits of QT / DT not all zero.
     The query gradient (if asked) over the tile's columns on the tensor cores (Q_COLUMNS: GQT [K_total, BM]) or
-    at its entry slots (Q_ENTRIES: GQT [E_total], :func:`_entry_grads`)."""
+    at its entry slots (Q_ENTRIES: GQT [E_total], :func:`_entry_grads`; Q_LANES: lane-major, :func:`_lane_grads`)."""
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
-    if Q_ENTRIES:
-        t = tile_lo + tl.program_id(0)
-        e_lo, e_hi = tl.load(ENTRY_PTR + t), tl.load(ENTRY_PTR + t + 1)
+    t = tile_lo + tl.program_id(0)
+    e_lo, e_hi = (
+        tl.load(ENTRY_PTR + t),
+        tl.load(ENTRY_PTR + t + 1),
+    )  # the tile's entry slots (Q_ENTRIES, Q_LANES)
     for n0 in range(0, n_docs, BN):
         n_cols = n0 + tl.arange(0, BN)
         n_ok = n_cols < n_docs
         s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
         p = tl.exp(s - lse[:, None]) * g[:, None]  # [BM, BN]: d loss / d (q · d)
         p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
+        if Q_LANES:
+            _lane_grads(p, DT, E_COL, GQT, e_lo, e_hi, stride_dt, n_cols, n_ok, r, BM)
         if Q_ENTRIES:
             _entry_grads(p, DT, E_COL, E_LANE, GQT, e_lo, e_hi, stride_dt, n_cols, n_ok, BN, BK)
         if Q_COLUMNS or NEED_D:
@@ -233,13 +248,13 @@ def launch_forward(
 def launch_backward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
     grad_qt: Tensor | None, grad_dt: Tensor | None, entries: tuple[Tensor, Tensor, Tensor] | None,
-    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
+    *, lanes: bool, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
     parts: int,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` and ``grad_dt``
     [V + 1, bd] (fp32; None: not needed). ``entries`` None: ``grad_qt`` is [K_total, BM], over the tiles' columns;
     else (entry_ptr [T + 1], entry_col [E_total], entry_lane [E_total]) and ``grad_qt`` is [E_total], at the
-    queries' entry slots."""
+    queries' entry slots (``lanes``: lane-major, entry_lane unused)."""
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
     entry_ptr, entry_col, entry_lane = (tile_ptr, cols, cols) if entries is None else entries
@@ -247,7 +262,9 @@ def launch_backward(
         qt, cols, tile_ptr, row_idx, dt, lse, g, qt if grad_qt is None else grad_qt, dt if grad_dt is None else grad_dt,
         entry_ptr, entry_col, entry_lane, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
         BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, PARTS=parts,
-        Q_COLUMNS=grad_qt is not None and entries is None, Q_ENTRIES=grad_qt is not None and entries is not None,
+        Q_COLUMNS=grad_qt is not None and entries is None,
+        Q_ENTRIES=grad_qt is not None and entries is not None and not lanes,
+        Q_LANES=grad_qt is not None and entries is not None and lanes,
         NEED_D=grad_dt is not None,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
