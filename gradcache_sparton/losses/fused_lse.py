@@ -146,8 +146,9 @@ class TileShape(NamedTuple):
 VARIANTS = {
     "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1),
     "entries": TileShape(64, 64, 128, 64, 4, 3, 1, "entries"),
+    "entries-w8": TileShape(64, 64, 128, 64, 8, 3, 1, "entries"),
     "lanes": TileShape(64, 64, 128, 64, 4, 3, 1, "lanes"),
-    "entries-bn128": TileShape(64, 64, 128, 128, 8, 3, 1, "entries"),
+    "lanes-w8": TileShape(64, 64, 128, 64, 8, 3, 1, "lanes"),
     "entries-bk128": TileShape(64, 128, 128, 64, 8, 3, 1, "entries"),
     "entries-2pass": TileShape(64, 64, 128, 64, 4, 3, 2, "entries"),
 }
@@ -357,9 +358,15 @@ class _DocBlocks:
 
 
 def _document_rows(vocab: int, shape: TileShape) -> int:
-    """bd: documents per block, a multiple of both BN, with grad_DT within :data:`DOC_BLOCK_MAX_BYTES`."""
+    """bd: documents per block, a multiple of both BN, with grad_DT within :data:`DOC_BLOCK_MAX_BYTES`; (V + 1)·bd
+    below 2^31, the kernels' int32 offsets into DT and grad_DT."""
     edge = math.lcm(shape.bn_forward, shape.bn_backward)
-    return max(edge, DOC_BLOCK_MAX_BYTES // (4 * (vocab + 1)) // edge * edge)
+    bd = max(edge, DOC_BLOCK_MAX_BYTES // (4 * (vocab + 1)) // edge * edge)
+    if (vocab + 1) * bd >= 2**31:
+        raise ValueError(
+            f"DOC_BLOCK_MAX_BYTES gives {bd} documents a block over V = {vocab}: (V + 1)·bd >= 2^31"
+        )
+    return bd
 
 
 def _rank_tiles(num_tiles: int, shard: bool) -> tuple[range, bool]:

@@ -21,7 +21,8 @@ fp32 ``p`` is split into PARTS bf16 parts (8 significant bits each) whose produc
 hold ``p`` to 2^-16, 3 parts exactly. Or (``entries``) the query gradient only at each query's own entries:
 ``sum_n p[row, n] · DT[col, n]`` per entry, fp32 products of the unsplit ``p`` on the CUDA cores, the tile's
 entries listed by ``ENTRY_PTR`` / ``E_COL`` / ``E_LANE`` (slots padded to a multiple of BK with id V). ``ROWS`` [T · BM] names each tile row's query (the tiles hold the
-queries in a sorted order; B marks padding).
+queries in a sorted order; B marks padding). Offsets into DT and its gradient are int32 (fewer live registers:
+(V + 1)·bd < 2^31, :mod:`.fused_lse` checks it), into QT int64 (K_total·BM grows with B).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         k = (k0 + kk).to(tl.int64)  # [BK]
-        c = tl.load(COLS + k).to(tl.int64)  # [BK] vocabulary ids (V: padding, a zero row of DT)
+        c = tl.load(COLS + k)  # [BK] vocabulary ids (V: padding, a zero row of DT)
         a = tl.load(QT + k[None, :] * BM + r[:, None])  # [BM, BK]
         b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BK, BN]
         acc = _dot(a, b, acc, IEEE)  # [BM, BK] @ [BK, BN] -> [BM, BN]
@@ -153,7 +154,7 @@ def _entry_grads(p, DT, E_COL, E_LANE, GQE, e_lo, e_hi, stride_dt, n_cols, n_ok,
     ee = tl.arange(0, BE)
     for e0 in range(e_lo, e_hi, BE):
         e = e0 + ee  # [BE] entry slots (padding: column V, DT's zero row)
-        c = tl.load(E_COL + e).to(tl.int64)  # [BE] vocabulary ids
+        c = tl.load(E_COL + e)  # [BE] vocabulary ids
         lane = tl.load(E_LANE + e)  # [BE] the entry's query row within the tile
         d = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BE, BN]
         pe = tl.gather(p, tl.broadcast_to(lane[:, None], (BE, BN)), 0)  # [BE, BN]: p[lane_e, n]
@@ -165,7 +166,7 @@ def _lane_grads(p, DT, LANE_COL, GQL, s_lo, s_hi, stride_dt, n_cols, n_ok, r, BM
     """Add ``sum_n p[i, n] · DT[col_si, n]`` into ``GQL[s, i]`` for the tile's lane-major slot rows [s_lo, s_hi):
     the query gradient at each query's own entries, one entry of every query a step, fp32 on the CUDA cores."""
     for s in range(s_lo, s_hi):
-        c = tl.load(LANE_COL + s * BM + r).to(tl.int64)  # [BM] query i's s-th entry's id (V: none)
+        c = tl.load(LANE_COL + s * BM + r)  # [BM] query i's s-th entry's id (V: none)
         d = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BM, BN]
         to = GQL + s * BM + r
         tl.store(to, tl.load(to) + tl.sum(p * d.to(tl.float32), axis=1))
@@ -216,7 +217,7 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok
         p1, p2, p3 = _parts(p, IEEE)  # [BM, BN] each
     for k0 in range(k_lo, k_hi, BK):
         k = (k0 + kk).to(tl.int64)
-        c = tl.load(COLS + k).to(tl.int64)  # [BK]
+        c = tl.load(COLS + k)  # [BK]
         b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BK, BN]
         at = tl.load(QT + k[:, None] * BM + r[None, :])  # [BK, BM]: QT's rows as stored
         if NEED_Q:
