@@ -142,7 +142,8 @@ class TileShape(NamedTuple):
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
 # edges >= 16; BM = 64 is the wgmma row edge. 'columns': the fastest of ten settings at B 65,536 on one H100
 # (benchmarks/results/loss_kernel_h100_run2.json, "variants"): forward 0.143 s, backward 1.37 s, against 0.139 s
-# and 2.31 s for (64, 32, 128, 64, 4 warps, 3 stages). The other settings are not measured yet.
+# and 2.31 s for (64, 32, 128, 64, 4 warps, 3 stages), both before the kernels' int32 document offsets. The other
+# settings are not measured yet.
 VARIANTS = {
     "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1),
     "entries": TileShape(64, 64, 128, 64, 4, 3, 1, "entries"),
