@@ -83,6 +83,13 @@ class Scores(Protocol):
         ``kernel`` ('auto', 'fused', 'blocked'): whether the fused kernel of :mod:`.fused_lse` may run."""
         ...
 
+    def weighted(self, q_reps: Any, d_reps: Sequence[Any], weights: Tensor, *, block_size: int) -> Tensor:
+        """``sum_j weights[i, j] · s(q_i, d_j)`` over every document of ``d_reps`` -> [B], differentiable in the
+        reps (not in ``weights`` [B, len(d_reps)·B], column c·B + r for row r of ``d_reps[c]``); ``block_size``:
+        the rows of one block where the layout works in blocks. Bilinear in (q, d), so it is exact without the
+        score matrix: ``q_i · (sum_j weights[i, j] · d_j)``."""
+        ...
+
 
 class _DenseScores:
     """:class:`Scores` of dense [B, V] tensors: products in fp32; the whole matrix while it fits 1 GiB."""
@@ -118,6 +125,16 @@ class _DenseScores:
             block_size=block_size,
             shard_across_ranks=shard_across_ranks,
         )
+
+    def weighted(
+        self, q_reps: Tensor, d_reps: Sequence[Tensor], weights: Tensor, *, block_size: int
+    ) -> Tensor:
+        B = q_reps.shape[0]
+        dtype = accumulation_dtype(q_reps, *d_reps)
+        with torch.autocast(q_reps.device.type, enabled=False):
+            # [B, B] @ [B, V] per column, summed -> [B, V]: each query's teacher-weighted document.
+            mixed = sum(weights[:, c * B : (c + 1) * B].to(dtype) @ d.to(dtype) for c, d in enumerate(d_reps))
+        return unchecked_paired_scores(q_reps, mixed)  # [B]
 
 
 DENSE_SCORES: Scores = _DenseScores()
@@ -257,8 +274,13 @@ def margin_mse_loss(reps: Mapping[str, Tensor], *, teacher_scores: Tensor) -> Te
     return margin_mse(columns, DENSE_SCORES, teacher_scores=teacher_scores)
 
 
-def check_teacher_scores(columns: ContrastiveColumns, *, teacher_scores: object = None, loss: str) -> None:
-    """Raise unless ``teacher_scores`` is a floating [B, 1+k] tensor for k >= 1 hard-negative columns.
+def check_teacher_scores(
+    columns: ContrastiveColumns, *, teacher_scores: object = None, loss: str, in_batch: bool = False
+) -> None:
+    """Raise unless ``teacher_scores`` is a floating [B, 1+k] tensor for k >= 1 hard-negative columns or, with
+    ``in_batch`` (listwise KL over the batch's documents), [B, (1+k)·B]: the teacher's scores of every
+    document of the batch, column j·B + r for row r of document column j (the order of the student's score
+    matrix).
 
     ``loss`` names the distillation loss in the error (both need hard negatives to compare against).
     """
@@ -275,10 +297,17 @@ def check_teacher_scores(columns: ContrastiveColumns, *, teacher_scores: object 
         )
     if not isinstance(teacher_scores, Tensor):
         raise TypeError(f"teacher_scores must be a [B, 1+k] tensor, got {type(teacher_scores).__name__}")
-    if tuple(teacher_scores.shape) != (B, 1 + k):
+    shapes = [(B, 1 + k), (B, (1 + k) * B)] if in_batch else [(B, 1 + k)]
+    if tuple(teacher_scores.shape) not in shapes:
+        whole = (
+            f" or [B, (1+k)·B] = [{B}, {(1 + k) * B}] (every document of the batch: column j·B + r for row r "
+            "of document column j)"
+            if in_batch
+            else " ([B, (1+k)·B], every document of the batch, only with in_batch / kl_in_batch)"
+        )
         raise ValueError(
             f"teacher_scores must have shape [B, 1+k] = [{B}, {1 + k}] (the positive, then {k} hard "
-            f"negative(s), for each of the {B} queries), got {tuple(teacher_scores.shape)}"
+            f"negative(s), for each of the {B} queries){whole}, got {tuple(teacher_scores.shape)}"
         )
     if not teacher_scores.is_floating_point():
         raise TypeError(f"teacher_scores must be a floating tensor, got dtype {teacher_scores.dtype}")
@@ -312,15 +341,18 @@ def kl_div_loss(
     included: 0 exactly when the two distributions agree; no temperature² factor).
 
     With ``in_batch=True`` the student's softmax runs over every document of the batch, the
-    [B, (1+k)·B] score matrix of :func:`info_nce_loss`, while the teacher keeps probability 0 on the
-    other queries' documents: the KL then also pushes those in-batch negatives down. Without it, each
-    query meets only its own 1+k candidates.
+    [B, (1+k)·B] score matrix of :func:`info_nce_loss`. A [B, 1+k] teacher keeps probability 0 on the
+    other queries' documents (the KL then also pushes those in-batch negatives down); a [B, (1+k)·B]
+    teacher (its scores of every document of the batch, as arXiv 2411.04403 distils) gives the whole row
+    its own softmax, and the KL runs over it. Without ``in_batch``, each query meets only its own 1+k
+    candidates.
 
     Args:
         reps: column name -> [B, V] reps; queries, positives, then k >= 1 hard-negative columns.
         teacher_scores: [B, 1+k] teacher scores, column 0 for the positive and column j for the j-th
-            hard-negative column, in the order of ``reps`` (as for :func:`margin_mse_loss`). Moved to
-            the reps' device, used in fp32, never differentiated.
+            hard-negative column, in the order of ``reps`` (as for :func:`margin_mse_loss`); with
+            ``in_batch`` also [B, (1+k)·B], column j·B + r the score of row r of document column j (positives
+            first). Moved to the reps' device, used in fp32, never differentiated.
         temperature: divides the student scores, > 0 (1.0: SPLADE's raw dot products).
         teacher_temperature: divides the teacher scores, > 0.
         in_batch: also normalise the student over the other queries' documents.
@@ -338,7 +370,7 @@ def kl_div_loss(
         raise TypeError(f"in_batch must be a bool, got {type(in_batch).__name__}")
     check_block_size(block_size)
     columns = split_columns(reps)
-    check_teacher_scores(columns, teacher_scores=teacher_scores, loss="kl_div_loss")
+    check_teacher_scores(columns, teacher_scores=teacher_scores, loss="kl_div_loss", in_batch=in_batch)
     return kl_div(
         columns,
         DENSE_SCORES,
@@ -367,18 +399,19 @@ def kl_div(
     q_reps, pos_reps, neg_reps = columns
     d_columns = [pos_reps, *neg_reps]
     B, k = q_reps.shape[0], len(neg_reps)
+    whole_teacher = in_batch and teacher_scores.shape[1] != 1 + k  # [B, (1+k)·B]: every document of the batch
     block = scores.block_size(q_reps, 1 + k, block_size, shard_across_ranks) if in_batch else None
     kernel = _kernel(score_kernel, block_size, block) if in_batch else "blocked"
     if in_batch and block is None:
         all_scores = _whole_scores(q_reps, d_columns)  # [B, (1+k)·B]; query i's candidate j is column j·B + i
         log_student = F.log_softmax(all_scores / temperature, dim=1)  # [B, (1+k)·B]
-        device = all_scores.device
-        own = torch.arange(B, device=device)[:, None] + B * torch.arange(1 + k, device=device)
-        log_student = log_student.gather(1, own)  # [B, (1+k)·B] -> [B, 1+k]
+        if not whole_teacher:
+            device = all_scores.device
+            own = torch.arange(B, device=device)[:, None] + B * torch.arange(1 + k, device=device)
+            log_student = log_student.gather(1, own)  # [B, (1+k)·B] -> [B, 1+k]
     elif in_batch:  # normalised over the batch's documents, in blocks: log p = s / t - lse
         # Every column feeds both terms: one fp32 copy each, so their gradients are rounded once.
         q_reps, *d_columns = scores.upcast(q_reps, *d_columns)
-        own_scores = torch.stack([scores.paired(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
         lse = scores.logsumexp(
             q_reps,
             d_columns,
@@ -387,11 +420,24 @@ def kl_div(
             shard_across_ranks=shard_across_ranks,
             kernel=kernel,
         )  # [B]
+        if whole_teacher:
+            # KL_i = sum_j p_ij log p_ij - sum_j p_ij s_ij / t + lse_i (sum_j p_ij = 1): the middle term is
+            # bilinear in the reps (Scores.weighted), so no [B, (1+k)·B] student matrix is held.
+            log_teacher = _log_teacher(teacher_scores, teacher_temperature, lse)  # [B, (1+k)·B]
+            teacher = log_teacher.exp()
+            cross = scores.weighted(q_reps, d_columns, teacher, block_size=block)  # [B]
+            return ((teacher * log_teacher).sum(dim=1) - cross / temperature + lse).mean()
+        own_scores = torch.stack([scores.paired(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
         log_student = own_scores / temperature - lse[:, None]  # [B, 1+k]
     else:
         own_scores = torch.stack([scores.paired(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
         log_student = F.log_softmax(own_scores / temperature, dim=1)  # [B, 1+k]
-    teacher = teacher_scores.detach().to(device=log_student.device, dtype=log_student.dtype)  # [B, 1+k]
-    log_teacher = F.log_softmax(teacher / teacher_temperature, dim=1)  # [B, 1+k]
+    log_teacher = _log_teacher(teacher_scores, teacher_temperature, log_student)  # as log_student
     # sum_j p_t · (log p_t - log p_s), summed over the list, averaged over the B queries.
     return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True)
+
+
+def _log_teacher(teacher_scores: Tensor, teacher_temperature: float, like: Tensor) -> Tensor:
+    """The teacher's log-softmax over each row, on ``like``'s device and in its dtype, never differentiated."""
+    teacher = teacher_scores.detach().to(device=like.device, dtype=like.dtype)
+    return F.log_softmax(teacher / teacher_temperature, dim=1)

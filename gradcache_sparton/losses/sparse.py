@@ -64,6 +64,7 @@ __all__ = [
     "sparse_mean_nonzeros",
     "sparse_paired_scores",
     "sparse_score_plan",
+    "sparse_weighted_scores",
     "split_sparse_columns",
     "upcast_sparse",
 ]
@@ -207,6 +208,38 @@ def sparse_blocked_logsumexp(
     )
 
 
+def sparse_weighted_scores(
+    q_reps: SparseReps, d_reps: Sequence[SparseReps], weights: Tensor, *, block_size: int
+) -> Tensor:
+    """``sum_j weights[i, j] · (q_i · d_j)`` over every document -> [B] (fp32, fp64 for fp64 weights): each
+    query's scores weighted by ``weights`` [B, len(d_reps)·B] (column c·B + r: row r of ``d_reps[c]``; not
+    differentiated), differentiable in every column's weights. Unchecked.
+
+    Bilinear, so no score matrix: per block of ``block_size`` queries, the weighted sum of the densified
+    document blocks ([bq, bd] @ [bd, V] -> [bq, V]) is read at the queries' non-zeros. Autograd keeps no
+    densified block (the products save their ``weights`` slice only): at most a few [block, V] buffers at once.
+    """
+    dtype = accumulation_dtype(q_reps.weights, *(d.weights for d in d_reps))
+    num_rows, weights = q_reps.num_rows, weights.to(dtype)
+    queries = _SparseRows(q_reps, q_reps.weights)
+    documents = [_SparseRows(d, d.weights) for d in d_reps]
+    parts = []
+    # An ambient autocast (a caller's own loop) would run the products in bf16/fp16: keep them in fp32.
+    with torch.autocast(weights.device.type, enabled=False):
+        for qs in range(0, num_rows, block_size):
+            qe = min(qs + block_size, num_rows)
+            mixed = None  # [bq, V]: each query's weighted document
+            for c, rows in enumerate(documents):
+                for ds in range(0, num_rows, block_size):
+                    de = min(ds + block_size, num_rows)
+                    term = weights[qs:qe, c * num_rows + ds : c * num_rows + de] @ rows.block(ds, de, dtype)
+                    mixed = term if mixed is None else mixed + term
+            lo, hi, rows_in_block, ids = queries._entries(qs, qe)
+            products = q_reps.weights[lo:hi].to(dtype) * mixed[rows_in_block, ids]  # [nnz_b]
+            parts.append(products.new_zeros(qe - qs).index_add(0, rows_in_block, products))  # [bq]
+    return torch.cat(parts)
+
+
 def sparse_score_plan(q_reps: SparseReps, *, block_size: int) -> list[QueryBlock]:
     """The query blocks :func:`sparse_blocked_logsumexp` runs ``q_reps`` in at ``block_size`` (documents'
     edge): which are compacted to their active columns, and how wide (:func:`~.blocked.plan_query_blocks`)."""
@@ -311,6 +344,11 @@ class _SparseScores:
             block_size=block_size,
             shard_across_ranks=shard_across_ranks,
         )
+
+    def weighted(
+        self, q_reps: SparseReps, d_reps: Sequence[SparseReps], weights: Tensor, *, block_size: int
+    ) -> Tensor:
+        return sparse_weighted_scores(q_reps, d_reps, weights, block_size=block_size)
 
 
 SPARSE_SCORES: Scores = _SparseScores()

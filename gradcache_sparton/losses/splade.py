@@ -20,6 +20,7 @@ but an int between calls, so two forwards before one backward cannot clobber eac
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -63,7 +64,7 @@ from gradcache_sparton.losses.sparsity import unchecked_expected_flops, unchecke
 from gradcache_sparton.primitives.option_field import option
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
-__all__ = ["CONTRASTIVE_LOSSES", "SpladeLoss", "SpladeLossConfig"]
+__all__ = ["CONTRASTIVE_LOSSES", "IN_BATCH_NORMALISATIONS", "SpladeLoss", "SpladeLossConfig"]
 
 # Names accepted for ``SpladeLossConfig.contrastive``, each the public (checking) loss function.
 CONTRASTIVE_LOSSES: dict[str, Callable[..., Tensor]] = {
@@ -85,6 +86,10 @@ _CONTRASTIVE_CORES: dict[str, tuple[Callable[..., None], Callable[..., Tensor]]]
     "margin_mse": (functools.partial(check_teacher_scores, loss="margin_mse_loss"), margin_mse),
     "kl_div": (functools.partial(check_teacher_scores, loss="kl_div_loss"), kl_div),
 }
+
+# How an in-batch teacher's scores are put on one scale per query (gradcache_sparton.mining.teacher_scores):
+# zscore is not among them (it normalises against the query's top K over a corpus, which no batch searches).
+IN_BATCH_NORMALISATIONS = ("minmax", "none")
 
 _SPARSE_REGULARIZER_CORES: dict[str, Callable[..., Tensor]] = {"flops": sparse_flops, "l1": sparse_l1}
 
@@ -165,7 +170,7 @@ class SpladeLossConfig:
         "Ranking loss: 'infonce' (in-batch + hard negatives), or a distillation loss that needs "
         "teacher_scores [B, 1+k] (a teacher_scores data column): 'margin_mse' (margins) or 'kl_div' "
         "(listwise KL between the teacher's and the student's softmax over each query's candidates, "
-        "as SPLADE-v3).",
+        "as SPLADE-v3; with kl_in_batch and in_batch_teacher, over every document of the batch).",
         choices=sorted(CONTRASTIVE_LOSSES),
     )
     query_regularizer: str = option(
@@ -203,7 +208,28 @@ class SpladeLossConfig:
     kl_in_batch: bool = option(
         False,
         "kl_div only: the student's softmax also covers the other queries' documents (in-batch "
-        "negatives, teacher probability 0). Costs InfoNCE's [B, (1+k)·B] scores.",
+        "negatives: teacher probability 0, unless in_batch_teacher scores them). Costs InfoNCE's [B, (1+k)·B] "
+        "scores.",
+    )
+    in_batch_teacher: str | None = option(
+        None,
+        "kl_div with kl_in_batch: the teacher(s) that score every document of each batch for each of its "
+        "queries (teacher_scores [B, (1+k)·B], attached by the collator), as TEACHER[:WEIGHT],... with "
+        "TEACHER a checkpoint of ours, a sentence-transformers SparseEncoder or SentenceTransformer folder, or "
+        "bm25, and weights > 0 summing to 1 (default equal): 'outputs/siamese:0.5,bm25:0.5'. Each teacher's reps "
+        "of every training text are computed once before training; the data has no teacher_scores column. "
+        "One process (no multi-GPU run).",
+    )
+    in_batch_teacher_normalisation: str = option(
+        IN_BATCH_NORMALISATIONS[0],
+        "with in_batch_teacher: each teacher's scores, per query over its (1+k)·B candidates: 'minmax' "
+        "(s - min) / (max - min), or 'none'; then weighted, summed and times in_batch_teacher_scale.",
+        choices=list(IN_BATCH_NORMALISATIONS),
+    )
+    in_batch_teacher_scale: float | None = option(
+        None,
+        "with in_batch_teacher: multiplies the teachers' weighted sum, > 0. Default: 30 with minmax "
+        "(OpenSearch's, arXiv 2411.04403), 1 with none.",
     )
     score_block_size: int | None = option(
         None,
@@ -264,6 +290,7 @@ class SpladeLossConfig:
                 f"teacher_temperature={self.teacher_temperature}, kl_in_batch={self.kl_in_batch} with "
                 f"contrastive={self.contrastive!r}"
             )
+        self._check_in_batch_teacher()
         check_block_size(self.score_block_size, name="score_block_size")
         if not isinstance(self.shard_scores_across_ranks, bool):
             raise TypeError(
@@ -303,6 +330,35 @@ class SpladeLossConfig:
             shape_name="reg_warmup_shape",
         )
 
+    def _check_in_batch_teacher(self) -> None:
+        teacher, normalisation, scale = (
+            self.in_batch_teacher,
+            self.in_batch_teacher_normalisation,
+            self.in_batch_teacher_scale,
+        )
+        if teacher is not None and (not isinstance(teacher, str) or not teacher.strip()):
+            raise ValueError(f"in_batch_teacher must be TEACHER[:WEIGHT],... or None, got {teacher!r}")
+        if teacher is not None and not (self.contrastive == "kl_div" and self.kl_in_batch):
+            raise ValueError(
+                "in_batch_teacher scores every document of the batch for the student's in-batch softmax: it "
+                f"needs contrastive='kl_div' with kl_in_batch, got contrastive={self.contrastive!r}, "
+                f"kl_in_batch={self.kl_in_batch}"
+            )
+        if normalisation not in IN_BATCH_NORMALISATIONS:
+            raise ValueError(
+                f"in_batch_teacher_normalisation must be one of {IN_BATCH_NORMALISATIONS}, got {normalisation!r}"
+                " (zscore normalises against the query's top K over a corpus, which a batch does not search)"
+            )
+        if scale is not None and (
+            isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf
+        ):
+            raise ValueError(f"in_batch_teacher_scale must be a finite number > 0 or None, got {scale!r}")
+        if teacher is None and (normalisation != IN_BATCH_NORMALISATIONS[0] or scale is not None):
+            raise ValueError(
+                "in_batch_teacher_normalisation and in_batch_teacher_scale apply to an in_batch_teacher only, got "
+                f"in_batch_teacher_normalisation={normalisation!r}, in_batch_teacher_scale={scale} without one"
+            )
+
 
 class SpladeLoss:
     """SPLADE loss over a reps mapping: contrastive + warmed-up query and document regularizers.
@@ -333,7 +389,10 @@ class SpladeLoss:
         if not isinstance(config, SpladeLossConfig):
             raise TypeError(f"config must be a SpladeLossConfig, got {type(config).__name__}")
         self.config = config
-        self._check_loss_kwargs, self._contrastive = _CONTRASTIVE_CORES[config.contrastive]
+        check, self._contrastive = _CONTRASTIVE_CORES[config.contrastive]
+        # Listwise KL over the batch's documents also takes a teacher of every document ([B, (1+k)·B]).
+        in_batch = config.contrastive == "kl_div" and config.kl_in_batch
+        self._check_loss_kwargs = functools.partial(check, in_batch=True) if in_batch else check
         self._contrastive_kwargs = _contrastive_settings(config)
         self._query_schedule = WarmupSchedule(
             final_weight=config.query_reg_weight,
