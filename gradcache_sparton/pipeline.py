@@ -172,7 +172,11 @@ def run_training(
     # One live run per output_dir (the saving process holds the lock for all processes of the run).
     lock = output_dir_lock(training_args.output_dir) if training_args.should_save else nullcontext()
     with lock:
-        return _run_training(model_args, data_args, training_args, train_dataset)
+        from gradcache_sparton.mining import batch_teacher_for_run
+
+        # Before the model: the teacher's checks, its reps of every training text, its model freed.
+        batch_teacher = batch_teacher_for_run(training_args, train_dataset)
+        return _run_training(model_args, data_args, training_args, train_dataset, batch_teacher)
 
 
 def _run_training(
@@ -180,6 +184,7 @@ def _run_training(
     data_args: DataArguments,
     training_args: CachedSpladeTrainingArguments,
     train_dataset: Any,
+    batch_teacher: Any,
 ) -> dict[str, float]:
     if model_args.lora_r and (training_args.resume_from_checkpoint or training_args.load_best_model_at_end):
         raise ValueError(
@@ -206,7 +211,11 @@ def _run_training(
     if evaluator is not None and torch.cuda.is_available() and training_args.bf16:
         evaluator.encoding = dataclasses.replace(evaluator.encoding, autocast_dtype=torch.bfloat16)
     trainer = CachedSpladeTrainer(
-        encoder, training_args, train_dataset=train_dataset, processing_class=tokenizer
+        encoder,
+        training_args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        batch_teacher=batch_teacher,
     )
     if evaluator is not None and data_args.retrieval_eval_steps is not None:
         trainer.add_callback(

@@ -94,8 +94,9 @@ def validate_run(
     a ``report_to`` integration whose package is missing, an ``output_dir`` that is a file, a
     ``resume_from_checkpoint`` that is not a checkpoint folder, no optimizer step at all
     (``num_train_epochs`` 0 without ``max_steps``, or fewer ``num_train_rows`` than one global batch while
-    ``dataloader_drop_last`` drops it), and a batch that gives InfoNCE no negative to contrast with (one
-    row in the global batch and no negative among ``text_columns``: the loss is 0 at every step).
+    ``dataloader_drop_last`` drops it), an ``in_batch_teacher`` under several processes, and a batch that gives
+    InfoNCE no negative to contrast with (one row in the global batch and no negative among ``text_columns``:
+    the loss is 0 at every step).
     """
     from transformers.integrations import get_available_reporting_integrations
 
@@ -123,6 +124,12 @@ def validate_run(
             f"the training data has {num_train_rows} rows, fewer than one batch of {global_batch} "
             "(per_device_train_batch_size x processes): with dataloader_drop_last nothing would train; lower "
             "per_device_train_batch_size or add rows"
+        )
+    if args.in_batch_teacher is not None and args.world_size > 1:
+        raise ValueError(
+            f"in_batch_teacher with {args.world_size} processes: each process's collator scores its own rows "
+            "([B, (1+k)·B]), while the loss sees the batch gathered from every process, whose other processes' "
+            "documents the teacher never scored; train on one process (docs/distillation.md)"
         )
     has_negatives = text_columns is not None and len(text_columns) > 2  # query, positive, negatives...
     if args.contrastive == "infonce" and global_batch == 1 and text_columns is not None and not has_negatives:

@@ -124,6 +124,8 @@ class CachedSpladeTrainer(Trainer):
         data_collator: default :class:`~gradcache_sparton.data.TrainingCollator` with the arguments'
             max lengths; with ``max_memory``, padding every batch to them (one shape: the plan made on the
             first batch covers the run instead of a probe at each longer batch).
+        batch_teacher: with ``in_batch_teacher`` (required then): the teacher's scores of each batch
+            (:func:`~gradcache_sparton.mining.batch_teacher_for_run`), attached by the default collator.
         Everything else goes to ``transformers.Trainer``.
     """
 
@@ -136,6 +138,7 @@ class CachedSpladeTrainer(Trainer):
         processing_class: PreTrainedTokenizerBase,
         loss: Any = None,
         data_collator: Any = None,
+        batch_teacher: Any = None,
         **kwargs: Any,
     ) -> None:
         if not isinstance(args, CachedSpladeTrainingArguments):
@@ -216,6 +219,14 @@ class CachedSpladeTrainer(Trainer):
             *(evaluated.values() if isinstance(evaluated, Mapping) else [evaluated]),
         ]:
             check_loss_reads_columns(loss, dataset)
+        with_teacher = batch_teacher is not None
+        if (args.in_batch_teacher is not None) != with_teacher or (
+            with_teacher and data_collator is not None
+        ):
+            raise ValueError(
+                "in_batch_teacher needs its batch_teacher (gradcache_sparton.mining.batch_teacher_for_run(args, "
+                "train_dataset)) and the default collator, and a batch_teacher needs in_batch_teacher set"
+            )
         if data_collator is None:
             data_collator = TrainingCollator(
                 processing_class,
@@ -224,6 +235,7 @@ class CachedSpladeTrainer(Trainer):
                 # one shape where a max_memory plan is made; elsewhere batches keep their own lengths
                 pad_to_max_length=plans_memory(args, args.device.type, data_parallel=args.world_size > 1),
                 token_cache=token_cache,
+                batch_teacher=batch_teacher,
             )
         super().__init__(
             model=model,

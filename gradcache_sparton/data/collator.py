@@ -13,7 +13,7 @@ Collator output (:class:`TrainingCollator`, typed as :class:`TrainingBatch`)
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -34,6 +34,8 @@ from gradcache_sparton.data.token_cache import TokenCache
 __all__ = ["TrainingBatch", "TrainingCollator"]
 
 logger = logging.getLogger(__name__)
+
+TEACHER_SCORES = "teacher_scores"  # the loss keyword a batch teacher fills
 
 
 class TrainingBatch(TypedDict):
@@ -71,6 +73,11 @@ class TrainingCollator:
     ``token_cache``: the training texts tokenized once (:class:`~.token_cache.TokenCache`); a batch whose
     texts are all in it is only padded, to the same features (the tokenizer runs for the others).
 
+    ``batch_teacher``: ``batch_teacher(queries, documents) -> [B, (1+k)·B]``, the teacher's scores of every
+    query of the batch against every document of it (``documents``: the document columns in order, B texts
+    each; :class:`~gradcache_sparton.mining.BatchTeacher`), attached as ``loss_kwargs["teacher_scores"]``; the
+    rows then carry no ``teacher_scores`` of their own.
+
     A ``negatives`` list column becomes ``negative_1..k``. Extra columns must be numeric and become
     ``loss_kwargs`` tensors (``torch.tensor`` of the batch's values: ints stay int64, floats become
     float32). The collator does not depend on the batch size; training drops the last incomplete
@@ -83,6 +90,7 @@ class TrainingCollator:
     pad_to_multiple_of: int | None = 8
     pad_to_max_length: bool = False
     token_cache: TokenCache | None = None
+    batch_teacher: Callable[[list[str], list[list[str]]], Tensor] | None = None
     #: Rows so far whose positive repeated another row's in the same batch (in-batch false negatives).
     repeated_positives: int = field(default=0, init=False)
 
@@ -140,9 +148,16 @@ class TrainingCollator:
                     )
                 )
             columns[name] = features  # [B, S_column] each
-        return TrainingBatch(
-            columns=columns, loss_kwargs=self._loss_kwargs(rows), repeated_positives=repeated
-        )
+        loss_kwargs = self._loss_kwargs(rows)
+        if self.batch_teacher is not None:
+            if TEACHER_SCORES in loss_kwargs:
+                raise ValueError(
+                    f"the rows have a {TEACHER_SCORES!r} column and the collator has a batch_teacher: both are "
+                    "teacher scores; drop one (neither is preferred silently)"
+                )
+            documents = [values for name, values in texts.items() if name != QUERY_COLUMN]
+            loss_kwargs[TEACHER_SCORES] = self.batch_teacher(texts[QUERY_COLUMN], documents)  # [B, (1+k)·B]
+        return TrainingBatch(columns=columns, loss_kwargs=loss_kwargs, repeated_positives=repeated)
 
     def _count_repeated_positives(self, positives: Sequence[str]) -> int:
         """The rows whose positive repeats an earlier row's in this batch; warn at the first such batch.

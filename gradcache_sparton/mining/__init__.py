@@ -10,6 +10,8 @@ One job per module:
 - :mod:`.teachers`: distillation teachers (a checkpoint, a sentence-transformers model, BM25) and their scores.
 - :mod:`.teacher_scores`: per-query normalisation (minmax, zscore, none) and the weighted ensemble.
 - :mod:`.teacher_job`: the ``gradcache-sparton teacher`` job (a training file's rows with ``teacher_scores``).
+- :mod:`.batch_teacher`: an in-batch teacher (reps of every training text made once; each batch's
+  [B, (1+k)·B] teacher scores, for ``kl_div`` with ``kl_in_batch``).
 
 ``mine_hard_negatives(pairs, corpus=...)`` returns rows with ``negative_1..k`` that
 ``load_training_data`` and ``gradcache-sparton train --train_data`` read. bm25s (and PyStemmer for
@@ -18,6 +20,12 @@ imported only when BM25 ranking runs. See docs/mining.md.
 """
 
 from gradcache_sparton.data.output import check_output_path, write_training_file
+from gradcache_sparton.mining.batch_teacher import (
+    BatchTeacher,
+    batch_teacher_for_run,
+    build_batch_teacher,
+    parse_teacher_spec,
+)
 from gradcache_sparton.mining.job import CORPORA, run_mining
 from gradcache_sparton.mining.negatives import METHODS, SAMPLINGS, check_mining_settings, mine_hard_negatives
 from gradcache_sparton.mining.pairs import (
@@ -30,6 +38,7 @@ from gradcache_sparton.mining.pairs import (
 from gradcache_sparton.mining.rankings import (
     BM25_STEMMER,
     bm25_rankings,
+    bm25_reps,
     bm25_scores,
     check_bm25_installed,
     splade_rankings,
@@ -72,12 +81,16 @@ __all__ = [
     "TEACHER_COLUMN",
     "TEACHER_KINDS",
     "BM25Teacher",
+    "BatchTeacher",
     "CrossEncoderTeacher",
     "SentenceTransformerTeacher",
     "SpladeTeacher",
+    "batch_teacher_for_run",
     "beir_mining_pairs",
     "bm25_rankings",
+    "bm25_reps",
     "bm25_scores",
+    "build_batch_teacher",
     "candidate_lists",
     "check_bm25_installed",
     "check_mining_pairs",
@@ -90,6 +103,7 @@ __all__ = [
     "mine_hard_negatives",
     "minmax_normalise",
     "normalise_scores",
+    "parse_teacher_spec",
     "run_mining",
     "run_teacher_scores",
     "splade_rankings",

@@ -29,7 +29,14 @@ from gradcache_sparton.evaluation import EncodingSettings, retrieve
 from gradcache_sparton.evaluation.encoding import takes_encoding
 from gradcache_sparton.primitives.column_routing import DOCUMENT_COLUMN
 
-__all__ = ["BM25_STEMMER", "bm25_rankings", "bm25_scores", "check_bm25_installed", "splade_rankings"]
+__all__ = [
+    "BM25_STEMMER",
+    "bm25_rankings",
+    "bm25_reps",
+    "bm25_scores",
+    "check_bm25_installed",
+    "splade_rankings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +190,52 @@ def _bm25_weights(
     return (_token_matrix(token_lists, vocab, saturation) @ sparse.diags(idf)).tocsr()
 
 
+class _BM25Index:
+    """The statistics of bm25s's index over ``documents`` (:func:`bm25_rankings`'s tokenizer and ``stemmer``):
+    its vocabulary T (the corpus's tokens), each token's idf, the mean length; texts become [n, T] CSR rows."""
+
+    def __init__(self, documents: Sequence[str], stemmer: str | None) -> None:
+        _, self.tokenize = _bm25_tokenizer(stemmer)
+        self.doc_tokens = self.tokenize(documents)
+        self.vocab: dict[str, int] = {}
+        doc_freq: Counter[str] = Counter()
+        for tokens in self.doc_tokens:
+            for token in dict.fromkeys(tokens):
+                self.vocab.setdefault(token, len(self.vocab))
+                doc_freq[token] += 1
+        n = len(documents)
+        self.idf = np.array(
+            [math.log(1 + (n - doc_freq[t] + 0.5) / (doc_freq[t] + 0.5)) for t in self.vocab]
+        )  # [T]
+        # An all-stop-word corpus scores 0 anyway.
+        self.avg_length = max(sum(map(len, self.doc_tokens)) / n, 1e-12)
+
+    def counts(self, token_lists: list[list[str]]) -> Any:
+        """[n, T] query token counts: bm25s sums a repeated query token once per occurrence and drops tokens
+        the corpus never uses."""
+        return _token_matrix(token_lists, self.vocab, lambda tf, _: float(tf))
+
+    def weights(self, token_lists: list[list[str]]) -> Any:
+        """[n, T] each text's BM25 weights under this index."""
+        return _bm25_weights(token_lists, self.vocab, self.idf, self.avg_length)
+
+
+def bm25_reps(
+    queries: Sequence[str],
+    texts: Sequence[str],
+    documents: Sequence[str],
+    *,
+    stemmer: str | None = BM25_STEMMER,
+) -> tuple[Any, Any]:
+    """BM25 as sparse reps in its own vocabulary T (the tokens of ``documents``, the corpus): ``(query_counts
+    [Q, T], text_weights [n, T])``, float64 scipy CSR, so that ``query_counts[i] · text_weights[j]`` is the
+    BM25 score of ``texts[j]`` for ``queries[i]`` under the corpus's index, what :func:`bm25_scores` gives."""
+    if not documents:
+        raise ValueError("documents is empty: there is no corpus to index")
+    index = _BM25Index(documents, stemmer)
+    return index.counts(index.tokenize(queries)), index.weights(index.tokenize(texts))
+
+
 def bm25_scores(
     queries: Sequence[str],
     candidates: Sequence[Sequence[str]],
@@ -214,23 +267,12 @@ def bm25_scores(
     if len(widths) != 1 or 0 in widths:
         raise ValueError(f"every query needs the same number (>= 1) of candidates, got {sorted(widths)}")
     (width,) = widths
-    _, tokenize = _bm25_tokenizer(stemmer)
-    doc_tokens = tokenize(documents)
-    vocab: dict[str, int] = {}
-    doc_freq: Counter[str] = Counter()
-    for tokens in doc_tokens:
-        for token in dict.fromkeys(tokens):
-            vocab.setdefault(token, len(vocab))
-            doc_freq[token] += 1
+    index = _BM25Index(documents, stemmer)
     num_docs = len(documents)
-    idf = np.array([math.log(1 + (num_docs - doc_freq[t] + 0.5) / (doc_freq[t] + 0.5)) for t in vocab])  # [T]
-    avg_length = max(sum(map(len, doc_tokens)) / num_docs, 1e-12)  # an all-stop-word corpus scores 0 anyway
-    doc_weights = _bm25_weights(doc_tokens, vocab, idf, avg_length).T.tocsr()  # [T, N]
-    # [Q, T] query token counts: bm25s sums a repeated query token once per occurrence and drops tokens
-    # the corpus never uses
-    counts = _token_matrix(tokenize(queries), vocab, lambda tf, _: float(tf))
+    doc_weights = index.weights(index.doc_tokens).T.tocsr()  # [T, N]
+    counts = index.counts(index.tokenize(queries))  # [Q, T]
     flat = [text for texts in candidates for text in texts]
-    candidate_weights = _bm25_weights(tokenize(flat), vocab, idf, avg_length)  # [Q·C, T]
+    candidate_weights = index.weights(index.tokenize(flat))  # [Q·C, T]
     repeated = counts[np.repeat(np.arange(len(queries)), width)]  # [Q·C, T]
     candidate_scores = np.asarray(repeated.multiply(candidate_weights).sum(axis=1)).reshape(
         len(queries), width

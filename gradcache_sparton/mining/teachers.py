@@ -162,6 +162,13 @@ class SpladeTeacher:
     def __init__(self, encoder: Callable[..., Tensor], encoding: EncodingSettings) -> None:
         self.encoder, self.encoding = encoder, encoding
 
+    def encode(self, texts: Sequence[str], *, query: bool) -> SparseReps:
+        """The reps of ``texts`` as queries or as documents (on the CPU)."""
+        column, desc = (
+            (QUERY_COLUMN, "Teacher: queries") if query else (DOCUMENT_COLUMN, "Teacher: documents")
+        )
+        return self.encoding.encode(self.encoder, list(texts), column=column, desc=desc)
+
     def scores(
         self,
         queries: Sequence[str],
@@ -171,7 +178,7 @@ class SpladeTeacher:
         depth: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         encoding = self.encoding
-        q_reps = encoding.encode(self.encoder, queries, column=QUERY_COLUMN, desc="Teacher: queries")
+        q_reps = self.encode(queries, query=True)
         corpus = list(documents) if depth is not None else []
         extra = _distinct(candidates, corpus)
         parts = []
@@ -212,7 +219,9 @@ class SentenceTransformerTeacher:
         self.model, self.kind, self.batch_size = model, kind, batch_size
         self.device, self.bf16, self.show_progress = device, bf16, show_progress
 
-    def _encode(self, texts: Sequence[str], *, query: bool) -> Tensor:
+    def encode(self, texts: Sequence[str], *, query: bool) -> Tensor:
+        """The embeddings of ``texts`` as queries or as documents: dense [n, D], or a SparseEncoder's sparse
+        [n, V] (COO, coalesced), float32."""
         encode = self.model.encode_query if query else self.model.encode_document
         with _autocast(self.device, self.bf16):
             reps = encode(
@@ -234,9 +243,9 @@ class SentenceTransformerTeacher:
         *,
         depth: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        q = self._encode(queries, query=True)
+        q = self.encode(queries, query=True)
         texts = list(dict.fromkeys(t for row in candidates for t in row))
-        d = self._encode(texts, query=False)
+        d = self.encode(texts, query=False)
         row_of = {text: row for row, text in enumerate(texts)}
         scores = _pair_scores(
             q,
@@ -249,7 +258,7 @@ class SentenceTransformerTeacher:
         )
         top = None
         if depth is not None:
-            top = self._top(q, self._encode(list(documents), query=False), depth)
+            top = self._top(q, self.encode(list(documents), query=False), depth)
         return scores, top
 
     def _top(self, q: Tensor, d: Tensor, depth: int) -> Tensor:
