@@ -40,7 +40,7 @@ import torch
 from benchmarks.common import run_stamp, write_result
 from benchmarks.scifact_text import read_pairs
 
-__all__ = ["build_random_teachers", "main", "parse_args"]
+__all__ = ["build_random_teachers", "main", "parse_args", "teacher_rows"]
 
 KINDS = ("splade", "sparse_encoder", "sentence_transformer", "cross_encoder")
 SHAPES = {
@@ -78,7 +78,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _rows(beir_path: str, rows: int, negatives: int) -> tuple[list[str], list[list[str]]]:
+def teacher_rows(beir_path: str, rows: int, negatives: int) -> tuple[list[str], list[list[str]]]:
+    """``rows`` SciFact queries (seeded draw, repeated when fewer) and each one's candidates: its positive, then
+    ``negatives`` abstracts drawn at random."""
     pairs = read_pairs(beir_path)
     rng = random.Random(0)
     order = rng.sample(range(len(pairs.queries)), min(rows, len(pairs.queries)))
@@ -180,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not on_gpu and not args.smoke:
         print("bench_teacher_scores: needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    queries, candidates = _rows(args.beir_path, args.rows, args.negatives)
+    queries, candidates = teacher_rows(args.beir_path, args.rows, args.negatives)
     result: dict[str, Any] = {
         "stamp": run_stamp(),
         "command": "python -m benchmarks.bench_teacher_scores "

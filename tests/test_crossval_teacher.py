@@ -129,6 +129,52 @@ def test_fold_teacher_is_trained_on_the_fold_and_scores_the_students_rows(
     assert merged["comparisons"]["recipe - teacher"] == results["comparisons"]["recipe - teacher"]
 
 
+def test_fold_teacher_of_a_kl_in_batch_student_scores_its_batches(tmp_path: Path, monkeypatch) -> None:
+    """With --kl_in_batch in the student recipe, the fold's teacher (trained on the fold's pairs only) and BM25
+    are the student's in-batch teacher (--in_batch_teacher at the teacher weight, the teacher normalisation),
+    built from the student's own training rows: no held-out claim among them, no teacher_scores column written."""
+    pytest.importorskip("bm25s")
+    import gradcache_sparton.mining as mining
+    import gradcache_sparton.pipeline as pipeline
+
+    calls, texts, real, build = [], [], pipeline.run_training, mining.batch_teacher_for_run
+
+    def run_training(model_args, data_args, training_args):
+        calls.append((training_args.output_dir, data_args.train_data[0], training_args.in_batch_teacher,
+                      training_args.in_batch_teacher_normalisation))  # fmt: skip
+        return real(model_args, data_args, training_args)
+
+    def batch_teacher_for_run(args, dataset):
+        if args.in_batch_teacher is not None:
+            texts.append(set(dataset["query"]))
+        return build(args, dataset)
+
+    monkeypatch.setattr(pipeline, "run_training", run_training)
+    monkeypatch.setattr(mining, "batch_teacher_for_run", batch_teacher_for_run)
+    beir = write_beir(tmp_path / "beir")
+    out = tmp_path / "cv"
+    flags = ["--teacher", "fold", f"--teacher_recipe={TEACHER_RECIPE}", "--teacher_weight", "0.3",
+             "--teacher_normalisation", "minmax"]  # fmt: skip
+    recipe = [*SHIPPED_RECIPE, "--kl_in_batch", "True"]
+    assert crossval_main([*_argv(beir, out, *flags), "--", *recipe]) == 0
+    teacher = [str(out / "seed1" / "teacher" / f"fold{k}") for k in range(2)]
+    assert calls == [
+        call
+        for k in range(2)
+        for call in (
+            (teacher[k], str(out / f"fold{k}" / "train-teacher.jsonl.gz"), None, "minmax"),
+            (str(out / "seed1" / f"fold{k}"), str(out / f"fold{k}" / "train.jsonl.gz"), f"{teacher[k]}:0.7,bm25:0.3",
+             "minmax"),
+        )
+    ]  # fmt: skip
+    folds = json.loads((out / "folds.json").read_text())["folds"]
+    for k, held in enumerate(folds):
+        held_texts = {f"what about the {TOPICS[int(q[1:])]}" for q in held}
+        assert texts[k] and not held_texts & texts[k]  # the teacher's texts: the fold's training rows only
+        assert "teacher_scores" not in _rows(out / f"fold{k}" / "train.jsonl.gz")[0]
+    assert set(json.loads((out / "crossval.json").read_text())["systems"]["teacher"]["seeds"]) == {"1"}
+
+
 @pytest.mark.parametrize(
     ("flags", "recipe", "message"),
     [
@@ -154,7 +200,7 @@ def test_fold_teacher_is_trained_on_the_fold_and_scores_the_students_rows(
         (
             ["--teacher", "fold", f"--teacher_recipe={TEACHER_RECIPE}"],
             [*SHIPPED_RECIPE, "--kl_in_batch", "True"],
-            "--kl_in_batch",
+            "teacher_normalisation must be one of \\('minmax', 'none'\\), got 'zscore'",
         ),
         (
             ["--teacher", "fold", f"--teacher_recipe={TEACHER_RECIPE} --contrastive kl_div"],
@@ -176,8 +222,8 @@ def test_fold_teacher_is_trained_on_the_fold_and_scores_the_students_rows(
     ],
 )
 def test_fold_teacher_misuse_fails_before_any_work(tmp_path: Path, flags, recipe, message) -> None:
-    """A fold teacher without its recipe, a recipe without a fold teacher, a fold teacher with rounds, a student
-    reading in-batch candidates the teacher never scored, a teacher recipe that itself needs a teacher or names a
+    """A fold teacher without its recipe, a recipe without a fold teacher, a fold teacher with rounds, a
+    --kl_in_batch student's in-batch teacher normalised by zscore (no corpus search per batch), a teacher recipe that itself needs a teacher or names a
     flag the protocol owns, an unparsable recipe, a normalisation without a teacher: one ValueError, nothing
     written."""
     beir = write_beir(tmp_path / "beir")

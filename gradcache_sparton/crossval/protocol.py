@@ -49,7 +49,7 @@ from gradcache_sparton.crossval.rows import (
     teacher_scorer,
 )
 from gradcache_sparton.crossval.settings import CrossvalSettings, check_recipe_loss
-from gradcache_sparton.crossval.teacher import LOSSES_READING_TEACHER
+from gradcache_sparton.crossval.teacher import LOSSES_READING_TEACHER, in_batch_teacher_args
 from gradcache_sparton.data import BeirData, load_beir
 from gradcache_sparton.evaluation.evaluator import SparseRetrievalEvaluator
 from gradcache_sparton.evaluation.runs import write_trec_run
@@ -304,6 +304,7 @@ def run_crossval(
                 qrels={q: beir.qrels[q] for q in held},
             )
             train_file, round_args, trained = out / fold_info[k]["train_file"], model_args, None
+            in_batch: dict[str, str] = {}  # a fold teacher of a --kl_in_batch student: its in-batch teacher
             if (
                 teacher_recipe
             ):  # the fold's teacher, trained on the fold's rows; the student's rows scored by it
@@ -333,20 +334,27 @@ def run_crossval(
                 for key, values in result["per_query"].items():
                     per_query[TEACHER].setdefault(key, {}).update(values)
                 nonzeros[TEACHER].append((len(held), result["query_nonzeros"], result["doc_nonzeros"]))
-                rows = fold_teacher_rows(
-                    training_rows[k],
-                    beir.corpus,
-                    settings,
-                    fold_teacher,
-                    teacher_tokenizer,
-                    teacher_bf16,
-                    progress,
-                )
-                train_file = write_training_file(
-                    rows, out / f"fold{k}" / f"train-seed{seed}-teacher.jsonl.gz", overwrite=True
-                )
+                if training_args.kl_in_batch:  # the student's in-batch teacher: this fold's teacher and BM25
+                    in_batch = in_batch_teacher_args(
+                        str(teacher_dir),
+                        bm25_weight=settings.teacher_weight,
+                        normalisation=settings.teacher_normalisation,
+                    )
+                else:
+                    rows = fold_teacher_rows(
+                        training_rows[k],
+                        beir.corpus,
+                        settings,
+                        fold_teacher,
+                        teacher_tokenizer,
+                        teacher_bf16,
+                        progress,
+                    )
+                    train_file = write_training_file(
+                        rows, out / f"fold{k}" / f"train-seed{seed}-teacher.jsonl.gz", overwrite=True
+                    )
                 logger.info(
-                    "crossval: seed %d fold %d: teacher nDCG@10 %.4f, its scores written (%.0f s)",
+                    "crossval: seed %d fold %d: teacher nDCG@10 %.4f (%.0f s)",
                     seed,
                     k,
                     _mean(result["per_query"][PRIMARY].values()),
@@ -376,7 +384,7 @@ def run_crossval(
                     )
                     if settings.round_start == "previous":
                         round_args = _continued_model_args(model_args, _run_dir(out, seed, k, r - 1))
-                fold_args = _fold_training_args(training_args, output_dir=str(run_dir), seed=seed)
+                fold_args = _fold_training_args(training_args, output_dir=str(run_dir), seed=seed, **in_batch)
                 run_training(round_args, _fold_data_args(train_file), fold_args)
                 trained = build_encoder(_trained_model_args(model_args, run_dir), tokenizer)
                 run_file = runs and runs / f"{name}-seed{seed}-fold{k}.trec"
@@ -534,10 +542,12 @@ def _continued_model_args(model_args: Any, previous_dir: Path) -> Any:
     )
 
 
-def _fold_training_args(training_args: Any, *, output_dir: str, seed: int) -> Any:
+def _fold_training_args(training_args: Any, *, output_dir: str, seed: int, **changes: Any) -> Any:
     from dataclasses import replace
 
-    return replace(training_args, output_dir=output_dir, seed=seed, save_strategy="no", report_to=[])
+    return replace(
+        training_args, output_dir=output_dir, seed=seed, save_strategy="no", report_to=[], **changes
+    )
 
 
 def _fold_data_args(train_file: Path) -> Any:

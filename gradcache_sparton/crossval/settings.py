@@ -16,6 +16,7 @@ from gradcache_sparton.crossval.teacher import (
 )
 from gradcache_sparton.evaluation.encoding import EncodingSettings, check_max_lengths
 from gradcache_sparton.evaluation.significance import DEFAULT_RESAMPLES
+from gradcache_sparton.losses.splade import IN_BATCH_NORMALISATIONS
 from gradcache_sparton.primitives.option_field import option
 
 if TYPE_CHECKING:
@@ -55,7 +56,9 @@ class CrossvalSettings:
         "and a recipe with --contrastive kl_div or margin_mse): 'bm25+model' mixes BM25's and the starting "
         "model's scores of the row's positive and negatives, each normalised per query "
         "(--teacher_normalisation); 'fold' mixes BM25 with a model --teacher_recipe trains on each fold's "
-        "training rows (per seed; the system 'teacher' in the report).",
+        "training rows (per seed; the system 'teacher' in the report); with a --kl_in_batch recipe those two "
+        "score every document of each batch instead (the student's --in_batch_teacher; --teacher_normalisation "
+        "minmax or none).",
         choices=TEACHERS,
     )
     teacher_weight: float = option(
@@ -227,12 +230,16 @@ def check_recipe_loss(settings: CrossvalSettings, training_args: CachedSpladeTra
             f"read, but the recipe trains with contrastive={contrastive!r}: add `--contrastive kl_div` to the "
             "train flags (after --), or drop --teacher"
         )
-    if settings.teacher == "fold" and getattr(training_args, "kl_in_batch", False):
+    if (
+        settings.teacher == "fold"
+        and training_args.kl_in_batch
+        and settings.teacher_normalisation not in IN_BATCH_NORMALISATIONS
+    ):
         raise ValueError(
-            "teacher='fold' writes scores of each row's own candidates only, while --kl_in_batch also puts "
-            "the batch's other rows' documents in the student's softmax, where this teacher has no score (the "
-            "loss would give them probability 0, not the teacher's view): leave --kl_in_batch out of the recipe "
-            "(docs/distillation.md)"
+            "teacher='fold' with a --kl_in_batch recipe scores every document of each batch for each query (the "
+            "fold teacher and BM25 as the student's in_batch_teacher), normalised over the batch's documents: "
+            f"teacher_normalisation must be one of {IN_BATCH_NORMALISATIONS}, got {settings.teacher_normalisation!r} "
+            "(zscore needs each query's top K over the corpus): pass --teacher_normalisation minmax"
         )
     if settings.teacher == "none" and contrastive in LOSSES_READING_TEACHER:
         raise ValueError(

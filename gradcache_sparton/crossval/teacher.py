@@ -11,6 +11,11 @@ n_model``. The model is the recipe's untrained start (``--teacher bm25+model``; 
 r-1 model) or, with ``--teacher fold``, a model the teacher recipe trained on the fold's own training rows. The
 result is the row's ``teacher_scores`` [C], what ``--contrastive kl_div`` (or ``margin_mse``) reads.
 
+A student recipe with ``--kl_in_batch`` distils instead from the fold teacher and BM25 scoring every document of
+each batch (:func:`in_batch_teacher_args`: its ``--in_batch_teacher``, :mod:`gradcache_sparton.mining.batch_teacher`),
+so that the teacher's softmax covers the student's in-batch candidates; its BM25 index is the fold's training
+documents. Those scores too read only the fold's training rows and the fold's teacher.
+
 A row's teacher scores are a function of the row's own texts, the corpus and the model: nothing of any other
 row, query or judgement is read, and no model that saw a held-out claim scores a fold's rows, so the folds'
 guarantee (no held-out claim shapes its training rows) holds for them as for the mined negatives.
@@ -30,6 +35,7 @@ __all__ = [
     "TEACHERS",
     "TEACHER_NORMALISATIONS",
     "ensemble_teacher_scores",
+    "in_batch_teacher_args",
 ]
 
 # 'fold': a model trained on each fold's training rows with the teacher recipe (--teacher_recipe), per seed.
@@ -83,3 +89,11 @@ def ensemble_teacher_scores(
         for system in systems
     ]  # [R, C] each
     return ensemble_scores(normalised, [bm25_weight, 1.0 - bm25_weight], scale=DEFAULT_SCALES[normalisation])
+
+
+def in_batch_teacher_args(teacher_dir: str, *, bm25_weight: float, normalisation: str) -> dict[str, str]:
+    """The student's training arguments that make the fold's teacher (the checkpoint in ``teacher_dir``) and BM25,
+    at ``bm25_weight``, its in-batch teacher, normalised by ``normalisation`` (minmax or none)."""
+    shares = [(teacher_dir, 1.0 - bm25_weight), ("bm25", bm25_weight)]
+    spec = ",".join(f"{name}:{share!r}" for name, share in shares if share > 0)
+    return {"in_batch_teacher": spec, "in_batch_teacher_normalisation": normalisation}
