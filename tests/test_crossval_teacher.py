@@ -203,6 +203,11 @@ def test_fold_teacher_of_a_kl_in_batch_student_scores_its_batches(tmp_path: Path
             "teacher_normalisation must be one of \\('minmax', 'none'\\), got 'zscore'",
         ),
         (
+            ["--teacher", "fold", f"--teacher_recipe={TEACHER_RECIPE}", "--teacher_normalisation", "minmax"],
+            [*SHIPPED_RECIPE, "--kl_in_batch", "True", "--in_batch_teacher", "bm25"],
+            "the recipe names another",
+        ),
+        (
             ["--teacher", "fold", f"--teacher_recipe={TEACHER_RECIPE} --contrastive kl_div"],
             SHIPPED_RECIPE,
             "teacher_recipe trains with contrastive='kl_div'",
@@ -223,7 +228,8 @@ def test_fold_teacher_of_a_kl_in_batch_student_scores_its_batches(tmp_path: Path
 )
 def test_fold_teacher_misuse_fails_before_any_work(tmp_path: Path, flags, recipe, message) -> None:
     """A fold teacher without its recipe, a recipe without a fold teacher, a fold teacher with rounds, a
-    --kl_in_batch student's in-batch teacher normalised by zscore (no corpus search per batch), a teacher recipe that itself needs a teacher or names a
+    --kl_in_batch student's in-batch teacher normalised by zscore (no corpus search per batch) or named twice (the
+    protocol's and the recipe's), a teacher recipe that itself needs a teacher or names a
     flag the protocol owns, an unparsable recipe, a normalisation without a teacher: one ValueError, nothing
     written."""
     beir = write_beir(tmp_path / "beir")

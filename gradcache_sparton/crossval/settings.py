@@ -241,7 +241,16 @@ def check_recipe_loss(settings: CrossvalSettings, training_args: CachedSpladeTra
             f"teacher_normalisation must be one of {IN_BATCH_NORMALISATIONS}, got {settings.teacher_normalisation!r} "
             "(zscore needs each query's top K over the corpus): pass --teacher_normalisation minmax"
         )
-    if settings.teacher == "none" and contrastive in LOSSES_READING_TEACHER:
+    if settings.teacher != "none" and training_args.in_batch_teacher is not None:
+        raise ValueError(
+            f"teacher={settings.teacher!r} is the student's teacher, and the recipe names another "
+            f"(--in_batch_teacher {training_args.in_batch_teacher!r}): drop one of them"
+        )
+    if (
+        settings.teacher == "none"
+        and contrastive in LOSSES_READING_TEACHER
+        and not training_args.in_batch_teacher
+    ):
         raise ValueError(
             f"the recipe trains with contrastive={contrastive!r}, which needs teacher scores: pass "
             f"--teacher {TEACHERS[1]} (with --bm25_negatives >= 1)"
