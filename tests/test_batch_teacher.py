@@ -73,7 +73,8 @@ def test_bm25_batch_scores_equal_bm25_scores_of_every_pair() -> None:
         QUERIES, [BATCH_DOCUMENTS] * 3, _corpus_order_documents(), depth=1, show_progress=False
     )
     assert raw.shape == (3, 9) and float(raw.max()) > 0
-    torch.testing.assert_close(raw, expected.double(), rtol=1e-6, atol=1e-9)  # float64 both: order only
+    # The reps are kept in float32: scores of O(10) within a few float32 ulps (2^-24 relative each) of float64.
+    torch.testing.assert_close(raw, expected.double(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["splade", "sentence_transformer", "sparse_encoder"])
