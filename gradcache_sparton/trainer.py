@@ -71,12 +71,9 @@ from gradcache_sparton.integrations.sentence_transformers import (
 )
 from gradcache_sparton.losses import SpladeLoss
 from gradcache_sparton.modeling import (
-    QUERY_TABLE_NAME,
     InferenceFreeEncoder,
     SpladeEncoder,
-    check_checkpoint_files,
-    load_backbone,
-    load_query_encoder,
+    load_checkpoint_weights,
     query_table_parameters,
 )
 from gradcache_sparton.run_checks import (
@@ -514,39 +511,16 @@ class CachedSpladeTrainer(Trainer):
             raise checkpoint_write_error(folder, exc, mark_incomplete=True) from exc
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        """Load the backbone weights of one of our (standard masked- or causal-LM) checkpoints into the encoder."""
+        """Load the weights of one of our (standard masked- or causal-LM) checkpoints into the encoder: the
+        backbone and an inference-free model's query table, into the shards under FSDP."""
         encoder = self.accelerator.unwrap_model(model if model is not None else self.model)
         if self._sparse_encoder:
             loaded = type(encoder)(resume_from_checkpoint, device="cpu", local_files_only=True)
             encoder.load_state_dict(loaded.state_dict(), strict=True)
             return
-        # The backbone's own class: a masked LM, or a decoder-only LM's causal-LM class.
-        # Every backbone tensor must be in the checkpoint files (not initialised at random by from_pretrained),
-        # and then every one of them is copied (strict).
-        check_checkpoint_files(resume_from_checkpoint)
-        loaded = load_backbone(type(encoder.model), resume_from_checkpoint, local_files_only=True)
-        if self.is_fsdp_enabled:  # full tensors into every rank's shards
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            options = StateDictOptions(full_state_dict=True, strict=True)
-            set_model_state_dict(encoder.model, loaded.state_dict(), options=options)
-            return
-        encoder.model.load_state_dict(loaded.state_dict(), strict=True)
-        if isinstance(encoder, InferenceFreeEncoder):  # the query table beside the backbone's weights
-            query_encoder, saved = load_query_encoder(resume_from_checkpoint)  # as recorded, checked
-            if saved is None:
-                raise ValueError(
-                    f"checkpoint {resume_from_checkpoint} has no query table (its query encoder is "
-                    f"{query_encoder!r}): not this inference-free run's"
-                )
-            if saved.vocab_size != encoder.query_table.vocab_size or saved.kind != encoder.query_table.kind:
-                raise ValueError(
-                    f"{Path(resume_from_checkpoint) / QUERY_TABLE_NAME} holds a {saved.kind} table of "
-                    f"{saved.vocab_size} weights but this run's query table is a {encoder.query_table.kind} one of "
-                    f"{encoder.query_table.vocab_size} (its tokenizer's vocabulary): not this inference-free run's "
-                    "checkpoint"
-                )
-            encoder.query_table.load_state_dict(saved.state_dict())
+        # The backbone (its own class: a masked LM, or a decoder-only LM's causal-LM class), strict, and an
+        # inference-free run's query table; under FSDP full tensors into every rank's shards.
+        load_checkpoint_weights(encoder, resume_from_checkpoint, sharded=self.is_fsdp_enabled)
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint

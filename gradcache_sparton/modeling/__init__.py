@@ -15,7 +15,9 @@
 - :mod:`~gradcache_sparton.modeling.query_encoder`: :func:`load_query_encoder`, what encodes a saved model's
   queries (``splade_config.json``'s ``query_encoder``, checked against the folder's files);
 - :mod:`~gradcache_sparton.modeling.inference_free`: :class:`InferenceFreeEncoder`, the table for queries
-  and the SPLADE encoder for documents in one module, routed by column.
+  and the SPLADE encoder for documents in one module, routed by column;
+- :mod:`~gradcache_sparton.modeling.resume`: :func:`load_checkpoint_weights`, a checkpoint's backbone and query
+  table back into a resumed run's model, sharded (FSDP2) or whole.
 """
 
 from gradcache_sparton.modeling.backbones import (
@@ -49,6 +51,7 @@ from gradcache_sparton.modeling.query_table import (
     save_query_table,
     write_token_weights,
 )
+from gradcache_sparton.modeling.resume import load_checkpoint_weights
 
 __all__ = [
     "QUERY_ENCODER_FIELD",
@@ -67,6 +70,7 @@ __all__ = [
     "idf_weights",
     "li_lsr_table_from",
     "load_backbone",
+    "load_checkpoint_weights",
     "load_query_encoder",
     "load_query_table",
     "position_limit",
