@@ -180,21 +180,12 @@ def test_bad_teachers_are_refused_before_any_encoding(tmp_path: Path, models) ->
             },
             "in_batch_teacher_normalisation must be one of",
         ),
-        (
-            {
-                "contrastive": "kl_div",
-                "kl_in_batch": True,
-                "in_batch_teacher": "bm25",
-                "in_batch_teacher_scale": 0.0,
-            },
-            "in_batch_teacher_scale must be",
-        ),
-        ({"in_batch_teacher_scale": 3.0}, "apply to an in_batch_teacher only"),
+        ({"in_batch_teacher_normalisation": "none"}, "applies to an in_batch_teacher only"),
     ],
 )
 def test_in_batch_teacher_options_are_checked_with_the_loss_config(kwargs, message) -> None:
     """--in_batch_teacher only with kl_div and kl_in_batch; its normalisation minmax or none (zscore needs a
-    corpus search), its scale > 0, neither without a teacher: one ValueError naming the option."""
+    corpus search), and not without a teacher: one ValueError naming the option."""
     from gradcache_sparton.losses import SpladeLossConfig
 
     with pytest.raises(ValueError, match=message):

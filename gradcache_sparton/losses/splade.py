@@ -20,7 +20,6 @@ but an int between calls, so two forwards before one backward cannot clobber eac
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -170,7 +169,7 @@ class SpladeLossConfig:
         "Ranking loss: 'infonce' (in-batch + hard negatives), or a distillation loss that needs "
         "teacher_scores [B, 1+k] (a teacher_scores data column): 'margin_mse' (margins) or 'kl_div' "
         "(listwise KL between the teacher's and the student's softmax over each query's candidates, "
-        "as SPLADE-v3; with kl_in_batch and in_batch_teacher, over every document of the batch).",
+        "as SPLADE-v3).",
         choices=sorted(CONTRASTIVE_LOSSES),
     )
     query_regularizer: str = option(
@@ -208,28 +207,17 @@ class SpladeLossConfig:
     kl_in_batch: bool = option(
         False,
         "kl_div only: the student's softmax also covers the other queries' documents (in-batch "
-        "negatives: teacher probability 0, unless in_batch_teacher scores them). Costs InfoNCE's [B, (1+k)·B] "
-        "scores.",
+        "negatives, teacher probability 0 but by in_batch_teacher). Costs InfoNCE's [B, (1+k)·B] scores.",
     )
     in_batch_teacher: str | None = option(
         None,
-        "kl_div with kl_in_batch: the teacher(s) that score every document of each batch for each of its "
-        "queries (teacher_scores [B, (1+k)·B], attached by the collator), as TEACHER[:WEIGHT],... with "
-        "TEACHER a checkpoint of ours, a sentence-transformers SparseEncoder or SentenceTransformer folder, or "
-        "bm25, and weights > 0 summing to 1 (default equal): 'outputs/siamese:0.5,bm25:0.5'. Each teacher's reps "
-        "of every training text are computed once before training; the data has no teacher_scores column. "
-        "One process (no multi-GPU run).",
+        "kl_div with kl_in_batch: TEACHER[:WEIGHT],... scoring every document of each batch (a model "
+        "folder or bm25; docs/distillation.md).",
     )
     in_batch_teacher_normalisation: str = option(
         IN_BATCH_NORMALISATIONS[0],
-        "with in_batch_teacher: each teacher's scores, per query over its (1+k)·B candidates: 'minmax' "
-        "(s - min) / (max - min), or 'none'; then weighted, summed and times in_batch_teacher_scale.",
+        "in_batch_teacher per query: 'minmax' (x30) or 'none'.",
         choices=list(IN_BATCH_NORMALISATIONS),
-    )
-    in_batch_teacher_scale: float | None = option(
-        None,
-        "with in_batch_teacher: multiplies the teachers' weighted sum, > 0. Default: 30 with minmax "
-        "(OpenSearch's, arXiv 2411.04403), 1 with none.",
     )
     score_block_size: int | None = option(
         None,
@@ -331,11 +319,7 @@ class SpladeLossConfig:
         )
 
     def _check_in_batch_teacher(self) -> None:
-        teacher, normalisation, scale = (
-            self.in_batch_teacher,
-            self.in_batch_teacher_normalisation,
-            self.in_batch_teacher_scale,
-        )
+        teacher, normalisation = self.in_batch_teacher, self.in_batch_teacher_normalisation
         if teacher is not None and (not isinstance(teacher, str) or not teacher.strip()):
             raise ValueError(f"in_batch_teacher must be TEACHER[:WEIGHT],... or None, got {teacher!r}")
         if teacher is not None and not (self.contrastive == "kl_div" and self.kl_in_batch):
@@ -349,14 +333,9 @@ class SpladeLossConfig:
                 f"in_batch_teacher_normalisation must be one of {IN_BATCH_NORMALISATIONS}, got {normalisation!r}"
                 " (zscore normalises against the query's top K over a corpus, which a batch does not search)"
             )
-        if scale is not None and (
-            isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf
-        ):
-            raise ValueError(f"in_batch_teacher_scale must be a finite number > 0 or None, got {scale!r}")
-        if teacher is None and (normalisation != IN_BATCH_NORMALISATIONS[0] or scale is not None):
+        if teacher is None and normalisation != IN_BATCH_NORMALISATIONS[0]:
             raise ValueError(
-                "in_batch_teacher_normalisation and in_batch_teacher_scale apply to an in_batch_teacher only, got "
-                f"in_batch_teacher_normalisation={normalisation!r}, in_batch_teacher_scale={scale} without one"
+                f"in_batch_teacher_normalisation applies to an in_batch_teacher only, got {normalisation!r} without one"
             )
 
 

@@ -237,7 +237,7 @@ def build_batch_teacher(
         )
     scale = DEFAULT_SCALES[normalisation] if scale is None else scale
     if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"in_batch_teacher_scale must be a finite number > 0, got {scale!r}")
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
     queries, documents = _training_texts(dataset)
     start = time.perf_counter()
     load = {"batch_size": batch_size, "device": device, "bf16": bf16, "show_progress": show_progress}
@@ -264,8 +264,8 @@ def build_batch_teacher(
 
 
 def batch_teacher_for_run(args: Any, dataset: Any) -> BatchTeacher | None:
-    """The in-batch teacher the training arguments ``args`` name (``in_batch_teacher``, its normalisation and
-    scale) over the training rows, on the GPU when the run has one (bf16 autocast with ``--bf16``); None
+    """The in-batch teacher the training arguments ``args`` name (``in_batch_teacher`` and its normalisation, at
+    that normalisation's default scale: ``teacher_temperature`` divides the scores after) over the training rows, on the GPU when the run has one (bf16 autocast with ``--bf16``); None
     without one."""
     if args.in_batch_teacher is None:
         return None
@@ -274,7 +274,6 @@ def batch_teacher_for_run(args: Any, dataset: Any) -> BatchTeacher | None:
         args.in_batch_teacher,
         dataset,
         normalisation=args.in_batch_teacher_normalisation,
-        scale=args.in_batch_teacher_scale,
         device=device,
         bf16=bool(args.bf16),
         show_progress=not args.disable_tqdm,
