@@ -44,6 +44,9 @@ _MEMORY_TRAINER_OPTIONS = ("activation_checkpointing", "gradient_checkpointing",
 # The engine's three-state options (true, false, or left unset: decided per step from the model, the
 # device and max_memory's plan, and logged; engine/settings.py): --help-all only.
 _ENGINE_DECIDES = ("cuda_graphs", "reuse_argmax", "check_replay", "sparse_reps", "gather_across_ranks")
+# How the loss computes its [B, (1+k)·B] scores (blocks, the kernel, ranks sharing them), never their value, each
+# with an automatic default: --help-all only.
+_LOSS_SCORING = ("score_block_size", "score_kernel", "shard_scores_across_ranks")
 
 
 def _train_option_groups() -> dict[str, tuple[str, list[str]]]:
@@ -85,7 +88,10 @@ def _train_option_groups() -> dict[str, tuple[str, list[str]]]:
             "training pairs (default: the shipped SciFact sample)",
             [n for n in data_names if n not in evaluation] + training_data,
         ),
-        "loss": ("the SPLADE loss: contrastive term, sparsity regularizers and their warm-up", loss_names),
+        "loss": (
+            "the SPLADE loss: contrastive term, sparsity regularizers and their warm-up",
+            [name for name in loss_names if name not in _LOSS_SCORING],
+        ),
         "evaluation": (
             "retrieval metrics on a BEIR folder (default: the shipped SciFact dev sample)",
             evaluation,
@@ -177,14 +183,19 @@ def train_help(*, show_all: bool) -> str:
         )
         for name in _ENGINE_DECIDES:
             add(decided, name)
+        scoring = display.add_argument_group(
+            "how the loss computes its scores", "each with an automatic default; never the loss's value"
+        )
+        for name in _LOSS_SCORING:
+            add(scoring, name)
         trainer = display.add_argument_group("the Trainer's other options (transformers.TrainingArguments)")
         for name in sorted(remaining):
             add(trainer, name)
     else:
-        hidden = len(remaining) - len(_ENGINE_DECIDES)
+        hidden = len(remaining) - len(_ENGINE_DECIDES) - len(_LOSS_SCORING)
         display.epilog = (
-            f"The engine decides {', '.join(_ENGINE_DECIDES)} by itself (logged at the first step), and the "
-            f"Trainer has {hidden} other options (transformers.TrainingArguments): gradcache-sparton train "
-            f"{HELP_ALL}"
+            f"The engine decides {', '.join(_ENGINE_DECIDES)} by itself (logged at the first step), the loss "
+            f"computes its scores as {', '.join(_LOSS_SCORING)} say (automatic by default), and the Trainer has "
+            f"{hidden} other options (transformers.TrainingArguments): gradcache-sparton train {HELP_ALL}"
         )
     return display.format_help()
