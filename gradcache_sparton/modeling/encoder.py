@@ -199,29 +199,12 @@ class SpladeEncoder(nn.Module):
 
     @classmethod
     def from_config(
-        cls,
-        config: PreTrainedConfig,
-        *,
-        pooling: str = "max",
-        special_token_ids: Sequence[int] | None = None,
-        prefix_length: int = 0,
-        bidirectional: bool = False,
-        echo: bool = False,
-        activation_function: str = DEFAULT_HEAD_ACTIVATION,
-        **model_kwargs: Any,
+        cls, config: PreTrainedConfig, *, model_kwargs: Mapping[str, Any] | None = None, **options: Any
     ) -> SpladeEncoder:
-        """A randomly initialised encoder (``AutoModelForMaskedLM.from_config(config, **model_kwargs)``,
-        ``AutoModelForCausalLM`` for a decoder-only family)."""
-        model = auto_class_for(config).from_config(config, **model_kwargs)
-        return cls(
-            model,
-            pooling=pooling,
-            special_token_ids=special_token_ids,
-            prefix_length=prefix_length,
-            bidirectional=bidirectional,
-            echo=echo,
-            activation_function=activation_function,
-        )
+        """A randomly initialised encoder: ``AutoModelForMaskedLM.from_config(config, **model_kwargs)``
+        (``AutoModelForCausalLM`` for a decoder-only family) wrapped with the constructor's keyword
+        ``options`` (``pooling``, ``special_token_ids``, ``prefix_length``, ...)."""
+        return cls(auto_class_for(config).from_config(config, **(model_kwargs or {})), **options)
 
     @classmethod
     def from_pretrained(
