@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,9 @@ from gradcache_sparton.losses.columns import ContrastiveColumns, accumulation_dt
 from gradcache_sparton.losses.scores import unchecked_dot_scores, unchecked_paired_scores
 
 __all__ = [
+    "AUTO_SCORE_PATH",
     "DENSE_SCORES",
+    "ScorePath",
     "Scores",
     "check_teacher_scores",
     "check_temperature",
@@ -69,18 +71,9 @@ class Scores(Protocol):
         only dense [B, V] reps build."""
         ...
 
-    def logsumexp(
-        self,
-        q_reps: Any,
-        d_reps: Sequence[Any],
-        *,
-        temperature: float,
-        block_size: int,
-        shard_across_ranks: bool,
-        kernel: str,
-    ) -> Tensor:
-        """Each query's log-sum-exp of its scaled scores against every row of ``d_reps`` -> [B], in blocks;
-        ``kernel`` ('auto', 'fused', 'blocked'): whether the fused kernel of :mod:`.fused_lse` may run."""
+    def logsumexp(self, q_reps: Any, d_reps: Sequence[Any], *, temperature: float, path: ScorePath) -> Tensor:
+        """Each query's log-sum-exp of its scaled scores against every row of ``d_reps`` -> [B], in blocks,
+        along ``path`` as :meth:`ScorePath.resolve` decided it (its block edge set)."""
         ...
 
     def weighted(self, q_reps: Any, d_reps: Sequence[Any], weights: Tensor, *, block_size: int) -> Tensor:
@@ -89,6 +82,30 @@ class Scores(Protocol):
         the rows of one block where the layout works in blocks. Bilinear in (q, d), so it is exact without the
         score matrix: ``q_i · (sum_j weights[i, j] · d_j)``."""
         ...
+
+
+class ScorePath(NamedTuple):
+    """How the in-batch [B, (1+k)·B] scores run, the settings that travel together from the loss's config.
+
+    ``block_size``: the block edge (None: automatic, the whole matrix while it fits, :mod:`.blocked`);
+    ``shard_across_ranks``: blocked, 1/W of the queries per rank (:mod:`.blocked`); ``kernel`` ('auto',
+    'fused', 'blocked'): whether the fused kernel of :mod:`.fused_lse` may run.
+    """
+
+    block_size: int | None = None
+    shard_across_ranks: bool = False
+    kernel: str = "auto"
+
+    def resolve(self, scores: Scores, q_reps: Any, num_columns: int) -> ScorePath | None:
+        """The path of ``q_reps`` against ``num_columns`` document columns scored by ``scores``: the block edge
+        decided (:meth:`Scores.block_size`) and the kernel (:func:`_kernel`); None: the whole score matrix."""
+        block = scores.block_size(q_reps, num_columns, self.block_size, self.shard_across_ranks)
+        kernel = _kernel(self.kernel, self.block_size, block)
+        return None if block is None else ScorePath(block, self.shard_across_ranks, kernel)
+
+
+AUTO_SCORE_PATH = ScorePath()
+"""The default :class:`ScorePath`: automatic blocks, every rank scoring every query, kernel 'auto'."""
 
 
 class _DenseScores:
@@ -107,23 +124,16 @@ class _DenseScores:
         return AUTO_BLOCK_SIZE if shard and block is None else block
 
     def logsumexp(
-        self,
-        q_reps: Tensor,
-        d_reps: Sequence[Tensor],
-        *,
-        temperature: float,
-        block_size: int,
-        shard_across_ranks: bool,
-        kernel: str,
+        self, q_reps: Tensor, d_reps: Sequence[Tensor], *, temperature: float, path: ScorePath
     ) -> Tensor:
-        if kernel == "fused":
+        if path.kernel == "fused":
             raise ValueError(_FUSED_DENSE)
         return blocked_logsumexp(
             q_reps,
             d_reps,
             temperature=temperature,
-            block_size=block_size,
-            shard_across_ranks=shard_across_ranks,
+            block_size=path.block_size,
+            shard_across_ranks=path.shard_across_ranks,
         )
 
     def weighted(
@@ -213,35 +223,20 @@ def info_nce_loss(
     """
     check_temperature(temperature)
     check_block_size(block_size)
-    return info_nce(split_columns(reps), DENSE_SCORES, temperature=temperature, block_size=block_size)
+    return info_nce(split_columns(reps), DENSE_SCORES, temperature=temperature, path=ScorePath(block_size))
 
 
 def info_nce(
-    columns: _Columns,
-    scores: Scores,
-    *,
-    temperature: float,
-    block_size: int | None = None,
-    shard_across_ranks: bool = False,
-    score_kernel: str = "auto",
+    columns: _Columns, scores: Scores, *, temperature: float, path: ScorePath = AUTO_SCORE_PATH
 ) -> Tensor:
-    """:func:`info_nce_loss` of checked columns, scored by ``scores``; ``shard_across_ranks``: blocked, 1/W
-    of the queries per rank (:mod:`.blocked`); ``score_kernel``: see :func:`_kernel`."""
+    """:func:`info_nce_loss` of checked columns, scored by ``scores`` along ``path``."""
     q_reps, pos_reps, neg_reps = columns
-    block = scores.block_size(q_reps, 1 + len(neg_reps), block_size, shard_across_ranks)
-    kernel = _kernel(score_kernel, block_size, block)
-    if block is not None:
+    resolved = path.resolve(scores, q_reps, 1 + len(neg_reps))
+    if resolved is not None:
         # -log softmax at the own positive = logsumexp over the batch's documents - the positive's score.
         # Queries and positives feed both terms: one fp32 copy each, so their gradients are rounded once.
         q_reps, pos_reps = scores.upcast(q_reps, pos_reps)
-        lse = scores.logsumexp(
-            q_reps,
-            [pos_reps, *neg_reps],
-            temperature=temperature,
-            block_size=block,
-            shard_across_ranks=shard_across_ranks,
-            kernel=kernel,
-        )
+        lse = scores.logsumexp(q_reps, [pos_reps, *neg_reps], temperature=temperature, path=resolved)
         return (lse - scores.paired(q_reps, pos_reps) / temperature).mean()  # [B] -> []
     all_scores = _whole_scores(q_reps, [pos_reps, *neg_reps])  # [B, (1+k)·B]; column j < B is positive j
     # In place: cat's backward needs no saved tensors, so this spares one [B, (1+k)·B] buffer.
@@ -378,7 +373,7 @@ def kl_div_loss(
         temperature=temperature,
         teacher_temperature=teacher_temperature,
         in_batch=in_batch,
-        block_size=block_size,
+        path=ScorePath(block_size),
     )
 
 
@@ -390,19 +385,16 @@ def kl_div(
     temperature: float,
     teacher_temperature: float,
     in_batch: bool,
-    block_size: int | None = None,
-    shard_across_ranks: bool = False,
-    score_kernel: str = "auto",
+    path: ScorePath = AUTO_SCORE_PATH,
 ) -> Tensor:
-    """:func:`kl_div_loss` of checked columns and teacher scores, scored by ``scores`` (``shard_across_ranks``,
-    ``score_kernel``: as :func:`info_nce`)."""
+    """:func:`kl_div_loss` of checked columns and teacher scores, scored by ``scores`` (with ``in_batch``,
+    along ``path``)."""
     q_reps, pos_reps, neg_reps = columns
     d_columns = [pos_reps, *neg_reps]
     B, k = q_reps.shape[0], len(neg_reps)
     whole_teacher = in_batch and teacher_scores.shape[1] != 1 + k  # [B, (1+k)·B]: every document of the batch
-    block = scores.block_size(q_reps, 1 + k, block_size, shard_across_ranks) if in_batch else None
-    kernel = _kernel(score_kernel, block_size, block) if in_batch else "blocked"
-    if in_batch and block is None:
+    resolved = path.resolve(scores, q_reps, 1 + k) if in_batch else None
+    if in_batch and resolved is None:
         all_scores = _whole_scores(q_reps, d_columns)  # [B, (1+k)·B]; query i's candidate j is column j·B + i
         log_student = F.log_softmax(all_scores / temperature, dim=1)  # [B, (1+k)·B]
         if not whole_teacher:
@@ -412,20 +404,13 @@ def kl_div(
     elif in_batch:  # normalised over the batch's documents, in blocks: log p = s / t - lse
         # Every column feeds both terms: one fp32 copy each, so their gradients are rounded once.
         q_reps, *d_columns = scores.upcast(q_reps, *d_columns)
-        lse = scores.logsumexp(
-            q_reps,
-            d_columns,
-            temperature=temperature,
-            block_size=block,
-            shard_across_ranks=shard_across_ranks,
-            kernel=kernel,
-        )  # [B]
+        lse = scores.logsumexp(q_reps, d_columns, temperature=temperature, path=resolved)  # [B]
         if whole_teacher:
             # KL_i = sum_j p_ij log p_ij - sum_j p_ij s_ij / t + lse_i (sum_j p_ij = 1): the middle term is
             # bilinear in the reps (Scores.weighted), so no [B, (1+k)·B] student matrix is held.
             log_teacher = _log_teacher(teacher_scores, teacher_temperature, lse)  # [B, (1+k)·B]
             teacher = log_teacher.exp()
-            cross = scores.weighted(q_reps, d_columns, teacher, block_size=block)  # [B]
+            cross = scores.weighted(q_reps, d_columns, teacher, block_size=resolved.block_size)  # [B]
             return ((teacher * log_teacher).sum(dim=1) - cross / temperature + lse).mean()
         own_scores = torch.stack([scores.paired(q_reps, d_reps) for d_reps in d_columns], dim=1)  # [B, 1+k]
         log_student = own_scores / temperature - lse[:, None]  # [B, 1+k]

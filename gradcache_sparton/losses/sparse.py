@@ -45,7 +45,7 @@ from gradcache_sparton.losses.blocked import (
     rows_logsumexp,
 )
 from gradcache_sparton.losses.columns import accumulation_dtype
-from gradcache_sparton.losses.contrastive import Scores
+from gradcache_sparton.losses.contrastive import ScorePath, Scores
 from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
 from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
 
@@ -324,25 +324,18 @@ class _SparseScores:
         return sparse_block_size(q_reps.vocab_size) if block_size is None else block_size
 
     def logsumexp(
-        self,
-        q_reps: SparseReps,
-        d_reps: Sequence[SparseReps],
-        *,
-        temperature: float,
-        block_size: int,
-        shard_across_ranks: bool,
-        kernel: str,
+        self, q_reps: SparseReps, d_reps: Sequence[SparseReps], *, temperature: float, path: ScorePath
     ) -> Tensor:
-        if use_fused_kernel(q_reps, d_reps, kernel):
+        if use_fused_kernel(q_reps, d_reps, path.kernel):
             return fused_sparse_logsumexp(
-                q_reps, d_reps, temperature=temperature, shard_across_ranks=shard_across_ranks
+                q_reps, d_reps, temperature=temperature, shard_across_ranks=path.shard_across_ranks
             )
         return sparse_blocked_logsumexp(
             q_reps,
             d_reps,
             temperature=temperature,
-            block_size=block_size,
-            shard_across_ranks=shard_across_ranks,
+            block_size=path.block_size,
+            shard_across_ranks=path.shard_across_ranks,
         )
 
     def weighted(

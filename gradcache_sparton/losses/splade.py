@@ -30,7 +30,9 @@ from torch import Tensor
 from gradcache_sparton.losses.blocked import check_block_size
 from gradcache_sparton.losses.columns import ContrastiveColumns, split_columns
 from gradcache_sparton.losses.contrastive import (
+    AUTO_SCORE_PATH,
     DENSE_SCORES,
+    ScorePath,
     Scores,
     check_teacher_scores,
     check_temperature,
@@ -455,17 +457,17 @@ class SpladeLoss:
 
 def _contrastive_settings(config: SpladeLossConfig) -> dict[str, Any]:
     """The config's keyword arguments of its contrastive loss (the loss kwargs add per-batch tensors)."""
-    shard = {"shard_across_ranks": True} if config.shard_scores_across_ranks else {}
-    if config.score_kernel != "auto":  # how the [B, (1+k)·B] scores run ('auto': the cores' default)
-        shard = {**shard, "score_kernel": config.score_kernel}
+    path = ScorePath(config.score_block_size, config.shard_scores_across_ranks, config.score_kernel)
+    scoring = (
+        {"path": path} if path != AUTO_SCORE_PATH else {}
+    )  # the default: left to the cores, out of the repr
     if config.contrastive == "infonce":
-        return {"temperature": config.temperature, "block_size": config.score_block_size, **shard}
+        return {"temperature": config.temperature, **scoring}
     if config.contrastive == "kl_div":
         return {
             "temperature": config.temperature,
             "teacher_temperature": config.teacher_temperature,
             "in_batch": config.kl_in_batch,
-            "block_size": config.score_block_size,
-            **shard,
+            **scoring,
         }
     return {}
