@@ -94,7 +94,8 @@ def validate_run(
     a ``report_to`` integration whose package is missing, an ``output_dir`` that is a file, a
     ``resume_from_checkpoint`` that is not a checkpoint folder, no optimizer step at all
     (``num_train_epochs`` 0 without ``max_steps``, or fewer ``num_train_rows`` than one global batch while
-    ``dataloader_drop_last`` drops it), an ``in_batch_teacher`` under several processes, and a batch that gives
+    ``dataloader_drop_last`` drops it), ``fsdp`` on the CPU (accelerate would ignore it and train under DDP),
+    an ``in_batch_teacher`` under several processes, and a batch that gives
     InfoNCE no negative to contrast with (one row in the global batch and no negative among ``text_columns``:
     the loss is 0 at every step).
     """
@@ -124,6 +125,12 @@ def validate_run(
             f"the training data has {num_train_rows} rows, fewer than one batch of {global_batch} "
             "(per_device_train_batch_size x processes): with dataloader_drop_last nothing would train; lower "
             "per_device_train_batch_size or add rows"
+        )
+    if args.fsdp and args.device.type == "cpu":
+        raise ValueError(
+            f"--fsdp on the CPU ({args.world_size} process{'es' if args.world_size > 1 else ''}): accelerate shards only across GPU processes, so "
+            "under a launcher the flag would be ignored and the run train unsharded under DDP (one process: the "
+            "Trainer refuses it); drop --fsdp on the CPU, or run on CUDA GPUs (torchrun --nproc_per_node N)"
         )
     if args.in_batch_teacher is not None and args.world_size > 1:
         raise ValueError(

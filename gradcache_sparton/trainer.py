@@ -74,6 +74,7 @@ from gradcache_sparton.modeling import (
     InferenceFreeEncoder,
     SpladeEncoder,
     load_checkpoint_weights,
+    load_full_state_dict,
     query_table_parameters,
 )
 from gradcache_sparton.run_checks import (
@@ -514,9 +515,9 @@ class CachedSpladeTrainer(Trainer):
         """Load the weights of one of our (standard masked- or causal-LM) checkpoints into the encoder: the
         backbone and an inference-free model's query table, into the shards under FSDP."""
         encoder = self.accelerator.unwrap_model(model if model is not None else self.model)
-        if self._sparse_encoder:
+        if self._sparse_encoder:  # sentence-transformers' folder, whole; under FSDP into every rank's shards
             loaded = type(encoder)(resume_from_checkpoint, device="cpu", local_files_only=True)
-            encoder.load_state_dict(loaded.state_dict(), strict=True)
+            load_full_state_dict(encoder, loaded.state_dict(), sharded=self.is_fsdp_enabled)
             return
         # The backbone (its own class: a masked LM, or a decoder-only LM's causal-LM class), strict, and an
         # inference-free run's query table; under FSDP full tensors into every rank's shards.

@@ -17,7 +17,7 @@
 - :mod:`~gradcache_sparton.modeling.inference_free`: :class:`InferenceFreeEncoder`, the table for queries
   and the SPLADE encoder for documents in one module, routed by column;
 - :mod:`~gradcache_sparton.modeling.resume`: :func:`load_checkpoint_weights`, a checkpoint's backbone and query
-  table back into a resumed run's model, sharded (FSDP2) or whole.
+  table back into a resumed run's model, sharded (FSDP2) or whole (:func:`load_full_state_dict`, the copy).
 """
 
 from gradcache_sparton.modeling.backbones import (
@@ -51,7 +51,7 @@ from gradcache_sparton.modeling.query_table import (
     save_query_table,
     write_token_weights,
 )
-from gradcache_sparton.modeling.resume import load_checkpoint_weights
+from gradcache_sparton.modeling.resume import load_checkpoint_weights, load_full_state_dict
 
 __all__ = [
     "QUERY_ENCODER_FIELD",
@@ -71,6 +71,7 @@ __all__ = [
     "li_lsr_table_from",
     "load_backbone",
     "load_checkpoint_weights",
+    "load_full_state_dict",
     "load_query_encoder",
     "load_query_table",
     "position_limit",

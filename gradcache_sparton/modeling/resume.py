@@ -6,8 +6,9 @@ run: the backbone, and an :class:`InferenceFreeEncoder`'s query table (as its fo
 :func:`~.query_encoder.load_query_encoder`). Under FSDP2 (``fully_shard``) every parameter of a sharded
 module is a ``DTensor``, the query table's included (it sits in the root's unit); the full tensors read
 from the files are then split into each rank's shards by ``set_model_state_dict`` (every rank takes part),
-otherwise copied by ``load_state_dict``. Both parts take the same copy, strict: every tensor of the module
-must be in the checkpoint.
+otherwise copied by ``load_state_dict``. Both parts take the same copy (:func:`load_full_state_dict`, also
+the trainer's for a sentence-transformers ``SparseEncoder``), strict: every tensor of the module must be in
+the checkpoint.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from gradcache_sparton.modeling.inference_free import InferenceFreeEncoder
 from gradcache_sparton.modeling.query_encoder import load_query_encoder
 from gradcache_sparton.modeling.query_table import QUERY_TABLE_NAME, QueryTable
 
-__all__ = ["load_checkpoint_weights"]
+__all__ = ["load_checkpoint_weights", "load_full_state_dict"]
 
 
 def load_checkpoint_weights(encoder: SpladeEncoder, folder: str | os.PathLike, *, sharded: bool) -> None:
@@ -41,13 +42,19 @@ def load_checkpoint_weights(encoder: SpladeEncoder, folder: str | os.PathLike, *
     if isinstance(encoder, InferenceFreeEncoder):  # the query table beside the backbone's weights
         parts.append((encoder.query_table, _checkpoint_table(folder, encoder.query_table).state_dict()))
     for module, state_dict in parts:
-        if sharded:  # full tensors into every rank's shards
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        load_full_state_dict(module, state_dict, sharded=sharded)
 
-            options = StateDictOptions(full_state_dict=True, strict=True)
-            set_model_state_dict(module, dict(state_dict), options=options)
-        else:
-            module.load_state_dict(state_dict, strict=True)
+
+def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, Tensor], *, sharded: bool) -> None:
+    """Copy the full tensors of ``state_dict`` into ``module``, strict; ``sharded``: its parameters are FSDP2
+    shards, split from the full tensors by ``set_model_state_dict`` (every rank takes part)."""
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, strict=True)
+        set_model_state_dict(module, dict(state_dict), options=options)
+    else:
+        module.load_state_dict(state_dict, strict=True)
 
 
 def _checkpoint_table(folder: str | os.PathLike, table: QueryTable) -> QueryTable:
