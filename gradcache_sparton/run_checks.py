@@ -30,8 +30,9 @@ __all__ = [
 _RUN_FILES = ("trainer_state.json", "model.safetensors", "config.json", "training_args.bin")
 
 
-def check_sharding(trainer: Trainer) -> None:
-    """Refuse the parallelisms GradCache cannot run under, naming the setting and what works instead."""
+def check_sharding(trainer: Trainer, *, sparse_encoder: bool = False) -> None:
+    """Refuse the parallelisms GradCache cannot run under, naming the setting and what works instead;
+    ``sparse_encoder``: the trainer's model is a sentence-transformers ``SparseEncoder``."""
     if trainer.is_deepspeed_enabled:
         raise ValueError(
             "deepspeed: DeepSpeed runs the backward itself (engine.backward) and partitions the parameters "
@@ -46,6 +47,13 @@ def check_sharding(trainer: Trainer) -> None:
             f"fsdp: FSDP version {version} is not supported with the cached loss (its forwards all-gather "
             "parameters per mini-batch on every rank, and ranks replaying different numbers of mini-batches "
             "would wait on each other); set fsdp_version 2 in --fsdp_config (FSDP2, fully_shard)"
+        )
+    if sparse_encoder and trainer.is_fsdp_enabled:
+        raise ValueError(
+            "fsdp with a sentence-transformers SparseEncoder: its save_pretrained gathers the sharded weights on "
+            "the main process alone, so the first checkpoint or the final save would hang waiting for the other "
+            "ranks; train the SparseEncoder under DDP (no --fsdp), or shard a SpladeEncoder (the train command's "
+            "model), whose checkpoints also load as a SparseEncoder"
         )
 
 

@@ -243,7 +243,7 @@ class CachedSpladeTrainer(Trainer):
             data_collator=data_collator,
             **kwargs,
         )
-        check_sharding(self)
+        check_sharding(self, sparse_encoder=self._sparse_encoder)
         self.loss = loss
         # The loss needs no labels: without this, evaluation calls model(**inputs) instead of compute_loss.
         self.can_return_loss = True
@@ -515,7 +515,9 @@ class CachedSpladeTrainer(Trainer):
         """Load the weights of one of our (standard masked- or causal-LM) checkpoints into the encoder: the
         backbone and an inference-free model's query table, into the shards under FSDP."""
         encoder = self.accelerator.unwrap_model(model if model is not None else self.model)
-        if self._sparse_encoder:  # sentence-transformers' folder, whole; under FSDP into every rank's shards
+        # sentence-transformers' folder, whole; under FSDP into every rank's shards (which check_sharding refuses
+        # for a SparseEncoder while its save gathers on the main process alone)
+        if self._sparse_encoder:
             loaded = type(encoder)(resume_from_checkpoint, device="cpu", local_files_only=True)
             load_full_state_dict(encoder, loaded.state_dict(), sharded=self.is_fsdp_enabled)
             return

@@ -1,4 +1,4 @@
-"""validate_run's refusal of ``--fsdp`` on the CPU, before any work."""
+"""Run checks before any work: `--fsdp` on the CPU (validate_run), a SparseEncoder under FSDP (check_sharding)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,22 @@ def test_fsdp_on_the_cpu_is_refused(tmp_path: Path, monkeypatch, processes: int)
         CachedSpladeTrainingArguments, "device", property(lambda self: torch.device("cuda", 0))
     )
     validate_run(args, num_train_rows=10_000)
+
+
+def test_a_sparse_encoder_under_fsdp_is_refused() -> None:
+    """A SparseEncoder under FSDP is refused when the trainer is built, naming fsdp and the SparseEncoder
+    (before: its first save gathered the shards on the main process alone and hung); DDP and a SpladeEncoder
+    under FSDP pass."""
+    from types import SimpleNamespace
+
+    from gradcache_sparton.run_checks import check_sharding
+
+    def trainer(fsdp: bool) -> SimpleNamespace:
+        plugin = SimpleNamespace(fsdp_version=2)
+        accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin))
+        return SimpleNamespace(is_deepspeed_enabled=False, is_fsdp_enabled=fsdp, accelerator=accelerator)
+
+    with pytest.raises(ValueError, match="fsdp with a sentence-transformers SparseEncoder"):
+        check_sharding(trainer(True), sparse_encoder=True)
+    check_sharding(trainer(False), sparse_encoder=True)
+    check_sharding(trainer(True), sparse_encoder=False)
