@@ -1,4 +1,5 @@
-"""Shared pieces of the engine tests: a tiny SPLADE-like encoder, random columns, losses and references.
+"""Shared pieces of the engine and loss tests: a tiny SPLADE-like encoder, random columns, losses, references
+and the comparisons against them.
 
 The references here are written independently of the engine (plain PyTorch, one forward and one
 backward), so the tests compare the engine against something it does not share code with.
@@ -29,6 +30,7 @@ __all__ = [
     "accumulate_earlier_micro_step",
     "assert_grads_close",
     "assert_grads_unchanged",
+    "assert_matches_reference",
     "contrastive_flops_loss",
     "dropout_free_config",
     "failing_encoder",
@@ -321,6 +323,33 @@ def assert_grads_close(actual: Mapping[str, Tensor], expected: Mapping[str, Tens
         scale = max(float(ref.abs().max()), 1e-6 * largest)
         torch.testing.assert_close(
             actual[name], ref, rtol=rtol, atol=rtol * scale, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+def assert_matches_reference(
+    loss: Tensor,
+    reference: Tensor,
+    leaves: Mapping[str, Tensor],
+    reference_leaves: Mapping[str, Tensor],
+    *,
+    rtol: float,
+    atol: float,
+) -> None:
+    """``loss`` equals its fp64 ``reference``, and, after one backward of each, every leaf's gradient equals
+    the reference leaf's of the same name: both compared in fp64 within the caller's ``rtol`` and ``atol``
+    (the test states why they are that size for its dtype)."""
+    assert reference.dtype == torch.float64, f"the reference is {reference.dtype}, not fp64"
+    torch.testing.assert_close(loss.double(), reference, rtol=rtol, atol=atol)
+    loss.backward()
+    reference.backward()
+    for name, leaf in leaves.items():
+        assert leaf.grad is not None, f"{name}: no gradient"
+        torch.testing.assert_close(
+            leaf.grad.double(),
+            reference_leaves[name].grad,
+            rtol=rtol,
+            atol=atol,
+            msg=lambda m, n=name: f"{n}: {m}",
         )
 
 

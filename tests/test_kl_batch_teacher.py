@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import assert_matches_reference
 
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, kl_div_loss
 from gradcache_sparton.primitives.sparse_reps import SparseReps
@@ -67,11 +68,7 @@ def test_kl_with_a_whole_teacher_matrix_matches_reference(
     )
     ref = _reference(ref_in, teacher, temperature, teacher_temperature)
     assert loss.dtype == torch.float32 and ref.item() > 0.01  # a reference that carries signal
-    torch.testing.assert_close(loss.double(), ref, **FP32_TOL)
-    loss.backward()
-    ref.backward()
-    for name in reps:
-        torch.testing.assert_close(ours_in[name].grad.double(), ref_in[name].grad, **FP32_TOL)
+    assert_matches_reference(loss, ref, ours_in, ref_in, **FP32_TOL)
 
 
 def test_own_candidate_teacher_keeps_its_meaning() -> None:

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from engine_helpers import assert_matches_reference
 
 from gradcache_sparton.losses import (
     SpladeLoss,
@@ -104,12 +105,8 @@ def test_info_nce_matches_reference_loss_and_grads(k: int, temperature: float) -
     ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps, torch.float64)
     loss = info_nce_loss(ours_in, temperature=temperature)
     ref = _info_nce_reference(ref_in, temperature)
-    torch.testing.assert_close(loss.double(), ref, **FP32_TOL)
-    loss.backward()
-    ref.backward()
-    for name in reps:
-        # Gradients are O(1/B); the same fp32 rounding argument as the loss applies.
-        torch.testing.assert_close(ours_in[name].grad.double(), ref_in[name].grad, **FP32_TOL)
+    # Gradients are O(1/B); the same fp32 rounding argument as the loss applies.
+    assert_matches_reference(loss, ref, ours_in, ref_in, **FP32_TOL)
 
 
 def test_info_nce_scores_bf16_reps_in_fp32() -> None:
@@ -155,11 +152,7 @@ def test_margin_mse_matches_reference_loss_and_grads(k: int) -> None:
         for j in range(k)
     ]
     ref = torch.stack(terms).mean()
-    torch.testing.assert_close(loss.double(), ref, **FP32_TOL)
-    loss.backward()
-    ref.backward()
-    for name in reps:
-        torch.testing.assert_close(ours_in[name].grad.double(), ref_in[name].grad, **FP32_TOL)
+    assert_matches_reference(loss, ref, ours_in, ref_in, **FP32_TOL)
 
 
 # ----------------------------------------------------------------------------------------------- listwise KL
@@ -208,11 +201,7 @@ def test_kl_div_matches_reference_loss_and_grads(
     )
     ref = _kl_div_reference(ref_in, teacher, temperature, teacher_temperature, in_batch)
     assert loss.dtype == torch.float32 and ref.item() > 0.01  # a reference that carries signal
-    torch.testing.assert_close(loss.double(), ref, **FP32_TOL)
-    loss.backward()
-    ref.backward()
-    for name in reps:
-        torch.testing.assert_close(ours_in[name].grad.double(), ref_in[name].grad, **FP32_TOL)
+    assert_matches_reference(loss, ref, ours_in, ref_in, **FP32_TOL)
 
 
 def test_kl_div_is_zero_when_student_agrees_and_teacher_gets_no_gradient() -> None:
