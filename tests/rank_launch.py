@@ -5,10 +5,14 @@
 ``PYTHONPATH``, waits with a deadline, and kills every rank if one fails or the deadline passes: a hang
 fails the test, it never blocks the suite. What the ranks run and save is each test's own (its scenarios
 live beside it); the launcher only starts, bounds and reports them.
+
+A test whose rank 0 alone reports one JSON object ends its worker with ``finish_rank(out_dir, results)`` and
+reads the object back with ``rank0_results(script, out_dir, ...)``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,9 +21,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["ROOT", "launch_ranks"]
+__all__ = ["ROOT", "finish_rank", "launch_ranks", "rank0_results"]
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS_FILE = "results.json"  # what rank 0 writes with finish_rank
 
 
 def _free_port() -> int:
@@ -73,3 +78,22 @@ def launch_ranks(argv: Sequence[str], *, world_size: int, log_dir: Path, timeout
             for rank in range(world_size)
         )
         raise AssertionError(f"ranks {failed} failed or ran past {timeout_s} s:\n{logs}")
+
+
+def finish_rank(out_dir: Path, results: dict) -> None:
+    """End a rank's worker: rank 0 writes ``results`` to ``out_dir/results.json``, then every rank waits for
+    the others and leaves the process group (the barrier first: one rank destroying the group while another
+    still needs it hangs, pytorch#75097)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        (out_dir / RESULTS_FILE).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def rank0_results(script: str, out_dir: Path, *, world_size: int, timeout_s: float) -> dict:
+    """Run ``python script out_dir`` on ``world_size`` ranks (``launch_ranks``, bounded by ``timeout_s``) and
+    return what its rank 0 wrote with ``finish_rank``."""
+    launch_ranks([script, str(out_dir)], world_size=world_size, log_dir=out_dir, timeout_s=timeout_s)
+    return json.loads((out_dir / RESULTS_FILE).read_text())

@@ -12,13 +12,12 @@ moved the table far from its start (a resume that left the table as it started f
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from rank_launch import launch_ranks
+from rank_launch import finish_rank, rank0_results
 
 WORLD_SIZE = 2
 GLOBAL_ROWS, MINI_BATCH = 8, 2
@@ -103,18 +102,14 @@ def _worker(out_dir: Path) -> None:
             },
             "vs_trained": {k: float((got[k] - v).abs().max()) for k, v in trained.items()},
         }
-    if rank == 0:
-        (out_dir / "results.json").write_text(json.dumps(results))
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_rank(out_dir, results)
 
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory) -> dict:
     """Rank 0's distances for each table kind (one 2-rank launch for the module, bounded in time)."""
     out_dir = tmp_path_factory.mktemp("fsdp_resume")
-    launch_ranks([__file__, str(out_dir)], world_size=WORLD_SIZE, log_dir=out_dir, timeout_s=150)
-    return json.loads((out_dir / "results.json").read_text())
+    return rank0_results(__file__, out_dir, world_size=WORLD_SIZE, timeout_s=150)
 
 
 @pytest.mark.slow

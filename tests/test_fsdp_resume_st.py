@@ -11,13 +11,12 @@ Before, that branch's plain ``load_state_dict`` of the full tensors into the sha
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from rank_launch import launch_ranks
+from rank_launch import finish_rank, rank0_results
 
 WORLD_SIZE = 2
 
@@ -72,10 +71,7 @@ def _worker(out_dir: Path) -> None:
         "vs_checkpoint": {k: float((got[k] - v).abs().max()) for k, v in saved.items()},
         "missing": sorted(set(saved) - set(got)),
     }
-    if dist.get_rank() == 0:
-        (out_dir / "results.json").write_text(json.dumps(results))
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_rank(out_dir, results)
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +97,7 @@ def resumed(tmp_path_factory) -> dict:
         for p in model.parameters():
             p.add_(torch.rand_like(p))  # every weight far from the start's
     model.save_pretrained(str(out_dir / "checkpoint"))
-    launch_ranks([__file__, str(out_dir)], world_size=WORLD_SIZE, log_dir=out_dir, timeout_s=150)
-    return json.loads((out_dir / "results.json").read_text())
+    return rank0_results(__file__, out_dir, world_size=WORLD_SIZE, timeout_s=150)
 
 
 @pytest.mark.slow
