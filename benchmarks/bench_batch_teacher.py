@@ -4,7 +4,7 @@ training step, scoring one batch's [B, (1+k)·B] matrix on the CPU, what the col
 Legend: R training rows, B batch rows, k negatives a row, (1+k)·B documents a batch.
 
 The rows: SciFact queries with their positive and ``--negatives`` random abstracts
-(:func:`benchmarks.bench_teacher_scores.teacher_rows`). The ``--teacher`` spec is built once over the R rows
+(:func:`benchmarks.scifact_text.training_rows`). The ``--teacher`` spec is built once over the R rows
 (:func:`~gradcache_sparton.mining.build_batch_teacher`, on ``--device``; its seconds written), then the ensemble,
 and each of its teachers alone, scores ``--batches`` batches of ``--batch_size`` rows drawn from them (one untimed
 first): the median and largest milliseconds a batch on this machine's CPU, with ``torch.get_num_threads()``
@@ -29,8 +29,8 @@ from typing import Any
 import datasets
 import torch
 
-from benchmarks.bench_teacher_scores import teacher_rows
 from benchmarks.common import run_stamp, write_result
+from benchmarks.scifact_text import training_rows
 from gradcache_sparton.mining import BatchTeacher, build_batch_teacher, parse_teacher_spec
 
 __all__ = ["main", "parse_args"]
@@ -77,20 +77,16 @@ def _timed_batches(teacher: Any, rows: list[dict[str, str]], args: argparse.Name
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    queries, candidates = teacher_rows(args.beir_path, args.rows, args.negatives)
-    columns = ["positive", *(f"negative_{j + 1}" for j in range(args.negatives))]
-    rows = [
-        {"query": q, **dict(zip(columns, texts, strict=True))}
-        for q, texts in zip(queries, candidates, strict=True)
-    ]
+    rows = training_rows(args.beir_path, args.rows, args.negatives)
+    document_columns = ["positive", *(f"negative_{j + 1}" for j in range(args.negatives))]
     dataset = datasets.Dataset.from_list(rows)
     result: dict[str, Any] = {
         "stamp": run_stamp(),
         "command": "python -m benchmarks.bench_batch_teacher "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "rows": len(rows),
-        "distinct_queries": len(set(queries)),
-        "distinct_documents": len({t for texts in candidates for t in texts}),
+        "distinct_queries": len({row["query"] for row in rows}),
+        "distinct_documents": len({row[name] for row in rows for name in document_columns}),
         "batch_size": args.batch_size,
         "negatives": args.negatives,
         "cpu_threads": torch.get_num_threads(),

@@ -27,7 +27,6 @@ fraction of rows within the tolerance and the largest error are both written.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import tempfile
 import time
@@ -38,9 +37,9 @@ from typing import Any
 import torch
 
 from benchmarks.common import run_stamp, write_result
-from benchmarks.scifact_text import read_pairs
+from benchmarks.scifact_text import teacher_rows
 
-__all__ = ["build_random_teachers", "main", "parse_args", "teacher_rows"]
+__all__ = ["build_random_teachers", "main", "parse_args"]
 
 KINDS = ("splade", "sparse_encoder", "sentence_transformer", "cross_encoder")
 SHAPES = {
@@ -76,22 +75,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.rows, args.check_rows, args.shape, args.batch_size = 32, 8, "tiny", 16
     return args
-
-
-def teacher_rows(beir_path: str, rows: int, negatives: int) -> tuple[list[str], list[list[str]]]:
-    """``rows`` SciFact queries (seeded draw, repeated when fewer) and each one's candidates: its positive, then
-    ``negatives`` abstracts drawn at random."""
-    pairs = read_pairs(beir_path)
-    rng = random.Random(0)
-    order = rng.sample(range(len(pairs.queries)), min(rows, len(pairs.queries)))
-    while len(order) < rows:  # fewer queries than rows: repeat them (each row is scored independently)
-        order += order[: rows - len(order)]
-    queries = [pairs.queries[i] for i in order]
-    candidates = []
-    for i in order:
-        others = [d for d in rng.sample(range(len(pairs.documents)), negatives + 1) if d != pairs.positive[i]]
-        candidates.append([pairs.documents[j] for j in [pairs.positive[i], *others[:negatives]]])
-    return queries, candidates
 
 
 def build_random_teachers(folder: Path, shape: dict[str, int]) -> dict[str, Path]:

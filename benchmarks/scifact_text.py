@@ -1,4 +1,4 @@
-"""Real SciFact text for the loss-scale benchmarks: (query, abstract) pairs, their token ids, their sparse reps.
+"""Real SciFact text for the benchmarks: query/abstract pairs, token ids, sparse reps and teacher rows.
 
 Legend: B rows drawn, S tokens, V vocabulary, nnz non-zeros.
 
@@ -6,10 +6,13 @@ Queries are the claims (each paired with an abstract its qrels judge relevant, e
 and the sentences of every abstract (each paired with its own abstract); documents are the abstracts
 (``title + " " + text``). Batches are drawn from them with replacement, so any B can be built from the
 5,183 abstracts and ~50,000 queries of SciFact; the draws' distinct-row counts say how much repeats.
+The teacher benchmarks' rows are queries each with its positive and random abstracts (``teacher_rows``;
+``training_rows`` as a training file's columns).
 """
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +24,15 @@ from gradcache_sparton.data.beir import load_beir
 from gradcache_sparton.data.shipped import beir_folder
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
-__all__ = ["TextPairs", "draw_rows", "encode_sparse", "read_pairs", "tokenize"]
+__all__ = [
+    "TextPairs",
+    "draw_rows",
+    "encode_sparse",
+    "read_pairs",
+    "teacher_rows",
+    "tokenize",
+    "training_rows",
+]
 
 # A sentence ends at . ! or ? followed by space and a capital, digit or bracket (abbreviations rarely do).
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(\[])")
@@ -58,6 +69,33 @@ def read_pairs(beir_dir: str | Path) -> TextPairs:
                 queries.append(sentence)
                 positive.append(i)
     return TextPairs(queries, documents, positive)
+
+
+def teacher_rows(beir_dir: str | Path, rows: int, negatives: int) -> tuple[list[str], list[list[str]]]:
+    """``rows`` SciFact queries (seeded draw, repeated when fewer) and each one's candidates: its positive, then
+    ``negatives`` abstracts drawn at random."""
+    pairs = read_pairs(beir_dir)
+    rng = random.Random(0)
+    order = rng.sample(range(len(pairs.queries)), min(rows, len(pairs.queries)))
+    while len(order) < rows:  # fewer queries than rows: repeat them (each row is scored independently)
+        order += order[: rows - len(order)]
+    queries = [pairs.queries[i] for i in order]
+    candidates = []
+    for i in order:
+        others = [d for d in rng.sample(range(len(pairs.documents)), negatives + 1) if d != pairs.positive[i]]
+        candidates.append([pairs.documents[j] for j in [pairs.positive[i], *others[:negatives]]])
+    return queries, candidates
+
+
+def training_rows(beir_dir: str | Path, rows: int, negatives: int) -> list[dict[str, str]]:
+    """The rows of :func:`teacher_rows` as training data: ``{"query", "positive", "negative_1", ...,
+    "negative_k"}`` texts, the columns a training file (and an in-batch teacher) reads."""
+    queries, candidates = teacher_rows(beir_dir, rows, negatives)
+    columns = ["positive", *(f"negative_{j + 1}" for j in range(negatives))]
+    return [
+        {"query": query, **dict(zip(columns, texts, strict=True))}
+        for query, texts in zip(queries, candidates, strict=True)
+    ]
 
 
 def tokenize(texts: list[str], tokenizer, max_length: int, device: torch.device) -> dict[str, Tensor]:
