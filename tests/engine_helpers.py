@@ -35,6 +35,7 @@ __all__ = [
     "dropout_free_config",
     "failing_encoder",
     "grads_of",
+    "leaf_copies",
     "make_columns",
     "make_encoder",
     "make_tiny_bert_config",
@@ -42,6 +43,7 @@ __all__ = [
     "per_mini_batch_loss",
     "saved_grads",
     "small_config",
+    "splade_like_reps",
     "token_budget_groups",
     "uncached_loss",
     "uncached_reference",
@@ -324,6 +326,24 @@ def assert_grads_close(actual: Mapping[str, Tensor], expected: Mapping[str, Tens
         torch.testing.assert_close(
             actual[name], ref, rtol=rtol, atol=rtol * scale, msg=lambda m, n=name: f"{n}: {m}"
         )
+
+
+def splade_like_reps(
+    B: int, V: int, k: int, *, seed: int, dtype: torch.dtype = torch.float32
+) -> dict[str, Tensor]:
+    """Non-negative, mostly zero [B, V] reps like a SPLADE head's (log1p(relu(.)) of fp64 logits) for the
+    columns query, positive, negative_1 .. negative_k, drawn in that order from one generator seeded ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    names = ["query", "positive", *(f"negative_{j + 1}" for j in range(k))]
+    return {
+        name: torch.log1p(torch.relu(torch.randn(B, V, generator=g, dtype=torch.float64) * 2 - 1.5)).to(dtype)
+        for name in names
+    }
+
+
+def leaf_copies(reps: Mapping[str, Tensor], dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """Each rep detached, cast to ``dtype`` (default: its own) and cloned, as a new leaf that records its grad."""
+    return {n: r.detach().to(dtype or r.dtype).clone().requires_grad_(True) for n, r in reps.items()}
 
 
 def assert_matches_reference(

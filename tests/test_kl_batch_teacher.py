@@ -11,26 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import assert_matches_reference
+from engine_helpers import assert_matches_reference, leaf_copies, splade_like_reps
 
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, kl_div_loss
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 FP32_TOL = {"rtol": 1e-5, "atol": 1e-6}
-
-
-def _reps(B: int, V: int, k: int, seed: int, dtype=torch.float32) -> dict[str, torch.Tensor]:
-    """Non-negative, mostly zero reps like a SPLADE head's."""
-    g = torch.Generator().manual_seed(seed)
-    names = ["query", "positive", *(f"negative_{j + 1}" for j in range(k))]
-    return {
-        n: torch.log1p(torch.relu(torch.randn(B, V, generator=g, dtype=torch.float64) * 2 - 1.5)).to(dtype)
-        for n in names
-    }
-
-
-def _leaves(reps: dict[str, torch.Tensor], dtype=None) -> dict[str, torch.Tensor]:
-    return {n: r.detach().to(dtype or r.dtype).clone().requires_grad_(True) for n, r in reps.items()}
 
 
 def _reference(reps, teacher, temperature: float, teacher_temperature: float) -> torch.Tensor:
@@ -55,9 +41,9 @@ def test_kl_with_a_whole_teacher_matrix_matches_reference(
     """KL over each query's full row of the batch's documents equals an fp64 per-query reference (loss and
     every rep gradient), on the whole score matrix and in score blocks."""
     B = 5
-    reps = _reps(B, 40, k, seed=10 + k)
+    reps = splade_like_reps(B, 40, k, seed=10 + k)
     teacher = torch.randn(B, (1 + k) * B, generator=torch.Generator().manual_seed(k)) * 3
-    ours_in, ref_in = _leaves(reps), _leaves(reps, torch.float64)
+    ours_in, ref_in = leaf_copies(reps), leaf_copies(reps, torch.float64)
     loss = kl_div_loss(
         ours_in,
         teacher_scores=teacher,
@@ -75,14 +61,14 @@ def test_own_candidate_teacher_keeps_its_meaning() -> None:
     """A [B, 1+k] teacher with in_batch still gives the batch's other documents probability 0: it equals the
     whole-matrix teacher with those entries at -inf (a softmax weight of exactly 0)."""
     B, k = 4, 2
-    reps = _reps(B, 30, k, seed=3)
+    reps = splade_like_reps(B, 30, k, seed=3)
     own = torch.randn(B, 1 + k, generator=torch.Generator().manual_seed(1))
     whole = torch.full((B, (1 + k) * B), -torch.inf)
     for c in range(1 + k):
         whole[torch.arange(B), c * B + torch.arange(B)] = own[:, c]
-    a = kl_div_loss(_leaves(reps), teacher_scores=own, in_batch=True)
+    a = kl_div_loss(leaf_copies(reps), teacher_scores=own, in_batch=True)
     # The reference's softmax of a row with -inf entries is 0 there; its KL terms there are 0 too.
-    ref = _reference(_leaves(reps, torch.float64), whole, 1.0, 1.0)
+    ref = _reference(leaf_copies(reps, torch.float64), whole, 1.0, 1.0)
     torch.testing.assert_close(a.double(), ref, **FP32_TOL)
 
 
@@ -91,13 +77,13 @@ def test_sparse_reps_with_a_whole_teacher_match_dense(block_size) -> None:
     """SpladeLoss (kl_div, kl_in_batch) on SparseReps with a [B, (1+k)·B] teacher equals it on the dense reps:
     the loss, and the weights' gradients are the dense rep gradients at the non-zeros (an all-zero row too)."""
     B, V, k = 7, 13, 2
-    reps = _reps(B, V, k, seed=5)
+    reps = splade_like_reps(B, V, k, seed=5)
     reps["query"][1] = 0.0
     reps["negative_2"][4] = 0.0
     teacher = torch.randn(B, (1 + k) * B, generator=torch.Generator().manual_seed(9)) * 4
     settings = {"contrastive": "kl_div", "kl_in_batch": True, "score_block_size": block_size}
     loss_fn = SpladeLoss(SpladeLossConfig(query_reg_weight=0.3, doc_reg_weight=0.2, **settings))
-    dense_in = _leaves(reps)
+    dense_in = leaf_copies(reps)
     dense_loss, _ = loss_fn(dense_in, teacher_scores=teacher)
     dense_loss.backward()
     sparse = {n: SparseReps.from_dense(r) for n, r in reps.items()}
@@ -156,6 +142,6 @@ def test_whole_teacher_is_exact_under_cached_loss(
 def test_teacher_shape_error_names_both_shapes(in_batch, shape, match) -> None:
     """A teacher of neither shape is one ValueError naming [B, 1+k] and [B, (1+k)·B]; the whole matrix
     without in_batch is refused (the student's softmax would not cover those documents)."""
-    reps = _leaves(_reps(4, 10, 2, seed=1))
+    reps = leaf_copies(splade_like_reps(4, 10, 2, seed=1))
     with pytest.raises(ValueError, match=match):
         kl_div_loss(reps, teacher_scores=torch.zeros(shape), in_batch=in_batch)

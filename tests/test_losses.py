@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from engine_helpers import assert_matches_reference
+from engine_helpers import assert_matches_reference, leaf_copies, splade_like_reps
 
 from gradcache_sparton.losses import (
     SpladeLoss,
@@ -37,22 +37,6 @@ from gradcache_sparton.losses import (
 FP32_TOL = {"rtol": 1e-5, "atol": 1e-6}
 
 
-def _sparse_reps(rows: int, vocab: int, *, generator: torch.Generator, dtype=torch.float32) -> torch.Tensor:
-    """Non-negative, mostly zero [rows, vocab] reps like a SPLADE head's (log1p(relu(.)) of logits)."""
-    logits = torch.randn(rows, vocab, generator=generator, dtype=torch.float64) * 2 - 1.5
-    return torch.log1p(torch.relu(logits)).to(dtype)
-
-
-def _batch(B: int, V: int, k: int, *, seed: int, dtype=torch.float32) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    names = ["query", "positive", *(f"negative_{j + 1}" for j in range(k))]
-    return {name: _sparse_reps(B, V, generator=g, dtype=dtype) for name in names}
-
-
-def _leaf_copies(reps: dict[str, torch.Tensor], dtype=None) -> dict[str, torch.Tensor]:
-    return {n: r.detach().to(dtype or r.dtype).clone().requires_grad_(True) for n, r in reps.items()}
-
-
 def _info_nce_reference(reps: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
     """Per-query loop: -log softmax over all positives and negatives of the batch, at the own positive."""
     cols = list(reps.values())
@@ -69,7 +53,7 @@ def _info_nce_reference(reps: dict[str, torch.Tensor], temperature: float) -> to
 
 def test_dot_scores_are_fp32_for_bf16_reps() -> None:
     """dot_scores of bf16 reps is fp32 and equals the fp64 product of the same values (no bf16 rounding)."""
-    reps = _batch(6, 300, 1, seed=0, dtype=torch.bfloat16)
+    reps = splade_like_reps(6, 300, 1, seed=0, dtype=torch.bfloat16)
     q, d = reps["query"], reps["positive"]
     scores = dot_scores(q, d)
     assert scores.dtype == torch.float32 and scores.shape == (6, 6)
@@ -101,8 +85,8 @@ def test_info_nce_hand_computed() -> None:
 @pytest.mark.parametrize("temperature", [1.0, 0.05])
 def test_info_nce_matches_reference_loss_and_grads(k: int, temperature: float) -> None:
     """InfoNCE with k hard negatives equals a per-query fp64 loop, loss and the gradient of every column."""
-    reps = _batch(5, 64, k, seed=k, dtype=torch.float32)
-    ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps, torch.float64)
+    reps = splade_like_reps(5, 64, k, seed=k, dtype=torch.float32)
+    ours_in, ref_in = leaf_copies(reps), leaf_copies(reps, torch.float64)
     loss = info_nce_loss(ours_in, temperature=temperature)
     ref = _info_nce_reference(ref_in, temperature)
     # Gradients are O(1/B); the same fp32 rounding argument as the loss applies.
@@ -111,7 +95,7 @@ def test_info_nce_matches_reference_loss_and_grads(k: int, temperature: float) -
 
 def test_info_nce_scores_bf16_reps_in_fp32() -> None:
     """InfoNCE on bf16 reps equals the fp64 loss of the same values (bf16 scores would be ~1e-2 off)."""
-    reps = _batch(8, 512, 1, seed=3, dtype=torch.bfloat16)
+    reps = splade_like_reps(8, 512, 1, seed=3, dtype=torch.bfloat16)
     loss = info_nce_loss(reps)
     assert loss.dtype == torch.float32
     ref = _info_nce_reference({n: r.double() for n, r in reps.items()}, 1.0)
@@ -136,9 +120,9 @@ def test_margin_mse_hand_computed() -> None:
 @pytest.mark.parametrize("k", [1, 3])
 def test_margin_mse_matches_reference_loss_and_grads(k: int) -> None:
     """MarginMSE with k negatives equals an fp64 per-(query, negative) loop, loss and every gradient."""
-    reps = _batch(4, 48, k, seed=10 + k)
+    reps = splade_like_reps(4, 48, k, seed=10 + k)
     teacher = torch.randn(4, 1 + k, generator=torch.Generator().manual_seed(1)) * 5
-    ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps, torch.float64)
+    ours_in, ref_in = leaf_copies(reps), leaf_copies(reps, torch.float64)
     loss = margin_mse_loss(ours_in, teacher_scores=teacher)
     cols = list(ref_in.values())
     terms = [
@@ -189,9 +173,9 @@ def test_kl_div_matches_reference_loss_and_grads(
     k: int, in_batch: bool, temperature: float, teacher_temperature: float
 ) -> None:
     """Listwise KL equals an fp64 per-query F.kl_div(log_softmax(student), softmax(teacher)), loss and grads."""
-    reps = _batch(5, 40, k, seed=30 + k)
+    reps = splade_like_reps(5, 40, k, seed=30 + k)
     teacher = torch.randn(5, 1 + k, generator=torch.Generator().manual_seed(k)) * 3
-    ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps, torch.float64)
+    ours_in, ref_in = leaf_copies(reps), leaf_copies(reps, torch.float64)
     loss = kl_div_loss(
         ours_in,
         teacher_scores=teacher,
@@ -206,7 +190,7 @@ def test_kl_div_matches_reference_loss_and_grads(
 
 def test_kl_div_is_zero_when_student_agrees_and_teacher_gets_no_gradient() -> None:
     """KL is 0 with a zero gradient when the teacher's scores are the student's, and never differentiates them."""
-    reps = _leaf_copies(_batch(4, 30, 2, seed=6))
+    reps = leaf_copies(splade_like_reps(4, 30, 2, seed=6))
     q = reps["query"].detach()
     teacher = torch.stack([(q * reps[n].detach()).sum(1) for n in list(reps)[1:]], dim=1).requires_grad_(True)
     loss = kl_div_loss(reps, teacher_scores=teacher)
@@ -260,8 +244,8 @@ def test_splade_kl_div_and_blocked_scores_are_exact_under_cached_loss(
 @pytest.mark.parametrize("block_size", [1, 3, 4, 7, 10, 16])
 def test_blocked_info_nce_matches_dense_loss_and_grads(k: int, block_size: int) -> None:
     """InfoNCE over score blocks (uneven splits included) equals the dense InfoNCE, loss and every gradient."""
-    reps = _batch(10, 48, k, seed=40 + k)
-    dense_in, blocked_in = _leaf_copies(reps), _leaf_copies(reps)
+    reps = splade_like_reps(10, 48, k, seed=40 + k)
+    dense_in, blocked_in = leaf_copies(reps), leaf_copies(reps)
     dense = info_nce_loss(dense_in, temperature=0.5)  # 10 x 10·(1+k) fp32 scores: the dense path
     blocked = info_nce_loss(blocked_in, temperature=0.5, block_size=block_size)
     # Same terms, another fp32 summation order: the FP32 tolerance applies.
@@ -350,7 +334,9 @@ def test_blocked_scores_as_bf16_products_equal_the_fp32_products(
     up to fp32 summation order. Reps with any value that is not a bf16 value keep the fp32 products."""
     import gradcache_sparton.losses.blocked as blocked_module
 
-    reps = {name: rep.to(torch.bfloat16).float() for name, rep in _batch(10, 48, 1, seed=51).items()}
+    reps = {
+        name: rep.to(torch.bfloat16).float() for name, rep in splade_like_reps(10, 48, 1, seed=51).items()
+    }
     block_dtypes: list[torch.dtype] = []
     block_of = blocked_module._blocked_lse_forward
 
@@ -387,7 +373,7 @@ def test_blocked_scores_on_the_tensor_cores_equal_fp64(sparse: bool) -> None:
     600 · 2**-24 relative. A wrong product, block or row is an O(1) error."""
     from gradcache_sparton.losses.blocked import products_in_bf16
 
-    reps = {n: r.to(torch.bfloat16).float() for n, r in _batch(300, 512, 1, seed=52).items()}
+    reps = {n: r.to(torch.bfloat16).float() for n, r in splade_like_reps(300, 512, 1, seed=52).items()}
     assert products_in_bf16([r.cuda() for r in reps.values()])
 
     def lse_and_grads(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -407,8 +393,8 @@ def test_blocked_scores_on_the_tensor_cores_equal_fp64(sparse: bool) -> None:
 
 def test_blocked_info_nce_bf16_reps() -> None:
     """Blocked InfoNCE on bf16 reps scores in fp32 and returns the fp32 gradient rounded once to bf16."""
-    reps = _batch(9, 64, 1, seed=44, dtype=torch.bfloat16)
-    blocked_in, full_in = _leaf_copies(reps), _leaf_copies(reps, torch.float32)
+    reps = splade_like_reps(9, 64, 1, seed=44, dtype=torch.bfloat16)
+    blocked_in, full_in = leaf_copies(reps), leaf_copies(reps, torch.float32)
     blocked = info_nce_loss(blocked_in, block_size=4)
     full = info_nce_loss(full_in)  # dense, on fp32 copies of the same values
     assert blocked.dtype == torch.float32
@@ -425,8 +411,8 @@ def test_blocked_info_nce_bf16_reps() -> None:
 @pytest.mark.parametrize("block_size", [None, 3])
 def test_scores_stay_fp32_under_a_callers_autocast(block_size: int | None) -> None:
     """Inside a bf16 autocast region InfoNCE (dense and blocked) still scores in fp32: loss and gradients."""
-    reps = _batch(7, 64, 1, seed=12)
-    plain_in, autocast_in = _leaf_copies(reps), _leaf_copies(reps)
+    reps = splade_like_reps(7, 64, 1, seed=12)
+    plain_in, autocast_in = leaf_copies(reps), leaf_copies(reps)
     plain = info_nce_loss(plain_in, block_size=block_size)
     plain.backward()
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 products would be ~1e-2 off at these scores
@@ -440,9 +426,9 @@ def test_scores_stay_fp32_under_a_callers_autocast(block_size: int | None) -> No
 @pytest.mark.parametrize("block_size", [2, 5])
 def test_blocked_in_batch_kl_div_matches_dense(block_size: int) -> None:
     """Listwise KL with in-batch negatives over score blocks equals its dense form, loss and every gradient."""
-    reps = _batch(6, 40, 2, seed=50)
+    reps = splade_like_reps(6, 40, 2, seed=50)
     teacher = torch.randn(6, 3, generator=torch.Generator().manual_seed(2)) * 3
-    dense_in, blocked_in = _leaf_copies(reps), _leaf_copies(reps)
+    dense_in, blocked_in = leaf_copies(reps), leaf_copies(reps)
     dense = kl_div_loss(dense_in, teacher_scores=teacher, in_batch=True, temperature=2.0)
     blocked = kl_div_loss(
         blocked_in, teacher_scores=teacher, in_batch=True, temperature=2.0, block_size=block_size
@@ -476,7 +462,7 @@ def test_scores_are_blocked_automatically_beyond_the_memory_bound(monkeypatch: p
     assert blocked_module.score_block_size(16384, 2 * 16384, None) == blocked_module.AUTO_BLOCK_SIZE  # 2 GiB
     assert blocked_module.score_block_size(4, 8, 3) == 3  # an explicit block size always blocks
     used = _record_block_sizes(monkeypatch, contrastive_module, "blocked_logsumexp")
-    reps = _batch(6, 30, 1, seed=9)
+    reps = splade_like_reps(6, 30, 1, seed=9)
     loss_fn = SpladeLoss(SpladeLossConfig())
     dense, _ = loss_fn(reps)
     assert used == []
@@ -503,7 +489,7 @@ def test_sparse_score_blocks_bound_their_bytes_at_large_vocabularies(monkeypatch
         assert rows >= 1 and (rows == 1 or 4 * rows * vocab <= sparse_module.SPARSE_BLOCK_MAX_BYTES)
     used = _record_block_sizes(monkeypatch, sparse_module, "sparse_blocked_logsumexp")
     monkeypatch.setattr(sparse_module, "SPARSE_BLOCK_MAX_BYTES", 4 * 30 * 3)  # 3 rows of V = 30
-    reps = {name: SparseReps.from_dense(rep) for name, rep in _batch(6, 30, 1, seed=9).items()}
+    reps = {name: SparseReps.from_dense(rep) for name, rep in splade_like_reps(6, 30, 1, seed=9).items()}
     columns = sparse_module.split_sparse_columns(reps)
     info_nce(columns, sparse_module.SPARSE_SCORES, temperature=1.0)
     assert used == [3]
@@ -565,11 +551,11 @@ def test_warmup_schedule_values() -> None:
 
 def test_splade_loss_combines_components() -> None:
     """SpladeLoss = InfoNCE + w_q·FLOPS(queries) + w_d·FLOPS(all docs), with detached components."""
-    reps = _batch(6, 80, 2, seed=21)
+    reps = splade_like_reps(6, 80, 2, seed=21)
     loss_fn = SpladeLoss(
         SpladeLossConfig(query_reg_weight=0.3, doc_reg_weight=0.1, reg_warmup_steps=10, temperature=0.5)
     )
-    ours_in, ref_in = _leaf_copies(reps), _leaf_copies(reps)
+    ours_in, ref_in = leaf_copies(reps), leaf_copies(reps)
     loss, comps = loss_fn(ours_in, step=5)
     docs = torch.cat([ref_in["positive"], ref_in["negative_1"], ref_in["negative_2"]])
     w_q, w_d = 0.3 * 0.25, 0.1 * 0.25  # quadratic warm-up at step 5 of 10
@@ -603,9 +589,9 @@ def test_splade_loss_combines_components() -> None:
 
 def test_splade_loss_bf16_reps_match_fp32() -> None:
     """SpladeLoss on bf16 reps equals it on fp32 copies of the same values; gradients come back in bf16."""
-    reps = _batch(5, 60, 1, seed=8, dtype=torch.bfloat16)
+    reps = splade_like_reps(5, 60, 1, seed=8, dtype=torch.bfloat16)
     loss_fn = SpladeLoss(SpladeLossConfig(query_reg_weight=0.5, doc_reg_weight=0.5))
-    half_in, full_in = _leaf_copies(reps), _leaf_copies(reps, torch.float32)
+    half_in, full_in = leaf_copies(reps), leaf_copies(reps, torch.float32)
     half_loss, _ = loss_fn(half_in)
     full_loss, _ = loss_fn(full_in)
     assert half_loss.dtype == torch.float32
@@ -620,7 +606,7 @@ def test_splade_loss_bf16_reps_match_fp32() -> None:
 
 def test_splade_loss_step_kwarg_and_set_step() -> None:
     """The step kwarg wins over set_step; set_step persists; calls keep no other state."""
-    reps = _batch(3, 20, 1, seed=2)
+    reps = splade_like_reps(3, 20, 1, seed=2)
     loss_fn = SpladeLoss(
         SpladeLossConfig(
             query_reg_weight=1.0, doc_reg_weight=2.0, reg_warmup_steps=4, reg_warmup_shape="linear"
@@ -637,7 +623,7 @@ def test_splade_loss_step_kwarg_and_set_step() -> None:
 
 def test_splade_loss_margin_mse_with_l1() -> None:
     """SpladeLoss with MarginMSE and L1 forwards teacher_scores and adds the weighted L1 terms."""
-    reps = _batch(4, 30, 2, seed=5)
+    reps = splade_like_reps(4, 30, 2, seed=5)
     teacher = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
     config = SpladeLossConfig(
         query_reg_weight=0.5,
@@ -700,7 +686,7 @@ def test_sparsity_statistics_hand_computed() -> None:
 
 def test_ragged_hard_negatives_are_rejected() -> None:
     """A negatives column with a different row count, a list of negatives or stacked [B, k, V] is an error."""
-    reps = _batch(4, 10, 2, seed=0)
+    reps = splade_like_reps(4, 10, 2, seed=0)
     with pytest.raises(ValueError, match=r"negative_2.*3 rows.*same\s+number of hard negatives"):
         split_columns({**reps, "negative_2": reps["negative_2"][:3]})
     with pytest.raises(TypeError, match=r"negative_1.*list"):
@@ -725,12 +711,12 @@ def test_ragged_hard_negatives_are_rejected() -> None:
 def test_distillation_rejects_wrong_teacher_shape(loss_fn, teacher_scores: torch.Tensor, match: str) -> None:
     """teacher_scores not of shape [B, 1+k] is a ValueError that states the expected shape."""
     with pytest.raises(ValueError, match=match):
-        loss_fn(_batch(4, 10, 2, seed=0), teacher_scores=teacher_scores)
+        loss_fn(splade_like_reps(4, 10, 2, seed=0), teacher_scores=teacher_scores)
 
 
 def test_bad_reps_are_rejected() -> None:
     """Non-2-D, integer, mismatched-V or single-column reps raise errors naming the column."""
-    reps = _batch(4, 10, 0, seed=0)
+    reps = splade_like_reps(4, 10, 0, seed=0)
     with pytest.raises(TypeError, match=r"reps\['positive'\].*floating"):
         info_nce_loss({**reps, "positive": torch.ones(4, 10, dtype=torch.long)})
     with pytest.raises(ValueError, match=r"reps\['positive'\].*vocabulary size 9"):
@@ -781,7 +767,7 @@ def test_splade_config_rejects_bad_values(kwargs: dict, error: type, match: str)
 def test_bad_steps_and_loss_kwargs_are_rejected() -> None:
     """Negative steps, bad schedule arguments and kwargs the contrastive loss does not take raise errors."""
     loss_fn = SpladeLoss(SpladeLossConfig(query_reg_weight=0.1, doc_reg_weight=0.1))
-    reps = _batch(2, 5, 1, seed=0)
+    reps = splade_like_reps(2, 5, 1, seed=0)
     with pytest.raises(ValueError, match="step"):
         loss_fn.set_step(-1)
     with pytest.raises(TypeError, match="step"):
@@ -837,7 +823,7 @@ def test_splade_loss_checks_each_column_once(monkeypatch: pytest.MonkeyPatch) ->
         return check(reps, name=name)
 
     monkeypatch.setattr(columns_module, "check_reps", counting_check)
-    reps = _batch(3, 16, 2, seed=0)
+    reps = splade_like_reps(3, 16, 2, seed=0)
     SpladeLoss(SpladeLossConfig(query_regularizer="l1"))(reps)
     assert sorted(calls) == sorted(f"reps[{name!r}]" for name in reps)
     calls.clear()
