@@ -329,7 +329,7 @@ def _per_query(generator: torch.Generator) -> dict[str, dict[str, float]]:
     }
 
 
-def _synthetic_run(seeds: dict[int, int], *, beir_path: str = "beir") -> dict:
+def synthetic_run(seeds: dict[int, int], *, beir_path: str = "beir") -> dict:
     """A crossval.json as `run_crossval` writes it (2 folds of write_beir's queries), with random per-query
     numbers: the references drawn from fixed streams (equal in every run), each recipe seed from its own
     stream; ``seeds`` maps a recipe seed to its folds done."""
@@ -375,7 +375,7 @@ def _synthetic_run(seeds: dict[int, int], *, beir_path: str = "beir") -> dict:
     return results
 
 
-def _write_json(path: Path, results: dict) -> Path:
+def write_json(path: Path, results: dict) -> Path:
     path.write_text(json.dumps(results))
     return path
 
@@ -387,11 +387,11 @@ def test_merge_equals_one_run_with_all_seeds(tmp_path: Path, caplog) -> None:
     from gradcache_sparton.crossval import format_report, merge_crossval
     from gradcache_sparton.crossval.report import _summarise
 
-    a = _write_json(tmp_path / "a.json", _synthetic_run({7: 2, 8: 1}))
-    b = _write_json(tmp_path / "b.json", _synthetic_run({8: 2}, beir_path="/elsewhere/beir"))
+    a = write_json(tmp_path / "a.json", synthetic_run({7: 2, 8: 1}))
+    b = write_json(tmp_path / "b.json", synthetic_run({8: 2}, beir_path="/elsewhere/beir"))
     merged = merge_crossval([a, b], output_dir=tmp_path / "merged")
 
-    expected = _synthetic_run({7: 2, 8: 2})
+    expected = synthetic_run({7: 2, 8: 2})
     expected["systems"]["recipe"]["seeds"]["8"] = json.loads(b.read_text())["systems"]["recipe"]["seeds"]["8"]
     _summarise(expected, [f["query_ids"] for f in expected["folds"]])
     assert merged["settings"]["seeds"] == [7, 8] and merged["settings"]["beir_path"] == "beir"
@@ -448,10 +448,10 @@ def test_merge_refuses_another_experiment(tmp_path: Path, first_seeds, change, m
     written."""
     from gradcache_sparton.crossval import merge_crossval
 
-    a = _write_json(tmp_path / "a.json", _synthetic_run(first_seeds))
-    other = _synthetic_run({8: 2})
+    a = write_json(tmp_path / "a.json", synthetic_run(first_seeds))
+    other = synthetic_run({8: 2})
     change(other)
-    b = _write_json(tmp_path / "b.json", other)
+    b = write_json(tmp_path / "b.json", other)
     with pytest.raises(ValueError, match=message):
         merge_crossval([a, b], output_dir=tmp_path / "merged")
     assert not (tmp_path / "merged").exists()
@@ -477,10 +477,10 @@ def test_merge_accepts_runs_that_differ_only_in_data_loading(tmp_path: Path, fla
     kept in meta.merged_from."""
     from gradcache_sparton.crossval import merge_crossval
 
-    a = _write_json(tmp_path / "a.json", _synthetic_run({7: 2}))
-    other = _synthetic_run({8: 2})
+    a = write_json(tmp_path / "a.json", synthetic_run({7: 2}))
+    other = synthetic_run({8: 2})
     other["settings"]["recipe_flags"] = flags
-    b = _write_json(tmp_path / "b.json", other)
+    b = write_json(tmp_path / "b.json", other)
     merged = merge_crossval([a, b], output_dir=tmp_path / "merged")
     assert merged["settings"]["seeds"] == [7, 8]
     assert [m["recipe_flags"] for m in merged["meta"]["merged_from"]] == [["--max_steps", "1"], flags]
@@ -492,15 +492,15 @@ def test_merge_rebuilds_the_folds_of_old_files(tmp_path: Path) -> None:
     from gradcache_sparton.crossval import merge_crossval
 
     beir = write_beir(tmp_path / "beir")
-    old = _synthetic_run({7: 2})
+    old = synthetic_run({7: 2})
     for fold in old["folds"]:
         del fold["query_ids"]
-    a = _write_json(tmp_path / "a.json", old)
-    b = _write_json(tmp_path / "b.json", _synthetic_run({8: 2}))
+    a = write_json(tmp_path / "a.json", old)
+    b = write_json(tmp_path / "b.json", synthetic_run({8: 2}))
     with pytest.raises(ValueError, match="pass --beir_path"):
         merge_crossval([a, b], output_dir=tmp_path / "m0")
     merged = merge_crossval([a, b], output_dir=tmp_path / "m1", beir_path=str(beir))
-    assert merged["folds"] == _synthetic_run({7: 2})["folds"] and merged["settings"]["beir_path"] == str(beir)
+    assert merged["folds"] == synthetic_run({7: 2})["folds"] and merged["settings"]["beir_path"] == str(beir)
     qrels = beir / "qrels" / "train.tsv"
     qrels.write_text(qrels.read_text().replace("q7\td7\t1\n", "q7\td7\t0\n"))  # q7 no longer judged relevant
     with pytest.raises(ValueError, match=r"rebuilt from --beir_path hold \[4, 3\]"):
@@ -510,8 +510,8 @@ def test_merge_rebuilds_the_folds_of_old_files(tmp_path: Path) -> None:
 def test_merge_cli_flags(tmp_path: Path, capsys) -> None:
     """`crossval --merge` prints the report, refuses settings or train flags (they come from the files) and an
     existing crossval.json without --overwrite; --overwrite without --merge is refused."""
-    a = _write_json(tmp_path / "a.json", _synthetic_run({7: 2}))
-    b = _write_json(tmp_path / "b.json", _synthetic_run({8: 2}))
+    a = write_json(tmp_path / "a.json", synthetic_run({7: 2}))
+    b = write_json(tmp_path / "b.json", synthetic_run({8: 2}))
     argv = ["crossval", "--merge", str(a), str(b), "--output_dir", str(tmp_path / "m")]
     assert main(argv) == 0 and "recipe seeds [7, 8]" in capsys.readouterr().out
     assert main(argv) == 2 and "pass --overwrite" in capsys.readouterr().err
@@ -712,10 +712,10 @@ def test_merge_of_rounds_pairs_each_seed_with_its_own_round(tmp_path: Path) -> N
     one-round file and a two-round file are refused as other experiments."""
     from gradcache_sparton.crossval import merge_crossval
 
-    a = _write_json(tmp_path / "a.json", _with_rounds(_synthetic_run({7: 2})))
-    b = _write_json(tmp_path / "b.json", _with_rounds(_synthetic_run({8: 2})))
+    a = write_json(tmp_path / "a.json", _with_rounds(synthetic_run({7: 2})))
+    b = write_json(tmp_path / "b.json", _with_rounds(synthetic_run({8: 2})))
     merged = merge_crossval([a, b], output_dir=tmp_path / "merged")
-    expected = _with_rounds(_synthetic_run({7: 2, 8: 2}))
+    expected = _with_rounds(synthetic_run({7: 2, 8: 2}))
     assert merged["systems"] == expected["systems"] and merged["table"] == expected["table"]
     assert merged["comparisons"] == expected["comparisons"]
     per_seed = merged["comparisons"]["recipe - recipe-round1"]["per_seed"]
@@ -723,7 +723,7 @@ def test_merge_of_rounds_pairs_each_seed_with_its_own_round(tmp_path: Path) -> N
     assert per_seed["8"]["mean_difference"] == pytest.approx(0.06)
     assert per_seed["8"]["ci95_low"] == pytest.approx(0.06) == per_seed["8"]["ci95_high"]
     assert "recipe-round1 |" in (tmp_path / "merged" / "crossval.md").read_text()
-    one_round = _write_json(tmp_path / "c.json", _synthetic_run({9: 2}))
+    one_round = write_json(tmp_path / "c.json", synthetic_run({9: 2}))
     with pytest.raises(ValueError, match=r"settings \['model_negatives', 'rounds'\] differ"):
         merge_crossval([a, one_round], output_dir=tmp_path / "m2")
 
@@ -733,15 +733,15 @@ def test_merge_reads_a_setting_a_file_lacks_as_its_default(tmp_path: Path) -> No
     with a file that records rounds=1, but not with one that records rounds=2."""
     from gradcache_sparton.crossval import merge_crossval
 
-    old = _synthetic_run({7: 2})
+    old = synthetic_run({7: 2})
     for key in ("rounds", "model_negatives", "round_start"):
         del old["settings"][key]
-    a = _write_json(tmp_path / "a.json", old)
+    a = write_json(tmp_path / "a.json", old)
     merged = merge_crossval(
-        [a, _write_json(tmp_path / "b.json", _synthetic_run({8: 2}))], output_dir=tmp_path / "m"
+        [a, write_json(tmp_path / "b.json", synthetic_run({8: 2}))], output_dir=tmp_path / "m"
     )
     assert merged["settings"]["seeds"] == [7, 8]
-    two = _write_json(tmp_path / "c.json", _with_rounds(_synthetic_run({8: 2})))
+    two = write_json(tmp_path / "c.json", _with_rounds(synthetic_run({8: 2})))
     with pytest.raises(ValueError, match="rounds: 1 vs 2"):
         merge_crossval([a, two], output_dir=tmp_path / "m2")
 
@@ -823,10 +823,10 @@ def test_merge_refuses_recipes_whose_config_content_differs(tmp_path: Path) -> N
     path = tmp_path / "recipe.yaml"
     runs = []
     for seed, text in ((7, "learning_rate: 1.0e-4\n"), (8, "learning_rate: 0.5\n")):
-        run = _synthetic_run({seed: 2})
+        run = synthetic_run({seed: 2})
         run["settings"]["recipe_flags"] = _recipe_file(path, text)
         run["settings"]["recipe_config"] = recipe_config(run["settings"]["recipe_flags"])
-        runs.append(_write_json(tmp_path / f"{seed}.json", run))
+        runs.append(write_json(tmp_path / f"{seed}.json", run))
     assert json.loads(runs[0].read_text())["settings"]["recipe_config"]["values"] == {"learning_rate": 1e-4}
     with pytest.raises(
         ValueError,
@@ -836,5 +836,5 @@ def test_merge_refuses_recipes_whose_config_content_differs(tmp_path: Path) -> N
     assert not (tmp_path / "merged").exists()
     other = json.loads(runs[1].read_text())
     other["settings"]["recipe_config"]["values"]["learning_rate"] = 1e-4  # a comment's edit: same content
-    merged = merge_crossval([runs[0], _write_json(runs[1], other)], output_dir=tmp_path / "merged")
+    merged = merge_crossval([runs[0], write_json(runs[1], other)], output_dir=tmp_path / "merged")
     assert merged["settings"]["recipe_config"]["values"] == {"learning_rate": 1e-4}

@@ -34,12 +34,13 @@ from gradcache_sparton.crossval.report import (
     RECIPE,
     ZERO_SHOT,
     comparison_lines,
+    completed_folds,
     paired_difference,
     system_scores,
     table_lines,
 )
 
-__all__ = ["COMPARE_FILE", "COMPARE_REPORT", "compare_crossval", "format_comparison"]
+__all__ = ["COMPARE_FILE", "COMPARE_REPORT", "compare_crossval", "folds_compared", "format_comparison"]
 
 COMPARE_FILE, COMPARE_REPORT = "compare.json", "compare.md"
 MODE = "--compare"
@@ -81,6 +82,23 @@ def _check_same_claims(
     return folds[0]
 
 
+def folds_compared(results: list[dict[str, Any]], files: list[Path], folds: int) -> list[int]:
+    """The folds both recipes finished: a file's recipe finished every fold when one of its seeds did (its
+    unfinished seeds are then left out), else the folds all its seeds finished (a stopped run, or one of
+    --run_folds); ``ValueError`` when no fold is left."""
+    compared = set(range(folds))
+    for r in results:
+        runs = r["systems"].get(RECIPE, {"seeds": {}})["seeds"].values()
+        finished = [set(completed_folds(run, folds)) for run in runs]
+        if finished and not any(len(done) == folds for done in finished):
+            compared &= set.intersection(*finished)
+    if not compared:
+        raise ValueError(
+            f"{MODE}: no fold is finished by every recipe seed of both {str(files[0])!r} and {str(files[1])!r}"
+        )
+    return sorted(compared)
+
+
 def compare_crossval(
     paths: Sequence[str | Path],
     *,
@@ -101,7 +119,9 @@ def compare_crossval(
         raise ValueError(f"--output_dir {str(out)!r} holds a {COMPARE_FILE}: pass --overwrite to replace it")
     files = [Path(p) for p in paths]
     results = [read_results(path, mode=MODE) for path in files]
-    folds = _check_same_claims(results, files, beir_path)
+    all_folds = _check_same_claims(results, files, beir_path)
+    compared = folds_compared(results, files, len(all_folds))
+    folds = [all_folds[k] for k in compared]
 
     table: dict[str, Any] = {}
     scores: dict[str, dict[str, list[float]]] = {}  # system -> claim -> nDCG@10 per seed
@@ -168,7 +188,8 @@ def compare_crossval(
         "claims": {
             "split": results[0]["settings"]["split"],
             "fold_seed": results[0]["settings"]["fold_seed"],
-            "folds": folds,
+            "folds": all_folds,
+            "folds_compared": compared,
         },
         "resamples": resamples,
         "table": table,
@@ -183,10 +204,16 @@ def compare_crossval(
 def format_comparison(comparison: dict[str, Any]) -> str:
     """The markdown of a ``compare.json``: the two files, the systems and the paired differences."""
     claims = comparison["claims"]
+    compared = claims.get("folds_compared", list(range(len(claims["folds"]))))
+    only = (
+        ""
+        if len(compared) == len(claims["folds"])
+        else f"; only the claims of folds {compared}, the folds both recipes finished"
+    )
     lines = [
-        f"Two cross-validations on the same {sum(len(f) for f in claims['folds'])} claims ({len(claims['folds'])} "
-        f"folds of split {claims['split']}, fold seed {claims['fold_seed']}), each claim's nDCG@10 paired (recipe "
-        f"seeds averaged per claim first; {comparison['resamples']} draws):",
+        f"Two cross-validations on the same {sum(len(claims['folds'][k]) for k in compared)} claims "
+        f"({len(claims['folds'])} folds of split {claims['split']}, fold seed {claims['fold_seed']}{only}), each "
+        f"claim's nDCG@10 paired (recipe seeds averaged per claim first; {comparison['resamples']} draws):",
         "",
     ]
     for name, entry in comparison["files"].items():

@@ -24,9 +24,10 @@ __all__ = [
     "recipe_config",
 ]
 
-# Settings that may differ between the runs of one experiment: the seeds are what is merged, the output folder
-# and the TREC runs change no number, and the data behind ``beir_path`` is compared directly (folds, references).
-MERGED_SETTINGS = ("seeds", "output_dir", "write_runs", "beir_path")
+# Settings that may differ between the runs of one experiment: the seeds and the folds run (``run_folds``) are
+# what is merged, the output folder and the TREC runs change no number, and the data behind ``beir_path`` is
+# compared directly (folds, references).
+MERGED_SETTINGS = ("seeds", "run_folds", "output_dir", "write_runs", "beir_path")
 # Recipe flags that change how a run goes, not what it trains: the collator is deterministic and the
 # sampler runs in the main process, so data-loading workers give the same batches in the same order.
 RUN_ONLY_FLAGS = (

@@ -42,11 +42,12 @@ from gradcache_sparton.crossval.report import (
     RESULTS_FILE,
     _summarise,
     _write,
+    completed_folds,
     is_recipe_system,
 )
 from gradcache_sparton.data import load_beir
 
-__all__ = ["folds_of", "merge_crossval", "read_results", "rebuilt_folds"]
+__all__ = ["folds_of", "merge_crossval", "merge_seeds", "read_results", "rebuilt_folds"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,12 +120,16 @@ def folds_of(
     queries = {q for entry in entries for q in entry["query_ids"]}
     for system, entry in results["systems"].items():
         for seed, run in entry["seeds"].items():
+            finished = completed_folds(run, len(entries))
+            scored = set(run["per_query"][PRIMARY])
             if (
-                run.get("folds_done", len(entries)) == len(entries)
-                and set(run["per_query"][PRIMARY]) != queries
+                not set(finished) <= set(range(len(entries)))
+                or not scored <= queries
+                or any(q not in scored for k in finished for q in entries[k]["query_ids"])
             ):
                 raise ValueError(
-                    f"{mode}: {str(path)!r}: {system} (seed {seed}) scores other queries than its folds hold"
+                    f"{mode}: {str(path)!r}: {system} (seed {seed}) does not score the queries of the folds it "
+                    f"finished ({finished}), or scores queries outside its folds"
                 )
     return entries
 
@@ -144,6 +149,118 @@ def _check_references(results: list[dict[str, Any]], paths: list[Path]) -> None:
                     f"--merge: {system}'s per-query numbers differ between {str(paths[0])!r} and {str(path)!r} "
                     f"(beyond {TOLERANCE}): not the same data or evaluation"
                 )
+
+
+def _seed_parts(
+    files: list[Path], results: list[dict[str, Any]], folds: int
+) -> dict[str, list[tuple[Path, dict[str, Any], list[int]]]]:
+    """Recipe seed -> its runs in the inputs: (file, trained system -> that seed's entry, the folds it
+    finished); ``ValueError`` naming the file where a trained system (teacher, earlier round) did not finish
+    the folds its recipe did."""
+    parts: dict[str, list[tuple[Path, dict[str, Any], list[int]]]] = {}
+    for path, r in zip(files, results, strict=True):
+        trained = [name for name in r["systems"] if is_recipe_system(name)]
+        for seed, run in r["systems"].get(RECIPE, {"seeds": {}})["seeds"].items():
+            finished = sorted(completed_folds(run, folds))
+            systems = {name: r["systems"][name]["seeds"].get(seed) for name in trained}
+            for name, entry in systems.items():
+                if entry is None or sorted(completed_folds(entry, folds)) != finished:
+                    raise ValueError(
+                        f"--merge: {str(path)!r}: {name} (seed {seed}) did not finish the folds its recipe did "
+                        f"({finished})"
+                    )
+            parts.setdefault(seed, []).append((path, systems, finished))
+    return parts
+
+
+def _combined(parts: list[tuple[Path, dict[str, Any], list[int]]], folds: list[list[str]]) -> dict[str, Any]:
+    """One seed's trained systems as one run of every fold would have recorded them, from ``parts`` (runs
+    that each finished some folds, together each fold once): the per-query numbers fold by fold, the mean
+    non-zeros weighted by each part's queries."""
+    if len(parts) == 1:
+        return parts[0][1]
+    owner = {k: systems for _, systems, finished in parts for k in finished}
+    sizes = [sum(len(folds[k]) for k in finished) for _, _, finished in parts]
+    combined = {}
+    for name in parts[0][1]:
+        per_query: dict[str, dict[str, float]] = {}
+        for k, fold in enumerate(folds):
+            held = set(fold)
+            for key, values in owner[k][name]["per_query"].items():
+                per_query.setdefault(key, {}).update((q, v) for q, v in values.items() if q in held)
+        entry: dict[str, Any] = {"per_query": per_query}
+        for key in ("query_nonzeros", "doc_nonzeros"):
+            if all(key in systems[name] for _, systems, _ in parts):
+                weighted = sum(
+                    n * systems[name][key] for n, (_, systems, _) in zip(sizes, parts, strict=True)
+                )
+                entry[key] = weighted / sum(sizes)
+        combined[name] = {**entry, "folds_done": len(folds), "folds_finished": list(range(len(folds)))}
+    return combined
+
+
+def merge_seeds(
+    files: list[Path], results: list[dict[str, Any]], folds: list[list[str]]
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The recipe seeds the inputs finish (seed -> trained system -> its entry, as one run of all the folds
+    writes it) and, per input, what was taken from it (``merged_from``). A seed is finished by one input that
+    ran every fold of it (another input's unfinished run of it is left out, with a warning), or by inputs whose
+    finished folds together cover every fold; a seed finished whole in two inputs, or a fold of a seed in two
+    inputs' runs, is a ``ValueError`` naming both; a seed whose folds stay uncovered is left out with a
+    warning (listed in ``skipped_unfinished_seeds``)."""
+    k = len(folds)
+    seeds: dict[str, dict[str, Any]] = {}
+    taken: dict[Path, dict[str, list[int]]] = {path: {} for path in files}  # file -> seed -> its folds used
+    skipped: dict[Path, dict[str, int]] = {path: {} for path in files}  # file -> seed -> folds done, left out
+    for seed, parts in _seed_parts(files, results, k).items():
+        whole = [part for part in parts if len(part[2]) == k]
+        if len(whole) > 1:
+            raise ValueError(
+                f"--merge: recipe seed {seed} is in both {str(whole[0][0])!r} and {str(whole[1][0])!r}: merge each "
+                "seed once"
+            )
+        chosen = whole or parts
+        owner: dict[int, Path] = {}
+        for path, _, finished in chosen:
+            for fold in finished:
+                if fold in owner:
+                    raise ValueError(
+                        f"--merge: fold {fold} of recipe seed {seed} is in both {str(owner[fold])!r} and "
+                        f"{str(path)!r}: merge each fold of a seed once"
+                    )
+                owner[fold] = path
+        finished_whole = len(owner) == k
+        for path, _, finished in parts:
+            if finished_whole and any(part[0] is path for part in chosen):
+                taken[path][seed] = finished
+                continue
+            skipped[path][seed] = len(finished)
+            logger.warning(
+                "crossval --merge: %s: recipe seed %s finished %d of %d folds (%s)%s: left out",
+                path,
+                seed,
+                len(finished),
+                k,
+                finished,
+                "" if finished_whole else f", all its runs together {sorted(owner)}",
+            )
+        if finished_whole:
+            seeds[seed] = _combined(chosen, folds)
+    merged_from = [
+        {
+            "file": str(path),
+            "seeds": [int(seed) for seed in taken[path]],
+            "seed_folds": taken[path],
+            "skipped_unfinished_seeds": skipped[path],
+            "beir_path": r["settings"].get("beir_path"),
+            "output_dir": r["settings"].get("output_dir"),
+            "recipe_flags": r["settings"].get("recipe_flags"),
+            "run_folds": r["settings"].get("run_folds", list(range(k))),
+            "meta": r.get("meta", {}),
+        }
+        for path, r in zip(files, results, strict=True)
+    ]
+    return seeds, merged_from
 
 
 def merge_crossval(
@@ -176,45 +293,7 @@ def merge_crossval(
             )
     _check_references(results, files)
 
-    seeds: dict[str, Any] = {}  # recipe seed -> its run's numbers
-    rounds: dict[str, dict[str, Any]] = {}  # earlier round's system -> recipe seed -> its numbers
-    source: dict[str, Path] = {}
-    merged_from = []
-    for path, r in zip(files, results, strict=True):
-        done, skipped = [], {}
-        for seed, run in r["systems"].get(RECIPE, {"seeds": {}})["seeds"].items():
-            folds_done = run.get("folds_done", len(folds[0]))
-            if folds_done != len(folds[0]):
-                skipped[seed] = folds_done
-                logger.warning(
-                    "crossval --merge: %s: recipe seed %s finished %d of %d folds: left out",
-                    path,
-                    seed,
-                    folds_done,
-                    len(folds[0]),
-                )
-                continue
-            if seed in seeds:
-                raise ValueError(
-                    f"--merge: recipe seed {seed} is in both {str(source[seed])!r} and {str(path)!r}: merge each "
-                    "seed once"
-                )
-            seeds[seed], source[seed] = run, path
-            for name, entry in r["systems"].items():  # the same seed's earlier rounds come with it
-                if name != RECIPE and is_recipe_system(name):
-                    rounds.setdefault(name, {})[seed] = entry["seeds"][seed]
-            done.append(int(seed))
-        merged_from.append(
-            {
-                "file": str(path),
-                "seeds": done,
-                "skipped_unfinished_seeds": skipped,
-                "beir_path": r["settings"].get("beir_path"),
-                "output_dir": r["settings"].get("output_dir"),
-                "recipe_flags": r["settings"].get("recipe_flags"),
-                "meta": r.get("meta", {}),
-            }
-        )
+    seeds, merged_from = merge_seeds(files, results, [entry["query_ids"] for entry in folds[0]])
     if not seeds:
         raise ValueError(
             f"--merge: no recipe seed finished all {len(folds[0])} folds in {[str(f) for f in files]}"
@@ -234,11 +313,14 @@ def merge_crossval(
             "beir_path": beir_path if beir_path is not None else first["settings"]["beir_path"],
             "output_dir": str(out),
             "seeds": [int(s) for s in seeds],
+            "run_folds": list(range(len(folds[0]))),
         },
         "model": first["model"],
         "folds": folds[0],
         "systems": {
-            name: {"seeds": seeds if name == RECIPE else rounds[name]} if is_recipe_system(name) else entry
+            name: {"seeds": {seed: systems[name] for seed, systems in seeds.items()}}
+            if is_recipe_system(name)
+            else entry
             for name, entry in first["systems"].items()
         },
     }

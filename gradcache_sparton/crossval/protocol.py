@@ -18,18 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradcache_sparton.crossval.experiment import (
-    MERGED_SETTINGS,
-    TOLERANCE,
-    experiment_differences,
-    numbers_close,
-    recipe_config,
-)
+from gradcache_sparton.crossval.earlier import add_to_earlier, check_same_rows, earlier_run, seeds_to_train
+from gradcache_sparton.crossval.experiment import recipe_config
 from gradcache_sparton.crossval.report import (
     BM25,
     PRIMARY,
     RECIPE,
-    RESULTS_FILE,
     TEACHER,
     ZERO_SHOT,
     # Private to crossval, kept as they are: the results file's steps, shared by a run and by merge.py so
@@ -37,7 +31,6 @@ from gradcache_sparton.crossval.report import (
     _mean,
     _summarise,
     _write,
-    is_recipe_system,
     round_system,
 )
 from gradcache_sparton.crossval.rows import (
@@ -212,6 +205,7 @@ def run_crossval(
         "meta": _run_meta(),
         "settings": {
             **vars(settings),
+            "run_folds": settings.folds_to_run(),
             "recipe_flags": list(recipe_flags),
             "recipe_config": recipe_config(recipe_flags),
             "teacher_recipe_config": recipe_config(teacher_recipe[2]) if teacher_recipe else None,
@@ -222,8 +216,8 @@ def run_crossval(
     }
     # Before any file is written: a finished run in the folder is this experiment's (its seeds are kept, the
     # new ones added), and no seed to train has models there already.
-    earlier = _earlier_run(out, results, folds)
-    seeds = _seeds_to_train(out, settings.seeds, earlier)
+    earlier = earlier_run(out, results, folds)
+    seeds = seeds_to_train(out, settings.seeds, earlier)
     began = time.monotonic()
     tokenizer = build_tokenizer(model_args)
     bf16 = bool(training_args.bf16)
@@ -250,15 +244,7 @@ def run_crossval(
         for k, (held, fold) in enumerate(zip(folds, training_rows, strict=True))
     ]
     if earlier is not None:  # the same rows, by their counts (the query ids were checked above)
-        differ = [
-            k for k, (f, e) in enumerate(zip(fold_info, earlier["folds"], strict=True)) if {**f, **e} != f
-        ]
-        if differ:
-            shown = [f"fold {k}: {_counts(earlier['folds'][k])} vs {_counts(fold_info[k])}" for k in differ]
-            raise ValueError(
-                f"output_dir {str(out)!r} holds a {RESULTS_FILE} whose folds {differ} have other training rows "
-                f"than this run's ({'; '.join(shown)}): not the same data; choose another output_dir"
-            )
+        check_same_rows(earlier, fold_info, out)
     out.mkdir(parents=True, exist_ok=True)
     (out / FOLDS_FILE).write_text(
         json.dumps({"fold_seed": settings.fold_seed, "folds": folds}, indent=1) + "\n"
@@ -293,11 +279,14 @@ def run_crossval(
     for name in trained_systems:
         results["systems"][name] = {"seeds": {}}
     if earlier is not None:
-        _add_to_earlier(results, earlier, out)
+        add_to_earlier(results, earlier, out)
+    run_folds = settings.folds_to_run()  # all, or --run_folds: the tables cover those folds' queries
+    ran = [folds[k] for k in run_folds]
     for seed in seeds:
         per_query: dict[str, dict[str, dict[str, float]]] = {name: {} for name in trained_systems}
         nonzeros: dict[str, list[tuple[int, float, float]]] = {name: [] for name in trained_systems}
-        for k, held in enumerate(folds):
+        for done, k in enumerate(run_folds, start=1):
+            held = folds[k]
             data = BeirData(
                 corpus=beir.corpus,
                 queries={q: beir.queries[q] for q in held},
@@ -406,12 +395,13 @@ def run_crossval(
                     "per_query": per_query[name],
                     "query_nonzeros": sum(n * q for n, q, _ in counts) / sum(n for n, _, _ in counts),
                     "doc_nonzeros": sum(n * d for n, _, d in counts) / sum(n for n, _, _ in counts),
-                    "folds_done": k + 1,
+                    "folds_done": done,
+                    "folds_finished": run_folds[:done],
                 }
-            _summarise(results, folds)
+            _summarise(results, ran)
             _write(results, out)
     if not seeds:  # every seed asked for was finished in the folder already
-        _summarise(results, folds)
+        _summarise(results, ran)
         _write(results, out)
     return results
 
@@ -445,81 +435,6 @@ def _teacher_recipe(settings: CrossvalSettings) -> tuple[Any, Any, list[str]] | 
             "teacher's own rows do not have: give the teacher a loss of its own (e.g. the default infonce)"
         )
     return model_args, training_args, flags
-
-
-def _earlier_run(out: Path, results: dict[str, Any], folds: list[list[str]]) -> dict[str, Any] | None:
-    """The ``crossval.json`` a finished run left in ``out`` (None if there is none), checked to be the same
-    experiment as ``results`` (settings, recipe and its config's content, model, folds): ``ValueError``
-    naming what differs otherwise."""
-    path = out / RESULTS_FILE
-    if not path.is_file():
-        return None
-    try:
-        earlier = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"output_dir {str(out)!r}: {str(path)!r} is not JSON ({error})") from None
-    differ = experiment_differences(earlier, results)
-    if differ:
-        shown = "; ".join(f"{k}: {v}" for k, v in differ.items())
-        raise ValueError(
-            f"output_dir {str(out)!r} holds the {RESULTS_FILE} of another experiment: settings {list(differ)} "
-            f"differ ({shown}). A run into a finished run's folder adds seeds to it, so only "
-            f"{list(MERGED_SETTINGS)} may differ: choose another output_dir"
-        )
-    recorded = [entry.get("query_ids", fold) for entry, fold in zip(earlier["folds"], folds, strict=False)]
-    sizes = [entry["queries"] for entry in earlier["folds"]]
-    if recorded != folds or sizes != [len(fold) for fold in folds]:  # files without query ids: their sizes
-        raise ValueError(
-            f"output_dir {str(out)!r} holds a {RESULTS_FILE} whose folds' query ids differ from the folds of "
-            f"{results['settings']['beir_path']!r}: not the same data; choose another output_dir"
-        )
-    return earlier
-
-
-def _counts(fold: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in fold.items() if k not in ("fold", "query_ids", "train_file")}
-
-
-def _seeds_to_train(out: Path, seeds: Sequence[int], earlier: dict[str, Any] | None) -> list[int]:
-    """``seeds`` less those the earlier run finished (kept as they are); ``ValueError`` if the folder already
-    holds models of a seed to train (an unfinished earlier run: its results are not in ``crossval.json``)."""
-    finished = {
-        int(seed)
-        for seed, run in (earlier or {"systems": {}})["systems"].get(RECIPE, {"seeds": {}})["seeds"].items()
-        if run.get("folds_done") == len(earlier["folds"])
-    }
-    kept = [seed for seed in seeds if seed in finished]
-    if kept:
-        logger.info(
-            "crossval: seeds %s finished in %s already: kept, not trained again", kept, out / RESULTS_FILE
-        )
-    for seed in seeds:
-        folder = out / f"seed{seed}"
-        if seed not in finished and folder.is_dir() and any(folder.iterdir()):
-            raise ValueError(
-                f"output_dir {str(out)!r} already holds models of seed {seed} ({str(folder)!r}) from a run that did "
-                f"not finish it: delete {str(folder)!r} to train seed {seed} again, or choose another output_dir"
-            )
-    return [seed for seed in seeds if seed not in finished]
-
-
-def _add_to_earlier(results: dict[str, Any], earlier: dict[str, Any], out: Path) -> None:
-    """Carry the earlier run's trained systems (every seed) into ``results``, after checking that the
-    references it holds have this run's per-query numbers (``TOLERANCE``); the seeds are both runs'."""
-    for system, entry in earlier["systems"].items():
-        if is_recipe_system(system):
-            results["systems"][system]["seeds"].update(entry["seeds"])
-        elif not numbers_close(entry["seeds"], results["systems"][system]["seeds"]):
-            raise ValueError(
-                f"output_dir {str(out)!r}: {system}'s per-query numbers in its {RESULTS_FILE} differ from this run's "
-                f"(beyond {TOLERANCE}): not the same data or evaluation; choose another output_dir"
-            )
-    given = results["settings"]["seeds"]
-    results["settings"]["seeds"] = [
-        *earlier["settings"]["seeds"],
-        *(s for s in given if s not in earlier["settings"]["seeds"]),
-    ]
-    results["meta"]["earlier_run"] = {"seeds": earlier["settings"]["seeds"], "meta": earlier.get("meta", {})}
 
 
 def _run_dir(out: Path, seed: int, fold: int, round_: int) -> Path:

@@ -14,6 +14,7 @@ from gradcache_sparton.evaluation.significance import paired_comparison, paired_
 
 __all__ = [
     "comparison_lines",
+    "completed_folds",
     "format_report",
     "is_recipe_system",
     "paired_difference",
@@ -42,6 +43,15 @@ def is_recipe_system(name: str) -> bool:
     return name in (RECIPE, TEACHER) or name.startswith(ROUND_PREFIX)
 
 
+def completed_folds(run: Mapping[str, Any], folds: int) -> list[int]:
+    """The indices of the folds, of ``folds``, that one seed of a system finished (``systems[name]["seeds"][s]``):
+    its ``folds_finished``; in a file written before that was recorded (every run then dealt its folds in
+    order), the first ``folds_done``; without either (a reference, evaluated once on every query), all."""
+    if "folds_finished" in run:
+        return list(run["folds_finished"])
+    return list(range(run.get("folds_done", folds)))
+
+
 def _mean(values: Any) -> float:
     values = list(values)
     return sum(values) / len(values)
@@ -52,9 +62,20 @@ def system_scores(
 ) -> tuple[dict[str, Any], dict[str, list[float]], dict[str, dict[str, float]]] | None:
     """One system of a ``crossval.json`` (``results["systems"][name]``) over ``folds``: its table row (each
     metric's mean over folds of the mean over its seeds, ``<metric>_per_fold``, mean non-zeros), its nDCG@10
-    per query (one value per seed) and per seed (seed -> query -> nDCG@10). A seed with folds still missing
-    is left out; None when none is complete."""
-    complete = {s: r for s, r in entry["seeds"].items() if r.get("folds_done", len(folds)) == len(folds)}
+    per query (one value per seed) and per seed (seed -> query -> nDCG@10), each over the queries of ``folds``
+    (all the folds, or those a run of some folds ran). A seed without a score for every such query (folds still
+    missing) is left out; None when none has them all."""
+    wanted = {q for fold in folds for q in fold}
+    complete = {
+        s: {
+            **r,
+            "per_query": {
+                k: {q: v for q, v in values.items() if q in wanted} for k, values in r["per_query"].items()
+            },
+        }
+        for s, r in entry["seeds"].items()
+        if wanted <= set(r["per_query"][PRIMARY])
+    }
     if not complete:
         return None
     row: dict[str, Any] = {"seeds": len(complete)}
@@ -163,6 +184,7 @@ def format_report(results: Mapping[str, Any]) -> str:
         f"self-supervised pairs {settings['self_supervised_pairs']}, BM25 negatives {settings['bm25_negatives']}"
         + _rounds_line(settings)
         + _teacher_line(settings)
+        + _run_folds_line(settings)
         + ".",
         "",
     ]
@@ -214,6 +236,17 @@ def _rounds_line(settings: Mapping[str, Any]) -> str:
         f"; {rounds} rounds (round r > 1: {settings['model_negatives']} negatives a pair mined by the fold's "
         f"round r-1 model, trained from {'that model' if settings['round_start'] == 'previous' else 'the start'}"
         f"; the recipe row is round {rounds}, recipe-round<r> the earlier rounds)"
+    )
+
+
+def _run_folds_line(settings: Mapping[str, Any]) -> str:
+    """A run of some folds (``--run_folds``): which, and that the tables cover those folds' queries only."""
+    run_folds = settings.get("run_folds") or list(range(settings["folds"]))
+    if len(run_folds) == settings["folds"]:
+        return ""
+    return (
+        f"; this run trained folds {run_folds} of {settings['folds']} only (--run_folds): the tables cover their "
+        "queries; `crossval --merge` combines it with runs of the other folds"
     )
 
 

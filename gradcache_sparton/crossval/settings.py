@@ -46,6 +46,11 @@ class CrossvalSettings:
     folds: int = option(5, "number of folds (k): each trains on the other k-1 folds' queries.")
     fold_seed: int = option(0, "seed of the query shuffle (and of the pair choice).")
     seeds: list[int] = option([42], "training seeds: each fold trained once per seed.")
+    run_folds: list[int] = option(
+        [],
+        "train and evaluate only these folds (indices 0..folds-1; default: all), dealt as in a run of all folds "
+        "(same fold_seed, same held-out claims): split a run over jobs, then combine them with --merge.",
+    )
     self_supervised_pairs: int = option(
         0, "add this many (sentence, rest of the abstract) pairs from documents no training query judges."
     )
@@ -131,12 +136,23 @@ class CrossvalSettings:
             show_progress=show_progress,
         )
 
+    def folds_to_run(self) -> list[int]:
+        """The indices of the folds this run trains and evaluates, ascending: ``run_folds``, or all."""
+        return sorted(self.run_folds) if self.run_folds else list(range(self.folds))
+
     def check(self) -> None:
         """``ValueError`` naming the first bad setting."""
         if self.folds < 2:
             raise ValueError(f"folds must be >= 2, got {self.folds}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
+        if len(set(self.run_folds)) != len(self.run_folds) or any(
+            not 0 <= k < self.folds for k in self.run_folds
+        ):
+            raise ValueError(
+                f"--run_folds must be distinct fold indices in 0..{self.folds - 1} (--folds {self.folds}), "
+                f"got {self.run_folds}"
+            )
         for name in ("self_supervised_pairs", "bm25_negatives", "model_negatives"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
