@@ -46,8 +46,9 @@ class CrossvalOptions(CrossvalSettings):
     no_bm25: bool = option(False, "skip the BM25 reference (needs no bm25s then).")
     merge: list[str] | None = option(
         None,
-        "instead of running: combine the crossval.json of runs of one experiment (e.g. one seed each, run "
-        "as separate jobs) into the result one run with all their seeds would have written, in --output_dir; "
+        "instead of running: combine the crossval.json of runs of one experiment (e.g. one seed each, or "
+        "some folds each with --run_folds, run as separate jobs) into the result one run with all their seeds "
+        "and folds would have written, in --output_dir; "
         "settings come from the files, which must agree (docs/crossval.md).",
         metavar="FILE",
     )

@@ -35,12 +35,14 @@ into a folder holding a finished run's ``crossval.json`` of the same experiment 
 seeds to that result; any other run into it, or one whose seed already has models there, is refused before
 any file is written.
 
-Seeds run as separate jobs are combined afterwards (``crossval --merge``, :mod:`.merge`) into the result
-one run with all the seeds would have written; two experiments on the same folds (two recipes) are compared
+Seeds run as separate jobs, or the folds of a seed (``run_folds``: only those folds trained and evaluated, dealt
+as in a run of all), are combined afterwards (``crossval --merge``, :mod:`.merge`) into the result one run with
+all the seeds and folds would have written; two experiments on the same folds (two recipes) are compared
 claim by claim with ``crossval --compare`` (:mod:`.compare`).
 
 Modules: :mod:`.settings` (the settings and their checks), :mod:`.protocol` (folds, the recipe, the
-evaluation, the run), :mod:`.experiment` (what makes two results one experiment), :mod:`.rows` (each fold's and round's training rows), :mod:`.teacher` (the distillation
+evaluation, the run), :mod:`.experiment` (what makes two results one experiment), :mod:`.earlier` (a run into a folder holding an
+earlier run's result), :mod:`.rows` (each fold's and round's training rows), :mod:`.teacher` (the distillation
 teacher), :mod:`.report` (means over folds, paired comparisons, the markdown tables), :mod:`.merge` (runs of
 one experiment combined) and :mod:`.compare` (two experiments compared); the flags of ``gradcache-sparton
 crossval`` are :mod:`gradcache_sparton.cli.crossval`'s.

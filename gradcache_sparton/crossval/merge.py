@@ -1,15 +1,18 @@
 """``gradcache-sparton crossval --merge A/crossval.json B/crossval.json ... --output_dir OUT``: the
 ``crossval.json`` of separate runs of one experiment (the seeds of one recipe run as separate jobs, one per
-GPU) combined into the result one run with all their seeds would have written: the same folds, references
-and recipe, each query's recipe score averaged over the seeds before the paired interval.
+GPU; or the folds of one seed, ``--run_folds``, as jobs that each fit a time limit) combined into the result
+one run with all their seeds and folds would have written: the same folds, references and recipe, each
+query's recipe score averaged over the seeds before the paired interval.
 
 The inputs must be one experiment: the same settings (except ``seeds``, ``output_dir``, ``write_runs``
 and ``beir_path``: where the data lives changes no number, and the data itself is compared directly),
 the same recipe flags, content of the recipe's ``--config`` file (each run records its sha256 and parsed
 content; differing keys are named) and starting model, the same folds (each fold's held-out query ids, and the
-counts of its training rows) and the same zero-shot and BM25 numbers per query. A recipe seed is merged
-only where its run finished every fold; an unfinished one is skipped with a warning and listed in the
-result's ``meta``. A seed finished in two inputs is an error (which run should count?).
+counts of its training rows) and the same zero-shot and BM25 numbers per query (``run_folds`` may differ). A
+recipe seed is merged where one input finished every fold of it, or where its inputs' finished folds together
+cover every fold, each fold from one input (:func:`merge_seeds`); an unfinished one is skipped with a warning
+and listed in the result's ``meta``. A seed finished in two inputs, or a fold of a seed in two inputs, is an
+error (which run should count?).
 
 Result files written before each fold recorded its ``query_ids`` are merged by rebuilding the folds
 from ``beir_path`` exactly as the protocol deals them (the queries judged relevant at least once in the
