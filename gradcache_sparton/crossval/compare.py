@@ -10,8 +10,8 @@ each file's).
 
 Systems (the table): each file's recipe (each claim's score averaged over its seeds first, exactly as
 ``crossval`` does; a seed with folds missing left out) and zero-shot, over the claims of the folds both recipes
-finished (:func:`folds_compared`: all of them unless a file's recipe has no seed that finished every fold), named ``<name>:recipe`` and
-``<name>:zero-shot``, and ``bm25`` once. Paired nDCG@10 differences over all held-out claims (mean, 95%
+finished (:func:`folds_compared`: all of them unless a file's recipe has no seed that finished every fold),
+named ``<name>:recipe`` and ``<name>:zero-shot``, and ``bm25`` once. Paired nDCG@10 differences over all held-out claims (mean, 95%
 bootstrap interval, randomization p-value: :func:`~.report.paired_difference` with the larger of the two
 files' ``resamples``): A:recipe - B:recipe, A:recipe - B:zero-shot, A:zero-shot - B:recipe, A:zero-shot -
 B:zero-shot (left out when the two zero-shots score every claim the same) and each recipe - bm25; per seed
