@@ -166,3 +166,20 @@ def test_compare_runs_over_the_folds_both_finished(tmp_path: Path) -> None:
     unfinished["systems"]["recipe"]["seeds"] = _fold_run({8: [1]})["systems"]["recipe"]["seeds"]
     with pytest.raises(ValueError, match="no fold is finished by every recipe seed of both"):
         compare_crossval([a, write_json(tmp_path / "u.json", unfinished)], output_dir=tmp_path / "c2")
+
+
+def test_merge_of_two_stopped_seeds_with_one_run_of_the_fold_both_lack(tmp_path: Path) -> None:
+    """Seeds 7 and 8 stopped after fold 0 in two files, and one --run_folds 1 run of both seeds: the result of
+    one run of both seeds and both folds."""
+    a = write_json(tmp_path / "a.json", _fold_run({7: [0]}, old=True))
+    b = write_json(tmp_path / "b.json", _fold_run({8: [0]}, old=True))
+    c = write_json(tmp_path / "c.json", _fold_run({7: [1], 8: [1]}))
+    merged = merge_crossval([a, b, c], output_dir=tmp_path / "m")
+    expected = synthetic_run({7: 2, 8: 2})
+    assert merged["settings"]["seeds"] == [7, 8]
+    assert merged["table"] == expected["table"] and merged["comparisons"] == expected["comparisons"]
+    assert [m["seed_folds"] for m in merged["meta"]["merged_from"]] == [
+        {"7": [0]},
+        {"8": [0]},
+        {"7": [1], "8": [1]},
+    ]
