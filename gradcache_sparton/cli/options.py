@@ -10,27 +10,44 @@ from typing import Any
 from gradcache_sparton.cli.commands import COMMANDS
 from gradcache_sparton.primitives.option_field import option
 
-__all__ = ["CheckpointOptions", "QueryLengthOption", "parse_command", "parse_command_flags"]
+__all__ = [
+    "CheckpointOptions",
+    "EncodingOptions",
+    "QueryLengthOption",
+    "parse_command",
+    "parse_command_flags",
+]
 
 
 @dataclass
-class CheckpointOptions:
-    """The checkpoint a command encodes texts with, and how (``evaluate``, ``export``, ``mine``)."""
+class EncodingOptions:
+    """How a command encodes texts (``evaluate``, ``export``, ``mine``, ``teacher``); the lengths are those of
+    our checkpoints (:func:`~gradcache_sparton.model_loading.checkpoint_max_lengths`)."""
 
-    model_name_or_path: str | None = option(
-        None,
-        "Checkpoint folder (`train` writes outputs/splade-<date>-<time> and prints it), shipped name (splade-tiny-msmarco) or hub id.",
-    )
     document_max_length: int | None = option(
-        None, "Document tokens (None: the checkpoint's training length, else 256)."
+        None, "Document tokens (None: the checkpoint's training length, at least 256)."
     )
-    batch_size: int = option(64, "Texts encoded at once.")
+    batch_size: int = option(64, "Texts encoded at once (a cross-encoder teacher's: pairs).")
     device: str | None = option(None, "cpu, cuda, cuda:1, ... (None: cuda if available).")
 
 
 @dataclass
+class _CheckpointName:
+    model_name_or_path: str | None = option(
+        None,
+        "Checkpoint folder (`train` writes outputs/splade-<date>-<time> and prints it), shipped name (splade-tiny-msmarco) or hub id.",
+    )
+
+
+@dataclass
+class CheckpointOptions(EncodingOptions, _CheckpointName):
+    """The checkpoint a command encodes texts with, and how (``evaluate``, ``export``, ``mine``): its name, then
+    the :class:`EncodingOptions` (a dataclass lists its last base's fields first)."""
+
+
+@dataclass
 class QueryLengthOption:
-    """Query tokens, for the commands that encode queries (``evaluate``, ``mine``)."""
+    """Query tokens, for the commands that encode queries (``evaluate``, ``mine``, ``teacher``)."""
 
     query_max_length: int | None = option(
         None, "Query tokens (None: the checkpoint's training length, else 32)."

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradcache_sparton.cli.options import parse_command_flags
+from gradcache_sparton.cli.options import EncodingOptions, QueryLengthOption, parse_command_flags
 from gradcache_sparton.mining import DEFAULT_DEPTH, NORMALISATIONS
 from gradcache_sparton.primitives.option_field import option
 
@@ -17,7 +17,8 @@ __all__ = ["TeacherOptions", "teacher_command"]
 
 @dataclass
 class TeacherOptions:
-    """``teacher``'s flags."""
+    """``teacher``'s own flags (how our checkpoints encode: :class:`~.options.EncodingOptions`,
+    :class:`~.options.QueryLengthOption`)."""
 
     train_data: str = option(
         None,
@@ -51,14 +52,6 @@ class TeacherOptions:
         "BEIR folder ('default': the shipped SciFact dev sample) whose corpus gives BM25's statistics and "
         "zscore's top K (None: the rows' own texts).",
     )
-    query_max_length: int | None = option(
-        None, "our checkpoints' query tokens (None: their training length)."
-    )
-    document_max_length: int | None = option(
-        None, "our checkpoints' document tokens (None: training length, >= 256)."
-    )
-    batch_size: int = option(64, "texts (cross-encoder: pairs) encoded at once.")
-    device: str | None = option(None, "cpu, cuda, cuda:1, ... (None: cuda if available).")
     bf16: bool = option(True, "on a GPU, encode under bf16 autocast (the CPU always runs fp32).")
 
 
@@ -68,7 +61,7 @@ def teacher_command(argv: Sequence[str]) -> int:
     options = parse_command_flags(
         "teacher",
         argv,
-        (TeacherOptions,),
+        (TeacherOptions, EncodingOptions, QueryLengthOption),
         description=" (docs/distillation.md): the positive, then each negative, per row.",
     )
     print(json.dumps(run_teacher_scores(**options), indent=2))
