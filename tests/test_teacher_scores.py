@@ -13,6 +13,8 @@ import torch
 from gradcache_sparton.cli import main
 from gradcache_sparton.mining import (
     BM25Teacher,
+    Teacher,
+    TeacherInput,
     bm25_scores,
     ensemble_scores,
     load_teacher,
@@ -276,6 +278,28 @@ def test_bm25_teacher_is_bm25_under_the_corpus_index() -> None:
     expected, expected_top = bm25_scores(QUERIES, CANDIDATES, DOCUMENTS, depth=2, show_progress=False)
     torch.testing.assert_close(scores, expected)
     torch.testing.assert_close(top, expected_top)
+
+
+def test_every_teacher_refuses_rows_without_an_r_by_c_shape_before_scoring() -> None:
+    """Teacher.scores checks its input once for every kind, before any scoring: one row of candidates a
+    query, the same number (>= 1) in every row, a depth >= 1."""
+
+    class Unreachable(Teacher):
+        kind = "test"
+
+        def _scores(self, rows: TeacherInput) -> tuple[torch.Tensor, torch.Tensor | None]:
+            raise AssertionError("scored despite bad input")
+
+    for teacher in (Unreachable(), BM25Teacher(show_progress=False)):
+        with pytest.raises(ValueError, match="one row a query"):
+            teacher.scores(QUERIES, CANDIDATES[:-1], DOCUMENTS)
+        with pytest.raises(ValueError, match=r"same number \(>= 1\) of candidates, got \[2, 3\]"):
+            teacher.scores(QUERIES, [*CANDIDATES[:-1], CANDIDATES[-1][:2]], DOCUMENTS)
+        with pytest.raises(ValueError, match=r"same number \(>= 1\) of candidates, got \[0\]"):
+            teacher.scores(QUERIES, [[] for _ in QUERIES], DOCUMENTS)
+        for depth in (0, 1.5, True):
+            with pytest.raises(ValueError, match="depth must be an int >= 1"):
+                teacher.scores(QUERIES, CANDIDATES, DOCUMENTS, depth=depth)
 
 
 def test_normalisations_and_ensemble_by_hand() -> None:

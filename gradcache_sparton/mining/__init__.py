@@ -64,6 +64,8 @@ from gradcache_sparton.mining.teachers import (
     CrossEncoderTeacher,
     SentenceTransformerTeacher,
     SpladeTeacher,
+    Teacher,
+    TeacherInput,
     load_teacher,
     teacher_kind,
 )
@@ -85,6 +87,8 @@ __all__ = [
     "CrossEncoderTeacher",
     "SentenceTransformerTeacher",
     "SpladeTeacher",
+    "Teacher",
+    "TeacherInput",
     "batch_teacher_for_run",
     "beir_mining_pairs",
     "bm25_rankings",

@@ -3,11 +3,12 @@
 Legend: R queries (training rows), C candidates per row, N corpus documents, K depth, V vocabulary, D the
 dense embedding width.
 
-Every teacher answers one call, ``scores(queries, candidates, documents, depth=None)``: the [R, C] scores of
-row r's query against its own candidates ``candidates[r]`` and, when ``depth`` is given, the query's top
-``depth`` scores over ``documents`` [R, K] (descending), what ``zscore`` normalises against
-(:mod:`.teacher_scores`). A row's scores are a function of its own texts, the teacher and (for BM25's
-statistics and the top K) the corpus: nothing of another row enters them.
+Every teacher (:class:`Teacher`) answers one call, ``scores(queries, candidates, documents, depth=None)``,
+its input checked there once: the [R, C] scores of row r's query against its own candidates
+``candidates[r]`` and, when ``depth`` is given, the query's top ``depth`` scores over ``documents`` [R, K]
+(descending), what ``zscore`` normalises against (:mod:`.teacher_scores`). A row's scores are a function of
+its own texts, the teacher and (for BM25's statistics and the top K) the corpus: nothing of another row
+enters them.
 
 The kinds, told apart by the folder's files (:func:`teacher_kind`):
 
@@ -32,7 +33,7 @@ import json
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -49,6 +50,8 @@ __all__ = [
     "CrossEncoderTeacher",
     "SentenceTransformerTeacher",
     "SpladeTeacher",
+    "Teacher",
+    "TeacherInput",
     "load_teacher",
     "teacher_kind",
 ]
@@ -153,21 +156,32 @@ def _distinct(candidates: Sequence[Sequence[str]], documents: Sequence[str] | No
     return [t for t in dict.fromkeys(t for texts in candidates for t in texts) if t not in known]
 
 
-class SpladeTeacher:
-    """A sparse encoder of ours (``encoder(**features) -> [B, V]``): dot products of its reps, encoded as
-    ``encoding`` says (queries at its ``query_max_length``, documents at its ``document_max_length``)."""
+def _stack(parts: Sequence[Tensor | SparseReps]) -> Tensor | SparseReps:
+    """The rows of ``parts`` (one kind of reps) in order: one part as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], SparseReps):
+        return SparseReps.concat(parts)
+    stacked = torch.cat(list(parts))
+    return stacked.coalesce() if stacked.is_sparse else stacked
 
-    kind = "splade"
 
-    def __init__(self, encoder: Callable[..., Tensor], encoding: EncodingSettings) -> None:
-        self.encoder, self.encoding = encoder, encoding
+class TeacherInput(NamedTuple):
+    """What a teacher scores, checked by :meth:`Teacher.scores` (module docstring)."""
 
-    def encode(self, texts: Sequence[str], *, query: bool) -> SparseReps:
-        """The reps of ``texts`` as queries or as documents (on the CPU)."""
-        column, desc = (
-            (QUERY_COLUMN, "Teacher: queries") if query else (DOCUMENT_COLUMN, "Teacher: documents")
-        )
-        return self.encoding.encode(self.encoder, list(texts), column=column, desc=desc)
+    queries: Sequence[str]
+    candidates: Sequence[Sequence[str]]
+    """[R][C]: row r's candidates, the same number C >= 1 in every row."""
+    documents: Sequence[str]
+    depth: int | None
+    """The top K over ``documents`` to return; None: no top K."""
+
+
+class Teacher:
+    """What every teacher answers (module docstring): :meth:`scores`, its input checked here once, scored by
+    the kind's own ``_scores``."""
+
+    kind: str
 
     def scores(
         self,
@@ -177,39 +191,84 @@ class SpladeTeacher:
         *,
         depth: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        encoding = self.encoding
-        q_reps = self.encode(queries, query=True)
+        """The [R, C] float32 scores of row r's query ``queries[r]`` against its candidates ``candidates[r]``
+        and, when ``depth`` is given, the query's top ``depth`` scores over ``documents`` [R, K] (descending),
+        both on the CPU. ``ValueError`` before any work for rows that cannot make an [R, C] matrix or a
+        ``depth`` < 1."""
+        if len(candidates) != len(queries):
+            raise ValueError(
+                f"{len(queries)} queries but {len(candidates)} rows of candidates: one row a query"
+            )
+        widths = {len(texts) for texts in candidates}
+        if len(widths) > 1 or 0 in widths:
+            raise ValueError(f"every row needs the same number (>= 1) of candidates, got {sorted(widths)}")
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+            raise ValueError(f"depth must be an int >= 1 or None, got {depth!r}")
+        return self._scores(TeacherInput(queries, candidates, documents, depth))
+
+    def _scores(self, rows: TeacherInput) -> tuple[Tensor, Tensor | None]:
+        """:meth:`scores` of checked ``rows``: each kind's own."""
+        raise NotImplementedError
+
+
+class _RepTeacher(Teacher):
+    """The scores of a teacher that encodes each text alone (:class:`SpladeTeacher`,
+    :class:`SentenceTransformerTeacher`): every text encoded once (with ``depth``, the corpus, then the
+    candidates outside it), a candidate's score the teacher's ``_similarity`` of the two reps, the top K its
+    ``_top`` over the corpus reps."""
+
+    def _scores(self, rows: TeacherInput) -> tuple[Tensor, Tensor | None]:
+        queries, candidates, documents, depth = rows
+        q = self.encode(queries, query=True)
         corpus = list(documents) if depth is not None else []
         extra = _distinct(candidates, corpus)
-        parts = []
-        if corpus:
-            parts.append(
-                encoding.encode(self.encoder, corpus, column=DOCUMENT_COLUMN, desc="Teacher: corpus")
-            )
-        if extra:
-            parts.append(
-                encoding.encode(self.encoder, extra, column=DOCUMENT_COLUMN, desc="Teacher: candidates")
-            )
-        all_reps = SparseReps.concat(parts) if len(parts) > 1 else parts[0]
+        parts = [self.encode(texts, query=False) for texts in (corpus, extra) if texts]
         row_of = {text: row for row, text in reversed(list(enumerate([*corpus, *extra])))}  # first occurrence
-        device = encoding.device_for(self.encoder)
-        top = None
-        if depth is not None:
-            top, _ = retrieve(q_reps, parts[0], top_k=depth, device=device)  # [R, K]
-        index = _candidate_index(candidates, row_of)
         scores = _pair_scores(
-            q_reps,
-            all_reps,
-            index,
-            lambda a, b: (a * b).sum(dim=1),  # [b, V] · [b, V] -> [b]
-            device=device,
+            q,
+            _stack(parts),
+            _candidate_index(candidates, row_of),
+            self._similarity,
+            device=self.device,
             desc="Teacher: scores",
-            show_progress=encoding.show_progress,
+            show_progress=self.show_progress,
         )
-        return scores, top
+        return scores, None if depth is None else self._top(q, parts[0], depth)
 
 
-class SentenceTransformerTeacher:
+class SpladeTeacher(_RepTeacher):
+    """A sparse encoder of ours (``encoder(**features) -> [B, V]``): dot products of its reps, encoded as
+    ``encoding`` says (queries at its ``query_max_length``, documents at its ``document_max_length``)."""
+
+    kind = "splade"
+
+    def __init__(self, encoder: Callable[..., Tensor], encoding: EncodingSettings) -> None:
+        self.encoder, self.encoding = encoder, encoding
+
+    @property
+    def device(self) -> torch.device:
+        """Where the reps are scored: the encoding's device, else the encoder's."""
+        return self.encoding.device_for(self.encoder)
+
+    @property
+    def show_progress(self) -> bool:
+        return self.encoding.show_progress
+
+    def encode(self, texts: Sequence[str], *, query: bool) -> SparseReps:
+        """The reps of ``texts`` as queries or as documents (on the CPU)."""
+        column, desc = (
+            (QUERY_COLUMN, "Teacher: queries") if query else (DOCUMENT_COLUMN, "Teacher: documents")
+        )
+        return self.encoding.encode(self.encoder, list(texts), column=column, desc=desc)
+
+    def _similarity(self, a: Tensor, b: Tensor) -> Tensor:
+        return (a * b).sum(dim=1)  # [b, V] · [b, V] -> [b]
+
+    def _top(self, q: SparseReps, d: SparseReps, depth: int) -> Tensor:
+        return retrieve(q, d, top_k=depth, device=self.device)[0]  # [R, K]
+
+
+class SentenceTransformerTeacher(_RepTeacher):
     """A sentence-transformers ``SentenceTransformer`` (dense) or ``SparseEncoder``: ``encode_query`` /
     ``encode_document`` and the model's own pairwise similarity."""
 
@@ -223,43 +282,11 @@ class SentenceTransformerTeacher:
         """The embeddings of ``texts`` as queries or as documents: dense [n, D], or a SparseEncoder's sparse
         [n, V] (COO, coalesced), float32."""
         encode = self.model.encode_query if query else self.model.encode_document
-        with _autocast(self.device, self.bf16):
-            reps = encode(
-                list(texts),
-                batch_size=self.batch_size,
-                convert_to_tensor=True,
-                show_progress_bar=self.show_progress,
-            )
+        reps = _run_batched(self, encode, list(texts))
         return reps.coalesce().float() if reps.is_sparse else reps.float()  # [n, D] or sparse [n, V]
 
     def _similarity(self, a: Tensor, b: Tensor) -> Tensor:
         return self.model.similarity_pairwise(a, b)  # [b, ·] x [b, ·] -> [b]
-
-    def scores(
-        self,
-        queries: Sequence[str],
-        candidates: Sequence[Sequence[str]],
-        documents: Sequence[str],
-        *,
-        depth: int | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        q = self.encode(queries, query=True)
-        texts = list(dict.fromkeys(t for row in candidates for t in row))
-        d = self.encode(texts, query=False)
-        row_of = {text: row for row, text in enumerate(texts)}
-        scores = _pair_scores(
-            q,
-            d,
-            _candidate_index(candidates, row_of),
-            self._similarity,
-            device=self.device,
-            desc="Teacher: scores",
-            show_progress=self.show_progress,
-        )
-        top = None
-        if depth is not None:
-            top = self._top(q, self.encode(list(documents), query=False), depth)
-        return scores, top
 
     def _top(self, q: Tensor, d: Tensor, depth: int) -> Tensor:
         """Each query's ``depth`` best similarities over the corpus reps ``d``: [R, K], blocks of queries and
@@ -277,7 +304,22 @@ class SentenceTransformerTeacher:
         return torch.cat(best)  # [R, K]
 
 
-class CrossEncoderTeacher:
+def _run_batched(
+    teacher: SentenceTransformerTeacher | CrossEncoderTeacher, method: Any, inputs: list, **kwargs: Any
+) -> Tensor:
+    """A sentence-transformers model's ``method`` (encode, predict) over ``inputs`` as one tensor: the
+    teacher's batches and progress bar, under bf16 autocast on a GPU when the teacher's ``bf16``; ``kwargs``: the method's own."""
+    with _autocast(teacher.device, teacher.bf16):
+        return method(
+            inputs,
+            batch_size=teacher.batch_size,
+            convert_to_tensor=True,
+            show_progress_bar=teacher.show_progress,
+            **kwargs,
+        )
+
+
+class CrossEncoderTeacher(Teacher):
     """A sentence-transformers ``CrossEncoder`` with one output: its raw logit of each (query, candidate)."""
 
     kind = "cross_encoder"
@@ -288,32 +330,22 @@ class CrossEncoderTeacher:
         self.model, self.batch_size, self.device, self.bf16 = model, batch_size, device, bf16
         self.show_progress = show_progress
 
-    def scores(
-        self,
-        queries: Sequence[str],
-        candidates: Sequence[Sequence[str]],
-        documents: Sequence[str],
-        *,
-        depth: int | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        if depth is not None:
+    def _scores(self, rows: TeacherInput) -> tuple[Tensor, Tensor | None]:
+        if rows.depth is not None:
             raise ValueError(
                 "a cross-encoder teacher scores (query, text) pairs jointly: it has no top K over a corpus, so "
                 "--normalisation zscore does not apply to it (use minmax or none)"
             )
-        pairs = [(query, text) for query, texts in zip(queries, candidates, strict=True) for text in texts]
-        with _autocast(self.device, self.bf16):
-            logits = self.model.predict(
-                pairs,
-                batch_size=self.batch_size,
-                activation_fn=torch.nn.Identity(),
-                convert_to_tensor=True,
-                show_progress_bar=self.show_progress,
-            )
-        return logits.float().cpu().reshape(len(queries), -1), None
+        pairs = [
+            (query, text)
+            for query, texts in zip(rows.queries, rows.candidates, strict=True)
+            for text in texts
+        ]
+        logits = _run_batched(self, self.model.predict, pairs, activation_fn=torch.nn.Identity())
+        return logits.float().cpu().reshape(len(rows.queries), -1), None
 
 
-class BM25Teacher:
+class BM25Teacher(Teacher):
     """BM25 under the corpus's index (:func:`~gradcache_sparton.mining.bm25_scores`)."""
 
     kind = "bm25"
@@ -321,23 +353,16 @@ class BM25Teacher:
     def __init__(self, *, stemmer: str | None = BM25_STEMMER, show_progress: bool = True) -> None:
         self.stemmer, self.show_progress = stemmer, show_progress
 
-    def scores(
-        self,
-        queries: Sequence[str],
-        candidates: Sequence[Sequence[str]],
-        documents: Sequence[str],
-        *,
-        depth: int | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
+    def _scores(self, rows: TeacherInput) -> tuple[Tensor, Tensor | None]:
         candidate_scores, top = bm25_scores(
-            queries,
-            candidates,
-            documents,
-            depth=depth or 1,
+            rows.queries,
+            rows.candidates,
+            rows.documents,
+            depth=rows.depth or 1,
             stemmer=self.stemmer,
             show_progress=self.show_progress,
         )
-        return candidate_scores, top if depth is not None else None
+        return candidate_scores, top if rows.depth is not None else None
 
 
 def load_teacher(
@@ -350,7 +375,7 @@ def load_teacher(
     query_max_length: int | None = None,
     document_max_length: int | None = None,
     show_progress: bool = True,
-) -> Any:
+) -> Teacher:
     """The teacher ``teacher`` of kind ``kind`` (:func:`teacher_kind`) ready to score on ``device`` (default:
     cuda when available), in bf16 autocast there when ``bf16``; ours at the lengths given, else those it was
     trained with (:func:`~gradcache_sparton.model_loading.checkpoint_max_lengths`). ``ValueError`` naming
