@@ -17,7 +17,7 @@ public ``*_loss`` functions here); :data:`~gradcache_sparton.losses.sparse.SPARS
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -103,6 +103,19 @@ class ScorePath(NamedTuple):
         kernel = _kernel(self.kernel, self.block_size, block)
         return None if block is None else ScorePath(block, self.shard_across_ranks, kernel)
 
+    def blocked_logsumexp(
+        self, logsumexp: Callable[..., Tensor], q_reps: Any, d_reps: Sequence[Any], *, temperature: float
+    ) -> Tensor:
+        """``logsumexp``, one layout's blocked log-sum-exp (:func:`~.blocked.blocked_logsumexp`,
+        :func:`~.sparse.sparse_blocked_logsumexp`), run along this path: its block edge and its sharding."""
+        return logsumexp(
+            q_reps,
+            d_reps,
+            temperature=temperature,
+            block_size=self.block_size,
+            shard_across_ranks=self.shard_across_ranks,
+        )
+
 
 AUTO_SCORE_PATH = ScorePath()
 """The default :class:`ScorePath`: automatic blocks, every rank scoring every query, kernel 'auto'."""
@@ -128,13 +141,7 @@ class _DenseScores:
     ) -> Tensor:
         if path.kernel == "fused":
             raise ValueError(_FUSED_DENSE)
-        return blocked_logsumexp(
-            q_reps,
-            d_reps,
-            temperature=temperature,
-            block_size=path.block_size,
-            shard_across_ranks=path.shard_across_ranks,
-        )
+        return path.blocked_logsumexp(blocked_logsumexp, q_reps, d_reps, temperature=temperature)
 
     def weighted(
         self, q_reps: Tensor, d_reps: Sequence[Tensor], weights: Tensor, *, block_size: int

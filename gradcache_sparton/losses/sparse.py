@@ -330,13 +330,7 @@ class _SparseScores:
             return fused_sparse_logsumexp(
                 q_reps, d_reps, temperature=temperature, shard_across_ranks=path.shard_across_ranks
             )
-        return sparse_blocked_logsumexp(
-            q_reps,
-            d_reps,
-            temperature=temperature,
-            block_size=path.block_size,
-            shard_across_ranks=path.shard_across_ranks,
-        )
+        return path.blocked_logsumexp(sparse_blocked_logsumexp, q_reps, d_reps, temperature=temperature)
 
     def weighted(
         self, q_reps: SparseReps, d_reps: Sequence[SparseReps], weights: Tensor, *, block_size: int
