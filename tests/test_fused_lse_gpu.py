@@ -1,0 +1,132 @@
+"""The fused sparse log-sum-exp compiled on a GPU, at the GPU's own tiles (``fused_lse.GPU_TILES``) and the real
+vocabulary: lse and every gradient against a dense fp64 computation, the fused SpladeLoss against the blocked one,
+and the rule by which ``score_kernel='auto'`` takes the kernels. The CPU tests (``test_fused_lse.py``) run the
+same kernels through the interpreter at interpreter tiles; these check what 'auto' runs where it runs.
+
+Legend: B queries, N = 2B documents (positives, one hard-negative column), V vocabulary.
+
+Shapes: B = 601 (query tiles of 64: 9 full and one of 25), V = 30,522, ~48 non-zeros a query and ~190 a
+document (trained SPLADE's sparsity), an all-zero query, duplicate documents. Tolerance (the bound of
+docs/losses.md, "The fused kernel"): ``|got - want| <= TOL · scale``, ``scale`` the same quantity from absolute
+values in fp64; fp32 sums of n terms err by at most n · 2^-24 of that, and the largest n here (a gradient: N =
+1,202 documents, plus a score's <= 256 products, the exp and the split) is < 1,600: TOL = 1,600 · 2^-24 ≈ 9.5e-5,
+plus 2^-16 for the backward's 2 bf16 parts of each softmax weight (bf16 tiles). A lost tile, document block or
+split part (one bf16 part alone: 2^-9 relative) is far outside it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse
+from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
+from gradcache_sparton.primitives.sparse_reps import SparseReps
+
+pytestmark = [pytest.mark.gpu, pytest.mark.kernel]
+
+B, V, TEMPERATURE = 601, 30522, 0.05
+TOL = 1600 * 2.0**-24  # see the module docstring
+SPLIT = 2.0**-16  # 2 bf16 parts of an fp32 softmax weight: within 2^-16 of it
+
+
+def _batch(kind: str, seed: int = 0) -> list[torch.Tensor]:
+    """Queries, positives, negatives [B, V] on the GPU, >= 0, sparse as trained reps, with the awkward rows."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+
+    def column(nnz: int) -> torch.Tensor:
+        ids = torch.randint(0, V, (B, nnz), generator=generator, device="cuda")
+        values = torch.rand(B, nnz, generator=generator, device="cuda") * 2.5
+        dense = torch.zeros(B, V, device="cuda").scatter_(1, ids, values)
+        if kind == "bf16":
+            return dense.to(torch.bfloat16).float()
+        return dense + (dense != 0) * 1e-3 * torch.rand(B, V, generator=generator, device="cuda")
+
+    q, pos, neg = column(48), column(190), column(190)
+    q[3] = 0  # an empty query: lse = log N
+    pos[9] = pos[10] = neg[20]  # one document three times
+    return [q, pos, neg]
+
+
+def _reference(columns: list[torch.Tensor], upstream: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """fp64 lse and gradients of sum(upstream · lse), and the same from absolute values (the error scales)."""
+    q, *docs = [c.double().requires_grad_(True) for c in columns]
+    scores = torch.cat([q @ d.T for d in docs], dim=1) / TEMPERATURE  # [B, N]
+    lse = torch.logsumexp(scores, dim=1)
+    (lse * upstream.double()).sum().backward()
+    with torch.no_grad():
+        p = torch.softmax(scores, dim=1) * upstream.double().abs()[:, None] / TEMPERATURE  # |dL/ds|
+        abs_q = p @ torch.cat([d.detach() for d in docs])  # [B, V]
+        abs_d = (p.T @ q.detach()).split(B)
+        lse_scale = scores.abs().amax(dim=1) + torch.log(torch.tensor(float(scores.shape[1])))
+    return {
+        "lse": [lse.detach(), lse_scale],
+        "grads": [q.grad, *(d.grad for d in docs)],
+        "scales": [abs_q, *abs_d],
+    }
+
+
+def _sparse(columns: list[torch.Tensor]) -> list[SparseReps]:
+    reps = [SparseReps.from_dense(c) for c in columns]
+    for r in reps:
+        r.weights.requires_grad_(True)
+    return reps
+
+
+def _at_nonzeros(dense: torch.Tensor, reps: SparseReps) -> torch.Tensor:
+    return dense[reps.row_ids(), reps.token_ids.long()]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp32"])
+def test_compiled_fused_lse_and_grads_match_fp64(kind: str) -> None:
+    """On the GPU, at GPU_TILES: lse [B] and the gradients of queries, positives and negatives equal dense fp64
+    within the bound (bf16 values: bf16 tiles and the split; other fp32 values: ieee fp32 tiles)."""
+    columns = _batch(kind)
+    upstream = torch.randn(B, generator=torch.Generator(device="cuda").manual_seed(1), device="cuda")
+    reps = _sparse(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    (lse * upstream).sum().backward()
+    want = _reference(columns, upstream)
+    want_lse, lse_scale = want["lse"]
+    assert ((lse.double() - want_lse).abs() <= TOL * lse_scale).all()
+    tol = TOL + (SPLIT if kind == "bf16" else 0.0)
+    for r, grad, scale in zip(reps, want["grads"], want["scales"], strict=True):
+        got, expected, bound = r.weights.grad.double(), _at_nonzeros(grad, r), _at_nonzeros(scale, r)
+        assert ((got - expected).abs() <= tol * bound + 1e-12).all()
+
+
+def test_compiled_fused_loss_matches_blocked() -> None:
+    """SpladeLoss (InfoNCE) with score_kernel='fused' gives the blocked path's loss and every gradient on the GPU
+    (bf16-valued reps, as bf16 autocast makes them), within the bound."""
+    columns = _batch("bf16", seed=2)
+    results = {}
+    for kernel in ("fused", "blocked"):
+        reps = dict(zip("qpn", _sparse(columns), strict=True))
+        loss, _ = SpladeLoss(SpladeLossConfig(score_kernel=kernel, temperature=TEMPERATURE))(reps)
+        loss.backward()
+        results[kernel] = (loss, [r.weights.grad for r in reps.values()])
+    (fused, fused_grads), (blocked, blocked_grads) = results["fused"], results["blocked"]
+    # Both are within the bound of the fp64 value, so their difference within twice it (as test_fused_lse.py).
+    assert fused.item() == pytest.approx(blocked.item(), rel=2 * TOL)
+    for got, want in zip(fused_grads, blocked_grads, strict=True):
+        assert (got - want).abs().max() <= (2 * TOL + SPLIT) * want.abs().max()
+
+
+def test_auto_takes_the_kernels_from_fused_min_queries_on() -> None:
+    """score_kernel='auto' on the GPU: the fused kernels from FUSED_MIN_QUERIES queries on (fp32 weights), the
+    blocked path below it and for fp64 weights."""
+    threshold = fused_lse.FUSED_MIN_QUERIES
+    assert isinstance(threshold, int) and threshold > 1
+
+    def reps(rows: int, dtype: torch.dtype = torch.float32) -> SparseReps:
+        offsets = torch.arange(rows + 1, device="cuda")  # one entry a row
+        return SparseReps(
+            offsets,
+            torch.zeros(rows, dtype=torch.int32, device="cuda"),
+            torch.ones(rows, dtype=dtype, device="cuda"),
+            V,
+        )
+
+    assert use_fused_kernel(reps(threshold), [reps(threshold)], "auto")
+    assert not use_fused_kernel(reps(threshold - 1), [reps(threshold - 1)], "auto")
+    assert not use_fused_kernel(reps(threshold, torch.float64), [reps(threshold, torch.float64)], "auto")
