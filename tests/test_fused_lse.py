@@ -230,11 +230,12 @@ def test_query_order_groups_equal_term_sets() -> None:
 
 
 def test_fused_is_chosen_only_where_asked_or_measured(monkeypatch) -> None:
-    """'blocked' never runs the kernel, 'fused' always (raising where it cannot), 'auto' only on a GPU above the
-    measured size."""
+    """'blocked' never runs the kernel, 'fused' always (raising where it cannot), 'auto' only on a GPU from the
+    measured size on."""
     reps = _sparse(_dense_batch("fp32"))
     assert not use_fused_kernel(reps[0], reps[1:], "blocked")
     assert use_fused_kernel(reps[0], reps[1:], "fused")  # the interpreter runs it on CPU
+    monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", 1)  # every size: only the device stops it
     assert not use_fused_kernel(reps[0], reps[1:], "auto")  # CPU tensors: never automatically
     fp64 = [SparseReps(r.offsets, r.token_ids, r.weights.detach().double(), r.vocab_size) for r in reps]
     with pytest.raises(ValueError, match="score_kernel='fused' needs fp32"):
@@ -242,6 +243,26 @@ def test_fused_is_chosen_only_where_asked_or_measured(monkeypatch) -> None:
     monkeypatch.setattr(fused_lse, "_interpreting", lambda: False)
     with pytest.raises(ValueError, match="on a CUDA device"):
         use_fused_kernel(reps[0], reps[1:], "fused")
+
+
+def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
+    """'auto' takes the fused kernels from FUSED_MIN_QUERIES queries on (16,384: the H100 curve in docs/scale.md),
+    the blocked path below, and follows the constant when it changes."""
+    assert fused_lse.FUSED_MIN_QUERIES == 16_384
+    assert not fused_lse.fused_by_default(16_383)
+    assert fused_lse.fused_by_default(16_384) and fused_lse.fused_by_default(131_072)
+    monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", B)
+    assert fused_lse.fused_by_default(B) and not fused_lse.fused_by_default(B - 1)
+
+
+@pytest.mark.gpu
+def test_auto_takes_fused_on_a_gpu_from_the_measured_size(monkeypatch) -> None:
+    """On a GPU, 'auto' runs the fused kernels for fp32 sparse reps of FUSED_MIN_QUERIES rows, not of one row fewer."""
+    reps = [r.to(torch.device("cuda")) for r in _sparse(_dense_batch("fp32"))]
+    monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", B)
+    assert use_fused_kernel(reps[0], reps[1:], "auto")
+    monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", B + 1)
+    assert not use_fused_kernel(reps[0], reps[1:], "auto")
 
 
 def test_unknown_query_gradient_is_refused(monkeypatch) -> None:

@@ -74,6 +74,18 @@ def _loss_and_grads(
     return float(loss), [leaf.grad.reshape(-1).tolist() for leaf in leaves]
 
 
+def _loss_with_empty_rows(extra: int, kernel: str) -> None:
+    """The sharded infonce loss of the fused scenario's reps with ``extra`` empty rows appended to every column
+    (the same weights, so the same sizes and sums) under ``kernel``."""
+    reps = {}
+    for c, r in _reps(True, fused=True).items():
+        offsets = torch.cat([r.offsets, r.offsets[-1:].repeat(extra)])
+        reps[c] = SparseReps(offsets, r.token_ids, r.weights, r.vocab_size)
+    block = BLOCK if kernel == "blocked" else None
+    config = SpladeLossConfig(score_block_size=block, shard_scores_across_ranks=True, score_kernel=kernel)
+    SpladeLoss(config)(reps)
+
+
 def _worker(out_dir: Path) -> None:
     import torch.distributed as dist
 
@@ -91,6 +103,12 @@ def _worker(out_dir: Path) -> None:
         results["different reps"] = "no error"
     except ValueError as error:
         results["different reps"] = str(error)
+    # Rank 1 one empty row more, so 'auto' could choose another path there: fused on rank 0, blocked on rank 1.
+    try:
+        _loss_with_empty_rows(dist.get_rank(), "fused" if dist.get_rank() == 0 else "blocked")
+        results["different row counts"] = "no error"
+    except ValueError as error:
+        results["different row counts"] = str(error)
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 
@@ -121,6 +139,14 @@ def test_sharded_scores_refuse_different_reps_on_every_rank(ranks: list[dict]) -
     """Ranks passing different reps (no gather) get the same ValueError on every rank, not a wrong loss."""
     for result in ranks:
         assert "different reps" in result["different reps"]
+
+
+@pytest.mark.slow
+def test_sharded_scores_refuse_different_row_counts_whichever_path(ranks: list[dict]) -> None:
+    """Ranks whose batches differ by empty rows only (same weights, sizes and sums), one in the fused path and one
+    in the blocked one (as 'auto' picks by the row count), get the same ValueError on every rank, not a hang."""
+    for result in ranks:
+        assert "different reps" in result["different row counts"]
 
 
 def test_sharding_without_a_process_group_is_the_unsharded_loss() -> None:

@@ -398,10 +398,13 @@ def _mm_fp32_left(weights: Tensor, block: Tensor) -> Tensor:
     return _mm(weights.transpose(0, 1).reshape(m, 3 * k), block.repeat(3, 1))
 
 
-def check_same_on_every_rank(tensors: Sequence[Tensor]) -> None:
-    """Raise on every rank unless every rank passed inputs of the same sizes and fp64 sums (one all-reduce)."""
+def check_same_on_every_rank(tensors: Sequence[Tensor], *, num_rows: int) -> None:
+    """Raise on every rank unless every rank passed ``num_rows`` queries and inputs of the same sizes and fp64 sums
+    (one all-reduce). The row count too: sparse reps that differ by empty rows have the same weights, and the
+    loss's path ('auto': :func:`~.fused_lse.use_fused_kernel`) follows the row count."""
     here = torch.stack([torch.stack([t.new_tensor(t.numel(), dtype=torch.float64), t.detach().sum(dtype=torch.float64)])
                         for t in tensors]).reshape(-1)  # fmt: skip
+    here = torch.cat([here, here.new_tensor([num_rows])])
     extremes = torch.cat([here, -here])
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)  # [max over ranks, -min over ranks]
     if not torch.equal(extremes[: here.numel()], -extremes[here.numel() :]):
@@ -424,7 +427,7 @@ def _blocked_lse_forward(
     device = q_rows.tensor.device
     blocks, summed = _rank_blocks(plan, shard)
     if summed:
-        check_same_on_every_rank([q_rows.tensor, *(d.tensor for d in d_rows)])
+        check_same_on_every_rank([q_rows.tensor, *(d.tensor for d in d_rows)], num_rows=q_rows.num_rows)
     lse = torch.zeros(q_rows.num_rows, dtype=dtype, device=device)  # [B]
     for block in blocks:
         i0, i1, columns = block.start, block.stop, _block_columns(block, q_rows.vocab_size)

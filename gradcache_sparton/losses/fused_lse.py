@@ -89,6 +89,7 @@ __all__ = [
     "build_query_tiles",
     "check_score_kernel",
     "entry_values",
+    "fused_by_default",
     "fused_sparse_logsumexp",
     "query_order",
     "use_fused_kernel",
@@ -97,11 +98,11 @@ __all__ = [
 # Values of SpladeLossConfig.score_kernel: the automatic choice, this module's kernels, or the blocked path.
 SCORE_KERNELS = ("auto", "fused", "blocked")
 
-# 'auto' takes the fused kernels from this many queries on (sparse reps on a GPU); None: never (the A/B of
-# benchmarks/bench_loss_kernel.py sets it). Its two runs (docs/scale.md, "The fused kernel") had the fused loss
-# slower in total than the blocked one at every B from 16,384 to 131,072 (its backward), but for one tile setting
-# at one B: 'auto' keeps the blocked path until a whole curve shows it faster.
-FUSED_MIN_QUERIES: int | None = None
+# 'auto' takes the fused kernels from this many queries on (sparse fp32-weight reps on a GPU). The curve on one
+# H100 (benchmarks/results/session8/loss_curve_fused_vs_blocked_h100.json; docs/scale.md, "The fused kernel")
+# has the fused loss (forward + backward) faster than the blocked one at every B it measured: 1.18x at 16,384,
+# 1.36x at 32,768, 1.48x at 65,536, 1.51x at 131,072. Below 16,384 it is unmeasured: the blocked path stays.
+FUSED_MIN_QUERIES = 16_384
 
 # Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): the
 # sparse path's per-buffer bound, so bd = 4,352 documents at V = 30,522.
@@ -187,8 +188,10 @@ def check_score_kernel(value: object, *, name: str = "score_kernel") -> None:
 def use_fused_kernel(q_reps: SparseReps, d_reps: Sequence[SparseReps], kernel: str) -> bool:
     """Whether the log-sum-exp of these sparse reps runs the fused kernels under ``kernel`` (module doc).
 
-    'auto': on a GPU, fp32 weights (the losses' upcast copies), at least :data:`FUSED_MIN_QUERIES` queries
-    (None: never).
+    'auto': on a GPU, fp32 weights (the losses' upcast copies), :func:`fused_by_default` of the query count.
+    It depends on the row count, the weights' dtype and their device type only: under ``shard_across_ranks``
+    every rank holds the same gathered batch, so every rank makes the same choice (both paths check the row
+    count, sizes and sums on every rank before their first collective).
     'fused': always; raises ``ValueError`` where the kernels cannot run (fp64 weights, or a CPU outside
     the Triton interpreter). 'blocked': never.
     """
@@ -203,8 +206,13 @@ def use_fused_kernel(q_reps: SparseReps, d_reps: Sequence[SparseReps], kernel: s
                 f"{q_reps.weights.dtype} on {q_reps.weights.device}; use score_kernel='blocked' or 'auto'"
             )
         return True
-    measured = FUSED_MIN_QUERIES is not None and q_reps.num_rows >= FUSED_MIN_QUERIES
-    return runnable and q_reps.weights.is_cuda and measured
+    return runnable and q_reps.weights.is_cuda and fused_by_default(q_reps.num_rows)
+
+
+def fused_by_default(num_rows: int) -> bool:
+    """Whether 'auto' takes the fused kernels for ``num_rows`` queries (where they can run on a GPU): from
+    :data:`FUSED_MIN_QUERIES` on, the sizes where they were measured faster."""
+    return num_rows >= FUSED_MIN_QUERIES
 
 
 def entry_values(weights: Tensor, dtype: torch.dtype) -> Tensor:
@@ -436,7 +444,7 @@ class _FusedLogSumExp(torch.autograd.Function):
         )
         own, summed = _rank_tiles(tiles.tile_ptr.numel() - 1, shard)
         if summed:
-            check_same_on_every_rank([q, *d])
+            check_same_on_every_rank([q, *d], num_rows=q_layout.num_rows)
         num_rows = q_layout.num_rows
         run_max = torch.full((num_rows,), -torch.inf, dtype=torch.float32, device=q.device)
         run_sum = torch.zeros_like(run_max)
