@@ -18,7 +18,7 @@ abstracts as hard negatives). The fused settings are the names of ``losses.fused
    ``score_kernel='blocked'`` and ``'fused'`` under every setting: forward, backward and forward + backward
    medians of ``--repeats`` runs (CUDA events, after one warm-up run), peak memory allocated and reserved, and
    the tensor-core work each path issues over its time as a fraction of the device's dense bf16 peak (fused:
-   2·B·N·mean K_t per pass-unit, forward 1 unit, backward :func:`fused_backward_units`; blocked: its plan's
+   2·B·N·mean K_t a unit, forward 1 unit, backward :func:`fused_backward_units`; blocked: its plan's
    widths, forward 1, backward 7). A run that would pass ``--budget_s`` (projected from the point's last run,
    4x the previous point's) is skipped and named.
 
@@ -102,11 +102,10 @@ def fused_setting(name: str) -> Iterator[None]:
         fused_lse.GPU_TILES = default
 
 
-def fused_backward_units(shape: fused_lse.TileShape) -> int:
-    """Tensor-core products of a fused backward per score tile, in forward units: the scores once per pass, the
-    document gradient's split parts, and the query gradient's when it runs over the tile's columns."""
-    query = fused_lse.SPLIT_PARTS if shape.query_gradient == "columns" else 0
-    return shape.backward_passes + fused_lse.SPLIT_PARTS + query
+def fused_backward_units() -> int:
+    """Tensor-core products of a fused backward per score tile, in forward units: the scores once, then the query
+    and the document gradients against each split part."""
+    return 1 + 2 * fused_lse.SPLIT_PARTS
 
 
 def leaves(reps: dict[str, SparseReps]) -> dict[str, SparseReps]:
@@ -184,18 +183,13 @@ def check(text: Any, args: argparse.Namespace) -> dict:
 
 def tile_stats(q_reps: SparseReps, shape: fused_lse.TileShape) -> dict:
     order = fused_lse.query_order(q_reps) if fused_lse.SORT_QUERIES else None
-    lanes = shape.query_gradient == "lanes"
     tiles = fused_lse.build_query_tiles(
-        q_reps, q_reps.weights, bm=shape.bm, bk=shape.bk, dtype=torch.bfloat16, order=order, lanes=lanes
+        q_reps, q_reps.weights, bm=shape.bm, bk=shape.bk, dtype=torch.bfloat16, order=order
     )
     num_tiles = tiles.tile_ptr.numel() - 1
     widths = (tiles.tile_ptr[1:] - tiles.tile_ptr[:-1]).double()
-    slots = (tiles.entry_ptr[1:] - tiles.entry_ptr[:-1]).double() * (
-        shape.bm if lanes else 1
-    )  # a tile's, padded
     return {"tiles": num_tiles, "k_mean": float(widths.mean()), "k_max": float(widths.max()),
-            "k_mean_fraction_of_v": float(widths.mean()) / q_reps.vocab_size,
-            "entry_slots_mean": float(slots.mean())}  # fmt: skip
+            "k_mean_fraction_of_v": float(widths.mean()) / q_reps.vocab_size}  # fmt: skip
 
 
 def blocked_width_rows(q_reps: SparseReps) -> float:
@@ -299,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 shape = fused_lse.VARIANTS[path.partition(":")[2]]
                 point["tiles"][path] = stats = tile_stats(reps["query"], shape)
-                units = (2.0 * batch * 2 * batch * stats["k_mean"], 1, fused_backward_units(shape))
+                units = (2.0 * batch * 2 * batch * stats["k_mean"], 1, fused_backward_units())
             point[path] = time_path(reps, path, args, device, units, peak)
             run_s = time.monotonic() - path_began
             save()

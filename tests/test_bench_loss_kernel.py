@@ -16,11 +16,9 @@ def test_loss_kernel_bench_smoke_checks_and_times_every_setting(tmp_path, monkey
     (1e-4 of the largest: a few hundred 2^-24 plus the 2-part split's 2^-16), and each has its A/B times."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     out = tmp_path / "kernel.json"
-    assert (
-        bench_loss_kernel.main(["--smoke", "--variants", "columns,entries-2pass", "--output", str(out)]) == 0
-    )
+    assert bench_loss_kernel.main(["--smoke", "--variants", "columns", "--output", str(out)]) == 0
     report = json.loads(out.read_text())
-    paths = ["blocked", "fused:columns", "fused:entries-2pass"]
+    paths = ["blocked", "fused:columns"]
     for kind in ("bf16", "fp32"):
         for path in paths:
             errors = report["check"][kind][path]
@@ -28,7 +26,7 @@ def test_loss_kernel_bench_smoke_checks_and_times_every_setting(tmp_path, monkey
             assert max(v for k, v in errors.items() if k.endswith("_rel_to_max")) < 1e-4
     (point,) = report["ab"]
     assert point["status"] == "ok" and all(point[path]["total_s"] > 0 for path in paths)
-    assert report["variants"]["entries-2pass"]["query_gradient"] == "entries"
+    assert set(report["variants"]) == {"columns"}
 
 
 def test_loss_kernel_bench_refuses_unknown_settings(tmp_path) -> None:

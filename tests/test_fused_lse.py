@@ -31,25 +31,11 @@ pytestmark = pytest.mark.kernel
 B, V, TEMPERATURE = 37, 53, 0.7
 TOL = 200 * 2.0**-24  # see the module docstring
 TILE_DTYPES = ["fp32", "bf16", "bf16-exact"]
-# fused_lse.VARIANTS with distinct kernels (the interpreter runs each one's kernels on its own small tiles).
-KERNEL_VARIANTS = ["columns", "entries", "lanes", "entries-2pass"]
 
 
 def _grad_tol(kind: str) -> float:
     """TOL, plus for 2 bf16 parts each softmax weight's own error: within 2^-16 of it (8 + 8 significant bits)."""
     return TOL + (2.0**-16 if kind == "bf16" else 0.0)
-
-
-def _grad_tols(kind: str, variant: str) -> list[float]:
-    """Tolerances of the query, positive and negative gradients: the query gradient at its entries takes the
-    unsplit fp32 weights (TOL alone, no 2^-16: a split there would fail it); the documents' keep the split."""
-    query = TOL if fused_lse.VARIANTS[variant].query_gradient != "columns" else _grad_tol(kind)
-    return [query, _grad_tol(kind), _grad_tol(kind)]
-
-
-def _variant(monkeypatch, name: str) -> None:
-    """Run the kernels of the named GPU setting (its backward passes and query gradient)."""
-    monkeypatch.setattr(fused_lse, "GPU_TILES", fused_lse.VARIANTS[name])
 
 
 @pytest.fixture(autouse=True)
@@ -117,14 +103,12 @@ def _reference(columns: list[torch.Tensor], upstream: torch.Tensor) -> dict[str,
     }
 
 
-@pytest.mark.parametrize("variant", KERNEL_VARIANTS)
 @pytest.mark.parametrize("sort", [True, False], ids=["sorted", "batch-order"])
 @pytest.mark.parametrize("kind", TILE_DTYPES)
-def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool, variant: str) -> None:
+def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool) -> None:
     """lse [B] and the gradients of the queries, positives and negatives equal dense fp64 within the bound, with
-    the queries sorted into tiles by their heaviest terms or in the batch's order, under each backward variant."""
+    the queries sorted into tiles by their heaviest terms or in the batch's order."""
     _tiles(monkeypatch, kind)
-    _variant(monkeypatch, variant)
     monkeypatch.setattr(fused_lse, "SORT_QUERIES", sort)
     columns = _dense_batch(kind)
     upstream = torch.randn(B, generator=torch.Generator().manual_seed(1))  # both signs
@@ -134,20 +118,16 @@ def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool, vari
     want = _reference(columns, upstream)
     want_lse, lse_scale = want["lse"]
     assert ((lse.double() - want_lse).abs() <= TOL * lse_scale).all()
-    for r, grad, scale, tol in zip(
-        reps, want["grads"], want["scales"], _grad_tols(kind, variant), strict=True
-    ):
+    for r, grad, scale in zip(reps, want["grads"], want["scales"], strict=True):
         got, expected, bound = r.weights.grad.double(), _at_nonzeros(grad, r), _at_nonzeros(scale, r)
-        assert ((got - expected).abs() <= tol * bound + 1e-12).all()
+        assert ((got - expected).abs() <= _grad_tol(kind) * bound + 1e-12).all()
 
 
-@pytest.mark.parametrize("variant", ["columns", "entries", "lanes"])
 @pytest.mark.parametrize("kind", TILE_DTYPES)
-def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str, variant: str) -> None:
+def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str) -> None:
     """An entry stored with weight 0 (a SparseReps may hold some) gets the dense gradient at its position,
-    although the kernels find entries by their stored bits (-0.0 for these), under each query gradient."""
+    although the kernels find entries by their stored bits (-0.0 for these)."""
     _tiles(monkeypatch, kind)
-    _variant(monkeypatch, variant)
     reps = []
     for column in _dense_batch(kind):
         r = SparseReps.from_dense(column)
@@ -158,12 +138,10 @@ def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str, varia
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
     (lse * upstream).sum().backward()
     want = _reference([r.to_dense().detach() for r in reps], upstream)
-    for r, grad, scale, tol in zip(
-        reps, want["grads"], want["scales"], _grad_tols(kind, variant), strict=True
-    ):
+    for r, grad, scale in zip(reps, want["grads"], want["scales"], strict=True):
         got, expected, bound = r.weights.grad.double(), _at_nonzeros(grad, r), _at_nonzeros(scale, r)
         assert (expected[::5].abs() > 0).any()  # the zeros' gradients are not all zero: the test can fail
-        assert ((got - expected).abs() <= tol * bound + 1e-12).all()
+        assert ((got - expected).abs() <= _grad_tol(kind) * bound + 1e-12).all()
 
 
 @pytest.mark.parametrize("kind", TILE_DTYPES)
@@ -175,12 +153,10 @@ def test_empty_query_scores_log_n(monkeypatch, kind: str) -> None:
     assert float(lse[3].detach()) == pytest.approx(float(torch.log(torch.tensor(2.0 * B))), rel=2**-22)
 
 
-@pytest.mark.parametrize("variant", ["columns", "entries", "lanes"])
 @pytest.mark.parametrize("kind", TILE_DTYPES)
-def test_duplicate_documents_get_equal_gradients(monkeypatch, kind: str, variant: str) -> None:
+def test_duplicate_documents_get_equal_gradients(monkeypatch, kind: str) -> None:
     """Three copies of one document (two positives, one negative) get the same gradient, within the bound."""
     _tiles(monkeypatch, kind)
-    _variant(monkeypatch, variant)
     reps = _sparse(_dense_batch(kind))
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
     lse.sum().backward()
@@ -263,16 +239,6 @@ def test_auto_takes_fused_on_a_gpu_from_the_measured_size(monkeypatch) -> None:
     assert use_fused_kernel(reps[0], reps[1:], "auto")
     monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", B + 1)
     assert not use_fused_kernel(reps[0], reps[1:], "auto")
-
-
-def test_unknown_query_gradient_is_refused(monkeypatch) -> None:
-    """A GPU setting whose query_gradient is neither 'columns' nor 'entries' raises naming it, not a silent choice."""
-    monkeypatch.setattr(
-        fused_lse, "GPU_TILES", fused_lse.VARIANTS["entries"]._replace(query_gradient="entry")
-    )
-    reps = _sparse(_dense_batch("fp32"))
-    with pytest.raises(ValueError, match=r"GPU_TILES\.query_gradient must be"):
-        fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
 
 
 def test_fused_refuses_dense_reps() -> None:

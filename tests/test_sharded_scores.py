@@ -7,8 +7,7 @@ summed: ~1e-16 relative per term, far below the 1e-12 tolerance; a missing all-r
 gradients from its own queries only) is an O(1) error. The fused kernel (``score_kernel='fused'``, fp32 only)
 runs on fp32 reps of FUSED_ROWS rows: 3 query tiles of 16 under the interpreter, 1 on rank 0 and 2 on rank 1;
 its lse rows and query gradients are each one rank's (bitwise the unsharded ones), its document gradients two
-ranks' partial fp32 sums added in another order: a few 2^-24 relative of the largest, within FUSED_RTOL; the
-same under the fused settings that take the query gradient at the entries (FUSED_VARIANTS).
+ranks' partial fp32 sums added in another order: a few 2^-24 relative of the largest, within FUSED_RTOL.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import pytest
 import torch
 from rank_launch import launch_ranks
 
-from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 WORLD_SIZE = 2
@@ -37,11 +36,7 @@ SCENARIOS = {  # name: (loss settings, sparse reps)
         {"contrastive": "kl_div", "kl_in_batch": True, "score_kernel": "fused"},
         True,
     ),
-    "infonce, sparse, fused, entries": ({"contrastive": "infonce", "score_kernel": "fused"}, True),
-    "infonce, sparse, fused, lanes": ({"contrastive": "infonce", "score_kernel": "fused"}, True),
 }
-# Scenarios run under a named fused setting (fused_lse.VARIANTS) other than the default.
-FUSED_VARIANTS = {"infonce, sparse, fused, entries": "entries", "infonce, sparse, fused, lanes": "lanes"}
 ROWS, VOCAB, BLOCK = 10, 40, 3  # 4 query blocks (3 + 3 + 3 + 1), 2 per rank
 FUSED_ROWS = 40  # query tiles of 16 rows under the interpreter: 16 + 16 + 8
 
@@ -91,13 +86,10 @@ def _worker(out_dir: Path) -> None:
 
     dist.init_process_group("gloo")
     results = {}
-    default = fused_lse.GPU_TILES
     for name, (settings, sparse) in SCENARIOS.items():
-        fused_lse.GPU_TILES = fused_lse.VARIANTS[FUSED_VARIANTS[name]] if name in FUSED_VARIANTS else default
         want = _loss_and_grads(settings, sparse, shard=False)  # no collective: every rank alone
         got = _loss_and_grads(settings, sparse, shard=True)
         results[name] = {"want": want, "got": got}
-    fused_lse.GPU_TILES = default
     try:  # each rank its own reps: every rank must refuse
         _loss_and_grads(*SCENARIOS["infonce, sparse"], shard=True, seed=dist.get_rank())
         results["different reps"] = "no error"

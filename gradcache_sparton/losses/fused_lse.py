@@ -28,12 +28,7 @@ temperature``, then per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the tile's own r
 ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds: every query tile adds to the document block's gradient).
 The gradients are gathered at the non-zeros: ``grad_q`` from ``grad_QT`` at each entry's (column, row),
 ``grad_d`` from ``grad_DT`` at each document entry. A document's entries outside a query tile's columns get
-nothing from that tile, which is exact: their products there are with query zeros. A setting with
-``query_gradient='entries'`` (:data:`VARIANTS`) takes the query gradient only at each query's own entries
-instead: per entry, ``sum_n p[row, n] · DT[id, n]`` over the tile's documents, fp32 products of the unsplit ``p`` on
-the CUDA cores (a tile's ~3.5% of [K_t, BM] that are entries; no split, no tensor-core products for it);
-'lanes' the same with the tile's entries in a [depth, BM] table, one entry of every query a step (no gather
-of the softmax weights, at the cost of padding each query to the tile's longest).
+nothing from that tile, which is exact: their products there are with query zeros.
 
 Exactness (products, sums and the bound against a dense fp64 reference: docs/losses.md, "The fused
 kernel"):
@@ -47,8 +42,8 @@ kernel"):
 - no tile is skipped; the document gradient's atomic adds make its fp32 order, and so its last bits,
   vary from run to run (the bound covers every order).
 
-Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile; 'entries': 4 bytes per entry
-slot instead of the gradient's 4·BM, 'lanes' 8 bytes per slot of [depth, BM]: linear in the queries' non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
+Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: linear in the queries'
+non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
 :data:`DOC_BLOCK_MAX_BYTES`: a constant, not a function of B), the running max and sum [B]. Nothing grows
 with B².
 
@@ -61,7 +56,6 @@ for sparse reps on a GPU from :data:`FUSED_MIN_QUERIES` queries on (:func:`use_f
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -130,37 +124,19 @@ class TileShape(NamedTuple):
     bn_backward: int
     warps: int
     stages: int
-    backward_passes: int
-    """1: one backward kernel adds both gradients; 2: one kernel per gradient (fewer live registers, one more
-    recomputation of the scores)."""
-    query_gradient: str = "columns"
-    """'columns': over the query tile's columns on the tensor cores (split products, the tile's [K_t, BM] written);
-    'entries': at each query's own entries only, fp32 products on the CUDA cores (module doc, "Backward"), the
-    tile's entries in a list (each gathers its query's softmax weights); 'lanes': the same, the entries in a
-    [depth, BM] table (slot (s, i): query i's s-th entry), so each step reads one entry of every query."""
 
 
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
-# edges >= 16; BM = 64 is the wgmma row edge. 'columns': the fastest of ten settings at B 65,536 on one H100
-# (benchmarks/results/loss_kernel_h100_run2.json, "variants"): forward 0.143 s, backward 1.37 s, against 0.139 s
-# and 2.31 s for (64, 32, 128, 64, 4 warps, 3 stages), both before the kernels' int32 document offsets. The other
-# settings are not measured yet.
+# edges >= 16; BM = 64 is the wgmma row edge. 'columns' (one backward kernel, the query gradient over the tile's
+# columns on the tensor cores): the fastest setting measured at B 65,536 on one H100, forward 0.141 s, backward
+# 1.361 s (benchmarks/results/session8/loss_kernel_variants_b65536_h100.json; docs/scale.md, "The fused kernel").
 VARIANTS = {
-    "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3, backward_passes=1),
-    "entries": TileShape(64, 64, 128, 64, 4, 3, 1, "entries"),
-    "entries-w8": TileShape(64, 64, 128, 64, 8, 3, 1, "entries"),
-    "lanes": TileShape(64, 64, 128, 64, 4, 3, 1, "lanes"),
-    "lanes-w8": TileShape(64, 64, 128, 64, 8, 3, 1, "lanes"),
-    "entries-bk128": TileShape(64, 128, 128, 64, 8, 3, 1, "entries"),
-    "entries-2pass": TileShape(64, 64, 128, 64, 4, 3, 2, "entries"),
+    "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3),
 }
 # The GPU's setting.
 GPU_TILES = VARIANTS["columns"]
-# Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles; the kernels
-# (backward passes, query gradient) are GPU_TILES's, so the interpreter checks the setting the GPU runs.
-INTERPRETER_TILES = TileShape(
-    bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1, backward_passes=1
-)
+# Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
+INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1)
 
 
 def _interpreting() -> bool:
@@ -168,15 +144,7 @@ def _interpreting() -> bool:
 
 
 def _tile_shape() -> TileShape:
-    if GPU_TILES.query_gradient not in ("columns", "entries", "lanes"):
-        raise ValueError(
-            f"GPU_TILES.query_gradient must be 'columns', 'entries' or 'lanes', got {GPU_TILES.query_gradient!r}"
-        )
-    if not _interpreting():
-        return GPU_TILES
-    return INTERPRETER_TILES._replace(
-        backward_passes=GPU_TILES.backward_passes, query_gradient=GPU_TILES.query_gradient
-    )
+    return INTERPRETER_TILES if _interpreting() else GPU_TILES
 
 
 def check_score_kernel(value: object, *, name: str = "score_kernel") -> None:
@@ -237,15 +205,6 @@ class QueryTiles(NamedTuple):
     """[nnz] int64: each query entry's column of ``qt`` (its row within its tile)."""
     row_idx: Tensor
     """[T · BM] int32: the query at each tile row (B: padding); tiles hold the queries in :func:`query_order`."""
-    entry_ptr: Tensor
-    """[T + 1] int32: tile t's entry slots are ``entry_ptr[t]:entry_ptr[t + 1]`` (a list: multiples of BK; lane-major:
-    rows of BM slots)."""
-    slot_col: Tensor
-    """[E_total] int32: the vocabulary id of each entry slot (V: padding)."""
-    slot_lane: Tensor
-    """[E_total] int32: the tile row (query) of each entry slot (lane-major: unused)."""
-    entry_slot: Tensor
-    """[nnz] int64: each query entry's slot; a tile's listed slots run by vocabulary id."""
 
 
 def query_order(reps: SparseReps) -> Tensor:
@@ -258,11 +217,10 @@ def query_order(reps: SparseReps) -> Tensor:
 
 
 def build_query_tiles(
-    reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype, order: Tensor | None = None,
-    lanes: bool = False,
-) -> QueryTiles:  # fmt: skip
+    reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype, order: Tensor | None = None
+) -> QueryTiles:
     """:class:`QueryTiles` of ``reps`` with ``weights``, the queries in ``order`` ([B] positions -> rows; None: as
-    they are), the entry slots listed (``lanes``: lane-major): one sort of the entries' (tile, id) keys, two syncs."""
+    they are): one sort of the entries' (tile, id) keys; two syncs (the unique keys' count, the total rows)."""
     vocab, device, num_rows = reps.vocab_size, weights.device, reps.num_rows
     num_tiles = -(-num_rows // bm)
     row_idx = torch.full((num_tiles * bm,), num_rows, dtype=torch.int32, device=device)
@@ -291,52 +249,7 @@ def build_query_tiles(
     entry_pos, entry_lane = pos[inverse], at % bm
     qt = torch.zeros((total, bm), dtype=dtype, device=device)
     qt[entry_pos, entry_lane] = entry_values(weights, dtype)
-    slots = _lane_slots(reps, at, bm) if lanes else _entry_slots(reps, at, inverse, bm, bk)
-    return QueryTiles(tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx, *slots)
-
-
-def _entry_slots(reps: SparseReps, at: Tensor, inverse: Tensor, bm: int, bk: int) -> tuple[Tensor, ...]:
-    """(entry_ptr, slot_col, slot_lane, entry_slot) of :class:`QueryTiles`, a tile's entries in a list by
-    vocabulary id (``inverse``: each entry's unique (tile, id) key), padded to a multiple of BK."""
-    device, tile = at.device, at // bm
-    num_tiles = -(-reps.num_rows // bm)
-    by_key = torch.sort(inverse, stable=True).indices  # [nnz]: the entries by (tile, id)
-    counts = torch.bincount(tile, minlength=num_tiles)  # [T]
-    entry_ptr = torch.zeros(num_tiles + 1, dtype=torch.int64, device=device)
-    entry_ptr[1:] = torch.cumsum((counts + bk - 1) // bk * bk, 0)
-    first = torch.zeros_like(entry_ptr)
-    first[1:] = torch.cumsum(counts, 0)
-    entry_slot = torch.empty_like(by_key)
-    sorted_tile = tile[by_key]
-    entry_slot[by_key] = (
-        entry_ptr[sorted_tile] + torch.arange(by_key.numel(), device=device) - first[sorted_tile]
-    )
-    slots = max(int(entry_ptr[-1]), bk)  # at least one step's slots
-    slot_col = torch.full((slots,), reps.vocab_size, dtype=torch.int32, device=device)
-    slot_col[entry_slot] = reps.token_ids.to(torch.int32)
-    slot_lane = torch.zeros(slots, dtype=torch.int32, device=device)
-    slot_lane[entry_slot] = (at % bm).to(torch.int32)
-    return entry_ptr.to(torch.int32), slot_col, slot_lane, entry_slot
-
-
-def _lane_slots(reps: SparseReps, at: Tensor, bm: int) -> tuple[Tensor, ...]:
-    """(entry_ptr, slot_col, slot_lane, entry_slot) of :class:`QueryTiles`, lane-major: tile t's slots are
-    [depth_t, BM] (rows ``entry_ptr[t]:entry_ptr[t + 1]``), query lane i's s-th entry at (s, i), depth_t the most
-    entries of one query of the tile; ``slot_col`` is that table flat, ``entry_slot`` the flat index (slot_lane:
-    unused, ``slot_col``)."""
-    device, tile = at.device, at // bm
-    num_tiles = -(-reps.num_rows // bm)
-    per_lane = torch.bincount(at, minlength=num_tiles * bm).view(
-        num_tiles, bm
-    )  # [T, BM] entries of each query
-    entry_ptr = torch.zeros(num_tiles + 1, dtype=torch.int64, device=device)
-    entry_ptr[1:] = torch.cumsum(per_lane.amax(dim=1), 0)
-    rank = torch.arange(at.numel(), device=device) - reps.offsets[reps.row_ids()]  # [nnz]: within its query
-    entry_slot = (entry_ptr[tile] + rank) * bm + at % bm
-    slots = max(int(entry_ptr[-1]), 1) * bm  # at least one row: no empty tensor reaches a kernel
-    slot_col = torch.full((slots,), reps.vocab_size, dtype=torch.int32, device=device)
-    slot_col[entry_slot] = reps.token_ids.to(torch.int32)
-    return entry_ptr.to(torch.int32), slot_col, slot_col, entry_slot
+    return QueryTiles(tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx)
 
 
 class _DocBlocks:
@@ -433,15 +346,7 @@ class _FusedLogSumExp(torch.autograd.Function):
         q_layout, d_layouts = layouts[0], layouts[1:]
         dtype = torch.bfloat16 if products_in_bf16([q, *d]) else torch.float32
         order = query_order(q_layout) if SORT_QUERIES else None
-        tiles = build_query_tiles(
-            q_layout,
-            q,
-            bm=shape.bm,
-            bk=shape.bk,
-            dtype=dtype,
-            order=order,
-            lanes=shape.query_gradient == "lanes",
-        )
+        tiles = build_query_tiles(q_layout, q, bm=shape.bm, bk=shape.bk, dtype=dtype, order=order)
         own, summed = _rank_tiles(tiles.tile_ptr.numel() - 1, shard)
         if summed:
             check_same_on_every_rank([q, *d], num_rows=q_layout.num_rows)
@@ -481,10 +386,7 @@ class _FusedLogSumExp(torch.autograd.Function):
         num_rows, inv_t = q_layout.num_rows, 1.0 / ctx.temperature
         g = (grad_lse.to(torch.float32) * inv_t).contiguous()  # [B]
         needs_q, needs_d = ctx.needs_input_grad[3], ctx.needs_input_grad[4:]
-        at_entries = shape.query_gradient in ("entries", "lanes")
-        entries = (tiles.entry_ptr, tiles.slot_col, tiles.slot_lane) if at_entries else None
-        grad_shape = tiles.slot_col.shape if at_entries else tiles.qt.shape  # slots, or the tiles' columns
-        grad_qt = torch.zeros(grad_shape, dtype=torch.float32, device=q.device) if needs_q else None
+        grad_qt = torch.zeros(tiles.qt.shape, dtype=torch.float32, device=q.device) if needs_q else None
         grad_d: list[Tensor | None] = []
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
             grad = torch.zeros_like(weights, dtype=torch.float32) if needs else None
@@ -494,26 +396,15 @@ class _FusedLogSumExp(torch.autograd.Function):
                     break
                 dt = column.densify(weights, j0, n, lo, hi, ctx.dtype)  # [V + 1, n]
                 grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
-                launch = functools.partial(
-                    launch_backward, tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g,
-                    entries=entries, lanes=shape.query_gradient == "lanes",
+                launch_backward(
+                    tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g, grad_qt, grad_dt,
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                 )  # fmt: skip
-                if shape.backward_passes == 1:
-                    launch(grad_qt, grad_dt)
-                else:  # one kernel per gradient
-                    launch(grad_qt, None)
-                    launch(None, grad_dt)
                 if grad is not None and grad_dt is not None:
                     grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
             grad_d.append(grad)
-        if grad_qt is None:
-            grad_q = None
-        elif at_entries:
-            grad_q = grad_qt[tiles.entry_slot]  # [nnz_q]
-        else:
-            grad_q = grad_qt[tiles.entry_pos, tiles.entry_lane]  # [nnz_q]
+        grad_q = None if grad_qt is None else grad_qt[tiles.entry_pos, tiles.entry_lane]  # [nnz_q]
         if saved.summed:
             for grad in (grad_q, *grad_d):
                 if grad is not None:

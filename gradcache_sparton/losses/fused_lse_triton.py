@@ -18,9 +18,7 @@ log-sum-exp); the backward recomputes each tile, forms ``p = exp(s - lse) · g``
 ``p @ DTᵀ`` into the query tile's gradient (rows it alone owns: plain read-add-write) and
 ``QTᵀ @ p`` into the document block's gradient (shared by every query tile: atomic adds). In bf16 the
 fp32 ``p`` is split into PARTS bf16 parts (8 significant bits each) whose products are exact: 2 parts
-hold ``p`` to 2^-16, 3 parts exactly. Or (``entries``) the query gradient only at each query's own entries:
-``sum_n p[row, n] · DT[col, n]`` per entry, fp32 products of the unsplit ``p`` on the CUDA cores, the tile's
-entries listed by ``ENTRY_PTR`` / ``E_COL`` / ``E_LANE`` (slots padded to a multiple of BK with id V). ``ROWS`` [T · BM] names each tile row's query (the tiles hold the
+hold ``p`` to 2^-16, 3 parts exactly. ``ROWS`` [T · BM] names each tile row's query (the tiles hold the
 queries in a sorted order; B marks padding). Offsets into DT and its gradient are int32 (fewer live registers:
 (V + 1)·bd < 2^31, :mod:`.fused_lse` checks it), into QT int64 (K_total·BM grows with B).
 """
@@ -147,62 +145,23 @@ def _nonzero(x, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _entry_grads(p, DT, E_COL, E_LANE, GQE, e_lo, e_hi, stride_dt, n_cols, n_ok,
-                 BN: tl.constexpr, BE: tl.constexpr):  # fmt: skip
-    """Add ``sum_n p[lane_e, n] · DT[col_e, n]`` into ``GQE[e]`` for the tile's entry slots [e_lo, e_hi): the query
-    gradient at each query's own entries only, fp32 products on the CUDA cores (``p`` whole, no split)."""
-    ee = tl.arange(0, BE)
-    for e0 in range(e_lo, e_hi, BE):
-        e = e0 + ee  # [BE] entry slots (padding: column V, DT's zero row)
-        c = tl.load(E_COL + e)  # [BE] vocabulary ids
-        lane = tl.load(E_LANE + e)  # [BE] the entry's query row within the tile
-        d = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BE, BN]
-        pe = tl.gather(p, tl.broadcast_to(lane[:, None], (BE, BN)), 0)  # [BE, BN]: p[lane_e, n]
-        tl.store(GQE + e, tl.load(GQE + e) + tl.sum(pe * d.to(tl.float32), axis=1))
-
-
-@triton.jit
-def _lane_grads(p, DT, LANE_COL, GQL, s_lo, s_hi, stride_dt, n_cols, n_ok, r, BM: tl.constexpr):
-    """Add ``sum_n p[i, n] · DT[col_si, n]`` into ``GQL[s, i]`` for the tile's lane-major slot rows [s_lo, s_hi):
-    the query gradient at each query's own entries, one entry of every query a step, fp32 on the CUDA cores."""
-    for s in range(s_lo, s_hi):
-        c = tl.load(LANE_COL + s * BM + r)  # [BM] query i's s-th entry's id (V: none)
-        d = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BM, BN]
-        to = GQL + s * BM + r
-        tl.store(to, tl.load(to) + tl.sum(p * d.to(tl.float32), axis=1))
-
-
-@triton.jit
-def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, ENTRY_PTR, E_COL, E_LANE,
-                     num_rows, n_docs, stride_dt, inv_t, tile_lo,
+def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, num_rows, n_docs, stride_dt, inv_t, tile_lo,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                     PARTS: tl.constexpr, Q_COLUMNS: tl.constexpr, Q_ENTRIES: tl.constexpr,
-                     Q_LANES: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
-    """One query tile against one document block: recompute each tile, add its gradients (module doc). Both
-    gradients are written at the reps' entries only (the rest is never read): bits of QT / DT not all zero.
-    The query gradient (if asked) over the tile's columns on the tensor cores (Q_COLUMNS: GQT [K_total, BM]) or
-    at its entry slots (Q_ENTRIES: GQT [E_total], :func:`_entry_grads`; Q_LANES: lane-major, :func:`_lane_grads`)."""
+                     PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
+    """One query tile against one document block: recompute each tile, add its gradients (module doc) into GQT
+    [K_total, BM] (NEED_Q) and GDT [V + 1, bd] (NEED_D). Both gradients are written at the reps' entries only
+    (the rest is never read): bits of QT / DT not all zero."""
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
-    t = tile_lo + tl.program_id(0)
-    e_lo, e_hi = (
-        tl.load(ENTRY_PTR + t),
-        tl.load(ENTRY_PTR + t + 1),
-    )  # the tile's entry slots (Q_ENTRIES, Q_LANES)
     for n0 in range(0, n_docs, BN):
         n_cols = n0 + tl.arange(0, BN)
         n_ok = n_cols < n_docs
         s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
         p = tl.exp(s - lse[:, None]) * g[:, None]  # [BM, BN]: d loss / d (q · d)
         p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
-        if Q_LANES:
-            _lane_grads(p, DT, E_COL, GQT, e_lo, e_hi, stride_dt, n_cols, n_ok, r, BM)
-        if Q_ENTRIES:
-            _entry_grads(p, DT, E_COL, E_LANE, GQT, e_lo, e_hi, stride_dt, n_cols, n_ok, BN, BK)
-        if Q_COLUMNS or NEED_D:
-            _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
-                          BM, BN, BK, IEEE, PARTS, Q_COLUMNS, NEED_D)  # fmt: skip
+        _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
+                      BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
 
 
 @triton.jit
@@ -248,24 +207,18 @@ def launch_forward(
 
 def launch_backward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
-    grad_qt: Tensor | None, grad_dt: Tensor | None, entries: tuple[Tensor, Tensor, Tensor] | None,
-    *, lanes: bool, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
+    grad_qt: Tensor | None, grad_dt: Tensor | None,
+    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
     parts: int,
 ) -> None:  # fmt: skip
-    """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` and ``grad_dt``
-    [V + 1, bd] (fp32; None: not needed). ``entries`` None: ``grad_qt`` is [K_total, BM], over the tiles' columns;
-    else (entry_ptr [T + 1], entry_col [E_total], entry_lane [E_total]) and ``grad_qt`` is [E_total], at the
-    queries' entry slots (``lanes``: lane-major, entry_lane unused)."""
+    """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
+    (over the tiles' columns) and ``grad_dt`` [V + 1, bd] (fp32; None: not needed)."""
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
-    entry_ptr, entry_col, entry_lane = (tile_ptr, cols, cols) if entries is None else entries
     _backward_kernel[(len(tiles),)](
         qt, cols, tile_ptr, row_idx, dt, lse, g, qt if grad_qt is None else grad_qt, dt if grad_dt is None else grad_dt,
-        entry_ptr, entry_col, entry_lane, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
+        num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
         BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, PARTS=parts,
-        Q_COLUMNS=grad_qt is not None and entries is None,
-        Q_ENTRIES=grad_qt is not None and entries is not None and not lanes,
-        Q_LANES=grad_qt is not None and entries is not None and lanes,
-        NEED_D=grad_dt is not None,
+        NEED_Q=grad_qt is not None, NEED_D=grad_dt is not None,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
