@@ -223,22 +223,12 @@ def test_fused_is_chosen_only_where_asked_or_measured(monkeypatch) -> None:
 
 def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
     """'auto' takes the fused kernels from FUSED_MIN_QUERIES queries on (16,384: the H100 curve in docs/scale.md),
-    the blocked path below, and follows the constant when it changes."""
+    the blocked path below, and follows the constant when it changes (on a GPU: test_fused_lse_gpu.py)."""
     assert fused_lse.FUSED_MIN_QUERIES == 16_384
     assert not fused_lse.fused_by_default(16_383)
     assert fused_lse.fused_by_default(16_384) and fused_lse.fused_by_default(131_072)
     monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", B)
     assert fused_lse.fused_by_default(B) and not fused_lse.fused_by_default(B - 1)
-
-
-@pytest.mark.gpu
-def test_auto_takes_fused_on_a_gpu_from_the_measured_size(monkeypatch) -> None:
-    """On a GPU, 'auto' runs the fused kernels for fp32 sparse reps of FUSED_MIN_QUERIES rows, not of one row fewer."""
-    reps = [r.to(torch.device("cuda")) for r in _sparse(_dense_batch("fp32"))]
-    monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", B)
-    assert use_fused_kernel(reps[0], reps[1:], "auto")
-    monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", B + 1)
-    assert not use_fused_kernel(reps[0], reps[1:], "auto")
 
 
 def test_fused_refuses_dense_reps() -> None:
