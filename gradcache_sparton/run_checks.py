@@ -16,6 +16,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
 from gradcache_sparton.data.columns import text_columns_of
 from gradcache_sparton.losses import SpladeLoss
+from gradcache_sparton.losses.fused_lse import kernels_run_on
 from gradcache_sparton.modeling import read_json_file
 
 __all__ = [
@@ -103,7 +104,8 @@ def validate_run(
     ``resume_from_checkpoint`` that is not a checkpoint folder, no optimizer step at all
     (``num_train_epochs`` 0 without ``max_steps``, or fewer ``num_train_rows`` than one global batch while
     ``dataloader_drop_last`` drops it), ``fsdp`` on the CPU (accelerate would ignore it and train under DDP),
-    an ``in_batch_teacher`` under several processes, and a batch that gives
+    an ``in_batch_teacher`` under several processes, ``score_kernel='fused'`` where its kernels cannot run
+    (reps not kept sparse on every step, or a device without them), and a batch that gives
     InfoNCE no negative to contrast with (one row in the global batch and no negative among ``text_columns``:
     the loss is 0 at every step).
     """
@@ -145,6 +147,18 @@ def validate_run(
             f"in_batch_teacher with {args.world_size} processes: each process's collator scores its own rows "
             "([B, (1+k)·B]), while the loss sees the batch gathered from every process, whose other processes' "
             "documents the teacher never scored; train on one process (docs/distillation.md)"
+        )
+    if args.score_kernel == "fused" and args.sparse_reps != "true":
+        raise ValueError(
+            f"score_kernel='fused' scores sparse reps only, but sparse_reps is {args.sparse_reps!r} (dense reps on "
+            "every step, or on the steps 'auto' or a memory plan keeps dense, where the loss would stop the run): "
+            "set sparse_reps true, or leave score_kernel 'auto' (the fused kernels for sparse reps on a GPU from "
+            "losses.fused_lse.FUSED_MIN_QUERIES queries on, the blocked path elsewhere)"
+        )
+    if args.score_kernel == "fused" and not kernels_run_on(args.device):
+        raise ValueError(
+            f"score_kernel='fused' runs Triton kernels on a CUDA GPU, but this run is on {args.device.type}: "
+            "leave score_kernel 'auto' (the blocked path there) or run on a GPU"
         )
     has_negatives = text_columns is not None and len(text_columns) > 2  # query, positive, negatives...
     if args.contrastive == "infonce" and global_batch == 1 and text_columns is not None and not has_negatives:

@@ -1,4 +1,5 @@
-"""Run checks before any work: `--fsdp` on the CPU (validate_run), a SparseEncoder under FSDP (check_sharding)."""
+"""Run checks before any work: `--fsdp` on the CPU and `score_kernel='fused'` where it cannot run (validate_run), a
+SparseEncoder under FSDP (check_sharding)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,45 @@ def test_fsdp_on_the_cpu_is_refused(tmp_path: Path, monkeypatch, processes: int)
     monkeypatch.setattr(
         CachedSpladeTrainingArguments, "device", property(lambda self: torch.device("cuda", 0))
     )
+    validate_run(args, num_train_rows=10_000)
+
+
+@pytest.mark.parametrize("sparse_reps", [None, "false", "auto"])
+def test_fused_score_kernel_without_sparse_reps_is_refused(tmp_path: Path, monkeypatch, sparse_reps) -> None:
+    """score_kernel='fused' with reps that may be dense on a step is refused before the model is built, naming
+    both options (before: the first dense step stopped the run, after the evaluation before training); with
+    sparse_reps true on a CUDA device it passes."""
+    args = CachedSpladeTrainingArguments(
+        output_dir=str(tmp_path / "run"), score_kernel="fused", sparse_reps=sparse_reps, report_to="none"
+    )
+    monkeypatch.setattr(
+        CachedSpladeTrainingArguments, "device", property(lambda self: torch.device("cuda", 0))
+    )
+    with pytest.raises(
+        ValueError, match=rf"score_kernel='fused' scores sparse reps only, but sparse_reps is {sparse_reps!r}"
+    ):
+        validate_run(args, num_train_rows=10_000)
+    args.sparse_reps = "true"
+    validate_run(args, num_train_rows=10_000)
+
+
+def test_fused_score_kernel_on_the_cpu_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """score_kernel='fused' on the CPU outside the Triton interpreter is refused before the model is built,
+    naming the device (before: the first step stopped the run); under the interpreter (the tests' CPU kernels)
+    it passes."""
+    args = CachedSpladeTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        score_kernel="fused",
+        sparse_reps="true",
+        use_cpu=True,
+        report_to="none",
+    )
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(
+        ValueError, match="score_kernel='fused' runs Triton kernels on a CUDA GPU, but this run is on cpu"
+    ):
+        validate_run(args, num_train_rows=10_000)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     validate_run(args, num_train_rows=10_000)
 
 

@@ -85,6 +85,7 @@ __all__ = [
     "entry_values",
     "fused_by_default",
     "fused_sparse_logsumexp",
+    "kernels_run_on",
     "query_order",
     "use_fused_kernel",
 ]
@@ -143,6 +144,11 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def kernels_run_on(device: torch.device) -> bool:
+    """Whether the fused kernels can run on ``device``: a CUDA device, or any under the Triton interpreter."""
+    return device.type == "cuda" or _interpreting()
+
+
 def _tile_shape() -> TileShape:
     return INTERPRETER_TILES if _interpreting() else GPU_TILES
 
@@ -166,7 +172,7 @@ def use_fused_kernel(q_reps: SparseReps, d_reps: Sequence[SparseReps], kernel: s
     if kernel == "blocked":
         return False
     weights = [q_reps.weights, *(d.weights for d in d_reps)]
-    runnable = all(w.dtype == torch.float32 for w in weights) and (q_reps.weights.is_cuda or _interpreting())
+    runnable = all(w.dtype == torch.float32 for w in weights) and kernels_run_on(q_reps.weights.device)
     if kernel == "fused":
         if not runnable:
             raise ValueError(

@@ -244,7 +244,7 @@ class SpladeLossConfig:
         "accumulation, within a documented bound of fp64); 'blocked': score blocks in memory "
         "(score_block_size); 'auto': fused on a GPU from losses.fused_lse.FUSED_MIN_QUERIES (16,384) queries on, "
         "where it was measured faster (docs/scale.md), else blocked; blocked whenever score_block_size is set. "
-        "Dense reps always run blocked ('fused' raises).",
+        "Dense reps always run blocked; 'fused' in a training run needs sparse_reps true and a GPU.",
         choices=list(SCORE_KERNELS),
     )
 
