@@ -150,7 +150,7 @@ def validate_run(
         )
     if args.score_kernel == "fused" and args.sparse_reps != "true":
         raise ValueError(
-            f"score_kernel='fused' scores sparse reps only, but sparse_reps is {args.sparse_reps!r} (dense reps on "
+            f"score_kernel='fused' scores sparse reps only, but sparse_reps is {args.sparse_reps or 'unset'} (dense reps on "
             "every step, or on the steps 'auto' or a memory plan keeps dense, where the loss would stop the run): "
             "set sparse_reps true, or leave score_kernel 'auto' (the fused kernels for sparse reps on a GPU from "
             "losses.fused_lse.FUSED_MIN_QUERIES queries on, the blocked path elsewhere)"

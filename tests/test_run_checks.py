@@ -40,7 +40,8 @@ def test_fused_score_kernel_without_sparse_reps_is_refused(tmp_path: Path, monke
         CachedSpladeTrainingArguments, "device", property(lambda self: torch.device("cuda", 0))
     )
     with pytest.raises(
-        ValueError, match=rf"score_kernel='fused' scores sparse reps only, but sparse_reps is {sparse_reps!r}"
+        ValueError,
+        match=rf"score_kernel='fused' scores sparse reps only, but sparse_reps is {sparse_reps or 'unset'} ",
     ):
         validate_run(args, num_train_rows=10_000)
     args.sparse_reps = "true"
