@@ -3,12 +3,12 @@ encoder as an ONNX model (:func:`~gradcache_sparton.pipeline.run_export`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from gradcache_sparton.cli.options import CheckpointOptions, parse_command_flags
+from gradcache_sparton.cli.options import CheckpointOptions, run_job_command
 from gradcache_sparton.evaluation.export import EXPORT_FORMATS
 from gradcache_sparton.primitives.option_field import option
 
@@ -41,14 +41,14 @@ class ExportOptions:
 def export_command(argv: Sequence[str]) -> int:
     from gradcache_sparton.pipeline import run_export
 
-    options = parse_command_flags(
+    def export(model_name_or_path: str, format: str, **options: Any) -> dict[str, Any]:
+        return run_export(model_name_or_path, **options, export_format=format)
+
+    return run_job_command(
         "export",
         argv,
         (CheckpointOptions, ExportOptions),
+        export,
         description=" (docs/evaluation.md).",
         required=("model_name_or_path",),
     )
-    model, export_format = options.pop("model_name_or_path"), options.pop("format")
-    summary = run_export(model, **options, export_format=export_format)
-    print(json.dumps(summary, indent=2))
-    return 0

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from gradcache_sparton.cli.options import CheckpointOptions, QueryLengthOption, parse_command_flags
+from gradcache_sparton.cli.options import CheckpointOptions, QueryLengthOption, run_job_command
 from gradcache_sparton.mining import BM25_STEMMER, CORPORA, METHODS, SAMPLINGS
 from gradcache_sparton.primitives.option_field import option
 
@@ -57,13 +57,13 @@ class MineOptions:
 def mine_command(argv: Sequence[str]) -> int:
     from gradcache_sparton.mining import run_mining
 
-    options = parse_command_flags(
+    def mine(bm25_stemmer: str, **options: Any) -> dict[str, Any]:
+        return run_mining(**options, bm25_stemmer=None if bm25_stemmer.lower() == "none" else bm25_stemmer)
+
+    return run_job_command(
         "mine",
         argv,
         (MineOptions, CheckpointOptions, QueryLengthOption),
+        mine,
         description=" (docs/mining.md). The checkpoint's options apply to --method splade.",
     )
-    stemmer = options.pop("bm25_stemmer")
-    summary = run_mining(**options, bm25_stemmer=None if stemmer.lower() == "none" else stemmer)
-    print(json.dumps(summary, indent=2))
-    return 0

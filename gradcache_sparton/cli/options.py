@@ -3,7 +3,8 @@ with the options more than one command reads declared once here."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ __all__ = [
     "EncodingOptions",
     "QueryLengthOption",
     "parse_command",
-    "parse_command_flags",
+    "run_job_command",
 ]
 
 
@@ -90,10 +91,17 @@ def parse_command(
     return options
 
 
-def parse_command_flags(
-    command: str, argv: Sequence[str], dataclass_types: Sequence[type], **parse_options: Any
-) -> dict[str, Any]:
-    """Every flag of ``gradcache-sparton COMMAND`` by name, whichever of ``dataclass_types`` declares it
-    (:func:`parse_command` with ``parse_options``): the keywords of the command's job function."""
+def run_job_command(
+    command: str,
+    argv: Sequence[str],
+    dataclass_types: Sequence[type],
+    job: Callable[..., Mapping[str, Any]],
+    **parse_options: Any,
+) -> int:
+    """``gradcache-sparton COMMAND`` for a job function: every flag by name, whichever of ``dataclass_types``
+    declares it (:func:`parse_command` with ``parse_options``), as ``job``'s keywords; the job's summary printed
+    as JSON; exit status 0."""
     parsed = parse_command(command, argv, dataclass_types, **parse_options)
-    return {name: value for options in parsed for name, value in asdict(options).items()}
+    summary = job(**{name: value for options in parsed for name, value in asdict(options).items()})
+    print(json.dumps(summary, indent=2))
+    return 0

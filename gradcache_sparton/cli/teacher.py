@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradcache_sparton.cli.options import EncodingOptions, QueryLengthOption, parse_command_flags
+from gradcache_sparton.cli.options import EncodingOptions, QueryLengthOption, run_job_command
 from gradcache_sparton.mining import DEFAULT_DEPTH, NORMALISATIONS
 from gradcache_sparton.primitives.option_field import option
 
@@ -58,11 +57,10 @@ class TeacherOptions:
 def teacher_command(argv: Sequence[str]) -> int:
     from gradcache_sparton.mining import run_teacher_scores
 
-    options = parse_command_flags(
+    return run_job_command(
         "teacher",
         argv,
         (TeacherOptions, EncodingOptions, QueryLengthOption),
+        run_teacher_scores,
         description=" (docs/distillation.md): the positive, then each negative, per row.",
     )
-    print(json.dumps(run_teacher_scores(**options), indent=2))
-    return 0
