@@ -21,6 +21,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lse_reference import (
+    assert_grads_within_bound,
+    assert_lse_within_bound,
+    lse_reference,
+    sparse_leaves,
+)
 
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse
 from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
@@ -65,42 +71,10 @@ def _dense_batch(kind: str, seed: int = 0) -> list[torch.Tensor]:
     return columns
 
 
-def _sparse(columns: list[torch.Tensor]) -> list[SparseReps]:
-    reps = [SparseReps.from_dense(c) for c in columns]
-    for r in reps:
-        r.weights.requires_grad_(True)
-    return reps
-
-
 def _tiles(monkeypatch, kind: str) -> None:
     """bf16 tiles wherever the values allow (the GPU's choice), forced here on CPU; 3 split parts for bf16-exact."""
     monkeypatch.setattr(fused_lse, "products_in_bf16", lambda tensors: kind.startswith("bf16"))
     monkeypatch.setattr(fused_lse, "SPLIT_PARTS", 3 if kind == "bf16-exact" else 2)
-
-
-def _at_nonzeros(dense_grad: torch.Tensor, reps: SparseReps) -> torch.Tensor:
-    return dense_grad[reps.row_ids(), reps.token_ids.long()]
-
-
-def _reference(columns: list[torch.Tensor], upstream: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-    """fp64 lse and gradients of sum(upstream · lse), and the same from absolute values (the error scales)."""
-    q, *docs = [c.double().requires_grad_(True) for c in columns]
-    scores = torch.cat([q @ d.T for d in docs], dim=1) / TEMPERATURE  # [B, N]
-    lse = torch.logsumexp(scores, dim=1)
-    (lse * upstream.double()).sum().backward()
-    with torch.no_grad():
-        p = (
-            torch.softmax(scores, dim=1) * upstream.double().abs()[:, None] / TEMPERATURE
-        )  # [B, N] |d L / d s|
-        d_all = torch.cat([d.detach() for d in docs])  # [N, V]
-        abs_q = p @ d_all  # [B, V]
-        abs_d = (p.T @ q.detach()).split(B)  # N x [V] per column
-        lse_scale = scores.abs().amax(dim=1) + torch.log(torch.tensor(float(scores.shape[1])))
-    return {
-        "lse": [lse.detach(), lse_scale],
-        "grads": [q.grad, *(d.grad for d in docs)],
-        "scales": [abs_q, *abs_d],
-    }
 
 
 @pytest.mark.parametrize("sort", [True, False], ids=["sorted", "batch-order"])
@@ -112,15 +86,12 @@ def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool) -> N
     monkeypatch.setattr(fused_lse, "SORT_QUERIES", sort)
     columns = _dense_batch(kind)
     upstream = torch.randn(B, generator=torch.Generator().manual_seed(1))  # both signs
-    reps = _sparse(columns)
+    reps = sparse_leaves(columns)
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
     (lse * upstream).sum().backward()
-    want = _reference(columns, upstream)
-    want_lse, lse_scale = want["lse"]
-    assert ((lse.double() - want_lse).abs() <= TOL * lse_scale).all()
-    for r, grad, scale in zip(reps, want["grads"], want["scales"], strict=True):
-        got, expected, bound = r.weights.grad.double(), _at_nonzeros(grad, r), _at_nonzeros(scale, r)
-        assert ((got - expected).abs() <= _grad_tol(kind) * bound + 1e-12).all()
+    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
+    assert_lse_within_bound(lse, want, TOL)
+    assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
 
 
 @pytest.mark.parametrize("kind", TILE_DTYPES)
@@ -137,18 +108,19 @@ def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str) -> No
     upstream = torch.randn(B, generator=torch.Generator().manual_seed(4))
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
     (lse * upstream).sum().backward()
-    want = _reference([r.to_dense().detach() for r in reps], upstream)
-    for r, grad, scale in zip(reps, want["grads"], want["scales"], strict=True):
-        got, expected, bound = r.weights.grad.double(), _at_nonzeros(grad, r), _at_nonzeros(scale, r)
-        assert (expected[::5].abs() > 0).any()  # the zeros' gradients are not all zero: the test can fail
-        assert ((got - expected).abs() <= _grad_tol(kind) * bound + 1e-12).all()
+    want = lse_reference([r.to_dense().detach() for r in reps], upstream, temperature=TEMPERATURE)
+    for r, grad in zip(
+        reps, want["grads"], strict=True
+    ):  # the zeros' gradients are not all zero: it can fail
+        assert (grad[r.row_ids(), r.token_ids.long()][::5].abs() > 0).any()
+    assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
 
 
 @pytest.mark.parametrize("kind", TILE_DTYPES)
 def test_empty_query_scores_log_n(monkeypatch, kind: str) -> None:
     """An all-zero query scores 0 against every document: its lse is log N up to fp32 rounding."""
     _tiles(monkeypatch, kind)
-    reps = _sparse(_dense_batch(kind))
+    reps = sparse_leaves(_dense_batch(kind))
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
     assert float(lse[3].detach()) == pytest.approx(float(torch.log(torch.tensor(2.0 * B))), rel=2**-22)
 
@@ -157,7 +129,7 @@ def test_empty_query_scores_log_n(monkeypatch, kind: str) -> None:
 def test_duplicate_documents_get_equal_gradients(monkeypatch, kind: str) -> None:
     """Three copies of one document (two positives, one negative) get the same gradient, within the bound."""
     _tiles(monkeypatch, kind)
-    reps = _sparse(_dense_batch(kind))
+    reps = sparse_leaves(_dense_batch(kind))
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
     lse.sum().backward()
     pos, neg = reps[1], reps[2]
@@ -180,7 +152,7 @@ def test_fused_loss_matches_blocked(monkeypatch, kind: str, contrastive: str) ->
         kwargs["teacher_scores"] = torch.randn(B, 2, generator=torch.Generator().manual_seed(3))
     results = {}
     for kernel in ("fused", "blocked"):
-        reps = dict(zip("qpn", _sparse(columns), strict=True))
+        reps = dict(zip("qpn", sparse_leaves(columns), strict=True))
         loss, _ = SpladeLoss(SpladeLossConfig(score_kernel=kernel, **settings))(reps, **kwargs)
         loss.backward()
         results[kernel] = (loss, [r.weights.grad for r in reps.values()])
@@ -208,7 +180,7 @@ def test_query_order_groups_equal_term_sets() -> None:
 def test_fused_is_chosen_only_where_asked_or_measured(monkeypatch) -> None:
     """'blocked' never runs the kernel, 'fused' always (raising where it cannot), 'auto' only on a GPU from the
     measured size on."""
-    reps = _sparse(_dense_batch("fp32"))
+    reps = sparse_leaves(_dense_batch("fp32"))
     assert not use_fused_kernel(reps[0], reps[1:], "blocked")
     assert use_fused_kernel(reps[0], reps[1:], "fused")  # the interpreter runs it on CPU
     monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", 1)  # every size: only the device stops it

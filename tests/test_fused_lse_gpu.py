@@ -18,6 +18,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lse_reference import (
+    assert_grads_within_bound,
+    assert_lse_within_bound,
+    lse_reference,
+    sparse_leaves,
+)
 
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse
 from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
@@ -48,51 +54,18 @@ def _batch(kind: str, seed: int = 0) -> list[torch.Tensor]:
     return [q, pos, neg]
 
 
-def _reference(columns: list[torch.Tensor], upstream: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-    """fp64 lse and gradients of sum(upstream · lse), and the same from absolute values (the error scales)."""
-    q, *docs = [c.double().requires_grad_(True) for c in columns]
-    scores = torch.cat([q @ d.T for d in docs], dim=1) / TEMPERATURE  # [B, N]
-    lse = torch.logsumexp(scores, dim=1)
-    (lse * upstream.double()).sum().backward()
-    with torch.no_grad():
-        p = torch.softmax(scores, dim=1) * upstream.double().abs()[:, None] / TEMPERATURE  # |dL/ds|
-        abs_q = p @ torch.cat([d.detach() for d in docs])  # [B, V]
-        abs_d = (p.T @ q.detach()).split(B)
-        lse_scale = scores.abs().amax(dim=1) + torch.log(torch.tensor(float(scores.shape[1])))
-    return {
-        "lse": [lse.detach(), lse_scale],
-        "grads": [q.grad, *(d.grad for d in docs)],
-        "scales": [abs_q, *abs_d],
-    }
-
-
-def _sparse(columns: list[torch.Tensor]) -> list[SparseReps]:
-    reps = [SparseReps.from_dense(c) for c in columns]
-    for r in reps:
-        r.weights.requires_grad_(True)
-    return reps
-
-
-def _at_nonzeros(dense: torch.Tensor, reps: SparseReps) -> torch.Tensor:
-    return dense[reps.row_ids(), reps.token_ids.long()]
-
-
 @pytest.mark.parametrize("kind", ["bf16", "fp32"])
 def test_compiled_fused_lse_and_grads_match_fp64(kind: str) -> None:
     """On the GPU, at GPU_TILES: lse [B] and the gradients of queries, positives and negatives equal dense fp64
     within the bound (bf16 values: bf16 tiles and the split; other fp32 values: ieee fp32 tiles)."""
     columns = _batch(kind)
     upstream = torch.randn(B, generator=torch.Generator(device="cuda").manual_seed(1), device="cuda")
-    reps = _sparse(columns)
+    reps = sparse_leaves(columns)
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
     (lse * upstream).sum().backward()
-    want = _reference(columns, upstream)
-    want_lse, lse_scale = want["lse"]
-    assert ((lse.double() - want_lse).abs() <= TOL * lse_scale).all()
-    tol = TOL + (SPLIT if kind == "bf16" else 0.0)
-    for r, grad, scale in zip(reps, want["grads"], want["scales"], strict=True):
-        got, expected, bound = r.weights.grad.double(), _at_nonzeros(grad, r), _at_nonzeros(scale, r)
-        assert ((got - expected).abs() <= tol * bound + 1e-12).all()
+    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
+    assert_lse_within_bound(lse, want, TOL)
+    assert_grads_within_bound(reps, want, [TOL + (SPLIT if kind == "bf16" else 0.0)] * 3)
 
 
 def test_compiled_fused_loss_matches_blocked() -> None:
@@ -101,7 +74,7 @@ def test_compiled_fused_loss_matches_blocked() -> None:
     columns = _batch("bf16", seed=2)
     results = {}
     for kernel in ("fused", "blocked"):
-        reps = dict(zip("qpn", _sparse(columns), strict=True))
+        reps = dict(zip("qpn", sparse_leaves(columns), strict=True))
         loss, _ = SpladeLoss(SpladeLossConfig(score_kernel=kernel, temperature=TEMPERATURE))(reps)
         loss.backward()
         results[kernel] = (loss, [r.weights.grad for r in reps.values()])
