@@ -14,7 +14,7 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from gradcache_sparton.arguments import CachedSpladeTrainingArguments
-from gradcache_sparton.data.columns import text_columns_of
+from gradcache_sparton.data.columns import TEACHER_COLUMN, text_columns_of
 from gradcache_sparton.losses import SpladeLoss
 from gradcache_sparton.losses.fused_lse import kernels_run_on
 from gradcache_sparton.modeling import read_json_file
@@ -71,7 +71,7 @@ def check_loss_reads_columns(loss: Any, dataset: Any) -> None:
         return
     extras = [name for name in names if name not in texts]
     if isinstance(loss, SpladeLoss):
-        reads = {"teacher_scores"} if loss.config.contrastive in ("margin_mse", "kl_div") else set()
+        reads = {TEACHER_COLUMN} if loss.config.contrastive in ("margin_mse", "kl_div") else set()
         what = f"SpladeLoss with contrastive={loss.config.contrastive!r}"
     else:
         try:

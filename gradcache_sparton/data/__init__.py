@@ -41,7 +41,13 @@ from gradcache_sparton.data.beir import (
     read_corpus,
 )
 from gradcache_sparton.data.collator import TrainingBatch, TrainingCollator
-from gradcache_sparton.data.columns import NEGATIVE_PREFIX, NEGATIVES_COLUMN, POSITIVE_COLUMN, QUERY_COLUMN
+from gradcache_sparton.data.columns import (
+    NEGATIVE_PREFIX,
+    NEGATIVES_COLUMN,
+    POSITIVE_COLUMN,
+    QUERY_COLUMN,
+    TEACHER_COLUMN,
+)
 from gradcache_sparton.data.loading import load_training_data
 from gradcache_sparton.data.output import check_output_path, write_training_file
 from gradcache_sparton.data.pairs import self_supervised_pairs, split_sentences
@@ -59,6 +65,7 @@ __all__ = [
     "NEGATIVE_PREFIX",
     "POSITIVE_COLUMN",
     "QUERY_COLUMN",
+    "TEACHER_COLUMN",
     "BeirData",
     "CorpusDocument",
     "TrainingBatch",

@@ -26,6 +26,7 @@ from gradcache_sparton.data.columns import (
     NEGATIVES_COLUMN,
     POSITIVE_COLUMN,
     QUERY_COLUMN,
+    TEACHER_COLUMN,
     negative_number,
     text_columns_of,
 )
@@ -34,8 +35,6 @@ from gradcache_sparton.data.token_cache import TokenCache
 __all__ = ["TrainingBatch", "TrainingCollator"]
 
 logger = logging.getLogger(__name__)
-
-TEACHER_SCORES = "teacher_scores"  # the loss keyword a batch teacher fills
 
 
 class TrainingBatch(TypedDict):
@@ -150,13 +149,13 @@ class TrainingCollator:
             columns[name] = features  # [B, S_column] each
         loss_kwargs = self._loss_kwargs(rows)
         if self.batch_teacher is not None:
-            if TEACHER_SCORES in loss_kwargs:
+            if TEACHER_COLUMN in loss_kwargs:
                 raise ValueError(
-                    f"the rows have a {TEACHER_SCORES!r} column and the collator has a batch_teacher: both are "
+                    f"the rows have a {TEACHER_COLUMN!r} column and the collator has a batch_teacher: both are "
                     "teacher scores; drop one (neither is preferred silently)"
                 )
             documents = [values for name, values in texts.items() if name != QUERY_COLUMN]
-            loss_kwargs[TEACHER_SCORES] = self.batch_teacher(texts[QUERY_COLUMN], documents)  # [B, (1+k)·B]
+            loss_kwargs[TEACHER_COLUMN] = self.batch_teacher(texts[QUERY_COLUMN], documents)  # [B, (1+k)·B]
         return TrainingBatch(columns=columns, loss_kwargs=loss_kwargs, repeated_positives=repeated)
 
     def _count_repeated_positives(self, positives: Sequence[str]) -> int:

@@ -10,6 +10,7 @@ __all__ = [
     "NEGATIVE_PREFIX",
     "POSITIVE_COLUMN",
     "QUERY_COLUMN",
+    "TEACHER_COLUMN",
     "negative_number",
     "text_columns_of",
 ]
@@ -20,6 +21,9 @@ POSITIVE_COLUMN = "positive"
 NEGATIVE_PREFIX = "negative_"
 # ... or as one list column with the same number of texts in every row.
 NEGATIVES_COLUMN = "negatives"
+# The teacher's scores of each row's candidates (the positive, then each negative), or of every document of a batch
+# (an in-batch teacher): what the distillation losses read, a data column and a loss keyword alike.
+TEACHER_COLUMN = "teacher_scores"
 
 _NEGATIVE_RE = re.compile(rf"^{NEGATIVE_PREFIX}([1-9][0-9]*)$")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gradcache_sparton.data import POSITIVE_COLUMN, QUERY_COLUMN, beir_folder, read_corpus
-from gradcache_sparton.data.columns import negative_number
+from gradcache_sparton.data.columns import TEACHER_COLUMN, negative_number
 from gradcache_sparton.data.output import check_output_path, write_training_file
 from gradcache_sparton.mining.rankings import check_bm25_installed
 from gradcache_sparton.mining.teacher_scores import (
@@ -35,7 +35,6 @@ __all__ = ["TEACHER_COLUMN", "candidate_lists", "check_weights", "run_teacher_sc
 
 logger = logging.getLogger(__name__)
 
-TEACHER_COLUMN = "teacher_scores"  # the data column the distillation losses read
 # Weights must sum to 1 up to float rounding of a few decimal weights (0.1 + 0.2 + 0.7 = 1 + 1e-16).
 _WEIGHT_SUM_TOLERANCE = 1e-6
 
