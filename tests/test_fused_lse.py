@@ -28,7 +28,7 @@ from lse_reference import (
     sparse_leaves,
 )
 
-from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse, fused_lse_triton
 from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
@@ -77,12 +77,44 @@ def _tiles(monkeypatch, kind: str) -> None:
     monkeypatch.setattr(fused_lse, "SPLIT_PARTS", 3 if kind == "bf16-exact" else 2)
 
 
+# The backward's routes for a score tile (fused_lse.SPARSE_TILE_MAX, PAIR_CAPACITY): every non-zero tile on the
+# tensor cores; every one by pairs; tiles of more than 50 non-zero weights (all are non-zero at this temperature:
+# 16 x 16, 16 x 5 or 5 x 16) on the tensor cores, the 5 x 5 tiles by pairs; by pairs until the room for 100 pairs
+# is spent (the tile that crosses it fills its slots below with zeros), then on the tensor cores. The checks read
+# the last document block's lists (5 documents: tiles of 80, 80 and 25 weights).
+ROUTES = {
+    "dense": {"SPARSE_TILE_MAX": 0},
+    "pairs": {"SPARSE_TILE_MAX": 10**6},
+    "mixed": {"SPARSE_TILE_MAX": 50},
+    "overflow": {"SPARSE_TILE_MAX": 10**6, "PAIR_CAPACITY": 100},
+}
+
+
+def _route(monkeypatch, route: str) -> list:
+    """Set ``route``'s settings; returns the list that collects each backward's work lists (their last block)."""
+    for name, value in ROUTES[route].items():
+        monkeypatch.setattr(fused_lse, name, value)
+    made = []
+    allocate = fused_lse_triton.Pairs.allocate
+
+    def recorded(*args, **kwargs):
+        made.append(allocate(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(fused_lse_triton.Pairs, "allocate", recorded)
+    return made
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("sort", [True, False], ids=["sorted", "batch-order"])
 @pytest.mark.parametrize("kind", TILE_DTYPES)
-def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool) -> None:
+def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool, route: str) -> None:
     """lse [B] and the gradients of the queries, positives and negatives equal dense fp64 within the bound, with
-    the queries sorted into tiles by their heaviest terms or in the batch's order."""
+    the queries sorted into tiles by their heaviest terms or in the batch's order, every score tile's gradient
+    taken on the tensor cores, by pairs, by either as its non-zeros decide, or by pairs until their room is
+    spent; each route is seen taken (the last block's work lists)."""
     _tiles(monkeypatch, kind)
+    made = _route(monkeypatch, route)
     monkeypatch.setattr(fused_lse, "SORT_QUERIES", sort)
     columns = _dense_batch(kind)
     upstream = torch.randn(B, generator=torch.Generator().manual_seed(1))  # both signs
@@ -92,6 +124,47 @@ def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool) -> N
     want = lse_reference(columns, upstream, temperature=TEMPERATURE)
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
+    (work,) = made
+    pairs, dense = int(work.count), int(work.dense_count.sum())
+    expected = {"dense": (pairs == 0, dense > 0), "pairs": (pairs > 0, dense == 0),
+                "mixed": (pairs > 0, dense > 0), "overflow": (pairs > 100, dense > 0)}  # fmt: skip
+    assert all(expected[route]), (pairs, dense)
+
+
+@pytest.mark.parametrize("kind", TILE_DTYPES)
+def test_peaked_softmax_drops_zero_tiles(monkeypatch, kind: str) -> None:
+    """At temperature 0.01 most softmax weights underflow to exactly 0 (trained reps at 0.05 leave ~0.1% of them
+    non-zero): tiles whose weights are all 0 are dropped, and the live ones give the same gradients on the tensor
+    cores as by pairs (the same weights p, summed in other orders: within the bound of each other), and dense
+    fp64's within the bound widened for the exponent's rounding, which such scores magnify: an error d in
+    s/T - lse is a relative error d in p, and d <= (53 + 3) · 2^-24 · max |s/T| (a score's <= 53 products, the
+    scaling, the lse and the difference). A dropped live tile loses its products: far outside either."""
+    _tiles(monkeypatch, kind)
+    monkeypatch.setattr(fused_lse, "DOC_BLOCK_MAX_BYTES", 4 * (V + 1) * 48)  # a column a block: 3 x 3 tiles
+    columns = _dense_batch(kind)
+    columns[2] = (
+        columns[2] / 8
+    )  # weak negatives (exact in both dtypes): their weights underflow, but the empty query's
+    upstream = torch.rand(B, generator=torch.Generator().manual_seed(6)) + 0.5
+    want = lse_reference(columns, upstream, temperature=0.01)
+    grads, live = {}, {}
+    for route in ("dense", "pairs"):
+        made = _route(monkeypatch, route)
+        reps = sparse_leaves(columns)
+        lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=0.01)
+        (lse * upstream).sum().backward()
+        grads[route] = reps
+        work = made[-1]  # the negatives' block: 3 query tiles x 3 document tiles
+        live[route] = int(work.count) if route == "pairs" else int(work.dense_count.sum())
+    assert 0 < live["dense"] < 9, live  # some of the 9 tiles dropped, some taken
+    assert live["pairs"] > 0
+    for dense, pairs, scale in zip(grads["dense"], grads["pairs"], want["scales"], strict=True):
+        at = (dense.row_ids(), dense.token_ids.long())
+        assert (
+            (dense.weights.grad - pairs.weights.grad).abs() <= 2 * _grad_tol(kind) * scale[at] + 1e-12
+        ).all()
+    exponent = (53 + 3) * 2.0**-24 * float(want["lse"][1].max())  # lse scale: max |s/T| + log N
+    assert_grads_within_bound(grads["pairs"], want, [_grad_tol(kind) + exponent] * 3)
 
 
 @pytest.mark.parametrize("kind", TILE_DTYPES)

@@ -25,14 +25,30 @@ queries in a sorted order; B marks padding). Offsets into DT and its gradient ar
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["launch_backward", "launch_forward"]
+__all__ = [
+    "ENTRY_BLOCK",
+    "PAIR_BLOCK",
+    "PAIR_PROGRAMS",
+    "Pairs",
+    "QueryEntries",
+    "launch_backward",
+    "launch_forward",
+]
+
+# Pairs a program of :func:`_pairs_kernel` takes, and the query entries it reads at a time for each.
+PAIR_BLOCK = 64
+ENTRY_BLOCK = 32
+# Programs of :func:`_pairs_kernel` at most (each takes every grid-th block of pairs up to the count).
+PAIR_PROGRAMS = 1024
 
 INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -145,21 +161,100 @@ def _nonzero(x, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, num_rows, n_docs, stride_dt, inv_t, tile_lo,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                     PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
-    """One query tile against one document block: recompute each tile, add its gradients (module doc) into GQT
-    [K_total, BM] (NEED_Q) and GDT [V + 1, bd] (NEED_D). Both gradients are written at the reps' entries only
-    (the rest is never read): bits of QT / DT not all zero."""
+def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, DENSE, DENSE_COUNT,
+                 num_rows, n_docs, stride_dt, inv_t, tile_lo, capacity, sparse_max,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """One query tile against one document block: recompute each score tile and its softmax weights ``p``; a tile
+    with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs (PAIR_*, for
+    :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) goes on the tile's list of dense
+    document tiles (DENSE, for :func:`_dense_kernel`); a tile of zeros adds nothing and is dropped."""
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
+    n_tiles = tl.cdiv(n_docs, BN)
+    num_dense = 0
     for n0 in range(0, n_docs, BN):
         n_cols = n0 + tl.arange(0, BN)
         n_ok = n_cols < n_docs
-        s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
-        p = tl.exp(s - lse[:, None]) * g[:, None]  # [BM, BN]: d loss / d (q · d)
-        p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
+        p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
+                     BM, BN, BK, IEEE)  # fmt: skip
+        live = (p != 0.0).to(tl.int32)  # [BM, BN]: NaN counts as live
+        row_count = tl.sum(live, axis=1)  # [BM]
+        count = tl.sum(row_count, axis=0)
+        fits = count < 0  # False
+        if (count > 0) & (count <= sparse_max):
+            base = tl.atomic_add(PAIR_COUNT, count, sem="relaxed")
+            fits = base + count <= capacity
+            # each live weight's slot: row-major order within the tile, after base
+            at = base + (tl.cumsum(row_count, axis=0) - row_count)[:, None] + tl.cumsum(live, axis=1) - 1
+            keep = (live != 0) & (
+                at < capacity
+            )  # a tile past the capacity fills its slots below it with zeros
+            tl.store(PAIR_ROW + at, rows[:, None] + tl.zeros((BM, BN), dtype=tl.int32), mask=keep)
+            tl.store(PAIR_DOC + at, n_cols[None, :] + tl.zeros((BM, BN), dtype=tl.int32), mask=keep)
+            tl.store(PAIR_P + at, tl.where(fits, p, 0.0), mask=keep)
+        if (count > 0) & (fits == 0):
+            tl.store(DENSE + tl.program_id(0) * n_tiles + num_dense, n0)
+            num_dense += 1
+    tl.store(DENSE_COUNT + tl.program_id(0), num_dense)
+
+
+@triton.jit
+def _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """[BM, BN] fp32 ``p = exp(s - lse) · g``, d loss / d (q · d) of one score tile (padding: 0)."""
+    s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
+    p = tl.exp(s - lse[:, None]) * g[:, None]
+    return tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
+
+
+@triton.jit
+def _pairs_kernel(PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, Q_OFF, Q_IDS, Q_W, DT, GQ, GDT, stride_dt, capacity,
+                  P: tl.constexpr, E: tl.constexpr, IEEE: tl.constexpr, NEED_Q: tl.constexpr,
+                  NEED_D: tl.constexpr):  # fmt: skip
+    """The pairs (query i, document j, p) of :func:`_scan_kernel`, P at a time, each program every grid-th P:
+    over query i's entries (id v, weight w), add ``p · DT[v, j]`` into GQ at the entry and ``p · w`` into
+    GDT[v, j] (atomics), where document j has an entry at v (elsewhere both products are with a zero)."""
+    total = tl.minimum(tl.load(PAIR_COUNT), capacity)
+    for start in range(tl.program_id(0) * P, total, tl.num_programs(0) * P):
+        idx = start + tl.arange(0, P)
+        ok = idx < total
+        i = tl.load(PAIR_ROW + idx, mask=ok, other=0)
+        j = tl.load(PAIR_DOC + idx, mask=ok, other=0)
+        p = tl.load(PAIR_P + idx, mask=ok, other=0.0)
+        ok = ok & (p != 0.0)  # the zeros of a tile past the capacity
+        lo = tl.load(Q_OFF + i, mask=ok, other=0)  # [P] int64
+        hi = tl.load(Q_OFF + i + 1, mask=ok, other=0)
+        for e0 in range(0, tl.max(hi - lo, axis=0), E):
+            e = lo[:, None] + e0 + tl.arange(0, E)[None, :]  # [P, E]: entries of each pair's query
+            valid = ok[:, None] & (e < hi[:, None])
+            v = tl.load(Q_IDS + e, mask=valid, other=0)
+            to = v * stride_dt + j[:, None]  # [P, E] int32: DT[v, j]
+            d = tl.load(DT + to, mask=valid, other=0.0)
+            entry = valid & _nonzero(d, IEEE)  # the document's entries
+            if NEED_Q:
+                tl.atomic_add(GQ + e, p[:, None] * d.to(tl.float32), mask=entry, sem="relaxed")
+            if NEED_D:
+                w = tl.load(Q_W + e, mask=entry, other=0.0)
+                tl.atomic_add(GDT + to, p[:, None] * w, mask=entry, sem="relaxed")
+
+
+@triton.jit
+def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, num_rows, n_docs, stride_dt,
+                  inv_t, tile_lo, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                  PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
+    """One query tile against its dense document tiles (:func:`_scan_kernel`'s list): recompute each tile, add
+    its gradients (module doc) into GQT [K_total, BM] (NEED_Q) and GDT [V + 1, bd] (NEED_D). Both gradients are
+    written at the reps' entries only (the rest is never read): bits of QT / DT not all zero."""
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
+    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
+    g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]
+    listed = DENSE + tl.program_id(0) * tl.cdiv(n_docs, BN)
+    for t in range(0, tl.load(DENSE_COUNT + tl.program_id(0))):
+        n_cols = tl.load(listed + t) + tl.arange(0, BN)
+        n_ok = n_cols < n_docs
+        p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
+                     BM, BN, BK, IEEE)  # fmt: skip
         _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
                       BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
 
@@ -205,20 +300,73 @@ def launch_forward(
     )  # fmt: skip
 
 
+class Pairs(NamedTuple):
+    """The backward's work lists for one document block, written by :func:`_scan_kernel`: the sparse tiles'
+    (query, document, p) pairs and each query tile's dense document tiles. Allocated once a backward."""
+
+    rows: Tensor
+    """[capacity] int32: each pair's query (its row of the batch)."""
+    docs: Tensor
+    """[capacity] int32: each pair's document (its column of DT)."""
+    weights: Tensor
+    """[capacity] fp32: each pair's softmax weight p (non-zero; 0: a slot of a tile past the capacity)."""
+    count: Tensor
+    """[1] int32: pairs reserved (the slots below ``capacity`` are filled)."""
+    dense: Tensor
+    """[tiles · doc tiles] int32: each query tile's dense document tiles (first document of each)."""
+    dense_count: Tensor
+    """[tiles] int32: how many of them."""
+
+    @classmethod
+    def allocate(cls, capacity: int, tiles: int, doc_tiles: int, device: torch.device) -> Pairs:
+        """Room for ``capacity`` pairs and ``doc_tiles`` dense document tiles for each of ``tiles`` query tiles."""
+        ints = functools.partial(torch.empty, dtype=torch.int32, device=device)
+        return cls(ints(capacity), ints(capacity), torch.empty(capacity, device=device), ints(1),
+                   ints(max(tiles * doc_tiles, 1)), ints(max(tiles, 1)))  # fmt: skip
+
+
+class QueryEntries(NamedTuple):
+    """The queries' entries as the pairs read them (compressed rows) and their gradient from the pairs."""
+
+    offsets: Tensor
+    """[B + 1] int64."""
+    ids: Tensor
+    """[nnz] int32 vocabulary ids."""
+    weights: Tensor
+    """[nnz] fp32: the weights the tiles hold."""
+    grad: Tensor | None
+    """[nnz] fp32 the pairs add into (None: not needed)."""
+
+
 def launch_backward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
-    grad_qt: Tensor | None, grad_dt: Tensor | None,
+    grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, pairs: Pairs,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
-    parts: int,
+    parts: int, sparse_max: int,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
-    (over the tiles' columns) and ``grad_dt`` [V + 1, bd] (fp32; None: not needed)."""
+    (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
+    (fp32; None: not needed). A score tile with at most ``sparse_max`` non-zero softmax weights goes by pairs."""
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
-    _backward_kernel[(len(tiles),)](
-        qt, cols, tile_ptr, row_idx, dt, lse, g, qt if grad_qt is None else grad_qt, dt if grad_dt is None else grad_dt,
-        num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
-        BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, PARTS=parts,
-        NEED_Q=grad_qt is not None, NEED_D=grad_dt is not None,
+    ieee = qt.dtype == torch.float32
+    pairs.count.zero_()
+    capacity = pairs.rows.numel()
+    _scan_kernel[(len(tiles),)](
+        qt, cols, tile_ptr, row_idx, dt, lse, g, pairs.rows, pairs.docs, pairs.weights, pairs.count, pairs.dense,
+        pairs.dense_count, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, capacity, sparse_max,
+        BM=bm, BN=bn, BK=bk, IEEE=ieee, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    need_q, need_d = grad_qt is not None, grad_dt is not None
+    grad_dt = dt if grad_dt is None else grad_dt  # a placeholder where not needed (never written)
+    _pairs_kernel[(min(triton.cdiv(capacity, PAIR_BLOCK), PAIR_PROGRAMS),)](
+        pairs.rows, pairs.docs, pairs.weights, pairs.count, queries.offsets, queries.ids, queries.weights, dt,
+        queries.weights if queries.grad is None else queries.grad, grad_dt, dt.stride(0), capacity,
+        P=PAIR_BLOCK, E=ENTRY_BLOCK, IEEE=ieee, NEED_Q=need_q, NEED_D=need_d,
+    )  # fmt: skip
+    _dense_kernel[(len(tiles),)](
+        qt, cols, tile_ptr, row_idx, dt, lse, g, qt if grad_qt is None else grad_qt, grad_dt, pairs.dense,
+        pairs.dense_count, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
+        BM=bm, BN=bn, BK=bk, IEEE=ieee, PARTS=parts, NEED_Q=need_q, NEED_D=need_d,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
