@@ -23,12 +23,21 @@ over the query tile's columns of ``QT[k]ᵀ · DT[id_k]`` (``tl.dot`` steps, fp3
 1/temperature and folded into the tile's running max and sum. Nothing of size B × N, or bq × bd, is written:
 the running max and sum [B] carry over from one document block to the next.
 
-Backward: the same tiles recomputed (same tiles, same order of products), ``p = exp(s - lse) · dL/dlse /
-temperature``, then per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the tile's own rows) and
-``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds: every query tile adds to the document block's gradient).
-The gradients are gathered at the non-zeros: ``grad_q`` from ``grad_QT`` at each entry's (column, row),
-``grad_d`` from ``grad_DT`` at each document entry. A document's entries outside a query tile's columns get
-nothing from that tile, which is exact: their products there are with query zeros.
+Backward: the same tiles recomputed (same tiles, same order of products) by a scan, ``p = exp(s - lse) ·
+dL/dlse / temperature`` in fp32, and each tile by the count of its non-zero ``p`` (trained reps at a
+temperature of 0.05 leave ~0.1% of them non-zero: most underflow to exactly 0):
+
+- none: the tile is dropped, exactly: every product it would add is with a zero;
+- at most :data:`SPARSE_TILE_MAX`: its (query, document, p) pairs are listed, and for each pair, over the
+  query's entries (id v, weight w), ``grad_q[entry] += p · DT[v, j]`` and ``grad_DT[v, j] += p · w`` where
+  document j has an entry at v (fp32 products, atomic adds);
+- more (or past the pairs' room, :data:`PAIR_CAPACITY`): listed as dense, then recomputed on the tensor cores,
+  per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the tile's own rows) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic
+  adds: every query tile adds to the document block's gradient).
+
+The gradients are gathered at the non-zeros: ``grad_q`` from ``grad_QT`` at each entry's (column, row) plus the
+pairs' part, ``grad_d`` from ``grad_DT`` at each document entry. A document's entries outside a query tile's
+columns get nothing from that tile, which is exact: their products there are with query zeros.
 
 Exactness (products, sums and the bound against a dense fp64 reference: docs/losses.md, "The fused
 kernel"):
@@ -36,16 +45,19 @@ kernel"):
 - products: when every weight holds a bf16 value (reps made under bf16 autocast; checked once per call as
   the blocked path does) the tiles are bf16 and ``tl.dot`` forms exact products summed in fp32; otherwise
   fp32 tiles with ``input_precision="ieee"`` (no TF32), products rounded once. The backward's fp32 ``p`` is
-  split into :data:`SPLIT_PARTS` bf16 parts, each product of a part exact: 2 parts (the default) hold ``p``'s
-  leading 16 significant bits, within 2^-16 of ``p``; 3 parts hold all 24, ``p`` itself;
+  split into :data:`SPLIT_PARTS` bf16 parts on the tensor cores, each product of a part exact: 2 parts (the
+  default) hold ``p``'s leading 16 significant bits, within 2^-16 of ``p``; 3 parts hold all 24, ``p`` itself;
+  by pairs, ``p`` times a weight is one fp32 product, rounded once;
 - sums: fp32, in another order than the dense computation (K-steps, then tiles, then document blocks);
-- no tile is skipped; the document gradient's atomic adds make its fp32 order, and so its last bits,
-  vary from run to run (the bound covers every order).
+- only tiles whose fp32 ``p`` are all exactly 0 are dropped (the products they would add are zeros); atomic
+  adds (the document gradient, the pairs' query gradient) make the fp32 order, and so the last bits, vary from
+  run to run (the bound covers every order).
 
 Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: linear in the queries'
 non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
-:data:`DOC_BLOCK_MAX_BYTES`: a constant, not a function of B), the running max and sum [B]. Nothing grows
-with B².
+:data:`DOC_BLOCK_MAX_BYTES`: a constant, not a function of B), the running max and sum [B], the pairs' room
+(12 bytes a pair, :data:`PAIR_CAPACITY`: a constant) and the pairs' query gradient (4 bytes an entry). Nothing
+grows with B².
 
 Sharded across ranks (``shard_across_ranks``): rank r runs its contiguous 1/W of the query tiles; the lse
 (rows of other ranks zero) and the gradients are summed with one all-reduce each, as in :mod:`.blocked`.
