@@ -18,7 +18,8 @@ abstracts as hard negatives). The fused settings are the names of ``losses.fused
    ``score_kernel='blocked'`` and ``'fused'`` under every setting: forward, backward and forward + backward
    medians of ``--repeats`` runs (CUDA events, after one warm-up run), peak memory allocated and reserved, and
    the tensor-core work each path issues over its time as a fraction of the device's dense bf16 peak (fused:
-   2·B·N·mean K_t a unit, forward 1 unit, backward :func:`fused_backward_units`; blocked: its plan's
+   2·B·N·mean K_t a unit, forward 1 unit, backward :func:`fused_backward_units` of the tiles it took on the
+   tensor cores (counted in an untimed run, with its pairs: ``tiles.<path>.routes``); blocked: its plan's
    widths, forward 1, backward 7). A run that would pass ``--budget_s`` (projected from the point's last run,
    4x the previous point's) is skipped and named.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import statistics
@@ -44,7 +46,7 @@ import torch
 from benchmarks.bench_loss_curve import Timer, batch_reps, encoded_text
 from benchmarks.common import run_stamp
 from gradcache_sparton import SpladeLoss, SpladeLossConfig
-from gradcache_sparton.losses import fused_lse
+from gradcache_sparton.losses import fused_lse, fused_lse_triton
 from gradcache_sparton.losses.sparse import sparse_block_size, sparse_score_plan
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
@@ -102,10 +104,40 @@ def fused_setting(name: str) -> Iterator[None]:
         fused_lse.GPU_TILES = default
 
 
-def fused_backward_units() -> int:
-    """Tensor-core products of a fused backward per score tile, in forward units: the scores once, then the query
-    and the document gradients against each split part."""
-    return 1 + 2 * fused_lse.SPLIT_PARTS
+def fused_backward_units(dense_fraction: float) -> float:
+    """Tensor-core products of a fused backward per score tile, in forward units: the scan's scores once, then for
+    the ``dense_fraction`` of tiles taken on the tensor cores the scores again and the query and the document
+    gradients against each split part (the pairs' products run on the CUDA cores: not counted)."""
+    return 1 + dense_fraction * (1 + 2 * fused_lse.SPLIT_PARTS)
+
+
+@contextlib.contextmanager
+def counted_routes() -> Iterator[dict[str, int]]:
+    """Counts, while inside, the fused backward's score tiles, those it took on the tensor cores and its pairs
+    (one device read per document block: for an untimed run)."""
+    counts = {"score_tiles": 0, "dense_tiles": 0, "pairs": 0}
+    launch = fused_lse_triton.launch_backward
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        launch(*args, **kwargs)
+        pairs = inspect.signature(launch).bind(*args, **kwargs).arguments["pairs"]
+        counts["score_tiles"] += len(kwargs["tiles"]) * -(-kwargs["n_docs"] // kwargs["bn"])
+        counts["dense_tiles"] += int(pairs.dense_count[: len(kwargs["tiles"])].sum())
+        counts["pairs"] += min(int(pairs.count), pairs.rows.numel())
+
+    fused_lse_triton.launch_backward = counting
+    try:
+        yield counts
+    finally:
+        fused_lse_triton.launch_backward = launch
+
+
+def backward_routes(reps: dict[str, SparseReps], name: str) -> dict[str, float]:
+    """How one fused backward under setting ``name`` took its score tiles (:func:`counted_routes`)."""
+    with fused_setting(name), counted_routes() as counts:
+        loss_and_grads(reps, "fused", reg=True)
+    return {**counts, "dense_fraction": counts["dense_tiles"] / max(counts["score_tiles"], 1),
+            "pairs_per_query": counts["pairs"] / reps["query"].num_rows}  # fmt: skip
 
 
 def leaves(reps: dict[str, SparseReps]) -> dict[str, SparseReps]:
@@ -232,7 +264,7 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def time_path(reps: dict[str, SparseReps], path: str, args: argparse.Namespace, device: torch.device,
-              units: tuple[float, int, int], peak: float | None) -> dict:  # fmt: skip
+              units: tuple[float, float, float], peak: float | None) -> dict:  # fmt: skip
     """One path's timings at one B ('blocked' or 'fused:<setting>'), or why there are none."""
     kernel, _, name = path.partition(":")
     try:
@@ -293,7 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 shape = fused_lse.VARIANTS[path.partition(":")[2]]
                 point["tiles"][path] = stats = tile_stats(reps["query"], shape)
-                units = (2.0 * batch * 2 * batch * stats["k_mean"], 1, fused_backward_units())
+                stats["routes"] = routes = backward_routes(reps, path.partition(":")[2])
+                units = (
+                    2.0 * batch * 2 * batch * stats["k_mean"],
+                    1,
+                    fused_backward_units(routes["dense_fraction"]),
+                )
             point[path] = time_path(reps, path, args, device, units, peak)
             run_s = time.monotonic() - path_began
             save()

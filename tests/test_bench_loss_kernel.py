@@ -13,7 +13,9 @@ from benchmarks import bench_loss_kernel
 @pytest.mark.slow
 def test_loss_kernel_bench_smoke_checks_and_times_every_setting(tmp_path, monkeypatch) -> None:
     """--smoke (CPU, interpreter): the blocked path and every fused setting are within the fp32 bound of fp64
-    (1e-4 of the largest: a few hundred 2^-24 plus the 2-part split's 2^-16), and each has its A/B times."""
+    (1e-4 of the largest: a few hundred 2^-24 plus the 2-part split's 2^-16), each has its A/B times, and the
+    fused backward's routes are counted (every score tile, and its pairs: 32 queries against 64 documents at
+    temperature 0.05, some non-zero)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     out = tmp_path / "kernel.json"
     assert bench_loss_kernel.main(["--smoke", "--variants", "columns", "--output", str(out)]) == 0
@@ -27,6 +29,8 @@ def test_loss_kernel_bench_smoke_checks_and_times_every_setting(tmp_path, monkey
     (point,) = report["ab"]
     assert point["status"] == "ok" and all(point[path]["total_s"] > 0 for path in paths)
     assert set(report["variants"]) == {"columns"}
+    routes = point["tiles"]["fused:columns"]["routes"]
+    assert routes["score_tiles"] > 0 and routes["pairs"] + routes["dense_tiles"] > 0
 
 
 def test_loss_kernel_bench_refuses_unknown_settings(tmp_path) -> None:
