@@ -172,7 +172,7 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
     n_tiles = tl.cdiv(n_docs, BN)
-    num_dense = 0
+    num_dense = tl.full((), 0, tl.int32)  # a tensor: it changes in the loop
     for n0 in range(0, n_docs, BN):
         n_cols = n0 + tl.arange(0, BN)
         n_ok = n_cols < n_docs
