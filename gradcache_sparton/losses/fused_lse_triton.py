@@ -251,7 +251,7 @@ def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_C
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]
     listed = DENSE + tl.program_id(0) * tl.cdiv(n_docs, BN)
     for t in range(0, tl.load(DENSE_COUNT + tl.program_id(0))):
-        n_cols = tl.load(listed + t) + tl.arange(0, BN)
+        n_cols = tl.multiple_of(tl.load(listed + t), BN) + tl.arange(0, BN)  # a tile's first document
         n_ok = n_cols < n_docs
         p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
                      BM, BN, BK, IEEE)  # fmt: skip
