@@ -105,10 +105,10 @@ def fused_setting(name: str) -> Iterator[None]:
 
 
 def fused_backward_units(dense_fraction: float) -> float:
-    """Tensor-core products of a fused backward per score tile, in forward units: the scan's scores once, then for
-    the ``dense_fraction`` of tiles taken on the tensor cores the scores again and the query and the document
-    gradients against each split part (the pairs' products run on the CUDA cores: not counted)."""
-    return 1 + dense_fraction * (1 + 2 * fused_lse.SPLIT_PARTS)
+    """Tensor-core products of a fused backward per score tile, in forward units: the scores once, then for the
+    ``dense_fraction`` of tiles taken on the tensor cores the query and the document gradients against each split
+    part (the pairs' products run on the CUDA cores: not counted)."""
+    return 1 + dense_fraction * 2 * fused_lse.SPLIT_PARTS
 
 
 @contextlib.contextmanager

@@ -125,7 +125,7 @@ def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool, rout
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
     (work,) = made
-    pairs, dense = int(work.count), int(work.dense_count.sum())
+    pairs, dense = int(work.count), int(work.dense_tiles)
     expected = {"dense": (pairs == 0, dense > 0), "pairs": (pairs > 0, dense == 0),
                 "mixed": (pairs > 0, dense > 0), "overflow": (pairs > 100, dense > 0)}  # fmt: skip
     assert all(expected[route]), (pairs, dense)
@@ -155,7 +155,7 @@ def test_peaked_softmax_drops_zero_tiles(monkeypatch, kind: str) -> None:
         (lse * upstream).sum().backward()
         grads[route] = reps
         work = made[-1]  # the negatives' block: 3 query tiles x 3 document tiles
-        live[route] = int(work.count) if route == "pairs" else int(work.dense_count.sum())
+        live[route] = int(work.count) if route == "pairs" else int(work.dense_tiles)
     assert 0 < live["dense"] < 9, live  # some of the 9 tiles dropped, some taken
     assert live["pairs"] > 0
     for dense, pairs, scale in zip(grads["dense"], grads["pairs"], want["scales"], strict=True):

@@ -23,7 +23,7 @@ over the query tile's columns of ``QT[k]ᵀ · DT[id_k]`` (``tl.dot`` steps, fp3
 1/temperature and folded into the tile's running max and sum. Nothing of size B × N, or bq × bd, is written:
 the running max and sum [B] carry over from one document block to the next.
 
-Backward: the same tiles recomputed (same tiles, same order of products) by a scan, ``p = exp(s - lse) ·
+Backward: the same tiles recomputed (same tiles, same order of products), ``p = exp(s - lse) ·
 dL/dlse / temperature`` in fp32, and each tile by the count of its non-zero ``p`` (trained reps at a
 temperature of 0.05 leave ~0.1% of them non-zero: most underflow to exactly 0):
 
@@ -31,9 +31,9 @@ temperature of 0.05 leave ~0.1% of them non-zero: most underflow to exactly 0):
 - at most :data:`SPARSE_TILE_MAX`: its (query, document, p) pairs are listed, and for each pair, over the
   query's entries (id v, weight w), ``grad_q[entry] += p · DT[v, j]`` and ``grad_DT[v, j] += p · w`` where
   document j has an entry at v (fp32 products, atomic adds);
-- more (or past the pairs' room, :data:`PAIR_CAPACITY`): listed as dense, then recomputed on the tensor cores,
-  per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the tile's own rows) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic
-  adds: every query tile adds to the document block's gradient).
+- more (or past the pairs' room, :data:`PAIR_CAPACITY`): there and then on the tensor cores, per step
+  ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the tile's own rows) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds:
+  every query tile adds to the document block's gradient).
 
 The gradients are gathered at the non-zeros: ``grad_q`` from ``grad_QT`` at each entry's (column, row) plus the
 pairs' part, ``grad_d`` from ``grad_DT`` at each document entry. A document's entries outside a query tile's
@@ -420,7 +420,7 @@ class _FusedLogSumExp(torch.autograd.Function):
             q_layout.offsets, q_layout.token_ids, q, torch.zeros_like(q) if needs_q else None
         )
         capacity = min(PAIR_CAPACITY, len(saved.rows) * shape.bm * saved.bd)  # at most every score of a block
-        pairs = Pairs.allocate(capacity, len(saved.rows), -(-saved.bd // shape.bn_backward), q.device)
+        pairs = Pairs.allocate(capacity, q.device)
         grad_d: list[Tensor | None] = []
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
             grad = torch.zeros_like(weights, dtype=torch.float32) if needs else None
