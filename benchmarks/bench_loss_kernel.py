@@ -113,17 +113,16 @@ def fused_backward_units(dense_fraction: float) -> float:
 
 @contextlib.contextmanager
 def counted_routes() -> Iterator[dict[str, int]]:
-    """Counts, while inside, the fused backward's score tiles, those it took on the tensor cores (every one of a
-    block run without the routes) and its pairs (one device read per document block: for an untimed run)."""
+    """Counts, while inside, the fused backward's score tiles, those it took on the tensor cores and its pairs
+    (one device read per document block: for an untimed run)."""
     counts = {"score_tiles": 0, "dense_tiles": 0, "pairs": 0}
     launch = fused_lse_triton.launch_backward
 
     def counting(*args: Any, **kwargs: Any) -> None:
         launch(*args, **kwargs)
         pairs = inspect.signature(launch).bind(*args, **kwargs).arguments["pairs"]
-        score_tiles = len(kwargs["tiles"]) * -(-kwargs["n_docs"] // kwargs["bn"])
-        counts["score_tiles"] += score_tiles
-        counts["dense_tiles"] += int(pairs.dense_tiles) if kwargs.get("routes", True) else score_tiles
+        counts["score_tiles"] += len(kwargs["tiles"]) * -(-kwargs["n_docs"] // kwargs["bn"])
+        counts["dense_tiles"] += int(pairs.dense_tiles)
         counts["pairs"] += min(int(pairs.count), pairs.rows.numel())
 
     fused_lse_triton.launch_backward = counting

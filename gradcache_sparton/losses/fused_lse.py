@@ -87,7 +87,6 @@ __all__ = [
     "GPU_TILES",
     "INTERPRETER_TILES",
     "PAIR_CAPACITY",
-    "ROUTES_MAX_DENSE_FRACTION",
     "SCORE_KERNELS",
     "SORT_QUERIES",
     "SPARSE_TILE_MAX",
@@ -130,12 +129,6 @@ SPLIT_PARTS = 2
 SPARSE_TILE_MAX = 1024
 # Pairs the sparse tiles may hold per document block (12 bytes each); a tile past it goes on the tensor cores.
 PAIR_CAPACITY = 1 << 22
-# The routes cost where they save nothing: with every tile on the tensor cores (temperature 1.0) the backward took
-# 1.444 s against 1.366 s without them (+5.7%; B 65,536, one H100, benchmarks/results/session9); a tile they take
-# off the tensor cores saves ~3/4 of its cost (at temperature 0.05: 0.30 s against 1.37 s). So a backward whose
-# first document block has more than this fraction of its score tiles on the tensor cores runs the rest without
-# them (break-even ~0.92).
-ROUTES_MAX_DENSE_FRACTION = 0.9
 
 # Order the queries into tiles by a min-hash of their terms (:func:`query_order`): queries that share terms tend
 # to share a tile, whose active columns (the products' width) are then fewer; copies of a query always share
@@ -429,7 +422,6 @@ class _FusedLogSumExp(torch.autograd.Function):
         capacity = min(PAIR_CAPACITY, len(saved.rows) * shape.bm * saved.bd)  # at most every score of a block
         pairs = Pairs.allocate(capacity, q.device)
         grad_d: list[Tensor | None] = []
-        routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
             grad = torch.zeros_like(weights, dtype=torch.float32) if needs else None
             column = _DocBlocks(layout, saved.bd)
@@ -442,11 +434,8 @@ class _FusedLogSumExp(torch.autograd.Function):
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g, grad_qt, grad_dt, queries, pairs,
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, warps=shape.warps, stages=shape.stages, parts=saved.parts,
-                    sparse_max=saved.sparse_max, routes=routes is not False,
+                    sparse_max=saved.sparse_max,
                 )  # fmt: skip
-                if routes is None:  # one device read: the first block's tiles on the tensor cores
-                    score_tiles = len(saved.rows) * -(-n // shape.bn_backward)
-                    routes = int(pairs.dense_tiles) < ROUTES_MAX_DENSE_FRACTION * score_tiles
                 if grad is not None and grad_dt is not None:
                     grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
             grad_d.append(grad)

@@ -164,12 +164,11 @@ def _nonzero(x, IEEE: tl.constexpr):
 def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT,
                      DENSE_TILES, num_rows, n_docs, stride_dt, inv_t, tile_lo, capacity, sparse_max,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                     NEED_Q: tl.constexpr, NEED_D: tl.constexpr, ROUTES: tl.constexpr):  # fmt: skip
-    """One query tile against one document block: recompute each score tile and its softmax weights ``p``. With
-    ROUTES, a tile with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs
-    (PAIR_*, for :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) adds its gradients here
-    on the tensor cores (:func:`_column_grads`, counted in DENSE_TILES), a tile of zeros adds nothing and is
-    passed over; without, every tile goes on the tensor cores (no counting: the cheaper code where most are)."""
+                     NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
+    """One query tile against one document block: recompute each score tile and its softmax weights ``p``; a tile
+    with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs (PAIR_*, for
+    :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) adds its gradients here on the tensor
+    cores (:func:`_column_grads`, counted in DENSE_TILES); a tile of zeros adds nothing and is passed over."""
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
@@ -179,38 +178,25 @@ def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, PAIR_ROW, P
         s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
         p = tl.exp(s - lse[:, None]) * g[:, None]  # [BM, BN]: d loss / d (q · d)
         p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
-        if ROUTES:
-            _route(p, QT, COLS, DT, GQT, GDT, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, DENSE_TILES, rows, k_lo, k_hi,
-                   stride_dt, n_cols, n_ok, r, kk, capacity, sparse_max,
-                   BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
-        else:
+        live = (p != 0.0).to(tl.int32)  # NaN counts as live
+        row_count = tl.sum(live, axis=1)  # [BM]
+        count = tl.sum(row_count, axis=0)
+        fits = count < 0  # False
+        if (count > 0) & (count <= sparse_max):
+            base = tl.atomic_add(PAIR_COUNT, count, sem="relaxed")
+            fits = base + count <= capacity
+            # each live weight's slot: row-major order within the tile, after base
+            at = base + (tl.cumsum(row_count, axis=0) - row_count)[:, None] + tl.cumsum(live, axis=1) - 1
+            keep = (live != 0) & (
+                at < capacity
+            )  # a tile past the capacity fills its slots below it with zeros
+            tl.store(PAIR_ROW + at, rows[:, None] + tl.zeros((BM, BN), dtype=tl.int32), mask=keep)
+            tl.store(PAIR_DOC + at, n_cols[None, :] + tl.zeros((BM, BN), dtype=tl.int32), mask=keep)
+            tl.store(PAIR_P + at, tl.where(fits, p, 0.0), mask=keep)
+        if (count > 0) & (fits == 0):
+            tl.atomic_add(DENSE_TILES, 1, sem="relaxed")
             _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
                           BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
-
-
-@triton.jit
-def _route(p, QT, COLS, DT, GQT, GDT, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, DENSE_TILES, rows, k_lo, k_hi,
-           stride_dt, n_cols, n_ok, r, kk, capacity, sparse_max,
-           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-           NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
-    """One score tile's weights ``p`` [BM, BN] by their count of non-zeros (:func:`_backward_kernel`)."""
-    live = (p != 0.0).to(tl.int32)  # NaN counts as live
-    row_count = tl.sum(live, axis=1)  # [BM]
-    count = tl.sum(row_count, axis=0)
-    fits = count < 0  # False
-    if (count > 0) & (count <= sparse_max):
-        base = tl.atomic_add(PAIR_COUNT, count, sem="relaxed")
-        fits = base + count <= capacity
-        # each live weight's slot: row-major order within the tile, after base
-        at = base + (tl.cumsum(row_count, axis=0) - row_count)[:, None] + tl.cumsum(live, axis=1) - 1
-        keep = (live != 0) & (at < capacity)  # a tile past the capacity fills its slots below it with zeros
-        tl.store(PAIR_ROW + at, rows[:, None] + tl.zeros((BM, BN), dtype=tl.int32), mask=keep)
-        tl.store(PAIR_DOC + at, n_cols[None, :] + tl.zeros((BM, BN), dtype=tl.int32), mask=keep)
-        tl.store(PAIR_P + at, tl.where(fits, p, 0.0), mask=keep)
-    if (count > 0) & (fits == 0):
-        tl.atomic_add(DENSE_TILES, 1, sem="relaxed")
-        _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
-                      BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
 
 
 @triton.jit
@@ -304,8 +290,7 @@ class Pairs(NamedTuple):
     def allocate(cls, capacity: int, device: torch.device) -> Pairs:
         """Room for ``capacity`` pairs."""
         ints = functools.partial(torch.empty, dtype=torch.int32, device=device)
-        counter = functools.partial(torch.zeros, 1, dtype=torch.int32, device=device)
-        return cls(ints(capacity), ints(capacity), torch.empty(capacity, device=device), counter(), counter())
+        return cls(ints(capacity), ints(capacity), torch.empty(capacity, device=device), ints(1), ints(1))
 
 
 class QueryEntries(NamedTuple):
@@ -325,12 +310,11 @@ def launch_backward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
     grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, pairs: Pairs,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
-    parts: int, sparse_max: int, routes: bool = True,
+    parts: int, sparse_max: int,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
-    (fp32; None: not needed). With ``routes``, a score tile with at most ``sparse_max`` non-zero softmax weights
-    goes by pairs and one of zeros is passed over; without, every tile goes on the tensor cores."""
+    (fp32; None: not needed). A score tile with at most ``sparse_max`` non-zero softmax weights goes by pairs."""
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
     ieee, need_q, need_d = qt.dtype == torch.float32, grad_qt is not None, grad_dt is not None
@@ -342,11 +326,9 @@ def launch_backward(
     _backward_kernel[(len(tiles),)](
         qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, pairs.rows, pairs.docs, pairs.weights,
         pairs.count, pairs.dense_tiles, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, capacity, sparse_max,
-        BM=bm, BN=bn, BK=bk, IEEE=ieee, PARTS=parts, NEED_Q=need_q, NEED_D=need_d, ROUTES=routes,
+        BM=bm, BN=bn, BK=bk, IEEE=ieee, PARTS=parts, NEED_Q=need_q, NEED_D=need_d,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    if not routes:
-        return
     _pairs_kernel[(min(triton.cdiv(capacity, PAIR_BLOCK), PAIR_PROGRAMS),)](
         pairs.rows, pairs.docs, pairs.weights, pairs.count, queries.offsets, queries.ids, queries.weights, dt,
         queries.weights if queries.grad is None else queries.grad, grad_dt, dt.stride(0), capacity,
