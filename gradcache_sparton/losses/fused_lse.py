@@ -108,9 +108,9 @@ __all__ = [
 SCORE_KERNELS = ("auto", "fused", "blocked")
 
 # 'auto' takes the fused kernels from this many queries on (sparse fp32-weight reps on a GPU). The curve on one
-# H100 (benchmarks/results/session8/loss_curve_fused_vs_blocked_h100.json; docs/scale.md, "The fused kernel")
-# has the fused loss (forward + backward) faster than the blocked one at every B it measured: 1.18x at 16,384,
-# 1.36x at 32,768, 1.48x at 65,536, 1.51x at 131,072. Below 16,384 it is unmeasured: the blocked path stays.
+# H100 at temperature 1.0 (benchmarks/results/session9/loss_curve_t1_h100.json; docs/scale.md, "The fused kernel")
+# has the fused loss (forward + backward) faster than the blocked one at every B it measured: 1.11x at 16,384,
+# 1.29x at 32,768, 1.40x at 65,536, 1.43x at 131,072. Below 16,384 this kernel is unmeasured: the blocked path stays.
 FUSED_MIN_QUERIES = 16_384
 
 # Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): the
@@ -125,7 +125,8 @@ SPLIT_PARTS = 2
 # The backward's sparse tiles: a score tile with at most this many non-zero softmax weights p (fp32; the rest
 # underflowed to exactly 0, their products add nothing) adds its gradients pair by pair, over the pair's query
 # entries (one fp32 product each, atomics), instead of on the tensor cores over the query tile's columns; 0: every
-# non-zero tile on the tensor cores. Trained reps at a temperature of 0.05 leave ~0.1% of p non-zero.
+# non-zero tile on the tensor cores. Trained reps at a temperature of 0.05 leave ~0.1% of p non-zero; there 1,024
+# and 4,096 measured the same (B 65,536, one H100: benchmarks/results/session9, the first version's settings).
 SPARSE_TILE_MAX = 1024
 # Pairs the sparse tiles may hold per document block (12 bytes each); a tile past it goes on the tensor cores.
 PAIR_CAPACITY = 1 << 22
@@ -150,9 +151,9 @@ class TileShape(NamedTuple):
 
 
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
-# edges >= 16; BM = 64 is the wgmma row edge. 'columns' (one backward kernel, the query gradient over the tile's
-# columns on the tensor cores): the fastest setting measured at B 65,536 on one H100, forward 0.141 s, backward
-# 1.361 s (benchmarks/results/session8/loss_kernel_variants_b65536_h100.json; docs/scale.md, "The fused kernel").
+# edges >= 16; BM = 64 is the wgmma row edge. 'columns' (the query gradient over the tile's columns on the tensor
+# cores): the fastest setting measured at B 65,536 on one H100 (benchmarks/results/session8/
+# loss_kernel_variants_b65536_h100.json; docs/scale.md, "The fused kernel").
 VARIANTS = {
     "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3),
 }
