@@ -14,9 +14,11 @@ Inputs, built by :mod:`.fused_lse` (its module doc has the layout and the exactn
 A score tile is ``sum_k QT[k, :]ᵀ · DT[COLS[k], n-tile]`` over the tile's columns: ``tl.dot`` steps of
 [BM, BK] @ [BK, BN] -> [BM, BN] with fp32 accumulation (bf16 operands: exact products; fp32 operands:
 ``input_precision="ieee"``, no TF32). The forward keeps a running max and sum per query (online
-log-sum-exp); the backward recomputes each tile, forms ``p = exp(s - lse) · g`` and adds
-``p @ DTᵀ`` into the query tile's gradient (rows it alone owns: plain read-add-write) and
-``QTᵀ @ p`` into the document block's gradient (shared by every query tile: atomic adds). In bf16 the
+log-sum-exp); the backward recomputes each tile, forms ``p = exp(s - lse) · g`` and goes by its count of
+non-zero ``p``: none, passed over; few, listed as (query, document, p) pairs that :func:`_pairs_kernel` adds
+over the query's entries (fp32 products, atomics); more, ``p @ DTᵀ`` added into the query tile's gradient (rows
+it alone owns: plain read-add-write) and ``QTᵀ @ p`` into the document block's gradient (shared by every query
+tile: atomic adds) on the tensor cores. In bf16 the
 fp32 ``p`` is split into PARTS bf16 parts (8 significant bits each) whose products are exact: 2 parts
 hold ``p`` to 2^-16, 3 parts exactly. ``ROWS`` [T · BM] names each tile row's query (the tiles hold the
 queries in a sorted order; B marks padding). Offsets into DT and its gradient are int32 (fewer live registers:
@@ -187,9 +189,8 @@ def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, PAIR_ROW, P
             fits = base + count <= capacity
             # each live weight's slot: row-major order within the tile, after base
             at = base + (tl.cumsum(row_count, axis=0) - row_count)[:, None] + tl.cumsum(live, axis=1) - 1
-            keep = (live != 0) & (
-                at < capacity
-            )  # a tile past the capacity fills its slots below it with zeros
+            # a tile past the capacity fills its slots below it with zeros
+            keep = (live != 0) & (at < capacity)
             tl.store(PAIR_ROW + at, rows[:, None] + tl.zeros((BM, BN), dtype=tl.int32), mask=keep)
             tl.store(PAIR_DOC + at, n_cols[None, :] + tl.zeros((BM, BN), dtype=tl.int32), mask=keep)
             tl.store(PAIR_P + at, tl.where(fits, p, 0.0), mask=keep)
