@@ -104,26 +104,31 @@ def fused_setting(name: str) -> Iterator[None]:
         fused_lse.GPU_TILES = default
 
 
-def fused_backward_units(dense_fraction: float) -> float:
-    """Tensor-core products of a fused backward per score tile, in forward units: the scores once, then for the
-    ``dense_fraction`` of tiles taken on the tensor cores the query and the document gradients against each split
-    part (the pairs' products run on the CUDA cores: not counted)."""
-    return 1 + dense_fraction * 2 * fused_lse.SPLIT_PARTS
+def fused_backward_units(scanned_fraction: float, dense_fraction: float) -> float:
+    """Tensor-core products of a fused backward per score tile, in forward units: the scan's scores for the
+    ``scanned_fraction`` of tiles (blocks run with the routes), then for the ``dense_fraction`` taken on the tensor
+    cores the scores again and the query and the document gradients against each split part (the pairs' products
+    run on the CUDA cores: not counted)."""
+    return scanned_fraction + dense_fraction * (1 + 2 * fused_lse.SPLIT_PARTS)
 
 
 @contextlib.contextmanager
 def counted_routes() -> Iterator[dict[str, int]]:
-    """Counts, while inside, the fused backward's score tiles, those it took on the tensor cores and its pairs
-    (one device read per document block: for an untimed run)."""
-    counts = {"score_tiles": 0, "dense_tiles": 0, "pairs": 0}
+    """Counts, while inside, the fused backward's score tiles (``bn_scan`` documents wide), those its scan took (the
+    blocks run with the routes), those on the tensor cores (every one of a block run without the routes) and its
+    pairs (one device read per document block: for an untimed run)."""
+    counts = {"score_tiles": 0, "scanned_tiles": 0, "dense_tiles": 0, "pairs": 0}
     launch = fused_lse_triton.launch_backward
 
     def counting(*args: Any, **kwargs: Any) -> None:
         launch(*args, **kwargs)
         pairs = inspect.signature(launch).bind(*args, **kwargs).arguments["pairs"]
-        counts["score_tiles"] += len(kwargs["tiles"]) * -(-kwargs["n_docs"] // kwargs["bn"])
-        counts["dense_tiles"] += int(pairs.dense_tiles)
-        counts["pairs"] += min(int(pairs.count), pairs.rows.numel())
+        score_tiles = len(kwargs["tiles"]) * -(-kwargs["n_docs"] // kwargs["bn_scan"])
+        routes = kwargs.get("routes", True)
+        counts["score_tiles"] += score_tiles
+        counts["scanned_tiles"] += score_tiles if routes else 0
+        counts["dense_tiles"] += int(pairs.dense_tiles) if routes else score_tiles
+        counts["pairs"] += min(int(pairs.count), pairs.rows.numel()) if routes else 0
 
     fused_lse_triton.launch_backward = counting
     try:
@@ -136,7 +141,8 @@ def backward_routes(reps: dict[str, SparseReps], name: str) -> dict[str, float]:
     """How one fused backward under setting ``name`` took its score tiles (:func:`counted_routes`)."""
     with fused_setting(name), counted_routes() as counts:
         loss_and_grads(reps, "fused", reg=True)
-    return {**counts, "dense_fraction": counts["dense_tiles"] / max(counts["score_tiles"], 1),
+    tiles = max(counts["score_tiles"], 1)
+    return {**counts, "scanned_fraction": counts["scanned_tiles"] / tiles, "dense_fraction": counts["dense_tiles"] / tiles,
             "pairs_per_query": counts["pairs"] / reps["query"].num_rows}  # fmt: skip
 
 
@@ -329,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 units = (
                     2.0 * batch * 2 * batch * stats["k_mean"],
                     1,
-                    fused_backward_units(routes["dense_fraction"]),
+                    fused_backward_units(routes["scanned_fraction"], routes["dense_fraction"]),
                 )
             point[path] = time_path(reps, path, args, device, units, peak)
             run_s = time.monotonic() - path_began

@@ -92,6 +92,9 @@ ROUTES = {
 
 def _route(monkeypatch, route: str) -> list:
     """Set ``route``'s settings; returns the list that collects each backward's work lists (their last block)."""
+    monkeypatch.setattr(
+        fused_lse, "ROUTES_MAX_DENSE_FRACTION", 2.0
+    )  # never leave the routes: every block checked
     for name, value in ROUTES[route].items():
         monkeypatch.setattr(fused_lse, name, value)
     made = []
@@ -165,6 +168,58 @@ def test_peaked_softmax_drops_zero_tiles(monkeypatch, kind: str) -> None:
         ).all()
     exponent = (53 + 3) * 2.0**-24 * float(want["lse"][1].max())  # lse scale: max |s/T| + log N
     assert_grads_within_bound(grads["pairs"], want, [_grad_tol(kind) + exponent] * 3)
+
+
+@pytest.mark.parametrize("route", ["dense", "mixed"])
+def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str) -> None:
+    """The scan's tiles twice the dense kernel's (bn_scan 32, bn_backward 16, as on the GPU: 128 and 64): a listed
+    tile is taken in its two halves, the last block's listed tile (5 documents) in one that holds them and one
+    past them; the gradients equal dense fp64's within the bound and both routes are seen taken."""
+    _tiles(monkeypatch, "bf16")
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(bn_scan=32))
+    monkeypatch.setattr(fused_lse, "DOC_BLOCK_MAX_BYTES", 4 * (V + 1) * 32)  # blocks of 32 + 5 documents
+    made = _route(monkeypatch, route)
+    columns = _dense_batch("bf16")
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(8))
+    reps = sparse_leaves(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    (lse * upstream).sum().backward()
+    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
+    assert_lse_within_bound(lse, want, TOL)
+    assert_grads_within_bound(reps, want, [_grad_tol("bf16")] * 3)
+    (work,) = made
+    assert int(work.dense_tiles) > 0 and (int(work.count) > 0) == (route == "mixed")
+
+
+@pytest.mark.parametrize("peaked", [False, True], ids=["flat", "peaked"])
+def test_backward_leaves_the_routes_after_a_dense_first_block(monkeypatch, peaked: bool) -> None:
+    """A backward whose first document block had more than ROUTES_MAX_DENSE_FRACTION of its score tiles on the
+    tensor cores (temperature 0.7: every weight non-zero; SPARSE_TILE_MAX 0) runs its other blocks without the
+    routes, one whose softmax is peaked (temperature 0.01, weak negatives) keeps them; the gradients equal dense
+    fp64's within the bound either way."""
+    _tiles(monkeypatch, "fp32")
+    temperature = 0.01 if peaked else TEMPERATURE
+    if not peaked:
+        monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
+    seen = []
+    launch = fused_lse_triton.launch_backward
+
+    def recorded(*args, **kwargs):
+        seen.append(kwargs["routes"])
+        launch(*args, **kwargs)
+
+    monkeypatch.setattr(fused_lse_triton, "launch_backward", recorded)
+    columns = _dense_batch("fp32")
+    if peaked:
+        columns[2] = columns[2] / 8
+    upstream = torch.rand(B, generator=torch.Generator().manual_seed(7)) + 0.5
+    reps = sparse_leaves(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=temperature)
+    (lse * upstream).sum().backward()
+    assert seen == [True] * 6 if peaked else seen == [True] + [False] * 5, seen  # 3 blocks a column
+    want = lse_reference(columns, upstream, temperature=temperature)
+    exponent = (53 + 3) * 2.0**-24 * float(want["lse"][1].max()) if peaked else 0.0  # as in the peaked test
+    assert_grads_within_bound(reps, want, [_grad_tol("fp32") + exponent] * 3)
 
 
 @pytest.mark.parametrize("kind", TILE_DTYPES)

@@ -87,6 +87,7 @@ __all__ = [
     "GPU_TILES",
     "INTERPRETER_TILES",
     "PAIR_CAPACITY",
+    "ROUTES_MAX_DENSE_FRACTION",
     "SCORE_KERNELS",
     "SORT_QUERIES",
     "SPARSE_TILE_MAX",
@@ -130,6 +131,12 @@ SPLIT_PARTS = 2
 SPARSE_TILE_MAX = 1024
 # Pairs the sparse tiles may hold per document block (12 bytes each); a tile past it goes on the tensor cores.
 PAIR_CAPACITY = 1 << 22
+# The routes cost where they save nothing: with every tile on the tensor cores (temperature 1.0) the backward took
+# 1.444 s against 1.366 s without them (+5.7%; B 65,536, one H100, benchmarks/results/session9); a tile they take
+# off the tensor cores saves ~3/4 of its cost (at temperature 0.05: 0.30 s against 1.37 s). So a backward whose
+# first document block has more than this fraction of its score tiles on the tensor cores runs the rest without
+# them (break-even ~0.92).
+ROUTES_MAX_DENSE_FRACTION = 0.9
 
 # Order the queries into tiles by a min-hash of their terms (:func:`query_order`): queries that share terms tend
 # to share a tile, whose active columns (the products' width) are then fewer; copies of a query always share
@@ -145,7 +152,10 @@ class TileShape(NamedTuple):
     bm: int
     bk: int
     bn_forward: int
+    bn_scan: int
+    """The backward's scan of the score tiles (their routes)."""
     bn_backward: int
+    """The backward's tiles on the tensor cores."""
     warps: int
     stages: int
 
@@ -155,12 +165,12 @@ class TileShape(NamedTuple):
 # cores): the fastest setting measured at B 65,536 on one H100 (benchmarks/results/session8/
 # loss_kernel_variants_b65536_h100.json; docs/scale.md, "The fused kernel").
 VARIANTS = {
-    "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_backward=64, warps=4, stages=3),
+    "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=64, warps=4, stages=3),
 }
 # The GPU's setting.
 GPU_TILES = VARIANTS["columns"]
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
-INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_backward=16, warps=4, stages=1)
+INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_scan=16, bn_backward=16, warps=4, stages=1)
 
 
 def _interpreting() -> bool:
@@ -311,7 +321,7 @@ class _DocBlocks:
 def _document_rows(vocab: int, shape: TileShape) -> int:
     """bd: documents per block, a multiple of both BN, with grad_DT within :data:`DOC_BLOCK_MAX_BYTES`; (V + 1)·bd
     below 2^31, the kernels' int32 offsets into DT and grad_DT."""
-    edge = math.lcm(shape.bn_forward, shape.bn_backward)
+    edge = math.lcm(shape.bn_forward, shape.bn_scan, shape.bn_backward)
     bd = max(edge, DOC_BLOCK_MAX_BYTES // (4 * (vocab + 1)) // edge * edge)
     if (vocab + 1) * bd >= 2**31:
         raise ValueError(
@@ -421,8 +431,9 @@ class _FusedLogSumExp(torch.autograd.Function):
             q_layout.offsets, q_layout.token_ids, q, torch.zeros_like(q) if needs_q else None
         )
         capacity = min(PAIR_CAPACITY, len(saved.rows) * shape.bm * saved.bd)  # at most every score of a block
-        pairs = Pairs.allocate(capacity, q.device)
+        pairs = Pairs.allocate(capacity, len(saved.rows), -(-saved.bd // shape.bn_scan), q.device)
         grad_d: list[Tensor | None] = []
+        routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
             grad = torch.zeros_like(weights, dtype=torch.float32) if needs else None
             column = _DocBlocks(layout, saved.bd)
@@ -434,9 +445,12 @@ class _FusedLogSumExp(torch.autograd.Function):
                 launch_backward(
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g, grad_qt, grad_dt, queries, pairs,
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
-                    bn=shape.bn_backward, warps=shape.warps, stages=shape.stages, parts=saved.parts,
-                    sparse_max=saved.sparse_max,
+                    bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
+                    sparse_max=saved.sparse_max, routes=routes is not False,
                 )  # fmt: skip
+                if routes is None:  # one device read: the first block's tiles on the tensor cores
+                    score_tiles = len(saved.rows) * -(-n // shape.bn_scan)
+                    routes = int(pairs.dense_tiles) < ROUTES_MAX_DENSE_FRACTION * score_tiles
                 if grad is not None and grad_dt is not None:
                     grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
             grad_d.append(grad)

@@ -163,23 +163,33 @@ def _nonzero(x, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT,
-                     DENSE_TILES, num_rows, n_docs, stride_dt, inv_t, tile_lo, capacity, sparse_max,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                     NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
+def _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """[BM, BN] fp32 ``p = exp(s - lse) · g``, d loss / d (q · d) of one score tile (padding: 0)."""
+    s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
+    p = tl.exp(s - lse[:, None]) * g[:, None]
+    return tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
+
+
+@triton.jit
+def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, DENSE, DENSE_COUNT,
+                 DENSE_TILES, num_rows, n_docs, stride_dt, inv_t, tile_lo, capacity, sparse_max,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """One query tile against one document block: recompute each score tile and its softmax weights ``p``; a tile
     with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs (PAIR_*, for
-    :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) adds its gradients here on the tensor
-    cores (:func:`_column_grads`, counted in DENSE_TILES); a tile of zeros adds nothing and is passed over."""
+    :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) goes on the query tile's list of dense
+    document tiles (DENSE, DENSE_COUNT, for :func:`_dense_kernel`; their total added to DENSE_TILES); a tile of
+    zeros adds nothing and is passed over."""
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
+    listed = DENSE + tl.program_id(0) * tl.cdiv(n_docs, BN)
+    num_dense = tl.full((), 0, tl.int32)  # a tensor: it changes in the loop
     for n0 in range(0, n_docs, BN):
         n_cols = n0 + tl.arange(0, BN)
         n_ok = n_cols < n_docs
-        s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
-        p = tl.exp(s - lse[:, None]) * g[:, None]  # [BM, BN]: d loss / d (q · d)
-        p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)
+        p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
+                     BM, BN, BK, IEEE)  # fmt: skip
         live = (p != 0.0).to(tl.int32)  # NaN counts as live
         row_count = tl.sum(live, axis=1)  # [BM]
         count = tl.sum(row_count, axis=0)
@@ -195,16 +205,46 @@ def _backward_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, PAIR_ROW, P
             tl.store(PAIR_DOC + at, n_cols[None, :] + tl.zeros((BM, BN), dtype=tl.int32), mask=keep)
             tl.store(PAIR_P + at, tl.where(fits, p, 0.0), mask=keep)
         if (count > 0) & (fits == 0):
-            tl.atomic_add(DENSE_TILES, 1, sem="relaxed")
-            _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
-                          BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
+            tl.store(listed + num_dense, n0)
+            num_dense += 1
+    tl.store(DENSE_COUNT + tl.program_id(0), num_dense)
+    tl.atomic_add(DENSE_TILES, num_dense, sem="relaxed")
+
+
+@triton.jit
+def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, num_rows, n_docs, stride_dt,
+                  inv_t, tile_lo, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPAN: tl.constexpr,
+                  IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr,
+                  LISTED: tl.constexpr):  # fmt: skip
+    """One query tile's score tiles on the tensor cores, BN documents at a time: recompute each and add its gradients
+    (:func:`_column_grads`). LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else
+    every tile of the block."""
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
+    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
+    g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]
+    if LISTED:
+        listed = DENSE + tl.program_id(0) * tl.cdiv(n_docs, SPAN)
+        steps = tl.load(DENSE_COUNT + tl.program_id(0)) * (SPAN // BN)
+    else:
+        steps = tl.cdiv(n_docs, BN)
+    for t in range(0, steps):
+        if LISTED:  # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
+            n0 = tl.multiple_of(tl.load(listed + t // (SPAN // BN)), SPAN) + (t % (SPAN // BN)) * BN
+        else:
+            n0 = t * BN
+        n_cols = tl.multiple_of(n0, BN) + tl.arange(0, BN)
+        n_ok = n_cols < n_docs
+        p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
+                     BM, BN, BK, IEEE)  # fmt: skip
+        _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
+                      BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
 
 
 @triton.jit
 def _pairs_kernel(PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, Q_OFF, Q_IDS, Q_W, DT, GQ, GDT, stride_dt, capacity,
                   P: tl.constexpr, E: tl.constexpr, IEEE: tl.constexpr, NEED_Q: tl.constexpr,
                   NEED_D: tl.constexpr):  # fmt: skip
-    """The pairs (query i, document j, p) of :func:`_backward_kernel`, P at a time, each program every grid-th P:
+    """The pairs (query i, document j, p) of :func:`_scan_kernel`, P at a time, each program every grid-th P:
     over query i's entries (id v, weight w), add ``p · DT[v, j]`` into GQ at the entry and ``p · w`` into
     GDT[v, j] (atomics), where document j has an entry at v (elsewhere both products are with a zero)."""
     total = tl.minimum(tl.load(PAIR_COUNT), capacity)
@@ -273,8 +313,9 @@ def launch_forward(
 
 
 class Pairs(NamedTuple):
-    """The sparse tiles' (query, document, p) pairs of one document block, written by :func:`_backward_kernel` for
-    :func:`_pairs_kernel`, and the count of tiles it took on the tensor cores. Allocated once a backward."""
+    """The backward's work lists for one document block, written by :func:`_scan_kernel`: the sparse tiles' (query,
+    document, p) pairs, for :func:`_pairs_kernel`, and each query tile's dense document tiles, for
+    :func:`_dense_kernel`. Allocated once a backward."""
 
     rows: Tensor
     """[capacity] int32: each pair's query (its row of the batch)."""
@@ -284,14 +325,19 @@ class Pairs(NamedTuple):
     """[capacity] fp32: each pair's softmax weight p (non-zero; 0: a slot of a tile past the capacity)."""
     count: Tensor
     """[1] int32: pairs reserved (the slots below ``capacity`` are filled)."""
+    dense: Tensor
+    """[tiles · doc tiles] int32: each query tile's dense document tiles (the first document of each)."""
+    dense_count: Tensor
+    """[tiles] int32: how many of them."""
     dense_tiles: Tensor
-    """[1] int32: score tiles taken on the tensor cores."""
+    """[1] int32: their total, the score tiles taken on the tensor cores."""
 
     @classmethod
-    def allocate(cls, capacity: int, device: torch.device) -> Pairs:
-        """Room for ``capacity`` pairs."""
+    def allocate(cls, capacity: int, tiles: int, doc_tiles: int, device: torch.device) -> Pairs:
+        """Room for ``capacity`` pairs and ``doc_tiles`` dense document tiles for each of ``tiles`` query tiles."""
         ints = functools.partial(torch.empty, dtype=torch.int32, device=device)
-        return cls(ints(capacity), ints(capacity), torch.empty(capacity, device=device), ints(1), ints(1))
+        return cls(ints(capacity), ints(capacity), torch.empty(capacity, device=device), ints(1),
+                   ints(max(tiles * doc_tiles, 1)), ints(max(tiles, 1)), ints(1))  # fmt: skip
 
 
 class QueryEntries(NamedTuple):
@@ -310,28 +356,35 @@ class QueryEntries(NamedTuple):
 def launch_backward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
     grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, pairs: Pairs,
-    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
-    parts: int, sparse_max: int,
+    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, bn_scan: int, warps: int,
+    stages: int, parts: int, sparse_max: int, routes: bool = True,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
-    (fp32; None: not needed). A score tile with at most ``sparse_max`` non-zero softmax weights goes by pairs."""
+    (fp32; None: not needed). With ``routes``, the score tiles are scanned ``bn_scan`` documents wide first: one
+    with at most ``sparse_max`` non-zero softmax weights goes by pairs, one of zeros is passed over, the rest on
+    the tensor cores ``bn`` documents at a time; without, every tile goes on the tensor cores (no scan)."""
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
     ieee, need_q, need_d = qt.dtype == torch.float32, grad_qt is not None, grad_dt is not None
     grad_qt = qt if grad_qt is None else grad_qt  # placeholders where not needed (never written)
     grad_dt = dt if grad_dt is None else grad_dt
-    pairs.count.zero_()
-    pairs.dense_tiles.zero_()
-    capacity = pairs.rows.numel()
-    _backward_kernel[(len(tiles),)](
-        qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, pairs.rows, pairs.docs, pairs.weights,
-        pairs.count, pairs.dense_tiles, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, capacity, sparse_max,
-        BM=bm, BN=bn, BK=bk, IEEE=ieee, PARTS=parts, NEED_Q=need_q, NEED_D=need_d,
-        num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    _pairs_kernel[(min(triton.cdiv(capacity, PAIR_BLOCK), PAIR_PROGRAMS),)](
-        pairs.rows, pairs.docs, pairs.weights, pairs.count, queries.offsets, queries.ids, queries.weights, dt,
-        queries.weights if queries.grad is None else queries.grad, grad_dt, dt.stride(0), capacity,
-        P=PAIR_BLOCK, E=ENTRY_BLOCK, IEEE=ieee, NEED_Q=need_q, NEED_D=need_d,
+    if routes:
+        pairs.count.zero_()
+        pairs.dense_tiles.zero_()
+        capacity = pairs.rows.numel()
+        _scan_kernel[(len(tiles),)](
+            qt, cols, tile_ptr, row_idx, dt, lse, g, pairs.rows, pairs.docs, pairs.weights, pairs.count, pairs.dense,
+            pairs.dense_count, pairs.dense_tiles, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, capacity,
+            sparse_max, BM=bm, BN=bn_scan, BK=bk, IEEE=ieee, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+        _pairs_kernel[(min(triton.cdiv(capacity, PAIR_BLOCK), PAIR_PROGRAMS),)](
+            pairs.rows, pairs.docs, pairs.weights, pairs.count, queries.offsets, queries.ids, queries.weights, dt,
+            queries.weights if queries.grad is None else queries.grad, grad_dt, dt.stride(0), capacity,
+            P=PAIR_BLOCK, E=ENTRY_BLOCK, IEEE=ieee, NEED_Q=need_q, NEED_D=need_d,
+        )  # fmt: skip
+    _dense_kernel[(len(tiles),)](
+        qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, pairs.dense, pairs.dense_count, num_rows, n_docs,
+        dt.stride(0), inv_t, tiles.start, BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts,
+        NEED_Q=need_q, NEED_D=need_d, LISTED=routes, num_warps=warps, num_stages=stages,
     )  # fmt: skip
