@@ -24,16 +24,22 @@ over the query tile's columns of ``QT[k]ᵀ · DT[id_k]`` (``tl.dot`` steps, fp3
 the running max and sum [B] carry over from one document block to the next.
 
 Backward: the same tiles recomputed (same tiles, same order of products), ``p = exp(s - lse) ·
-dL/dlse / temperature`` in fp32, and each tile by the count of its non-zero ``p`` (trained reps at a
-temperature of 0.05 leave ~0.1% of them non-zero: most underflow to exactly 0):
+dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile by the count of its non-zero
+``p`` (trained reps at a temperature of 0.05 leave ~0.1% of them non-zero: most underflow to exactly 0):
 
 - none: the tile is dropped, exactly: every product it would add is with a zero;
 - at most :data:`SPARSE_TILE_MAX`: its (query, document, p) pairs are listed, and for each pair, over the
   query's entries (id v, weight w), ``grad_q[entry] += p · DT[v, j]`` and ``grad_DT[v, j] += p · w`` where
   document j has an entry at v (fp32 products, atomic adds);
-- more (or past the pairs' room, :data:`PAIR_CAPACITY`): there and then on the tensor cores, per step
-  ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the tile's own rows) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds:
-  every query tile adds to the document block's gradient).
+- more (or past the pairs' room, :data:`PAIR_CAPACITY`): listed as dense; a second kernel recomputes the listed
+  tiles BN_backward documents at a time and adds on the tensor cores, per step ``grad_QT[k] += p @ DT[id_k]ᵀ``
+  (the tile's own rows) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds: every query tile adds to the document
+  block's gradient).
+
+Where nearly every tile is dense (raw dot products at temperature 1.0) the scan only costs: a backward whose
+first document block listed more than :data:`ROUTES_MAX_DENSE_FRACTION` of its tiles as dense runs its other
+blocks without it, every tile straight on the tensor cores. Which way a block went never changes its values
+beyond the bound (the same products; sums in another order).
 
 The gradients are gathered at the non-zeros: ``grad_q`` from ``grad_QT`` at each entry's (column, row) plus the
 pairs' part, ``grad_d`` from ``grad_DT`` at each document entry. A document's entries outside a query tile's
@@ -119,7 +125,7 @@ FUSED_MIN_QUERIES = 16_384
 DOC_BLOCK_MAX_BYTES = SPARSE_BLOCK_MAX_BYTES
 
 # bf16 parts the backward splits its fp32 softmax weights into (module doc, "Exactness"): 2 parts hold the
-# leading 16 significant bits (each weight within 2^-18 of itself, docs/losses.md's bound); 3 parts hold all 24,
+# leading 16 significant bits (each weight within 2^-16 of itself, docs/losses.md's bound); 3 parts hold all 24,
 # every gradient product exact, for 2 more tensor-core products a tile.
 SPLIT_PARTS = 2
 
@@ -131,12 +137,12 @@ SPLIT_PARTS = 2
 SPARSE_TILE_MAX = 1024
 # Pairs the sparse tiles may hold per document block (12 bytes each); a tile past it goes on the tensor cores.
 PAIR_CAPACITY = 1 << 22
-# The routes cost where they save nothing: with every tile on the tensor cores (temperature 1.0) the backward took
-# 1.444 s against 1.366 s without them (+5.7%; B 65,536, one H100, benchmarks/results/session9); a tile they take
-# off the tensor cores saves ~3/4 of its cost (at temperature 0.05: 0.30 s against 1.37 s). So a backward whose
-# first document block has more than this fraction of its score tiles on the tensor cores runs the rest without
-# them (break-even ~0.92).
-ROUTES_MAX_DENSE_FRACTION = 0.9
+# The scan costs where it saves nothing: at temperature 1.0 every tile is dense, and a tile the scan takes off the
+# tensor cores saves its dense cost. B 65,536 on one H100 (benchmarks/results/session10): the scan-led backward at
+# temperature 0.05 (nearly all tiles off the tensor cores) 0.233 s, every tile on the tensor cores 1.37-1.40 s; so
+# the scan pays from ~0.83 of the tiles dense down (1 - 0.233 / 1.40). A backward whose first document block
+# listed more than this fraction of its tiles as dense runs its other blocks without the scan.
+ROUTES_MAX_DENSE_FRACTION = 0.83
 
 # Order the queries into tiles by a min-hash of their terms (:func:`query_order`): queries that share terms tend
 # to share a tile, whose active columns (the products' width) are then fewer; copies of a query always share

@@ -224,20 +224,28 @@ def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_C
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]
     if LISTED:
         listed = DENSE + tl.program_id(0) * tl.cdiv(n_docs, SPAN)
-        steps = tl.load(DENSE_COUNT + tl.program_id(0)) * (SPAN // BN)
-    else:
-        steps = tl.cdiv(n_docs, BN)
-    for t in range(0, steps):
-        if LISTED:  # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
+        for t in range(0, tl.load(DENSE_COUNT + tl.program_id(0)) * (SPAN // BN)):
+            # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
             n0 = tl.multiple_of(tl.load(listed + t // (SPAN // BN)), SPAN) + (t % (SPAN // BN)) * BN
-        else:
-            n0 = t * BN
-        n_cols = tl.multiple_of(n0, BN) + tl.arange(0, BN)
-        n_ok = n_cols < n_docs
-        p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
-                     BM, BN, BK, IEEE)  # fmt: skip
-        _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
-                      BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
+            _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
+                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
+    else:
+        for n0 in range(0, n_docs, BN):
+            _dense_tile(n0, QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
+                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
+
+
+@triton.jit
+def _dense_tile(n0, QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t, r, kk, row_ok,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
+                NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
+    """The score tile of documents n0 + [0, BN) recomputed, its gradients added (:func:`_column_grads`)."""
+    n_cols = n0 + tl.arange(0, BN)
+    n_ok = n_cols < n_docs
+    p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
+                 BM, BN, BK, IEEE)  # fmt: skip
+    _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
+                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
 
 
 @triton.jit
