@@ -115,9 +115,9 @@ __all__ = [
 SCORE_KERNELS = ("auto", "fused", "blocked")
 
 # 'auto' takes the fused kernels from this many queries on (sparse fp32-weight reps on a GPU). The curve on one
-# H100 at temperature 1.0 (benchmarks/results/session9/loss_curve_t1_h100.json; docs/scale.md, "The fused kernel")
+# H100 at temperature 1.0 (benchmarks/results/session10/loss_curve_t1_h100.json; docs/scale.md, "The fused kernel")
 # has the fused loss (forward + backward) faster than the blocked one at every B it measured: 1.11x at 16,384,
-# 1.29x at 32,768, 1.40x at 65,536, 1.43x at 131,072. Below 16,384 this kernel is unmeasured: the blocked path stays.
+# 1.33x at 32,768, 1.44x at 65,536, 1.48x at 131,072. Below 16,384 this kernel is unmeasured: the blocked path stays.
 FUSED_MIN_QUERIES = 16_384
 
 # Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): the
