@@ -170,13 +170,16 @@ def test_peaked_softmax_drops_zero_tiles(monkeypatch, kind: str) -> None:
     assert_grads_within_bound(grads["pairs"], want, [_grad_tol(kind) + exponent] * 3)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-dense-kernel", "dense-split"])
 @pytest.mark.parametrize("route", ["dense", "mixed"])
-def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str) -> None:
+def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -> None:
     """The scan's tiles twice the dense kernel's (bn_scan 32, bn_backward 16, as on the GPU: 128 and 64): a listed
     tile is taken in its two halves, the last block's listed tile (5 documents) in one that holds them and one
-    past them; the gradients equal dense fp64's within the bound and both routes are seen taken."""
+    past them; with ``dense_split`` the dense tiles' query and document gradients come from two kernels. The
+    gradients equal dense fp64's within the bound and both routes are seen taken."""
     _tiles(monkeypatch, "bf16")
-    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(bn_scan=32))
+    tiles = fused_lse.INTERPRETER_TILES._replace(bn_scan=32, dense_split=split)
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", tiles)
     monkeypatch.setattr(fused_lse, "DOC_BLOCK_MAX_BYTES", 4 * (V + 1) * 32)  # blocks of 32 + 5 documents
     made = _route(monkeypatch, route)
     columns = _dense_batch("bf16")

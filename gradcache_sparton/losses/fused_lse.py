@@ -164,6 +164,9 @@ class TileShape(NamedTuple):
     """The backward's tiles on the tensor cores."""
     warps: int
     stages: int
+    dense_split: bool = False
+    """The dense tiles' gradients in two kernels, the queries' then the documents' (each recomputes the scores,
+    with fewer live registers); False: both in one."""
 
 
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
@@ -172,6 +175,12 @@ class TileShape(NamedTuple):
 # loss_kernel_variants_b65536_h100.json; docs/scale.md, "The fused kernel").
 VARIANTS = {
     "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=64, warps=4, stages=3),
+    "split64": TileShape(
+        bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=64, warps=4, stages=3, dense_split=True
+    ),
+    "split128": TileShape(
+        bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=128, warps=4, stages=3, dense_split=True
+    ),
 }
 # The GPU's setting.
 GPU_TILES = VARIANTS["columns"]
@@ -452,7 +461,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g, grad_qt, grad_dt, queries, pairs,
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
-                    sparse_max=saved.sparse_max, routes=routes is not False,
+                    sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles = len(saved.rows) * -(-n // shape.bn_scan)

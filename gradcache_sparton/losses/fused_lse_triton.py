@@ -365,13 +365,14 @@ def launch_backward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
     grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, pairs: Pairs,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, bn_scan: int, warps: int,
-    stages: int, parts: int, sparse_max: int, routes: bool = True,
+    stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
     (fp32; None: not needed). With ``routes``, the score tiles are scanned ``bn_scan`` documents wide first: one
     with at most ``sparse_max`` non-zero softmax weights goes by pairs, one of zeros is passed over, the rest on
-    the tensor cores ``bn`` documents at a time; without, every tile goes on the tensor cores (no scan)."""
+    the tensor cores ``bn`` documents at a time; without, every tile goes on the tensor cores (no scan). With
+    ``dense_split`` the tensor cores' query and document gradients are added by two kernels, one each."""
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
     ieee, need_q, need_d = qt.dtype == torch.float32, grad_qt is not None, grad_dt is not None
@@ -391,8 +392,10 @@ def launch_backward(
             queries.weights if queries.grad is None else queries.grad, grad_dt, dt.stride(0), capacity,
             P=PAIR_BLOCK, E=ENTRY_BLOCK, IEEE=ieee, NEED_Q=need_q, NEED_D=need_d,
         )  # fmt: skip
-    _dense_kernel[(len(tiles),)](
-        qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, pairs.dense, pairs.dense_count, num_rows, n_docs,
-        dt.stride(0), inv_t, tiles.start, BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts,
-        NEED_Q=need_q, NEED_D=need_d, LISTED=routes, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
+    passes = [(need_q, False), (False, need_d)] if dense_split and need_q and need_d else [(need_q, need_d)]
+    for pass_q, pass_d in passes:
+        _dense_kernel[(len(tiles),)](
+            qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, pairs.dense, pairs.dense_count, num_rows,
+            n_docs, dt.stride(0), inv_t, tiles.start, BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts,
+            NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
