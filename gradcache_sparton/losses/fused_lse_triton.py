@@ -14,12 +14,13 @@ Inputs, built by :mod:`.fused_lse` (its module doc has the layout and the exactn
 A score tile is ``sum_k QT[k, :]ᵀ · DT[COLS[k], n-tile]`` over the tile's columns: ``tl.dot`` steps of
 [BM, BK] @ [BK, BN] -> [BM, BN] with fp32 accumulation (bf16 operands: exact products; fp32 operands:
 ``input_precision="ieee"``, no TF32). The forward keeps a running max and sum per query (online
-log-sum-exp); the backward recomputes each tile, forms ``p = exp(s - lse) · g`` and goes by its count of
-non-zero ``p``: none, passed over; few, listed as (query, document, p) pairs that :func:`_pairs_kernel` adds
-over the query's entries (fp32 products, atomics); more, ``p @ DTᵀ`` added into the query tile's gradient (rows
-it alone owns: plain read-add-write) and ``QTᵀ @ p`` into the document block's gradient (shared by every query
-tile: atomic adds) on the tensor cores. In bf16 the
-fp32 ``p`` is split into PARTS bf16 parts (8 significant bits each) whose products are exact: 2 parts
+log-sum-exp). In the backward :func:`_scan_kernel` recomputes each tile, forms ``p = exp(s - lse) · g`` and
+takes it by its count of non-zero ``p``: none, passed over; few, listed as (query, document, p) pairs that
+:func:`_pairs_kernel` adds over the query's entries (fp32 products, atomics); more, listed as dense.
+:func:`_dense_kernel` recomputes the listed tiles (or, where the scan is left out, every tile) and adds on the
+tensor cores ``p @ DTᵀ`` into the query tile's gradient (rows it alone owns: plain read-add-write) and ``QTᵀ @ p``
+into the document block's gradient (shared by every query tile: atomic adds), in one kernel or one each. In
+bf16 the fp32 ``p`` is split into PARTS bf16 parts (8 significant bits each) whose products are exact: 2 parts
 hold ``p`` to 2^-16, 3 parts exactly. ``ROWS`` [T · BM] names each tile row's query (the tiles hold the
 queries in a sorted order; B marks padding). Offsets into DT and its gradient are int32 (fewer live registers:
 (V + 1)·bd < 2^31, :mod:`.fused_lse` checks it), into QT int64 (K_total·BM grows with B).
