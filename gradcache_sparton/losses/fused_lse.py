@@ -172,7 +172,8 @@ class TileShape(NamedTuple):
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
 # edges >= 16; BM = 64 is the wgmma row edge. 'columns' (the query gradient over the tile's columns on the tensor
 # cores): the fastest setting measured at B 65,536 on one H100 (benchmarks/results/session8/
-# loss_kernel_variants_b65536_h100.json; docs/scale.md, "The fused kernel").
+# loss_kernel_variants_b65536_h100.json; docs/scale.md, "The fused kernel"). 'split64' and 'split128' (the dense
+# tiles' gradients in two kernels, 64 or 128 documents wide): candidates for the next A/B, not yet timed on a GPU.
 VARIANTS = {
     "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=64, warps=4, stages=3),
     "split64": TileShape(
