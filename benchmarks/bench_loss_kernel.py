@@ -142,7 +142,8 @@ def backward_routes(reps: dict[str, SparseReps], name: str) -> dict[str, float]:
     with fused_setting(name), counted_routes() as counts:
         loss_and_grads(reps, "fused", reg=True)
     tiles = max(counts["score_tiles"], 1)
-    return {**counts, "scanned_fraction": counts["scanned_tiles"] / tiles, "dense_fraction": counts["dense_tiles"] / tiles,
+    return {**counts, "scanned_fraction": counts["scanned_tiles"] / tiles,
+            "dense_fraction": counts["dense_tiles"] / tiles,
             "pairs_per_query": counts["pairs"] / reps["query"].num_rows}  # fmt: skip
 
 

@@ -335,7 +335,7 @@ class _DocBlocks:
 
 
 def _document_rows(vocab: int, shape: TileShape) -> int:
-    """bd: documents per block, a multiple of both BN, with grad_DT within :data:`DOC_BLOCK_MAX_BYTES`; (V + 1)·bd
+    """bd: documents per block, a multiple of every BN, with grad_DT within :data:`DOC_BLOCK_MAX_BYTES`; (V + 1)·bd
     below 2^31, the kernels' int32 offsets into DT and grad_DT."""
     edge = math.lcm(shape.bn_forward, shape.bn_scan, shape.bn_backward)
     bd = max(edge, DOC_BLOCK_MAX_BYTES // (4 * (vocab + 1)) // edge * edge)
