@@ -23,6 +23,10 @@ abstracts as hard negatives). The fused settings are the names of ``losses.fused
    widths, forward 1, backward 7). A run that would pass ``--budget_s`` (projected from the point's last run,
    4x the previous point's) is skipped and named.
 
+The loss is InfoNCE at ``--temperature`` (default SpladeLoss's, 1.0: raw dot products, every score tile dense);
+at 0.05 (a sentence-transformers scale of 20) most softmax weights underflow to 0 and the fused backward's scan
+takes most tiles off the tensor cores.
+
 GPU:   python -m benchmarks.bench_loss_kernel --beir_path /work/shared/data/scifact --batches 65536 \\
            --output $OUT/loss_kernel.json
 Smoke: python -m benchmarks.bench_loss_kernel --smoke --output /tmp/k.json  (CPU, Triton interpreter, B 32)
@@ -76,6 +80,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_texts", type=int, default=0, help="at most this many queries (0: all)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument(
+        "--temperature", type=float, default=SpladeLossConfig().temperature,
+        help="the InfoNCE's temperature (default: SpladeLoss's, raw dot products; 0.05: a sentence-transformers "
+        "scale of 20, where most softmax weights underflow to 0)",
+    )  # fmt: skip
+    parser.add_argument(
         "--smoke", action="store_true", help="CPU sizes under the Triton interpreter (overrides)"
     )
     args = parser.parse_args(argv)
@@ -86,6 +95,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = [v for v in args.variants if v not in fused_lse.VARIANTS]
     if unknown or not args.variants:
         parser.error(f"--variants must name some of {list(fused_lse.VARIANTS)}, got {unknown or 'none'}")
+    if not args.temperature > 0:
+        parser.error(f"--temperature must be > 0, got {args.temperature}")
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error(
             "--device cpu (and --smoke) run the fused kernels under the Triton interpreter: set TRITON_INTERPRET=1"
@@ -137,10 +148,10 @@ def counted_routes() -> Iterator[dict[str, int]]:
         fused_lse_triton.launch_backward = launch
 
 
-def backward_routes(reps: dict[str, SparseReps], name: str) -> dict[str, float]:
+def backward_routes(reps: dict[str, SparseReps], name: str, temperature: float) -> dict[str, float]:
     """How one fused backward under setting ``name`` took its score tiles (:func:`counted_routes`)."""
     with fused_setting(name), counted_routes() as counts:
-        loss_and_grads(reps, "fused", reg=True)
+        loss_and_grads(reps, "fused", reg=True, temperature=temperature)
     tiles = max(counts["score_tiles"], 1)
     return {**counts, "scanned_fraction": counts["scanned_tiles"] / tiles,
             "dense_fraction": counts["dense_tiles"] / tiles,
@@ -153,21 +164,29 @@ def leaves(reps: dict[str, SparseReps]) -> dict[str, SparseReps]:
             for n, r in reps.items()}  # fmt: skip
 
 
-def loss_and_grads(reps: dict[str, SparseReps], kernel: str, reg: bool) -> tuple[float, list[torch.Tensor]]:
+def loss_config(kernel: str, reg: bool, temperature: float) -> SpladeLossConfig:
+    """The benchmark's loss: InfoNCE at ``temperature``, with the FLOPS regularizer (``reg``) or alone."""
     weights = (5e-4, 3e-4) if reg else (0.0, 0.0)
-    config = SpladeLossConfig(query_reg_weight=weights[0], doc_reg_weight=weights[1], score_kernel=kernel)
+    return SpladeLossConfig(query_reg_weight=weights[0], doc_reg_weight=weights[1], score_kernel=kernel,
+                            temperature=temperature)  # fmt: skip
+
+
+def loss_and_grads(
+    reps: dict[str, SparseReps], kernel: str, reg: bool, temperature: float
+) -> tuple[float, list[torch.Tensor]]:
+    config = loss_config(kernel, reg, temperature)
     inputs = leaves(reps)
     value, _ = SpladeLoss(config)(inputs)
     value.backward()
     return value.item(), [inputs[c].weights.grad for c in COLUMNS]
 
 
-def fp64_reference(reps: dict[str, SparseReps]) -> tuple[float, list[torch.Tensor]]:
-    """InfoNCE (temperature 1) over dense fp64 reps; gradients at each column's non-zeros."""
+def fp64_reference(reps: dict[str, SparseReps], temperature: float) -> tuple[float, list[torch.Tensor]]:
+    """InfoNCE at ``temperature`` over dense fp64 reps; gradients at each column's non-zeros."""
     dense = {c: reps[c].to_dense().double().requires_grad_(True) for c in COLUMNS}
     q, p, n = (dense[c] for c in COLUMNS)
-    scores = torch.cat([q @ p.T, q @ n.T], dim=1)  # [B, 2B]
-    loss = (torch.logsumexp(scores, dim=1) - (q * p).sum(dim=1)).mean()
+    scores = torch.cat([q @ p.T, q @ n.T], dim=1) / temperature  # [B, 2B]
+    loss = (torch.logsumexp(scores, dim=1) - (q * p).sum(dim=1) / temperature).mean()
     loss.backward()
     grads = []
     for c in COLUMNS:
@@ -201,14 +220,14 @@ def check(text: Any, args: argparse.Namespace) -> dict:
         if kind == "fp32":
             reps = {c: SparseReps(r.offsets, r.token_ids, r.weights * (1 + 1e-3 * torch.rand(
                 r.weights.shape, generator=generator).to(r.weights.device)), r.vocab_size) for c, r in reps.items()}  # fmt: skip
-        ref_value, ref_grads = fp64_reference(reps)
+        ref_value, ref_grads = fp64_reference(reps, args.temperature)
         row: dict[str, Any] = {"loss_fp64": ref_value}
-        blocked = loss_and_grads(reps, "blocked", reg=False)
+        blocked = loss_and_grads(reps, "blocked", reg=False, temperature=args.temperature)
         row["blocked"] = errors(*blocked, ref_value, ref_grads)
         for name in args.variants:
             try:
                 with fused_setting(name):
-                    value, grads = loss_and_grads(reps, "fused", reg=False)
+                    value, grads = loss_and_grads(reps, "fused", reg=False, temperature=args.temperature)
             except Exception as error:  # a setting the compiler rejects: recorded, the others still run
                 row[f"fused:{name}"] = failure(error)
                 continue
@@ -237,13 +256,16 @@ def blocked_width_rows(q_reps: SparseReps) -> float:
     return float(sum((b.stop - b.start) * b.width for b in plan))
 
 
-def timed(reps: dict[str, SparseReps], kernel: str, repeats: int, device: torch.device) -> dict:
+def timed(
+    reps: dict[str, SparseReps], kernel: str, repeats: int, device: torch.device, temperature: float
+) -> dict:
     runs = []
-    loss_and_grads(reps, kernel, reg=True)  # warm-up: compilation, autotuning, the allocator's blocks
+    loss_and_grads(
+        reps, kernel, reg=True, temperature=temperature
+    )  # warm-up: compilation, autotuning, allocator
     for _ in range(repeats):
         inputs = leaves(reps)
-        config = SpladeLossConfig(query_reg_weight=5e-4, doc_reg_weight=3e-4, score_kernel=kernel)
-        loss = SpladeLoss(config)
+        loss = SpladeLoss(loss_config(kernel, reg=True, temperature=temperature))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         timer = Timer(device)
@@ -278,7 +300,7 @@ def time_path(reps: dict[str, SparseReps], path: str, args: argparse.Namespace, 
         with contextlib.ExitStack() as stack:
             if name:
                 stack.enter_context(fused_setting(name))
-            row = timed(reps, kernel, args.repeats, device)
+            row = timed(reps, kernel, args.repeats, device, args.temperature)
     except torch.OutOfMemoryError as error:
         torch.cuda.empty_cache()
         return {"status": "out of memory", "error": str(error)[:300]}
@@ -332,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 shape = fused_lse.VARIANTS[path.partition(":")[2]]
                 point["tiles"][path] = stats = tile_stats(reps["query"], shape)
-                stats["routes"] = routes = backward_routes(reps, path.partition(":")[2])
+                stats["routes"] = routes = backward_routes(reps, path.partition(":")[2], args.temperature)
                 units = (
                     2.0 * batch * 2 * batch * stats["k_mean"],
                     1,
