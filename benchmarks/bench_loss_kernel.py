@@ -133,13 +133,13 @@ def counted_routes() -> Iterator[dict[str, int]]:
 
     def counting(*args: Any, **kwargs: Any) -> None:
         launch(*args, **kwargs)
-        pairs = inspect.signature(launch).bind(*args, **kwargs).arguments["pairs"]
+        work = inspect.signature(launch).bind(*args, **kwargs).arguments["work"]
         score_tiles = len(kwargs["tiles"]) * -(-kwargs["n_docs"] // kwargs["bn_scan"])
         routes = kwargs.get("routes", True)
         counts["score_tiles"] += score_tiles
         counts["scanned_tiles"] += score_tiles if routes else 0
-        counts["dense_tiles"] += int(pairs.dense_tiles) if routes else score_tiles
-        counts["pairs"] += min(int(pairs.count), pairs.rows.numel()) if routes else 0
+        counts["dense_tiles"] += work.dense_tiles() if routes else score_tiles
+        counts["pairs"] += work.pairs() if routes else 0
 
     fused_lse_triton.launch_backward = counting
     try:

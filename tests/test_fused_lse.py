@@ -98,13 +98,13 @@ def _route(monkeypatch, route: str) -> list:
     for name, value in ROUTES[route].items():
         monkeypatch.setattr(fused_lse, name, value)
     made = []
-    allocate = fused_lse_triton.Pairs.allocate
+    allocate = fused_lse_triton.WorkLists.allocate
 
     def recorded(*args, **kwargs):
         made.append(allocate(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(fused_lse_triton.Pairs, "allocate", recorded)
+    monkeypatch.setattr(fused_lse_triton.WorkLists, "allocate", recorded)
     return made
 
 
@@ -128,7 +128,7 @@ def test_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, sort: bool, rout
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
     (work,) = made
-    pairs, dense = int(work.count), int(work.dense_tiles)
+    pairs, dense = int(work.pair_count), work.dense_tiles()
     expected = {"dense": (pairs == 0, dense > 0), "pairs": (pairs > 0, dense == 0),
                 "mixed": (pairs > 0, dense > 0), "overflow": (pairs > 100, dense > 0)}  # fmt: skip
     assert all(expected[route]), (pairs, dense)
@@ -158,7 +158,7 @@ def test_peaked_softmax_drops_zero_tiles(monkeypatch, kind: str) -> None:
         (lse * upstream).sum().backward()
         grads[route] = reps
         work = made[-1]  # the negatives' block: 3 query tiles x 3 document tiles
-        live[route] = int(work.count) if route == "pairs" else int(work.dense_tiles)
+        live[route] = int(work.pair_count) if route == "pairs" else work.dense_tiles()
     assert 0 < live["dense"] < 9, live  # some of the 9 tiles dropped, some taken
     assert live["pairs"] > 0
     for dense, pairs, scale in zip(grads["dense"], grads["pairs"], want["scales"], strict=True):
@@ -191,7 +191,7 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol("bf16")] * 3)
     (work,) = made
-    assert int(work.dense_tiles) > 0 and (int(work.count) > 0) == (route == "mixed")
+    assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
 
 
 @pytest.mark.parametrize("peaked", [False, True], ids=["flat", "peaked"])

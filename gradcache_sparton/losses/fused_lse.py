@@ -433,7 +433,7 @@ class _FusedLogSumExp(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-        from gradcache_sparton.losses.fused_lse_triton import Pairs, QueryEntries, launch_backward
+        from gradcache_sparton.losses.fused_lse_triton import QueryEntries, WorkLists, launch_backward
 
         q, lse, *d = ctx.saved_tensors
         saved: _Saved = ctx.plan
@@ -447,7 +447,7 @@ class _FusedLogSumExp(torch.autograd.Function):
             q_layout.offsets, q_layout.token_ids, q, torch.zeros_like(q) if needs_q else None
         )
         capacity = min(PAIR_CAPACITY, len(saved.rows) * shape.bm * saved.bd)  # at most every score of a block
-        pairs = Pairs.allocate(capacity, len(saved.rows), -(-saved.bd // shape.bn_scan), q.device)
+        work = WorkLists.allocate(capacity, len(saved.rows), -(-saved.bd // shape.bn_scan), q.device)
         grad_d: list[Tensor | None] = []
         routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
@@ -459,14 +459,14 @@ class _FusedLogSumExp(torch.autograd.Function):
                 dt = column.densify(weights, j0, n, lo, hi, ctx.dtype)  # [V + 1, n]
                 grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
                 launch_backward(
-                    tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g, grad_qt, grad_dt, queries, pairs,
+                    tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g, grad_qt, grad_dt, queries, work,
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles = len(saved.rows) * -(-n // shape.bn_scan)
-                    routes = int(pairs.dense_tiles) < ROUTES_MAX_DENSE_FRACTION * score_tiles
+                    routes = work.dense_tiles() < ROUTES_MAX_DENSE_FRACTION * score_tiles
                 if grad is not None and grad_dt is not None:
                     grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
             grad_d.append(grad)

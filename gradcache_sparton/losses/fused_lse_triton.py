@@ -41,8 +41,8 @@ __all__ = [
     "ENTRY_BLOCK",
     "PAIR_BLOCK",
     "PAIR_PROGRAMS",
-    "Pairs",
     "QueryEntries",
+    "WorkLists",
     "launch_backward",
     "launch_forward",
 ]
@@ -174,13 +174,13 @@ def _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r
 
 @triton.jit
 def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, DENSE, DENSE_COUNT,
-                 DENSE_TILES, num_rows, n_docs, stride_dt, inv_t, tile_lo, capacity, sparse_max,
+                 num_rows, n_docs, stride_dt, inv_t, tile_lo, capacity, sparse_max,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """One query tile against one document block: recompute each score tile and its softmax weights ``p``; a tile
     with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs (PAIR_*, for
     :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) goes on the query tile's list of dense
-    document tiles (DENSE, DENSE_COUNT, for :func:`_dense_kernel`; their total added to DENSE_TILES); a tile of
-    zeros adds nothing and is passed over."""
+    document tiles (DENSE, DENSE_COUNT, for :func:`_dense_kernel`); a tile of zeros adds nothing and is passed
+    over."""
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
@@ -209,7 +209,6 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
             tl.store(listed + num_dense, n0)
             num_dense += 1
     tl.store(DENSE_COUNT + tl.program_id(0), num_dense)
-    tl.atomic_add(DENSE_TILES, num_dense, sem="relaxed")
 
 
 @triton.jit
@@ -321,32 +320,39 @@ def launch_forward(
     )  # fmt: skip
 
 
-class Pairs(NamedTuple):
+class WorkLists(NamedTuple):
     """The backward's work lists for one document block, written by :func:`_scan_kernel`: the sparse tiles' (query,
     document, p) pairs, for :func:`_pairs_kernel`, and each query tile's dense document tiles, for
     :func:`_dense_kernel`. Allocated once a backward."""
 
-    rows: Tensor
+    pair_rows: Tensor
     """[capacity] int32: each pair's query (its row of the batch)."""
-    docs: Tensor
+    pair_docs: Tensor
     """[capacity] int32: each pair's document (its column of DT)."""
-    weights: Tensor
+    pair_weights: Tensor
     """[capacity] fp32: each pair's softmax weight p (non-zero; 0: a slot of a tile past the capacity)."""
-    count: Tensor
+    pair_count: Tensor
     """[1] int32: pairs reserved (the slots below ``capacity`` are filled)."""
     dense: Tensor
     """[tiles · doc tiles] int32: each query tile's dense document tiles (the first document of each)."""
     dense_count: Tensor
-    """[tiles] int32: how many of them."""
-    dense_tiles: Tensor
-    """[1] int32: their total, the score tiles taken on the tensor cores."""
+    """[tiles] int32: how many of them (0 until a scan writes them)."""
 
     @classmethod
-    def allocate(cls, capacity: int, tiles: int, doc_tiles: int, device: torch.device) -> Pairs:
+    def allocate(cls, capacity: int, tiles: int, doc_tiles: int, device: torch.device) -> WorkLists:
         """Room for ``capacity`` pairs and ``doc_tiles`` dense document tiles for each of ``tiles`` query tiles."""
         ints = functools.partial(torch.empty, dtype=torch.int32, device=device)
+        counts = torch.zeros(max(tiles, 1), dtype=torch.int32, device=device)
         return cls(ints(capacity), ints(capacity), torch.empty(capacity, device=device), ints(1),
-                   ints(max(tiles * doc_tiles, 1)), ints(max(tiles, 1)), ints(1))  # fmt: skip
+                   ints(max(tiles * doc_tiles, 1)), counts)  # fmt: skip
+
+    def dense_tiles(self) -> int:
+        """The score tiles the last scan listed as dense (one device read)."""
+        return int(self.dense_count.sum())
+
+    def pairs(self) -> int:
+        """The pairs the last scan wrote (one device read; none past the capacity)."""
+        return min(int(self.pair_count), self.pair_rows.numel())
 
 
 class QueryEntries(NamedTuple):
@@ -364,7 +370,7 @@ class QueryEntries(NamedTuple):
 
 def launch_backward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
-    grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, pairs: Pairs,
+    grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, work: WorkLists,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, bn_scan: int, warps: int,
     stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
 ) -> None:  # fmt: skip
@@ -380,23 +386,23 @@ def launch_backward(
     grad_qt = qt if grad_qt is None else grad_qt  # placeholders where not needed (never written)
     grad_dt = dt if grad_dt is None else grad_dt
     if routes:
-        pairs.count.zero_()
-        pairs.dense_tiles.zero_()
-        capacity = pairs.rows.numel()
+        work.pair_count.zero_()
+        capacity = work.pair_rows.numel()
         _scan_kernel[(len(tiles),)](
-            qt, cols, tile_ptr, row_idx, dt, lse, g, pairs.rows, pairs.docs, pairs.weights, pairs.count, pairs.dense,
-            pairs.dense_count, pairs.dense_tiles, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, capacity,
+            qt, cols, tile_ptr, row_idx, dt, lse, g, work.pair_rows, work.pair_docs, work.pair_weights, work.pair_count,
+            work.dense, work.dense_count, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, capacity,
             sparse_max, BM=bm, BN=bn_scan, BK=bk, IEEE=ieee, num_warps=warps, num_stages=stages,
         )  # fmt: skip
         _pairs_kernel[(min(triton.cdiv(capacity, PAIR_BLOCK), PAIR_PROGRAMS),)](
-            pairs.rows, pairs.docs, pairs.weights, pairs.count, queries.offsets, queries.ids, queries.weights, dt,
+            work.pair_rows, work.pair_docs, work.pair_weights, work.pair_count, queries.offsets, queries.ids,
+            queries.weights, dt,
             queries.weights if queries.grad is None else queries.grad, grad_dt, dt.stride(0), capacity,
             P=PAIR_BLOCK, E=ENTRY_BLOCK, IEEE=ieee, NEED_Q=need_q, NEED_D=need_d,
         )  # fmt: skip
     passes = [(need_q, False), (False, need_d)] if dense_split and need_q and need_d else [(need_q, need_d)]
     for pass_q, pass_d in passes:
         _dense_kernel[(len(tiles),)](
-            qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, pairs.dense, pairs.dense_count, num_rows,
+            qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, num_rows,
             n_docs, dt.stride(0), inv_t, tiles.start, BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts,
             NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, num_warps=warps, num_stages=stages,
         )  # fmt: skip
