@@ -334,6 +334,15 @@ def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
     assert fused_lse.fused_by_default(B) and not fused_lse.fused_by_default(B - 1)
 
 
+def test_backward_tiles_wider_than_the_scan_are_refused(monkeypatch) -> None:
+    """A setting whose backward tiles are wider than the scan's (each listed tile would be added in no part: its
+    gradients lost) is a ValueError naming both edges, raised before any kernel runs."""
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(bn_backward=32))
+    reps = sparse_leaves(_dense_batch("fp32"))
+    with pytest.raises(ValueError, match=r"bn_backward \(32\) must divide bn_scan \(16\)"):
+        fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+
+
 def test_fused_refuses_dense_reps() -> None:
     """score_kernel='fused' with dense [B, V] reps is a ValueError naming the setting, not a silent blocked run."""
     columns = _dense_batch("fp32")

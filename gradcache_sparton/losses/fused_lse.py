@@ -199,7 +199,14 @@ def kernels_run_on(device: torch.device) -> bool:
 
 
 def _tile_shape() -> TileShape:
-    return INTERPRETER_TILES if _interpreting() else GPU_TILES
+    """The setting in use, checked: a listed tile of the scan is added in bn_scan / bn_backward parts (none, were
+    the backward's tiles wider)."""
+    shape = INTERPRETER_TILES if _interpreting() else GPU_TILES
+    if shape.bn_scan % shape.bn_backward:
+        raise ValueError(
+            f"TileShape: bn_backward ({shape.bn_backward}) must divide bn_scan ({shape.bn_scan}), got {shape}"
+        )
+    return shape
 
 
 def check_score_kernel(value: object, *, name: str = "score_kernel") -> None:
