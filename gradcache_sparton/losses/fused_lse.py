@@ -85,7 +85,7 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from gradcache_sparton.losses.blocked import check_same_on_every_rank, products_in_bf16
-from gradcache_sparton.primitives.sparse_reps import SPARSE_BLOCK_MAX_BYTES, SparseReps
+from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = [
     "DOC_BLOCK_MAX_BYTES",
@@ -120,9 +120,12 @@ SCORE_KERNELS = ("auto", "fused", "blocked")
 # 1.33x at 32,768, 1.44x at 65,536, 1.48x at 131,072. Below 16,384 this kernel is unmeasured: the blocked path stays.
 FUSED_MIN_QUERIES = 16_384
 
-# Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): the
-# sparse path's per-buffer bound, so bd = 4,352 documents at V = 30,522.
-DOC_BLOCK_MAX_BYTES = SPARSE_BLOCK_MAX_BYTES
+# Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): bd = 1,024
+# documents at V = 30,522 (a bf16 DT of 63 MB, its gradient 125 MB). Narrower blocks are read by every query tile
+# closer together in time: at B 65,536 on one H100 (benchmarks/results/session11, README) bd 1,024 against 4,352
+# (the sparse path's 512 MiB bound) took the backward from 1.213 to 1.121 s at temperature 1.0 and from 0.232 to
+# 0.226 s at 0.05, the forward unchanged (0.132 / 0.133 s); 512 and 256 were slower at 0.05 (more launches).
+DOC_BLOCK_MAX_BYTES = 128 << 20
 
 # bf16 parts the backward splits its fp32 softmax weights into (module doc, "Exactness"): 2 parts hold the
 # leading 16 significant bits (each weight within 2^-16 of itself, docs/losses.md's bound); 3 parts hold all 24,
@@ -170,21 +173,20 @@ class TileShape(NamedTuple):
 
 
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
-# edges >= 16; BM = 64 is the wgmma row edge. 'columns' (the query gradient over the tile's columns on the tensor
-# cores): the fastest setting measured at B 65,536 on one H100 (benchmarks/results/session8/
-# loss_kernel_variants_b65536_h100.json; docs/scale.md, "The fused kernel"). 'split64' and 'split128' (the dense
-# tiles' gradients in two kernels, 64 or 128 documents wide): candidates for the next A/B, not yet timed on a GPU.
+# edges >= 16; BM = 64 is the wgmma row edge. 'split128' (the dense tiles' query and document gradients in two
+# kernels, each recomputing the scores 128 documents wide with fewer live registers): the fastest measured at B
+# 65,536 on one H100, backward 1.213 s against 'columns'' 1.358 at temperature 1.0 and the same 0.232-0.233 s at 0.05
+# (benchmarks/results/session11; two kernels 64 wide: 1.593 s; 8 warps, 2 or 4 stages, BK 32, BM 128, BN 256 or
+# both gradients 128 wide in one kernel: slower, same folder). 'columns': both gradients in one kernel, 64 wide
+# (the setting before, docs/scale.md).
 VARIANTS = {
-    "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=64, warps=4, stages=3),
-    "split64": TileShape(
-        bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=64, warps=4, stages=3, dense_split=True
-    ),
     "split128": TileShape(
         bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=128, warps=4, stages=3, dense_split=True
     ),
+    "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=64, warps=4, stages=3),
 }
 # The GPU's setting.
-GPU_TILES = VARIANTS["columns"]
+GPU_TILES = VARIANTS["split128"]
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
 INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_scan=16, bn_backward=16, warps=4, stages=1)
 
