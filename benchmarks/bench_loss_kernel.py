@@ -115,12 +115,13 @@ def fused_setting(name: str) -> Iterator[None]:
         fused_lse.GPU_TILES = default
 
 
-def fused_backward_units(scanned_fraction: float, dense_fraction: float) -> float:
+def fused_backward_units(scanned_fraction: float, dense_fraction: float, shape: fused_lse.TileShape) -> float:
     """Tensor-core products of a fused backward per score tile, in forward units: the scan's scores for the
     ``scanned_fraction`` of tiles (blocks run with the routes), then for the ``dense_fraction`` taken on the tensor
-    cores the scores again and the query and the document gradients against each split part (the pairs' products
-    run on the CUDA cores: not counted)."""
-    return scanned_fraction + dense_fraction * (1 + 2 * fused_lse.SPLIT_PARTS)
+    cores the scores again (once in each dense kernel: two with ``shape.dense_split``) and the query and the
+    document gradients against each split part (the pairs' products run on the CUDA cores: not counted)."""
+    scores = 2 if shape.dense_split else 1
+    return scanned_fraction + dense_fraction * (scores + 2 * fused_lse.SPLIT_PARTS)
 
 
 @contextlib.contextmanager
@@ -358,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 units = (
                     2.0 * batch * 2 * batch * stats["k_mean"],
                     1,
-                    fused_backward_units(routes["scanned_fraction"], routes["dense_fraction"]),
+                    fused_backward_units(routes["scanned_fraction"], routes["dense_fraction"], shape),
                 )
             point[path] = time_path(reps, path, args, device, units, peak)
             run_s = time.monotonic() - path_began

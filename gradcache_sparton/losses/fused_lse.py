@@ -31,10 +31,10 @@ dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile
 - at most :data:`SPARSE_TILE_MAX`: its (query, document, p) pairs are listed, and for each pair, over the
   query's entries (id v, weight w), ``grad_q[entry] += p · DT[v, j]`` and ``grad_DT[v, j] += p · w`` where
   document j has an entry at v (fp32 products, atomic adds);
-- more (or past the pairs' room, :data:`PAIR_CAPACITY`): listed as dense; a second kernel recomputes the listed
-  tiles BN_backward documents at a time and adds on the tensor cores, per step ``grad_QT[k] += p @ DT[id_k]ᵀ``
-  (the tile's own rows) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds: every query tile adds to the document
-  block's gradient).
+- more (or past the pairs' room, :data:`PAIR_CAPACITY`): listed as dense; the listed tiles are recomputed
+  BN_backward documents at a time and added on the tensor cores, per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the
+  tile's own rows) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds: every query tile adds to the document
+  block's gradient), by one kernel or, with ``TileShape.dense_split`` (the GPU's default), one kernel each.
 
 Where nearly every tile is dense (raw dot products at temperature 1.0) the scan only costs: a backward whose
 first document block listed more than :data:`ROUTES_MAX_DENSE_FRACTION` of its tiles as dense runs its other
@@ -175,8 +175,8 @@ class TileShape(NamedTuple):
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
 # edges >= 16; BM = 64 is the wgmma row edge. 'split128' (the dense tiles' query and document gradients in two
 # kernels, each recomputing the scores 128 documents wide with fewer live registers): the fastest measured at B
-# 65,536 on one H100, backward 1.213 s against 'columns'' 1.358 at temperature 1.0 and the same 0.232-0.233 s at 0.05
-# (benchmarks/results/session11; two kernels 64 wide: 1.593 s; 8 warps, 2 or 4 stages, BK 32, BM 128, BN 256 or
+# 65,536 on one H100, backward 1.211 s against 'columns'' 1.358 at temperature 1.0 and the same 0.233 s at 0.05
+# (benchmarks/results/session11, call 2; two kernels 64 wide: 1.593 s; 8 warps, 2 or 4 stages, BK 32, BM 128, BN 256 or
 # both gradients 128 wide in one kernel: slower, same folder). 'columns': both gradients in one kernel, 64 wide
 # (the setting before, docs/scale.md).
 VARIANTS = {
