@@ -121,10 +121,11 @@ SCORE_KERNELS = ("auto", "fused", "blocked")
 FUSED_MIN_QUERIES = 16_384
 
 # Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): bd = 1,024
-# documents at V = 30,522 (a bf16 DT of 63 MB, its gradient 125 MB). Narrower blocks are read by every query tile
-# closer together in time: at B 65,536 on one H100 (benchmarks/results/session11, README) bd 1,024 against 4,352
-# (the sparse path's 512 MiB bound) took the backward from 1.213 to 1.121 s at temperature 1.0 and from 0.232 to
-# 0.226 s at 0.05, the forward unchanged (0.132 / 0.133 s); 512 and 256 were slower at 0.05 (more launches).
+# documents at V = 30,522 (a bf16 DT of 63 MB, its gradient 125 MB). Measured at B 65,536 on one H100
+# (benchmarks/results/session11, README): bd 1,024 against 4,352 (the sparse path's 512 MiB bound) took the backward
+# from 1.213 to 1.121 s at temperature 1.0 and from 0.232 to 0.226 s at 0.05, the forward unchanged (0.132 / 0.133
+# s); 512 and 256 were slower at 0.05 (more launches). Likely, not profiled: the smaller gradient block keeps more
+# of the atomics' targets in L2.
 DOC_BLOCK_MAX_BYTES = 128 << 20
 
 # bf16 parts the backward splits its fp32 softmax weights into (module doc, "Exactness"): 2 parts hold the
