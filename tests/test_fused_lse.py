@@ -44,10 +44,16 @@ def _grad_tol(kind: str) -> float:
     return TOL + (2.0**-16 if kind == "bf16" else 0.0)
 
 
+def _document_blocks(monkeypatch, rows: int) -> None:
+    """The interpreter's setting with documents in blocks of ``rows`` (``TileShape.doc_block_bytes`` for V)."""
+    tiles = fused_lse.INTERPRETER_TILES._replace(doc_block_bytes=4 * (V + 1) * rows)
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", tiles)
+
+
 @pytest.fixture(autouse=True)
 def small_document_blocks(monkeypatch) -> None:
-    """Documents in blocks of 16 rows (the bound that gives 4,352 at V = 30,522 gives 16 here)."""
-    monkeypatch.setattr(fused_lse, "DOC_BLOCK_MAX_BYTES", 4 * (V + 1) * 16)
+    """Documents in blocks of 16 rows (several blocks a column, as on the GPU)."""
+    _document_blocks(monkeypatch, 16)
 
 
 def _dense_batch(kind: str, seed: int = 0) -> list[torch.Tensor]:
@@ -143,7 +149,7 @@ def test_peaked_softmax_drops_zero_tiles(monkeypatch, kind: str) -> None:
     s/T - lse is a relative error d in p, and d <= (53 + 3) · 2^-24 · max |s/T| (a score's <= 53 products, the
     scaling, the lse and the difference). A dropped live tile loses its products: far outside either."""
     _tiles(monkeypatch, kind)
-    monkeypatch.setattr(fused_lse, "DOC_BLOCK_MAX_BYTES", 4 * (V + 1) * 48)  # a column a block: 3 x 3 tiles
+    _document_blocks(monkeypatch, 48)  # a column a block: 3 x 3 tiles
     columns = _dense_batch(kind)
     columns[2] = (
         columns[2] / 8
@@ -180,7 +186,7 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -
     _tiles(monkeypatch, "bf16")
     tiles = fused_lse.INTERPRETER_TILES._replace(bn_scan=32, dense_split=split)
     monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", tiles)
-    monkeypatch.setattr(fused_lse, "DOC_BLOCK_MAX_BYTES", 4 * (V + 1) * 32)  # blocks of 32 + 5 documents
+    _document_blocks(monkeypatch, 32)  # blocks of 32 + 5 documents
     made = _route(monkeypatch, route)
     columns = _dense_batch("bf16")
     upstream = torch.randn(B, generator=torch.Generator().manual_seed(8))

@@ -61,7 +61,7 @@ kernel"):
 
 Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: linear in the queries'
 non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
-:data:`DOC_BLOCK_MAX_BYTES`: a constant, not a function of B), the running max and sum [B], the pairs' room
+``TileShape.doc_block_bytes``: a constant, not a function of B), the running max and sum [B], the pairs' room
 (12 bytes a pair, :data:`PAIR_CAPACITY`: a constant) and the pairs' query gradient (4 bytes an entry). Nothing
 grows with B².
 
@@ -88,7 +88,6 @@ from gradcache_sparton.losses.blocked import check_same_on_every_rank, products_
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 __all__ = [
-    "DOC_BLOCK_MAX_BYTES",
     "FUSED_MIN_QUERIES",
     "GPU_TILES",
     "INTERPRETER_TILES",
@@ -119,14 +118,6 @@ SCORE_KERNELS = ("auto", "fused", "blocked")
 # has the fused loss (forward + backward) faster than the blocked one at every B it measured: 1.11x at 16,384,
 # 1.33x at 32,768, 1.44x at 65,536, 1.48x at 131,072. Below 16,384 this kernel is unmeasured: the blocked path stays.
 FUSED_MIN_QUERIES = 16_384
-
-# Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): bd = 1,024
-# documents at V = 30,522 (a bf16 DT of 63 MB, its gradient 125 MB). Measured at B 65,536 on one H100
-# (benchmarks/results/session11, README): bd 1,024 against 4,352 (the sparse path's 512 MiB bound) took the backward
-# from 1.213 to 1.121 s at temperature 1.0 and from 0.232 to 0.226 s at 0.05, the forward unchanged (0.132 / 0.133
-# s); 512 and 256 were slower at 0.05 (more launches). Likely, not profiled: the smaller gradient block keeps more
-# of the atomics' targets in L2.
-DOC_BLOCK_MAX_BYTES = 128 << 20
 
 # bf16 parts the backward splits its fp32 softmax weights into (module doc, "Exactness"): 2 parts hold the
 # leading 16 significant bits (each weight within 2^-16 of itself, docs/losses.md's bound); 3 parts hold all 24,
@@ -171,6 +162,13 @@ class TileShape(NamedTuple):
     dense_split: bool = False
     """The dense tiles' gradients in two kernels, the queries' then the documents' (each recomputes the scores,
     with fewer live registers); False: both in one."""
+    doc_block_bytes: int = 128 << 20
+    """Bytes of the fp32 document gradient block grad_DT [V + 1, bd] (DT, bf16 or fp32, is at most as large): bd =
+    1,024 documents at V = 30,522 (a bf16 DT of 63 MB, its gradient 125 MB), a constant, not a function of B.
+    Measured at B 65,536 on one H100 (benchmarks/results/session11, README): bd 1,024 against 4,352 (512 MiB, the
+    sparse path's bound) took the backward from 1.213 to 1.121 s at temperature 1.0 and from 0.232 to 0.226 s at
+    0.05, the forward unchanged (0.132 / 0.133 s); 512 and 256 were slower at 0.05 (more launches). Likely, not
+    profiled: the smaller gradient block keeps more of the atomics' targets in L2."""
 
 
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
@@ -178,13 +176,22 @@ class TileShape(NamedTuple):
 # kernels, each recomputing the scores 128 documents wide with fewer live registers): the fastest measured at B
 # 65,536 on one H100, backward 1.211 s against 'columns'' 1.358 at temperature 1.0 and the same 0.233 s at 0.05
 # (benchmarks/results/session11, call 2; two kernels 64 wide: 1.593 s; 8 warps, 2 or 4 stages, BK 32, BM 128, BN 256 or
-# both gradients 128 wide in one kernel: slower, same folder). 'columns': both gradients in one kernel, 64 wide
-# (the setting before, docs/scale.md).
+# both gradients 128 wide in one kernel: slower, same folder). 'columns': both gradients in one kernel, 64 wide,
+# document blocks of 4,352 (the setting before, docs/scale.md).
 VARIANTS = {
     "split128": TileShape(
         bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=128, warps=4, stages=3, dense_split=True
     ),
-    "columns": TileShape(bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=64, warps=4, stages=3),
+    "columns": TileShape(
+        bm=64,
+        bk=64,
+        bn_forward=128,
+        bn_scan=128,
+        bn_backward=64,
+        warps=4,
+        stages=3,
+        doc_block_bytes=512 << 20,
+    ),
 }
 # The GPU's setting.
 GPU_TILES = VARIANTS["split128"]
@@ -345,13 +352,13 @@ class _DocBlocks:
 
 
 def _document_rows(vocab: int, shape: TileShape) -> int:
-    """bd: documents per block, a multiple of every BN, with grad_DT within :data:`DOC_BLOCK_MAX_BYTES`; (V + 1)·bd
+    """bd: documents per block, a multiple of every BN, with grad_DT within ``shape.doc_block_bytes``; (V + 1)·bd
     below 2^31, the kernels' int32 offsets into DT and grad_DT."""
     edge = math.lcm(shape.bn_forward, shape.bn_scan, shape.bn_backward)
-    bd = max(edge, DOC_BLOCK_MAX_BYTES // (4 * (vocab + 1)) // edge * edge)
+    bd = max(edge, shape.doc_block_bytes // (4 * (vocab + 1)) // edge * edge)
     if (vocab + 1) * bd >= 2**31:
         raise ValueError(
-            f"DOC_BLOCK_MAX_BYTES gives {bd} documents a block over V = {vocab}: (V + 1)·bd >= 2^31"
+            f"TileShape.doc_block_bytes gives {bd} documents a block over V = {vocab}: (V + 1)·bd >= 2^31"
         )
     return bd
 
