@@ -261,9 +261,8 @@ def timed(
     reps: dict[str, SparseReps], kernel: str, repeats: int, device: torch.device, temperature: float
 ) -> dict:
     runs = []
-    loss_and_grads(
-        reps, kernel, reg=True, temperature=temperature
-    )  # warm-up: compilation, autotuning, allocator
+    # warm-up: compilation, autotuning, the allocator's blocks
+    loss_and_grads(reps, kernel, reg=True, temperature=temperature)
     for _ in range(repeats):
         inputs = leaves(reps)
         loss = SpladeLoss(loss_config(kernel, reg=True, temperature=temperature))
