@@ -200,6 +200,31 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-dense-kernel", "dense-split"])
+@pytest.mark.parametrize("route", ["dense", "mixed"])
+def test_document_windows(monkeypatch, route: str, split: bool) -> None:
+    """A block taken in windows of 16 documents a program (``TileShape.doc_window``; a column of 37 in one block:
+    windows of 16, 16 and 5): the forward's per-window maxima and sums merged, the scan's lists per window, the
+    dense tiles' query gradient added by each window's program (atomics): lse and every gradient equal dense
+    fp64's within the bound, both routes seen, and the work lists sized for 3 programs a query tile."""
+    _tiles(monkeypatch, "bf16")
+    tiles = fused_lse.INTERPRETER_TILES._replace(doc_window=16, dense_split=split)
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", tiles)
+    _document_blocks(monkeypatch, 48)
+    made = _route(monkeypatch, route)
+    columns = _dense_batch("bf16")
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(9))
+    reps = sparse_leaves(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    (lse * upstream).sum().backward()
+    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
+    assert_lse_within_bound(lse, want, TOL)
+    assert_grads_within_bound(reps, want, [_grad_tol("bf16")] * 3)
+    (work,) = made
+    assert work.dense_count.numel() == 3 * 3  # 3 query tiles x 3 windows
+    assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
+
+
 @pytest.mark.parametrize("peaked", [False, True], ids=["flat", "peaked"])
 def test_backward_leaves_the_routes_after_a_dense_first_block(monkeypatch, peaked: bool) -> None:
     """A backward whose first document block had more than ROUTES_MAX_DENSE_FRACTION of its score tiles on the
@@ -340,12 +365,21 @@ def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
     assert fused_lse.fused_by_default(B) and not fused_lse.fused_by_default(B - 1)
 
 
-def test_backward_tiles_wider_than_the_scan_are_refused(monkeypatch) -> None:
-    """A setting whose backward tiles are wider than the scan's (each listed tile would be added in no part: its
-    gradients lost) is a ValueError naming both edges, raised before any kernel runs."""
-    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(bn_backward=32))
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"bn_backward": 32}, r"bn_backward \(32\) must divide bn_scan \(16\)"),
+        ({"doc_window": 24}, r"doc_window \(24\) must be 0 or a multiple of 16"),
+        ({"doc_window": -16}, r"doc_window \(-16\) must be 0 or a multiple of 16"),
+    ],
+)
+def test_settings_that_would_lose_tiles_are_refused(monkeypatch, change: dict, match: str) -> None:
+    """A setting whose backward tiles are wider than the scan's (each listed tile would be added in no part) or
+    whose windows cut a tile (its documents past the window's end in no program) is a ValueError naming the field
+    and what it needs, raised before any kernel runs."""
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**change))
     reps = sparse_leaves(_dense_batch("fp32"))
-    with pytest.raises(ValueError, match=r"bn_backward \(32\) must divide bn_scan \(16\)"):
+    with pytest.raises(ValueError, match=match):
         fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
 
 

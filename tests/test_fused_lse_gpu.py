@@ -54,10 +54,14 @@ def _batch(kind: str, seed: int = 0) -> list[torch.Tensor]:
     return [q, pos, neg]
 
 
+@pytest.mark.parametrize("variant", list(fused_lse.VARIANTS))
 @pytest.mark.parametrize("kind", ["bf16", "fp32"])
-def test_compiled_fused_lse_and_grads_match_fp64(kind: str) -> None:
-    """On the GPU, at GPU_TILES: lse [B] and the gradients of queries, positives and negatives equal dense fp64
-    within the bound (bf16 values: bf16 tiles and the split; other fp32 values: ieee fp32 tiles)."""
+def test_compiled_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, variant: str) -> None:
+    """On the GPU, under every named setting (GPU_TILES is one; a windowed one runs programs side by side that add
+    into the same query gradient rows: atomics a sequential interpreter cannot check): lse [B] and the gradients of
+    queries, positives and negatives equal dense fp64 within the bound (bf16 values: bf16 tiles and the split;
+    other fp32 values: ieee fp32 tiles)."""
+    monkeypatch.setattr(fused_lse, "GPU_TILES", fused_lse.VARIANTS[variant])
     columns = _batch(kind)
     upstream = torch.randn(B, generator=torch.Generator(device="cuda").manual_seed(1), device="cuda")
     reps = sparse_leaves(columns)

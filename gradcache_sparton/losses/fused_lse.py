@@ -169,6 +169,11 @@ class TileShape(NamedTuple):
     sparse path's bound) took the backward from 1.213 to 1.121 s at temperature 1.0 and from 0.232 to 0.226 s at
     0.05, the forward unchanged (0.132 / 0.133 s); 512 and 256 were slower at 0.05 (more launches). Likely, not
     profiled: the smaller gradient block keeps more of the atomics' targets in L2."""
+    doc_window: int = 0
+    """Documents of a block one program takes (a multiple of every BN), 0: the whole block. With W > 1 windows a
+    block, a query tile's W programs run side by side (fewer query tiles live at once, so their reads stay in
+    L2), the forward keeps W running maxima and sums a query, merged at the end, and the dense tiles' query
+    gradient is added by atomics (the tile's windows share its rows)."""
 
 
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
@@ -181,6 +186,17 @@ class TileShape(NamedTuple):
 VARIANTS = {
     "split128": TileShape(
         bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=128, warps=4, stages=3, dense_split=True
+    ),
+    "window256": TileShape(
+        bm=64,
+        bk=64,
+        bn_forward=128,
+        bn_scan=128,
+        bn_backward=128,
+        warps=4,
+        stages=3,
+        dense_split=True,
+        doc_window=256,
     ),
     "columns": TileShape(
         bm=64,
@@ -210,11 +226,16 @@ def kernels_run_on(device: torch.device) -> bool:
 
 def _tile_shape() -> TileShape:
     """The setting in use, checked: a listed tile of the scan is added in bn_scan / bn_backward parts (none, were
-    the backward's tiles wider)."""
+    the backward's tiles wider), and a window holds whole tiles of every kernel."""
     shape = INTERPRETER_TILES if _interpreting() else GPU_TILES
     if shape.bn_scan % shape.bn_backward:
         raise ValueError(
             f"TileShape: bn_backward ({shape.bn_backward}) must divide bn_scan ({shape.bn_scan}), got {shape}"
+        )
+    edge = math.lcm(shape.bn_forward, shape.bn_scan, shape.bn_backward)
+    if shape.doc_window < 0 or shape.doc_window % edge:
+        raise ValueError(
+            f"TileShape: doc_window ({shape.doc_window}) must be 0 or a multiple of {edge}, got {shape}"
         )
     return shape
 
@@ -363,6 +384,11 @@ def _document_rows(vocab: int, shape: TileShape) -> int:
     return bd
 
 
+def _window(shape: TileShape, bd: int) -> int:
+    """Documents a program takes of a block of ``bd`` (``TileShape.doc_window``; the whole block at 0)."""
+    return shape.doc_window if 0 < shape.doc_window < bd else bd
+
+
 def _rank_tiles(num_tiles: int, shard: bool) -> tuple[range, bool]:
     """This rank's query tiles (contiguous, 1/W of them; all unsharded) and whether results are summed."""
     if not (shard and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
@@ -424,22 +450,25 @@ class _FusedLogSumExp(torch.autograd.Function):
         if summed:
             check_same_on_every_rank([q, *d], num_rows=q_layout.num_rows)
         num_rows = q_layout.num_rows
-        run_max = torch.full((num_rows,), -torch.inf, dtype=torch.float32, device=q.device)
-        run_sum = torch.zeros_like(run_max)
         bd = _document_rows(q_layout.vocab_size, shape)
+        window = _window(shape, bd)
+        # each window's running max and sum [windows, B], merged after the last block
+        run_max = torch.full((-(-bd // window), num_rows), -torch.inf, dtype=torch.float32, device=q.device)
+        run_sum = torch.zeros_like(run_max)
         for layout, weights in zip(d_layouts, d, strict=True):
             column = _DocBlocks(layout, bd)
             for j0, n, lo, hi in column.blocks():
                 dt = column.densify(weights, j0, n, lo, hi, dtype)  # [V + 1, n]
                 launch_forward(
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, run_max, run_sum,
-                    num_rows=num_rows, n_docs=n, inv_t=1.0 / temperature, tiles=own, bm=shape.bm, bk=shape.bk,
-                    bn=shape.bn_forward, warps=shape.warps, stages=shape.stages,
+                    num_rows=num_rows, n_docs=n, inv_t=1.0 / temperature, tiles=own, window=window, bm=shape.bm,
+                    bk=shape.bk, bn=shape.bn_forward, warps=shape.warps, stages=shape.stages,
                 )  # fmt: skip
         rows = tiles.row_idx[own.start * shape.bm : own.stop * shape.bm].long()
         rows = rows[rows < num_rows]  # this rank's queries
-        lse = torch.zeros_like(run_max)  # [B]; other ranks' rows stay zero
-        lse[rows] = run_max[rows] + torch.log(run_sum[rows])
+        top = run_max[:, rows].amax(0)  # finite: window 0 of the first block holds a document
+        lse = torch.zeros(num_rows, dtype=torch.float32, device=q.device)  # [B]; other ranks' rows stay zero
+        lse[rows] = top + torch.log((run_sum[:, rows] * torch.exp(run_max[:, rows] - top)).sum(0))
         if summed:
             dist.all_reduce(lse)
         ctx.save_for_backward(q, lse, *d)
@@ -464,7 +493,9 @@ class _FusedLogSumExp(torch.autograd.Function):
             q_layout.offsets, q_layout.token_ids, q, torch.zeros_like(q) if needs_q else None
         )
         capacity = min(PAIR_CAPACITY, len(saved.rows) * shape.bm * saved.bd)  # at most every score of a block
-        work = WorkLists.allocate(capacity, len(saved.rows), -(-saved.bd // shape.bn_scan), q.device)
+        window = _window(shape, saved.bd)
+        programs = len(saved.rows) * -(-saved.bd // window)
+        work = WorkLists.allocate(capacity, programs, window // shape.bn_scan, q.device)
         grad_d: list[Tensor | None] = []
         routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
@@ -477,7 +508,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                 grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
                 launch_backward(
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g, grad_qt, grad_dt, queries, work,
-                    num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, bm=shape.bm, bk=shape.bk,
+                    num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, window=window, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
                 )  # fmt: skip

@@ -57,13 +57,21 @@ INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == 
 
 
 @triton.jit
-def _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM: tl.constexpr, BK: tl.constexpr):
-    """This program's query tile t: its rows [k_lo, k_hi) of QT, the offsets r [BM] and kk [BK], its
-    queries ``rows`` [BM] (num_rows: padding) and ``row_ok``, which of them are real."""
-    t = tile_lo + tl.program_id(0)
+def _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM: tl.constexpr, BK: tl.constexpr):
+    """This program's query tile t (program p takes window p % windows of tile tile_lo + p // windows: a tile's
+    windows run side by side): its rows [k_lo, k_hi) of QT, the offsets r [BM] and kk [BK], its queries ``rows``
+    [BM] (num_rows: padding) and ``row_ok``, which of them are real."""
+    t = tile_lo + tl.program_id(0) // windows
     r = tl.arange(0, BM)
     rows = tl.load(ROWS + t * BM + r)  # [BM]
     return tl.load(TILE_PTR + t), tl.load(TILE_PTR + t + 1), r, tl.arange(0, BK), rows, rows < num_rows
+
+
+@triton.jit
+def _window(windows, window, n_docs):
+    """This program's window of the block: its index w and documents [n_lo, n_hi)."""
+    w = tl.program_id(0) % windows
+    return w, w * window, tl.minimum(w * window + window, n_docs)
 
 
 @triton.jit
@@ -96,12 +104,15 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def _forward_kernel(QT, COLS, TILE_PTR, ROWS, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, stride_dt, inv_t, tile_lo,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-    """One query tile against one document block: update the tile's running max and sum (online lse)."""
-    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
-    run_max = tl.load(RUN_MAX + rows, mask=row_ok, other=0.0)  # [BM]
-    run_sum = tl.load(RUN_SUM + rows, mask=row_ok, other=0.0)  # [BM]
-    for n0 in range(0, n_docs, BN):
+                    windows, window, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    IEEE: tl.constexpr):  # fmt: skip
+    """One query tile against one window of a document block: update the tile's running max and sum (online lse)
+    of that window (row w of RUN_MAX and RUN_SUM [windows, num_rows])."""
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK)
+    w, n_lo, n_hi = _window(windows, window, n_docs)
+    run_max = tl.load(RUN_MAX + w * num_rows + rows, mask=row_ok, other=0.0)  # [BM]
+    run_sum = tl.load(RUN_SUM + w * num_rows + rows, mask=row_ok, other=0.0)  # [BM]
+    for n0 in range(n_lo, n_hi, BN):
         n_cols = n0 + tl.arange(0, BN)
         n_ok = n_cols < n_docs
         s = _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk, BM, BN, BK, IEEE) * inv_t
@@ -109,8 +120,8 @@ def _forward_kernel(QT, COLS, TILE_PTR, ROWS, DT, RUN_MAX, RUN_SUM, num_rows, n_
         new_max = tl.maximum(run_max, tl.max(s, axis=1))  # finite: the tile has a document
         run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(s - new_max[:, None]), axis=1)
         run_max = new_max
-    tl.store(RUN_MAX + rows, run_max, mask=row_ok)
-    tl.store(RUN_SUM + rows, run_sum, mask=row_ok)
+    tl.store(RUN_MAX + w * num_rows + rows, run_max, mask=row_ok)
+    tl.store(RUN_SUM + w * num_rows + rows, run_sum, mask=row_ok)
 
 
 @triton.jit
@@ -174,19 +185,20 @@ def _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r
 
 @triton.jit
 def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, DENSE, DENSE_COUNT,
-                 num_rows, n_docs, stride_dt, inv_t, tile_lo, capacity, sparse_max,
+                 num_rows, n_docs, stride_dt, inv_t, tile_lo, windows, window, capacity, sparse_max,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """One query tile against one document block: recompute each score tile and its softmax weights ``p``; a tile
     with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs (PAIR_*, for
     :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) goes on the query tile's list of dense
-    document tiles (DENSE, DENSE_COUNT, for :func:`_dense_kernel`); a tile of zeros adds nothing and is passed
-    over."""
-    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
+    document tiles in its window (DENSE, DENSE_COUNT, for :func:`_dense_kernel`); a tile of zeros adds nothing and
+    is passed over."""
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK)
+    _, n_lo, n_hi = _window(windows, window, n_docs)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
-    listed = DENSE + tl.program_id(0) * tl.cdiv(n_docs, BN)
+    listed = DENSE + tl.program_id(0) * tl.cdiv(window, BN)
     num_dense = tl.full((), 0, tl.int32)  # a tensor: it changes in the loop
-    for n0 in range(0, n_docs, BN):
+    for n0 in range(n_lo, n_hi, BN):
         n_cols = n0 + tl.arange(0, BN)
         n_ok = n_cols < n_docs
         p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
@@ -213,39 +225,41 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
 
 @triton.jit
 def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, num_rows, n_docs, stride_dt,
-                  inv_t, tile_lo, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPAN: tl.constexpr,
-                  IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr,
-                  LISTED: tl.constexpr):  # fmt: skip
-    """One query tile's score tiles on the tensor cores, BN documents at a time: recompute each and add its gradients
-    (:func:`_column_grads`). LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else
-    every tile of the block."""
-    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, BM, BK)
+                  inv_t, tile_lo, windows, window, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr,
+                  NEED_D: tl.constexpr, LISTED: tl.constexpr, SHARED_Q: tl.constexpr):  # fmt: skip
+    """One query tile's score tiles in one window on the tensor cores, BN documents at a time: recompute each and add
+    its gradients (:func:`_column_grads`; the query tile's rows of GQT by atomics where its windows run side by
+    side). LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the
+    window."""
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK)
+    _, n_lo, n_hi = _window(windows, window, n_docs)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]
     if LISTED:
-        listed = DENSE + tl.program_id(0) * tl.cdiv(n_docs, SPAN)
+        listed = DENSE + tl.program_id(0) * tl.cdiv(window, SPAN)
         for t in range(0, tl.load(DENSE_COUNT + tl.program_id(0)) * (SPAN // BN)):
             # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
             n0 = tl.multiple_of(tl.load(listed + t // (SPAN // BN)), SPAN) + (t % (SPAN // BN)) * BN
             _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
-                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
+                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, SHARED_Q)  # fmt: skip
     else:
-        for n0 in range(0, n_docs, BN):
+        for n0 in range(n_lo, n_hi, BN):
             _dense_tile(n0, QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
-                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
+                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, SHARED_Q)  # fmt: skip
 
 
 @triton.jit
 def _dense_tile(n0, QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t, r, kk, row_ok,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
+                NEED_Q: tl.constexpr, NEED_D: tl.constexpr, SHARED_Q: tl.constexpr):  # fmt: skip
     """The score tile of documents n0 + [0, BN) recomputed, its gradients added (:func:`_column_grads`)."""
     n_cols = n0 + tl.arange(0, BN)
     n_ok = n_cols < n_docs
     p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
                  BM, BN, BK, IEEE)  # fmt: skip
     _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
-                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D)  # fmt: skip
+                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, SHARED_Q)  # fmt: skip
 
 
 @triton.jit
@@ -282,9 +296,10 @@ def _pairs_kernel(PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, Q_OFF, Q_IDS, Q_W, DT,
 @triton.jit
 def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr):  # fmt: skip
+                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr, SHARED_Q: tl.constexpr):  # fmt: skip
     """Add one score tile's gradients over the query tile's columns, on the tensor cores: ``p @ DTᵀ`` into the
-    tile's rows of GQT (NEED_Q) and ``QTᵀ @ p`` into GDT (NEED_D, atomics)."""
+    tile's rows of GQT (NEED_Q; atomics where SHARED_Q: the tile's other windows add there too) and ``QTᵀ @
+    p`` into GDT (NEED_D, atomics)."""
     if NEED_Q:
         pt1, pt2, pt3 = _parts(tl.trans(p), IEEE)  # [BN, BM] each, split once for every step below
     if NEED_D:
@@ -295,11 +310,14 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok
         b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BK, BN]
         at = tl.load(QT + k[:, None] * BM + r[None, :])  # [BK, BM]: QT's rows as stored
         if NEED_Q:
-            # [BK, BN] @ [BN, BM] -> [BK, BM]; this tile's rows of GQT are this program's alone
+            # [BK, BN] @ [BN, BM] -> [BK, BM]; this tile's rows of GQT, this program's alone unless SHARED_Q
             gq = _mul3(b, pt1, pt2, pt3, tl.zeros((BK, BM), dtype=tl.float32), PARTS, IEEE)
             to = GQT + k[:, None] * BM + r[None, :]
             entry = _nonzero(at, IEEE)  # the queries' entries
-            tl.store(to, tl.load(to, mask=entry, other=0.0) + gq, mask=entry)
+            if SHARED_Q:
+                tl.atomic_add(to, gq, mask=entry, sem="relaxed")
+            else:
+                tl.store(to, tl.load(to, mask=entry, other=0.0) + gq, mask=entry)
         if NEED_D:
             # [BK, BM] @ [BM, BN] -> [BK, BN]; every query tile adds here: atomics, at the documents' entries
             gd = _mul3(at, p1, p2, p3, tl.zeros((BK, BN), dtype=tl.float32), PARTS, IEEE)
@@ -309,14 +327,19 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok
 
 def launch_forward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, run_max: Tensor, run_sum: Tensor,
-    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, warps: int, stages: int,
+    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, warps: int,
+    stages: int,
 ) -> None:  # fmt: skip
-    """Update ``run_max``/``run_sum`` [B] of the query tiles ``tiles`` against the ``n_docs`` columns of ``dt``."""
+    """Update ``run_max``/``run_sum`` [windows, B] of the query tiles ``tiles`` against the ``n_docs`` columns of
+    ``dt``, ``window`` documents a program (a multiple of ``bn``): row w holds window w's (online lse)."""
+    windows = -(-n_docs // window)
     if len(tiles) == 0:
         return
-    _forward_kernel[(len(tiles),)](
+    if run_max.shape != (run_max.shape[0], num_rows) or run_max.shape[0] < windows:
+        raise ValueError(f"run_max must be [>= {windows}, {num_rows}], got {list(run_max.shape)}")
+    _forward_kernel[(len(tiles) * windows,)](
         qt, cols, tile_ptr, row_idx, dt, run_max, run_sum, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
-        BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, num_warps=warps, num_stages=stages,
+        windows, window, BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -334,17 +357,18 @@ class WorkLists(NamedTuple):
     pair_count: Tensor
     """[1] int32: pairs reserved (the slots below ``capacity`` are filled)."""
     dense: Tensor
-    """[tiles · doc tiles] int32: each query tile's dense document tiles (the first document of each)."""
+    """[programs · doc tiles] int32: each program's dense document tiles (the first document of each)."""
     dense_count: Tensor
-    """[tiles] int32: how many of them (0 until a scan writes them)."""
+    """[programs] int32: how many of them (0 until a scan writes them)."""
 
     @classmethod
-    def allocate(cls, capacity: int, tiles: int, doc_tiles: int, device: torch.device) -> WorkLists:
-        """Room for ``capacity`` pairs and ``doc_tiles`` dense document tiles for each of ``tiles`` query tiles."""
+    def allocate(cls, capacity: int, programs: int, doc_tiles: int, device: torch.device) -> WorkLists:
+        """Room for ``capacity`` pairs and ``doc_tiles`` dense document tiles for each of ``programs`` (a query
+        tile's window of a document block)."""
         ints = functools.partial(torch.empty, dtype=torch.int32, device=device)
-        counts = torch.zeros(max(tiles, 1), dtype=torch.int32, device=device)
+        counts = torch.zeros(max(programs, 1), dtype=torch.int32, device=device)
         return cls(ints(capacity), ints(capacity), torch.empty(capacity, device=device), ints(1),
-                   ints(max(tiles * doc_tiles, 1)), counts)  # fmt: skip
+                   ints(max(programs * doc_tiles, 1)), counts)  # fmt: skip
 
     def dense_tiles(self) -> int:
         """The score tiles the last scan listed as dense (one device read)."""
@@ -371,27 +395,31 @@ class QueryEntries(NamedTuple):
 def launch_backward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, lse: Tensor, g: Tensor,
     grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, work: WorkLists,
-    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, bm: int, bk: int, bn: int, bn_scan: int, warps: int,
-    stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
+    *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, bn_scan: int,
+    warps: int, stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
-    (fp32; None: not needed). With ``routes``, the score tiles are scanned ``bn_scan`` documents wide first: one
-    with at most ``sparse_max`` non-zero softmax weights goes by pairs, one of zeros is passed over, the rest on
-    the tensor cores ``bn`` documents at a time; without, every tile goes on the tensor cores (no scan). With
-    ``dense_split`` the tensor cores' query and document gradients are added by two kernels, one each."""
+    (fp32; None: not needed), ``window`` documents a program (a multiple of ``bn_scan``). With ``routes``, the
+    score tiles are scanned ``bn_scan`` documents wide first: one with at most ``sparse_max`` non-zero softmax
+    weights goes by pairs, one of zeros is passed over, the rest on the tensor cores ``bn`` documents at a time;
+    without, every tile goes on the tensor cores (no scan). With ``dense_split`` the tensor cores' query and
+    document gradients are added by two kernels, one each."""
+    windows = -(-n_docs // window)
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
+    if work.dense_count.numel() < len(tiles) * windows:
+        raise ValueError(f"work lists for {work.dense_count.numel()} programs, {len(tiles) * windows} needed")
     ieee, need_q, need_d = qt.dtype == torch.float32, grad_qt is not None, grad_dt is not None
     grad_qt = qt if grad_qt is None else grad_qt  # placeholders where not needed (never written)
     grad_dt = dt if grad_dt is None else grad_dt
     if routes:
         work.pair_count.zero_()
         capacity = work.pair_rows.numel()
-        _scan_kernel[(len(tiles),)](
+        _scan_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, work.pair_rows, work.pair_docs, work.pair_weights, work.pair_count,
-            work.dense, work.dense_count, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, capacity,
-            sparse_max, BM=bm, BN=bn_scan, BK=bk, IEEE=ieee, num_warps=warps, num_stages=stages,
+            work.dense, work.dense_count, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, windows, window,
+            capacity, sparse_max, BM=bm, BN=bn_scan, BK=bk, IEEE=ieee, num_warps=warps, num_stages=stages,
         )  # fmt: skip
         _pairs_kernel[(min(triton.cdiv(capacity, PAIR_BLOCK), PAIR_PROGRAMS),)](
             work.pair_rows, work.pair_docs, work.pair_weights, work.pair_count, queries.offsets, queries.ids,
@@ -401,8 +429,9 @@ def launch_backward(
         )  # fmt: skip
     passes = [(need_q, False), (False, need_d)] if dense_split and need_q and need_d else [(need_q, need_d)]
     for pass_q, pass_d in passes:
-        _dense_kernel[(len(tiles),)](
+        _dense_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, num_rows,
-            n_docs, dt.stride(0), inv_t, tiles.start, BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts,
-            NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, num_warps=warps, num_stages=stages,
+            n_docs, dt.stride(0), inv_t, tiles.start, windows, window, BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee,
+            PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, SHARED_Q=windows > 1, num_warps=warps,
+            num_stages=stages,
         )  # fmt: skip
