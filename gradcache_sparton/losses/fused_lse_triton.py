@@ -11,19 +11,22 @@ Inputs, built by :mod:`.fused_lse` (its module doc has the layout and the exactn
 - ``DT`` [V + 1, bd]: one document block densified over the whole vocabulary, transposed (row V zero), so
   the BK rows a query tile needs are gathered as contiguous runs of documents.
 
-A score tile is ``sum_k QT[k, :]ᵀ · DT[COLS[k], n-tile]`` over the tile's columns: ``tl.dot`` steps of
-[BM, BK] @ [BK, BN] -> [BM, BN] with fp32 accumulation (bf16 operands: exact products; fp32 operands:
-``input_precision="ieee"``, no TF32). The forward keeps a running max and sum per query (online
-log-sum-exp). In the backward :func:`_scan_kernel` recomputes each tile, forms ``p = exp(s - lse) · g`` and
-takes it by its count of non-zero ``p``: none, passed over; few, listed as (query, document, p) pairs that
-:func:`_pairs_kernel` adds over the query's entries (fp32 products, atomics); more, listed as dense.
-:func:`_dense_kernel` recomputes the listed tiles (or, where the scan is left out, every tile) and adds on the
-tensor cores ``p @ DTᵀ`` into the query tile's gradient (rows it alone owns: plain read-add-write) and ``QTᵀ @ p``
-into the document block's gradient (shared by every query tile: atomic adds), in one kernel or one each. In
-bf16 the fp32 ``p`` is split into PARTS bf16 parts (8 significant bits each) whose products are exact: 2 parts
-hold ``p`` to 2^-16, 3 parts exactly. ``ROWS`` [T · BM] names each tile row's query (the tiles hold the
-queries in a sorted order; B marks padding). Offsets into DT and its gradient are int32 (fewer live registers:
-(V + 1)·bd < 2^31, :mod:`.fused_lse` checks it), into QT int64 (K_total·BM grows with B).
+A score tile is ``sum_k QT[k, :]ᵀ · DT[COLS[k], n-tile]`` over the tile's columns: ``tl.dot`` steps of [BM, BK] @
+[BK, BN] -> [BM, BN] with fp32 accumulation (bf16 operands: exact products; fp32 operands:
+``input_precision="ieee"``, no TF32). A program takes one query tile against one window of the block's documents
+(W windows a block, ``TileShape.doc_window``; W = 1 by default): program p takes window p % W of tile p // W, so a
+tile's windows run side by side and share its reads of QT. The forward keeps a running max and sum per query and
+window (online log-sum-exp), merged after the last block. In the backward :func:`_scan_kernel` recomputes each
+tile, forms ``p = exp(s - lse) · g`` and takes it by its count of non-zero ``p``: none, passed over; few, listed
+as (query, document, p) pairs that :func:`_pairs_kernel` adds over the query's entries (fp32 products, atomics);
+more, listed as dense. :func:`_dense_kernel` recomputes the listed tiles (or, where the scan is left out, every
+tile) and adds on the tensor cores ``p @ DTᵀ`` into the query tile's gradient (rows its windows alone own: a plain
+read-add-write for one window, atomics for several) and ``QTᵀ @ p`` into the document block's gradient (shared by
+every query tile: atomic adds), in one kernel or one each. In bf16 the fp32 ``p`` is split into PARTS bf16 parts
+(8 significant bits each) whose products are exact: 2 parts hold ``p`` to 2^-16, 3 parts exactly. ``ROWS`` [T ·
+BM] names each tile row's query (the tiles hold the queries in a sorted order; B marks padding). Offsets into DT
+and its gradient are int32 (fewer live registers: (V + 1)·bd < 2^31, :mod:`.fused_lse` checks it), into QT int64
+(K_total·BM grows with B).
 """
 
 from __future__ import annotations
