@@ -309,6 +309,7 @@ def main() -> int:
         save()
         point *= 2
     save()
+    dist.barrier()  # every rank done before one leaves the group (pytorch#75097)
     dist.destroy_process_group()
     return 0
 

@@ -292,6 +292,7 @@ def main() -> int:
         gc.collect()  # the mode's model and optimizer state go with run_mode's frame
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    dist.barrier()  # every rank done before one leaves the group (pytorch#75097)
     dist.destroy_process_group()
     return 0
 

@@ -350,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if point["status"] != "ok":
                 print(f"{point['batch']:>8} skipped: projected {point['projected_s']} s passes the budget")
     if world > 1:
+        dist.barrier()  # every rank done before one leaves the group (pytorch#75097)
         dist.destroy_process_group()
     return 0
 

@@ -136,7 +136,6 @@ def _worker(out_dir: Path) -> None:
             "reducing_units": reducing_units,
         }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

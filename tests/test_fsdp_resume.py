@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rank_launch import finish_rank, rank0_results
+from rank_launch import rank0_results, write_rank0_results
 
 WORLD_SIZE = 2
 GLOBAL_ROWS, MINI_BATCH = 8, 2
@@ -102,7 +102,7 @@ def _worker(out_dir: Path) -> None:
             },
             "vs_trained": {k: float((got[k] - v).abs().max()) for k, v in trained.items()},
         }
-    finish_rank(out_dir, results)
+    write_rank0_results(out_dir, results)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rank_launch import finish_rank, rank0_results
+from rank_launch import rank0_results, write_rank0_results
 
 WORLD_SIZE = 2
 
@@ -71,7 +71,7 @@ def _worker(out_dir: Path) -> None:
         "vs_checkpoint": {k: float((got[k] - v).abs().max()) for k, v in saved.items()},
         "missing": sorted(set(saved) - set(got)),
     }
-    finish_rank(out_dir, results)
+    write_rank0_results(out_dir, results)
 
 
 @pytest.fixture(scope="module")
