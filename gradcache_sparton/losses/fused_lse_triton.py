@@ -60,21 +60,32 @@ INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == 
 
 
 @triton.jit
-def _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM: tl.constexpr, BK: tl.constexpr):
-    """This program's query tile t (program p takes window p % windows of tile tile_lo + p // windows: a tile's
-    windows run side by side): its rows [k_lo, k_hi) of QT, the offsets r [BM] and kk [BK], its queries ``rows``
-    [BM] (num_rows: padding) and ``row_ok``, which of them are real."""
-    t = tile_lo + tl.program_id(0) // windows
+def _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM: tl.constexpr, BK: tl.constexpr,
+                WINDOWED: tl.constexpr):  # fmt: skip
+    """This program's query tile t (WINDOWED: program p takes window p % windows of tile tile_lo + p // windows, so
+    a tile's windows run side by side; else the whole block of tile tile_lo + p): its rows [k_lo, k_hi) of QT,
+    the offsets r [BM] and kk [BK], its queries ``rows`` [BM] (num_rows: padding) and ``row_ok``, which of them
+    are real."""
+    if WINDOWED:  # noqa: SIM108 (a compile-time branch: the whole-block programs do no division)
+        t = tile_lo + tl.program_id(0) // windows
+    else:
+        t = tile_lo + tl.program_id(0)
     r = tl.arange(0, BM)
     rows = tl.load(ROWS + t * BM + r)  # [BM]
     return tl.load(TILE_PTR + t), tl.load(TILE_PTR + t + 1), r, tl.arange(0, BK), rows, rows < num_rows
 
 
 @triton.jit
-def _window(windows, window, n_docs):
-    """This program's window of the block: its index w and documents [n_lo, n_hi)."""
-    w = tl.program_id(0) % windows
-    return w, w * window, tl.minimum(w * window + window, n_docs)
+def _window(windows, window, n_docs, WINDOWED: tl.constexpr):
+    """This program's window of the block: its index w and documents [n_lo, n_hi) (the whole block: 0, 0,
+    n_docs)."""
+    if WINDOWED:
+        w = tl.program_id(0) % windows
+        n_lo = w * window
+        n_hi = tl.minimum(n_lo + window, n_docs)
+    else:
+        w, n_lo, n_hi = 0, 0, n_docs
+    return w, n_lo, n_hi
 
 
 @triton.jit
@@ -108,11 +119,13 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 @triton.jit
 def _forward_kernel(QT, COLS, TILE_PTR, ROWS, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, stride_dt, inv_t, tile_lo,
                     windows, window, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    IEEE: tl.constexpr):  # fmt: skip
+                    IEEE: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """One query tile against one window of a document block: update the tile's running max and sum (online lse)
     of that window (row w of RUN_MAX and RUN_SUM [windows, num_rows])."""
-    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK)
-    w, n_lo, n_hi = _window(windows, window, n_docs)
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(
+        TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK, WINDOWED
+    )
+    w, n_lo, n_hi = _window(windows, window, n_docs, WINDOWED)
     run_max = tl.load(RUN_MAX + w * num_rows + rows, mask=row_ok, other=0.0)  # [BM]
     run_sum = tl.load(RUN_SUM + w * num_rows + rows, mask=row_ok, other=0.0)  # [BM]
     for n0 in range(n_lo, n_hi, BN):
@@ -189,14 +202,17 @@ def _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r
 @triton.jit
 def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, DENSE, DENSE_COUNT,
                  num_rows, n_docs, stride_dt, inv_t, tile_lo, windows, window, capacity, sparse_max,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                 WINDOWED: tl.constexpr):  # fmt: skip
     """One query tile against one document block: recompute each score tile and its softmax weights ``p``; a tile
     with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs (PAIR_*, for
     :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) goes on the query tile's list of dense
     document tiles in its window (DENSE, DENSE_COUNT, for :func:`_dense_kernel`); a tile of zeros adds nothing and
     is passed over."""
-    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK)
-    _, n_lo, n_hi = _window(windows, window, n_docs)
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(
+        TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK, WINDOWED
+    )
+    _, n_lo, n_hi = _window(windows, window, n_docs, WINDOWED)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
     listed = DENSE + tl.program_id(0) * tl.cdiv(window, BN)
@@ -230,13 +246,15 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
 def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, num_rows, n_docs, stride_dt,
                   inv_t, tile_lo, windows, window, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                   SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr,
-                  NEED_D: tl.constexpr, LISTED: tl.constexpr, SHARED_Q: tl.constexpr):  # fmt: skip
+                  NEED_D: tl.constexpr, LISTED: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """One query tile's score tiles in one window on the tensor cores, BN documents at a time: recompute each and add
     its gradients (:func:`_column_grads`; the query tile's rows of GQT by atomics where its windows run side by
     side). LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the
     window."""
-    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK)
-    _, n_lo, n_hi = _window(windows, window, n_docs)
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(
+        TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK, WINDOWED
+    )
+    _, n_lo, n_hi = _window(windows, window, n_docs, WINDOWED)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]
     if LISTED:
@@ -245,24 +263,24 @@ def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_C
             # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
             n0 = tl.multiple_of(tl.load(listed + t // (SPAN // BN)), SPAN) + (t % (SPAN // BN)) * BN
             _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
-                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, SHARED_Q)  # fmt: skip
+                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED)  # fmt: skip
     else:
         for n0 in range(n_lo, n_hi, BN):
             _dense_tile(n0, QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
-                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, SHARED_Q)  # fmt: skip
+                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED)  # fmt: skip
 
 
 @triton.jit
 def _dense_tile(n0, QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t, r, kk, row_ok,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                NEED_Q: tl.constexpr, NEED_D: tl.constexpr, SHARED_Q: tl.constexpr):  # fmt: skip
+                NEED_Q: tl.constexpr, NEED_D: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """The score tile of documents n0 + [0, BN) recomputed, its gradients added (:func:`_column_grads`)."""
     n_cols = n0 + tl.arange(0, BN)
     n_ok = n_cols < n_docs
     p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
                  BM, BN, BK, IEEE)  # fmt: skip
     _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
-                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, SHARED_Q)  # fmt: skip
+                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED)  # fmt: skip
 
 
 @triton.jit
@@ -299,9 +317,9 @@ def _pairs_kernel(PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, Q_OFF, Q_IDS, Q_W, DT,
 @triton.jit
 def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr, SHARED_Q: tl.constexpr):  # fmt: skip
+                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """Add one score tile's gradients over the query tile's columns, on the tensor cores: ``p @ DTᵀ`` into the
-    tile's rows of GQT (NEED_Q; atomics where SHARED_Q: the tile's other windows add there too) and ``QTᵀ @
+    tile's rows of GQT (NEED_Q; atomics where WINDOWED: the tile's other windows add there too) and ``QTᵀ @
     p`` into GDT (NEED_D, atomics)."""
     if NEED_Q:
         pt1, pt2, pt3 = _parts(tl.trans(p), IEEE)  # [BN, BM] each, split once for every step below
@@ -313,11 +331,11 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok
         b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BK, BN]
         at = tl.load(QT + k[:, None] * BM + r[None, :])  # [BK, BM]: QT's rows as stored
         if NEED_Q:
-            # [BK, BN] @ [BN, BM] -> [BK, BM]; this tile's rows of GQT, this program's alone unless SHARED_Q
+            # [BK, BN] @ [BN, BM] -> [BK, BM]; this tile's rows of GQT, this program's alone unless WINDOWED
             gq = _mul3(b, pt1, pt2, pt3, tl.zeros((BK, BM), dtype=tl.float32), PARTS, IEEE)
             to = GQT + k[:, None] * BM + r[None, :]
             entry = _nonzero(at, IEEE)  # the queries' entries
-            if SHARED_Q:
+            if WINDOWED:
                 tl.atomic_add(to, gq, mask=entry, sem="relaxed")
             else:
                 tl.store(to, tl.load(to, mask=entry, other=0.0) + gq, mask=entry)
@@ -342,7 +360,8 @@ def launch_forward(
         raise ValueError(f"run_max must be [>= {windows}, {num_rows}], got {list(run_max.shape)}")
     _forward_kernel[(len(tiles) * windows,)](
         qt, cols, tile_ptr, row_idx, dt, run_max, run_sum, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
-        windows, window, BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, num_warps=warps, num_stages=stages,
+        windows, window, BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, WINDOWED=windows > 1,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -422,7 +441,8 @@ def launch_backward(
         _scan_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, work.pair_rows, work.pair_docs, work.pair_weights, work.pair_count,
             work.dense, work.dense_count, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, windows, window,
-            capacity, sparse_max, BM=bm, BN=bn_scan, BK=bk, IEEE=ieee, num_warps=warps, num_stages=stages,
+            capacity, sparse_max, BM=bm, BN=bn_scan, BK=bk, IEEE=ieee, WINDOWED=windows > 1, num_warps=warps,
+            num_stages=stages,
         )  # fmt: skip
         _pairs_kernel[(min(triton.cdiv(capacity, PAIR_BLOCK), PAIR_PROGRAMS),)](
             work.pair_rows, work.pair_docs, work.pair_weights, work.pair_count, queries.offsets, queries.ids,
@@ -435,6 +455,6 @@ def launch_backward(
         _dense_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, num_rows,
             n_docs, dt.stride(0), inv_t, tiles.start, windows, window, BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee,
-            PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, SHARED_Q=windows > 1, num_warps=warps,
+            PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, WINDOWED=windows > 1, num_warps=warps,
             num_stages=stages,
         )  # fmt: skip

@@ -1,0 +1,103 @@
+"""Compile the fused loss's Triton kernels for an H100 (sm_90) without a GPU: one process, run by
+tests/test_fused_lse_compile.py without TRITON_INTERPRET (under the interpreter ``@triton.jit`` gives functions
+Triton's compiler cannot take).
+
+``python tests/fused_compile.py SHAPE TILES`` compiles every kernel specialization the GPU path launches under the
+setting SHAPE (a JSON object of ``fused_lse.TileShape``'s fields) with tiles of dtype TILES (bf16 or fp32) and
+prints one JSON line per specialization: its name, the shared memory a block needs, or the compiler's error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from gradcache_sparton.losses import fused_lse, fused_lse_triton
+
+V = 30_522  # BERT's vocabulary: the document block and its windows follow from it
+POINTERS = {"QT", "COLS", "TILE_PTR", "ROWS", "DT", "RUN_MAX", "RUN_SUM", "LSE", "G", "GQT", "GDT", "DENSE",
+            "DENSE_COUNT", "PAIR_ROW", "PAIR_DOC", "PAIR_P", "PAIR_COUNT", "Q_OFF", "Q_IDS", "Q_W", "GQ"}  # fmt: skip
+INT_POINTERS = {
+    "COLS",
+    "TILE_PTR",
+    "ROWS",
+    "DENSE",
+    "DENSE_COUNT",
+    "PAIR_ROW",
+    "PAIR_DOC",
+    "PAIR_COUNT",
+    "Q_IDS",
+}
+
+
+def signature(kernel: triton.JITFunction, constexprs: dict, tiles: str) -> dict[str, str]:
+    """Triton's signature of ``kernel``: tiles (QT, DT) of dtype ``tiles``, the CSR offsets int64, other tables
+    int32, buffers fp32, scalars int32 (``inv_t`` fp32), the ``constexprs`` as such."""
+
+    def kind(name: str) -> str:
+        if name in constexprs:
+            return "constexpr"
+        if name in ("QT", "DT"):
+            return "*" + tiles
+        if name == "Q_OFF":
+            return "*i64"
+        if name in POINTERS:
+            return "*i32" if name in INT_POINTERS else "*fp32"
+        return "fp32" if name == "inv_t" else "i32"
+
+    return {name: kind(name) for name in kernel.arg_names}
+
+
+def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.JITFunction, dict]]:
+    """Every (name, kernel, constexprs) the GPU path launches under ``shape``: both gradients or either alone, the
+    dense tiles listed by the scan or all of them, windows as the setting makes them at V."""
+    bd = fused_lse._document_rows(V, shape)
+    windowed = fused_lse._window(shape, bd) < bd
+    common = {"BM": shape.bm, "BK": shape.bk, "IEEE": ieee}
+    out = [
+        (
+            "forward",
+            fused_lse_triton._forward_kernel,
+            {**common, "BN": shape.bn_forward, "WINDOWED": windowed},
+        ),
+        ("scan", fused_lse_triton._scan_kernel, {**common, "BN": shape.bn_scan, "WINDOWED": windowed}),
+    ]
+    for need_q, need_d in ((True, True), (True, False), (False, True)):
+        for listed in (False, True):
+            out.append((
+                f"dense q{need_q:d} d{need_d:d} listed{listed:d}", fused_lse_triton._dense_kernel,
+                {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS,
+                 "NEED_Q": need_q, "NEED_D": need_d, "LISTED": listed, "WINDOWED": windowed},
+            ))  # fmt: skip
+    out.append((
+        "pairs", fused_lse_triton._pairs_kernel,
+        {"P": fused_lse_triton.PAIR_BLOCK, "E": fused_lse_triton.ENTRY_BLOCK, "IEEE": ieee, "NEED_Q": True,
+         "NEED_D": True},
+    ))  # fmt: skip
+    return out
+
+
+def main(shape_json: str, tiles: str) -> int:
+    shape = fused_lse.TileShape(**json.loads(shape_json))
+    options = {"num_warps": shape.warps, "num_stages": shape.stages}
+    for name, kernel, constexprs in launches(shape, ieee=tiles == "fp32"):
+        source = ASTSource(kernel, signature(kernel, constexprs, tiles), constexprs=constexprs)
+        try:
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+            row = {
+                "name": name,
+                "shared": compiled.metadata.shared,
+                "cubin_bytes": len(compiled.asm["cubin"]),
+            }
+        except Exception as error:
+            row = {"name": name, "error": f"{type(error).__name__}: {error}"[:2000]}
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
