@@ -204,11 +204,11 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
                  num_rows, n_docs, stride_dt, inv_t, tile_lo, windows, window, capacity, sparse_max,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                  WINDOWED: tl.constexpr):  # fmt: skip
-    """One query tile against one document block: recompute each score tile and its softmax weights ``p``; a tile
-    with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs (PAIR_*, for
-    :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) goes on the query tile's list of dense
-    document tiles in its window (DENSE, DENSE_COUNT, for :func:`_dense_kernel`); a tile of zeros adds nothing and
-    is passed over."""
+    """One query tile against one window of a document block: recompute each score tile and its softmax weights
+    ``p``; a tile with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs
+    (PAIR_*, for :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) goes on the query
+    tile's list of dense document tiles in its window (DENSE, DENSE_COUNT, for :func:`_dense_kernel`); a tile
+    of zeros adds nothing and is passed over."""
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(
         TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK, WINDOWED
     )
@@ -356,7 +356,7 @@ def launch_forward(
     windows = -(-n_docs // window)
     if len(tiles) == 0:
         return
-    if run_max.shape != (run_max.shape[0], num_rows) or run_max.shape[0] < windows:
+    if run_max.dim() != 2 or run_max.shape[1] != num_rows or run_max.shape[0] < windows:
         raise ValueError(f"run_max must be [>= {windows}, {num_rows}], got {list(run_max.shape)}")
     _forward_kernel[(len(tiles) * windows,)](
         qt, cols, tile_ptr, row_idx, dt, run_max, run_sum, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
