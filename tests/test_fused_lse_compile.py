@@ -1,12 +1,13 @@
 """The fused loss's Triton kernels (``losses/fused_lse_triton.py``) compile for an H100 (sm_90) on a machine without
-a GPU, under every named setting (``fused_lse.VARIANTS``, ``GPU_TILES`` among them) and both tile dtypes.
+a GPU, under every named setting (``fused_lse.VARIANTS``, ``GPU_TILES`` among them) with bf16 tiles, and under
+GPU_TILES with fp32 tiles.
 
 CI has no GPU, and the CPU tests run the kernels through the interpreter, which executes their Python and never
 calls Triton's compiler: a kernel that only the compiler rejects (a type or a constexpr branch the interpreter
-accepts), or a setting whose tiles need more shared memory than an H100 gives one block (227 KiB: its launch would
-fail "out of resources"; no named setting comes near it today), would reach a GPU user first. ``tests/fused_compile.py`` compiles each specialization
-the GPU path can launch to a cubin (Triton's bundled ptxas), in a process without TRITON_INTERPRET. Skipped where
-the installed Triton has no NVIDIA backend.
+accepts), or a setting whose tiles need more shared memory than an H100 gives one block (227 KiB: its launch
+would fail "out of resources"; no named setting comes near it today), would reach a GPU user first.
+``tests/fused_compile.py`` compiles each specialization the GPU path can launch to a cubin (Triton's bundled
+ptxas), in a process without TRITON_INTERPRET. Skipped where the installed Triton has no NVIDIA backend.
 """
 
 from __future__ import annotations
