@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$R0:/tmp/site
 L=$OUT/log.txt
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 timeout 100 python3 -m pytest tests/test_fused_lse_gpu.py -m gpu -v -p no:cacheprovider >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
-M="python3 .gpu/s12/micro.py --reps_cache /tmp/reps.pt --beir_path $R0/.gpu/data/scifact --temperature 1.0"
+M="python3 benchmarks/results/session12/micro.py.txt --reps_cache /tmp/reps.pt --beir_path $R0/.gpu/data/scifact --temperature 1.0"
 S="w128:doc_window=128;w256:doc_window=256;w512:doc_window=512;f256w8:bn_forward=256,warps=8;b256w8:bn_scan=256,bn_backward=256,warps=8"
 timeout 100 $M --bd 1024 --shapes "$S" --only split128,w256,w128,w512,b256w8 --output $OUT/micro_bd1024_t1.json >> $L 2>&1; echo "micro1024 rc=$? at $(el) s" | tee -a $L
 REM=$(( 310 - $(el) ))
