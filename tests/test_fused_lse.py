@@ -176,20 +176,17 @@ def test_peaked_softmax_drops_zero_tiles(monkeypatch, kind: str) -> None:
     assert_grads_within_bound(grads["pairs"], want, [_grad_tol(kind) + exponent] * 3)
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-dense-kernel", "dense-split"])
-@pytest.mark.parametrize("route", ["dense", "mixed"])
-def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -> None:
-    """The scan's tiles twice the dense kernel's (bn_scan 32, bn_backward 16, as on the GPU: 128 and 64): a listed
-    tile is taken in its two halves, the last block's listed tile (5 documents) in one that holds them and one
-    past them; with ``dense_split`` the dense tiles' query and document gradients come from two kernels. The
-    gradients equal dense fp64's within the bound and both routes are seen taken."""
+def _bf16_within_bound(
+    monkeypatch, route: str, *, rows: int, seed: int, **tiles
+) -> fused_lse_triton.WorkLists:
+    """bf16 tiles with the interpreter's setting changed by ``tiles``, documents in blocks of ``rows``, ``route``'s
+    routes: lse and every gradient equal dense fp64's within the bound; returns the backward's work lists."""
     _tiles(monkeypatch, "bf16")
-    tiles = fused_lse.INTERPRETER_TILES._replace(bn_scan=32, dense_split=split)
-    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", tiles)
-    _document_blocks(monkeypatch, 32)  # blocks of 32 + 5 documents
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**tiles))
+    _document_blocks(monkeypatch, rows)
     made = _route(monkeypatch, route)
     columns = _dense_batch("bf16")
-    upstream = torch.randn(B, generator=torch.Generator().manual_seed(8))
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(seed))
     reps = sparse_leaves(columns)
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
     (lse * upstream).sum().backward()
@@ -197,6 +194,19 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol("bf16")] * 3)
     (work,) = made
+    return work
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-dense-kernel", "dense-split"])
+@pytest.mark.parametrize("route", ["dense", "mixed"])
+def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -> None:
+    """The scan's tiles twice the dense kernel's (bn_scan 32, bn_backward 16, as on the GPU: 128 and 64): a listed
+    tile is taken in its two halves, the last block's listed tile (5 documents) in one that holds them and one
+    past them; with ``dense_split`` the dense tiles' query and document gradients come from two kernels. The
+    gradients equal dense fp64's within the bound and both routes are seen taken."""
+    work = _bf16_within_bound(
+        monkeypatch, route, rows=32, seed=8, bn_scan=32, dense_split=split
+    )  # 32 + 5 a block
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
 
 
@@ -207,20 +217,7 @@ def test_document_windows(monkeypatch, route: str, split: bool) -> None:
     windows of 16, 16 and 5): the forward's per-window maxima and sums merged, the scan's lists per window, the
     dense tiles' query gradient added by each window's program (atomics): lse and every gradient equal dense
     fp64's within the bound, both routes seen, and the work lists sized for 3 programs a query tile."""
-    _tiles(monkeypatch, "bf16")
-    tiles = fused_lse.INTERPRETER_TILES._replace(doc_window=16, dense_split=split)
-    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", tiles)
-    _document_blocks(monkeypatch, 48)
-    made = _route(monkeypatch, route)
-    columns = _dense_batch("bf16")
-    upstream = torch.randn(B, generator=torch.Generator().manual_seed(9))
-    reps = sparse_leaves(columns)
-    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
-    (lse * upstream).sum().backward()
-    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
-    assert_lse_within_bound(lse, want, TOL)
-    assert_grads_within_bound(reps, want, [_grad_tol("bf16")] * 3)
-    (work,) = made
+    work = _bf16_within_bound(monkeypatch, route, rows=48, seed=9, doc_window=16, dense_split=split)
     assert work.dense_count.numel() == 3 * 3  # 3 query tiles x 3 windows
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
 

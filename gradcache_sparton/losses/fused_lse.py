@@ -183,21 +183,12 @@ class TileShape(NamedTuple):
 # (benchmarks/results/session11, call 2; two kernels 64 wide: 1.593 s; 8 warps, 2 or 4 stages, BK 32, BM 128, BN 256 or
 # both gradients 128 wide in one kernel: slower, same folder). 'columns': both gradients in one kernel, 64 wide,
 # document blocks of 4,352 (the setting before, docs/scale.md).
+_SPLIT128 = TileShape(
+    bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=128, warps=4, stages=3, dense_split=True
+)
 VARIANTS = {
-    "split128": TileShape(
-        bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=128, warps=4, stages=3, dense_split=True
-    ),
-    "window256": TileShape(
-        bm=64,
-        bk=64,
-        bn_forward=128,
-        bn_scan=128,
-        bn_backward=128,
-        warps=4,
-        stages=3,
-        dense_split=True,
-        doc_window=256,
-    ),
+    "split128": _SPLIT128,
+    "window256": _SPLIT128._replace(doc_window=256),
     "columns": TileShape(
         bm=64,
         bk=64,
