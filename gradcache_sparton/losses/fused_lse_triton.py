@@ -142,11 +142,12 @@ def _forward_kernel(QT, COLS, TILE_PTR, ROWS, DT, RUN_MAX, RUN_SUM, num_rows, n_
 
 @triton.jit
 def _mul3(a, b1, b2, b3, acc, PARTS: tl.constexpr, IEEE: tl.constexpr):
-    """``acc + a @ (b1 + b2 + b3)``: the bf16 parts of an fp32 matrix (:func:`_parts`) on the right, each
-    product exact, or ``b1`` alone (fp32 tiles)."""
+    """``acc + a @ (b1 + ... + b_PARTS)``: the first PARTS bf16 parts of an fp32 matrix (:func:`_parts`) on the
+    right, each product exact, or ``b1`` alone (fp32 tiles)."""
     acc = _dot(a, b1, acc, IEEE)
     if not IEEE:
-        acc = _dot(a, b2, acc, IEEE)
+        if PARTS >= 2:
+            acc = _dot(a, b2, acc, IEEE)
         if PARTS == 3:
             acc = _dot(a, b3, acc, IEEE)
     return acc
