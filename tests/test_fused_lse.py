@@ -210,14 +210,19 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
 
 
+@pytest.mark.parametrize("by_window", [False, True], ids=["tile-by-tile", "doc-grad-by-window"])
 @pytest.mark.parametrize("split", [False, True], ids=["one-dense-kernel", "dense-split"])
 @pytest.mark.parametrize("route", ["dense", "mixed"])
-def test_document_windows(monkeypatch, route: str, split: bool) -> None:
+def test_document_windows(monkeypatch, route: str, split: bool, by_window: bool) -> None:
     """A block taken in windows of 16 documents a program (``TileShape.doc_window``; a column of 37 in one block:
     windows of 16, 16 and 5): the forward's per-window maxima and sums merged, the scan's lists per window, the
-    dense tiles' query gradient added by each window's program (atomics): lse and every gradient equal dense
-    fp64's within the bound, both routes seen, and the work lists sized for 3 programs a query tile."""
-    work = _bf16_within_bound(monkeypatch, route, rows=48, seed=9, doc_window=16, dense_split=split)
+    dense tiles' query gradient added by each window's program (atomics), the document gradient's programs in
+    the scan's order or window by window (``doc_grad_by_window``: each reads its tile and window's list, not its
+    program number's): lse and every gradient equal dense fp64's within the bound, both routes seen, and the
+    work lists sized for 3 programs a query tile."""
+    work = _bf16_within_bound(
+        monkeypatch, route, rows=48, seed=9, doc_window=16, dense_split=split, doc_grad_by_window=by_window
+    )
     assert work.dense_count.numel() == 3 * 3  # 3 query tiles x 3 windows
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
 

@@ -175,6 +175,11 @@ class TileShape(NamedTuple):
     block, a query tile's W programs run side by side (fewer query tiles live at once, so their reads stay in
     L2), the forward keeps W running maxima and sums a query, merged at the end, and the dense tiles' query
     gradient is added by atomics (the tile's windows share its rows)."""
+    doc_grad_by_window: bool = False
+    """With windows: the tensor cores' pass that adds the document gradient runs one window's query tiles side by
+    side (program p: tile p % T of window p // T), so that its atomics target one window of grad_DT at a time
+    (bd = 1,024, windows of 256: 31 MB of the 125 MB block, within the H100's 50 MB L2); False: a tile's windows
+    side by side, as the other kernels run."""
 
 
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
@@ -190,6 +195,7 @@ _SPLIT128 = TileShape(
 VARIANTS = {
     "split128": _SPLIT128,
     "window256": _SPLIT128._replace(doc_window=256),
+    "window256_by_window": _SPLIT128._replace(doc_window=256, doc_grad_by_window=True),
     "columns": TileShape(
         bm=64,
         bk=64,
@@ -505,6 +511,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, window=window, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
+                    doc_grad_by_window=shape.doc_grad_by_window,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles = len(saved.rows) * -(-n // shape.bn_scan)

@@ -60,32 +60,41 @@ INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == 
 
 
 @triton.jit
-def _query_tile(TILE_PTR, ROWS, tile_lo, num_rows, windows, BM: tl.constexpr, BK: tl.constexpr,
-                WINDOWED: tl.constexpr):  # fmt: skip
-    """This program's query tile t (WINDOWED: program p takes window p % windows of tile tile_lo + p // windows, so
-    a tile's windows run side by side; else the whole block of tile tile_lo + p): its rows [k_lo, k_hi) of QT,
-    the offsets r [BM] and kk [BK], its queries ``rows`` [BM] (num_rows: padding) and ``row_ok``, which of them
-    are real."""
-    if WINDOWED:  # noqa: SIM108 (a compile-time branch: the whole-block programs do no division)
-        t = tile_lo + tl.program_id(0) // windows
+def _program(windows, num_tiles, WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr):
+    """This program's query tile (counted from the launch's first), window and slot in the scan's lists (tile ·
+    windows + window). WINDOWED: program p takes window p % windows of tile p // windows (a tile's windows side
+    by side), or with BY_WINDOW tile p % num_tiles of window p // num_tiles (one window's tiles side by side);
+    else the whole block of tile p."""
+    p = tl.program_id(0)
+    if WINDOWED:
+        if BY_WINDOW:
+            t, w = p % num_tiles, p // num_tiles
+        else:
+            t, w = p // windows, p % windows
+        slot = t * windows + w
     else:
-        t = tile_lo + tl.program_id(0)
+        t, w, slot = p, 0, p
+    return t, w, slot
+
+
+@triton.jit
+def _query_tile(TILE_PTR, ROWS, t, num_rows, BM: tl.constexpr, BK: tl.constexpr):
+    """Query tile t: its rows [k_lo, k_hi) of QT, the offsets r [BM] and kk [BK], its queries ``rows`` [BM]
+    (num_rows: padding) and ``row_ok``, which of them are real."""
     r = tl.arange(0, BM)
     rows = tl.load(ROWS + t * BM + r)  # [BM]
     return tl.load(TILE_PTR + t), tl.load(TILE_PTR + t + 1), r, tl.arange(0, BK), rows, rows < num_rows
 
 
 @triton.jit
-def _window(windows, window, n_docs, WINDOWED: tl.constexpr):
-    """This program's window of the block: its index w and documents [n_lo, n_hi) (the whole block: 0, 0,
-    n_docs)."""
+def _window(w, window, n_docs, WINDOWED: tl.constexpr):
+    """Window w's documents [n_lo, n_hi) of the block (the whole block: 0, n_docs)."""
     if WINDOWED:
-        w = tl.program_id(0) % windows
         n_lo = w * window
         n_hi = tl.minimum(n_lo + window, n_docs)
     else:
-        w, n_lo, n_hi = 0, 0, n_docs
-    return w, n_lo, n_hi
+        n_lo, n_hi = 0, n_docs
+    return n_lo, n_hi
 
 
 @triton.jit
@@ -122,10 +131,9 @@ def _forward_kernel(QT, COLS, TILE_PTR, ROWS, DT, RUN_MAX, RUN_SUM, num_rows, n_
                     IEEE: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """One query tile against one window of a document block: update the tile's running max and sum (online lse)
     of that window (row w of RUN_MAX and RUN_SUM [windows, num_rows])."""
-    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(
-        TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK, WINDOWED
-    )
-    w, n_lo, n_hi = _window(windows, window, n_docs, WINDOWED)
+    t, w, _ = _program(windows, 0, WINDOWED, False)
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo + t, num_rows, BM, BK)
+    n_lo, n_hi = _window(w, window, n_docs, WINDOWED)
     run_max = tl.load(RUN_MAX + w * num_rows + rows, mask=row_ok, other=0.0)  # [BM]
     run_sum = tl.load(RUN_SUM + w * num_rows + rows, mask=row_ok, other=0.0)  # [BM]
     for n0 in range(n_lo, n_hi, BN):
@@ -210,13 +218,12 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
     (PAIR_*, for :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) goes on the query
     tile's list of dense document tiles in its window (DENSE, DENSE_COUNT, for :func:`_dense_kernel`); a tile
     of zeros adds nothing and is passed over."""
-    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(
-        TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK, WINDOWED
-    )
-    _, n_lo, n_hi = _window(windows, window, n_docs, WINDOWED)
+    t, w, slot = _program(windows, 0, WINDOWED, False)
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo + t, num_rows, BM, BK)
+    n_lo, n_hi = _window(w, window, n_docs, WINDOWED)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]: d loss / d lse, over the temperature
-    listed = DENSE + tl.program_id(0) * tl.cdiv(window, BN)
+    listed = DENSE + slot * tl.cdiv(window, BN)
     num_dense = tl.full((), 0, tl.int32)  # a tensor: it changes in the loop
     for n0 in range(n_lo, n_hi, BN):
         n_cols = n0 + tl.arange(0, BN)
@@ -240,29 +247,29 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
         if (count > 0) & (fits == 0):
             tl.store(listed + num_dense, n0)
             num_dense += 1
-    tl.store(DENSE_COUNT + tl.program_id(0), num_dense)
+    tl.store(DENSE_COUNT + slot, num_dense)
 
 
 @triton.jit
 def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, num_rows, n_docs, stride_dt,
-                  inv_t, tile_lo, windows, window, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  inv_t, tile_lo, num_tiles, windows, window, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                   SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr,
-                  NEED_D: tl.constexpr, LISTED: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+                  NEED_D: tl.constexpr, LISTED: tl.constexpr, WINDOWED: tl.constexpr,
+                  BY_WINDOW: tl.constexpr):  # fmt: skip
     """One query tile's score tiles in one window on the tensor cores, BN documents at a time: recompute each and add
-    its gradients (:func:`_column_grads`; the query tile's rows of GQT by atomics where its windows run side by
-    side). LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the
-    window."""
-    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(
-        TILE_PTR, ROWS, tile_lo, num_rows, windows, BM, BK, WINDOWED
-    )
-    _, n_lo, n_hi = _window(windows, window, n_docs, WINDOWED)
+    its gradients (:func:`_column_grads`; the query tile's rows of GQT by atomics where the block has windows).
+    LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the window.
+    BY_WINDOW: the programs run one window's query tiles side by side (:func:`_program`)."""
+    t, w, slot = _program(windows, num_tiles, WINDOWED, BY_WINDOW)
+    k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo + t, num_rows, BM, BK)
+    n_lo, n_hi = _window(w, window, n_docs, WINDOWED)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]
-    if LISTED:
-        listed = DENSE + tl.program_id(0) * tl.cdiv(window, SPAN)
-        for t in range(0, tl.load(DENSE_COUNT + tl.program_id(0)) * (SPAN // BN)):
+    if LISTED:  # the scan's list of this tile and window (the scan's program `slot`)
+        listed = DENSE + slot * tl.cdiv(window, SPAN)
+        for i in range(0, tl.load(DENSE_COUNT + slot) * (SPAN // BN)):
             # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
-            n0 = tl.multiple_of(tl.load(listed + t // (SPAN // BN)), SPAN) + (t % (SPAN // BN)) * BN
+            n0 = tl.multiple_of(tl.load(listed + i // (SPAN // BN)), SPAN) + (i % (SPAN // BN)) * BN
             _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
                         r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED)  # fmt: skip
     else:
@@ -420,6 +427,7 @@ def launch_backward(
     grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, work: WorkLists,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, bn_scan: int,
     warps: int, stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
+    doc_grad_by_window: bool = False,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
@@ -427,7 +435,9 @@ def launch_backward(
     score tiles are scanned ``bn_scan`` documents wide first: one with at most ``sparse_max`` non-zero softmax
     weights goes by pairs, one of zeros is passed over, the rest on the tensor cores ``bn`` documents at a time;
     without, every tile goes on the tensor cores (no scan). With ``dense_split`` the tensor cores' query and
-    document gradients are added by two kernels, one each."""
+    document gradients are added by two kernels, one each; with ``doc_grad_by_window`` (and windows) the tensor
+    cores' pass that adds the document gradient runs one window's query tiles side by side, so that its atomics
+    target one window of ``grad_dt`` at a time."""
     windows = -(-n_docs // window)
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
@@ -455,7 +465,7 @@ def launch_backward(
     for pass_q, pass_d in passes:
         _dense_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, num_rows,
-            n_docs, dt.stride(0), inv_t, tiles.start, windows, window, BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee,
-            PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, WINDOWED=windows > 1, num_warps=warps,
-            num_stages=stages,
+            n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows, window, BM=bm, BN=bn, BK=bk, SPAN=bn_scan,
+            IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, WINDOWED=windows > 1,
+            BY_WINDOW=doc_grad_by_window and pass_d, num_warps=warps, num_stages=stages,
         )  # fmt: skip

@@ -5,7 +5,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$R0:/tmp/site
 L=$OUT/log3.txt
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
-timeout 120 python3 -m benchmarks.bench_loss_kernel --beir_path $R0/.gpu/data/scifact --variants split128,window256 --batches 65536 --temperature 0.05 --budget_s 100 --output $OUT/ab_t005.json >> $L 2>&1; echo "t0.05 A/B rc=$? at $(el) s" | tee -a $L
-timeout $(( 300 - $(el) )) python3 -m pytest -m gpu -n 8 -v -ra -p no:cacheprovider tests/test_losses.py tests/test_cached_loss.py tests/test_trainer.py tests/test_user_paths.py tests/test_sentence_transformers.py > $OUT/gpu_tests.txt 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
-tail -3 $OUT/gpu_tests.txt; grep -E "FAILED|ERROR" $OUT/gpu_tests.txt | head
-grep -E "rc=" $L
+timeout 50 python3 -m pytest tests/test_fused_lse_gpu.py -m gpu -v -p no:cacheprovider -k "window256 or blocked or auto" >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
+M="python3 benchmarks/results/session13/micro.py.txt --reps_cache /tmp/reps.pt --beir_path $R0/.gpu/data/scifact --temperature 1.0"
+S="w256:doc_window=256;w256d:doc_window=256,doc_grad_by_window=1"
+timeout 60 $M --bd 1024 --shapes "$S" --only w256,w256d --output $OUT/micro_bd1024_t1.json >> $L 2>&1; echo "micro1024 rc=$? at $(el) s" | tee -a $L
+timeout $(( 225 - $(el) )) python3 -m benchmarks.bench_loss_kernel --beir_path $R0/.gpu/data/scifact --variants window256,window256_by_window,split128 --batches 65536 --temperature 0.05 --budget_s $(( 205 - $(el) )) --output $OUT/ab_t005.json >> $L 2>&1; echo "t0.05 A/B rc=$? at $(el) s" | tee -a $L
+grep -E "passed|failed|rc=|^\{|fused:|blocked" $L | cut -c1-600
