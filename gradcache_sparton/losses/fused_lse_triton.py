@@ -66,12 +66,11 @@ def _program(windows, num_tiles, WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr
     by side), or with BY_WINDOW tile p % num_tiles of window p // num_tiles (one window's tiles side by side);
     else the whole block of tile p."""
     p = tl.program_id(0)
-    if WINDOWED:
-        if BY_WINDOW:
-            t, w = p % num_tiles, p // num_tiles
-        else:
-            t, w = p // windows, p % windows
+    if WINDOWED and BY_WINDOW:
+        t, w = p % num_tiles, p // num_tiles
         slot = t * windows + w
+    elif WINDOWED:
+        t, w, slot = p // windows, p % windows, p
     else:
         t, w, slot = p, 0, p
     return t, w, slot
