@@ -373,12 +373,14 @@ def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
         ({"bn_backward": 32}, r"bn_backward \(32\) must divide bn_scan \(16\)"),
         ({"doc_window": 24}, r"doc_window \(24\) must be 0 or a multiple of 16"),
         ({"doc_window": -16}, r"doc_window \(-16\) must be 0 or a multiple of 16"),
+        ({"doc_grad_by_window": True}, r"doc_grad_by_window needs document windows \(doc_window > 0\)"),
     ],
 )
 def test_settings_that_would_lose_tiles_are_refused(monkeypatch, change: dict, match: str) -> None:
-    """A setting whose backward tiles are wider than the scan's (each listed tile would be added in no part) or
-    whose windows cut a tile (its documents past the window's end in no program) is a ValueError naming the field
-    and what it needs, raised before any kernel runs."""
+    """A setting whose backward tiles are wider than the scan's (each listed tile would be added in no part),
+    whose windows cut a tile (its documents past the window's end in no program) or that orders windows it
+    does not have (the option would silently do nothing) is a ValueError naming the field and what it needs,
+    raised before any kernel runs."""
     monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**change))
     reps = sparse_leaves(_dense_batch("fp32"))
     with pytest.raises(ValueError, match=match):

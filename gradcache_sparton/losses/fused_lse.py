@@ -226,7 +226,8 @@ def kernels_run_on(device: torch.device) -> bool:
 
 def _tile_shape() -> TileShape:
     """The setting in use, checked: a listed tile of the scan is added in bn_scan / bn_backward parts (none, were
-    the backward's tiles wider), and a window holds whole tiles of every kernel."""
+    the backward's tiles wider), a window holds whole tiles of every kernel, and an order of windows has
+    windows to order."""
     shape = INTERPRETER_TILES if _interpreting() else GPU_TILES
     if shape.bn_scan % shape.bn_backward:
         raise ValueError(
@@ -236,6 +237,10 @@ def _tile_shape() -> TileShape:
     if shape.doc_window < 0 or shape.doc_window % edge:
         raise ValueError(
             f"TileShape: doc_window ({shape.doc_window}) must be 0 or a multiple of {edge}, got {shape}"
+        )
+    if shape.doc_grad_by_window and not shape.doc_window:
+        raise ValueError(
+            f"TileShape: doc_grad_by_window needs document windows (doc_window > 0), got {shape}"
         )
     return shape
 
