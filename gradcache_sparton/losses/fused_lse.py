@@ -18,10 +18,12 @@ Layout (built once per forward, kept for the backward):
 - documents in blocks of bd rows, each densified once over all V, transposed: ``DT`` [V + 1, bd] (row V
   zero, the padding's), so a query tile's BK columns are BK contiguous runs of documents.
 
-Forward: one program per query tile walks the block's documents in BN-wide tiles; a score tile is the sum
+Forward: one program per query tile and window of the block (``TileShape.doc_window``: 256 documents on the GPU,
+a tile's windows side by side) walks its documents in BN-wide tiles; a score tile is the sum
 over the query tile's columns of ``QT[k]ᵀ · DT[id_k]`` (``tl.dot`` steps, fp32 accumulation), scaled by
-1/temperature and folded into the tile's running max and sum. Nothing of size B × N, or bq × bd, is written:
-the running max and sum [B] carry over from one document block to the next.
+1/temperature and folded into the tile's running max and sum (one per window, merged after the last block).
+Nothing of size B × N, or bq × bd, is written: the running maxima and sums [W, B] carry over from one document
+block to the next.
 
 Backward: the same tiles recomputed (same tiles, same order of products), ``p = exp(s - lse) ·
 dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile by the count of its non-zero
@@ -33,8 +35,9 @@ dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile
   document j has an entry at v (fp32 products, atomic adds);
 - more (or past the pairs' room, :data:`PAIR_CAPACITY`): listed as dense; the listed tiles are recomputed
   BN_backward documents at a time and added on the tensor cores, per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the
-  tile's own rows) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds: every query tile adds to the document
-  block's gradient), by one kernel or, with ``TileShape.dense_split`` (the GPU's default), one kernel each.
+  tile's own rows; atomic adds where its windows share them) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds:
+  every query tile adds to the document block's gradient), by one kernel or, with ``TileShape.dense_split`` (the
+  GPU's default), one kernel each.
 
 Where nearly every tile is dense (raw dot products at temperature 1.0) the scan only costs: a backward whose
 first document block listed more than :data:`ROUTES_MAX_DENSE_FRACTION` of its tiles as dense runs its other
@@ -56,12 +59,12 @@ kernel"):
   by pairs, ``p`` times a weight is one fp32 product, rounded once;
 - sums: fp32, in another order than the dense computation (K-steps, then tiles, then document blocks);
 - only tiles whose fp32 ``p`` are all exactly 0 are dropped (the products they would add are zeros); atomic
-  adds (the document gradient, the pairs' query gradient) make the fp32 order, and so the last bits, vary from
+  adds (the document gradient, the pairs' query gradient, with windows the dense tiles' query gradient) make the fp32 order, and so the last bits, vary from
   run to run (the bound covers every order).
 
 Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: linear in the queries'
 non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
-``TileShape.doc_block_bytes``: a constant, not a function of B), the running max and sum [B], the pairs' room
+``TileShape.doc_block_bytes``: a constant, not a function of B), the running maxima and sums [W, B], the pairs' room
 (12 bytes a pair, :data:`PAIR_CAPACITY`: a constant) and the pairs' query gradient (4 bytes an entry). Nothing
 grows with B².
 
