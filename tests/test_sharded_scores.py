@@ -5,9 +5,10 @@ One 2-rank launch (``rank_launch.launch_ranks``, bounded in time) runs every sce
 saved. fp64 reps, so the only difference is the order in which the ranks' partial document gradients are
 summed: ~1e-16 relative per term, far below the 1e-12 tolerance; a missing all-reduce (a rank's lse or
 gradients from its own queries only) is an O(1) error. The fused kernel (``score_kernel='fused'``, fp32 only)
-runs on fp32 reps of FUSED_ROWS rows: 3 query tiles of 16 under the interpreter, 1 on rank 0 and 2 on rank 1;
-its lse rows and query gradients are each one rank's (bitwise the unsharded ones), its document gradients two
-ranks' partial fp32 sums added in another order: a few 2^-24 relative of the largest, within FUSED_RTOL.
+runs on fp32 reps of FUSED_ROWS rows: 3 query tiles of 16 under the interpreter, 1 on rank 0 and 2 on rank 1
+(whole blocks, and document windows as on the GPU); its lse rows and query gradients are each one rank's (bitwise
+the unsharded ones), its document gradients two ranks' partial fp32 sums added in another order: a few 2^-24
+relative of the largest, within FUSED_RTOL.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import torch
 from rank_launch import launch_ranks
 
-from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
 WORLD_SIZE = 2
@@ -36,6 +37,16 @@ SCENARIOS = {  # name: (loss settings, sparse reps)
         {"contrastive": "kl_div", "kl_in_batch": True, "score_kernel": "fused"},
         True,
     ),
+    "infonce, sparse, fused, document windows": ({"contrastive": "infonce", "score_kernel": "fused"}, True),
+}
+# Scenarios run with fused_lse's settings changed: documents in windows of 16 (3 a block of 40), the document
+# gradient's pass window by window (rank 1's 2 tiles x 3 windows map otherwise than rank 0's 1 x 3 or the unsharded
+# 3 x 3), every score tile on the tensor cores (the interpreter's 16 x 16 tiles would all go by pairs).
+FUSED_CHANGES = {
+    "infonce, sparse, fused, document windows": {
+        "INTERPRETER_TILES": fused_lse.INTERPRETER_TILES._replace(doc_window=16, doc_grad_by_window=True),
+        "SPARSE_TILE_MAX": 0,
+    }
 }
 ROWS, VOCAB, BLOCK = 10, 40, 3  # 4 query blocks (3 + 3 + 3 + 1), 2 per rank
 FUSED_ROWS = 40  # query tiles of 16 rows under the interpreter: 16 + 16 + 8
@@ -87,9 +98,15 @@ def _worker(out_dir: Path) -> None:
     dist.init_process_group("gloo")
     results = {}
     for name, (settings, sparse) in SCENARIOS.items():
+        changes = FUSED_CHANGES.get(name, {})
+        kept = {attribute: getattr(fused_lse, attribute) for attribute in changes}
+        for attribute, value in changes.items():
+            setattr(fused_lse, attribute, value)
         want = _loss_and_grads(settings, sparse, shard=False)  # no collective: every rank alone
         got = _loss_and_grads(settings, sparse, shard=True)
         results[name] = {"want": want, "got": got}
+        for attribute, value in kept.items():
+            setattr(fused_lse, attribute, value)
     try:  # each rank its own reps: every rank must refuse
         _loss_and_grads(*SCENARIOS["infonce, sparse"], shard=True, seed=dist.get_rank())
         results["different reps"] = "no error"
