@@ -210,18 +210,22 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
 
 
-@pytest.mark.parametrize("by_window", [False, True], ids=["tile-by-tile", "doc-grad-by-window"])
+@pytest.mark.parametrize(
+    "window_major",
+    [(), ("query_grad", "doc_grad"), fused_lse.WINDOW_MAJOR_KERNELS],
+    ids=["tile-major", "dense-passes-window-major", "all-window-major"],
+)
 @pytest.mark.parametrize("split", [False, True], ids=["one-dense-kernel", "dense-split"])
 @pytest.mark.parametrize("route", ["dense", "mixed"])
-def test_document_windows(monkeypatch, route: str, split: bool, by_window: bool) -> None:
+def test_document_windows(monkeypatch, route: str, split: bool, window_major: tuple[str, ...]) -> None:
     """A block taken in windows of 16 documents a program (``TileShape.doc_window``; a column of 37 in one block:
     windows of 16, 16 and 5): the forward's per-window maxima and sums merged, the scan's lists per window, the
-    dense tiles' query gradient added by each window's program (atomics), the document gradient's programs in
-    the scan's order or window by window (``doc_grad_by_window``: each reads its tile and window's list, not its
-    program number's): lse and every gradient equal dense fp64's within the bound, both routes seen, and the
+    dense tiles' query gradient added by each window's program (atomics), each kernel's programs tile-major or
+    window-major (``window_major``: each program finds its tile and window, and the scan's list by them, not by
+    its program number): lse and every gradient equal dense fp64's within the bound, both routes seen, and the
     work lists sized for 3 programs a query tile."""
     work = _bf16_within_bound(
-        monkeypatch, route, rows=48, seed=9, doc_window=16, dense_split=split, doc_grad_by_window=by_window
+        monkeypatch, route, rows=48, seed=9, doc_window=16, dense_split=split, window_major=window_major
     )
     assert work.dense_count.numel() == 3 * 3  # 3 query tiles x 3 windows
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
@@ -373,14 +377,22 @@ def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
         ({"bn_backward": 32}, r"bn_backward \(32\) must divide bn_scan \(16\)"),
         ({"doc_window": 24}, r"doc_window \(24\) must be 0 or a multiple of 16"),
         ({"doc_window": -16}, r"doc_window \(-16\) must be 0 or a multiple of 16"),
-        ({"doc_grad_by_window": True}, r"doc_grad_by_window needs document windows \(doc_window > 0\)"),
+        ({"window_major": ("doc_grad",)}, r"window_major needs document windows \(doc_window > 0\)"),
+        (
+            {"doc_window": 16, "window_major": ("backward",)},
+            r"window_major names kernels of .*\['backward'\]",
+        ),
+        (
+            {"doc_window": 16, "window_major": ("doc_grad",)},
+            r"without dense_split the query and document gradients are one kernel: window_major names both",
+        ),
     ],
 )
 def test_settings_that_would_lose_tiles_are_refused(monkeypatch, change: dict, match: str) -> None:
     """A setting whose backward tiles are wider than the scan's (each listed tile would be added in no part),
-    whose windows cut a tile (its documents past the window's end in no program) or that orders windows it
-    does not have (the option would silently do nothing) is a ValueError naming the field and what it needs,
-    raised before any kernel runs."""
+    whose windows cut a tile (its documents past the window's end in no program), that orders windows it does
+    not have or kernels that do not exist (the option would silently do nothing) or half of one kernel is a
+    ValueError naming the field and what it needs, raised before any kernel runs."""
     monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**change))
     reps = sparse_leaves(_dense_batch("fp32"))
     with pytest.raises(ValueError, match=match):

@@ -41,12 +41,14 @@ SCENARIOS = {  # name: (loss settings, sparse reps)
     ),
     "infonce, sparse, fused, document windows": ({"contrastive": "infonce", "score_kernel": "fused"}, True),
 }
-# Scenarios run with fused_lse's settings changed: documents in windows of 16 (3 a block of 40), the document
-# gradient's pass window by window (rank 1's 2 tiles x 3 windows map otherwise than rank 0's 1 x 3 or the unsharded
-# 3 x 3), every score tile on the tensor cores (the interpreter's 16 x 16 tiles would all go by pairs).
+# Scenarios run with fused_lse's settings changed: documents in windows of 16 (3 a block of 40), every kernel
+# window-major (rank 1's 2 tiles x 3 windows map otherwise than rank 0's 1 x 3 or the unsharded 3 x 3), every score
+# tile on the tensor cores (the interpreter's 16 x 16 tiles would all go by pairs).
 FUSED_CHANGES = {
     "infonce, sparse, fused, document windows": {
-        "INTERPRETER_TILES": fused_lse.INTERPRETER_TILES._replace(doc_window=16, doc_grad_by_window=True),
+        "INTERPRETER_TILES": fused_lse.INTERPRETER_TILES._replace(
+            doc_window=16, window_major=fused_lse.WINDOW_MAJOR_KERNELS
+        ),
         "SPARSE_TILE_MAX": 0,
     }
 }

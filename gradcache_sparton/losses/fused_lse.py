@@ -101,6 +101,7 @@ __all__ = [
     "SPARSE_TILE_MAX",
     "SPLIT_PARTS",
     "VARIANTS",
+    "WINDOW_MAJOR_KERNELS",
     "QueryTiles",
     "TileShape",
     "build_query_tiles",
@@ -178,12 +179,17 @@ class TileShape(NamedTuple):
     block, a query tile's W programs run side by side (fewer query tiles live at once, so their reads stay in
     L2), the forward keeps W running maxima and sums a query, merged at the end, and the dense tiles' query
     gradient is added by atomics (the tile's windows share its rows)."""
-    doc_grad_by_window: bool = False
-    """With windows: the tensor cores' pass that adds the document gradient runs one window's query tiles side by
-    side (program p: tile p % T of window p // T), so that its atomics target one window of grad_DT at a time
-    (bd = 1,024, windows of 256: 31 MB of the 125 MB block, within the H100's 50 MB L2); False: a tile's windows
-    side by side, as the other kernels run."""
+    window_major: tuple[str, ...] = ()
+    """The kernels (of :data:`WINDOW_MAJOR_KERNELS`) whose programs run window-major, with windows: one window's
+    query tiles side by side (program p: tile p % T of window p // T), so that the reads of DT and the atomics
+    into grad_DT stay within one window (bd = 1,024, windows of 256: 16 MB of DT, 31 MB of its gradient, within
+    the H100's 50 MB L2) while each query tile is read once a window; the others run tile-major (a tile's
+    windows side by side). Without ``dense_split`` the dense gradients are one kernel: name both or neither."""
 
+
+# The kernels a TileShape's ``window_major`` can name: the forward, the backward's scan and its tensor-core passes
+# that add the query and the document gradients.
+WINDOW_MAJOR_KERNELS = ("forward", "scan", "query_grad", "doc_grad")
 
 # Named GPU settings, the A/B's candidates (benchmarks/bench_loss_kernel.py --variants). tl.dot needs power-of-two
 # edges >= 16; BM = 64 is the wgmma row edge. 'split128' (the dense tiles' query and document gradients in two
@@ -198,7 +204,8 @@ _SPLIT128 = TileShape(
 VARIANTS = {
     "split128": _SPLIT128,
     "window256": _SPLIT128._replace(doc_window=256),
-    "window256_by_window": _SPLIT128._replace(doc_window=256, doc_grad_by_window=True),
+    "window256_doc_grad_by_window": _SPLIT128._replace(doc_window=256, window_major=("doc_grad",)),
+    "window256_by_window": _SPLIT128._replace(doc_window=256, window_major=WINDOW_MAJOR_KERNELS),
     "columns": TileShape(
         bm=64,
         bk=64,
@@ -229,8 +236,8 @@ def kernels_run_on(device: torch.device) -> bool:
 
 def _tile_shape() -> TileShape:
     """The setting in use, checked: a listed tile of the scan is added in bn_scan / bn_backward parts (none, were
-    the backward's tiles wider), a window holds whole tiles of every kernel, and an order of windows has
-    windows to order."""
+    the backward's tiles wider), a window holds whole tiles of every kernel, and ``window_major`` names known
+    kernels, has windows to order and does not split the one dense kernel."""
     shape = INTERPRETER_TILES if _interpreting() else GPU_TILES
     if shape.bn_scan % shape.bn_backward:
         raise ValueError(
@@ -241,9 +248,17 @@ def _tile_shape() -> TileShape:
         raise ValueError(
             f"TileShape: doc_window ({shape.doc_window}) must be 0 or a multiple of {edge}, got {shape}"
         )
-    if shape.doc_grad_by_window and not shape.doc_window:
+    unknown = set(shape.window_major) - set(WINDOW_MAJOR_KERNELS)
+    if unknown:
         raise ValueError(
-            f"TileShape: doc_grad_by_window needs document windows (doc_window > 0), got {shape}"
+            f"TileShape: window_major names kernels of {list(WINDOW_MAJOR_KERNELS)}, got {sorted(unknown)} in {shape}"
+        )
+    if shape.window_major and not shape.doc_window:
+        raise ValueError(f"TileShape: window_major needs document windows (doc_window > 0), got {shape}")
+    if not shape.dense_split and ("query_grad" in shape.window_major) != ("doc_grad" in shape.window_major):
+        raise ValueError(
+            "TileShape: without dense_split the query and document gradients are one kernel: window_major names "
+            f"both or neither, got {shape}"
         )
     return shape
 
@@ -471,6 +486,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, run_max, run_sum,
                     num_rows=num_rows, n_docs=n, inv_t=1.0 / temperature, tiles=own, window=window, bm=shape.bm,
                     bk=shape.bk, bn=shape.bn_forward, warps=shape.warps, stages=shape.stages,
+                    window_major="forward" in shape.window_major,
                 )  # fmt: skip
         rows = tiles.row_idx[own.start * shape.bm : own.stop * shape.bm].long()
         rows = rows[rows < num_rows]  # this rank's queries
@@ -519,7 +535,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, window=window, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
-                    doc_grad_by_window=shape.doc_grad_by_window,
+                    window_major=shape.window_major,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles = len(saved.rows) * -(-n // shape.bn_scan)

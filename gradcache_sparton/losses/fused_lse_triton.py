@@ -126,11 +126,11 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def _forward_kernel(QT, COLS, TILE_PTR, ROWS, DT, RUN_MAX, RUN_SUM, num_rows, n_docs, stride_dt, inv_t, tile_lo,
-                    windows, window, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    IEEE: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+                    num_tiles, windows, window, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    IEEE: tl.constexpr, WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr):  # fmt: skip
     """One query tile against one window of a document block: update the tile's running max and sum (online lse)
-    of that window (row w of RUN_MAX and RUN_SUM [windows, num_rows])."""
-    t, w, _ = _program(windows, 0, WINDOWED, False)
+    of that window (row w of RUN_MAX and RUN_SUM [windows, num_rows]). BY_WINDOW: :func:`_program`."""
+    t, w, _ = _program(windows, num_tiles, WINDOWED, BY_WINDOW)
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo + t, num_rows, BM, BK)
     n_lo, n_hi = _window(w, window, n_docs, WINDOWED)
     run_max = tl.load(RUN_MAX + w * num_rows + rows, mask=row_ok, other=0.0)  # [BM]
@@ -209,9 +209,9 @@ def _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r
 
 @triton.jit
 def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, DENSE, DENSE_COUNT,
-                 num_rows, n_docs, stride_dt, inv_t, tile_lo, windows, window, capacity, sparse_max,
+                 num_rows, n_docs, stride_dt, inv_t, tile_lo, num_tiles, windows, window, capacity, sparse_max,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                 WINDOWED: tl.constexpr):  # fmt: skip
+                 WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr):  # fmt: skip
     """One query tile against one window of a document block: recompute each score tile and its softmax weights
     ``p``; a tile with at most ``sparse_max`` non-zero weights writes them as (query, document, p) pairs
     (PAIR_*, for :func:`_pairs_kernel`), one with more (or past the pairs' ``capacity``) goes on the query
@@ -356,10 +356,11 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok
 def launch_forward(
     qt: Tensor, cols: Tensor, tile_ptr: Tensor, row_idx: Tensor, dt: Tensor, run_max: Tensor, run_sum: Tensor,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, warps: int,
-    stages: int,
+    stages: int, window_major: bool = False,
 ) -> None:  # fmt: skip
     """Update ``run_max``/``run_sum`` [windows, B] of the query tiles ``tiles`` against the ``n_docs`` columns of
-    ``dt``, ``window`` documents a program (a multiple of ``bn``): row w holds window w's (online lse)."""
+    ``dt``, ``window`` documents a program (a multiple of ``bn``): row w holds window w's (online lse). With
+    ``window_major`` (and windows) the programs run one window's query tiles side by side, else a tile's windows."""
     windows = -(-n_docs // window)
     if len(tiles) == 0:
         return
@@ -367,8 +368,8 @@ def launch_forward(
         raise ValueError(f"run_max must be [>= {windows}, {num_rows}], got {list(run_max.shape)}")
     _forward_kernel[(len(tiles) * windows,)](
         qt, cols, tile_ptr, row_idx, dt, run_max, run_sum, num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
-        windows, window, BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, WINDOWED=windows > 1,
-        num_warps=warps, num_stages=stages,
+        len(tiles), windows, window, BM=bm, BN=bn, BK=bk, IEEE=qt.dtype == torch.float32, WINDOWED=windows > 1,
+        BY_WINDOW=window_major, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -426,7 +427,7 @@ def launch_backward(
     grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, work: WorkLists,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, bn_scan: int,
     warps: int, stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
-    doc_grad_by_window: bool = False,
+    window_major: tuple[str, ...] = (),
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
@@ -434,9 +435,10 @@ def launch_backward(
     score tiles are scanned ``bn_scan`` documents wide first: one with at most ``sparse_max`` non-zero softmax
     weights goes by pairs, one of zeros is passed over, the rest on the tensor cores ``bn`` documents at a time;
     without, every tile goes on the tensor cores (no scan). With ``dense_split`` the tensor cores' query and
-    document gradients are added by two kernels, one each; with ``doc_grad_by_window`` (and windows) the tensor
-    cores' pass that adds the document gradient runs one window's query tiles side by side, so that its atomics
-    target one window of ``grad_dt`` at a time."""
+    document gradients are added by two kernels, one each. The kernels ``window_major`` names ("scan",
+    "query_grad", "doc_grad": ``fused_lse.WINDOW_MAJOR_KERNELS``; the one dense kernel without ``dense_split`` if it
+    names both) run, with windows, one window's query tiles side by side, so that their reads of ``dt`` and atomics
+    into ``grad_dt`` stay within one window."""
     windows = -(-n_docs // window)
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
@@ -450,9 +452,9 @@ def launch_backward(
         capacity = work.pair_rows.numel()
         _scan_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, work.pair_rows, work.pair_docs, work.pair_weights, work.pair_count,
-            work.dense, work.dense_count, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, windows, window,
-            capacity, sparse_max, BM=bm, BN=bn_scan, BK=bk, IEEE=ieee, WINDOWED=windows > 1, num_warps=warps,
-            num_stages=stages,
+            work.dense, work.dense_count, num_rows, n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows,
+            window, capacity, sparse_max, BM=bm, BN=bn_scan, BK=bk, IEEE=ieee, WINDOWED=windows > 1,
+            BY_WINDOW="scan" in window_major, num_warps=warps, num_stages=stages,
         )  # fmt: skip
         _pairs_kernel[(min(triton.cdiv(capacity, PAIR_BLOCK), PAIR_PROGRAMS),)](
             work.pair_rows, work.pair_docs, work.pair_weights, work.pair_count, queries.offsets, queries.ids,
@@ -462,9 +464,10 @@ def launch_backward(
         )  # fmt: skip
     passes = [(need_q, False), (False, need_d)] if dense_split and need_q and need_d else [(need_q, need_d)]
     for pass_q, pass_d in passes:
+        named = [name for name, runs in (("query_grad", pass_q), ("doc_grad", pass_d)) if runs]
         _dense_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, num_rows,
             n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows, window, BM=bm, BN=bn, BK=bk, SPAN=bn_scan,
             IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, WINDOWED=windows > 1,
-            BY_WINDOW=doc_grad_by_window and pass_d, num_warps=warps, num_stages=stages,
+            BY_WINDOW=all(name in window_major for name in named), num_warps=warps, num_stages=stages,
         )  # fmt: skip
