@@ -362,11 +362,11 @@ def test_fused_is_chosen_only_where_asked_or_measured(monkeypatch) -> None:
 
 
 def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
-    """'auto' takes the fused kernels from FUSED_MIN_QUERIES queries on (16,384: the H100 curve in docs/scale.md),
+    """'auto' takes the fused kernels from FUSED_MIN_QUERIES queries on (4,096: the H100 curve in docs/scale.md),
     the blocked path below, and follows the constant when it changes (on a GPU: test_fused_lse_gpu.py)."""
-    assert fused_lse.FUSED_MIN_QUERIES == 16_384
-    assert not fused_lse.fused_by_default(16_383)
-    assert fused_lse.fused_by_default(16_384) and fused_lse.fused_by_default(131_072)
+    assert fused_lse.FUSED_MIN_QUERIES == 4_096
+    assert not fused_lse.fused_by_default(4_095)
+    assert fused_lse.fused_by_default(4_096) and fused_lse.fused_by_default(131_072)
     monkeypatch.setattr(fused_lse, "FUSED_MIN_QUERIES", B)
     assert fused_lse.fused_by_default(B) and not fused_lse.fused_by_default(B - 1)
 

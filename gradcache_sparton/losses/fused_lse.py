@@ -118,10 +118,11 @@ __all__ = [
 SCORE_KERNELS = ("auto", "fused", "blocked")
 
 # 'auto' takes the fused kernels from this many queries on (sparse fp32-weight reps on a GPU). The curve on one
-# H100 at temperature 1.0 (benchmarks/results/session10/loss_curve_t1_h100.json; docs/scale.md, "The fused kernel")
-# has the fused loss (forward + backward) faster than the blocked one at every B it measured: 1.11x at 16,384,
-# 1.33x at 32,768, 1.44x at 65,536, 1.48x at 131,072. Below 16,384 this kernel is unmeasured: the blocked path stays.
-FUSED_MIN_QUERIES = 16_384
+# H100 at temperature 1.0 (benchmarks/results/session14, README; docs/scale.md, "The curve") has the fused loss
+# (forward + backward, GPU_TILES) faster than the blocked one at every B it measured: 1.29x at 4,096, 1.48x at
+# 8,192, 1.71x at 16,384, 1.91x at 32,768, 2.07x at 65,536, 2.19x at 131,072. Below 4,096 it is unmeasured: the
+# blocked path stays (a few milliseconds there).
+FUSED_MIN_QUERIES = 4_096
 
 # bf16 parts the backward splits its fp32 softmax weights into (module doc, "Exactness"): 2 parts hold the
 # leading 16 significant bits (each weight within 2^-16 of itself, docs/losses.md's bound); 3 parts hold all 24,
@@ -204,8 +205,9 @@ _SPLIT128 = TileShape(
 VARIANTS = {
     "split128": _SPLIT128,
     "window256": _SPLIT128._replace(doc_window=256),
-    "window256_doc_grad_by_window": _SPLIT128._replace(doc_window=256, window_major=("doc_grad",)),
     "window256_by_window": _SPLIT128._replace(doc_window=256, window_major=WINDOW_MAJOR_KERNELS),
+    "window256_forward256": _SPLIT128._replace(doc_window=256, bn_forward=256),
+    "window256_wide": _SPLIT128._replace(doc_window=256, bn_forward=256, bn_scan=256),
     "columns": TileShape(
         bm=64,
         bk=64,

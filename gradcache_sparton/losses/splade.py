@@ -242,7 +242,7 @@ class SpladeLossConfig:
         "infonce and kl_div with kl_in_batch, on sparse reps (the engine's sparse_reps): how the [B, (1+k)·B] "
         "scores' log-sum-exp runs. 'fused': Triton kernels that keep each score tile on chip (GPU; fp32 "
         "accumulation, within a documented bound of fp64); 'blocked': score blocks in memory "
-        "(score_block_size); 'auto': fused on a GPU from losses.fused_lse.FUSED_MIN_QUERIES (16,384) queries on, "
+        "(score_block_size); 'auto': fused on a GPU from losses.fused_lse.FUSED_MIN_QUERIES (4,096) queries on, "
         "where it was measured faster (docs/scale.md), else blocked; blocked whenever score_block_size is set. "
         "Dense reps always run blocked; 'fused' in a training run needs sparse_reps true and a GPU.",
         choices=list(SCORE_KERNELS),

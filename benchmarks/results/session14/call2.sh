@@ -1,0 +1,14 @@
+set -u
+R0=$PWD; T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$R0:/tmp/site
+L=$OUT/log2.txt
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; python3 -c "import torch, triton, transformers, ir_measures; print(torch.__version__, triton.__version__, transformers.__version__, ir_measures.__version__)"; } > $L 2>&1
+timeout 80 python3 -m pytest tests/test_fused_lse_gpu.py -m gpu -v -p no:cacheprovider -k "window256_forward256 or window256_wide or auto" >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
+B="python3 -m benchmarks.bench_loss_kernel --beir_path $R0/.gpu/data/scifact --variants window256,window256_forward256,window256_wide"
+timeout $(( 210 - $(el) )) $B --batches 65536 --budget_s $(( 170 - $(el) )) --output $OUT/ab_t1.json >> $L 2>&1; echo "t1 A/B rc=$? at $(el) s" | tee -a $L
+timeout $(( 300 - $(el) )) $B --batches 65536 --temperature 0.05 --budget_s $(( 270 - $(el) )) --output $OUT/ab_t005.json >> $L 2>&1; echo "t0.05 A/B rc=$? at $(el) s" | tee -a $L
+timeout $(( 400 - $(el) )) python3 -m pytest tests/test_user_paths.py -m gpu -v -ra -p no:cacheprovider -k "test_gpu_train_evaluate_mine_export_in_bf16" > $OUT/user_path.txt 2>&1; echo "user path rc=$? at $(el) s" | tee -a $L
+tail -3 $OUT/user_path.txt
+grep -E "passed|failed|rc=|fused:|blocked" $L | cut -c1-400
