@@ -19,8 +19,8 @@ Layout (built once per forward, kept for the backward):
   zero, the padding's), so a query tile's BK columns are BK contiguous runs of documents.
 
 Forward: one program per query tile and window of the block (``TileShape.doc_window``: 256 documents on the GPU,
-a tile's windows side by side, or one window's tiles: ``TileShape.window_major``) walks its documents in BN-wide tiles; a score tile is the sum
-over the query tile's columns of ``QT[k]ᵀ · DT[id_k]`` (``tl.dot`` steps, fp32 accumulation), scaled by
+a tile's windows side by side, or one window's tiles: ``TileShape.window_major``) walks its documents in BN-wide
+tiles; a score tile is the sum over the query tile's columns of ``QT[k]ᵀ · DT[id_k]`` (``tl.dot`` steps, fp32 accumulation), scaled by
 1/temperature and folded into the tile's running max and sum (one per window, merged after the last block).
 Nothing of size B × N, or bq × bd, is written: the running maxima and sums [W, B] carry over from one document
 block to the next.
@@ -202,6 +202,9 @@ WINDOW_MAJOR_KERNELS = ("forward", "scan", "query_grad", "doc_grad")
 _SPLIT128 = TileShape(
     bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=128, warps=4, stages=3, dense_split=True
 )
+# 'window256_by_window' (every kernel window-major) was slower at every B from 8,192 (1.188 s against 1.067 at 65,536,
+# benchmarks/results/session14); 'window256_forward256' (the forward 256 documents wide: 18% faster a block alone,
+# same folder) and 'window256_wide' (the scan too) are the next A/B's candidates.
 VARIANTS = {
     "split128": _SPLIT128,
     "window256": _SPLIT128._replace(doc_window=256),
