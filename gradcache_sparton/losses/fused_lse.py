@@ -20,8 +20,9 @@ Layout (built once per forward, kept for the backward):
 
 Forward: one program per query tile and window of the block (``TileShape.doc_window``: 256 documents on the GPU,
 a tile's windows side by side, or one window's tiles: ``TileShape.window_major``) walks its documents in BN-wide
-tiles; a score tile is the sum over the query tile's columns of ``QT[k]ᵀ · DT[id_k]`` (``tl.dot`` steps, fp32 accumulation), scaled by
-1/temperature and folded into the tile's running max and sum (one per window, merged after the last block).
+tiles; a score tile is the sum over the query tile's columns of ``QT[k]ᵀ · DT[id_k]`` (``tl.dot`` steps, fp32
+accumulation), scaled by 1/temperature and folded into the tile's running max and sum (one per window, merged after
+the last block).
 Nothing of size B × N, or bq × bd, is written: the running maxima and sums [W, B] carry over from one document
 block to the next.
 
