@@ -5,8 +5,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$R0:/tmp/site
 L=$OUT/log2.txt
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; } > $L 2>&1
-timeout 50 python3 -m pytest tests/test_fused_lse_gpu.py -m gpu -v -p no:cacheprovider -k "window256_wide" >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
 B="python3 -m benchmarks.bench_loss_kernel --beir_path $R0/.gpu/data/scifact --variants window256,window256_wide"
-timeout $(( 150 - $(el) )) $B --batches 65536 --budget_s $(( 120 - $(el) )) --output $OUT/ab_t1.json >> $L 2>&1; echo "t1 A/B rc=$? at $(el) s" | tee -a $L
-timeout $(( 235 - $(el) )) $B --batches 65536 --temperature 0.05 --budget_s $(( 210 - $(el) )) --output $OUT/ab_t005.json >> $L 2>&1; echo "t0.05 A/B rc=$? at $(el) s" | tee -a $L
+timeout $(( 115 - $(el) )) $B --batches 65536 --budget_s $(( 85 - $(el) )) --output $OUT/ab_t1.json >> $L 2>&1; echo "t1 A/B rc=$? at $(el) s" | tee -a $L
+timeout $(( 200 - $(el) )) $B --batches 65536 --temperature 0.05 --budget_s $(( 175 - $(el) )) --output $OUT/ab_t005.json >> $L 2>&1; echo "t0.05 A/B rc=$? at $(el) s" | tee -a $L
 grep -E "passed|failed|rc=|fused:|blocked" $L | cut -c1-330
