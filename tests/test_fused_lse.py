@@ -210,6 +210,17 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
 
 
+@pytest.mark.parametrize("route", ["dense", "mixed"])
+def test_forward_wider_than_the_backward(monkeypatch, route: str) -> None:
+    """The forward's tiles twice the scan's and the dense kernels' (bn_forward 32 against 16, as the GPU's 256
+    against 128), in windows of 32 (a column of 37 in one block: windows of 32 and 5, the second a part of one
+    forward tile): the lse the backward reads comes from the wider forward, and lse and every gradient equal
+    dense fp64's within the bound, both routes seen."""
+    work = _bf16_within_bound(monkeypatch, route, rows=64, seed=10, bn_forward=32, doc_window=32)
+    assert work.dense_count.numel() == 3 * 2  # 3 query tiles x 2 windows
+    assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
+
+
 @pytest.mark.parametrize(
     "window_major",
     [(), ("query_grad", "doc_grad"), fused_lse.WINDOW_MAJOR_KERNELS],

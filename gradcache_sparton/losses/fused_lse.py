@@ -120,7 +120,7 @@ SCORE_KERNELS = ("auto", "fused", "blocked")
 
 # 'auto' takes the fused kernels from this many queries on (sparse fp32-weight reps on a GPU). The curve on one
 # H100 at temperature 1.0 (benchmarks/results/session14, README; docs/scale.md, "The curve") has the fused loss
-# (forward + backward, GPU_TILES) faster than the blocked one at every B it measured: 1.29x at 4,096, 1.48x at
+# (forward + backward, 'window256') faster than the blocked one at every B it measured: 1.29x at 4,096, 1.48x at
 # 8,192, 1.71x at 16,384, 1.91x at 32,768, 2.07x at 65,536, 2.19x at 131,072. Below 4,096 it is unmeasured: the
 # blocked path stays (a few milliseconds there).
 FUSED_MIN_QUERIES = 4_096
@@ -204,14 +204,13 @@ _SPLIT128 = TileShape(
     bm=64, bk=64, bn_forward=128, bn_scan=128, bn_backward=128, warps=4, stages=3, dense_split=True
 )
 # 'window256_by_window' (every kernel window-major) was slower at every B from 8,192 (1.188 s against 1.067 at 65,536,
-# benchmarks/results/session14); 'window256_forward256' (the forward 256 documents wide: 18% faster a block alone,
-# same folder) and 'window256_wide' (the scan too) are the next A/B's candidates.
+# benchmarks/results/session14); the scan 256 wide too was slower at temperature 0.05 (backward 0.304 s against
+# 0.208, same folder), so only the forward is 256 wide.
 VARIANTS = {
     "split128": _SPLIT128,
     "window256": _SPLIT128._replace(doc_window=256),
     "window256_by_window": _SPLIT128._replace(doc_window=256, window_major=WINDOW_MAJOR_KERNELS),
     "window256_forward256": _SPLIT128._replace(doc_window=256, bn_forward=256),
-    "window256_wide": _SPLIT128._replace(doc_window=256, bn_forward=256, bn_scan=256),
     "columns": TileShape(
         bm=64,
         bk=64,
@@ -223,10 +222,11 @@ VARIANTS = {
         doc_block_bytes=512 << 20,
     ),
 }
-# The GPU's setting: 'window256' (split128's tiles, each query tile's programs over windows of 256 documents side by
-# side). B 65,536 at temperature 1.0 on one H100, one call (benchmarks/results/session13): forward + backward 1.072
-# s against split128's 1.261 (backward 0.948 against 1.122).
-GPU_TILES = VARIANTS["window256"]
+# The GPU's setting: 'window256_forward256' (split128's tiles, each query tile's programs over windows of 256 documents
+# side by side, the forward a window at a time). B 65,536 on one H100 (benchmarks/results/session14): the forward
+# 256 wide took 0.106 s against window256's 0.130 at temperature 1.0 and 0.108 against 0.129 at 0.05, in one call;
+# the backward runs window256's kernels (0.948 s at 1.0, 0.208 at 0.05, in the same call).
+GPU_TILES = VARIANTS["window256_forward256"]
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
 INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_scan=16, bn_backward=16, warps=4, stages=1)
 
