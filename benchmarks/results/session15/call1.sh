@@ -3,6 +3,7 @@ R0=$PWD; T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+ln -sfn $R0/gradcache_sparton/resources $R0/.prev/gradcache_sparton/resources  # the same files at 914af57; carried once
 L=$OUT/log1.txt
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; PYTHONPATH=/tmp/site python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; } > $L 2>&1
 export PYTHONPATH=$R0:/tmp/site
