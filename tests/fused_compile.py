@@ -20,7 +20,7 @@ from gradcache_sparton.losses import fused_lse, fused_lse_triton
 
 V = 30_522  # BERT's vocabulary: the document block and its windows follow from it
 POINTERS = {"QT", "COLS", "TILE_PTR", "ROWS", "DT", "RUN_MAX", "RUN_SUM", "LSE", "G", "GQT", "GDT", "DENSE",
-            "DENSE_COUNT", "PAIR_ROW", "PAIR_DOC", "PAIR_P", "PAIR_COUNT", "Q_OFF", "Q_IDS", "Q_W", "GQ"}  # fmt: skip
+            "DENSE_COUNT", "P", "PAIR_ROW", "PAIR_DOC", "PAIR_P", "PAIR_COUNT", "Q_OFF", "Q_IDS", "Q_W", "GQ"}  # fmt: skip
 INT_POINTERS = {
     "COLS",
     "TILE_PTR",
@@ -54,7 +54,8 @@ def signature(kernel: triton.JITFunction, constexprs: dict, tiles: str) -> dict[
 
 def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.JITFunction, dict]]:
     """Every (name, kernel, constexprs) the GPU path launches under ``shape``: both gradients or either alone, the
-    dense tiles listed by the scan or all of them, windows as the setting makes them at V."""
+    dense tiles listed by the scan or all of them, windows as the setting makes them at V; with ``store_weights``
+    the query pass stores the softmax weights and the document pass reads them."""
     bd = fused_lse._document_rows(V, shape)
     windowed = fused_lse._window(shape, bd) < bd
     common = {"BM": shape.bm, "BK": shape.bk, "IEEE": ieee}
@@ -71,7 +72,8 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
             out.append((
                 f"dense q{need_q:d} d{need_d:d} listed{listed:d}", fused_lse_triton._dense_kernel,
                 {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS,
-                 "NEED_Q": need_q, "NEED_D": need_d, "LISTED": listed, "WINDOWED": windowed},
+                 "NEED_Q": need_q, "NEED_D": need_d, "STORE": shape.store_weights and not need_d,
+                 "LOAD": shape.store_weights and not need_q, "LISTED": listed, "WINDOWED": windowed},
             ))  # fmt: skip
     out.append((
         "pairs", fused_lse_triton._pairs_kernel,

@@ -197,15 +197,20 @@ def _bf16_within_bound(
     return work
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-dense-kernel", "dense-split"])
+SPLITS = {"one-dense-kernel": {}, "dense-split": {"dense_split": True},
+          "dense-split-stored": {"dense_split": True, "store_weights": True}}  # fmt: skip
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
 @pytest.mark.parametrize("route", ["dense", "mixed"])
-def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: bool) -> None:
+def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: str) -> None:
     """The scan's tiles twice the dense kernel's (bn_scan 32, bn_backward 16, as on the GPU: 128 and 64): a listed
     tile is taken in its two halves, the last block's listed tile (5 documents) in one that holds them and one
-    past them; with ``dense_split`` the dense tiles' query and document gradients come from two kernels. The
-    gradients equal dense fp64's within the bound and both routes are seen taken."""
+    past them; with ``dense_split`` the dense tiles' query and document gradients come from two kernels (with
+    ``store_weights`` the document pass reads the query pass's softmax weights, a wrong row or document of them
+    fails). The gradients equal dense fp64's within the bound and both routes are seen taken."""
     work = _bf16_within_bound(
-        monkeypatch, route, rows=32, seed=8, bn_scan=32, dense_split=split
+        monkeypatch, route, rows=32, seed=8, bn_scan=32, **SPLITS[split]
     )  # 32 + 5 a block
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
 
@@ -226,17 +231,17 @@ def test_forward_wider_than_the_backward(monkeypatch, route: str) -> None:
     [(), ("query_grad", "doc_grad"), fused_lse.WINDOW_MAJOR_KERNELS],
     ids=["tile-major", "dense-passes-window-major", "all-window-major"],
 )
-@pytest.mark.parametrize("split", [False, True], ids=["one-dense-kernel", "dense-split"])
+@pytest.mark.parametrize("split", list(SPLITS))
 @pytest.mark.parametrize("route", ["dense", "mixed"])
-def test_document_windows(monkeypatch, route: str, split: bool, window_major: tuple[str, ...]) -> None:
+def test_document_windows(monkeypatch, route: str, split: str, window_major: tuple[str, ...]) -> None:
     """A block taken in windows of 16 documents a program (``TileShape.doc_window``; a column of 37 in one block:
     windows of 16, 16 and 5): the forward's per-window maxima and sums merged, the scan's lists per window, the
     dense tiles' query gradient added by each window's program (atomics), each kernel's programs tile-major or
     window-major (``window_major``: each program finds its tile and window, and the scan's list by them, not by
     its program number): lse and every gradient equal dense fp64's within the bound, both routes seen, and the
-    work lists sized for 3 programs a query tile."""
+    work lists sized for 3 programs a query tile; with stored softmax weights each window's are its own."""
     work = _bf16_within_bound(
-        monkeypatch, route, rows=48, seed=9, doc_window=16, dense_split=split, window_major=window_major
+        monkeypatch, route, rows=48, seed=9, doc_window=16, window_major=window_major, **SPLITS[split]
     )
     assert work.dense_count.numel() == 3 * 3  # 3 query tiles x 3 windows
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
@@ -397,12 +402,14 @@ def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
             {"doc_window": 16, "window_major": ("doc_grad",)},
             r"without dense_split the query and document gradients are one kernel: window_major names both",
         ),
+        ({"store_weights": True}, r"store_weights needs dense_split"),
     ],
 )
 def test_settings_that_would_lose_tiles_are_refused(monkeypatch, change: dict, match: str) -> None:
     """A setting whose backward tiles are wider than the scan's (each listed tile would be added in no part),
     whose windows cut a tile (its documents past the window's end in no program), that orders windows it does
-    not have or kernels that do not exist (the option would silently do nothing) or half of one kernel is a
+    not have or kernels that do not exist, stores softmax weights no pass would read (the option would silently do
+    nothing) or half of one kernel is a
     ValueError naming the field and what it needs, raised before any kernel runs."""
     monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**change))
     reps = sparse_leaves(_dense_batch("fp32"))

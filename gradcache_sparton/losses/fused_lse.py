@@ -187,6 +187,10 @@ class TileShape(NamedTuple):
     into grad_DT stay within one window (bd = 1,024, windows of 256: 16 MB of DT, 31 MB of its gradient, within
     the H100's 50 MB L2) while each query tile is read once a window; the others run tile-major (a tile's
     windows side by side). Without ``dense_split`` the dense gradients are one kernel: name both or neither."""
+    store_weights: bool = False
+    """With ``dense_split``: the query pass stores each dense tile's fp32 softmax weights p ([tiles·BM, bd], 4·B·bd
+    bytes: 256 MiB at B 65,536, linear in B) and the document pass reads them instead of recomputing the scores
+    (the same values: one score product a tile fewer)."""
 
 
 # The kernels a TileShape's ``window_major`` can name: the forward, the backward's scan and its tensor-core passes
@@ -211,6 +215,7 @@ VARIANTS = {
     "window256": _SPLIT128._replace(doc_window=256),
     "window256_by_window": _SPLIT128._replace(doc_window=256, window_major=WINDOW_MAJOR_KERNELS),
     "window256_forward256": _SPLIT128._replace(doc_window=256, bn_forward=256),
+    "window256_stored": _SPLIT128._replace(doc_window=256, bn_forward=256, store_weights=True),
     "columns": TileShape(
         bm=64,
         bk=64,
@@ -261,6 +266,10 @@ def _tile_shape() -> TileShape:
         )
     if shape.window_major and not shape.doc_window:
         raise ValueError(f"TileShape: window_major needs document windows (doc_window > 0), got {shape}")
+    if shape.store_weights and not shape.dense_split:
+        raise ValueError(
+            f"TileShape: store_weights needs dense_split (the document pass reads what the query pass stores), got {shape}"
+        )
     if not shape.dense_split and ("query_grad" in shape.window_major) != ("doc_grad" in shape.window_major):
         raise ValueError(
             "TileShape: without dense_split the query and document gradients are one kernel: window_major names "
@@ -526,6 +535,9 @@ class _FusedLogSumExp(torch.autograd.Function):
         window = _window(shape, saved.bd)
         programs = len(saved.rows) * -(-saved.bd // window)
         work = WorkLists.allocate(capacity, programs, window // shape.bn_scan, q.device)
+        stored = None  # the query pass's softmax weights for the document pass (TileShape.store_weights)
+        if shape.store_weights and needs_q and any(needs_d):
+            stored = torch.empty((len(saved.rows) * shape.bm, saved.bd), dtype=torch.float32, device=q.device)
         grad_d: list[Tensor | None] = []
         routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
@@ -541,7 +553,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, window=window, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
-                    window_major=shape.window_major,
+                    window_major=shape.window_major, stored=stored if needs else None,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles = len(saved.rows) * -(-n // shape.bn_scan)

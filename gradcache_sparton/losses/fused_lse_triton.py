@@ -250,16 +250,18 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
 
 
 @triton.jit
-def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, num_rows, n_docs, stride_dt,
-                  inv_t, tile_lo, num_tiles, windows, window, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                  SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr,
-                  NEED_D: tl.constexpr, LISTED: tl.constexpr, WINDOWED: tl.constexpr,
-                  BY_WINDOW: tl.constexpr):  # fmt: skip
+def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, P, stride_p, num_rows, n_docs,
+                  stride_dt, inv_t, tile_lo, num_tiles, windows, window, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr, SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr,
+                  NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr, LISTED: tl.constexpr,
+                  WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr):  # fmt: skip
     """One query tile's score tiles in one window on the tensor cores, BN documents at a time: recompute each and add
     its gradients (:func:`_column_grads`; the query tile's rows of GQT by atomics where the block has windows).
     LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the window.
-    BY_WINDOW: the programs run one window's query tiles side by side (:func:`_program`)."""
+    BY_WINDOW: the programs run one window's query tiles side by side (:func:`_program`). STORE: write each tile's
+    softmax weights into P (this tile's BM rows of [tiles·BM, bd]); LOAD: read them from there, not recomputed."""
     t, w, slot = _program(windows, num_tiles, WINDOWED, BY_WINDOW)
+    p_rows = P + (t * BM + tl.arange(0, BM)).to(tl.int64) * stride_p  # [BM]: this tile's rows of P
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo + t, num_rows, BM, BK)
     n_lo, n_hi = _window(w, window, n_docs, WINDOWED)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
@@ -269,23 +271,32 @@ def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_C
         for i in range(0, tl.load(DENSE_COUNT + slot) * (SPAN // BN)):
             # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
             n0 = tl.multiple_of(tl.load(listed + i // (SPAN // BN)), SPAN) + (i % (SPAN // BN)) * BN
-            _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
-                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED)  # fmt: skip
+            _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs,
+                        stride_dt, inv_t, r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD,
+                        WINDOWED)  # fmt: skip
     else:
         for n0 in range(n_lo, n_hi, BN):
-            _dense_tile(n0, QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
-                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED)  # fmt: skip
+            _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
+                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD, WINDOWED)  # fmt: skip
 
 
 @triton.jit
-def _dense_tile(n0, QT, COLS, DT, GQT, GDT, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t, r, kk, row_ok,
+def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t, r, kk, row_ok,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                NEED_Q: tl.constexpr, NEED_D: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
-    """The score tile of documents n0 + [0, BN) recomputed, its gradients added (:func:`_column_grads`)."""
+                NEED_Q: tl.constexpr, NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr,
+                WINDOWED: tl.constexpr):  # fmt: skip
+    """The score tile of documents n0 + [0, BN) recomputed (LOAD: read from ``p_rows``, STORE: written there), its
+    gradients added (:func:`_column_grads`)."""
     n_cols = n0 + tl.arange(0, BN)
     n_ok = n_cols < n_docs
-    p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
-                 BM, BN, BK, IEEE)  # fmt: skip
+    at = p_rows[:, None] + n_cols[None, :]  # [BM, BN]
+    if LOAD:
+        p = tl.load(at, mask=n_ok[None, :], other=0.0)
+    else:
+        p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
+                     BM, BN, BK, IEEE)  # fmt: skip
+        if STORE:
+            tl.store(at, p, mask=n_ok[None, :])
     _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
                   BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED)  # fmt: skip
 
@@ -427,7 +438,7 @@ def launch_backward(
     grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, work: WorkLists,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, bn_scan: int,
     warps: int, stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
-    window_major: tuple[str, ...] = (),
+    window_major: tuple[str, ...] = (), stored: Tensor | None = None,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
@@ -438,7 +449,8 @@ def launch_backward(
     document gradients are added by two kernels, one each. The kernels ``window_major`` names ("scan",
     "query_grad", "doc_grad": ``fused_lse.WINDOW_MAJOR_KERNELS``; the one dense kernel without ``dense_split`` if it
     names both) run, with windows, one window's query tiles side by side, so that their reads of ``dt`` and atomics
-    into ``grad_dt`` stay within one window."""
+    into ``grad_dt`` stay within one window. ``stored`` (fp32 [len(tiles)·bm, >= n_docs]; with ``dense_split`` and
+    both gradients): the query pass writes the dense tiles' softmax weights there, the document pass reads them."""
     windows = -(-n_docs // window)
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
@@ -462,12 +474,21 @@ def launch_backward(
             queries.weights if queries.grad is None else queries.grad, grad_dt, dt.stride(0), capacity,
             P=PAIR_BLOCK, E=ENTRY_BLOCK, IEEE=ieee, NEED_Q=need_q, NEED_D=need_d,
         )  # fmt: skip
-    passes = [(need_q, False), (False, need_d)] if dense_split and need_q and need_d else [(need_q, need_d)]
+    split = dense_split and need_q and need_d
+    if stored is not None and (not split or stored.shape[0] != len(tiles) * bm or stored.shape[1] < n_docs):
+        raise ValueError(
+            f"stored must be [{len(tiles) * bm}, >= {n_docs}] with dense_split and both gradients, got "
+            f"{list(stored.shape)}, dense_split={dense_split}, query and document gradients {need_q}, {need_d}"
+        )
+    keep = stored is not None
+    stored = qt if stored is None else stored  # a placeholder where not kept (never read or written)
+    passes = [(need_q, False), (False, need_d)] if split else [(need_q, need_d)]
     for pass_q, pass_d in passes:
         named = [name for name, runs in (("query_grad", pass_q), ("doc_grad", pass_d)) if runs]
         _dense_kernel[(len(tiles) * windows,)](
-            qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, num_rows,
-            n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows, window, BM=bm, BN=bn, BK=bk, SPAN=bn_scan,
-            IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d, LISTED=routes, WINDOWED=windows > 1,
+            qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, stored,
+            stored.stride(0), num_rows, n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows, window, BM=bm,
+            BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d,
+            STORE=keep and pass_q, LOAD=keep and pass_d, LISTED=routes, WINDOWED=windows > 1,
             BY_WINDOW=all(name in window_major for name in named), num_warps=warps, num_stages=stages,
         )  # fmt: skip
