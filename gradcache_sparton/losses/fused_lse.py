@@ -38,7 +38,8 @@ dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile
   BN_backward documents at a time and added on the tensor cores, per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the
   tile's own rows; atomic adds where its windows share them) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds:
   every query tile adds to the document block's gradient), by one kernel or, with ``TileShape.dense_split`` (the
-  GPU's default), one kernel each.
+  GPU's default), one kernel each (with ``TileShape.store_weights`` the second reads the first's ``p`` from memory
+  instead of recomputing the scores).
 
 Where nearly every tile is dense (raw dot products at temperature 1.0) the scan only costs: a backward whose
 first document block listed more than :data:`ROUTES_MAX_DENSE_FRACTION` of its tiles as dense runs its other
@@ -66,8 +67,8 @@ kernel"):
 Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: linear in the queries'
 non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
 ``TileShape.doc_block_bytes``: a constant, not a function of B), the running maxima and sums [W, B], the pairs' room
-(12 bytes a pair, :data:`PAIR_CAPACITY`: a constant) and the pairs' query gradient (4 bytes an entry). Nothing
-grows with B².
+(12 bytes a pair, :data:`PAIR_CAPACITY`: a constant), the pairs' query gradient (4 bytes an entry) and, with
+``TileShape.store_weights``, the dense tiles' ``p`` of one document block (4·B·bd bytes). Nothing grows with B².
 
 Sharded across ranks (``shard_across_ranks``): rank r runs its contiguous 1/W of the query tiles; the lse
 (rows of other ranks zero) and the gradients are summed with one all-reduce each, as in :mod:`.blocked`.
