@@ -38,8 +38,8 @@ dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile
   BN_backward documents at a time and added on the tensor cores, per step ``grad_QT[k] += p @ DT[id_k]ᵀ`` (the
   tile's own rows; atomic adds where its windows share them) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds:
   every query tile adds to the document block's gradient), by one kernel or, with ``TileShape.dense_split`` (the
-  GPU's default), one kernel each (with ``TileShape.store_weights`` the second reads the first's ``p`` from memory
-  instead of recomputing the scores).
+  GPU's default), one kernel each (with ``TileShape.store_weights``, the GPU's default too, the second reads the
+  first's ``p`` from memory instead of recomputing the scores).
 
 Where nearly every tile is dense (raw dot products at temperature 1.0) the scan only costs: a backward whose
 first document block listed more than :data:`ROUTES_MAX_DENSE_FRACTION` of its tiles as dense runs its other
@@ -68,7 +68,7 @@ Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: l
 non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
 ``TileShape.doc_block_bytes``: a constant, not a function of B), the running maxima and sums [W, B], the pairs' room
 (12 bytes a pair, :data:`PAIR_CAPACITY`: a constant), the pairs' query gradient (4 bytes an entry) and, with
-``TileShape.store_weights``, the dense tiles' ``p`` of one document block (4·B·bd bytes). Nothing grows with B².
+``TileShape.store_weights`` (the GPU's default), the dense tiles' ``p`` of one document block (4·B·bd bytes). Nothing grows with B².
 
 Sharded across ranks (``shard_across_ranks``): rank r runs its contiguous 1/W of the query tiles; the lse
 (rows of other ranks zero) and the gradients are summed with one all-reduce each, as in :mod:`.blocked`.
@@ -228,11 +228,12 @@ VARIANTS = {
         doc_block_bytes=512 << 20,
     ),
 }
-# The GPU's setting: 'window256_forward256' (split128's tiles, each query tile's programs over windows of 256 documents
-# side by side, the forward a window at a time). B 65,536 on one H100 (benchmarks/results/session14): the forward
-# 256 wide took 0.106 s against window256's 0.130 at temperature 1.0 and 0.108 against 0.129 at 0.05, in one call;
-# the backward runs window256's kernels (0.948 s at 1.0, 0.208 at 0.05, in the same call).
-GPU_TILES = VARIANTS["window256_forward256"]
+# The GPU's setting: 'window256_stored' (split128's tiles, each query tile's programs over windows of 256 documents
+# side by side, the forward a window at a time, the document-gradient pass reading the query pass's softmax weights).
+# B 65,536 on one H100 (benchmarks/results/session15, one call): backward 0.868 s against 0.952 for
+# 'window256_forward256' at temperature 1.0 (forward + backward 0.978 against 1.060), the same 0.208 / 0.207 s at 0.05
+# (every tile by pairs there); 0.25 GiB more at peak. The forward 256 wide (session 14): 0.106 s against 0.130.
+GPU_TILES = VARIANTS["window256_stored"]
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
 INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_scan=16, bn_backward=16, warps=4, stages=1)
 
