@@ -68,7 +68,8 @@ Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: l
 non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
 ``TileShape.doc_block_bytes``: a constant, not a function of B), the running maxima and sums [W, B], the pairs' room
 (12 bytes a pair, :data:`PAIR_CAPACITY`: a constant), the pairs' query gradient (4 bytes an entry) and, with
-``TileShape.store_weights`` (the GPU's default), the dense tiles' ``p`` of one document block (4·B·bd bytes). Nothing grows with B².
+``TileShape.store_weights`` (the GPU's default), the dense tiles' ``p`` of one document block (4·B·bd bytes,
+allocated whether or not a tile turns out dense). Nothing grows with B².
 
 Sharded across ranks (``shard_across_ranks``): rank r runs its contiguous 1/W of the query tiles; the lse
 (rows of other ranks zero) and the gradients are summed with one all-reduce each, as in :mod:`.blocked`.
