@@ -180,11 +180,19 @@ def _bf16_within_bound(
     monkeypatch, route: str, *, rows: int, seed: int, **tiles
 ) -> fused_lse_triton.WorkLists:
     """bf16 tiles with the interpreter's setting changed by ``tiles``, documents in blocks of ``rows``, ``route``'s
-    routes: lse and every gradient equal dense fp64's within the bound; returns the backward's work lists."""
+    routes: lse and every gradient equal dense fp64's within the bound; with ``store_weights`` the first document
+    block recomputes its weights and a later one reads them stored; returns the backward's work lists."""
     _tiles(monkeypatch, "bf16")
     monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**tiles))
     _document_blocks(monkeypatch, rows)
     made = _route(monkeypatch, route)
+    launch, stored = fused_lse_triton.launch_backward, []  # each block's: weights stored or not
+
+    def recorded(*args, **kwargs):
+        stored.append(kwargs["stored"] is not None)
+        launch(*args, **kwargs)
+
+    monkeypatch.setattr(fused_lse_triton, "launch_backward", recorded)
     columns = _dense_batch("bf16")
     upstream = torch.randn(B, generator=torch.Generator().manual_seed(seed))
     reps = sparse_leaves(columns)
@@ -193,12 +201,19 @@ def _bf16_within_bound(
     want = lse_reference(columns, upstream, temperature=TEMPERATURE)
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol("bf16")] * 3)
+    if tiles.get("store_weights"):
+        assert not stored[0] and any(stored[1:]), stored
+    else:
+        assert not any(stored), stored
     (work,) = made
     return work
 
 
-SPLITS = {"one-dense-kernel": {}, "dense-split": {"dense_split": True},
-          "dense-split-stored": {"dense_split": True, "store_weights": True}}  # fmt: skip
+# How the dense tiles' gradients are added: one kernel or two (dense_split), the second reading the first's softmax
+# weights (store_weights), the entries found in bit masks rather than in the values (entry_bits).
+SPLITS = {"one-dense-kernel": {}, "one-dense-kernel-bits": {"entry_bits": True}, "dense-split": {"dense_split": True},
+          "dense-split-stored": {"dense_split": True, "store_weights": True},
+          "dense-split-stored-bits": {"dense_split": True, "store_weights": True, "entry_bits": True}}  # fmt: skip
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
@@ -208,7 +223,8 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: str) ->
     tile is taken in its two halves, the last block's listed tile (5 documents) in one that holds them and one
     past them; with ``dense_split`` the dense tiles' query and document gradients come from two kernels (with
     ``store_weights`` the document pass reads the query pass's softmax weights, a wrong row or document of them
-    fails). The gradients equal dense fp64's within the bound and both routes are seen taken."""
+    fails; with ``entry_bits`` the entries come from bit masks, a wrong bit fails). The gradients equal dense fp64's
+    within the bound and both routes are seen taken."""
     work = _bf16_within_bound(
         monkeypatch, route, rows=32, seed=8, bn_scan=32, **SPLITS[split]
     )  # 32 + 5 a block
@@ -278,11 +294,20 @@ def test_backward_leaves_the_routes_after_a_dense_first_block(monkeypatch, peake
     assert_grads_within_bound(reps, want, [_grad_tol("fp32") + exponent] * 3)
 
 
+@pytest.mark.parametrize("bits", [False, True], ids=["entries-by-value", "entries-by-bit-mask"])
 @pytest.mark.parametrize("kind", TILE_DTYPES)
-def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str) -> None:
-    """An entry stored with weight 0 (a SparseReps may hold some) gets the dense gradient at its position,
-    although the kernels find entries by their stored bits (-0.0 for these)."""
+def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str, bits: bool) -> None:
+    """An entry stored with weight 0 (a SparseReps may hold some) gets the dense gradient at its position, whether
+    the kernels find entries by their stored values' bits (-0.0 for these) or in the layout's bit masks
+    (``entry_bits``, with the dense tiles' gradients in two passes, every tile dense)."""
     _tiles(monkeypatch, kind)
+    if bits:
+        monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
+        monkeypatch.setattr(
+            fused_lse,
+            "INTERPRETER_TILES",
+            fused_lse.INTERPRETER_TILES._replace(dense_split=True, store_weights=True, entry_bits=True),
+        )
     reps = []
     for column in _dense_batch(kind):
         r = SparseReps.from_dense(column)
