@@ -20,7 +20,7 @@ from gradcache_sparton.losses import fused_lse, fused_lse_triton
 
 V = 30_522  # BERT's vocabulary: the document block and its windows follow from it
 POINTERS = {"QT", "COLS", "TILE_PTR", "ROWS", "DT", "RUN_MAX", "RUN_SUM", "LSE", "G", "GQT", "GDT", "DENSE",
-            "DENSE_COUNT", "P", "QB", "DB", "PAIR_ROW", "PAIR_DOC", "PAIR_P", "PAIR_COUNT", "Q_OFF", "Q_IDS", "Q_W", "GQ"}  # fmt: skip
+            "DENSE_COUNT", "P", "PAIR_ROW", "PAIR_DOC", "PAIR_P", "PAIR_COUNT", "Q_OFF", "Q_IDS", "Q_W", "GQ"}  # fmt: skip
 INT_POINTERS = {
     "COLS",
     "TILE_PTR",
@@ -45,8 +45,6 @@ def signature(kernel: triton.JITFunction, constexprs: dict, tiles: str) -> dict[
             return "*" + tiles
         if name == "Q_OFF":
             return "*i64"
-        if name in ("QB", "DB"):
-            return "*u8"
         if name in POINTERS:
             return "*i32" if name in INT_POINTERS else "*fp32"
         return "fp32" if name == "inv_t" else "i32"
@@ -57,8 +55,7 @@ def signature(kernel: triton.JITFunction, constexprs: dict, tiles: str) -> dict[
 def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.JITFunction, dict]]:
     """Every (name, kernel, constexprs) the GPU path launches under ``shape``: both gradients or either alone, the
     dense tiles listed by the scan or all of them, windows as the setting makes them at V; with ``store_weights``
-    the query pass stores the softmax weights and the document pass reads them, with ``entry_bits`` both find the
-    entries in the bit masks."""
+    the query pass stores the softmax weights and the document pass reads them."""
     bd = fused_lse._document_rows(V, shape)
     windowed = fused_lse._window(shape, bd) < bd
     common = {"BM": shape.bm, "BK": shape.bk, "IEEE": ieee}
@@ -76,8 +73,7 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
                 f"dense q{need_q:d} d{need_d:d} listed{listed:d}", fused_lse_triton._dense_kernel,
                 {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS,
                  "NEED_Q": need_q, "NEED_D": need_d, "STORE": shape.store_weights and not need_d,
-                 "LOAD": shape.store_weights and not need_q, "BITS": shape.entry_bits, "LISTED": listed,
-                 "WINDOWED": windowed},
+                 "LOAD": shape.store_weights and not need_q, "LISTED": listed, "WINDOWED": windowed},
             ))  # fmt: skip
     out.append((
         "pairs", fused_lse_triton._pairs_kernel,

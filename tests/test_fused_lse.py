@@ -210,10 +210,9 @@ def _bf16_within_bound(
 
 
 # How the dense tiles' gradients are added: one kernel or two (dense_split), the second reading the first's softmax
-# weights (store_weights), the entries found in bit masks rather than in the values (entry_bits).
-SPLITS = {"one-dense-kernel": {}, "one-dense-kernel-bits": {"entry_bits": True}, "dense-split": {"dense_split": True},
-          "dense-split-stored": {"dense_split": True, "store_weights": True},
-          "dense-split-stored-bits": {"dense_split": True, "store_weights": True, "entry_bits": True}}  # fmt: skip
+# weights (store_weights).
+SPLITS = {"one-dense-kernel": {}, "dense-split": {"dense_split": True},
+          "dense-split-stored": {"dense_split": True, "store_weights": True}}  # fmt: skip
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
@@ -223,8 +222,7 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: str) ->
     tile is taken in its two halves, the last block's listed tile (5 documents) in one that holds them and one
     past them; with ``dense_split`` the dense tiles' query and document gradients come from two kernels (with
     ``store_weights`` the document pass reads the query pass's softmax weights, a wrong row or document of them
-    fails; with ``entry_bits`` the entries come from bit masks, a wrong bit fails). The gradients equal dense fp64's
-    within the bound and both routes are seen taken."""
+    fails). The gradients equal dense fp64's within the bound and both routes are seen taken."""
     work = _bf16_within_bound(
         monkeypatch, route, rows=32, seed=8, bn_scan=32, **SPLITS[split]
     )  # 32 + 5 a block
@@ -294,20 +292,11 @@ def test_backward_leaves_the_routes_after_a_dense_first_block(monkeypatch, peake
     assert_grads_within_bound(reps, want, [_grad_tol("fp32") + exponent] * 3)
 
 
-@pytest.mark.parametrize("bits", [False, True], ids=["entries-by-value", "entries-by-bit-mask"])
 @pytest.mark.parametrize("kind", TILE_DTYPES)
-def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str, bits: bool) -> None:
-    """An entry stored with weight 0 (a SparseReps may hold some) gets the dense gradient at its position, whether
-    the kernels find entries by their stored values' bits (-0.0 for these) or in the layout's bit masks
-    (``entry_bits``, with the dense tiles' gradients in two passes, every tile dense)."""
+def test_entries_of_weight_zero_get_their_gradient(monkeypatch, kind: str) -> None:
+    """An entry stored with weight 0 (a SparseReps may hold some) gets the dense gradient at its position,
+    although the kernels find entries by their stored bits (-0.0 for these)."""
     _tiles(monkeypatch, kind)
-    if bits:
-        monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
-        monkeypatch.setattr(
-            fused_lse,
-            "INTERPRETER_TILES",
-            fused_lse.INTERPRETER_TILES._replace(dense_split=True, store_weights=True, entry_bits=True),
-        )
     reps = []
     for column in _dense_batch(kind):
         r = SparseReps.from_dense(column)

@@ -69,9 +69,7 @@ non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V
 ``TileShape.doc_block_bytes``: a constant, not a function of B), the running maxima and sums [W, B], the pairs' room
 (12 bytes a pair, :data:`PAIR_CAPACITY`: a constant), the pairs' query gradient (4 bytes an entry) and, with
 ``TileShape.store_weights`` (the GPU's default), the dense tiles' ``p`` of one document block (4·B·bd bytes,
-allocated only where the first block listed a dense tile) and, with ``TileShape.entry_bits``, the bit masks of
-the query tiles' and one document block's entries (BM / 8 bytes a padded column, (V + 1)·bd / 8 bytes). Nothing
-grows with B².
+allocated only where the first block listed a dense tile). Nothing grows with B².
 
 Sharded across ranks (``shard_across_ranks``): rank r runs its contiguous 1/W of the query tiles; the lse
 (rows of other ranks zero) and the gradients are summed with one all-reduce each, as in :mod:`.blocked`.
@@ -111,7 +109,6 @@ __all__ = [
     "TileShape",
     "build_query_tiles",
     "check_score_kernel",
-    "entry_bits",
     "entry_values",
     "fused_by_default",
     "fused_sparse_logsumexp",
@@ -197,11 +194,6 @@ class TileShape(NamedTuple):
     bytes: 256 MiB at B 65,536, linear in B) and the document pass reads them instead of recomputing the scores
     (the same values: one score product a tile fewer). The buffer is allocated after the first document block
     (which recomputes), and only if that block listed a dense tile: none where every tile goes by pairs."""
-    entry_bits: bool = False
-    """The backward's dense kernels find the entries that take a gradient in bit masks of the query tiles
-    ([K_total, BM / 8] bytes) and of each document block ([V + 1, bd / 8]) instead of in QT's and DT's values: the
-    query-gradient pass then reads DT and not QT, the document-gradient pass (with ``store_weights``) QT and not
-    DT, each the one operand its product needs (the same values)."""
 
 
 # The kernels a TileShape's ``window_major`` can name: the forward, the backward's scan and its tensor-core passes
@@ -227,7 +219,6 @@ VARIANTS = {
     "window256_by_window": _SPLIT128._replace(doc_window=256, window_major=WINDOW_MAJOR_KERNELS),
     "window256_forward256": _SPLIT128._replace(doc_window=256, bn_forward=256),
     "window256_stored": _SPLIT128._replace(doc_window=256, bn_forward=256, store_weights=True),
-    "window256_bits": _SPLIT128._replace(doc_window=256, bn_forward=256, store_weights=True, entry_bits=True),
     "columns": TileShape(
         bm=64,
         bk=64,
@@ -334,16 +325,6 @@ def entry_values(weights: Tensor, dtype: torch.dtype) -> Tensor:
     return values.masked_fill(values == 0, -0.0)
 
 
-def entry_bits(rows: Tensor, lanes: Tensor, *, num_rows: int, width: int) -> Tensor:
-    """[num_rows, ⌈width / 8⌉] uint8, bit ``lane % 8`` of byte ``lane // 8`` of row ``row`` set for each entry
-    (``rows``, ``lanes`` [nnz] int64; distinct pairs, as a SparseReps row's distinct ids make them): the kernels'
-    masks of where a gradient goes (``TileShape.entry_bits``). One scatter-add, no sync."""
-    per_row = -(-width // 8)
-    bits = torch.zeros(num_rows * per_row, dtype=torch.uint8, device=rows.device)
-    bits.index_add_(0, rows * per_row + lanes // 8, torch.bitwise_left_shift(1, lanes % 8).to(torch.uint8))
-    return bits.view(num_rows, per_row)
-
-
 class QueryTiles(NamedTuple):
     """The queries as tiles over their active columns (module doc, "Layout")."""
 
@@ -427,12 +408,6 @@ class _DocBlocks:
         dt = weights.new_zeros((self.reps.vocab_size + 1, n), dtype=dtype)
         dt[self._ids[lo:hi], self._rows[lo:hi] - j0] = entry_values(weights[lo:hi], dtype)
         return dt
-
-    def entry_bits(self, j0: int, n: int, lo: int, hi: int) -> Tensor:
-        """Rows ``j0:j0+n``'s entries as :func:`entry_bits` [V + 1, ⌈n / 8⌉] (DT's layout; row V empty)."""
-        return entry_bits(
-            self._ids[lo:hi], self._rows[lo:hi] - j0, num_rows=self.reps.vocab_size + 1, width=n
-        )
 
     def gather(self, grad_dt: Tensor, j0: int, lo: int, hi: int) -> Tensor:
         """[hi - lo]: the block's gradient at its entries."""
@@ -565,11 +540,6 @@ class _FusedLogSumExp(torch.autograd.Function):
         programs = len(saved.rows) * -(-saved.bd // window)
         work = WorkLists.allocate(capacity, programs, window // shape.bn_scan, q.device)
         stored = None  # the query pass's softmax weights for the document pass (TileShape.store_weights)
-        query_bits = (
-            entry_bits(tiles.entry_pos, tiles.entry_lane, num_rows=tiles.qt.shape[0], width=shape.bm)
-            if shape.entry_bits
-            else None
-        )
         grad_d: list[Tensor | None] = []
         routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
@@ -580,13 +550,12 @@ class _FusedLogSumExp(torch.autograd.Function):
                     break
                 dt = column.densify(weights, j0, n, lo, hi, ctx.dtype)  # [V + 1, n]
                 grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
-                bits = None if query_bits is None else (query_bits, column.entry_bits(j0, n, lo, hi))
                 launch_backward(
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g, grad_qt, grad_dt, queries, work,
                     num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, window=window, bm=shape.bm, bk=shape.bk,
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
-                    window_major=shape.window_major, stored=stored if needs else None, bits=bits,
+                    window_major=shape.window_major, stored=stored if needs else None,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles, dense = len(saved.rows) * -(-n // shape.bn_scan), work.dense_tiles()

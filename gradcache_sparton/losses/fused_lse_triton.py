@@ -199,14 +199,6 @@ def _nonzero(x, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _entry(rows, lanes, ok):
-    """[R, L]: bit ``lanes % 8`` of byte ``lanes // 8`` of each row of a bit mask (``rows``: [R, 1] pointers to
-    the rows' first bytes), False where not ``ok`` [L]."""
-    byte = tl.load(rows + (lanes // 8)[None, :], mask=ok[None, :], other=0)
-    return ((byte.to(tl.int32) >> (lanes % 8)[None, :]) & 1) != 0
-
-
-@triton.jit
 def _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """[BM, BN] fp32 ``p = exp(s - lse) · g``, d loss / d (q · d) of one score tile (padding: 0)."""
@@ -258,19 +250,16 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
 
 
 @triton.jit
-def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, P, stride_p, QB, DB, stride_db,
-                  num_rows, n_docs, stride_dt, inv_t, tile_lo, num_tiles, windows, window, BM: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr,
-                  BITS: tl.constexpr, LISTED: tl.constexpr, WINDOWED: tl.constexpr,
-                  BY_WINDOW: tl.constexpr):  # fmt: skip
+def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, P, stride_p, num_rows, n_docs,
+                  stride_dt, inv_t, tile_lo, num_tiles, windows, window, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr, SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr,
+                  NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr, LISTED: tl.constexpr,
+                  WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr):  # fmt: skip
     """One query tile's score tiles in one window on the tensor cores, BN documents at a time: recompute each and add
     its gradients (:func:`_column_grads`; the query tile's rows of GQT by atomics where the block has windows).
     LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the window.
     BY_WINDOW: the programs run one window's query tiles side by side (:func:`_program`). STORE: write each tile's
-    softmax weights into P (this tile's BM rows of [tiles·BM, bd]); LOAD: read them from there, not recomputed.
-    BITS: the entries that take a gradient read from the bit masks QB [K_total, BM / 8] and DB [V + 1, bd / 8]
-    (:func:`_entry`), not from QT's and DT's values: a pass reads only the operand its product needs."""
+    softmax weights into P (this tile's BM rows of [tiles·BM, bd]); LOAD: read them from there, not recomputed."""
     t, w, slot = _program(windows, num_tiles, WINDOWED, BY_WINDOW)
     p_rows = P + (t * BM + tl.arange(0, BM)).to(tl.int64) * stride_p  # [BM]: this tile's rows of P
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo + t, num_rows, BM, BK)
@@ -282,21 +271,20 @@ def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_C
         for i in range(0, tl.load(DENSE_COUNT + slot) * (SPAN // BN)):
             # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
             n0 = tl.multiple_of(tl.load(listed + i // (SPAN // BN)), SPAN) + (i % (SPAN // BN)) * BN
-            _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, p_rows, QB, DB, stride_db, lse, g, k_lo,
-                        k_hi, n_docs, stride_dt, inv_t, r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE,
-                        LOAD, BITS, WINDOWED)  # fmt: skip
+            _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs,
+                        stride_dt, inv_t, r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD,
+                        WINDOWED)  # fmt: skip
     else:
         for n0 in range(n_lo, n_hi, BN):
-            _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, QB, DB, stride_db, lse, g, k_lo, k_hi, n_docs,
-                        stride_dt, inv_t, r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD, BITS,
-                        WINDOWED)  # fmt: skip
+            _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
+                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD, WINDOWED)  # fmt: skip
 
 
 @triton.jit
-def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, QB, DB, stride_db, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
-                r, kk, row_ok, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr, STORE: tl.constexpr,
-                LOAD: tl.constexpr, BITS: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t, r, kk, row_ok,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
+                NEED_Q: tl.constexpr, NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr,
+                WINDOWED: tl.constexpr):  # fmt: skip
     """The score tile of documents n0 + [0, BN) recomputed (LOAD: read from ``p_rows``, STORE: written there), its
     gradients added (:func:`_column_grads`)."""
     n_cols = n0 + tl.arange(0, BN)
@@ -309,8 +297,8 @@ def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, QB, DB, stride_db, lse, g, k
                      BM, BN, BK, IEEE)  # fmt: skip
         if STORE:
             tl.store(at, p, mask=n_ok[None, :])
-    _column_grads(p, QT, COLS, DT, GQT, GDT, QB, DB, stride_db, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
-                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, BITS, WINDOWED)  # fmt: skip
+    _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
+                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED)  # fmt: skip
 
 
 @triton.jit
@@ -345,14 +333,12 @@ def _pairs_kernel(PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, Q_OFF, Q_IDS, Q_W, DT,
 
 
 @triton.jit
-def _column_grads(p, QT, COLS, DT, GQT, GDT, QB, DB, stride_db, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
+def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr, BITS: tl.constexpr,
-                  WINDOWED: tl.constexpr):  # fmt: skip
+                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """Add one score tile's gradients over the query tile's columns, on the tensor cores: ``p @ DTᵀ`` into the
     tile's rows of GQT (NEED_Q; atomics where WINDOWED: the tile's other windows add there too) and ``QTᵀ @
-    p`` into GDT (NEED_D, atomics), each at its operand's entries (BITS: from the bit masks, so that a pass
-    that needs one gradient reads one of QT and DT)."""
+    p`` into GDT (NEED_D, atomics)."""
     if NEED_Q:
         pt1, pt2, pt3 = _parts(tl.trans(p), IEEE)  # [BN, BM] each, split once for every step below
     if NEED_D:
@@ -360,18 +346,13 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, QB, DB, stride_db, k_lo, k_hi, stri
     for k0 in range(k_lo, k_hi, BK):
         k = (k0 + kk).to(tl.int64)
         c = tl.load(COLS + k)  # [BK]
-        if NEED_Q or not BITS:  # [BK, BN]: DT's rows
-            b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)
-        if NEED_D or not BITS:  # [BK, BM]: QT's rows as stored
-            at = tl.load(QT + k[:, None] * BM + r[None, :])
+        b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BK, BN]
+        at = tl.load(QT + k[:, None] * BM + r[None, :])  # [BK, BM]: QT's rows as stored
         if NEED_Q:
             # [BK, BN] @ [BN, BM] -> [BK, BM]; this tile's rows of GQT, this program's alone unless WINDOWED
             gq = _mul3(b, pt1, pt2, pt3, tl.zeros((BK, BM), dtype=tl.float32), PARTS, IEEE)
             to = GQT + k[:, None] * BM + r[None, :]
-            if BITS:  # noqa: SIM108 (a compile-time branch: ``at`` is loaded only without BITS)
-                entry = _entry(QB + k[:, None] * (BM // 8), r, r < BM)
-            else:
-                entry = _nonzero(at, IEEE)
+            entry = _nonzero(at, IEEE)  # the queries' entries
             if WINDOWED:
                 tl.atomic_add(to, gq, mask=entry, sem="relaxed")
             else:
@@ -379,10 +360,7 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, QB, DB, stride_db, k_lo, k_hi, stri
         if NEED_D:
             # [BK, BM] @ [BM, BN] -> [BK, BN]; every query tile adds here: atomics, at the documents' entries
             gd = _mul3(at, p1, p2, p3, tl.zeros((BK, BN), dtype=tl.float32), PARTS, IEEE)
-            if BITS:  # the documents' entries; padding ids read the zero row V
-                entry = _entry(DB + c[:, None] * stride_db, n_cols, n_ok)
-            else:
-                entry = _nonzero(b, IEEE) & n_ok[None, :]
+            entry = _nonzero(b, IEEE) & n_ok[None, :]  # padding ids read DT's zero row: no entry
             tl.atomic_add(GDT + c[:, None] * stride_dt + n_cols[None, :], gd, mask=entry, sem="relaxed")
 
 
@@ -460,7 +438,7 @@ def launch_backward(
     grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, work: WorkLists,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, bn_scan: int,
     warps: int, stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
-    window_major: tuple[str, ...] = (), stored: Tensor | None = None, bits: tuple[Tensor, Tensor] | None = None,
+    window_major: tuple[str, ...] = (), stored: Tensor | None = None,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
@@ -472,9 +450,7 @@ def launch_backward(
     "query_grad", "doc_grad": ``fused_lse.WINDOW_MAJOR_KERNELS``; the one dense kernel without ``dense_split`` if it
     names both) run, with windows, one window's query tiles side by side, so that their reads of ``dt`` and atomics
     into ``grad_dt`` stay within one window. ``stored`` (fp32 [len(tiles)·bm, >= n_docs]; with ``dense_split`` and
-    both gradients): the query pass writes the dense tiles' softmax weights there, the document pass reads them.
-    ``bits`` (uint8 [K_total, bm / 8] and [V + 1, >= n_docs / 8], :func:`.fused_lse.entry_bits`): the dense
-    kernels find the entries that take a gradient there instead of in ``qt``'s and ``dt``'s values."""
+    both gradients): the query pass writes the dense tiles' softmax weights there, the document pass reads them."""
     windows = -(-n_docs // window)
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
@@ -504,23 +480,15 @@ def launch_backward(
             f"stored must be [{len(tiles) * bm}, >= {n_docs}] with dense_split and both gradients, got "
             f"{list(stored.shape)}, dense_split={dense_split}, query and document gradients {need_q}, {need_d}"
         )
-    if bits is not None and (bits[0].shape != (qt.shape[0], bm // 8) or bits[1].shape[0] != dt.shape[0]
-                             or bits[1].shape[1] < -(-n_docs // 8)):  # fmt: skip
-        raise ValueError(
-            f"bits must be [{qt.shape[0]}, {bm // 8}] and [{dt.shape[0]}, >= {-(-n_docs // 8)}], got "
-            f"{[list(b.shape) for b in bits]}"
-        )
     keep = stored is not None
     stored = qt if stored is None else stored  # a placeholder where not kept (never read or written)
-    query_bits, doc_bits = (cols, cols) if bits is None else bits  # placeholders where not given (never read)
     passes = [(need_q, False), (False, need_d)] if split else [(need_q, need_d)]
     for pass_q, pass_d in passes:
         named = [name for name, runs in (("query_grad", pass_q), ("doc_grad", pass_d)) if runs]
         _dense_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, stored,
-            stored.stride(0), query_bits, doc_bits, doc_bits.stride(0), num_rows, n_docs, dt.stride(0), inv_t,
-            tiles.start, len(tiles), windows, window, BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts,
-            NEED_Q=pass_q, NEED_D=pass_d, STORE=keep and pass_q, LOAD=keep and pass_d, BITS=bits is not None,
-            LISTED=routes, WINDOWED=windows > 1,
+            stored.stride(0), num_rows, n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows, window, BM=bm,
+            BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d,
+            STORE=keep and pass_q, LOAD=keep and pass_d, LISTED=routes, WINDOWED=windows > 1,
             BY_WINDOW=all(name in window_major for name in named), num_warps=warps, num_stages=stages,
         )  # fmt: skip
