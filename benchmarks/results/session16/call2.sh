@@ -11,4 +11,5 @@ grep -n "^GPU_TILES" gradcache_sparton/losses/fused_lse.py .prev/gradcache_spart
 C="python3 -m benchmarks.bench_loss_curve --beir_path $R0/.gpu/data/scifact --kinds text --min_batch 16384 --max_batch 131072"
 timeout 200 $C --budget_s 190 --out $OUT/curve_head.json >> $L 2>&1; echo "curve HEAD rc=$? at $(el) s" | tee -a $L
 (cd $R0/.prev && PYTHONPATH=$R0/.prev:/tmp/site timeout $(( 400 - $(el) )) $C --budget_s $(( 390 - $(el) )) --out $OUT/curve_93df9a6.json) >> $L 2>&1; echo "curve 93df9a6 rc=$? at $(el) s" | tee -a $L
-grep -E "rc=|^ +[0-9]+ +text|GPU_TILES" $L | cut -c1-300
+timeout $(( 560 - $(el) )) python3 benchmarks/results/session16/micro.py.txt --reps_cache /tmp/reps.pt --beir_path $R0/.gpu/data/scifact --variants "window256_stored,window256_stored+bk=32,window256_stored+stages=2,window256_stored+stages=4" --output $OUT/micro2_t1.json >> $L 2>&1; echo "micro rc=$? at $(el) s" | tee -a $L
+grep -E "rc=|^ +[0-9]+ +text|GPU_TILES|query_pass" $L | cut -c1-300
