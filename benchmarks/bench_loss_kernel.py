@@ -118,9 +118,10 @@ def fused_setting(name: str) -> Iterator[None]:
 def fused_backward_units(scanned_fraction: float, dense_fraction: float, shape: fused_lse.TileShape) -> float:
     """Tensor-core products of a fused backward per score tile, in forward units: the scan's scores for the
     ``scanned_fraction`` of tiles (blocks run with the routes), then for the ``dense_fraction`` taken on the tensor
-    cores the scores again (once in each dense kernel: two with ``shape.dense_split``) and the query and the
-    document gradients against each split part (the pairs' products run on the CUDA cores: not counted)."""
-    scores = 2 if shape.dense_split else 1
+    cores the scores again (once in each dense kernel: two with ``shape.dense_split``, one where the second reads
+    the first's stored weights) and the query and the document gradients against each split part (the pairs'
+    products run on the CUDA cores: not counted)."""
+    scores = 2 if shape.dense_split and not shape.store_weights else 1
     return scanned_fraction + dense_fraction * (scores + 2 * fused_lse.SPLIT_PARTS)
 
 
