@@ -121,10 +121,10 @@ __all__ = [
 SCORE_KERNELS = ("auto", "fused", "blocked")
 
 # 'auto' takes the fused kernels from this many queries on (sparse fp32-weight reps on a GPU). The curve on one
-# H100 at temperature 1.0 (benchmarks/results/session14, README; docs/scale.md, "The curve") has the fused loss
-# (forward + backward, 'window256') faster than the blocked one at every B it measured: 1.29x at 4,096, 1.48x at
-# 8,192, 1.71x at 16,384, 1.91x at 32,768, 2.07x at 65,536, 2.19x at 131,072. Below 4,096 it is unmeasured: the
-# blocked path stays (a few milliseconds there).
+# H100 at temperature 1.0 (benchmarks/results/session16, call 3; docs/scale.md, "The curve") has the fused loss
+# (forward + backward, 'window256_stored') faster than the blocked one at every B it measured: 1.89x at 4,096, 1.65x
+# at 8,192, 1.85x at 16,384, 2.10x at 32,768, 2.29x at 65,536, 2.41x at 131,072 (session 14's, 'window256': 1.29x
+# at 4,096). Below 4,096 it is unmeasured: the blocked path stays (a few milliseconds there).
 FUSED_MIN_QUERIES = 4_096
 
 # bf16 parts the backward splits its fp32 softmax weights into (module doc, "Exactness"): 2 parts hold the
@@ -234,7 +234,9 @@ VARIANTS = {
 # side by side, the forward a window at a time, the document-gradient pass reading the query pass's softmax weights).
 # B 65,536 on one H100 (benchmarks/results/session15, one call): backward 0.868 s against 0.952 for
 # 'window256_forward256' at temperature 1.0 (forward + backward 0.978 against 1.060), the same 0.208 / 0.207 s at 0.05
-# (every tile by pairs there); 0.25 GiB more at peak. The forward 256 wide (session 14): 0.106 s against 0.130.
+# (every tile by pairs there, nothing stored); 0.25 GiB more at peak at 1.0. End to end against the default before
+# (session 16, call 2, bench_loss_curve): backward 8-9% faster from B 16,384 on. The forward 256 wide (session 14):
+# 0.106 s against 0.130.
 GPU_TILES = VARIANTS["window256_stored"]
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
 INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_scan=16, bn_backward=16, warps=4, stages=1)
