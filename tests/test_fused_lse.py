@@ -181,7 +181,8 @@ def _bf16_within_bound(
 ) -> fused_lse_triton.WorkLists:
     """bf16 tiles with the interpreter's setting changed by ``tiles``, documents in blocks of ``rows``, ``route``'s
     routes: lse and every gradient equal dense fp64's within the bound; with ``store_weights`` the first document
-    block recomputes its weights and a later one reads them stored; returns the backward's work lists."""
+    block recomputes its weights and a later one reads them stored, unless every tile goes by pairs; returns the
+    backward's work lists."""
     _tiles(monkeypatch, "bf16")
     monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**tiles))
     _document_blocks(monkeypatch, rows)
@@ -202,7 +203,7 @@ def _bf16_within_bound(
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol("bf16")] * 3)
     if tiles.get("store_weights"):
-        assert not stored[0] and any(stored[1:]), stored
+        assert not stored[0] and any(stored[1:]) == (route != "pairs"), stored
     else:
         assert not any(stored), stored
     (work,) = made
@@ -227,6 +228,16 @@ def test_scan_wider_than_the_dense_tiles(monkeypatch, route: str, split: str) ->
         monkeypatch, route, rows=32, seed=8, bn_scan=32, **SPLITS[split]
     )  # 32 + 5 a block
     assert work.dense_tiles() > 0 and (int(work.pair_count) > 0) == (route == "mixed")
+
+
+def test_no_stored_weights_where_every_tile_goes_by_pairs(monkeypatch) -> None:
+    """With ``store_weights``, a backward whose first document block lists no dense tile (every tile by pairs, as
+    at temperature 0.05) passes stored weights to no block: their buffer (4·B·bd bytes) is never allocated. The
+    gradients equal dense fp64's within the bound."""
+    work = _bf16_within_bound(
+        monkeypatch, "pairs", rows=32, seed=8, bn_scan=32, dense_split=True, store_weights=True
+    )
+    assert work.dense_tiles() == 0 and int(work.pair_count) > 0
 
 
 @pytest.mark.parametrize("route", ["dense", "mixed"])
