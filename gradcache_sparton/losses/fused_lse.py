@@ -219,6 +219,7 @@ VARIANTS = {
     "window256_by_window": _SPLIT128._replace(doc_window=256, window_major=WINDOW_MAJOR_KERNELS),
     "window256_forward256": _SPLIT128._replace(doc_window=256, bn_forward=256),
     "window256_stored": _SPLIT128._replace(doc_window=256, bn_forward=256, store_weights=True),
+    "window256_one_kernel": _SPLIT128._replace(doc_window=256, bn_forward=256, dense_split=False),
     "columns": TileShape(
         bm=64,
         bk=64,
