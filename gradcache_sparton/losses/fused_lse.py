@@ -212,14 +212,15 @@ _SPLIT128 = TileShape(
 )
 # 'window256_by_window' (every kernel window-major) was slower at every B from 8,192 (1.188 s against 1.067 at 65,536,
 # benchmarks/results/session14); the scan 256 wide too was slower at temperature 0.05 (backward 0.304 s against
-# 0.208, same folder), so only the forward is 256 wide.
+# 0.208, same folder), so only the forward is 256 wide. Slower and not kept (benchmarks/results/session16): both dense
+# gradients in one kernel with windows (backward 1.274 s against 0.869 at B 65,536, temperature 1.0), BK 32, 2 stages,
+# and bit masks of the entries in place of DT's and QT's values (backward 1.819 s against 0.866).
 VARIANTS = {
     "split128": _SPLIT128,
     "window256": _SPLIT128._replace(doc_window=256),
     "window256_by_window": _SPLIT128._replace(doc_window=256, window_major=WINDOW_MAJOR_KERNELS),
     "window256_forward256": _SPLIT128._replace(doc_window=256, bn_forward=256),
     "window256_stored": _SPLIT128._replace(doc_window=256, bn_forward=256, store_weights=True),
-    "window256_one_kernel": _SPLIT128._replace(doc_window=256, bn_forward=256, dense_split=False),
     "columns": TileShape(
         bm=64,
         bk=64,
