@@ -176,6 +176,18 @@ def test_peaked_softmax_drops_zero_tiles(monkeypatch, kind: str) -> None:
     assert_grads_within_bound(grads["pairs"], want, [_grad_tol(kind) + exponent] * 3)
 
 
+def _launches(monkeypatch) -> list[dict]:
+    """Set launch_backward to record each call's keyword arguments (a document block's launch) in the list returned."""
+    launch, made = fused_lse_triton.launch_backward, []
+
+    def recorded(*args, **kwargs):
+        made.append(kwargs)
+        launch(*args, **kwargs)
+
+    monkeypatch.setattr(fused_lse_triton, "launch_backward", recorded)
+    return made
+
+
 def _bf16_within_bound(
     monkeypatch, route: str, *, rows: int, seed: int, **tiles
 ) -> fused_lse_triton.WorkLists:
@@ -187,13 +199,7 @@ def _bf16_within_bound(
     monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**tiles))
     _document_blocks(monkeypatch, rows)
     made = _route(monkeypatch, route)
-    launch, stored = fused_lse_triton.launch_backward, []  # each block's: weights stored or not
-
-    def recorded(*args, **kwargs):
-        stored.append(kwargs["stored"] is not None)
-        launch(*args, **kwargs)
-
-    monkeypatch.setattr(fused_lse_triton, "launch_backward", recorded)
+    launches = _launches(monkeypatch)
     columns = _dense_batch("bf16")
     upstream = torch.randn(B, generator=torch.Generator().manual_seed(seed))
     reps = sparse_leaves(columns)
@@ -202,6 +208,7 @@ def _bf16_within_bound(
     want = lse_reference(columns, upstream, temperature=TEMPERATURE)
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol("bf16")] * 3)
+    stored = [kwargs["stored"] is not None for kwargs in launches]  # each block's weights stored or not
     if tiles.get("store_weights"):
         assert not stored[0] and any(stored[1:]) == (route != "pairs"), stored
     else:
@@ -282,14 +289,7 @@ def test_backward_leaves_the_routes_after_a_dense_first_block(monkeypatch, peake
     temperature = 0.01 if peaked else TEMPERATURE
     if not peaked:
         monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
-    seen = []
-    launch = fused_lse_triton.launch_backward
-
-    def recorded(*args, **kwargs):
-        seen.append(kwargs["routes"])
-        launch(*args, **kwargs)
-
-    monkeypatch.setattr(fused_lse_triton, "launch_backward", recorded)
+    launches = _launches(monkeypatch)
     columns = _dense_batch("fp32")
     if peaked:
         columns[2] = columns[2] / 8
@@ -297,6 +297,7 @@ def test_backward_leaves_the_routes_after_a_dense_first_block(monkeypatch, peake
     reps = sparse_leaves(columns)
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=temperature)
     (lse * upstream).sum().backward()
+    seen = [kwargs["routes"] for kwargs in launches]
     assert seen == [True] * 6 if peaked else seen == [True] + [False] * 5, seen  # 3 blocks a column
     want = lse_reference(columns, upstream, temperature=temperature)
     exponent = (53 + 3) * 2.0**-24 * float(want["lse"][1].max()) if peaked else 0.0  # as in the peaked test
