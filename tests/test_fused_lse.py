@@ -462,3 +462,31 @@ def test_score_kernel_config_is_checked(kwargs: dict, match: str) -> None:
     """A bad score_kernel, or one that cannot apply, raises a ValueError naming it before any work."""
     with pytest.raises(ValueError, match=match):
         SpladeLossConfig(**kwargs)
+
+
+@pytest.mark.parametrize("windows", [0, 16], ids=["whole-block", "windows"])
+@pytest.mark.parametrize("kind", ["fp32", "bf16"])
+def test_hot_columns_leave_the_document_pass(monkeypatch, kind: str, windows: int) -> None:
+    """Hot columns (``TileShape.hot_columns`` 16 of V = 53: here every column is held by every tile, the 16 most
+    held taken) with stored weights: each block after the first (which recomputes and leaves the routes, every
+    tile dense) adds the hot columns' document gradient in one product over every query (``_hot_kernel``, in
+    programs of 16 rows: several partial sums a tile), the document pass the other columns alone; lse and every
+    gradient equal dense fp64's within the bound (a hot column added twice, or not at all, is far outside it)."""
+    _tiles(monkeypatch, kind)
+    shape = dict(dense_split=True, store_weights=True, hot_columns=16, doc_window=windows)
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**shape))
+    monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
+    monkeypatch.setattr(fused_lse_triton, "HOT_ROWS_A_PROGRAM", 16)
+    _document_blocks(monkeypatch, 16)
+    launches = _launches(monkeypatch)
+    columns = _dense_batch(kind)
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(11))
+    reps = sparse_leaves(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    (lse * upstream).sum().backward()
+    hot = [kwargs["hot"] for kwargs in launches]
+    assert hot[0] is None and all(h is not None for h in hot[1:]), hot  # 3 blocks a column
+    assert hot[1].ids.numel() == 16 and bool((hot[1].ids < V).all())
+    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
+    assert_lse_within_bound(lse, want, TOL)
+    assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)

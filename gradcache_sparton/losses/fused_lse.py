@@ -96,6 +96,7 @@ from gradcache_sparton.primitives.sparse_reps import SparseReps
 __all__ = [
     "FUSED_MIN_QUERIES",
     "GPU_TILES",
+    "HOT_MIN_TILE_FRACTION",
     "INTERPRETER_TILES",
     "PAIR_CAPACITY",
     "ROUTES_MAX_DENSE_FRACTION",
@@ -148,6 +149,10 @@ PAIR_CAPACITY = 1 << 22
 # listed more than this fraction of its tiles as dense runs its other blocks without the scan.
 ROUTES_MAX_DENSE_FRACTION = 0.83
 
+# A column is hot (TileShape.hot_columns) where at least this fraction of the query tiles hold it: its share of
+# the hot product (every query's row, held or not) is then at most twice what it replaces in the tiles.
+HOT_MIN_TILE_FRACTION = 0.5
+
 # Order the queries into tiles by a min-hash of their terms (:func:`query_order`): queries that share terms tend
 # to share a tile, whose active columns (the products' width) are then fewer; copies of a query always share
 # one. False: the batch's order.
@@ -194,6 +199,12 @@ class TileShape(NamedTuple):
     bytes: 256 MiB at B 65,536, linear in B) and the document pass reads them instead of recomputing the scores
     (the same values: one score product a tile fewer). The buffer is allocated after the first document block
     (which recomputes), and only if that block listed a dense tile: none where every tile goes by pairs."""
+    hot_columns: int = 0
+    """With ``store_weights``: at most this many columns (rounded up to a multiple of ``bm``) that most query tiles
+    hold (at least :data:`HOT_MIN_TILE_FRACTION` of them; the most held first) leave the document pass wherever every
+    tile's weights are stored (a block without the routes): their document gradient is one product over every
+    query, ``QHᵀ @ p`` (``fused_lse_triton._hot_kernel``), in place of each tile's partial sums added by atomics;
+    the queries' weights there are kept once more ([H, B] bf16 or fp32). 0: none."""
 
 
 # The kernels a TileShape's ``window_major`` can name: the forward, the backward's scan and its tensor-core passes
@@ -221,6 +232,12 @@ VARIANTS = {
     "window256_by_window": _SPLIT128._replace(doc_window=256, window_major=WINDOW_MAJOR_KERNELS),
     "window256_forward256": _SPLIT128._replace(doc_window=256, bn_forward=256),
     "window256_stored": _SPLIT128._replace(doc_window=256, bn_forward=256, store_weights=True),
+    **{
+        f"window256_stored_hot{hot}": _SPLIT128._replace(
+            doc_window=256, bn_forward=256, store_weights=True, hot_columns=hot
+        )
+        for hot in (256, 512, 1024)
+    },
     "columns": TileShape(
         bm=64,
         bk=64,
@@ -274,6 +291,11 @@ def _tile_shape() -> TileShape:
         )
     if shape.window_major and not shape.doc_window:
         raise ValueError(f"TileShape: window_major needs document windows (doc_window > 0), got {shape}")
+    if shape.hot_columns < 0 or (shape.hot_columns and not shape.store_weights):
+        raise ValueError(
+            f"TileShape: hot_columns ({shape.hot_columns}) must be 0, or > 0 with store_weights (their gradient reads "
+            f"the stored weights), got {shape}"
+        )
     if shape.store_weights and not shape.dense_split:
         raise ValueError(
             f"TileShape: store_weights needs dense_split (the document pass reads what the query pass stores), got {shape}"
@@ -344,6 +366,12 @@ class QueryTiles(NamedTuple):
     """[nnz] int64: each query entry's column of ``qt`` (its row within its tile)."""
     row_idx: Tensor
     """[T · BM] int32: the query at each tile row (B: padding); tiles hold the queries in :func:`query_order`."""
+    cold_end: Tensor
+    """[T] int32: where each tile's hot columns begin (its other columns first; no hot columns: its end)."""
+    hot_ids: Tensor
+    """[H] int32: the hot columns' vocabulary ids (V: padding, H a multiple of BM; empty: none)."""
+    hot_qt: Tensor
+    """[H, T · BM] (``qt``'s dtype): every tile row's weights at the hot columns."""
 
 
 def query_order(reps: SparseReps) -> Tensor:
@@ -356,10 +384,19 @@ def query_order(reps: SparseReps) -> Tensor:
 
 
 def build_query_tiles(
-    reps: SparseReps, weights: Tensor, *, bm: int, bk: int, dtype: torch.dtype, order: Tensor | None = None
+    reps: SparseReps,
+    weights: Tensor,
+    *,
+    bm: int,
+    bk: int,
+    dtype: torch.dtype,
+    order: Tensor | None = None,
+    hot_columns: int = 0,
 ) -> QueryTiles:
     """:class:`QueryTiles` of ``reps`` with ``weights``, the queries in ``order`` ([B] positions -> rows; None: as
-    they are): one sort of the entries' (tile, id) keys; two syncs (the unique keys' count, the total rows)."""
+    they are), with up to ``hot_columns`` hot columns (``TileShape.hot_columns``): one sort of the entries' (tile,
+    id) keys (a second with hot columns: each tile's last); two syncs (the unique keys' count, the total rows; a
+    third with hot columns, their count)."""
     vocab, device, num_rows = reps.vocab_size, weights.device, reps.num_rows
     num_tiles = -(-num_rows // bm)
     row_idx = torch.full((num_tiles * bm,), num_rows, dtype=torch.int32, device=device)
@@ -374,7 +411,13 @@ def build_query_tiles(
         at = position[rows]  # [nnz]: each entry's position in the tiles
     tile = at // bm
     keys, inverse = torch.unique(tile * vocab + reps.token_ids.long(), sorted=True, return_inverse=True)
-    key_tile = keys // vocab  # [U_all]: unique (tile, id) pairs, by tile then id
+    hot_ids, is_hot = _hot_columns(keys % vocab, num_tiles, vocab, hot_columns, bm)
+    if hot_ids.numel():  # each tile's hot columns last: the keys sorted by (tile, hot, id)
+        resort = torch.sort(keys // vocab * 2 + is_hot[keys % vocab], stable=True).indices
+        rank = torch.empty_like(resort)
+        rank[resort] = torch.arange(resort.numel(), device=device)
+        keys, inverse = keys[resort], rank[inverse]
+    key_tile = keys // vocab  # [U_all]: unique (tile, id) pairs, by tile (then hot last), then id
     counts = torch.bincount(key_tile, minlength=num_tiles)  # [T]
     padded = (counts + bk - 1) // bk * bk
     tile_ptr = torch.zeros(num_tiles + 1, dtype=torch.int64, device=device)
@@ -387,8 +430,46 @@ def build_query_tiles(
     cols[pos] = (keys % vocab).to(torch.int32)
     entry_pos, entry_lane = pos[inverse], at % bm
     qt = torch.zeros((total, bm), dtype=dtype, device=device)
-    qt[entry_pos, entry_lane] = entry_values(weights, dtype)
-    return QueryTiles(tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx)
+    values = entry_values(weights, dtype)
+    qt[entry_pos, entry_lane] = values
+    cold_end = tile_ptr[:-1] + counts - torch.bincount(key_tile[is_hot[keys % vocab]], minlength=num_tiles)
+    hot_qt = torch.zeros((hot_ids.numel(), num_tiles * bm), dtype=dtype, device=device)
+    if hot_ids.numel():
+        hot_row = torch.full((vocab + 1,), -1, dtype=torch.int64, device=device)
+        hot_row[hot_ids.long()] = torch.arange(hot_ids.numel(), device=device)
+        hot_row[vocab] = -1  # padding
+        entry_row = hot_row[reps.token_ids.long()]  # [nnz]: each entry's row of hot_qt (-1: cold)
+        held = entry_row >= 0
+        hot_qt[entry_row[held], at[held]] = values[held]
+    return QueryTiles(
+        tile_ptr.to(torch.int32),
+        cols,
+        qt,
+        entry_pos,
+        entry_lane,
+        row_idx,
+        cold_end.to(torch.int32),
+        hot_ids,
+        hot_qt,
+    )
+
+
+def _hot_columns(key_ids: Tensor, num_tiles: int, vocab: int, limit: int, edge: int) -> tuple[Tensor, Tensor]:
+    """The hot columns (``TileShape.hot_columns``) of tiles whose unique (tile, id) keys have the ids ``key_ids``: up
+    to ``limit`` ids that at least :data:`HOT_MIN_TILE_FRACTION` of the ``num_tiles`` tiles hold, the most held
+    first, padded with V to a multiple of ``edge`` -> ([H] int32 ids, [V] bool: which ids are hot). One sync."""
+    device = key_ids.device
+    is_hot = torch.zeros(vocab, dtype=torch.bool, device=device)
+    if limit <= 0:
+        return torch.empty(0, dtype=torch.int32, device=device), is_hot
+    held, ids = torch.topk(
+        torch.bincount(key_ids, minlength=vocab), min(limit, vocab)
+    )  # tiles holding each id
+    ids = ids[held >= max(1.0, HOT_MIN_TILE_FRACTION * num_tiles)]
+    is_hot[ids] = True
+    padded = torch.full((-(-ids.numel() // edge) * edge,), vocab, dtype=torch.int32, device=device)
+    padded[: ids.numel()] = ids.to(torch.int32)
+    return padded, is_hot
 
 
 class _DocBlocks:
@@ -491,7 +572,9 @@ class _FusedLogSumExp(torch.autograd.Function):
         q_layout, d_layouts = layouts[0], layouts[1:]
         dtype = torch.bfloat16 if products_in_bf16([q, *d]) else torch.float32
         order = query_order(q_layout) if SORT_QUERIES else None
-        tiles = build_query_tiles(q_layout, q, bm=shape.bm, bk=shape.bk, dtype=dtype, order=order)
+        tiles = build_query_tiles(
+            q_layout, q, bm=shape.bm, bk=shape.bk, dtype=dtype, order=order, hot_columns=shape.hot_columns
+        )
         own, summed = _rank_tiles(tiles.tile_ptr.numel() - 1, shard)
         if summed:
             check_same_on_every_rank([q, *d], num_rows=q_layout.num_rows)
@@ -526,7 +609,12 @@ class _FusedLogSumExp(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-        from gradcache_sparton.losses.fused_lse_triton import QueryEntries, WorkLists, launch_backward
+        from gradcache_sparton.losses.fused_lse_triton import (
+            HotColumns,
+            QueryEntries,
+            WorkLists,
+            launch_backward,
+        )
 
         q, lse, *d = ctx.saved_tensors
         saved: _Saved = ctx.plan
@@ -544,6 +632,10 @@ class _FusedLogSumExp(torch.autograd.Function):
         programs = len(saved.rows) * -(-saved.bd // window)
         work = WorkLists.allocate(capacity, programs, window // shape.bn_scan, q.device)
         stored = None  # the query pass's softmax weights for the document pass (TileShape.store_weights)
+        own = slice(saved.rows.start * shape.bm, saved.rows.stop * shape.bm)  # this rank's tile rows
+        hot = (
+            HotColumns(tiles.hot_ids, tiles.hot_qt[:, own], tiles.cold_end) if tiles.hot_ids.numel() else None
+        )
         grad_d: list[Tensor | None] = []
         routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
@@ -560,6 +652,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
                     window_major=shape.window_major, stored=stored if needs else None,
+                    hot=hot if needs and stored is not None and routes is False else None,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles, dense = len(saved.rows) * -(-n // shape.bn_scan), work.dense_tiles()

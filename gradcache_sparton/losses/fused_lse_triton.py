@@ -42,8 +42,10 @@ from torch import Tensor
 
 __all__ = [
     "ENTRY_BLOCK",
+    "HOT_ROWS_A_PROGRAM",
     "PAIR_BLOCK",
     "PAIR_PROGRAMS",
+    "HotColumns",
     "QueryEntries",
     "WorkLists",
     "launch_backward",
@@ -55,6 +57,9 @@ PAIR_BLOCK = 64
 ENTRY_BLOCK = 32
 # Programs of :func:`_pairs_kernel` at most (each takes every grid-th block of pairs up to the count).
 PAIR_PROGRAMS = 1024
+# Stored rows of softmax weights a program of :func:`_hot_kernel` sums over (B 65,536: 16 programs a tile of the
+# hot columns' gradient, their partial sums added by atomics).
+HOT_ROWS_A_PROGRAM = 4096
 
 INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -250,19 +255,24 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
 
 
 @triton.jit
-def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, P, stride_p, num_rows, n_docs,
-                  stride_dt, inv_t, tile_lo, num_tiles, windows, window, BM: tl.constexpr, BN: tl.constexpr,
+def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, P, COLD_END, stride_p, num_rows,
+                  n_docs, stride_dt, inv_t, tile_lo, num_tiles, windows, window, BM: tl.constexpr, BN: tl.constexpr,
                   BK: tl.constexpr, SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr,
                   NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr, LISTED: tl.constexpr,
-                  WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr):  # fmt: skip
+                  WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr, HOT: tl.constexpr):  # fmt: skip
     """One query tile's score tiles in one window on the tensor cores, BN documents at a time: recompute each and add
     its gradients (:func:`_column_grads`; the query tile's rows of GQT by atomics where the block has windows).
     LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the window.
     BY_WINDOW: the programs run one window's query tiles side by side (:func:`_program`). STORE: write each tile's
-    softmax weights into P (this tile's BM rows of [tiles·BM, bd]); LOAD: read them from there, not recomputed."""
+    softmax weights into P (this tile's BM rows of [tiles·BM, bd]); LOAD: read them from there, not recomputed.
+    HOT (the document gradient alone): the tile's columns from COLD_END on (the hot columns, :func:`_hot_kernel`'s)
+    add nothing here."""
     t, w, slot = _program(windows, num_tiles, WINDOWED, BY_WINDOW)
     p_rows = P + (t * BM + tl.arange(0, BM)).to(tl.int64) * stride_p  # [BM]: this tile's rows of P
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo + t, num_rows, BM, BK)
+    k_end = k_hi  # the columns this pass adds over: [k_lo, k_end)
+    if HOT:
+        k_end = tl.load(COLD_END + tile_lo + t)
     n_lo, n_hi = _window(w, window, n_docs, WINDOWED)
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)  # [BM]
     g = tl.load(G + rows, mask=row_ok, other=0.0)  # [BM]
@@ -271,22 +281,23 @@ def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_C
         for i in range(0, tl.load(DENSE_COUNT + slot) * (SPAN // BN)):
             # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
             n0 = tl.multiple_of(tl.load(listed + i // (SPAN // BN)), SPAN) + (i % (SPAN // BN)) * BN
-            _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs,
+            _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, k_end, n_docs,
                         stride_dt, inv_t, r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD,
-                        WINDOWED)  # fmt: skip
+                        WINDOWED, HOT)  # fmt: skip
     else:
         for n0 in range(n_lo, n_hi, BN):
-            _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t,
-                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD, WINDOWED)  # fmt: skip
+            _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, k_end, n_docs, stride_dt, inv_t,
+                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD, WINDOWED,
+                        HOT)  # fmt: skip
 
 
 @triton.jit
-def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs, stride_dt, inv_t, r, kk, row_ok,
-                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
+def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, k_end, n_docs, stride_dt, inv_t, r, kk,
+                row_ok, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
                 NEED_Q: tl.constexpr, NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr,
-                WINDOWED: tl.constexpr):  # fmt: skip
-    """The score tile of documents n0 + [0, BN) recomputed (LOAD: read from ``p_rows``, STORE: written there), its
-    gradients added (:func:`_column_grads`)."""
+                WINDOWED: tl.constexpr, HOT: tl.constexpr):  # fmt: skip
+    """The score tile of documents n0 + [0, BN) recomputed over the columns [k_lo, k_hi) (LOAD: read from
+    ``p_rows``, STORE: written there), its gradients added over [k_lo, k_end) (:func:`_column_grads`)."""
     n_cols = n0 + tl.arange(0, BN)
     n_ok = n_cols < n_docs
     at = p_rows[:, None] + n_cols[None, :]  # [BM, BN]
@@ -297,8 +308,8 @@ def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, n_docs, 
                      BM, BN, BK, IEEE)  # fmt: skip
         if STORE:
             tl.store(at, p, mask=n_ok[None, :])
-    _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
-                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED)  # fmt: skip
+    _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_ok, r, kk,
+                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED, HOT)  # fmt: skip
 
 
 @triton.jit
@@ -333,17 +344,18 @@ def _pairs_kernel(PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, Q_OFF, Q_IDS, Q_W, DT,
 
 
 @triton.jit
-def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
+def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_ok, r, kk,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
-    """Add one score tile's gradients over the query tile's columns, on the tensor cores: ``p @ DTᵀ`` into the
-    tile's rows of GQT (NEED_Q; atomics where WINDOWED: the tile's other windows add there too) and ``QTᵀ @
-    p`` into GDT (NEED_D, atomics)."""
+                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr, WINDOWED: tl.constexpr, HOT: tl.constexpr):  # fmt: skip
+    """Add one score tile's gradients over the query tile's columns [k_lo, k_end), on the tensor cores: ``p @ DTᵀ``
+    into the tile's rows of GQT (NEED_Q; atomics where WINDOWED: the tile's other windows add there too) and ``QTᵀ
+    @ p`` into GDT (NEED_D, atomics). HOT: ``k_end`` is not a multiple of BK (the cold columns' end): the rows of
+    the last step past it add nothing."""
     if NEED_Q:
         pt1, pt2, pt3 = _parts(tl.trans(p), IEEE)  # [BN, BM] each, split once for every step below
     if NEED_D:
         p1, p2, p3 = _parts(p, IEEE)  # [BM, BN] each
-    for k0 in range(k_lo, k_hi, BK):
+    for k0 in range(k_lo, k_end, BK):
         k = (k0 + kk).to(tl.int64)
         c = tl.load(COLS + k)  # [BK]
         b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BK, BN]
@@ -361,7 +373,37 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_hi, stride_dt, n_cols, n_ok
             # [BK, BM] @ [BM, BN] -> [BK, BN]; every query tile adds here: atomics, at the documents' entries
             gd = _mul3(at, p1, p2, p3, tl.zeros((BK, BN), dtype=tl.float32), PARTS, IEEE)
             entry = _nonzero(b, IEEE) & n_ok[None, :]  # padding ids read DT's zero row: no entry
+            if HOT:
+                entry = entry & (k < k_end)[:, None]
             tl.atomic_add(GDT + c[:, None] * stride_dt + n_cols[None, :], gd, mask=entry, sem="relaxed")
+
+
+@triton.jit
+def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_rows_p, rows_a_program, n_docs, h_tiles,
+                n_tiles, BH: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, IEEE: tl.constexpr,
+                PARTS: tl.constexpr):  # fmt: skip
+    """The hot columns' document gradient from the stored softmax weights, on the tensor cores: program p adds ``QH[h]
+    @ P[r, n]`` over its rows r of [tiles·BM] (``rows_a_program`` of them, every query tile's stored rows in order)
+    for BH hot columns h and BN documents n, then adds it into GDT at the documents' entries (atomics: the programs
+    of the other rows add there too). The h tiles vary fastest, so that a row range's reads of P are shared in L2."""
+    pid = tl.program_id(0)
+    h = (pid % h_tiles) * BH + tl.arange(0, BH)  # [BH] rows of QH and HOT_IDS
+    n_cols = (pid // h_tiles % n_tiles) * BN + tl.arange(0, BN)
+    n_ok = n_cols < n_docs
+    r_lo = pid // (h_tiles * n_tiles) * rows_a_program
+    r_hi = tl.minimum(r_lo + rows_a_program, num_rows_p)
+    rr = tl.arange(0, BR)
+    acc = tl.zeros((BH, BN), dtype=tl.float32)
+    for r0 in range(r_lo, r_hi, BR):
+        r = (r0 + rr).to(tl.int64)
+        a = tl.load(QH + h[:, None].to(tl.int64) * stride_qh + r[None, :])  # [BH, BR]
+        p = tl.load(P + r[:, None] * stride_p + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BR, BN]
+        p1, p2, p3 = _parts(p, IEEE)
+        acc = _mul3(a, p1, p2, p3, acc, PARTS, IEEE)  # [BH, BR] @ [BR, BN] -> [BH, BN]
+    ids = tl.load(HOT_IDS + h)  # [BH] vocabulary ids (V: padding, DT's zero row)
+    to = ids[:, None] * stride_dt + n_cols[None, :]  # [BH, BN] int32
+    entry = _nonzero(tl.load(DT + to, mask=n_ok[None, :], other=0.0), IEEE) & n_ok[None, :]
+    tl.atomic_add(GDT + to, acc, mask=entry, sem="relaxed")
 
 
 def launch_forward(
@@ -420,6 +462,18 @@ class WorkLists(NamedTuple):
         return min(int(self.pair_count), self.pair_rows.numel())
 
 
+class HotColumns(NamedTuple):
+    """The columns most query tiles share, whose document gradient :func:`_hot_kernel` adds from the stored softmax
+    weights in one product over every query, in place of the document pass's per-tile atomics (``fused_lse``)."""
+
+    ids: Tensor
+    """[H] int32 vocabulary ids (V: padding), H a multiple of BM."""
+    weights: Tensor
+    """[H, tiles·BM]: the queries' weights at those ids, one column a tile row (the stored softmax weights' rows)."""
+    cold_end: Tensor
+    """[T] int32: where each query tile's hot columns begin in QT (its other columns come first)."""
+
+
 class QueryEntries(NamedTuple):
     """The queries' entries as the pairs read them (compressed rows) and their gradient from the pairs."""
 
@@ -438,7 +492,7 @@ def launch_backward(
     grad_qt: Tensor | None, grad_dt: Tensor | None, queries: QueryEntries, work: WorkLists,
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, bn_scan: int,
     warps: int, stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
-    window_major: tuple[str, ...] = (), stored: Tensor | None = None,
+    window_major: tuple[str, ...] = (), stored: Tensor | None = None, hot: HotColumns | None = None,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
@@ -450,7 +504,9 @@ def launch_backward(
     "query_grad", "doc_grad": ``fused_lse.WINDOW_MAJOR_KERNELS``; the one dense kernel without ``dense_split`` if it
     names both) run, with windows, one window's query tiles side by side, so that their reads of ``dt`` and atomics
     into ``grad_dt`` stay within one window. ``stored`` (fp32 [len(tiles)·bm, >= n_docs]; with ``dense_split`` and
-    both gradients): the query pass writes the dense tiles' softmax weights there, the document pass reads them."""
+    both gradients): the query pass writes the dense tiles' softmax weights there, the document pass reads them.
+    ``hot`` (with ``stored`` and without ``routes``: every tile's weights stored): the document pass leaves the hot
+    columns to :func:`_hot_kernel`."""
     windows = -(-n_docs // window)
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
@@ -481,14 +537,29 @@ def launch_backward(
             f"{list(stored.shape)}, dense_split={dense_split}, query and document gradients {need_q}, {need_d}"
         )
     keep = stored is not None
+    if hot is not None and (not keep or routes or hot.weights.shape[1] != len(tiles) * bm):
+        raise ValueError(
+            f"hot columns need stored weights without routes (every tile's stored) and weights [H, {len(tiles) * bm}],"
+            f" got stored {keep}, routes {routes}, weights {list(hot.weights.shape)}"
+        )
     stored = qt if stored is None else stored  # a placeholder where not kept (never read or written)
+    cold_end = tile_ptr if hot is None else hot.cold_end  # a placeholder where no hot columns (never read)
     passes = [(need_q, False), (False, need_d)] if split else [(need_q, need_d)]
     for pass_q, pass_d in passes:
         named = [name for name, runs in (("query_grad", pass_q), ("doc_grad", pass_d)) if runs]
         _dense_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, stored,
-            stored.stride(0), num_rows, n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows, window, BM=bm,
-            BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d,
+            cold_end, stored.stride(0), num_rows, n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows, window,
+            BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d,
             STORE=keep and pass_q, LOAD=keep and pass_d, LISTED=routes, WINDOWED=windows > 1,
-            BY_WINDOW=all(name in window_major for name in named), num_warps=warps, num_stages=stages,
+            BY_WINDOW=all(name in window_major for name in named), HOT=hot is not None and not pass_q,
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+    if hot is not None:  # with stored weights: both gradients needed
+        h_tiles, n_tiles, num_rows_p = hot.ids.numel() // bm, triton.cdiv(n_docs, bn), len(tiles) * bm
+        rows_a_program = triton.cdiv(min(HOT_ROWS_A_PROGRAM, num_rows_p), bm) * bm
+        _hot_kernel[(h_tiles * n_tiles * triton.cdiv(num_rows_p, rows_a_program),)](
+            hot.weights, hot.weights.stride(0), stored, stored.stride(0), hot.ids, dt, grad_dt, dt.stride(0),
+            num_rows_p, rows_a_program, n_docs, h_tiles, n_tiles, BH=bm, BN=bn, BR=bm, IEEE=ieee, PARTS=parts,
+            num_warps=warps, num_stages=stages,
         )  # fmt: skip
