@@ -20,7 +20,8 @@ from gradcache_sparton.losses import fused_lse, fused_lse_triton
 
 V = 30_522  # BERT's vocabulary: the document block and its windows follow from it
 POINTERS = {"QT", "COLS", "TILE_PTR", "ROWS", "DT", "RUN_MAX", "RUN_SUM", "LSE", "G", "GQT", "GDT", "DENSE",
-            "DENSE_COUNT", "P", "PAIR_ROW", "PAIR_DOC", "PAIR_P", "PAIR_COUNT", "Q_OFF", "Q_IDS", "Q_W", "GQ"}  # fmt: skip
+            "DENSE_COUNT", "P", "PAIR_ROW", "PAIR_DOC", "PAIR_P", "PAIR_COUNT", "Q_OFF", "Q_IDS", "Q_W", "GQ",
+            "COLD_END", "QH", "HOT_IDS"}  # fmt: skip
 INT_POINTERS = {
     "COLS",
     "TILE_PTR",
@@ -31,6 +32,8 @@ INT_POINTERS = {
     "PAIR_DOC",
     "PAIR_COUNT",
     "Q_IDS",
+    "COLD_END",
+    "HOT_IDS",
 }
 
 
@@ -41,7 +44,7 @@ def signature(kernel: triton.JITFunction, constexprs: dict, tiles: str) -> dict[
     def kind(name: str) -> str:
         if name in constexprs:
             return "constexpr"
-        if name in ("QT", "DT"):
+        if name in ("QT", "DT", "QH"):
             return "*" + tiles
         if name == "Q_OFF":
             return "*i64"
@@ -55,7 +58,8 @@ def signature(kernel: triton.JITFunction, constexprs: dict, tiles: str) -> dict[
 def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.JITFunction, dict]]:
     """Every (name, kernel, constexprs) the GPU path launches under ``shape``: both gradients or either alone, the
     dense tiles listed by the scan or all of them, windows as the setting makes them at V; with ``store_weights``
-    the query pass stores the softmax weights and the document pass reads them."""
+    the query pass stores the softmax weights and the document pass reads them; with ``hot_columns`` the document
+    pass leaves the hot columns to the hot kernel."""
     bd = fused_lse._document_rows(V, shape)
     windowed = fused_lse._window(shape, bd) < bd
     common = {"BM": shape.bm, "BK": shape.bk, "IEEE": ieee}
@@ -73,8 +77,18 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
                 f"dense q{need_q:d} d{need_d:d} listed{listed:d}", fused_lse_triton._dense_kernel,
                 {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS,
                  "NEED_Q": need_q, "NEED_D": need_d, "STORE": shape.store_weights and not need_d,
-                 "LOAD": shape.store_weights and not need_q, "LISTED": listed, "WINDOWED": windowed},
+                 "LOAD": shape.store_weights and not need_q, "LISTED": listed, "WINDOWED": windowed, "HOT": False},
             ))  # fmt: skip
+    if shape.hot_columns:
+        out.append((
+            "dense q0 d1 listed0 hot", fused_lse_triton._dense_kernel,
+            {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS, "NEED_Q": False,
+             "NEED_D": True, "STORE": False, "LOAD": True, "LISTED": False, "WINDOWED": windowed, "HOT": True},
+        ))  # fmt: skip
+        out.append((
+            "hot", fused_lse_triton._hot_kernel,
+            {"BH": shape.bm, "BN": shape.bn_backward, "BR": shape.bm, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS},
+        ))  # fmt: skip
     out.append((
         "pairs", fused_lse_triton._pairs_kernel,
         {"P": fused_lse_triton.PAIR_BLOCK, "E": fused_lse_triton.ENTRY_BLOCK, "IEEE": ieee, "NEED_Q": True,
