@@ -379,30 +379,54 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_o
 
 
 @triton.jit
-def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_rows_p, rows_a_program, n_docs, h_tiles,
-                n_tiles, BH: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, IEEE: tl.constexpr,
-                PARTS: tl.constexpr):  # fmt: skip
+def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot, num_rows_p, rows_a_program, n_docs,
+                h_tiles, n_tiles, BH: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, IEEE: tl.constexpr,
+                PARTS: tl.constexpr, TRANSPOSED: tl.constexpr):  # fmt: skip
     """The hot columns' document gradient from the stored softmax weights, on the tensor cores: program p adds ``QH[h]
     @ P[r, n]`` over its rows r of [tiles·BM] (``rows_a_program`` of them, every query tile's stored rows in order)
-    for BH hot columns h and BN documents n, then adds it into GDT at the documents' entries (atomics: the programs
-    of the other rows add there too). The h tiles vary fastest, so that a row range's reads of P are shared in L2."""
+    for BH hot columns h (of ``num_hot``) and BN documents n, then adds it into GDT at the documents' entries
+    (atomics: the programs of the other rows add there too). The h tiles vary fastest, so that a row range's reads
+    of P are shared in L2. TRANSPOSED: the product as ``P[r, n]ᵀ @ QH[h]ᵀ`` ([BN, BH]: the split weights the left
+    operand, from registers)."""
     pid = tl.program_id(0)
     h = (pid % h_tiles) * BH + tl.arange(0, BH)  # [BH] rows of QH and HOT_IDS
+    h_ok = h < num_hot
     n_cols = (pid // h_tiles % n_tiles) * BN + tl.arange(0, BN)
     n_ok = n_cols < n_docs
     r_lo = pid // (h_tiles * n_tiles) * rows_a_program
     r_hi = tl.minimum(r_lo + rows_a_program, num_rows_p)
     rr = tl.arange(0, BR)
-    acc = tl.zeros((BH, BN), dtype=tl.float32)
-    for r0 in range(r_lo, r_hi, BR):
-        r = (r0 + rr).to(tl.int64)
-        a = tl.load(QH + h[:, None].to(tl.int64) * stride_qh + r[None, :])  # [BH, BR]
-        p = tl.load(P + r[:, None] * stride_p + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BR, BN]
-        p1, p2, p3 = _parts(p, IEEE)
-        acc = _mul3(a, p1, p2, p3, acc, PARTS, IEEE)  # [BH, BR] @ [BR, BN] -> [BH, BN]
-    ids = tl.load(HOT_IDS + h)  # [BH] vocabulary ids (V: padding, DT's zero row)
-    to = ids[:, None] * stride_dt + n_cols[None, :]  # [BH, BN] int32
-    entry = _nonzero(tl.load(DT + to, mask=n_ok[None, :], other=0.0), IEEE) & n_ok[None, :]
+    ids = tl.load(HOT_IDS + h, mask=h_ok, other=0)  # [BH] vocabulary ids (V: padding, DT's zero row)
+    if TRANSPOSED:
+        acc = tl.zeros((BN, BH), dtype=tl.float32)
+        for r0 in range(r_lo, r_hi, BR):
+            r = (r0 + rr).to(tl.int64)
+            b = tl.load(QH + h[None, :].to(tl.int64) * stride_qh + r[:, None], mask=h_ok[None, :], other=0.0)
+            pt = tl.load(
+                P + r[None, :] * stride_p + n_cols[:, None], mask=n_ok[:, None], other=0.0
+            )  # [BN, BR]
+            p1, p2, p3 = _parts(pt, IEEE)
+            acc = _dot(p1, b, acc, IEEE)  # [BN, BR] @ [BR, BH] -> [BN, BH]
+            if not IEEE:
+                if PARTS >= 2:
+                    acc = _dot(p2, b, acc, IEEE)
+                if PARTS == 3:
+                    acc = _dot(p3, b, acc, IEEE)
+        to = ids[None, :] * stride_dt + n_cols[:, None]  # [BN, BH] int32
+        ok = n_ok[:, None] & h_ok[None, :]
+    else:
+        acc = tl.zeros((BH, BN), dtype=tl.float32)
+        for r0 in range(r_lo, r_hi, BR):
+            r = (r0 + rr).to(tl.int64)
+            a = tl.load(QH + h[:, None].to(tl.int64) * stride_qh + r[None, :], mask=h_ok[:, None], other=0.0)
+            p = tl.load(
+                P + r[:, None] * stride_p + n_cols[None, :], mask=n_ok[None, :], other=0.0
+            )  # [BR, BN]
+            p1, p2, p3 = _parts(p, IEEE)
+            acc = _mul3(a, p1, p2, p3, acc, PARTS, IEEE)  # [BH, BR] @ [BR, BN] -> [BH, BN]
+        to = ids[:, None] * stride_dt + n_cols[None, :]  # [BH, BN] int32
+        ok = h_ok[:, None] & n_ok[None, :]
+    entry = _nonzero(tl.load(DT + to, mask=ok, other=0.0), IEEE) & ok
     tl.atomic_add(GDT + to, acc, mask=entry, sem="relaxed")
 
 
@@ -460,6 +484,39 @@ class WorkLists(NamedTuple):
     def pairs(self) -> int:
         """The pairs the last scan wrote (one device read; none past the capacity)."""
         return min(int(self.pair_count), self.pair_rows.numel())
+
+
+class HotTile(NamedTuple):
+    """:func:`_hot_kernel`'s tile and launch settings (its rows a step are BM, the stored weights' tile rows)."""
+
+    bh: int
+    bn: int
+    warps: int
+    stages: int
+    transposed: bool
+
+
+HOT_TILE = HotTile(bh=64, bn=128, warps=4, stages=3, transposed=False)
+
+
+def _launch_hot(
+    hot: HotColumns, stored: Tensor, dt: Tensor, grad_dt: Tensor, *, num_rows_p: int, n_docs: int, bm: int,
+    ieee: bool, parts: int,
+) -> None:  # fmt: skip
+    """Add the hot columns' document gradient of the ``num_rows_p`` stored rows into ``grad_dt`` (:func:`_hot_kernel`)."""
+    setting = (
+        HOT_TILE
+        if not INTERPRETING
+        else HotTile(bh=bm, bn=bm, warps=4, stages=1, transposed=HOT_TILE.transposed)
+    )
+    num_hot = hot.ids.numel()
+    h_tiles, n_tiles = triton.cdiv(num_hot, setting.bh), triton.cdiv(n_docs, setting.bn)
+    rows_a_program = triton.cdiv(min(HOT_ROWS_A_PROGRAM, num_rows_p), bm) * bm
+    _hot_kernel[(h_tiles * n_tiles * triton.cdiv(num_rows_p, rows_a_program),)](
+        hot.weights, hot.weights.stride(0), stored, stored.stride(0), hot.ids, dt, grad_dt, dt.stride(0), num_hot,
+        num_rows_p, rows_a_program, n_docs, h_tiles, n_tiles, BH=setting.bh, BN=setting.bn, BR=bm, IEEE=ieee,
+        PARTS=parts, TRANSPOSED=setting.transposed, num_warps=setting.warps, num_stages=setting.stages,
+    )  # fmt: skip
 
 
 class HotColumns(NamedTuple):
@@ -556,10 +613,6 @@ def launch_backward(
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     if hot is not None:  # with stored weights: both gradients needed
-        h_tiles, n_tiles, num_rows_p = hot.ids.numel() // bm, triton.cdiv(n_docs, bn), len(tiles) * bm
-        rows_a_program = triton.cdiv(min(HOT_ROWS_A_PROGRAM, num_rows_p), bm) * bm
-        _hot_kernel[(h_tiles * n_tiles * triton.cdiv(num_rows_p, rows_a_program),)](
-            hot.weights, hot.weights.stride(0), stored, stored.stride(0), hot.ids, dt, grad_dt, dt.stride(0),
-            num_rows_p, rows_a_program, n_docs, h_tiles, n_tiles, BH=bm, BN=bn, BR=bm, IEEE=ieee, PARTS=parts,
-            num_warps=warps, num_stages=stages,
-        )  # fmt: skip
+        _launch_hot(
+            hot, stored, dt, grad_dt, num_rows_p=len(tiles) * bm, n_docs=n_docs, bm=bm, ieee=ieee, parts=parts
+        )
