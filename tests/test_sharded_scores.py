@@ -44,11 +44,16 @@ SCENARIOS = {  # name: (loss settings, sparse reps)
 # Scenarios run with fused_lse's settings changed: documents in windows of 16 (3 a block of 40), every kernel
 # window-major (rank 1's 2 tiles x 3 windows map otherwise than rank 0's 1 x 3 or the unsharded 3 x 3), the dense
 # gradients in two passes, the second reading the first's stored softmax weights (rows of the rank's own tiles),
-# every score tile on the tensor cores (the interpreter's 16 x 16 tiles would all go by pairs).
+# the hot columns' document gradient from them (hot_columns: the rank's own rows of their weights; the second
+# column's block), every score tile on the tensor cores (the interpreter's 16 x 16 tiles would all go by pairs).
 FUSED_CHANGES = {
     "infonce, sparse, fused, document windows": {
         "INTERPRETER_TILES": fused_lse.INTERPRETER_TILES._replace(
-            doc_window=16, window_major=fused_lse.WINDOW_MAJOR_KERNELS, dense_split=True, store_weights=True
+            doc_window=16,
+            window_major=fused_lse.WINDOW_MAJOR_KERNELS,
+            dense_split=True,
+            store_weights=True,
+            hot_columns=16,
         ),
         "SPARSE_TILE_MAX": 0,
     }
