@@ -85,9 +85,10 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
             {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS, "NEED_Q": False,
              "NEED_D": True, "STORE": False, "LOAD": True, "LISTED": False, "WINDOWED": windowed, "HOT": True},
         ))  # fmt: skip
+        hot = fused_lse_triton.HOT_TILE
         out.append((
             "hot", fused_lse_triton._hot_kernel,
-            {"BH": shape.bm, "BN": shape.bn_backward, "BR": shape.bm, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS},
+            {"BH": hot.bh, "BN": hot.bn, "BR": shape.bm, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS},
         ))  # fmt: skip
     out.append((
         "pairs", fused_lse_triton._pairs_kernel,
@@ -99,8 +100,13 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
 
 def main(shape_json: str, tiles: str) -> int:
     shape = fused_lse.TileShape(**json.loads(shape_json))
-    options = {"num_warps": shape.warps, "num_stages": shape.stages}
     for name, kernel, constexprs in launches(shape, ieee=tiles == "fp32"):
+        hot = fused_lse_triton.HOT_TILE
+        options = (
+            {"num_warps": hot.warps, "num_stages": hot.stages}
+            if name == "hot"
+            else {"num_warps": shape.warps, "num_stages": shape.stages}
+        )
         source = ASTSource(kernel, signature(kernel, constexprs, tiles), constexprs=constexprs)
         try:
             compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)

@@ -36,12 +36,14 @@ TOL = 1600 * 2.0**-24  # see the module docstring
 SPLIT = 2.0**-16  # 2 bf16 parts of an fp32 softmax weight: within 2^-16 of it
 
 
-def _batch(kind: str, seed: int = 0) -> list[torch.Tensor]:
-    """Queries, positives, negatives [B, V] on the GPU, >= 0, sparse as trained reps, with the awkward rows."""
+def _batch(kind: str, seed: int = 0, common: int = V) -> list[torch.Tensor]:
+    """Queries, positives, negatives [B, V] on the GPU, >= 0, sparse as trained reps, with the awkward rows; with
+    ``common`` < V, a quarter of each row's ids drawn from the first ``common`` (words most rows hold)."""
     generator = torch.Generator(device="cuda").manual_seed(seed)
 
     def column(nnz: int) -> torch.Tensor:
         ids = torch.randint(0, V, (B, nnz), generator=generator, device="cuda")
+        ids[:, : nnz // 4] %= common
         values = torch.rand(B, nnz, generator=generator, device="cuda") * 2.5
         dense = torch.zeros(B, V, device="cuda").scatter_(1, ids, values)
         if kind == "bf16":
@@ -68,6 +70,35 @@ def test_compiled_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, variant
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
     (lse * upstream).sum().backward()
     want = lse_reference(columns, upstream, temperature=TEMPERATURE)
+    assert_lse_within_bound(lse, want, TOL)
+    assert_grads_within_bound(reps, want, [TOL + (SPLIT if kind == "bf16" else 0.0)] * 3)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp32"])
+def test_compiled_hot_columns_match_fp64(monkeypatch, kind: str) -> None:
+    """On the GPU under GPU_TILES (hot columns): reps with 64 common words (every query tile holds them) at temperature
+    1.0 (every score tile dense: the blocks after the first leave the routes): the later blocks take the hot
+    columns' document gradient from the stored weights (``_hot_kernel``, its GPU tiles), and lse and every gradient
+    equal dense fp64 within the bound."""
+    from gradcache_sparton.losses import fused_lse_triton
+
+    launch, launches = fused_lse_triton.launch_backward, []
+
+    def recorded(*args, **kwargs):
+        launches.append(kwargs["hot"])
+        launch(*args, **kwargs)
+
+    monkeypatch.setattr(fused_lse_triton, "launch_backward", recorded)
+    columns = _batch(kind, seed=3, common=64)
+    upstream = torch.randn(B, generator=torch.Generator(device="cuda").manual_seed(4), device="cuda")
+    reps = sparse_leaves(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=1.0)
+    (lse * upstream).sum().backward()
+    assert (
+        fused_lse.GPU_TILES.hot_columns and launches[0] is None and all(h is not None for h in launches[1:])
+    )
+    assert int((launches[1].ids < V).sum()) >= 64, launches[1].ids  # the common words at least
+    want = lse_reference(columns, upstream, temperature=1.0)
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [TOL + (SPLIT if kind == "bf16" else 0.0)] * 3)
 

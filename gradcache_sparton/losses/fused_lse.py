@@ -113,6 +113,7 @@ __all__ = [
     "entry_values",
     "fused_by_default",
     "fused_sparse_logsumexp",
+    "hot_weights",
     "kernels_run_on",
     "query_order",
     "use_fused_kernel",
@@ -236,7 +237,7 @@ VARIANTS = {
         f"window256_stored_hot{hot}": _SPLIT128._replace(
             doc_window=256, bn_forward=256, store_weights=True, hot_columns=hot
         )
-        for hot in (256, 512, 1024)
+        for hot in (512, 1024)
     },
     "columns": TileShape(
         bm=64,
@@ -249,14 +250,15 @@ VARIANTS = {
         doc_block_bytes=512 << 20,
     ),
 }
-# The GPU's setting: 'window256_stored' (split128's tiles, each query tile's programs over windows of 256 documents
-# side by side, the forward a window at a time, the document-gradient pass reading the query pass's softmax weights).
-# B 65,536 on one H100 (benchmarks/results/session15, one call): backward 0.868 s against 0.952 for
-# 'window256_forward256' at temperature 1.0 (forward + backward 0.978 against 1.060), the same 0.208 / 0.207 s at 0.05
-# (every tile by pairs there, nothing stored); 0.25 GiB more at peak at 1.0. End to end against the default before
-# (session 16, call 2, bench_loss_curve): backward 8-9% faster from B 16,384 on. The forward 256 wide (session 14):
-# 0.106 s against 0.130.
-GPU_TILES = VARIANTS["window256_stored"]
+# The GPU's setting: 'window256_stored_hot1024' (split128's tiles, each query tile's programs over windows of 256
+# documents side by side, the forward a window at a time, the document-gradient pass reading the query pass's softmax
+# weights, and up to 1,024 hot columns' document gradient in one product over every query). B 65,536 on one H100
+# (benchmarks/results/session17, call 2): backward 0.775 s against 0.866 for 'window256_stored' at temperature 1.0
+# (forward + backward 0.882 against 0.971; 924 columns held by half the tiles), 0.800 with 512 hot columns.
+# 'window256_stored' (session 15): backward 0.868 s against 0.952 for 'window256_forward256' (forward + backward
+# 0.978 against 1.060), the same 0.208 / 0.207 s at 0.05 (every tile by pairs there, nothing stored). The forward
+# 256 wide (session 14): 0.106 s against 0.130.
+GPU_TILES = VARIANTS["window256_stored_hot1024"]
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
 INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_scan=16, bn_backward=16, warps=4, stages=1)
 
@@ -369,9 +371,8 @@ class QueryTiles(NamedTuple):
     cold_end: Tensor
     """[T] int32: where each tile's hot columns begin (its other columns first; no hot columns: its end)."""
     hot_ids: Tensor
-    """[H] int32: the hot columns' vocabulary ids (V: padding, H a multiple of BM; empty: none)."""
-    hot_qt: Tensor
-    """[H, T · BM] (``qt``'s dtype): every tile row's weights at the hot columns."""
+    """[H] int32: the hot columns' vocabulary ids (V: padding, H a multiple of BM; empty: none); their weights are
+    gathered from QT where a backward first takes them (:func:`hot_weights`)."""
 
 
 def query_order(reps: SparseReps) -> Tensor:
@@ -430,28 +431,30 @@ def build_query_tiles(
     cols[pos] = (keys % vocab).to(torch.int32)
     entry_pos, entry_lane = pos[inverse], at % bm
     qt = torch.zeros((total, bm), dtype=dtype, device=device)
-    values = entry_values(weights, dtype)
-    qt[entry_pos, entry_lane] = values
+    qt[entry_pos, entry_lane] = entry_values(weights, dtype)
     cold_end = tile_ptr[:-1] + counts - torch.bincount(key_tile[is_hot[keys % vocab]], minlength=num_tiles)
-    hot_qt = torch.zeros((hot_ids.numel(), num_tiles * bm), dtype=dtype, device=device)
-    if hot_ids.numel():
-        hot_row = torch.full((vocab + 1,), -1, dtype=torch.int64, device=device)
-        hot_row[hot_ids.long()] = torch.arange(hot_ids.numel(), device=device)
-        hot_row[vocab] = -1  # padding
-        entry_row = hot_row[reps.token_ids.long()]  # [nnz]: each entry's row of hot_qt (-1: cold)
-        held = entry_row >= 0
-        hot_qt[entry_row[held], at[held]] = values[held]
     return QueryTiles(
-        tile_ptr.to(torch.int32),
-        cols,
-        qt,
-        entry_pos,
-        entry_lane,
-        row_idx,
-        cold_end.to(torch.int32),
-        hot_ids,
-        hot_qt,
+        tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx, cold_end.to(torch.int32), hot_ids
     )
+
+
+def hot_weights(tiles: QueryTiles, own: range, vocab: int) -> Tensor:
+    """[H, len(own)·BM]: the rows of the query tiles ``own`` (in order, as the stored softmax weights hold them) at
+    the hot columns (``tiles.hot_ids``), from QT's hot rows (each tile's last). Two syncs (the tiles' first rows)."""
+    num_hot, bm = tiles.hot_ids.numel(), tiles.qt.shape[1]
+    device = tiles.qt.device
+    hot_row = torch.full((vocab + 1,), -1, dtype=torch.int64, device=device)
+    hot_row[tiles.hot_ids.long()] = torch.arange(num_hot, device=device)
+    hot_row[vocab] = -1  # padding ids
+    k = torch.arange(
+        int(tiles.tile_ptr[own.start]), int(tiles.tile_ptr[own.stop]), device=device
+    )  # own rows of QT
+    row = hot_row[tiles.cols[k].long()]
+    k, row = k[row >= 0], row[row >= 0]
+    tile = torch.searchsorted(tiles.tile_ptr, k.to(torch.int32), right=True) - 1 - own.start
+    out = torch.zeros((num_hot, len(own), bm), dtype=tiles.qt.dtype, device=device)
+    out[row, tile] = tiles.qt[k]
+    return out.view(num_hot, len(own) * bm)
 
 
 def _hot_columns(key_ids: Tensor, num_tiles: int, vocab: int, limit: int, edge: int) -> tuple[Tensor, Tensor]:
@@ -632,10 +635,7 @@ class _FusedLogSumExp(torch.autograd.Function):
         programs = len(saved.rows) * -(-saved.bd // window)
         work = WorkLists.allocate(capacity, programs, window // shape.bn_scan, q.device)
         stored = None  # the query pass's softmax weights for the document pass (TileShape.store_weights)
-        own = slice(saved.rows.start * shape.bm, saved.rows.stop * shape.bm)  # this rank's tile rows
-        hot = (
-            HotColumns(tiles.hot_ids, tiles.hot_qt[:, own], tiles.cold_end) if tiles.hot_ids.numel() else None
-        )
+        hot = None  # the hot columns (TileShape.hot_columns), where the stored weights hold every tile's
         grad_d: list[Tensor | None] = []
         routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
@@ -652,13 +652,16 @@ class _FusedLogSumExp(torch.autograd.Function):
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
                     window_major=shape.window_major, stored=stored if needs else None,
-                    hot=hot if needs and stored is not None and routes is False else None,
+                    hot=hot if needs else None,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles, dense = len(saved.rows) * -(-n // shape.bn_scan), work.dense_tiles()
                     routes = dense < ROUTES_MAX_DENSE_FRACTION * score_tiles
                     if shape.store_weights and dense and needs_q and any(needs_d):  # for the later blocks
                         stored = q.new_empty((len(saved.rows) * shape.bm, saved.bd), dtype=torch.float32)
+                        if not routes and tiles.hot_ids.numel():
+                            weights_h = hot_weights(tiles, saved.rows, q_layout.vocab_size)
+                            hot = HotColumns(tiles.hot_ids, weights_h, tiles.cold_end)
                 if grad is not None and grad_dt is not None:
                     grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
             grad_d.append(grad)

@@ -57,9 +57,10 @@ PAIR_BLOCK = 64
 ENTRY_BLOCK = 32
 # Programs of :func:`_pairs_kernel` at most (each takes every grid-th block of pairs up to the count).
 PAIR_PROGRAMS = 1024
-# Stored rows of softmax weights a program of :func:`_hot_kernel` sums over (B 65,536: 16 programs a tile of the
-# hot columns' gradient, their partial sums added by atomics).
-HOT_ROWS_A_PROGRAM = 4096
+# Stored rows of softmax weights a program of :func:`_hot_kernel` sums over (B 65,536: 8 programs a tile of the
+# hot columns' gradient, their partial sums added by atomics). 8,192 against 4,096: 0.314 against 0.343 ms for 512
+# hot columns (one block of 1,024 documents, B 65,536, one H100: benchmarks/results/session17, call 2).
+HOT_ROWS_A_PROGRAM = 8192
 
 INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -381,13 +382,12 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_o
 @triton.jit
 def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot, num_rows_p, rows_a_program, n_docs,
                 h_tiles, n_tiles, BH: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, IEEE: tl.constexpr,
-                PARTS: tl.constexpr, TRANSPOSED: tl.constexpr):  # fmt: skip
-    """The hot columns' document gradient from the stored softmax weights, on the tensor cores: program p adds ``QH[h]
-    @ P[r, n]`` over its rows r of [tiles·BM] (``rows_a_program`` of them, every query tile's stored rows in order)
-    for BH hot columns h (of ``num_hot``) and BN documents n, then adds it into GDT at the documents' entries
-    (atomics: the programs of the other rows add there too). The h tiles vary fastest, so that a row range's reads
-    of P are shared in L2. TRANSPOSED: the product as ``P[r, n]ᵀ @ QH[h]ᵀ`` ([BN, BH]: the split weights the left
-    operand, from registers)."""
+                PARTS: tl.constexpr):  # fmt: skip
+    """The hot columns' document gradient from the stored softmax weights, on the tensor cores: program p adds ``P[r,
+    n]ᵀ @ QH[h, r]ᵀ`` ([BN, BH]; the split weights the left operand, from registers) over its rows r of [tiles·BM]
+    (``rows_a_program`` of them, every query tile's stored rows in order) for BN documents n and BH hot columns h
+    (of ``num_hot``), then adds it into GDT at the documents' entries (atomics: the programs of the other rows add
+    there too). The h tiles vary fastest, so that a row range's reads of P are shared in L2."""
     pid = tl.program_id(0)
     h = (pid % h_tiles) * BH + tl.arange(0, BH)  # [BH] rows of QH and HOT_IDS
     h_ok = h < num_hot
@@ -396,36 +396,23 @@ def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot
     r_lo = pid // (h_tiles * n_tiles) * rows_a_program
     r_hi = tl.minimum(r_lo + rows_a_program, num_rows_p)
     rr = tl.arange(0, BR)
+    acc = tl.zeros((BN, BH), dtype=tl.float32)
+    for r0 in range(r_lo, r_hi, BR):
+        r = (r0 + rr).to(tl.int64)
+        qh = tl.load(
+            QH + h[None, :].to(tl.int64) * stride_qh + r[:, None], mask=h_ok[None, :], other=0.0
+        )  # [BR, BH]
+        pt = tl.load(P + r[None, :] * stride_p + n_cols[:, None], mask=n_ok[:, None], other=0.0)  # [BN, BR]
+        p1, p2, p3 = _parts(pt, IEEE)
+        acc = _dot(p1, qh, acc, IEEE)  # [BN, BR] @ [BR, BH] -> [BN, BH], each part's products exact
+        if not IEEE:
+            if PARTS >= 2:
+                acc = _dot(p2, qh, acc, IEEE)
+            if PARTS == 3:
+                acc = _dot(p3, qh, acc, IEEE)
     ids = tl.load(HOT_IDS + h, mask=h_ok, other=0)  # [BH] vocabulary ids (V: padding, DT's zero row)
-    if TRANSPOSED:
-        acc = tl.zeros((BN, BH), dtype=tl.float32)
-        for r0 in range(r_lo, r_hi, BR):
-            r = (r0 + rr).to(tl.int64)
-            b = tl.load(QH + h[None, :].to(tl.int64) * stride_qh + r[:, None], mask=h_ok[None, :], other=0.0)
-            pt = tl.load(
-                P + r[None, :] * stride_p + n_cols[:, None], mask=n_ok[:, None], other=0.0
-            )  # [BN, BR]
-            p1, p2, p3 = _parts(pt, IEEE)
-            acc = _dot(p1, b, acc, IEEE)  # [BN, BR] @ [BR, BH] -> [BN, BH]
-            if not IEEE:
-                if PARTS >= 2:
-                    acc = _dot(p2, b, acc, IEEE)
-                if PARTS == 3:
-                    acc = _dot(p3, b, acc, IEEE)
-        to = ids[None, :] * stride_dt + n_cols[:, None]  # [BN, BH] int32
-        ok = n_ok[:, None] & h_ok[None, :]
-    else:
-        acc = tl.zeros((BH, BN), dtype=tl.float32)
-        for r0 in range(r_lo, r_hi, BR):
-            r = (r0 + rr).to(tl.int64)
-            a = tl.load(QH + h[:, None].to(tl.int64) * stride_qh + r[None, :], mask=h_ok[:, None], other=0.0)
-            p = tl.load(
-                P + r[:, None] * stride_p + n_cols[None, :], mask=n_ok[None, :], other=0.0
-            )  # [BR, BN]
-            p1, p2, p3 = _parts(p, IEEE)
-            acc = _mul3(a, p1, p2, p3, acc, PARTS, IEEE)  # [BH, BR] @ [BR, BN] -> [BH, BN]
-        to = ids[:, None] * stride_dt + n_cols[None, :]  # [BH, BN] int32
-        ok = h_ok[:, None] & n_ok[None, :]
+    to = ids[None, :] * stride_dt + n_cols[:, None]  # [BN, BH] int32
+    ok = n_ok[:, None] & h_ok[None, :]
     entry = _nonzero(tl.load(DT + to, mask=ok, other=0.0), IEEE) & ok
     tl.atomic_add(GDT + to, acc, mask=entry, sem="relaxed")
 
@@ -493,10 +480,12 @@ class HotTile(NamedTuple):
     bn: int
     warps: int
     stages: int
-    transposed: bool
 
 
-HOT_TILE = HotTile(bh=64, bn=128, warps=4, stages=3, transposed=False)
+# The fastest of 8 settings (x 2 row counts) for 512 and for 924 hot columns, one block of B 65,536 on one H100
+# (benchmarks/results/session17, call 2): 0.314 and 0.592 ms, against 0.855 and 1.533 for BH 64 x BN 128, 4 warps
+# with the weights as the right operand (from shared memory), 0.423 and 0.798 for the same at BH 128, 8 warps.
+HOT_TILE = HotTile(bh=256, bn=128, warps=8, stages=3)
 
 
 def _launch_hot(
@@ -505,17 +494,15 @@ def _launch_hot(
 ) -> None:  # fmt: skip
     """Add the hot columns' document gradient of the ``num_rows_p`` stored rows into ``grad_dt`` (:func:`_hot_kernel`)."""
     setting = (
-        HOT_TILE
-        if not INTERPRETING
-        else HotTile(bh=bm, bn=bm, warps=4, stages=1, transposed=HOT_TILE.transposed)
-    )
+        HotTile(bh=bm, bn=bm, warps=4, stages=1) if INTERPRETING.value else HOT_TILE
+    )  # small tests: small tiles
     num_hot = hot.ids.numel()
     h_tiles, n_tiles = triton.cdiv(num_hot, setting.bh), triton.cdiv(n_docs, setting.bn)
     rows_a_program = triton.cdiv(min(HOT_ROWS_A_PROGRAM, num_rows_p), bm) * bm
     _hot_kernel[(h_tiles * n_tiles * triton.cdiv(num_rows_p, rows_a_program),)](
         hot.weights, hot.weights.stride(0), stored, stored.stride(0), hot.ids, dt, grad_dt, dt.stride(0), num_hot,
         num_rows_p, rows_a_program, n_docs, h_tiles, n_tiles, BH=setting.bh, BN=setting.bn, BR=bm, IEEE=ieee,
-        PARTS=parts, TRANSPOSED=setting.transposed, num_warps=setting.warps, num_stages=setting.stages,
+        PARTS=parts, num_warps=setting.warps, num_stages=setting.stages,
     )  # fmt: skip
 
 
