@@ -39,7 +39,12 @@ dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile
   tile's own rows; atomic adds where its windows share them) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds:
   every query tile adds to the document block's gradient), by one kernel or, with ``TileShape.dense_split`` (the
   GPU's default), one kernel each (with ``TileShape.store_weights``, the GPU's default too, the second reads the
-  first's ``p`` from memory instead of recomputing the scores, from the second document block on).
+  first's ``p`` from memory instead of recomputing the scores, from the second document block on). With
+  ``TileShape.hot_columns`` (the GPU's default) and every tile's ``p`` stored (a block without the scan, below),
+  the columns that at least :data:`HOT_MIN_TILE_FRACTION` of the query tiles hold (each tile's last) leave the
+  second kernel: their document gradient is one product over every query, ``QHᵀ @ p`` (QH [H, B], the queries'
+  weights at those ids; the same split parts, fp32 accumulation), each document entry written by a few programs
+  instead of by every query tile.
 
 Where nearly every tile is dense (raw dot products at temperature 1.0) the scan only costs: a backward whose
 first document block listed more than :data:`ROUTES_MAX_DENSE_FRACTION` of its tiles as dense runs its other
@@ -69,7 +74,9 @@ non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V
 ``TileShape.doc_block_bytes``: a constant, not a function of B), the running maxima and sums [W, B], the pairs' room
 (12 bytes a pair, :data:`PAIR_CAPACITY`: a constant), the pairs' query gradient (4 bytes an entry) and, with
 ``TileShape.store_weights`` (the GPU's default), the dense tiles' ``p`` of one document block (4·B·bd bytes,
-allocated only where the first block listed a dense tile). Nothing grows with B².
+allocated only where the first block listed a dense tile) and, with ``TileShape.hot_columns``, the queries' weights
+at the hot columns (H·B·2 bytes in bf16: 121 MB for 924 columns at B 65,536, gathered where a backward first takes
+them). Nothing grows with B².
 
 Sharded across ranks (``shard_across_ranks``): rank r runs its contiguous 1/W of the query tiles; the lse
 (rows of other ranks zero) and the gradients are summed with one all-reduce each, as in :mod:`.blocked`.
