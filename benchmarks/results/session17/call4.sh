@@ -1,0 +1,10 @@
+set -u
+R0=$PWD; T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$R0:/tmp/site
+L=$OUT/log4.txt
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; } > $L 2>&1
+grep -n "^GPU_TILES" gradcache_sparton/losses/fused_lse.py | tee -a $L
+timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_fused_lse_gpu.py -k "hot1024 or hot_columns" >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
+tail -5 $L
