@@ -453,9 +453,8 @@ def hot_weights(tiles: QueryTiles, own: range, vocab: int) -> Tensor:
     hot_row = torch.full((vocab + 1,), -1, dtype=torch.int64, device=device)
     hot_row[tiles.hot_ids.long()] = torch.arange(num_hot, device=device)
     hot_row[vocab] = -1  # padding ids
-    k = torch.arange(
-        int(tiles.tile_ptr[own.start]), int(tiles.tile_ptr[own.stop]), device=device
-    )  # own rows of QT
+    first, end = int(tiles.tile_ptr[own.start]), int(tiles.tile_ptr[own.stop])
+    k = torch.arange(first, end, device=device)  # the own tiles' rows of QT
     row = hot_row[tiles.cols[k].long()]
     k, row = k[row >= 0], row[row >= 0]
     tile = torch.searchsorted(tiles.tile_ptr, k.to(torch.int32), right=True) - 1 - own.start
@@ -472,9 +471,8 @@ def _hot_columns(key_ids: Tensor, num_tiles: int, vocab: int, limit: int, edge: 
     is_hot = torch.zeros(vocab, dtype=torch.bool, device=device)
     if limit <= 0:
         return torch.empty(0, dtype=torch.int32, device=device), is_hot
-    held, ids = torch.topk(
-        torch.bincount(key_ids, minlength=vocab), min(limit, vocab)
-    )  # tiles holding each id
+    tiles_holding = torch.bincount(key_ids, minlength=vocab)  # [V]
+    held, ids = torch.topk(tiles_holding, min(limit, vocab))
     ids = ids[held >= max(1.0, HOT_MIN_TILE_FRACTION * num_tiles)]
     is_hot[ids] = True
     padded = torch.full((-(-ids.numel() // edge) * edge,), vocab, dtype=torch.int32, device=device)

@@ -387,7 +387,7 @@ def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot
     n]ᵀ @ QH[h, r]ᵀ`` ([BN, BH]; the split weights the left operand, from registers) over its rows r of [tiles·BM]
     (``rows_a_program`` of them, every query tile's stored rows in order) for BN documents n and BH hot columns h
     (of ``num_hot``), then adds it into GDT at the documents' entries (atomics: the programs of the other rows add
-    there too). The h tiles vary fastest, so that a row range's reads of P are shared in L2."""
+    there too). The h tiles vary fastest: the programs that read the same rows of P run side by side."""
     pid = tl.program_id(0)
     h = (pid % h_tiles) * BH + tl.arange(0, BH)  # [BH] rows of QH and HOT_IDS
     h_ok = h < num_hot
@@ -482,9 +482,9 @@ class HotTile(NamedTuple):
     stages: int
 
 
-# The fastest of 8 settings (x 2 row counts) for 512 and for 924 hot columns, one block of B 65,536 on one H100
-# (benchmarks/results/session17, call 2): 0.314 and 0.592 ms, against 0.855 and 1.533 for BH 64 x BN 128, 4 warps
-# with the weights as the right operand (from shared memory), 0.423 and 0.798 for the same at BH 128, 8 warps.
+# The fastest of the settings tried (8, x 2 row counts) for 512 and for 924 hot columns, one block of B 65,536 on one
+# H100 (benchmarks/results/session17, call 2): 0.314 and 0.592 ms, against 0.855 and 1.533 for BH 64 x BN 128, 4
+# warps with the weights as the right operand, 0.423 and 0.798 for the same at BH 128, 8 warps.
 HOT_TILE = HotTile(bh=256, bn=128, warps=8, stages=3)
 
 
@@ -493,9 +493,8 @@ def _launch_hot(
     ieee: bool, parts: int,
 ) -> None:  # fmt: skip
     """Add the hot columns' document gradient of the ``num_rows_p`` stored rows into ``grad_dt`` (:func:`_hot_kernel`)."""
-    setting = (
-        HotTile(bh=bm, bn=bm, warps=4, stages=1) if INTERPRETING.value else HOT_TILE
-    )  # small tests: small tiles
+    # under the interpreter (CPU tests, small shapes): tiles as small as the query tiles' rows
+    setting = HotTile(bh=bm, bn=bm, warps=4, stages=1) if INTERPRETING.value else HOT_TILE
     num_hot = hot.ids.numel()
     h_tiles, n_tiles = triton.cdiv(num_hot, setting.bh), triton.cdiv(n_docs, setting.bn)
     rows_a_program = triton.cdiv(min(HOT_ROWS_A_PROGRAM, num_rows_p), bm) * bm
