@@ -50,7 +50,7 @@ import torch
 from benchmarks.bench_loss_curve import Timer, batch_reps, encoded_text
 from benchmarks.common import run_stamp
 from gradcache_sparton import SpladeLoss, SpladeLossConfig
-from gradcache_sparton.losses import fused_lse, fused_lse_triton
+from gradcache_sparton.losses import fused_lse, fused_lse_triton, query_tiles
 from gradcache_sparton.losses.sparse import sparse_block_size, sparse_score_plan
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
@@ -242,8 +242,8 @@ def check(text: Any, args: argparse.Namespace) -> dict:
 
 
 def tile_stats(q_reps: SparseReps, shape: fused_lse.TileShape) -> dict:
-    order = fused_lse.query_order(q_reps) if fused_lse.SORT_QUERIES else None
-    tiles = fused_lse.build_query_tiles(
+    order = query_tiles.query_order(q_reps) if fused_lse.SORT_QUERIES else None
+    tiles = query_tiles.build_query_tiles(
         q_reps, q_reps.weights, bm=shape.bm, bk=shape.bk, dtype=torch.bfloat16, order=order
     )
     num_tiles = tiles.tile_ptr.numel() - 1

@@ -28,7 +28,7 @@ from lse_reference import (
     sparse_leaves,
 )
 
-from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse, fused_lse_triton
+from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse, fused_lse_triton, query_tiles
 from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
@@ -381,7 +381,7 @@ def test_query_order_groups_equal_term_sets() -> None:
     dense = torch.rand(12, 40, generator=generator) * (torch.rand(12, 40, generator=generator) < 0.2)
     dense[7] = dense[2] * 2  # the same terms as row 2, other weights
     dense[4] = 0
-    order = fused_lse.query_order(SparseReps.from_dense(dense)).tolist()
+    order = query_tiles.query_order(SparseReps.from_dense(dense)).tolist()
     assert sorted(order) == list(range(12))
     assert abs(order.index(7) - order.index(2)) == 1
     assert order[-1] == 4

@@ -57,9 +57,8 @@ PAIR_BLOCK = 64
 ENTRY_BLOCK = 32
 # Programs of :func:`_pairs_kernel` at most (each takes every grid-th block of pairs up to the count).
 PAIR_PROGRAMS = 1024
-# Stored rows of softmax weights a program of :func:`_hot_kernel` sums over (B 65,536: 8 programs a tile of the
-# hot columns' gradient, their partial sums added by atomics). 8,192 against 4,096: 0.314 against 0.343 ms for 512
-# hot columns (one block of 1,024 documents, B 65,536, one H100: benchmarks/results/session17, call 2).
+# Stored rows a program of :func:`_hot_kernel` sums over (B 65,536: 8 programs, their sums added by atomics); 0.314
+# ms against 0.343 for 4,096 (512 hot columns, one block, one H100: benchmarks/results/session17, call 2).
 HOT_ROWS_A_PROGRAM = 8192
 
 INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -482,9 +481,8 @@ class HotTile(NamedTuple):
     stages: int
 
 
-# The fastest of the settings tried (8, x 2 row counts) for 512 and for 924 hot columns, one block of B 65,536 on one
-# H100 (benchmarks/results/session17, call 2): 0.314 and 0.592 ms, against 0.855 and 1.533 for BH 64 x BN 128, 4
-# warps with the weights as the right operand, 0.423 and 0.798 for the same at BH 128, 8 warps.
+# The fastest of 8 settings for 512 and 924 hot columns (one block of B 65,536, one H100, session17 call 2): 0.314,
+# 0.592 ms; BH 64 x BN 128, 4 warps, the weights the right operand: 0.855, 1.533; that at BH 128, 8 warps: 0.423, 0.798.
 HOT_TILE = HotTile(bh=256, bn=128, warps=8, stages=3)
 
 
@@ -492,9 +490,8 @@ def _launch_hot(
     hot: HotColumns, stored: Tensor, dt: Tensor, grad_dt: Tensor, *, num_rows_p: int, n_docs: int, bm: int,
     ieee: bool, parts: int,
 ) -> None:  # fmt: skip
-    """Add the hot columns' document gradient of the ``num_rows_p`` stored rows into ``grad_dt`` (:func:`_hot_kernel`)."""
-    # under the interpreter (CPU tests, small shapes): tiles as small as the query tiles' rows
-    setting = HotTile(bh=bm, bn=bm, warps=4, stages=1) if INTERPRETING.value else HOT_TILE
+    """The hot columns' document gradient of ``num_rows_p`` stored rows into ``grad_dt`` (:func:`_hot_kernel`)."""
+    setting = HotTile(bh=bm, bn=bm, warps=4, stages=1) if INTERPRETING.value else HOT_TILE  # CPU tests: small
     num_hot = hot.ids.numel()
     h_tiles, n_tiles = triton.cdiv(num_hot, setting.bh), triton.cdiv(n_docs, setting.bn)
     rows_a_program = triton.cdiv(min(HOT_ROWS_A_PROGRAM, num_rows_p), bm) * bm
@@ -506,8 +503,7 @@ def _launch_hot(
 
 
 class HotColumns(NamedTuple):
-    """The columns most query tiles share, whose document gradient :func:`_hot_kernel` adds from the stored softmax
-    weights in one product over every query, in place of the document pass's per-tile atomics (``fused_lse``)."""
+    """The hot columns (``TileShape.hot_columns``), whose document gradient :func:`_hot_kernel` adds."""
 
     ids: Tensor
     """[H] int32 vocabulary ids (V: padding), H a multiple of BM."""
