@@ -16,12 +16,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from gradcache_sparton.losses import fused_lse, fused_lse_triton
+from gradcache_sparton.losses import fused_lse, fused_lse_triton, stored_weights_triton
 
 V = 30_522  # BERT's vocabulary: the document block and its windows follow from it
 POINTERS = {"QT", "COLS", "TILE_PTR", "ROWS", "DT", "RUN_MAX", "RUN_SUM", "LSE", "G", "GQT", "GDT", "DENSE",
             "DENSE_COUNT", "P", "PAIR_ROW", "PAIR_DOC", "PAIR_P", "PAIR_COUNT", "Q_OFF", "Q_IDS", "Q_W", "GQ",
-            "COLD_END", "QH", "HOT_IDS"}  # fmt: skip
+            "COLD_END", "QH", "HOT_IDS", "CHUNK_TILE", "CHUNK_ROW"}  # fmt: skip
 INT_POINTERS = {
     "COLS",
     "TILE_PTR",
@@ -34,6 +34,8 @@ INT_POINTERS = {
     "Q_IDS",
     "COLD_END",
     "HOT_IDS",
+    "CHUNK_TILE",
+    "CHUNK_ROW",
 }
 
 
@@ -59,7 +61,8 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
     """Every (name, kernel, constexprs) the GPU path launches under ``shape``: both gradients or either alone, the
     dense tiles listed by the scan or all of them, windows as the setting makes them at V; with ``store_weights``
     the query pass stores the softmax weights and the document pass reads them; with ``hot_columns`` the document
-    pass leaves the hot columns to the hot kernel."""
+    pass leaves the hot columns to the hot kernel; with ``query_grad_from_stored`` the query pass only stores the
+    weights and the query-gradient kernel reads them."""
     bd = fused_lse._document_rows(V, shape)
     windowed = fused_lse._window(shape, bd) < bd
     common = {"BM": shape.bm, "BK": shape.bk, "IEEE": ieee}
@@ -85,10 +88,21 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
             {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS, "NEED_Q": False,
              "NEED_D": True, "STORE": False, "LOAD": True, "LISTED": False, "WINDOWED": windowed, "HOT": True},
         ))  # fmt: skip
-        hot = fused_lse_triton.HOT_TILE
+        hot = stored_weights_triton.HOT_TILE
         out.append((
-            "hot", fused_lse_triton._hot_kernel,
+            "hot", stored_weights_triton._hot_kernel,
             {"BH": hot.bh, "BN": hot.bn, "BR": shape.bm, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS},
+        ))  # fmt: skip
+    if shape.query_grad_from_stored:
+        out.append((
+            "dense q0 d0 listed0 store", fused_lse_triton._dense_kernel,
+            {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS, "NEED_Q": False,
+             "NEED_D": False, "STORE": True, "LOAD": False, "LISTED": False, "WINDOWED": windowed, "HOT": False},
+        ))  # fmt: skip
+        chunk = stored_weights_triton.QUERY_GRAD_TILE
+        out.append((
+            "query_grad", stored_weights_triton._query_grad_kernel,
+            {"BM": shape.bm, "BC": chunk.bc, "BN": chunk.bn, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS},
         ))  # fmt: skip
     out.append((
         "pairs", fused_lse_triton._pairs_kernel,
@@ -100,13 +114,10 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
 
 def main(shape_json: str, tiles: str) -> int:
     shape = fused_lse.TileShape(**json.loads(shape_json))
+    own = {"hot": stored_weights_triton.HOT_TILE, "query_grad": stored_weights_triton.QUERY_GRAD_TILE}
     for name, kernel, constexprs in launches(shape, ieee=tiles == "fp32"):
-        hot = fused_lse_triton.HOT_TILE
-        options = (
-            {"num_warps": hot.warps, "num_stages": hot.stages}
-            if name == "hot"
-            else {"num_warps": shape.warps, "num_stages": shape.stages}
-        )
+        setting = own.get(name, shape)  # the whole-block kernels' own launch settings
+        options = {"num_warps": setting.warps, "num_stages": setting.stages}
         source = ASTSource(kernel, signature(kernel, constexprs, tiles), constexprs=constexprs)
         try:
             compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)

@@ -28,7 +28,14 @@ from lse_reference import (
     sparse_leaves,
 )
 
-from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse, fused_lse_triton, query_tiles
+from gradcache_sparton.losses import (
+    SpladeLoss,
+    SpladeLossConfig,
+    fused_lse,
+    fused_lse_triton,
+    query_tiles,
+    stored_weights_triton,
+)
 from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
@@ -476,7 +483,7 @@ def test_hot_columns_leave_the_document_pass(monkeypatch, kind: str, windows: in
     shape = dict(dense_split=True, store_weights=True, hot_columns=16, doc_window=windows)
     monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**shape))
     monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
-    monkeypatch.setattr(fused_lse_triton, "HOT_ROWS_A_PROGRAM", 16)
+    monkeypatch.setattr(stored_weights_triton, "HOT_ROWS_A_PROGRAM", 16)
     _document_blocks(monkeypatch, 16)
     launches = _launches(monkeypatch)
     columns = _dense_batch(kind)
@@ -487,6 +494,36 @@ def test_hot_columns_leave_the_document_pass(monkeypatch, kind: str, windows: in
     hot = [kwargs["hot"] for kwargs in launches]
     assert hot[0] is None and all(h is not None for h in hot[1:]), hot  # 3 blocks a column
     assert hot[1].ids.numel() == 16 and bool((hot[1].ids < V).all())
+    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
+    assert_lse_within_bound(lse, want, TOL)
+    assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
+
+
+@pytest.mark.parametrize("hot", [0, 16], ids=["cold", "hot"])
+@pytest.mark.parametrize("windows", [0, 16], ids=["whole-block", "windows"])
+@pytest.mark.parametrize("kind", ["fp32", "bf16"])
+def test_query_gradient_from_stored_weights(monkeypatch, kind: str, windows: int, hot: int) -> None:
+    """``TileShape.query_grad_from_stored``: each block after the first (which recomputes and leaves the routes, every
+    tile dense) adds the query gradient from the stored weights, one product over the block a chunk of a tile's
+    columns (``_query_grad_kernel``, chunks of 32 rows: a tile's last ends mid-chunk), the query pass only storing
+    them; with and without hot columns, lse and every gradient equal dense fp64's within the bound (a query gradient
+    added twice or not at all, or a chunk's rows past its tile's, are far outside it)."""
+    _tiles(monkeypatch, kind)
+    shape = dict(
+        dense_split=True, store_weights=True, hot_columns=hot, doc_window=windows, query_grad_from_stored=True
+    )
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**shape))
+    monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
+    _document_blocks(monkeypatch, 16)
+    launches = _launches(monkeypatch)
+    columns = _dense_batch(kind)
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(12))
+    reps = sparse_leaves(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    (lse * upstream).sum().backward()
+    chunks = [kwargs["query_chunks"] for kwargs in launches]
+    assert chunks[0] is None and all(c is not None for c in chunks[1:]), chunks  # 3 blocks a column
+    assert chunks[1].tile.numel() > -(-B // 16), chunks[1]  # several chunks a tile
     want = lse_reference(columns, upstream, temperature=TEMPERATURE)
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)

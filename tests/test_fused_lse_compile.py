@@ -54,11 +54,12 @@ CASES = [(name, "bf16") for name in fused_lse.VARIANTS] + [(GPU_TILES_NAME, "fp3
 @pytest.mark.parametrize(("variant", "tiles"), CASES)
 def test_kernels_compile_for_sm90(variant: str, tiles: str) -> None:
     """Every kernel specialization the GPU path launches under ``variant`` (forward, scan, 6 dense, pairs; with hot
-    columns the document pass without them and the hot kernel) compiles to an sm_90 cubin, each within the H100's
-    shared memory a block."""
+    columns the document pass without them and the hot kernel; with the query gradient from the stored weights the
+    query pass that only stores them and the query-gradient kernel) compiles to an sm_90 cubin, each within the
+    H100's shared memory a block."""
     shape = fused_lse.VARIANTS[variant]
     rows = _compiled(shape, tiles)
-    assert len(rows) == 9 + 2 * (shape.hot_columns > 0), rows
+    assert len(rows) == 9 + 2 * (shape.hot_columns > 0) + 2 * shape.query_grad_from_stored, rows
     for row in rows:
         assert "error" not in row, row
         assert row["cubin_bytes"] > 0 and row["shared"] <= H100_SHARED_BYTES, row

@@ -45,7 +45,9 @@ dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile
   the columns that at least ``query_tiles.HOT_MIN_TILE_FRACTION`` of the query tiles hold (each tile's last)
   leave the second kernel: their document gradient is one product over every query, ``QHᵀ @ p`` (QH [H, B],
   the queries' weights at those ids; the same split parts, fp32 accumulation), each document entry written by a
-  few programs instead of by every query tile.
+  few programs instead of by every query tile. With ``TileShape.query_grad_from_stored`` there too, the query pass
+  only stores ``p``, and the query gradient is one product a query tile over the whole block, ``p @ DT[cols]ᵀ``,
+  read-added into the tile's rows once instead of a partial per BN_backward documents (:mod:`.stored_weights_triton`).
 
 Where nearly every tile is dense (raw dot products at temperature 1.0) the scan only costs: a backward whose
 first document block listed more than :data:`ROUTES_MAX_DENSE_FRACTION` of its tiles as dense runs its other
@@ -209,6 +211,11 @@ class TileShape(NamedTuple):
     wherever every tile's weights are stored (a block without the routes): their document gradient is one product
     over every query, ``QHᵀ @ p`` (``fused_lse_triton._hot_kernel``), in place of each tile's partial sums added by
     atomics; the queries' weights there are kept once more ([H, B] bf16 or fp32). 0: none."""
+    query_grad_from_stored: bool = False
+    """With ``store_weights``: wherever every tile's weights are stored (a block without the routes), the query pass
+    only stores them and the query gradient is one product a query tile over the whole block, ``p @ DT[cols]ᵀ``
+    (``stored_weights_triton._query_grad_kernel``), added into its rows once a block in place of a partial sum per
+    ``bn_backward`` documents (by atomics, with windows)."""
 
 
 # The kernels a TileShape's ``window_major`` can name: the forward, the backward's scan and its tensor-core passes
@@ -242,6 +249,9 @@ VARIANTS = {
         )
         for hot in (512, 1024)
     },
+    "window256_stored_hot1024_query": _SPLIT128._replace(
+        doc_window=256, bn_forward=256, store_weights=True, hot_columns=1024, query_grad_from_stored=True
+    ),
     "columns": TileShape(
         bm=64,
         bk=64,
@@ -300,6 +310,10 @@ def _tile_shape() -> TileShape:
         raise ValueError(
             f"TileShape: hot_columns ({shape.hot_columns}) must be 0, or > 0 with store_weights (their gradient reads "
             f"the stored weights), got {shape}"
+        )
+    if shape.query_grad_from_stored and not shape.store_weights:
+        raise ValueError(
+            f"TileShape: query_grad_from_stored needs store_weights (the query gradient reads them), got {shape}"
         )
     if shape.store_weights and not shape.dense_split:
         raise ValueError(
@@ -486,12 +500,8 @@ class _FusedLogSumExp(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-        from gradcache_sparton.losses.fused_lse_triton import (
-            HotColumns,
-            QueryEntries,
-            WorkLists,
-            launch_backward,
-        )
+        from gradcache_sparton.losses.fused_lse_triton import QueryEntries, WorkLists, launch_backward
+        from gradcache_sparton.losses.stored_weights_triton import HotColumns, QueryChunks
 
         q, lse, *d = ctx.saved_tensors
         saved: _Saved = ctx.plan
@@ -510,6 +520,7 @@ class _FusedLogSumExp(torch.autograd.Function):
         work = WorkLists.allocate(capacity, programs, window // shape.bn_scan, q.device)
         stored = None  # the query pass's softmax weights for the document pass (TileShape.store_weights)
         hot = None  # the hot columns (TileShape.hot_columns), where the stored weights hold every tile's
+        chunks = None  # the query gradient's programs (TileShape.query_grad_from_stored), there too
         grad_d: list[Tensor | None] = []
         routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
@@ -526,7 +537,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
                     window_major=shape.window_major, stored=stored if needs else None,
-                    hot=hot if needs else None,
+                    hot=hot if needs else None, query_chunks=chunks if needs else None,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles, dense = len(saved.rows) * -(-n // shape.bn_scan), work.dense_tiles()
@@ -536,6 +547,8 @@ class _FusedLogSumExp(torch.autograd.Function):
                         if not routes and tiles.hot_ids.numel():
                             weights_h = hot_weights(tiles, saved.rows, q_layout.vocab_size)
                             hot = HotColumns(tiles.hot_ids, weights_h, tiles.cold_end)
+                        if not routes and shape.query_grad_from_stored:
+                            chunks = QueryChunks.build(tiles.tile_ptr, saved.rows, shape.bm)
                 if grad is not None and grad_dt is not None:
                     grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
             grad_d.append(grad)

@@ -32,7 +32,6 @@ and its gradient are int32 (fewer live registers: (V + 1)·bd < 2^31, :mod:`.fus
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
@@ -40,12 +39,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gradcache_sparton.losses.split_products_triton import dot, mul_parts, nonzero, split_parts
+from gradcache_sparton.losses.stored_weights_triton import (
+    HotColumns,
+    QueryChunks,
+    launch_hot,
+    launch_query_grad,
+)
+
 __all__ = [
     "ENTRY_BLOCK",
-    "HOT_ROWS_A_PROGRAM",
     "PAIR_BLOCK",
     "PAIR_PROGRAMS",
-    "HotColumns",
     "QueryEntries",
     "WorkLists",
     "launch_backward",
@@ -57,11 +62,6 @@ PAIR_BLOCK = 64
 ENTRY_BLOCK = 32
 # Programs of :func:`_pairs_kernel` at most (each takes every grid-th block of pairs up to the count).
 PAIR_PROGRAMS = 1024
-# Stored rows a program of :func:`_hot_kernel` sums over (B 65,536: 8 programs, their sums added by atomics); 0.314
-# ms against 0.343 for 4,096 (512 hot columns, one block, one H100: benchmarks/results/session17, call 2).
-HOT_ROWS_A_PROGRAM = 8192
-
-INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
@@ -111,22 +111,8 @@ def _score_tile(QT, COLS, DT, k_lo, k_hi, stride_dt, n_cols, n_ok, r, kk,
         c = tl.load(COLS + k)  # [BK] vocabulary ids (V: padding, a zero row of DT)
         a = tl.load(QT + k[None, :] * BM + r[:, None])  # [BM, BK]
         b = tl.load(DT + c[:, None] * stride_dt + n_cols[None, :], mask=n_ok[None, :], other=0.0)  # [BK, BN]
-        acc = _dot(a, b, acc, IEEE)  # [BM, BK] @ [BK, BN] -> [BM, BN]
+        acc = dot(a, b, acc, IEEE)  # [BM, BK] @ [BK, BN] -> [BM, BN]
     return acc
-
-
-@triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    """``acc + a @ b`` in fp32: bf16 operands (exact products), or fp32 ones without TF32 (IEEE). Triton
-    3.9's interpreter multiplies bf16 ``tl.dot`` operands wrongly (errors ~1e10): there (TRITON_INTERPRET=1)
-    bf16 operands are upcast first, exactly, and multiplied as fp32, the same exact products."""
-    if IEEE:
-        out = tl.dot(a, b, acc, input_precision="ieee")
-    elif INTERPRETING:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc)
-    return out
 
 
 @triton.jit
@@ -150,57 +136,6 @@ def _forward_kernel(QT, COLS, TILE_PTR, ROWS, DT, RUN_MAX, RUN_SUM, num_rows, n_
         run_max = new_max
     tl.store(RUN_MAX + w * num_rows + rows, run_max, mask=row_ok)
     tl.store(RUN_SUM + w * num_rows + rows, run_sum, mask=row_ok)
-
-
-@triton.jit
-def _mul3(a, b1, b2, b3, acc, PARTS: tl.constexpr, IEEE: tl.constexpr):
-    """``acc + a @ (b1 + ... + b_PARTS)``: the first PARTS bf16 parts of an fp32 matrix (:func:`_parts`) on the
-    right, each product exact, or ``b1`` alone (fp32 tiles)."""
-    acc = _dot(a, b1, acc, IEEE)
-    if not IEEE:
-        if PARTS >= 2:
-            acc = _dot(a, b2, acc, IEEE)
-        if PARTS == 3:
-            acc = _dot(a, b3, acc, IEEE)
-    return acc
-
-
-@triton.jit
-def _bf16(x):
-    """fp32 ``x`` rounded to the nearest bf16 (ties to even), as the GPU's conversion does. Triton 3.9's interpreter
-    truncates instead (errors up to 2^-7, all of one sign): there the rounding is done on the bits first, so the
-    conversion only drops zeros."""
-    if INTERPRETING:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # round the low 16 bits away, ties to even
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(tl.bfloat16)
-
-
-@triton.jit
-def _parts(p, IEEE: tl.constexpr):
-    """fp32 ``p`` as three bf16 parts whose fp32 sum is ``p`` exactly (8 + 8 + 8 significant bits); for fp32
-    tiles (IEEE) ``p`` itself, the other two unused."""
-    if IEEE:
-        hi, mid, lo = p, p, p
-    else:
-        hi = _bf16(p)
-        rest = p - hi.to(tl.float32)  # exact (fp32)
-        mid = _bf16(rest)
-        lo = (rest - mid.to(tl.float32)).to(
-            tl.bfloat16
-        )  # exact difference, then its rounding (the last bits)
-    return hi, mid, lo
-
-
-@triton.jit
-def _nonzero(x, IEEE: tl.constexpr):
-    """Where ``x``'s bits are not all zero: the reps' entries (an entry of weight 0 is stored as -0.0)."""
-    if IEEE:  # noqa: SIM108 (a compile-time branch: each arm types x differently)
-        out = x.to(tl.int32, bitcast=True) != 0
-    else:
-        out = x.to(tl.int16, bitcast=True) != 0
-    return out
 
 
 @triton.jit
@@ -265,7 +200,7 @@ def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_C
     LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the window.
     BY_WINDOW: the programs run one window's query tiles side by side (:func:`_program`). STORE: write each tile's
     softmax weights into P (this tile's BM rows of [tiles·BM, bd]); LOAD: read them from there, not recomputed.
-    HOT (the document gradient alone): the tile's columns from COLD_END on (the hot columns, :func:`_hot_kernel`'s)
+    HOT (the document gradient alone): the tile's columns from COLD_END on (the hot columns, ``stored_weights_triton``'s)
     add nothing here."""
     t, w, slot = _program(windows, num_tiles, WINDOWED, BY_WINDOW)
     p_rows = P + (t * BM + tl.arange(0, BM)).to(tl.int64) * stride_p  # [BM]: this tile's rows of P
@@ -308,8 +243,9 @@ def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, k_end, n
                      BM, BN, BK, IEEE)  # fmt: skip
         if STORE:
             tl.store(at, p, mask=n_ok[None, :])
-    _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_ok, r, kk,
-                  BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED, HOT)  # fmt: skip
+    if NEED_Q or NEED_D:  # else the weights stored alone (their query gradient: stored_weights_triton)
+        _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_ok, r, kk,
+                      BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED, HOT)  # fmt: skip
 
 
 @triton.jit
@@ -335,7 +271,7 @@ def _pairs_kernel(PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, Q_OFF, Q_IDS, Q_W, DT,
             v = tl.load(Q_IDS + e, mask=valid, other=0)
             to = v * stride_dt + j[:, None]  # [P, E] int32: DT[v, j]
             d = tl.load(DT + to, mask=valid, other=0.0)
-            entry = valid & _nonzero(d, IEEE)  # the document's entries
+            entry = valid & nonzero(d, IEEE)  # the document's entries
             if NEED_Q:
                 tl.atomic_add(GQ + e, p[:, None] * d.to(tl.float32), mask=entry, sem="relaxed")
             if NEED_D:
@@ -352,9 +288,9 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_o
     @ p`` into GDT (NEED_D, atomics). HOT: ``k_end`` is not a multiple of BK (the cold columns' end): the rows of
     the last step past it add nothing."""
     if NEED_Q:
-        pt1, pt2, pt3 = _parts(tl.trans(p), IEEE)  # [BN, BM] each, split once for every step below
+        pt1, pt2, pt3 = split_parts(tl.trans(p), IEEE)  # [BN, BM] each, split once for every step below
     if NEED_D:
-        p1, p2, p3 = _parts(p, IEEE)  # [BM, BN] each
+        p1, p2, p3 = split_parts(p, IEEE)  # [BM, BN] each
     for k0 in range(k_lo, k_end, BK):
         k = (k0 + kk).to(tl.int64)
         c = tl.load(COLS + k)  # [BK]
@@ -362,58 +298,20 @@ def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_o
         at = tl.load(QT + k[:, None] * BM + r[None, :])  # [BK, BM]: QT's rows as stored
         if NEED_Q:
             # [BK, BN] @ [BN, BM] -> [BK, BM]; this tile's rows of GQT, this program's alone unless WINDOWED
-            gq = _mul3(b, pt1, pt2, pt3, tl.zeros((BK, BM), dtype=tl.float32), PARTS, IEEE)
+            gq = mul_parts(b, pt1, pt2, pt3, tl.zeros((BK, BM), dtype=tl.float32), PARTS, IEEE)
             to = GQT + k[:, None] * BM + r[None, :]
-            entry = _nonzero(at, IEEE)  # the queries' entries
+            entry = nonzero(at, IEEE)  # the queries' entries
             if WINDOWED:
                 tl.atomic_add(to, gq, mask=entry, sem="relaxed")
             else:
                 tl.store(to, tl.load(to, mask=entry, other=0.0) + gq, mask=entry)
         if NEED_D:
             # [BK, BM] @ [BM, BN] -> [BK, BN]; every query tile adds here: atomics, at the documents' entries
-            gd = _mul3(at, p1, p2, p3, tl.zeros((BK, BN), dtype=tl.float32), PARTS, IEEE)
-            entry = _nonzero(b, IEEE) & n_ok[None, :]  # padding ids read DT's zero row: no entry
+            gd = mul_parts(at, p1, p2, p3, tl.zeros((BK, BN), dtype=tl.float32), PARTS, IEEE)
+            entry = nonzero(b, IEEE) & n_ok[None, :]  # padding ids read DT's zero row: no entry
             if HOT:
                 entry = entry & (k < k_end)[:, None]
             tl.atomic_add(GDT + c[:, None] * stride_dt + n_cols[None, :], gd, mask=entry, sem="relaxed")
-
-
-@triton.jit
-def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot, num_rows_p, rows_a_program, n_docs,
-                h_tiles, n_tiles, BH: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, IEEE: tl.constexpr,
-                PARTS: tl.constexpr):  # fmt: skip
-    """The hot columns' document gradient from the stored softmax weights, on the tensor cores: program p adds ``P[r,
-    n]ᵀ @ QH[h, r]ᵀ`` ([BN, BH]; the split weights the left operand, from registers) over its rows r of [tiles·BM]
-    (``rows_a_program`` of them, every query tile's stored rows in order) for BN documents n and BH hot columns h
-    (of ``num_hot``), then adds it into GDT at the documents' entries (atomics: the programs of the other rows add
-    there too). The h tiles vary fastest: the programs that read the same rows of P run side by side."""
-    pid = tl.program_id(0)
-    h = (pid % h_tiles) * BH + tl.arange(0, BH)  # [BH] rows of QH and HOT_IDS
-    h_ok = h < num_hot
-    n_cols = (pid // h_tiles % n_tiles) * BN + tl.arange(0, BN)
-    n_ok = n_cols < n_docs
-    r_lo = pid // (h_tiles * n_tiles) * rows_a_program
-    r_hi = tl.minimum(r_lo + rows_a_program, num_rows_p)
-    rr = tl.arange(0, BR)
-    acc = tl.zeros((BN, BH), dtype=tl.float32)
-    for r0 in range(r_lo, r_hi, BR):
-        r = (r0 + rr).to(tl.int64)
-        qh = tl.load(
-            QH + h[None, :].to(tl.int64) * stride_qh + r[:, None], mask=h_ok[None, :], other=0.0
-        )  # [BR, BH]
-        pt = tl.load(P + r[None, :] * stride_p + n_cols[:, None], mask=n_ok[:, None], other=0.0)  # [BN, BR]
-        p1, p2, p3 = _parts(pt, IEEE)
-        acc = _dot(p1, qh, acc, IEEE)  # [BN, BR] @ [BR, BH] -> [BN, BH], each part's products exact
-        if not IEEE:
-            if PARTS >= 2:
-                acc = _dot(p2, qh, acc, IEEE)
-            if PARTS == 3:
-                acc = _dot(p3, qh, acc, IEEE)
-    ids = tl.load(HOT_IDS + h, mask=h_ok, other=0)  # [BH] vocabulary ids (V: padding, DT's zero row)
-    to = ids[None, :] * stride_dt + n_cols[:, None]  # [BN, BH] int32
-    ok = n_ok[:, None] & h_ok[None, :]
-    entry = _nonzero(tl.load(DT + to, mask=ok, other=0.0), IEEE) & ok
-    tl.atomic_add(GDT + to, acc, mask=entry, sem="relaxed")
 
 
 def launch_forward(
@@ -472,47 +370,6 @@ class WorkLists(NamedTuple):
         return min(int(self.pair_count), self.pair_rows.numel())
 
 
-class HotTile(NamedTuple):
-    """:func:`_hot_kernel`'s tile and launch settings (its rows a step are BM, the stored weights' tile rows)."""
-
-    bh: int
-    bn: int
-    warps: int
-    stages: int
-
-
-# The fastest of 8 settings for 512 and 924 hot columns (one block of B 65,536, one H100, session17 call 2): 0.314,
-# 0.592 ms; BH 64 x BN 128, 4 warps, the weights the right operand: 0.855, 1.533; that at BH 128, 8 warps: 0.423, 0.798.
-HOT_TILE = HotTile(bh=256, bn=128, warps=8, stages=3)
-
-
-def _launch_hot(
-    hot: HotColumns, stored: Tensor, dt: Tensor, grad_dt: Tensor, *, num_rows_p: int, n_docs: int, bm: int,
-    ieee: bool, parts: int,
-) -> None:  # fmt: skip
-    """The hot columns' document gradient of ``num_rows_p`` stored rows into ``grad_dt`` (:func:`_hot_kernel`)."""
-    setting = HotTile(bh=bm, bn=bm, warps=4, stages=1) if INTERPRETING.value else HOT_TILE  # CPU tests: small
-    num_hot = hot.ids.numel()
-    h_tiles, n_tiles = triton.cdiv(num_hot, setting.bh), triton.cdiv(n_docs, setting.bn)
-    rows_a_program = triton.cdiv(min(HOT_ROWS_A_PROGRAM, num_rows_p), bm) * bm
-    _hot_kernel[(h_tiles * n_tiles * triton.cdiv(num_rows_p, rows_a_program),)](
-        hot.weights, hot.weights.stride(0), stored, stored.stride(0), hot.ids, dt, grad_dt, dt.stride(0), num_hot,
-        num_rows_p, rows_a_program, n_docs, h_tiles, n_tiles, BH=setting.bh, BN=setting.bn, BR=bm, IEEE=ieee,
-        PARTS=parts, num_warps=setting.warps, num_stages=setting.stages,
-    )  # fmt: skip
-
-
-class HotColumns(NamedTuple):
-    """The hot columns (``TileShape.hot_columns``), whose document gradient :func:`_hot_kernel` adds."""
-
-    ids: Tensor
-    """[H] int32 vocabulary ids (V: padding), H a multiple of BM."""
-    weights: Tensor
-    """[H, tiles·BM]: the queries' weights at those ids, one column a tile row (the stored softmax weights' rows)."""
-    cold_end: Tensor
-    """[T] int32: where each query tile's hot columns begin in QT (its other columns come first)."""
-
-
 class QueryEntries(NamedTuple):
     """The queries' entries as the pairs read them (compressed rows) and their gradient from the pairs."""
 
@@ -532,6 +389,7 @@ def launch_backward(
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, bn_scan: int,
     warps: int, stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
     window_major: tuple[str, ...] = (), stored: Tensor | None = None, hot: HotColumns | None = None,
+    query_chunks: QueryChunks | None = None,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
@@ -544,8 +402,9 @@ def launch_backward(
     names both) run, with windows, one window's query tiles side by side, so that their reads of ``dt`` and atomics
     into ``grad_dt`` stay within one window. ``stored`` (fp32 [len(tiles)·bm, >= n_docs]; with ``dense_split`` and
     both gradients): the query pass writes the dense tiles' softmax weights there, the document pass reads them.
-    ``hot`` (with ``stored`` and without ``routes``: every tile's weights stored): the document pass leaves the hot
-    columns to :func:`_hot_kernel`."""
+    ``hot`` and ``query_chunks`` (with ``stored`` and without ``routes``: every tile's weights stored): the
+    document pass leaves the hot columns to ``stored_weights_triton.launch_hot``; the query pass only stores the
+    weights, and ``stored_weights_triton.launch_query_grad`` adds the query gradient from them over these chunks."""
     windows = -(-n_docs // window)
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
@@ -576,25 +435,43 @@ def launch_backward(
             f"{list(stored.shape)}, dense_split={dense_split}, query and document gradients {need_q}, {need_d}"
         )
     keep = stored is not None
-    if hot is not None and (not keep or routes or hot.weights.shape[1] != len(tiles) * bm):
+    for name, given in (("hot columns", hot is not None), ("query_chunks", query_chunks is not None)):
+        if given and (not keep or routes):
+            raise ValueError(
+                f"{name} need stored weights without routes (every tile's stored), got stored {keep}, routes {routes}"
+            )
+    if hot is not None and hot.weights.shape[1] != len(tiles) * bm:
         raise ValueError(
-            f"hot columns need stored weights without routes (every tile's stored) and weights [H, {len(tiles) * bm}],"
-            f" got stored {keep}, routes {routes}, weights {list(hot.weights.shape)}"
+            f"hot columns' weights must be [H, {len(tiles) * bm}], got {list(hot.weights.shape)}"
         )
     stored = qt if stored is None else stored  # a placeholder where not kept (never read or written)
     cold_end = tile_ptr if hot is None else hot.cold_end  # a placeholder where no hot columns (never read)
-    passes = [(need_q, False), (False, need_d)] if split else [(need_q, need_d)]
-    for pass_q, pass_d in passes:
-        named = [name for name, runs in (("query_grad", pass_q), ("doc_grad", pass_d)) if runs]
+    # (kernel name, query gradient, document gradient, store the weights, load them); from_stored: the query
+    # pass only stores them, its gradient is launch_query_grad's
+    from_stored = query_chunks is not None
+    passes = (
+        [
+            ("query_grad", need_q and not from_stored, False, keep, False),
+            ("doc_grad", False, need_d, False, keep),
+        ]
+        if split
+        else [("query_grad", need_q, need_d, False, False)]
+    )
+    for name, pass_q, pass_d, store, load in passes:
+        named = [name] if split else ["query_grad", "doc_grad"]
         _dense_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, stored,
             cold_end, stored.stride(0), num_rows, n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows, window,
-            BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d,
-            STORE=keep and pass_q, LOAD=keep and pass_d, LISTED=routes, WINDOWED=windows > 1,
-            BY_WINDOW=all(name in window_major for name in named), HOT=hot is not None and not pass_q,
-            num_warps=warps, num_stages=stages,
+            BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d, STORE=store,
+            LOAD=load, LISTED=routes, WINDOWED=windows > 1, BY_WINDOW=all(n in window_major for n in named),
+            HOT=hot is not None and load, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     if hot is not None:  # with stored weights: both gradients needed
-        _launch_hot(
+        launch_hot(
             hot, stored, dt, grad_dt, num_rows_p=len(tiles) * bm, n_docs=n_docs, bm=bm, ieee=ieee, parts=parts
         )
+    if query_chunks is not None:
+        launch_query_grad(
+            query_chunks, stored, dt, qt, cols, tile_ptr, grad_qt, n_docs=n_docs, tile_lo=tiles.start, bm=bm,
+            parts=parts,
+        )  # fmt: skip
