@@ -74,18 +74,21 @@ def test_compiled_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, variant
     assert_grads_within_bound(reps, want, [TOL + (SPLIT if kind == "bf16" else 0.0)] * 3)
 
 
+@pytest.mark.parametrize("variant", ["window256_stored_hot1024", "window256_stored_hot1024_query"])
 @pytest.mark.parametrize("kind", ["bf16", "fp32"])
-def test_compiled_hot_columns_match_fp64(monkeypatch, kind: str) -> None:
-    """On the GPU under GPU_TILES (hot columns): reps with 64 common words (every query tile holds them) at temperature
-    1.0 (every score tile dense: the blocks after the first leave the routes): the later blocks take the hot
-    columns' document gradient from the stored weights (``_hot_kernel``, its GPU tiles), and lse and every gradient
-    equal dense fp64 within the bound."""
+def test_compiled_hot_columns_match_fp64(monkeypatch, kind: str, variant: str) -> None:
+    """On the GPU under a setting with hot columns: reps with 64 common words (every query tile holds them) at
+    temperature 1.0 (every score tile dense: the blocks after the first leave the routes): the later blocks take the
+    hot columns' document gradient from the stored weights (``_hot_kernel``, its GPU tiles), and with
+    ``query_grad_from_stored`` the query gradient too (``_query_grad_kernel``); lse and every gradient equal dense
+    fp64 within the bound."""
     from gradcache_sparton.losses import fused_lse_triton
 
+    monkeypatch.setattr(fused_lse, "GPU_TILES", fused_lse.VARIANTS[variant])
     launch, launches = fused_lse_triton.launch_backward, []
 
     def recorded(*args, **kwargs):
-        launches.append(kwargs["hot"])
+        launches.append((kwargs["hot"], kwargs["query_chunks"]))
         launch(*args, **kwargs)
 
     monkeypatch.setattr(fused_lse_triton, "launch_backward", recorded)
@@ -94,10 +97,11 @@ def test_compiled_hot_columns_match_fp64(monkeypatch, kind: str) -> None:
     reps = sparse_leaves(columns)
     lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=1.0)
     (lse * upstream).sum().backward()
-    assert (
-        fused_lse.GPU_TILES.hot_columns and launches[0] is None and all(h is not None for h in launches[1:])
-    )
-    assert int((launches[1].ids < V).sum()) >= 64, launches[1].ids  # the common words at least
+    hot, chunks = zip(*launches, strict=True)
+    assert hot[0] is None and all(h is not None for h in hot[1:]), hot
+    from_stored = fused_lse.GPU_TILES.query_grad_from_stored
+    assert chunks[0] is None and all((c is not None) == from_stored for c in chunks[1:]), chunks
+    assert int((hot[1].ids < V).sum()) >= 64, hot[1].ids  # the common words at least
     want = lse_reference(columns, upstream, temperature=1.0)
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [TOL + (SPLIT if kind == "bf16" else 0.0)] * 3)
