@@ -5,7 +5,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$R0:/tmp/site
 L=$OUT/log2.txt
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; } > $L 2>&1
-timeout 300 python3 benchmarks/results/session18/query_sweep.py.txt --reps_cache /tmp/reps.pt --beir_path $R0/.gpu/data/scifact --output $OUT/query_sweep.json >> $L 2>&1; echo "sweep rc=$? at $(el) s" | tee -a $L
-timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_fused_lse_gpu.py -k "query or hot_columns" >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
-timeout $(( 540 - $(el) )) python3 -m pytest -q -p no:cacheprovider tests/test_user_paths.py::test_gpu_train_evaluate_mine_export_in_bf16 >> $L 2>&1; echo "user path rc=$? at $(el) s" | tee -a $L
+timeout 280 python3 benchmarks/results/session18/query_sweep.py.txt --reps_cache /tmp/reps.pt --beir_path $R0/.gpu/data/scifact --output $OUT/query_sweep.json >> $L 2>&1; echo "sweep rc=$? at $(el) s" | tee -a $L
+timeout 80 python3 -m pytest -q -p no:cacheprovider tests/test_fused_lse_gpu.py -k "query or hot_columns" >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
+timeout $(( 470 - $(el) )) python3 -m pytest -q -p no:cacheprovider tests/test_user_paths.py::test_gpu_train_evaluate_mine_export_in_bf16 >> $L 2>&1; echo "user path rc=$? at $(el) s" | tee -a $L
 grep -E "rc=|passed|failed|block_ms|best|fused:|blocked \{|Error|error" $L | cut -c1-400
