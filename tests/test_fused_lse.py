@@ -527,3 +527,21 @@ def test_query_gradient_from_stored_weights(monkeypatch, kind: str, windows: int
     want = lse_reference(columns, upstream, temperature=TEMPERATURE)
     assert_lse_within_bound(lse, want, TOL)
     assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
+
+
+def test_query_chunks_cover_each_tile_row_once() -> None:
+    """``QueryChunks.build``: the chunks of a rank's query tiles (here tiles 1 and 2 of 3) start at each tile's first
+    row and every BC rows after it, none past its end, so every row of those tiles is in exactly one chunk and no
+    other tile's row is in any."""
+    bc = stored_weights_triton._query_grad_tile(16).bc
+    tile_ptr = torch.tensor([0, 48, 48 + bc, 48 + 3 * bc + 16], dtype=torch.int32)
+    chunks = stored_weights_triton.QueryChunks.build(tile_ptr, range(1, 3), 16)
+    assert chunks.tile.tolist() == [0, 1, 1, 1]  # counted from the first of the rank's tiles
+    assert chunks.row.tolist() == [48, 48 + bc, 48 + 2 * bc, 48 + 3 * bc]  # the last of 16 rows only
+    covered = torch.cat(
+        [
+            torch.arange(r, min(r + bc, int(tile_ptr[t + 2])))
+            for t, r in zip(chunks.tile.tolist(), chunks.row.tolist(), strict=True)
+        ]
+    )
+    assert torch.equal(covered, torch.arange(48, int(tile_ptr[-1])))
