@@ -45,7 +45,8 @@ SCENARIOS = {  # name: (loss settings, sparse reps)
 # window-major (rank 1's 2 tiles x 3 windows map otherwise than rank 0's 1 x 3 or the unsharded 3 x 3), the dense
 # gradients in two passes, the second reading the first's stored softmax weights (rows of the rank's own tiles),
 # the hot columns' document gradient from them (hot_columns: the rank's own rows of their weights; the second
-# column's block) and the query gradient from them (each rank's chunks of its own tiles), every score tile on the tensor cores (the interpreter's 16 x 16 tiles would all go by pairs).
+# column's block) and the query gradient from them (each rank's chunks of its own tiles), every score tile on the
+# tensor cores (the interpreter's 16 x 16 tiles would all go by pairs).
 FUSED_CHANGES = {
     "infonce, sparse, fused, document windows": {
         "INTERPRETER_TILES": fused_lse.INTERPRETER_TILES._replace(

@@ -45,9 +45,10 @@ dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile
   the columns that at least ``query_tiles.HOT_MIN_TILE_FRACTION`` of the query tiles hold (each tile's last)
   leave the second kernel: their document gradient is one product over every query, ``QHᵀ @ p`` (QH [H, B],
   the queries' weights at those ids; the same split parts, fp32 accumulation), each document entry written by a
-  few programs instead of by every query tile. With ``TileShape.query_grad_from_stored`` there too, the query pass
-  only stores ``p``, and the query gradient is one product a query tile over the whole block, ``p @ DT[cols]ᵀ``,
-  read-added into the tile's rows once instead of a partial per BN_backward documents (:mod:`.stored_weights_triton`).
+  few programs instead of by every query tile. With ``TileShape.query_grad_from_stored`` (the GPU's default) there
+  too, the query pass only stores ``p``, and the query gradient is one product a query tile over the whole block,
+  ``p @ DT[cols]ᵀ``, read-added into the tile's rows once instead of a partial per BN_backward documents
+  (:mod:`.stored_weights_triton`).
 
 Where nearly every tile is dense (raw dot products at temperature 1.0) the scan only costs: a backward whose
 first document block listed more than :data:`ROUTES_MAX_DENSE_FRACTION` of its tiles as dense runs its other
@@ -209,8 +210,8 @@ class TileShape(NamedTuple):
     """With ``store_weights``: at most this many columns (rounded up to a multiple of ``bm``) that most query tiles
     hold (at least ``query_tiles.HOT_MIN_TILE_FRACTION`` of them; the most held first) leave the document pass
     wherever every tile's weights are stored (a block without the routes): their document gradient is one product
-    over every query, ``QHᵀ @ p`` (``fused_lse_triton._hot_kernel``), in place of each tile's partial sums added by
-    atomics; the queries' weights there are kept once more ([H, B] bf16 or fp32). 0: none."""
+    over every query, ``QHᵀ @ p`` (``stored_weights_triton._hot_kernel``), in place of each tile's partial sums added
+    by atomics; the queries' weights there are kept once more ([H, B] bf16 or fp32). 0: none."""
     query_grad_from_stored: bool = False
     """With ``store_weights``: wherever every tile's weights are stored (a block without the routes), the query pass
     only stores them and the query gradient is one product a query tile over the whole block, ``p @ DT[cols]ᵀ``

@@ -26,7 +26,9 @@ every query tile: atomic adds), in one kernel or one each. In bf16 the fp32 ``p`
 (8 significant bits each) whose products are exact: 2 parts hold ``p`` to 2^-16, 3 parts exactly. ``ROWS`` [T ·
 BM] names each tile row's query (the tiles hold the queries in a sorted order; B marks padding). Offsets into DT
 and its gradient are int32 (fewer live registers: (V + 1)·bd < 2^31, :mod:`.fused_lse` checks it), into QT int64
-(K_total·BM grows with B).
+(K_total·BM grows with B). The products over a whole block's stored softmax weights (the hot columns' document
+gradient, and with ``TileShape.query_grad_from_stored`` the query gradient) are :mod:`.stored_weights_triton`'s;
+the exact bf16 products and the split, :mod:`.split_products_triton`'s.
 """
 
 from __future__ import annotations
@@ -200,8 +202,8 @@ def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_C
     LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the window.
     BY_WINDOW: the programs run one window's query tiles side by side (:func:`_program`). STORE: write each tile's
     softmax weights into P (this tile's BM rows of [tiles·BM, bd]); LOAD: read them from there, not recomputed.
-    HOT (the document gradient alone): the tile's columns from COLD_END on (the hot columns, ``stored_weights_triton``'s)
-    add nothing here."""
+    HOT (the document gradient alone): the tile's columns from COLD_END on (the hot columns, whose gradient
+    :mod:`.stored_weights_triton` adds) add nothing here. Neither NEED_Q nor NEED_D: STORE alone."""
     t, w, slot = _program(windows, num_tiles, WINDOWED, BY_WINDOW)
     p_rows = P + (t * BM + tl.arange(0, BM)).to(tl.int64) * stride_p  # [BM]: this tile's rows of P
     k_lo, k_hi, r, kk, rows, row_ok = _query_tile(TILE_PTR, ROWS, tile_lo + t, num_rows, BM, BK)

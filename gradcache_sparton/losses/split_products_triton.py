@@ -15,7 +15,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETING", "dot", "mul_parts", "nonzero", "split_parts", "to_bf16"]
+__all__ = ["INTERPRETING", "dot", "mul_parts", "nonzero", "split_mul", "split_parts", "to_bf16"]
 
 INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -83,3 +83,17 @@ def nonzero(x, IEEE: tl.constexpr):
     else:
         out = x.to(tl.int16, bitcast=True) != 0
     return out
+
+
+@triton.jit
+def split_mul(p, b, acc, IEEE: tl.constexpr, PARTS: tl.constexpr):
+    """``acc + p @ b`` with fp32 ``p`` split here into its first PARTS bf16 parts on the left (each product exact),
+    or ``p`` itself (fp32 tiles)."""
+    p1, p2, p3 = split_parts(p, IEEE)
+    acc = dot(p1, b, acc, IEEE)
+    if not IEEE:
+        if PARTS >= 2:
+            acc = dot(p2, b, acc, IEEE)
+        if PARTS == 3:
+            acc = dot(p3, b, acc, IEEE)
+    return acc

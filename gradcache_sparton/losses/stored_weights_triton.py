@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gradcache_sparton.losses.split_products_triton import INTERPRETING, dot, nonzero, split_parts
+from gradcache_sparton.losses.split_products_triton import INTERPRETING, nonzero, split_mul
 
 __all__ = [
     "HOT_ROWS_A_PROGRAM",
@@ -118,20 +118,6 @@ class QueryChunks(NamedTuple):
 
 
 @triton.jit
-def _left_parts(p, b, acc, IEEE: tl.constexpr, PARTS: tl.constexpr):
-    """``acc + p @ b`` with fp32 ``p`` split into its first PARTS bf16 parts (each product exact), or ``p`` itself
-    (fp32 tiles)."""
-    p1, p2, p3 = split_parts(p, IEEE)
-    acc = dot(p1, b, acc, IEEE)
-    if not IEEE:
-        if PARTS >= 2:
-            acc = dot(p2, b, acc, IEEE)
-        if PARTS == 3:
-            acc = dot(p3, b, acc, IEEE)
-    return acc
-
-
-@triton.jit
 def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot, num_rows_p, rows_a_program, n_docs,
                 h_tiles, n_tiles, BH: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, IEEE: tl.constexpr,
                 PARTS: tl.constexpr):  # fmt: skip
@@ -155,7 +141,7 @@ def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot
             QH + h[None, :].to(tl.int64) * stride_qh + r[:, None], mask=h_ok[None, :], other=0.0
         )  # [BR, BH]
         pt = tl.load(P + r[None, :] * stride_p + n_cols[:, None], mask=n_ok[:, None], other=0.0)  # [BN, BR]
-        acc = _left_parts(pt, qh, acc, IEEE, PARTS)  # [BN, BR] @ [BR, BH] -> [BN, BH]
+        acc = split_mul(pt, qh, acc, IEEE, PARTS)  # [BN, BR] @ [BR, BH] -> [BN, BH]
     ids = tl.load(HOT_IDS + h, mask=h_ok, other=0)  # [BH] vocabulary ids (V: padding, DT's zero row)
     to = ids[None, :] * stride_dt + n_cols[:, None]  # [BN, BH] int32
     ok = n_ok[:, None] & h_ok[None, :]
@@ -187,7 +173,7 @@ def _query_grad_kernel(P, stride_p, DT, stride_dt, COLS, QT, GQT, TILE_PTR, CHUN
         d = tl.load(
             DT + cols[None, :] * stride_dt + n[:, None], mask=k_ok[None, :] & n_ok[:, None], other=0.0
         )  # [BN, BC]
-        acc = _left_parts(p, d, acc, IEEE, PARTS)  # [BM, BN] @ [BN, BC] -> [BM, BC]
+        acc = split_mul(p, d, acc, IEEE, PARTS)  # [BM, BN] @ [BN, BC] -> [BM, BC]
     to = k[None, :] * BM + r[:, None]  # [BM, BC]: QT's and GQT's [BC, BM] rows, transposed
     entry = nonzero(tl.load(QT + to, mask=k_ok[None, :], other=0.0), IEEE) & k_ok[None, :]  # queries' entries
     tl.store(GQT + to, tl.load(GQT + to, mask=entry, other=0.0) + acc, mask=entry)
