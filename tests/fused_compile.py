@@ -74,31 +74,33 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
         ),
         ("scan", fused_lse_triton._scan_kernel, {**common, "BN": shape.bn_scan, "WINDOWED": windowed}),
     ]
+
+    def dense(name: str, **flags: bool) -> tuple[str, triton.JITFunction, dict]:
+        constexprs = {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS,
+                      "WINDOWED": windowed, "HOT": False, **flags}  # fmt: skip
+        return f"dense {name}", fused_lse_triton._dense_kernel, constexprs
+
     for need_q, need_d in ((True, True), (True, False), (False, True)):
         for listed in (False, True):
-            out.append((
-                f"dense q{need_q:d} d{need_d:d} listed{listed:d}", fused_lse_triton._dense_kernel,
-                {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS,
-                 "NEED_Q": need_q, "NEED_D": need_d, "STORE": shape.store_weights and not need_d,
-                 "LOAD": shape.store_weights and not need_q, "LISTED": listed, "WINDOWED": windowed, "HOT": False},
+            out.append(dense(
+                f"q{need_q:d} d{need_d:d} listed{listed:d}", NEED_Q=need_q, NEED_D=need_d,
+                STORE=shape.store_weights and not need_d, LOAD=shape.store_weights and not need_q, LISTED=listed,
             ))  # fmt: skip
     if shape.hot_columns:
-        out.append((
-            "dense q0 d1 listed0 hot", fused_lse_triton._dense_kernel,
-            {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS, "NEED_Q": False,
-             "NEED_D": True, "STORE": False, "LOAD": True, "LISTED": False, "WINDOWED": windowed, "HOT": True},
-        ))  # fmt: skip
+        out.append(
+            dense(
+                "q0 d1 listed0 hot", NEED_Q=False, NEED_D=True, STORE=False, LOAD=True, LISTED=False, HOT=True
+            )
+        )
         hot = stored_weights_triton.HOT_TILE
         out.append((
             "hot", stored_weights_triton._hot_kernel,
             {"BH": hot.bh, "BN": hot.bn, "BR": shape.bm, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS},
         ))  # fmt: skip
     if shape.query_grad_from_stored:
-        out.append((
-            "dense q0 d0 listed0 store", fused_lse_triton._dense_kernel,
-            {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS, "NEED_Q": False,
-             "NEED_D": False, "STORE": True, "LOAD": False, "LISTED": False, "WINDOWED": windowed, "HOT": False},
-        ))  # fmt: skip
+        out.append(
+            dense("q0 d0 listed0 store", NEED_Q=False, NEED_D=False, STORE=True, LOAD=False, LISTED=False)
+        )
         chunk = stored_weights_triton.QUERY_GRAD_TILE
         out.append((
             "query_grad", stored_weights_triton._query_grad_kernel,

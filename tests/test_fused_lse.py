@@ -471,6 +471,28 @@ def test_score_kernel_config_is_checked(kwargs: dict, match: str) -> None:
         SpladeLossConfig(**kwargs)
 
 
+def _every_tile_stored(monkeypatch, kind: str, seed: int, **shape) -> list[dict]:
+    """The dense gradients in two passes with stored softmax weights and the interpreter's setting changed by
+    ``shape``, every score tile on the tensor cores, documents in blocks of 16 (3 a column: the first recomputes and
+    leaves the routes, the later ones store every tile's weights); lse and every gradient equal dense fp64's within
+    the bound. Returns each document block's launch_backward keyword arguments."""
+    _tiles(monkeypatch, kind)
+    tiles = fused_lse.INTERPRETER_TILES._replace(dense_split=True, store_weights=True, **shape)
+    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", tiles)
+    monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
+    _document_blocks(monkeypatch, 16)
+    launches = _launches(monkeypatch)
+    columns = _dense_batch(kind)
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(seed))
+    reps = sparse_leaves(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    (lse * upstream).sum().backward()
+    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
+    assert_lse_within_bound(lse, want, TOL)
+    assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
+    return launches
+
+
 @pytest.mark.parametrize("windows", [0, 16], ids=["whole-block", "windows"])
 @pytest.mark.parametrize("kind", ["fp32", "bf16"])
 def test_hot_columns_leave_the_document_pass(monkeypatch, kind: str, windows: int) -> None:
@@ -479,24 +501,11 @@ def test_hot_columns_leave_the_document_pass(monkeypatch, kind: str, windows: in
     tile dense) adds the hot columns' document gradient in one product over every query (``_hot_kernel``, in
     programs of 16 rows: several partial sums a tile), the document pass the other columns alone; lse and every
     gradient equal dense fp64's within the bound (a hot column added twice, or not at all, is far outside it)."""
-    _tiles(monkeypatch, kind)
-    shape = dict(dense_split=True, store_weights=True, hot_columns=16, doc_window=windows)
-    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**shape))
-    monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
     monkeypatch.setattr(stored_weights_triton, "HOT_ROWS_A_PROGRAM", 16)
-    _document_blocks(monkeypatch, 16)
-    launches = _launches(monkeypatch)
-    columns = _dense_batch(kind)
-    upstream = torch.randn(B, generator=torch.Generator().manual_seed(11))
-    reps = sparse_leaves(columns)
-    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
-    (lse * upstream).sum().backward()
+    launches = _every_tile_stored(monkeypatch, kind, 11, hot_columns=16, doc_window=windows)
     hot = [kwargs["hot"] for kwargs in launches]
     assert hot[0] is None and all(h is not None for h in hot[1:]), hot  # 3 blocks a column
     assert hot[1].ids.numel() == 16 and bool((hot[1].ids < V).all())
-    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
-    assert_lse_within_bound(lse, want, TOL)
-    assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
 
 
 @pytest.mark.parametrize("hot", [0, 16], ids=["cold", "hot"])
@@ -508,25 +517,12 @@ def test_query_gradient_from_stored_weights(monkeypatch, kind: str, windows: int
     columns (``_query_grad_kernel``, chunks of 32 rows: a tile's last ends mid-chunk), the query pass only storing
     them; with and without hot columns, lse and every gradient equal dense fp64's within the bound (a query gradient
     added twice or not at all, or a chunk's rows past its tile's, are far outside it)."""
-    _tiles(monkeypatch, kind)
-    shape = dict(
-        dense_split=True, store_weights=True, hot_columns=hot, doc_window=windows, query_grad_from_stored=True
+    launches = _every_tile_stored(
+        monkeypatch, kind, 12, hot_columns=hot, doc_window=windows, query_grad_from_stored=True
     )
-    monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", fused_lse.INTERPRETER_TILES._replace(**shape))
-    monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
-    _document_blocks(monkeypatch, 16)
-    launches = _launches(monkeypatch)
-    columns = _dense_batch(kind)
-    upstream = torch.randn(B, generator=torch.Generator().manual_seed(12))
-    reps = sparse_leaves(columns)
-    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
-    (lse * upstream).sum().backward()
     chunks = [kwargs["query_chunks"] for kwargs in launches]
     assert chunks[0] is None and all(c is not None for c in chunks[1:]), chunks  # 3 blocks a column
     assert chunks[1].tile.numel() > -(-B // 16), chunks[1]  # several chunks a tile
-    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
-    assert_lse_within_bound(lse, want, TOL)
-    assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
 
 
 def test_query_chunks_cover_each_tile_row_once() -> None:

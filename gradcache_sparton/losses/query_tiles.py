@@ -96,27 +96,33 @@ def build_query_tiles(
         at = position[rows]  # [nnz]: each entry's position in the tiles
     tile = at // bm
     keys, inverse = torch.unique(tile * vocab + reps.token_ids.long(), sorted=True, return_inverse=True)
-    hot_ids, is_hot = _hot_columns(keys % vocab, num_tiles, vocab, hot_columns, bm)
+    key_tile, key_ids = keys // vocab, keys % vocab  # [U_all]: unique (tile, id) pairs, by tile, then id
+    hot_ids, is_hot = _hot_columns(key_ids, num_tiles, vocab, hot_columns, bm)
+    key_hot = is_hot[key_ids]
     if hot_ids.numel():  # each tile's hot columns last: the keys sorted by (tile, hot, id)
-        resort = torch.sort(keys // vocab * 2 + is_hot[keys % vocab], stable=True).indices
+        resort = torch.sort(key_tile * 2 + key_hot, stable=True).indices
         rank = torch.empty_like(resort)
         rank[resort] = torch.arange(resort.numel(), device=device)
-        keys, inverse = keys[resort], rank[inverse]
-    key_tile = keys // vocab  # [U_all]: unique (tile, id) pairs, by tile (then hot last), then id
+        key_tile, key_ids, key_hot, inverse = (
+            key_tile[resort],
+            key_ids[resort],
+            key_hot[resort],
+            rank[inverse],
+        )
     counts = torch.bincount(key_tile, minlength=num_tiles)  # [T]
     padded = (counts + bk - 1) // bk * bk
     tile_ptr = torch.zeros(num_tiles + 1, dtype=torch.int64, device=device)
     tile_ptr[1:] = torch.cumsum(padded, 0)
     first = torch.zeros_like(tile_ptr)
     first[1:] = torch.cumsum(counts, 0)
-    pos = tile_ptr[key_tile] + torch.arange(keys.numel(), device=device) - first[key_tile]  # [U_all]
+    pos = tile_ptr[key_tile] + torch.arange(key_tile.numel(), device=device) - first[key_tile]  # [U_all]
     total = max(int(tile_ptr[-1]), bk)  # at least one step's rows: no empty tensor reaches a kernel
     cols = torch.full((total,), vocab, dtype=torch.int32, device=device)
-    cols[pos] = (keys % vocab).to(torch.int32)
+    cols[pos] = key_ids.to(torch.int32)
     entry_pos, entry_lane = pos[inverse], at % bm
     qt = torch.zeros((total, bm), dtype=dtype, device=device)
     qt[entry_pos, entry_lane] = entry_values(weights, dtype)
-    cold_end = tile_ptr[:-1] + counts - torch.bincount(key_tile[is_hot[keys % vocab]], minlength=num_tiles)
+    cold_end = tile_ptr[:-1] + counts - torch.bincount(key_tile[key_hot], minlength=num_tiles)
     return QueryTiles(
         tile_ptr.to(torch.int32), cols, qt, entry_pos, entry_lane, row_idx, cold_end.to(torch.int32), hot_ids
     )
