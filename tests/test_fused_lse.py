@@ -195,6 +195,19 @@ def _launches(monkeypatch) -> list[dict]:
     return made
 
 
+def _backward_within_bound(kind: str, seed: int) -> None:
+    """One forward and backward of the fused lse on ``kind``'s batch (upstream gradient from ``seed``): lse and every
+    gradient equal dense fp64's within the bound."""
+    columns = _dense_batch(kind)
+    upstream = torch.randn(B, generator=torch.Generator().manual_seed(seed))
+    reps = sparse_leaves(columns)
+    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
+    (lse * upstream).sum().backward()
+    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
+    assert_lse_within_bound(lse, want, TOL)
+    assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
+
+
 def _bf16_within_bound(
     monkeypatch, route: str, *, rows: int, seed: int, **tiles
 ) -> fused_lse_triton.WorkLists:
@@ -207,14 +220,7 @@ def _bf16_within_bound(
     _document_blocks(monkeypatch, rows)
     made = _route(monkeypatch, route)
     launches = _launches(monkeypatch)
-    columns = _dense_batch("bf16")
-    upstream = torch.randn(B, generator=torch.Generator().manual_seed(seed))
-    reps = sparse_leaves(columns)
-    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
-    (lse * upstream).sum().backward()
-    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
-    assert_lse_within_bound(lse, want, TOL)
-    assert_grads_within_bound(reps, want, [_grad_tol("bf16")] * 3)
+    _backward_within_bound("bf16", seed)
     stored = [kwargs["stored"] is not None for kwargs in launches]  # each block's weights stored or not
     if tiles.get("store_weights"):
         assert not stored[0] and any(stored[1:]) == (route != "pairs"), stored
@@ -482,14 +488,7 @@ def _every_tile_stored(monkeypatch, kind: str, seed: int, **shape) -> list[dict]
     monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
     _document_blocks(monkeypatch, 16)
     launches = _launches(monkeypatch)
-    columns = _dense_batch(kind)
-    upstream = torch.randn(B, generator=torch.Generator().manual_seed(seed))
-    reps = sparse_leaves(columns)
-    lse = fused_sparse_logsumexp(reps[0], reps[1:], temperature=TEMPERATURE)
-    (lse * upstream).sum().backward()
-    want = lse_reference(columns, upstream, temperature=TEMPERATURE)
-    assert_lse_within_bound(lse, want, TOL)
-    assert_grads_within_bound(reps, want, [_grad_tol(kind)] * 3)
+    _backward_within_bound(kind, seed)
     return launches
 
 
