@@ -41,12 +41,13 @@ INT_POINTERS = {
 
 def signature(kernel: triton.JITFunction, constexprs: dict, tiles: str) -> dict[str, str]:
     """Triton's signature of ``kernel``: tiles (QT, DT) of dtype ``tiles``, the CSR offsets int64, other tables
-    int32, buffers fp32, scalars int32 (``inv_t`` fp32), the ``constexprs`` as such."""
+    int32, buffers fp32 (the stored weights P bf16 where SPLIT), scalars int32 (``inv_t`` fp32), the ``constexprs``
+    as such."""
 
     def kind(name: str) -> str:
         if name in constexprs:
             return "constexpr"
-        if name in ("QT", "DT", "QH"):
+        if name in ("QT", "DT", "QH") or (name == "P" and constexprs.get("SPLIT")):
             return "*" + tiles
         if name == "Q_OFF":
             return "*i64"
@@ -62,8 +63,10 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
     dense tiles listed by the scan or all of them, windows as the setting makes them at V; with ``store_weights``
     the query pass stores the softmax weights and the document pass reads them; with ``hot_columns`` the document
     pass leaves the hot columns to the hot kernel; with ``query_grad_from_stored`` the query pass only stores the
-    weights and the query-gradient kernel reads them."""
+    weights (``bn_store`` documents wide) and the query-gradient kernel reads them; with ``store_split`` (bf16 tiles)
+    the weights are stored as bf16 parts."""
     bd = fused_lse._document_rows(V, shape)
+    split = shape.store_split and not ieee
     windowed = fused_lse._window(shape, bd) < bd
     common = {"BM": shape.bm, "BK": shape.bk, "IEEE": ieee}
     out = [
@@ -75,9 +78,9 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
         ("scan", fused_lse_triton._scan_kernel, {**common, "BN": shape.bn_scan, "WINDOWED": windowed}),
     ]
 
-    def dense(name: str, **flags: bool) -> tuple[str, triton.JITFunction, dict]:
-        constexprs = {**common, "BN": shape.bn_backward, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS,
-                      "WINDOWED": windowed, "HOT": False, **flags}  # fmt: skip
+    def dense(name: str, bn: int = shape.bn_backward, **flags: bool) -> tuple[str, triton.JITFunction, dict]:
+        constexprs = {**common, "BN": bn, "SPAN": shape.bn_scan, "PARTS": fused_lse.SPLIT_PARTS, "WINDOWED": windowed,
+                      "HOT": False, "SPLIT": split and (flags["STORE"] or flags["LOAD"]), **flags}  # fmt: skip
         return f"dense {name}", fused_lse_triton._dense_kernel, constexprs
 
     for need_q, need_d in ((True, True), (True, False), (False, True)):
@@ -95,17 +98,20 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
         hot = stored_weights_triton.HOT_TILE
         out.append((
             "hot", stored_weights_triton._hot_kernel,
-            {"BH": hot.bh, "BN": hot.bn, "BR": shape.bm, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS},
+            {"BH": hot.bh, "BN": hot.bn, "BR": shape.bm, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS, "SPLIT": split},
         ))  # fmt: skip
     if shape.query_grad_from_stored:
-        out.append(
-            dense("q0 d0 listed0 store", NEED_Q=False, NEED_D=False, STORE=True, LOAD=False, LISTED=False)
-        )
+        store = {"NEED_Q": False, "NEED_D": False, "STORE": True, "LOAD": False, "LISTED": False}
+        out.append(dense("q0 d0 listed0 store", shape.bn_store or shape.bn_backward, **store))
         chunk = stored_weights_triton.QUERY_GRAD_TILE
-        out.append((
-            "query_grad", stored_weights_triton._query_grad_kernel,
-            {"BM": shape.bm, "BC": chunk.bc, "BN": chunk.bn, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS},
-        ))  # fmt: skip
+        constexprs = {
+            "BM": shape.bm,
+            "BC": chunk.bc,
+            "BN": chunk.bn,
+            "IEEE": ieee,
+            "PARTS": fused_lse.SPLIT_PARTS,
+        }
+        out.append(("query_grad", stored_weights_triton._query_grad_kernel, {**constexprs, "SPLIT": split}))
     out.append((
         "pairs", fused_lse_triton._pairs_kernel,
         {"P": fused_lse_triton.PAIR_BLOCK, "E": fused_lse_triton.ENTRY_BLOCK, "IEEE": ieee, "NEED_Q": True,

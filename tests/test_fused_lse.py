@@ -442,6 +442,8 @@ def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
             r"without dense_split the query and document gradients are one kernel: window_major names both",
         ),
         ({"store_weights": True}, r"store_weights needs dense_split"),
+        ({"bn_store": 32}, r"bn_store \(32\) must be 0, or > 0 with query_grad_from_stored"),
+        ({"store_split": True}, r"store_split needs store_weights"),
     ],
 )
 def test_settings_that_would_lose_tiles_are_refused(monkeypatch, change: dict, match: str) -> None:
@@ -477,16 +479,16 @@ def test_score_kernel_config_is_checked(kwargs: dict, match: str) -> None:
         SpladeLossConfig(**kwargs)
 
 
-def _every_tile_stored(monkeypatch, kind: str, seed: int, **shape) -> list[dict]:
+def _every_tile_stored(monkeypatch, kind: str, seed: int, rows: int = 16, **shape) -> list[dict]:
     """The dense gradients in two passes with stored softmax weights and the interpreter's setting changed by
-    ``shape``, every score tile on the tensor cores, documents in blocks of 16 (3 a column: the first recomputes and
-    leaves the routes, the later ones store every tile's weights); lse and every gradient equal dense fp64's within
-    the bound. Returns each document block's launch_backward keyword arguments."""
+    ``shape``, every score tile on the tensor cores, documents in blocks of ``rows`` (16: 3 a column; the first
+    recomputes and leaves the routes, the later ones store every tile's weights); lse and every gradient equal dense
+    fp64's within the bound. Returns each document block's launch_backward keyword arguments."""
     _tiles(monkeypatch, kind)
+    _document_blocks(monkeypatch, rows)
     tiles = fused_lse.INTERPRETER_TILES._replace(dense_split=True, store_weights=True, **shape)
     monkeypatch.setattr(fused_lse, "INTERPRETER_TILES", tiles)
     monkeypatch.setattr(fused_lse, "SPARSE_TILE_MAX", 0)
-    _document_blocks(monkeypatch, 16)
     launches = _launches(monkeypatch)
     _backward_within_bound(kind, seed)
     return launches
@@ -522,6 +524,30 @@ def test_query_gradient_from_stored_weights(monkeypatch, kind: str, windows: int
     chunks = [kwargs["query_chunks"] for kwargs in launches]
     assert chunks[0] is None and all(c is not None for c in chunks[1:]), chunks  # 3 blocks a column
     assert chunks[1].tile.numel() > -(-B // 16), chunks[1]  # several chunks a tile
+
+
+@pytest.mark.parametrize(("rows", "windows"), [(16, 0), (64, 32)], ids=["whole-block", "windows"])
+@pytest.mark.parametrize("kind", TILE_DTYPES)
+def test_weights_stored_as_split_parts_by_a_wider_pass(
+    monkeypatch, kind: str, rows: int, windows: int
+) -> None:
+    """``TileShape.store_split`` and ``bn_store``: where every tile's weights are stored, the pass that only stores
+    them takes score tiles 32 documents wide (the others 16; a block of 37 documents ends mid-tile) and, for bf16
+    tiles, stores their 2 or 3 bf16 parts (fp32 tiles: fp32 weights), which the document pass, the hot columns'
+    product and the query gradient read as stored; lse and every gradient equal dense fp64's within the bound (a
+    part left out, 2^-9 of a weight, a part read from another's place, or a tile's masked documents written are
+    far outside it)."""
+    launches = _every_tile_stored(monkeypatch, kind, 13, rows=rows, hot_columns=16, doc_window=windows,
+                                  query_grad_from_stored=True, store_split=True, bn_store=32)  # fmt: skip
+    stored = [kwargs["stored"] for kwargs in launches]
+    assert stored[0] is None and len(stored) > 1, stored  # later blocks store
+    parts, dtype = {
+        "fp32": (1, torch.float32),
+        "bf16": (2, torch.bfloat16),
+        "bf16-exact": (3, torch.bfloat16),
+    }[kind]
+    assert all(s.shape[0] == parts and s.dtype == dtype for s in stored[1:]), [s.shape for s in stored[1:]]
+    assert all(kwargs["bn_store"] == 32 for kwargs in launches)
 
 
 def test_query_chunks_cover_each_tile_row_once() -> None:

@@ -74,14 +74,22 @@ def test_compiled_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, variant
     assert_grads_within_bound(reps, want, [TOL + (SPLIT if kind == "bf16" else 0.0)] * 3)
 
 
-@pytest.mark.parametrize("variant", ["window256_stored_hot1024", "window256_stored_hot1024_query"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "window256_stored_hot1024",
+        "window256_stored_hot1024_query",
+        "window256_stored_hot1024_query_split_store256",
+    ],
+)
 @pytest.mark.parametrize("kind", ["bf16", "fp32"])
 def test_compiled_hot_columns_match_fp64(monkeypatch, kind: str, variant: str) -> None:
     """On the GPU under a setting with hot columns: reps with 64 common words (every query tile holds them) at
     temperature 1.0 (every score tile dense: the blocks after the first leave the routes): the later blocks take the
     hot columns' document gradient from the stored weights (``_hot_kernel``, its GPU tiles), and with
-    ``query_grad_from_stored`` the query gradient too (``_query_grad_kernel``); lse and every gradient equal dense
-    fp64 within the bound."""
+    ``query_grad_from_stored`` the query gradient too (``_query_grad_kernel``; with ``store_split`` and ``bn_store``
+    the weights stored as bf16 parts by a pass 256 documents wide); lse and every gradient equal dense fp64 within
+    the bound."""
     from gradcache_sparton.losses import fused_lse_triton
 
     monkeypatch.setattr(fused_lse, "GPU_TILES", fused_lse.VARIANTS[variant])

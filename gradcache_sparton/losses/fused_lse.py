@@ -217,6 +217,18 @@ class TileShape(NamedTuple):
     only stores them and the query gradient is one product a query tile over the whole block, ``p @ DT[cols]ᵀ``
     (``stored_weights_triton._query_grad_kernel``), added into its rows once a block in place of a partial sum per
     ``bn_backward`` documents (by atomics, with windows)."""
+    bn_store: int = 0
+    """With ``query_grad_from_stored``: the documents of a score tile in the pass that only stores the weights (0:
+    ``bn_backward``); it holds no gradient, so it can be as wide as the forward."""
+    store_split: bool = False
+    """With ``store_weights`` and bf16 tiles: the weights are stored as their :data:`SPLIT_PARTS` bf16 parts (4
+    bytes a weight at 2 parts, as in fp32), split once where they are computed, in place of fp32 weights that every
+    pass reading them splits again (the document pass, the hot columns' product and the query gradient's, once for
+    every chunk of a tile's columns); the same parts, the same products."""
+
+    def doc_edge(self) -> int:
+        """The documents every score tile's width divides: a window, and a document block, hold whole tiles."""
+        return math.lcm(self.bn_forward, self.bn_scan, self.bn_backward, self.bn_store or self.bn_backward)
 
 
 # The kernels a TileShape's ``window_major`` can name: the forward, the backward's scan and its tensor-core passes
@@ -238,6 +250,9 @@ _SPLIT128 = TileShape(
 # 0.208, same folder), so only the forward is 256 wide. Slower and not kept (benchmarks/results/session16): both dense
 # gradients in one kernel with windows (backward 1.274 s against 0.869 at B 65,536, temperature 1.0), BK 32, 2 stages,
 # and bit masks of the entries in place of DT's and QT's values (backward 1.819 s against 0.866).
+_QUERY = _SPLIT128._replace(
+    doc_window=256, bn_forward=256, store_weights=True, hot_columns=1024, query_grad_from_stored=True
+)
 VARIANTS = {
     "split128": _SPLIT128,
     "window256": _SPLIT128._replace(doc_window=256),
@@ -250,9 +265,9 @@ VARIANTS = {
         )
         for hot in (512, 1024)
     },
-    "window256_stored_hot1024_query": _SPLIT128._replace(
-        doc_window=256, bn_forward=256, store_weights=True, hot_columns=1024, query_grad_from_stored=True
-    ),
+    "window256_stored_hot1024_query": _QUERY,
+    "window256_stored_hot1024_query_split": _QUERY._replace(store_split=True),
+    "window256_stored_hot1024_query_split_store256": _QUERY._replace(store_split=True, bn_store=256),
     "columns": TileShape(
         bm=64,
         bk=64,
@@ -296,7 +311,7 @@ def _tile_shape() -> TileShape:
         raise ValueError(
             f"TileShape: bn_backward ({shape.bn_backward}) must divide bn_scan ({shape.bn_scan}), got {shape}"
         )
-    edge = math.lcm(shape.bn_forward, shape.bn_scan, shape.bn_backward)
+    edge = shape.doc_edge()
     if shape.doc_window < 0 or shape.doc_window % edge:
         raise ValueError(
             f"TileShape: doc_window ({shape.doc_window}) must be 0 or a multiple of {edge}, got {shape}"
@@ -316,6 +331,15 @@ def _tile_shape() -> TileShape:
     if shape.query_grad_from_stored and not shape.store_weights:
         raise ValueError(
             f"TileShape: query_grad_from_stored needs store_weights (the query gradient reads them), got {shape}"
+        )
+    if shape.bn_store < 0 or (shape.bn_store and not shape.query_grad_from_stored):
+        raise ValueError(
+            f"TileShape: bn_store ({shape.bn_store}) must be 0, or > 0 with query_grad_from_stored (it sizes the pass "
+            f"that only stores the weights), got {shape}"
+        )
+    if shape.store_split and not shape.store_weights:
+        raise ValueError(
+            f"TileShape: store_split needs store_weights (it is how they are stored), got {shape}"
         )
     if shape.store_weights and not shape.dense_split:
         raise ValueError(
@@ -395,7 +419,7 @@ class _DocBlocks:
 def _document_rows(vocab: int, shape: TileShape) -> int:
     """bd: documents per block, a multiple of every BN, with grad_DT within ``shape.doc_block_bytes``; (V + 1)·bd
     below 2^31, the kernels' int32 offsets into DT and grad_DT."""
-    edge = math.lcm(shape.bn_forward, shape.bn_scan, shape.bn_backward)
+    edge = shape.doc_edge()
     bd = max(edge, shape.doc_block_bytes // (4 * (vocab + 1)) // edge * edge)
     if (vocab + 1) * bd >= 2**31:
         raise ValueError(
@@ -503,7 +527,7 @@ class _FusedLogSumExp(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
         from gradcache_sparton.losses.fused_lse_triton import QueryEntries, WorkLists, launch_backward
-        from gradcache_sparton.losses.stored_weights_triton import HotColumns, QueryChunks
+        from gradcache_sparton.losses.stored_weights_triton import HotColumns, QueryChunks, allocate_stored
 
         q, lse, *d = ctx.saved_tensors
         saved: _Saved = ctx.plan
@@ -539,13 +563,16 @@ class _FusedLogSumExp(torch.autograd.Function):
                     bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
                     sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
                     window_major=shape.window_major, stored=stored if needs else None,
-                    hot=hot if needs else None, query_chunks=chunks if needs else None,
+                    hot=hot if needs else None, query_chunks=chunks if needs else None, bn_store=shape.bn_store,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
                     score_tiles, dense = len(saved.rows) * -(-n // shape.bn_scan), work.dense_tiles()
                     routes = dense < ROUTES_MAX_DENSE_FRACTION * score_tiles
                     if shape.store_weights and dense and needs_q and any(needs_d):  # for the later blocks
-                        stored = q.new_empty((len(saved.rows) * shape.bm, saved.bd), dtype=torch.float32)
+                        stored = allocate_stored(
+                            len(saved.rows) * shape.bm, saved.bd, device=q.device,
+                            split_parts=saved.parts if shape.store_split and ctx.dtype == torch.bfloat16 else 0,
+                        )  # fmt: skip
                         if not routes and tiles.hot_ids.numel():
                             weights_h = hot_weights(tiles, saved.rows, q_layout.vocab_size)
                             hot = HotColumns(tiles.hot_ids, weights_h, tiles.cold_end)

@@ -41,12 +41,20 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gradcache_sparton.losses.split_products_triton import dot, mul_parts, nonzero, split_parts
+from gradcache_sparton.losses.split_products_triton import (
+    dot,
+    load_parts,
+    mul_parts,
+    nonzero,
+    split_parts,
+    store_parts,
+)
 from gradcache_sparton.losses.stored_weights_triton import (
     HotColumns,
     QueryChunks,
     launch_hot,
     launch_query_grad,
+    stored_split,
 )
 
 __all__ = [
@@ -192,16 +200,18 @@ def _scan_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, PAIR_ROW, PAIR_DOC, PAIR_
 
 
 @triton.jit
-def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, P, COLD_END, stride_p, num_rows,
-                  n_docs, stride_dt, inv_t, tile_lo, num_tiles, windows, window, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, NEED_Q: tl.constexpr,
-                  NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr, LISTED: tl.constexpr,
-                  WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr, HOT: tl.constexpr):  # fmt: skip
+def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_COUNT, P, COLD_END, stride_part,
+                  stride_p, num_rows, n_docs, stride_dt, inv_t, tile_lo, num_tiles, windows, window, BM: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, SPAN: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
+                  NEED_Q: tl.constexpr, NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr,
+                  SPLIT: tl.constexpr, LISTED: tl.constexpr, WINDOWED: tl.constexpr, BY_WINDOW: tl.constexpr,
+                  HOT: tl.constexpr):  # fmt: skip
     """One query tile's score tiles in one window on the tensor cores, BN documents at a time: recompute each and add
     its gradients (:func:`_column_grads`; the query tile's rows of GQT by atomics where the block has windows).
     LISTED: the dense tiles of :func:`_scan_kernel`'s list (SPAN documents each); else every tile of the window.
     BY_WINDOW: the programs run one window's query tiles side by side (:func:`_program`). STORE: write each tile's
-    softmax weights into P (this tile's BM rows of [tiles·BM, bd]); LOAD: read them from there, not recomputed.
+    softmax weights into P (this tile's BM rows of [tiles·BM, bd]: fp32, or with SPLIT their PARTS bf16 parts,
+    ``stride_part`` apart); LOAD: read them from there, not recomputed.
     HOT (the document gradient alone): the tile's columns from COLD_END on (the hot columns, whose gradient
     :mod:`.stored_weights_triton` adds) add nothing here. Neither NEED_Q nor NEED_D: STORE alone."""
     t, w, slot = _program(windows, num_tiles, WINDOWED, BY_WINDOW)
@@ -218,35 +228,38 @@ def _dense_kernel(QT, COLS, TILE_PTR, ROWS, DT, LSE, G, GQT, GDT, DENSE, DENSE_C
         for i in range(0, tl.load(DENSE_COUNT + slot) * (SPAN // BN)):
             # a listed tile's first document (a multiple of SPAN), then its BN-wide parts
             n0 = tl.multiple_of(tl.load(listed + i // (SPAN // BN)), SPAN) + (i % (SPAN // BN)) * BN
-            _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, k_end, n_docs,
-                        stride_dt, inv_t, r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD,
-                        WINDOWED, HOT)  # fmt: skip
+            _dense_tile(tl.multiple_of(n0, BN), QT, COLS, DT, GQT, GDT, p_rows, stride_part, lse, g, k_lo, k_hi,
+                        k_end, n_docs, stride_dt, inv_t, r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE,
+                        LOAD, SPLIT, WINDOWED, HOT)  # fmt: skip
     else:
         for n0 in range(n_lo, n_hi, BN):
-            _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, k_end, n_docs, stride_dt, inv_t,
-                        r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD, WINDOWED,
-                        HOT)  # fmt: skip
+            _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, stride_part, lse, g, k_lo, k_hi, k_end, n_docs,
+                        stride_dt, inv_t, r, kk, row_ok, BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, STORE, LOAD, SPLIT,
+                        WINDOWED, HOT)  # fmt: skip
 
 
 @triton.jit
-def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, lse, g, k_lo, k_hi, k_end, n_docs, stride_dt, inv_t, r, kk,
-                row_ok, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                NEED_Q: tl.constexpr, NEED_D: tl.constexpr, STORE: tl.constexpr, LOAD: tl.constexpr,
-                WINDOWED: tl.constexpr, HOT: tl.constexpr):  # fmt: skip
+def _dense_tile(n0, QT, COLS, DT, GQT, GDT, p_rows, stride_part, lse, g, k_lo, k_hi, k_end, n_docs, stride_dt, inv_t,
+                r, kk, row_ok, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                PARTS: tl.constexpr, NEED_Q: tl.constexpr, NEED_D: tl.constexpr, STORE: tl.constexpr,
+                LOAD: tl.constexpr, SPLIT: tl.constexpr, WINDOWED: tl.constexpr, HOT: tl.constexpr):  # fmt: skip
     """The score tile of documents n0 + [0, BN) recomputed over the columns [k_lo, k_hi) (LOAD: read from
-    ``p_rows``, STORE: written there), its gradients added over [k_lo, k_end) (:func:`_column_grads`)."""
+    ``p_rows``, STORE: written there; SPLIT: as bf16 parts), its gradients added over [k_lo, k_end)
+    (:func:`_column_grads`)."""
     n_cols = n0 + tl.arange(0, BN)
     n_ok = n_cols < n_docs
     at = p_rows[:, None] + n_cols[None, :]  # [BM, BN]
-    if LOAD:
-        p = tl.load(at, mask=n_ok[None, :], other=0.0)
+    if LOAD:  # the document pass alone (NEED_D): the parts as stored
+        p1, p2, p3 = load_parts(at, stride_part, n_ok[None, :], IEEE, PARTS, SPLIT)
+        p = p1  # unused: no query gradient here
     else:
         p = _weights(QT, COLS, DT, lse, g, k_lo, k_hi, stride_dt, inv_t, n_cols, n_ok, r, kk, row_ok,
                      BM, BN, BK, IEEE)  # fmt: skip
         if STORE:
-            tl.store(at, p, mask=n_ok[None, :])
+            store_parts(at, p, stride_part, n_ok[None, :], IEEE, PARTS, SPLIT)
+        p1, p2, p3 = split_parts(p, IEEE)
     if NEED_Q or NEED_D:  # else the weights stored alone (their query gradient: stored_weights_triton)
-        _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_ok, r, kk,
+        _column_grads(p, p1, p2, p3, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_ok, r, kk,
                       BM, BN, BK, IEEE, PARTS, NEED_Q, NEED_D, WINDOWED, HOT)  # fmt: skip
 
 
@@ -282,17 +295,15 @@ def _pairs_kernel(PAIR_ROW, PAIR_DOC, PAIR_P, PAIR_COUNT, Q_OFF, Q_IDS, Q_W, DT,
 
 
 @triton.jit
-def _column_grads(p, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_ok, r, kk,
+def _column_grads(p, p1, p2, p3, QT, COLS, DT, GQT, GDT, k_lo, k_end, stride_dt, n_cols, n_ok, r, kk,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
                   NEED_Q: tl.constexpr, NEED_D: tl.constexpr, WINDOWED: tl.constexpr, HOT: tl.constexpr):  # fmt: skip
     """Add one score tile's gradients over the query tile's columns [k_lo, k_end), on the tensor cores: ``p @ DTᵀ``
     into the tile's rows of GQT (NEED_Q; atomics where WINDOWED: the tile's other windows add there too) and ``QTᵀ
-    @ p`` into GDT (NEED_D, atomics). HOT: ``k_end`` is not a multiple of BK (the cold columns' end): the rows of
-    the last step past it add nothing."""
+    @ p`` into GDT (NEED_D, atomics; ``p1``-``p3`` its bf16 parts, :func:`split_parts`). HOT: ``k_end`` is not a
+    multiple of BK (the cold columns' end): the rows of the last step past it add nothing."""
     if NEED_Q:
         pt1, pt2, pt3 = split_parts(tl.trans(p), IEEE)  # [BN, BM] each, split once for every step below
-    if NEED_D:
-        p1, p2, p3 = split_parts(p, IEEE)  # [BM, BN] each
     for k0 in range(k_lo, k_end, BK):
         k = (k0 + kk).to(tl.int64)
         c = tl.load(COLS + k)  # [BK]
@@ -391,7 +402,7 @@ def launch_backward(
     *, num_rows: int, n_docs: int, inv_t: float, tiles: range, window: int, bm: int, bk: int, bn: int, bn_scan: int,
     warps: int, stages: int, parts: int, sparse_max: int, routes: bool = True, dense_split: bool = False,
     window_major: tuple[str, ...] = (), stored: Tensor | None = None, hot: HotColumns | None = None,
-    query_chunks: QueryChunks | None = None,
+    query_chunks: QueryChunks | None = None, bn_store: int = 0,
 ) -> None:  # fmt: skip
     """Add the gradients of the query tiles ``tiles`` against ``dt``'s documents into ``grad_qt`` [K_total, BM]
     (dense tiles, over the tiles' columns), ``queries.grad`` [nnz] (sparse tiles) and ``grad_dt`` [V + 1, bd]
@@ -402,11 +413,13 @@ def launch_backward(
     document gradients are added by two kernels, one each. The kernels ``window_major`` names ("scan",
     "query_grad", "doc_grad": ``fused_lse.WINDOW_MAJOR_KERNELS``; the one dense kernel without ``dense_split`` if it
     names both) run, with windows, one window's query tiles side by side, so that their reads of ``dt`` and atomics
-    into ``grad_dt`` stay within one window. ``stored`` (fp32 [len(tiles)·bm, >= n_docs]; with ``dense_split`` and
-    both gradients): the query pass writes the dense tiles' softmax weights there, the document pass reads them.
-    ``hot`` and ``query_chunks`` (with ``stored`` and without ``routes``: every tile's weights stored): the
-    document pass leaves the hot columns to ``stored_weights_triton.launch_hot``; the query pass only stores the
-    weights, and ``stored_weights_triton.launch_query_grad`` adds the query gradient from them over these chunks."""
+    into ``grad_dt`` stay within one window. ``stored`` ([parts, len(tiles)·bm, >= n_docs],
+    ``stored_weights_triton.allocate_stored``; with ``dense_split`` and both gradients): the query pass writes the
+    dense tiles' softmax weights there, the document pass reads them. ``hot`` and ``query_chunks`` (with ``stored``
+    and without ``routes``: every tile's weights stored): the document pass leaves the hot columns to
+    ``stored_weights_triton.launch_hot``; the query pass only stores the weights, ``bn_store`` documents a score
+    tile (0: ``bn``), and ``stored_weights_triton.launch_query_grad`` adds the query gradient from them over these
+    chunks."""
     windows = -(-n_docs // window)
     if len(tiles) == 0 or (grad_qt is None and grad_dt is None):
         return
@@ -431,9 +444,11 @@ def launch_backward(
             P=PAIR_BLOCK, E=ENTRY_BLOCK, IEEE=ieee, NEED_Q=need_q, NEED_D=need_d,
         )  # fmt: skip
     split = dense_split and need_q and need_d
-    if stored is not None and (not split or stored.shape[0] != len(tiles) * bm or stored.shape[1] < n_docs):
+    if stored is not None and (
+        not split or stored.dim() != 3 or stored.shape[1] != len(tiles) * bm or stored.shape[2] < n_docs
+    ):
         raise ValueError(
-            f"stored must be [{len(tiles) * bm}, >= {n_docs}] with dense_split and both gradients, got "
+            f"stored must be [parts, {len(tiles) * bm}, >= {n_docs}] with dense_split and both gradients, got "
             f"{list(stored.shape)}, dense_split={dense_split}, query and document gradients {need_q}, {need_d}"
         )
     keep = stored is not None
@@ -446,27 +461,30 @@ def launch_backward(
         raise ValueError(
             f"hot columns' weights must be [H, {len(tiles) * bm}], got {list(hot.weights.shape)}"
         )
-    stored = qt if stored is None else stored  # a placeholder where not kept (never read or written)
+    split_stored = keep and stored_split(stored)
+    stored = qt[None] if stored is None else stored  # a placeholder where not kept (never read or written)
     cold_end = tile_ptr if hot is None else hot.cold_end  # a placeholder where no hot columns (never read)
-    # (kernel name, query gradient, document gradient, store the weights, load them); from_stored: the query
-    # pass only stores them, its gradient is launch_query_grad's
+    # (kernel name, query gradient, document gradient, store the weights, load them, documents a tile);
+    # from_stored: the query pass only stores them, its gradient is launch_query_grad's
     from_stored = query_chunks is not None
+    bn_query = bn_store if from_stored and bn_store else bn
     passes = (
         [
-            ("query_grad", need_q and not from_stored, False, keep, False),
-            ("doc_grad", False, need_d, False, keep),
+            ("query_grad", need_q and not from_stored, False, keep, False, bn_query),
+            ("doc_grad", False, need_d, False, keep, bn),
         ]
         if split
-        else [("query_grad", need_q, need_d, False, False)]
+        else [("query_grad", need_q, need_d, False, False, bn)]
     )
-    for name, pass_q, pass_d, store, load in passes:
+    for name, pass_q, pass_d, store, load, bn_pass in passes:
         named = [name] if split else ["query_grad", "doc_grad"]
         _dense_kernel[(len(tiles) * windows,)](
             qt, cols, tile_ptr, row_idx, dt, lse, g, grad_qt, grad_dt, work.dense, work.dense_count, stored,
-            cold_end, stored.stride(0), num_rows, n_docs, dt.stride(0), inv_t, tiles.start, len(tiles), windows, window,
-            BM=bm, BN=bn, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts, NEED_Q=pass_q, NEED_D=pass_d, STORE=store,
-            LOAD=load, LISTED=routes, WINDOWED=windows > 1, BY_WINDOW=all(n in window_major for n in named),
-            HOT=hot is not None and load, num_warps=warps, num_stages=stages,
+            cold_end, stored.stride(0), stored.stride(1), num_rows, n_docs, dt.stride(0), inv_t, tiles.start,
+            len(tiles), windows, window, BM=bm, BN=bn_pass, BK=bk, SPAN=bn_scan, IEEE=ieee, PARTS=parts, NEED_Q=pass_q,
+            NEED_D=pass_d, STORE=store, LOAD=load, SPLIT=split_stored, LISTED=routes, WINDOWED=windows > 1,
+            BY_WINDOW=all(n in window_major for n in named), HOT=hot is not None and load, num_warps=warps,
+            num_stages=stages,
         )  # fmt: skip
     if hot is not None:  # with stored weights: both gradients needed
         launch_hot(

@@ -15,7 +15,17 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETING", "dot", "mul_parts", "nonzero", "split_mul", "split_parts", "to_bf16"]
+__all__ = [
+    "INTERPRETING",
+    "dot",
+    "load_parts",
+    "mul_parts",
+    "nonzero",
+    "parts_mul",
+    "split_parts",
+    "store_parts",
+    "to_bf16",
+]
 
 INTERPRETING: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -86,10 +96,9 @@ def nonzero(x, IEEE: tl.constexpr):
 
 
 @triton.jit
-def split_mul(p, b, acc, IEEE: tl.constexpr, PARTS: tl.constexpr):
-    """``acc + p @ b`` with fp32 ``p`` split here into its first PARTS bf16 parts on the left (each product exact),
-    or ``p`` itself (fp32 tiles)."""
-    p1, p2, p3 = split_parts(p, IEEE)
+def parts_mul(p1, p2, p3, b, acc, IEEE: tl.constexpr, PARTS: tl.constexpr):
+    """``acc + (p1 + ... + p_PARTS) @ b``: the first PARTS bf16 parts of an fp32 matrix (:func:`split_parts`) on the
+    left, each product exact, or ``p1`` alone (fp32 tiles)."""
     acc = dot(p1, b, acc, IEEE)
     if not IEEE:
         if PARTS >= 2:
@@ -97,3 +106,34 @@ def split_mul(p, b, acc, IEEE: tl.constexpr, PARTS: tl.constexpr):
         if PARTS == 3:
             acc = dot(p3, b, acc, IEEE)
     return acc
+
+
+@triton.jit
+def store_parts(at, p, part_stride, mask, IEEE: tl.constexpr, PARTS: tl.constexpr, SPLIT: tl.constexpr):
+    """Store fp32 ``p`` at the pointers ``at``: with SPLIT its first PARTS bf16 parts (:func:`split_parts`),
+    ``part_stride`` elements apart (bf16 tiles only); else ``p`` itself (fp32)."""
+    if SPLIT:
+        p1, p2, p3 = split_parts(p, IEEE)
+        tl.store(at, p1, mask=mask)
+        if PARTS >= 2:
+            tl.store(at + part_stride, p2, mask=mask)
+        if PARTS == 3:
+            tl.store(at + 2 * part_stride, p3, mask=mask)
+    else:
+        tl.store(at, p, mask=mask)
+
+
+@triton.jit
+def load_parts(at, part_stride, mask, IEEE: tl.constexpr, PARTS: tl.constexpr, SPLIT: tl.constexpr):
+    """The parts of the fp32 values :func:`store_parts` stored at ``at`` (masked: 0): with SPLIT loaded as stored,
+    else the fp32 values loaded and split here -> (p1, p2, p3), as :func:`split_parts` (unused parts: ``p1``)."""
+    if SPLIT:
+        p1 = tl.load(at, mask=mask, other=0.0)
+        p2, p3 = p1, p1
+        if PARTS >= 2:
+            p2 = tl.load(at + part_stride, mask=mask, other=0.0)
+        if PARTS == 3:
+            p3 = tl.load(at + 2 * part_stride, mask=mask, other=0.0)
+    else:
+        p1, p2, p3 = split_parts(tl.load(at, mask=mask, other=0.0), IEEE)
+    return p1, p2, p3

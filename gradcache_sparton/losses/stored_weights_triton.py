@@ -2,8 +2,9 @@
 the tensor cores, each output element written by a few programs instead of every query tile adding a partial.
 
 Legend: B queries, bd the documents of one document block, BM the query tiles' rows, K_t query tile t's padded
-active columns (its rows of QT), H hot columns, P [tiles·BM, bd] fp32 the block's softmax weights ``p`` (d loss /
-d score) as the query pass of :mod:`.fused_lse_triton` stores them, every query tile's rows in order.
+active columns (its rows of QT), H hot columns, P the block's softmax weights ``p`` (d loss / d score) as the query
+pass of :mod:`.fused_lse_triton` stores them, every query tile's rows in order (:func:`allocate_stored`): [1,
+tiles·BM, bd] fp32, or its PARTS bf16 parts [PARTS, tiles·BM, bd] (``TileShape.store_split``), split once.
 
 Where every tile's weights are stored (a document block that runs without the scan, :mod:`.fused_lse`), two of
 the block's gradient sums are plain products over P:
@@ -17,7 +18,8 @@ the block's gradient sums are plain products over P:
   query pass would add a partial per BN documents, by atomics where the block has windows.
 
 Products as in :mod:`.fused_lse_triton`: bf16 values exact, the fp32 ``p`` split into PARTS bf16 parts
-(:mod:`.split_products_triton`), the split parts the left operand, from registers; fp32 tiles ``ieee``.
+(:mod:`.split_products_triton`; here, or loaded split), the parts the left operand, from registers; fp32 tiles
+``ieee``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gradcache_sparton.losses.split_products_triton import INTERPRETING, nonzero, split_mul
+from gradcache_sparton.losses.split_products_triton import INTERPRETING, load_parts, nonzero, parts_mul
 
 __all__ = [
     "HOT_ROWS_A_PROGRAM",
@@ -39,8 +41,10 @@ __all__ = [
     "HotTile",
     "QueryChunks",
     "QueryGradTile",
+    "allocate_stored",
     "launch_hot",
     "launch_query_grad",
+    "stored_split",
 ]
 
 # Stored rows a program of :func:`_hot_kernel` sums over (B 65,536: 8 programs, their sums added by atomics); 0.314
@@ -84,6 +88,20 @@ def _query_grad_tile(bm: int) -> QueryGradTile:
     return QueryGradTile(bc=2 * bm, bn=bm, warps=4, stages=1) if INTERPRETING.value else QUERY_GRAD_TILE
 
 
+def allocate_stored(rows: int, docs: int, *, split_parts: int, device: torch.device) -> Tensor:
+    """The buffer P of one document block's softmax weights for ``rows`` tile rows: [1, rows, docs] fp32, or with
+    ``split_parts`` > 0 its first that many bf16 parts [split_parts, rows, docs] (2·split_parts bytes a weight: 4 as
+    fp32 at 2 parts)."""
+    if split_parts:
+        return torch.empty((split_parts, rows, docs), dtype=torch.bfloat16, device=device)
+    return torch.empty((1, rows, docs), dtype=torch.float32, device=device)
+
+
+def stored_split(stored: Tensor) -> bool:
+    """Whether the buffer of :func:`allocate_stored` holds the weights' bf16 parts (else fp32 weights)."""
+    return stored.dtype == torch.bfloat16
+
+
 class HotColumns(NamedTuple):
     """The hot columns (``TileShape.hot_columns``), whose document gradient :func:`_hot_kernel` adds."""
 
@@ -118,9 +136,9 @@ class QueryChunks(NamedTuple):
 
 
 @triton.jit
-def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot, num_rows_p, rows_a_program, n_docs,
-                h_tiles, n_tiles, BH: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, IEEE: tl.constexpr,
-                PARTS: tl.constexpr):  # fmt: skip
+def _hot_kernel(QH, stride_qh, P, stride_part, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot, num_rows_p,
+                rows_a_program, n_docs, h_tiles, n_tiles, BH: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
+                IEEE: tl.constexpr, PARTS: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
     """The hot columns' document gradient from the stored softmax weights, on the tensor cores: program p adds ``P[r,
     n]ᵀ @ QH[h, r]ᵀ`` ([BN, BH]; the split weights the left operand, from registers) over its rows r of [tiles·BM]
     (``rows_a_program`` of them, every query tile's stored rows in order) for BN documents n and BH hot columns h
@@ -140,8 +158,10 @@ def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot
         qh = tl.load(
             QH + h[None, :].to(tl.int64) * stride_qh + r[:, None], mask=h_ok[None, :], other=0.0
         )  # [BR, BH]
-        pt = tl.load(P + r[None, :] * stride_p + n_cols[:, None], mask=n_ok[:, None], other=0.0)  # [BN, BR]
-        acc = split_mul(pt, qh, acc, IEEE, PARTS)  # [BN, BR] @ [BR, BH] -> [BN, BH]
+        pt1, pt2, pt3 = load_parts(
+            P + r[None, :] * stride_p + n_cols[:, None], stride_part, n_ok[:, None], IEEE, PARTS, SPLIT
+        )  # [BN, BR] each
+        acc = parts_mul(pt1, pt2, pt3, qh, acc, IEEE, PARTS)  # [BN, BR] @ [BR, BH] -> [BN, BH]
     ids = tl.load(HOT_IDS + h, mask=h_ok, other=0)  # [BH] vocabulary ids (V: padding, DT's zero row)
     to = ids[None, :] * stride_dt + n_cols[:, None]  # [BN, BH] int32
     ok = n_ok[:, None] & h_ok[None, :]
@@ -150,9 +170,9 @@ def _hot_kernel(QH, stride_qh, P, stride_p, HOT_IDS, DT, GDT, stride_dt, num_hot
 
 
 @triton.jit
-def _query_grad_kernel(P, stride_p, DT, stride_dt, COLS, QT, GQT, TILE_PTR, CHUNK_TILE, CHUNK_ROW, n_docs, tile_lo,
-                       BM: tl.constexpr, BC: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
-                       PARTS: tl.constexpr):  # fmt: skip
+def _query_grad_kernel(P, stride_part, stride_p, DT, stride_dt, COLS, QT, GQT, TILE_PTR, CHUNK_TILE, CHUNK_ROW, n_docs,
+                       tile_lo, BM: tl.constexpr, BC: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+                       PARTS: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
     """The query gradient of one chunk of a query tile's columns from the stored softmax weights, on the tensor cores:
     program c takes rows k of QT from CHUNK_ROW[c] (BC of them, the tile's last chunk fewer) of query tile t =
     CHUNK_TILE[c], adds ``P[t's rows, n] @ DT[COLS[k], n]ᵀ`` ([BM, BC]) over the block's documents n, BN at a time,
@@ -169,11 +189,13 @@ def _query_grad_kernel(P, stride_p, DT, stride_dt, COLS, QT, GQT, TILE_PTR, CHUN
     for n0 in range(0, n_docs, BN):
         n = n0 + tl.arange(0, BN)
         n_ok = n < n_docs
-        p = tl.load(p_rows[:, None] + n[None, :], mask=n_ok[None, :], other=0.0)  # [BM, BN] fp32
+        p1, p2, p3 = load_parts(
+            p_rows[:, None] + n[None, :], stride_part, n_ok[None, :], IEEE, PARTS, SPLIT
+        )  # [BM, BN] each
         d = tl.load(
             DT + cols[None, :] * stride_dt + n[:, None], mask=k_ok[None, :] & n_ok[:, None], other=0.0
         )  # [BN, BC]
-        acc = split_mul(p, d, acc, IEEE, PARTS)  # [BM, BN] @ [BN, BC] -> [BM, BC]
+        acc = parts_mul(p1, p2, p3, d, acc, IEEE, PARTS)  # [BM, BN] @ [BN, BC] -> [BM, BC]
     to = k[None, :] * BM + r[:, None]  # [BM, BC]: QT's and GQT's [BC, BM] rows, transposed
     entry = nonzero(tl.load(QT + to, mask=k_ok[None, :], other=0.0), IEEE) & k_ok[None, :]  # queries' entries
     tl.store(GQT + to, tl.load(GQT + to, mask=entry, other=0.0) + acc, mask=entry)
@@ -189,9 +211,10 @@ def launch_hot(
     h_tiles, n_tiles = triton.cdiv(num_hot, setting.bh), triton.cdiv(n_docs, setting.bn)
     rows_a_program = triton.cdiv(min(HOT_ROWS_A_PROGRAM, num_rows_p), bm) * bm
     _hot_kernel[(h_tiles * n_tiles * triton.cdiv(num_rows_p, rows_a_program),)](
-        hot.weights, hot.weights.stride(0), stored, stored.stride(0), hot.ids, dt, grad_dt, dt.stride(0), num_hot,
-        num_rows_p, rows_a_program, n_docs, h_tiles, n_tiles, BH=setting.bh, BN=setting.bn, BR=bm, IEEE=ieee,
-        PARTS=parts, num_warps=setting.warps, num_stages=setting.stages,
+        hot.weights, hot.weights.stride(0), stored, stored.stride(0), stored.stride(1), hot.ids, dt, grad_dt,
+        dt.stride(0), num_hot, num_rows_p, rows_a_program, n_docs, h_tiles, n_tiles, BH=setting.bh, BN=setting.bn,
+        BR=bm, IEEE=ieee, PARTS=parts, SPLIT=stored_split(stored), num_warps=setting.warps,
+        num_stages=setting.stages,
     )  # fmt: skip
 
 
@@ -205,7 +228,7 @@ def launch_query_grad(
     if chunks.tile.numel() == 0:
         return
     _query_grad_kernel[(chunks.tile.numel(),)](
-        stored, stored.stride(0), dt, dt.stride(0), cols, qt, grad_qt, tile_ptr, chunks.tile, chunks.row, n_docs,
-        tile_lo, BM=bm, BC=setting.bc, BN=setting.bn, IEEE=qt.dtype == torch.float32, PARTS=parts,
-        num_warps=setting.warps, num_stages=setting.stages,
+        stored, stored.stride(0), stored.stride(1), dt, dt.stride(0), cols, qt, grad_qt, tile_ptr, chunks.tile,
+        chunks.row, n_docs, tile_lo, BM=bm, BC=setting.bc, BN=setting.bn, IEEE=qt.dtype == torch.float32,
+        PARTS=parts, SPLIT=stored_split(stored), num_warps=setting.warps, num_stages=setting.stages,
     )  # fmt: skip
