@@ -389,6 +389,24 @@ def fused_by_default(num_rows: int) -> bool:
     return num_rows >= FUSED_MIN_QUERIES
 
 
+class _DocBlock(NamedTuple):
+    """One block of a document column, densified (:meth:`_DocBlocks.blocks`)."""
+
+    j0: int
+    """Its first row of the column."""
+    n: int
+    """Its rows (documents)."""
+    lo: int
+    """Its first entry of the column's non-zeros."""
+    hi: int
+    """Its end entry."""
+    dt: Tensor
+    """[V + 1, n] of the tiles' dtype: the block's weights transposed, zero elsewhere (row V: the padding's)."""
+    grad_dt: Tensor | None
+    """[V + 1, n] fp32, zero at the block's entries (None: no gradient); elsewhere another block's leftovers, which
+    no kernel reads or writes: they add into it, and it is gathered, at the entries alone."""
+
+
 class _DocBlocks:
     """A document column read in blocks of ``bd`` rows, densified transposed over V + 1 (module doc)."""
 
@@ -398,18 +416,25 @@ class _DocBlocks:
         self._rows = reps.row_ids()
         self._ids = reps.token_ids.long()
 
-    def blocks(self) -> Iterator[tuple[int, int, int, int]]:
-        """(first row, rows, first entry, end entry) of each block."""
-        num_rows = self.reps.num_rows
-        for j0 in range(0, num_rows, self.bd):
-            j1 = min(j0 + self.bd, num_rows)
-            yield j0, j1 - j0, self._offsets[j0], self._offsets[j1]
-
-    def densify(self, weights: Tensor, j0: int, n: int, lo: int, hi: int, dtype: torch.dtype) -> Tensor:
-        """Rows ``j0:j0+n`` as DT [V + 1, n] of ``dtype`` (row V zero)."""
-        dt = weights.new_zeros((self.reps.vocab_size + 1, n), dtype=dtype)
-        dt[self._ids[lo:hi], self._rows[lo:hi] - j0] = entry_values(weights[lo:hi], dtype)
-        return dt
+    def blocks(self, weights: Tensor, dtype: torch.dtype, *, grads: bool = False) -> Iterator[_DocBlock]:
+        """Each block of the column with ``weights``, DT of ``dtype`` and (``grads``) its gradient's block. The blocks'
+        DT and grad_DT are views of two [V + 1, bd] buffers, allocated once: each block writes its entries and, once
+        the next block is asked for, zeroes its DT entries again, so no block clears the whole buffers (188 MB a
+        block at V = 30,522 and bd = 1,024)."""
+        shape = (self.reps.vocab_size + 1, min(self.bd, self.reps.num_rows))
+        dt_all = weights.new_zeros(shape, dtype=dtype)
+        grad_all = weights.new_empty(shape, dtype=torch.float32) if grads else None
+        for j0 in range(0, self.reps.num_rows, self.bd):
+            j1 = min(j0 + self.bd, self.reps.num_rows)
+            lo, hi = self._offsets[j0], self._offsets[j1]
+            at = (self._ids[lo:hi], self._rows[lo:hi] - j0)  # the block's entries in DT
+            dt = dt_all[:, : j1 - j0]
+            dt[at] = entry_values(weights[lo:hi], dtype)
+            grad_dt = None if grad_all is None else grad_all[:, : j1 - j0]
+            if grad_dt is not None:
+                grad_dt[at] = 0.0
+            yield _DocBlock(j0, j1 - j0, lo, hi, dt, grad_dt)
+            dt[at] = 0.0  # +0.0: no entry for the next block
 
     def gather(self, grad_dt: Tensor, j0: int, lo: int, hi: int) -> Tensor:
         """[hi - lo]: the block's gradient at its entries."""
@@ -502,12 +527,10 @@ class _FusedLogSumExp(torch.autograd.Function):
         run_max = torch.full((-(-bd // window), num_rows), -torch.inf, dtype=torch.float32, device=q.device)
         run_sum = torch.zeros_like(run_max)
         for layout, weights in zip(d_layouts, d, strict=True):
-            column = _DocBlocks(layout, bd)
-            for j0, n, lo, hi in column.blocks():
-                dt = column.densify(weights, j0, n, lo, hi, dtype)  # [V + 1, n]
+            for block in _DocBlocks(layout, bd).blocks(weights, dtype):
                 launch_forward(
-                    tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, run_max, run_sum,
-                    num_rows=num_rows, n_docs=n, inv_t=1.0 / temperature, tiles=own, window=window, bm=shape.bm,
+                    tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, block.dt, run_max, run_sum,
+                    num_rows=num_rows, n_docs=block.n, inv_t=1.0 / temperature, tiles=own, window=window, bm=shape.bm,
                     bk=shape.bk, bn=shape.bn_forward, warps=shape.warps, stages=shape.stages,
                     window_major="forward" in shape.window_major,
                 )  # fmt: skip
@@ -551,22 +574,21 @@ class _FusedLogSumExp(torch.autograd.Function):
         routes = None  # decided after the first document block: see ROUTES_MAX_DENSE_FRACTION
         for layout, weights, needs in zip(d_layouts, d, needs_d, strict=True):
             grad = torch.zeros_like(weights, dtype=torch.float32) if needs else None
+            if grad_qt is None and grad is None:
+                grad_d.append(None)
+                continue
             column = _DocBlocks(layout, saved.bd)
-            for j0, n, lo, hi in column.blocks():
-                if grad_qt is None and grad is None:
-                    break
-                dt = column.densify(weights, j0, n, lo, hi, ctx.dtype)  # [V + 1, n]
-                grad_dt = torch.zeros(dt.shape, dtype=torch.float32, device=dt.device) if needs else None
+            for block in column.blocks(weights, ctx.dtype, grads=needs):
                 launch_backward(
-                    tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, dt, lse, g, grad_qt, grad_dt, queries, work,
-                    num_rows=num_rows, n_docs=n, inv_t=inv_t, tiles=saved.rows, window=window, bm=shape.bm, bk=shape.bk,
-                    bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps, stages=shape.stages, parts=saved.parts,
-                    sparse_max=saved.sparse_max, routes=routes is not False, dense_split=shape.dense_split,
-                    window_major=shape.window_major, stored=stored if needs else None,
+                    tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, block.dt, lse, g, grad_qt, block.grad_dt,
+                    queries, work, num_rows=num_rows, n_docs=block.n, inv_t=inv_t, tiles=saved.rows, window=window,
+                    bm=shape.bm, bk=shape.bk, bn=shape.bn_backward, bn_scan=shape.bn_scan, warps=shape.warps,
+                    stages=shape.stages, parts=saved.parts, sparse_max=saved.sparse_max, routes=routes is not False,
+                    dense_split=shape.dense_split, window_major=shape.window_major, stored=stored if needs else None,
                     hot=hot if needs else None, query_chunks=chunks if needs else None, bn_store=shape.bn_store,
                 )  # fmt: skip
                 if routes is None:  # one device read: the first block's tiles on the tensor cores
-                    score_tiles, dense = len(saved.rows) * -(-n // shape.bn_scan), work.dense_tiles()
+                    score_tiles, dense = len(saved.rows) * -(-block.n // shape.bn_scan), work.dense_tiles()
                     routes = dense < ROUTES_MAX_DENSE_FRACTION * score_tiles
                     if shape.store_weights and dense and needs_q and any(needs_d):  # for the later blocks
                         stored = allocate_stored(
@@ -578,8 +600,8 @@ class _FusedLogSumExp(torch.autograd.Function):
                             hot = HotColumns(tiles.hot_ids, weights_h, tiles.cold_end)
                         if not routes and shape.query_grad_from_stored:
                             chunks = QueryChunks.build(tiles.tile_ptr, saved.rows, shape.bm)
-                if grad is not None and grad_dt is not None:
-                    grad[lo:hi] = column.gather(grad_dt, j0, lo, hi)
+                if grad is not None and block.grad_dt is not None:
+                    grad[block.lo : block.hi] = column.gather(block.grad_dt, block.j0, block.lo, block.hi)
             grad_d.append(grad)
         grad_q = (
             None if grad_qt is None else grad_qt[tiles.entry_pos, tiles.entry_lane] + queries.grad
