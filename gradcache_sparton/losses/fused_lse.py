@@ -75,10 +75,12 @@ kernel"):
 
 Memory: ``QT`` and its fp32 gradient (6·BM bytes per padded column of a tile: linear in the queries'
 non-zeros), the int64 row of every entry, one ``DT`` and one fp32 ``grad_DT`` [V + 1, bd] (bd from
-``TileShape.doc_block_bytes``: a constant, not a function of B), the running maxima and sums [W, B], the pairs' room
-(12 bytes a pair, :data:`PAIR_CAPACITY`: a constant), the pairs' query gradient (4 bytes an entry) and, with
-``TileShape.store_weights`` (the GPU's default), the dense tiles' ``p`` of one document block (4·B·bd bytes,
-allocated only where the first block listed a dense tile) and, with ``TileShape.hot_columns``, the queries' weights
+``TileShape.doc_block_bytes``: a constant, not a function of B; a column's blocks reuse them, each written and
+cleared at its own entries), the running maxima and sums [W, B], the pairs' room (12 bytes a pair,
+:data:`PAIR_CAPACITY`: a constant), the pairs' query gradient (4 bytes an entry) and, with
+``TileShape.store_weights`` (the GPU's default), the dense tiles' ``p`` of one document block (4·B·bd bytes, as fp32
+or as 2 bf16 parts with ``TileShape.store_split``; 6·B·bd with 3 parts; allocated only where the first block listed
+a dense tile) and, with ``TileShape.hot_columns``, the queries' weights
 at the hot columns (H·B·2 bytes in bf16: 121 MB for 924 columns at B 65,536, gathered where a backward first takes
 them). Nothing grows with B².
 
