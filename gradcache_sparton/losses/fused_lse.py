@@ -95,7 +95,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -104,10 +104,10 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from gradcache_sparton.losses.blocked import check_same_on_every_rank, products_in_bf16
+from gradcache_sparton.losses.doc_blocks import DocBlocks
 from gradcache_sparton.losses.query_tiles import (
     QueryTiles,
     build_query_tiles,
-    entry_values,
     hot_weights,
     query_order,
 )
@@ -391,58 +391,6 @@ def fused_by_default(num_rows: int) -> bool:
     return num_rows >= FUSED_MIN_QUERIES
 
 
-class _DocBlock(NamedTuple):
-    """One block of a document column, densified (:meth:`_DocBlocks.blocks`)."""
-
-    j0: int
-    """Its first row of the column."""
-    n: int
-    """Its rows (documents)."""
-    lo: int
-    """Its first entry of the column's non-zeros."""
-    hi: int
-    """Its end entry."""
-    dt: Tensor
-    """[V + 1, n] of the tiles' dtype: the block's weights transposed, zero elsewhere (row V: the padding's)."""
-    grad_dt: Tensor | None
-    """[V + 1, n] fp32, zero at the block's entries (None: no gradient); elsewhere another block's leftovers, which
-    no kernel reads or writes: they add into it, and it is gathered, at the entries alone."""
-
-
-class _DocBlocks:
-    """A document column read in blocks of ``bd`` rows, densified transposed over V + 1 (module doc)."""
-
-    def __init__(self, reps: SparseReps, bd: int) -> None:
-        self.reps, self.bd = reps, bd
-        self._offsets = reps.offsets.tolist()  # read back once: no device sync per block
-        self._rows = reps.row_ids()
-        self._ids = reps.token_ids.long()
-
-    def blocks(self, weights: Tensor, dtype: torch.dtype, *, grads: bool = False) -> Iterator[_DocBlock]:
-        """Each block of the column with ``weights``, DT of ``dtype`` and (``grads``) its gradient's block. The blocks'
-        DT and grad_DT are views of two [V + 1, bd] buffers, allocated once: each block writes its entries and, once
-        the next block is asked for, zeroes its DT entries again, so no block clears the whole buffers (188 MB a
-        block at V = 30,522 and bd = 1,024)."""
-        shape = (self.reps.vocab_size + 1, min(self.bd, self.reps.num_rows))
-        dt_all = weights.new_zeros(shape, dtype=dtype)
-        grad_all = weights.new_empty(shape, dtype=torch.float32) if grads else None
-        for j0 in range(0, self.reps.num_rows, self.bd):
-            j1 = min(j0 + self.bd, self.reps.num_rows)
-            lo, hi = self._offsets[j0], self._offsets[j1]
-            at = (self._ids[lo:hi], self._rows[lo:hi] - j0)  # the block's entries in DT
-            dt = dt_all[:, : j1 - j0]
-            dt[at] = entry_values(weights[lo:hi], dtype)
-            grad_dt = None if grad_all is None else grad_all[:, : j1 - j0]
-            if grad_dt is not None:
-                grad_dt[at] = 0.0
-            yield _DocBlock(j0, j1 - j0, lo, hi, dt, grad_dt)
-            dt[at] = 0.0  # +0.0: no entry for the next block
-
-    def gather(self, grad_dt: Tensor, j0: int, lo: int, hi: int) -> Tensor:
-        """[hi - lo]: the block's gradient at its entries."""
-        return grad_dt[self._ids[lo:hi], self._rows[lo:hi] - j0]
-
-
 def _document_rows(vocab: int, shape: TileShape) -> int:
     """bd: documents per block, a multiple of every BN, with grad_DT within ``shape.doc_block_bytes``; (V + 1)·bd
     below 2^31, the kernels' int32 offsets into DT and grad_DT."""
@@ -529,7 +477,7 @@ class _FusedLogSumExp(torch.autograd.Function):
         run_max = torch.full((-(-bd // window), num_rows), -torch.inf, dtype=torch.float32, device=q.device)
         run_sum = torch.zeros_like(run_max)
         for layout, weights in zip(d_layouts, d, strict=True):
-            for block in _DocBlocks(layout, bd).blocks(weights, dtype):
+            for block in DocBlocks(layout, bd).blocks(weights, dtype):
                 launch_forward(
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, block.dt, run_max, run_sum,
                     num_rows=num_rows, n_docs=block.n, inv_t=1.0 / temperature, tiles=own, window=window, bm=shape.bm,
@@ -579,7 +527,7 @@ class _FusedLogSumExp(torch.autograd.Function):
             if grad_qt is None and grad is None:
                 grad_d.append(None)
                 continue
-            column = _DocBlocks(layout, saved.bd)
+            column = DocBlocks(layout, saved.bd)
             for block in column.blocks(weights, ctx.dtype, grads=needs):
                 launch_backward(
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, block.dt, lse, g, grad_qt, block.grad_dt,
