@@ -40,7 +40,8 @@ dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile
   tile's own rows; atomic adds where its windows share them) and ``grad_DT[id_k] += QT[k]ᵀ @ p`` (atomic adds:
   every query tile adds to the document block's gradient), by one kernel or, with ``TileShape.dense_split`` (the
   GPU's default), one kernel each (with ``TileShape.store_weights``, the GPU's default too, the second reads the
-  first's ``p`` from memory instead of recomputing the scores, from the second document block on). With
+  first's ``p`` from memory instead of recomputing the scores, from the second document block on; fp32, or its
+  bf16 parts with ``TileShape.store_split``). With
   ``TileShape.hot_columns`` (the GPU's default) and every tile's ``p`` stored (a block without the scan, below),
   the columns that at least ``query_tiles.HOT_MIN_TILE_FRACTION`` of the query tiles hold (each tile's last)
   leave the second kernel: their document gradient is one product over every query, ``QHᵀ @ p`` (QH [H, B],
