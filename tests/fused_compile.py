@@ -104,14 +104,11 @@ def launches(shape: fused_lse.TileShape, ieee: bool) -> list[tuple[str, triton.J
         store = {"NEED_Q": False, "NEED_D": False, "STORE": True, "LOAD": False, "LISTED": False}
         out.append(dense("q0 d0 listed0 store", shape.bn_store or shape.bn_backward, **store))
         chunk = stored_weights_triton.QUERY_GRAD_TILE
-        constexprs = {
-            "BM": shape.bm,
-            "BC": chunk.bc,
-            "BN": chunk.bn,
-            "IEEE": ieee,
-            "PARTS": fused_lse.SPLIT_PARTS,
-        }
-        out.append(("query_grad", stored_weights_triton._query_grad_kernel, {**constexprs, "SPLIT": split}))
+        out.append((
+            "query_grad", stored_weights_triton._query_grad_kernel,
+            {"BM": shape.bm, "BC": chunk.bc, "BN": chunk.bn, "IEEE": ieee, "PARTS": fused_lse.SPLIT_PARTS,
+             "SPLIT": split},
+        ))  # fmt: skip
     out.append((
         "pairs", fused_lse_triton._pairs_kernel,
         {"P": fused_lse_triton.PAIR_BLOCK, "E": fused_lse_triton.ENTRY_BLOCK, "IEEE": ieee, "NEED_Q": True,

@@ -22,14 +22,14 @@ __all__ = ["DocBlock", "DocBlocks"]
 class DocBlock(NamedTuple):
     """One block of a document column, densified (:meth:`DocBlocks.blocks`)."""
 
-    j0: int
-    """Its first row of the column."""
     n: int
     """Its rows (documents)."""
     lo: int
     """Its first entry of the column's non-zeros."""
     hi: int
     """Its end entry."""
+    entries: tuple[Tensor, Tensor]
+    """Its entries' places in DT and grad_DT: (vocabulary ids, rows of the block)."""
     dt: Tensor
     """[V + 1, n] of the tiles' dtype: the block's weights transposed, zero elsewhere (row V: the padding's)."""
     grad_dt: Tensor | None
@@ -63,9 +63,5 @@ class DocBlocks:
             grad_dt = None if grad_all is None else grad_all[:, : j1 - j0]
             if grad_dt is not None:
                 grad_dt[at] = 0.0
-            yield DocBlock(j0, j1 - j0, lo, hi, dt, grad_dt)
+            yield DocBlock(j1 - j0, lo, hi, at, dt, grad_dt)
             dt[at] = 0.0  # +0.0: no entry for the next block
-
-    def gather(self, grad_dt: Tensor, j0: int, lo: int, hi: int) -> Tensor:
-        """[hi - lo]: the block's gradient at its entries."""
-        return grad_dt[self._ids[lo:hi], self._rows[lo:hi] - j0]

@@ -528,8 +528,7 @@ class _FusedLogSumExp(torch.autograd.Function):
             if grad_qt is None and grad is None:
                 grad_d.append(None)
                 continue
-            column = DocBlocks(layout, saved.bd)
-            for block in column.blocks(weights, ctx.dtype, grads=needs):
+            for block in DocBlocks(layout, saved.bd).blocks(weights, ctx.dtype, grads=needs):
                 launch_backward(
                     tiles.qt, tiles.cols, tiles.tile_ptr, tiles.row_idx, block.dt, lse, g, grad_qt, block.grad_dt,
                     queries, work, num_rows=num_rows, n_docs=block.n, inv_t=inv_t, tiles=saved.rows, window=window,
@@ -552,7 +551,7 @@ class _FusedLogSumExp(torch.autograd.Function):
                         if not routes and shape.query_grad_from_stored:
                             chunks = QueryChunks.build(tiles.tile_ptr, saved.rows, shape.bm)
                 if grad is not None and block.grad_dt is not None:
-                    grad[block.lo : block.hi] = column.gather(block.grad_dt, block.j0, block.lo, block.hi)
+                    grad[block.lo : block.hi] = block.grad_dt[block.entries]
             grad_d.append(grad)
         grad_q = (
             None if grad_qt is None else grad_qt[tiles.entry_pos, tiles.entry_lane] + queries.grad

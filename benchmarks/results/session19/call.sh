@@ -19,8 +19,10 @@ PY
 BEST=${BEST:-window256_stored_hot1024_query_split_store256}; echo "best variant: $BEST at $(el) s" | tee -a $L
 # (2) the GPU tests of the stored weights' settings
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_fused_lse_gpu.py -k "query or matches_blocked or auto" >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
-# (3) the curve: the best variant against 1d51c95 (the previous default)
+# (3) the curve: the best variant against 1d51c95 (the previous default); `bash call.sh short` stops before it
+if [ "${1:-}" != short ]; then
 C="python3 -m benchmarks.bench_loss_curve --beir_path $R0/.gpu/data/scifact --kinds text --min_batch 16384 --max_batch 131072"
 timeout $(( 440 - $(el) )) python3 -c "import sys; from gradcache_sparton.losses import fused_lse as F; F.GPU_TILES = F.VARIANTS[sys.argv.pop(1)]; from benchmarks.bench_loss_curve import main; sys.exit(main(sys.argv[1:]))" $BEST ${C#python3 -m benchmarks.bench_loss_curve } --budget_s $(( 430 - $(el) )) --out $OUT/curve_head.json >> $L 2>&1; echo "curve $BEST rc=$? at $(el) s" | tee -a $L
 (cd $R0/.prev && PYTHONPATH=$R0/.prev:/tmp/site timeout $(( 540 - $(el) )) $C --budget_s $(( 530 - $(el) )) --out $OUT/curve_1d51c95.json) >> $L 2>&1; echo "curve 1d51c95 rc=$? at $(el) s" | tee -a $L
+fi
 grep -E "rc=|best|block_ms|buffers|passed|failed|fused:|^ +[0-9]+ +text|Error|error" $L | cut -c1-400
