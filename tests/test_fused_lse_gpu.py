@@ -1,7 +1,8 @@
 """The fused sparse log-sum-exp compiled on a GPU, at the GPU's own tiles (``fused_lse.GPU_TILES``) and the real
 vocabulary: lse and every gradient against a dense fp64 computation, the fused SpladeLoss against the blocked one,
-and the rule by which ``score_kernel='auto'`` takes the kernels. The CPU tests (``test_fused_lse.py``) run the
-same kernels through the interpreter at interpreter tiles; these check what 'auto' runs where it runs.
+the rule by which ``score_kernel='auto'`` takes the kernels, and document blocks that never wait for the device.
+The CPU tests (``test_fused_lse.py``) run the same kernels through the interpreter at interpreter tiles; these
+check what 'auto' runs where it runs.
 
 Legend: B queries, N = 2B documents (positives, one hard-negative column), V vocabulary.
 
@@ -26,6 +27,7 @@ from lse_reference import (
 )
 
 from gradcache_sparton.losses import SpladeLoss, SpladeLossConfig, fused_lse
+from gradcache_sparton.losses.doc_blocks import DocBlocks
 from gradcache_sparton.losses.fused_lse import fused_sparse_logsumexp, use_fused_kernel
 from gradcache_sparton.primitives.sparse_reps import SparseReps
 
@@ -150,3 +152,19 @@ def test_auto_takes_the_kernels_from_fused_min_queries_on() -> None:
     assert use_fused_kernel(reps(threshold), [reps(threshold)], "auto")
     assert not use_fused_kernel(reps(threshold - 1), [reps(threshold - 1)], "auto")
     assert not use_fused_kernel(reps(threshold, torch.float64), [reps(threshold, torch.float64)], "auto")
+
+
+def test_document_blocks_never_wait_for_the_device() -> None:
+    """DocBlocks writes, clears and gathers each block's entries without a host-device sync: one a block stalled the
+    kernels' launches (a Python 0.0 written at tensor indices, session 19). torch's sync debug mode raises on any."""
+    reps = SparseReps.from_dense(_batch("bf16")[1])
+    blocks = DocBlocks(reps, 256)  # reads the offsets back once, before the blocks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grads = [
+            block.grad_dt[block.entries] for block in blocks.blocks(reps.weights, torch.bfloat16, grads=True)
+        ]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(grads) == -(-B // 256) and sum(g.numel() for g in grads) == reps.weights.numel()

@@ -50,10 +50,14 @@ class DocBlocks:
         """Each block of the column with ``weights``, DT of ``dtype`` and (``grads``) its gradient's block. The blocks'
         DT and grad_DT are views of two [V + 1, bd] buffers, allocated once: each block writes its entries and, once
         the next block is asked for, zeroes its DT entries again, so no block clears the whole buffers (188 MB a
-        block at V = 30,522 and bd = 1,024)."""
+        block at V = 30,522 and bd = 1,024). The zeros are device tensors: a Python 0.0 written at tensor indices
+        reaches a GPU tensor through a host-to-device copy that waits for the stream (torch's ``index_put_``), a
+        stall each block."""
         shape = (self.reps.vocab_size + 1, min(self.bd, self.reps.num_rows))
         dt_all = weights.new_zeros(shape, dtype=dtype)
         grad_all = weights.new_empty(shape, dtype=torch.float32) if grads else None
+        dt_zero = dt_all.new_zeros(())
+        grad_zero = None if grad_all is None else grad_all.new_zeros(())
         for j0 in range(0, self.reps.num_rows, self.bd):
             j1 = min(j0 + self.bd, self.reps.num_rows)
             lo, hi = self._offsets[j0], self._offsets[j1]
@@ -62,6 +66,6 @@ class DocBlocks:
             dt[at] = entry_values(weights[lo:hi], dtype)
             grad_dt = None if grad_all is None else grad_all[:, : j1 - j0]
             if grad_dt is not None:
-                grad_dt[at] = 0.0
+                grad_dt[at] = grad_zero
             yield DocBlock(j1 - j0, lo, hi, at, dt, grad_dt)
-            dt[at] = 0.0  # +0.0: no entry for the next block
+            dt[at] = dt_zero  # +0.0: no entry for the next block

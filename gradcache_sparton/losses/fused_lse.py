@@ -291,7 +291,7 @@ VARIANTS = {
 # 'window256_stored' (0.800 with 512). 'window256_stored' (session 15): backward 0.868 s against 0.952 for
 # 'window256_forward256', the same 0.208 / 0.207 s at 0.05 (every tile by pairs there, nothing stored). The forward
 # 256 wide (session 14): 0.106 s against 0.130.
-GPU_TILES = VARIANTS["window256_stored_hot1024_query"]
+GPU_TILES = VARIANTS["window256_stored_hot1024_query_split_store256"]
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
 INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_scan=16, bn_backward=16, warps=4, stages=1)
 

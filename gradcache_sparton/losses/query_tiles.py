@@ -135,7 +135,7 @@ def hot_weights(tiles: QueryTiles, own: range, vocab: int) -> Tensor:
     device = tiles.qt.device
     hot_row = torch.full((vocab + 1,), -1, dtype=torch.int64, device=device)
     hot_row[tiles.hot_ids.long()] = torch.arange(num_hot, device=device)
-    hot_row[vocab] = -1  # padding ids
+    hot_row[vocab:] = -1  # padding ids (a slice: filled on the device, no sync)
     first, end = int(tiles.tile_ptr[own.start]), int(tiles.tile_ptr[own.stop])
     k = torch.arange(first, end, device=device)  # the own tiles' rows of QT
     row = hot_row[tiles.cols[k].long()]
@@ -157,7 +157,7 @@ def _hot_columns(key_ids: Tensor, num_tiles: int, vocab: int, limit: int, edge: 
     tiles_holding = torch.bincount(key_ids, minlength=vocab)  # [V]
     held, ids = torch.topk(tiles_holding, min(limit, vocab))
     ids = ids[held >= max(1.0, HOT_MIN_TILE_FRACTION * num_tiles)]
-    is_hot[ids] = True
+    is_hot.index_fill_(0, ids, True)  # a Python True at tensor indices would sync (torch's index_put_)
     padded = torch.full((-(-ids.numel() // edge) * edge,), vocab, dtype=torch.int32, device=device)
     padded[: ids.numel()] = ids.to(torch.int32)
     return padded, is_hot

@@ -155,7 +155,7 @@ class _SparseRows:
             last = min(first + per_pass, num_rows)
             _, _, rows, ids = self._entries(first, last)
             mask = torch.zeros((-(-(last - first) // edge), vocab), dtype=torch.bool, device=ids.device)
-            mask[rows // edge, ids] = True  # [blocks, V]: the ids each block touches
+            mask[rows // edge, ids] = mask.new_ones(())  # [blocks, V]: the ids each block touches
             sizes = mask.sum(dim=1).tolist()
             active.extend(mask.nonzero()[:, 1].split(sizes))  # row-major: per block, ids ascending
         return active

@@ -76,10 +76,11 @@ class QueryGradTile(NamedTuple):
     stages: int
 
 
-# The fastest of 5 settings (one block of B 65,536 at temperature 1.0 with 924 hot columns, one H100, session18 call 2;
-# the block's whole backward, ms): BC 64 x BN 64, 4 warps 5.06; BC 128 5.20 (BN 32: 5.44); BC 256, 8 warps 7.23 (BN
-# 32: 9.09); the query pass adding the query gradient 6.07. The kernel alone: 1.34 ms at BC 64, 1.44 at 128.
-QUERY_GRAD_TILE = QueryGradTile(bc=64, bn=64, warps=4, stages=3)
+# With the weights stored as bf16 parts (the GPU's TileShape), the fastest of 4 settings (one block of B 65,536 at
+# temperature 1.0 with 924 hot columns, one H100, session 20; the block's whole backward, ms): BC 128 x BN 64, 4
+# warps, 3 stages 4.59; BC 64 4.77 (4 stages: 4.94); BC 64 x BN 128 5.71. The kernel alone: 1.16 ms at BC 128, 1.40
+# at 64. With fp32 stored weights, split again in each chunk, BC 64 was the faster (5.06 against 5.20, session 18).
+QUERY_GRAD_TILE = QueryGradTile(bc=128, bn=64, warps=4, stages=3)
 
 
 def _query_grad_tile(bm: int) -> QueryGradTile:
