@@ -25,8 +25,8 @@ for name, value in [("python 0.0", 0.0), ("device zero", x.new_zeros(()))]:
     finally:
         torch.cuda.set_sync_debug_mode("default")
 PY
-timeout 170 python3 -m benchmarks.bench_loss_kernel --beir_path $R0/.gpu/data/scifact --batches 65536 --budget_s 150 --output $OUT/ab_65536.json --variants window256_stored_hot1024_query,window256_stored_hot1024_query_split_store256 >> $L 2>&1; echo "ab rc=$? at $(el) s" | tee -a $L
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fused_lse_gpu.py -k "query or matches_blocked or auto or never_wait" >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
+timeout $(left $CAP) python3 -m benchmarks.bench_loss_kernel --beir_path $R0/.gpu/data/scifact --batches 65536 --budget_s $(left $(( CAP - 20 ))) --output $OUT/ab_65536.json --variants window256_stored_hot1024_query,window256_stored_hot1024_query_split_store256 >> $L 2>&1; echo "ab rc=$? at $(el) s" | tee -a $L
+timeout $(left $CAP) python3 -m pytest -q -p no:cacheprovider tests/test_fused_lse_gpu.py -k "query or matches_blocked or auto or never_wait" >> $L 2>&1; echo "gpu tests rc=$? at $(el) s" | tee -a $L
 C="python3 -m benchmarks.bench_loss_curve --beir_path $R0/.gpu/data/scifact --kinds text --min_batch 16384 --max_batch 131072"
 timeout $(left $(( CAP - 90 ))) $C --budget_s $(left $(( CAP - 100 ))) --out $OUT/curve_head.json >> $L 2>&1; echo "curve head rc=$? at $(el) s" | tee -a $L
 (cd $R0/.prev && PYTHONPATH=$R0/.prev:/tmp/site timeout $(left $CAP) $C --budget_s $(left $(( CAP - 10 ))) --out $OUT/curve_1d51c95.json) >> $L 2>&1; echo "curve 1d51c95 rc=$? at $(el) s" | tee -a $L
