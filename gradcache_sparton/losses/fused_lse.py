@@ -282,15 +282,17 @@ VARIANTS = {
         doc_block_bytes=512 << 20,
     ),
 }
-# The GPU's setting: 'window256_stored_hot1024_query' (split128's tiles, each query tile's programs over windows of
-# 256 documents side by side, the forward a window at a time; where every tile's softmax weights are stored, the
-# document-gradient pass reads them, up to 1,024 hot columns' document gradient is one product over every query and
-# the query gradient one product a chunk of a tile's columns over the block). B 65,536 on one H100
-# (benchmarks/results/session18, call 2): backward 0.664 s against 0.772 for 'window256_stored_hot1024' at temperature
-# 1.0 (forward + backward 0.775 against 0.878). Hot columns (session 17): backward 0.775 s against 0.866 for
-# 'window256_stored' (0.800 with 512). 'window256_stored' (session 15): backward 0.868 s against 0.952 for
-# 'window256_forward256', the same 0.208 / 0.207 s at 0.05 (every tile by pairs there, nothing stored). The forward
-# 256 wide (session 14): 0.106 s against 0.130.
+# The GPU's setting: 'window256_stored_hot1024_query_split_store256' (split128's tiles, each query tile's programs
+# over windows of 256 documents side by side, the forward a window at a time; where every tile's softmax weights are
+# stored, as their bf16 parts, by a pass 256 documents wide, the document-gradient pass reads them, up to 1,024 hot
+# columns' document gradient is one product over every query and the query gradient one product a chunk of a tile's
+# columns over the block). B 65,536 at temperature 1.0 on one H100 (benchmarks/results/session20, call 1): a block's
+# backward 4.77 ms against 5.15 for 'window256_stored_hot1024_query', the loss 0.817 s against 0.871 (both then with
+# a host-device sync a document block, since removed). 'window256_stored_hot1024_query' (session 18): backward 0.664 s
+# against 0.772 for 'window256_stored_hot1024' (forward + backward 0.775 against 0.878). Hot columns (session 17):
+# backward 0.775 s against 0.866 for 'window256_stored' (0.800 with 512). 'window256_stored' (session 15): backward
+# 0.868 s against 0.952 for 'window256_forward256', the same 0.208 / 0.207 s at 0.05 (every tile by pairs there,
+# nothing stored). The forward 256 wide (session 14): 0.106 s against 0.130.
 GPU_TILES = VARIANTS["window256_stored_hot1024_query_split_store256"]
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
 INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_scan=16, bn_backward=16, warps=4, stages=1)
