@@ -156,7 +156,7 @@ def test_auto_takes_the_kernels_from_fused_min_queries_on() -> None:
 
 def test_document_blocks_never_wait_for_the_device() -> None:
     """DocBlocks writes, clears and gathers each block's entries without a host-device sync: one a block stalled the
-    kernels' launches (a Python 0.0 written at tensor indices, session 19). torch's sync debug mode raises on any."""
+    kernels' launches (a Python 0.0 written at tensor indices). torch's sync debug mode raises on any."""
     reps = SparseReps.from_dense(_batch("bf16")[1])
     blocks = DocBlocks(reps, 256)  # reads the offsets back once, before the blocks
     torch.cuda.synchronize()
