@@ -400,6 +400,27 @@ def test_query_order_groups_equal_term_sets() -> None:
     assert order[-1] == 4
 
 
+@pytest.mark.parametrize(("fraction", "hot"), [(0.5, [0]), (0.375, [0, 1]), (0.25, [0, 1, 2])])
+def test_hot_columns_are_those_enough_tiles_hold(fraction: float, hot: list[int]) -> None:
+    """``TileShape.hot_min_tile_fraction``: of 8 query tiles, column 0 is held by all, 1 by 3 and 2 by 2, the others
+    by one; the hot columns are exactly those held by at least the fraction of the tiles, the most held first,
+    padded with V to a multiple of BM, and in each tile they come after its other columns."""
+    dense = torch.zeros(32, 10)
+    dense[0::4, 0] = 1.0  # a row of every tile of 4
+    dense[[0, 4, 8], 1] = 2.0  # tiles 0-2
+    dense[[12, 16], 2] = 3.0  # tiles 3-4
+    dense[torch.arange(1, 28, 4), torch.arange(3, 10)] = 4.0  # columns 3-9, a tile each
+    reps = SparseReps.from_dense(dense)
+    tiles = query_tiles.build_query_tiles(
+        reps, reps.weights, bm=4, bk=4, dtype=torch.float32, hot_columns=8, hot_min_tile_fraction=fraction
+    )
+    assert tiles.hot_ids.tolist() == hot + [10] * (-len(hot) % 4)
+    for t in range(8):
+        start, cold_end, end = int(tiles.tile_ptr[t]), int(tiles.cold_end[t]), int(tiles.tile_ptr[t + 1])
+        assert not set(tiles.cols[start:cold_end].tolist()) & set(hot)
+        assert set(tiles.cols[cold_end:end].tolist()) - {10} <= set(hot)
+
+
 def test_fused_is_chosen_only_where_asked_or_measured(monkeypatch) -> None:
     """'blocked' never runs the kernel, 'fused' always (raising where it cannot), 'auto' only on a GPU from the
     measured size on."""
@@ -444,6 +465,7 @@ def test_auto_follows_the_measured_query_count(monkeypatch) -> None:
         ({"store_weights": True}, r"store_weights needs dense_split"),
         ({"bn_store": 32}, r"bn_store \(32\) must be 0, or > 0 with query_grad_from_stored"),
         ({"store_split": True}, r"store_split needs store_weights"),
+        ({"hot_min_tile_fraction": 0.0}, r"hot_min_tile_fraction \(0.0\) must be in \(0, 1\]"),
     ],
 )
 def test_settings_that_would_lose_tiles_are_refused(monkeypatch, change: dict, match: str) -> None:

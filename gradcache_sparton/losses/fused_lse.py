@@ -43,7 +43,7 @@ dL/dlse / temperature`` in fp32. A scan (BN_scan documents wide) takes each tile
   first's ``p`` from memory instead of recomputing the scores, from the second document block on; fp32, or its
   bf16 parts with ``TileShape.store_split``). With
   ``TileShape.hot_columns`` (the GPU's default) and every tile's ``p`` stored (a block without the scan, below),
-  the columns that at least ``query_tiles.HOT_MIN_TILE_FRACTION`` of the query tiles hold (each tile's last)
+  the columns that at least ``TileShape.hot_min_tile_fraction`` of the query tiles hold (each tile's last)
   leave the second kernel: their document gradient is one product over every query, ``QHᵀ @ p`` (QH [H, B],
   the queries' weights at those ids; the same split parts, fp32 accumulation), each document entry written by a
   few programs instead of by every query tile. With ``TileShape.query_grad_from_stored`` (the GPU's default) there
@@ -107,6 +107,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from gradcache_sparton.losses.blocked import check_same_on_every_rank, products_in_bf16
 from gradcache_sparton.losses.doc_blocks import DocBlocks
 from gradcache_sparton.losses.query_tiles import (
+    HOT_MIN_TILE_FRACTION,
     QueryTiles,
     build_query_tiles,
     hot_weights,
@@ -210,8 +211,8 @@ class TileShape(NamedTuple):
     (the same values: one score product a tile fewer). The buffer is allocated after the first document block
     (which recomputes), and only if that block listed a dense tile: none where every tile goes by pairs."""
     hot_columns: int = 0
-    """With ``store_weights``: at most this many columns (rounded up to a multiple of ``bm``) that most query tiles
-    hold (at least ``query_tiles.HOT_MIN_TILE_FRACTION`` of them; the most held first) leave the document pass
+    """With ``store_weights``: at most this many columns (rounded up to a multiple of ``bm``) that the most query
+    tiles hold (at least ``hot_min_tile_fraction`` of them; the most held first) leave the document pass
     wherever every tile's weights are stored (a block without the routes): their document gradient is one product
     over every query, ``QHᵀ @ p`` (``stored_weights_triton._hot_kernel``), in place of each tile's partial sums added
     by atomics; the queries' weights there are kept once more ([H, B] bf16 or fp32). 0: none."""
@@ -228,6 +229,10 @@ class TileShape(NamedTuple):
     bytes a weight at 2 parts, as in fp32), split once where they are computed, in place of fp32 weights that every
     pass reading them splits again (the document pass, the hot columns' product and the query gradient's, once for
     every chunk of a tile's columns); the same parts, the same products."""
+    hot_min_tile_fraction: float = HOT_MIN_TILE_FRACTION
+    """With ``hot_columns``: a column is hot where at least this fraction of the query tiles hold it. The hot
+    product takes every query's row at the column, held or not, so at 0.5 it does at most twice the products it
+    takes from the tiles; lower, more columns leave the document pass's atomics for more products."""
 
     def doc_edge(self) -> int:
         """The documents every score tile's width divides: a window, and a document block, hold whole tiles."""
@@ -271,6 +276,12 @@ VARIANTS = {
     "window256_stored_hot1024_query": _QUERY,
     "window256_stored_hot1024_query_split": _QUERY._replace(store_split=True),
     "window256_stored_hot1024_query_split_store256": _QUERY._replace(store_split=True, bn_store=256),
+    **{
+        f"window256_stored_hot{hot}at{round(fraction * 100)}_query_split_store256": _QUERY._replace(
+            store_split=True, bn_store=256, hot_columns=hot, hot_min_tile_fraction=fraction
+        )
+        for hot, fraction in ((1536, 0.35), (2048, 0.25), (3072, 0.25))
+    },
     "columns": TileShape(
         bm=64,
         bk=64,
@@ -286,9 +297,9 @@ VARIANTS = {
 # over windows of 256 documents side by side, the forward a window at a time; where every tile's softmax weights are
 # stored, as their bf16 parts, by a pass 256 documents wide, the document-gradient pass reads them, up to 1,024 hot
 # columns' document gradient is one product over every query and the query gradient one product a chunk of a tile's
-# columns over the block). B 65,536 at temperature 1.0 on one H100 (benchmarks/results/session20, call 1): a block's
-# backward 4.77 ms against 5.15 for 'window256_stored_hot1024_query', the loss 0.817 s against 0.871 (both then with
-# a host-device sync a document block, since removed). 'window256_stored_hot1024_query' (session 18): backward 0.664 s
+# columns over the block). B 65,536 at temperature 1.0 on one H100 (benchmarks/results/session21, call 1): the loss
+# 0.695 s against 0.781 for 'window256_stored_hot1024_query' (backward 0.590 against 0.672; session 20, call 1: a
+# block's backward 4.59 ms against 5.15). 'window256_stored_hot1024_query' (session 18): backward 0.664 s
 # against 0.772 for 'window256_stored_hot1024' (forward + backward 0.775 against 0.878). Hot columns (session 17):
 # backward 0.775 s against 0.866 for 'window256_stored' (0.800 with 512). 'window256_stored' (session 15): backward
 # 0.868 s against 0.952 for 'window256_forward256', the same 0.208 / 0.207 s at 0.05 (every tile by pairs there,
@@ -332,6 +343,11 @@ def _tile_shape() -> TileShape:
         raise ValueError(
             f"TileShape: hot_columns ({shape.hot_columns}) must be 0, or > 0 with store_weights (their gradient reads "
             f"the stored weights), got {shape}"
+        )
+    if not 0.0 < shape.hot_min_tile_fraction <= 1.0:
+        raise ValueError(
+            f"TileShape: hot_min_tile_fraction ({shape.hot_min_tile_fraction}) must be in (0, 1] (the share of the "
+            f"query tiles that hold a hot column), got {shape}"
         )
     if shape.query_grad_from_stored and not shape.store_weights:
         raise ValueError(
@@ -468,7 +484,14 @@ class _FusedLogSumExp(torch.autograd.Function):
         dtype = torch.bfloat16 if products_in_bf16([q, *d]) else torch.float32
         order = query_order(q_layout) if SORT_QUERIES else None
         tiles = build_query_tiles(
-            q_layout, q, bm=shape.bm, bk=shape.bk, dtype=dtype, order=order, hot_columns=shape.hot_columns
+            q_layout,
+            q,
+            bm=shape.bm,
+            bk=shape.bk,
+            dtype=dtype,
+            order=order,
+            hot_columns=shape.hot_columns,
+            hot_min_tile_fraction=shape.hot_min_tile_fraction,
         )
         own, summed = _rank_tiles(tiles.tile_ptr.numel() - 1, shard)
         if summed:

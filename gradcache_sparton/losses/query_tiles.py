@@ -22,8 +22,9 @@ __all__ = [
     "query_order",
 ]
 
-# A column is hot (TileShape.hot_columns) where at least this fraction of the query tiles hold it: its share of
-# the hot product (every query's row, held or not) is then at most twice what it replaces in the tiles.
+# The default of TileShape.hot_min_tile_fraction: a column is hot where at least this fraction of the query tiles
+# hold it; its share of the hot product (every query's row, held or not) is then at most twice what it replaces in
+# the tiles.
 HOT_MIN_TILE_FRACTION = 0.5
 
 # Knuth's multiplicative hash (2^32 / golden ratio): spreads the vocabulary ids over [0, 2^32).
@@ -77,9 +78,11 @@ def build_query_tiles(
     dtype: torch.dtype,
     order: Tensor | None = None,
     hot_columns: int = 0,
+    hot_min_tile_fraction: float = HOT_MIN_TILE_FRACTION,
 ) -> QueryTiles:
     """:class:`QueryTiles` of ``reps`` with ``weights``, the queries in ``order`` ([B] positions -> rows; None: as
-    they are), with up to ``hot_columns`` hot columns (``TileShape.hot_columns``): one sort of the entries' (tile,
+    they are), with up to ``hot_columns`` hot columns (``TileShape.hot_columns``), those held by at least
+    ``hot_min_tile_fraction`` of the tiles: one sort of the entries' (tile,
     id) keys (a second with hot columns: each tile's last); two syncs (the unique keys' count, the total rows; a
     third with hot columns, their count)."""
     vocab, device, num_rows = reps.vocab_size, weights.device, reps.num_rows
@@ -97,7 +100,7 @@ def build_query_tiles(
     tile = at // bm
     keys, inverse = torch.unique(tile * vocab + reps.token_ids.long(), sorted=True, return_inverse=True)
     key_tile, key_ids = keys // vocab, keys % vocab  # [U_all]: unique (tile, id) pairs, by tile, then id
-    hot_ids, is_hot = _hot_columns(key_ids, num_tiles, vocab, hot_columns, bm)
+    hot_ids, is_hot = _hot_columns(key_ids, num_tiles, vocab, hot_columns, hot_min_tile_fraction, bm)
     key_hot = is_hot[key_ids]
     if hot_ids.numel():  # each tile's hot columns last: the keys sorted by (tile, hot, id)
         resort = torch.sort(key_tile * 2 + key_hot, stable=True).indices
@@ -146,17 +149,18 @@ def hot_weights(tiles: QueryTiles, own: range, vocab: int) -> Tensor:
     return out.view(num_hot, len(own) * bm)
 
 
-def _hot_columns(key_ids: Tensor, num_tiles: int, vocab: int, limit: int, edge: int) -> tuple[Tensor, Tensor]:
+def _hot_columns(
+    key_ids: Tensor, num_tiles: int, vocab: int, limit: int, min_fraction: float, edge: int
+) -> tuple[Tensor, Tensor]:
     """The hot columns (``TileShape.hot_columns``) of tiles whose unique (tile, id) keys have the ids ``key_ids``: up
-    to ``limit`` ids that at least :data:`HOT_MIN_TILE_FRACTION` of the ``num_tiles`` tiles hold, the most held
-    first, padded with V to a multiple of ``edge`` -> ([H] int32 ids, [V] bool: which ids are hot). One sync."""
+    to ``limit`` ids that at least ``min_fraction`` of the ``num_tiles`` tiles hold, the most held first, padded with V to a multiple of ``edge`` -> ([H] int32 ids, [V] bool: which ids are hot). One sync."""
     device = key_ids.device
     is_hot = torch.zeros(vocab, dtype=torch.bool, device=device)
     if limit <= 0:
         return torch.empty(0, dtype=torch.int32, device=device), is_hot
     tiles_holding = torch.bincount(key_ids, minlength=vocab)  # [V]
     held, ids = torch.topk(tiles_holding, min(limit, vocab))
-    ids = ids[held >= max(1.0, HOT_MIN_TILE_FRACTION * num_tiles)]
+    ids = ids[held >= max(1.0, min_fraction * num_tiles)]
     is_hot.index_fill_(0, ids, True)  # a Python True at tensor indices would sync (torch's index_put_)
     padded = torch.full((-(-ids.numel() // edge) * edge,), vocab, dtype=torch.int32, device=device)
     padded[: ids.numel()] = ids.to(torch.int32)
