@@ -82,6 +82,7 @@ def test_compiled_fused_lse_and_grads_match_fp64(monkeypatch, kind: str, variant
         "window256_stored_hot1024",
         "window256_stored_hot1024_query",
         "window256_stored_hot1024_query_split_store256",
+        "window256_stored_hot2048at25_query_split_store256",
     ],
 )
 @pytest.mark.parametrize("kind", ["bf16", "fp32"])

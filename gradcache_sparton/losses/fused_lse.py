@@ -293,18 +293,20 @@ VARIANTS = {
         doc_block_bytes=512 << 20,
     ),
 }
-# The GPU's setting: 'window256_stored_hot1024_query_split_store256' (split128's tiles, each query tile's programs
-# over windows of 256 documents side by side, the forward a window at a time; where every tile's softmax weights are
-# stored, as their bf16 parts, by a pass 256 documents wide, the document-gradient pass reads them, up to 1,024 hot
-# columns' document gradient is one product over every query and the query gradient one product a chunk of a tile's
-# columns over the block). B 65,536 at temperature 1.0 on one H100 (benchmarks/results/session21, call 1): the loss
-# 0.695 s against 0.781 for 'window256_stored_hot1024_query' (backward 0.590 against 0.672; session 20, call 1: a
-# block's backward 4.59 ms against 5.15). 'window256_stored_hot1024_query' (session 18): backward 0.664 s
-# against 0.772 for 'window256_stored_hot1024' (forward + backward 0.775 against 0.878). Hot columns (session 17):
-# backward 0.775 s against 0.866 for 'window256_stored' (0.800 with 512). 'window256_stored' (session 15): backward
-# 0.868 s against 0.952 for 'window256_forward256', the same 0.208 / 0.207 s at 0.05 (every tile by pairs there,
-# nothing stored). The forward 256 wide (session 14): 0.106 s against 0.130.
-GPU_TILES = VARIANTS["window256_stored_hot1024_query_split_store256"]
+# The GPU's setting: 'window256_stored_hot2048at25_query_split_store256' (split128's tiles, each query tile's
+# programs over windows of 256 documents side by side, the forward a window at a time; where every tile's softmax
+# weights are stored, as their bf16 parts, by a pass 256 documents wide, the document-gradient pass reads them, up to
+# 2,048 hot columns (held by a quarter of the tiles) take their document gradient in one product over every query
+# and the query gradient is one product a chunk of a tile's columns over the block). B 65,536 at temperature 1.0 on
+# one H100 (benchmarks/results/session21, call 3): the loss 0.640 s against 0.693 for
+# 'window256_stored_hot1024_query_split_store256' (1,536 at 0.35: 0.654; 3,072 at 0.25: 0.648). That one (session
+# 21, call 1): 0.695 s against 0.781 for 'window256_stored_hot1024_query' (session 20, call 1: a block's backward
+# 4.59 ms against 5.15). 'window256_stored_hot1024_query' (session 18): backward 0.664 s against 0.772 for
+# 'window256_stored_hot1024' (forward + backward 0.775 against 0.878). Hot columns (session 17): backward 0.775 s
+# against 0.866 for 'window256_stored' (0.800 with 512). 'window256_stored' (session 15): backward 0.868 s against
+# 0.952 for 'window256_forward256', the same 0.208 / 0.207 s at 0.05 (every tile by pairs there, nothing stored).
+# The forward 256 wide (session 14): 0.106 s against 0.130.
+GPU_TILES = VARIANTS["window256_stored_hot2048at25_query_split_store256"]
 # Interpreter tiles (CPU tests): the smallest legal edges, so small shapes still span several tiles.
 INTERPRETER_TILES = TileShape(bm=16, bk=16, bn_forward=16, bn_scan=16, bn_backward=16, warps=4, stages=1)
 
