@@ -82,9 +82,8 @@ def build_query_tiles(
 ) -> QueryTiles:
     """:class:`QueryTiles` of ``reps`` with ``weights``, the queries in ``order`` ([B] positions -> rows; None: as
     they are), with up to ``hot_columns`` hot columns (``TileShape.hot_columns``), those held by at least
-    ``hot_min_tile_fraction`` of the tiles: one sort of the entries' (tile,
-    id) keys (a second with hot columns: each tile's last); two syncs (the unique keys' count, the total rows; a
-    third with hot columns, their count)."""
+    ``hot_min_tile_fraction`` of the tiles: one sort of the entries' (tile, id) keys (a second with hot columns:
+    each tile's last); two syncs (the unique keys' count, the total rows; a third with hot columns, their count)."""
     vocab, device, num_rows = reps.vocab_size, weights.device, reps.num_rows
     num_tiles = -(-num_rows // bm)
     row_idx = torch.full((num_tiles * bm,), num_rows, dtype=torch.int32, device=device)
@@ -153,7 +152,8 @@ def _hot_columns(
     key_ids: Tensor, num_tiles: int, vocab: int, limit: int, min_fraction: float, edge: int
 ) -> tuple[Tensor, Tensor]:
     """The hot columns (``TileShape.hot_columns``) of tiles whose unique (tile, id) keys have the ids ``key_ids``: up
-    to ``limit`` ids that at least ``min_fraction`` of the ``num_tiles`` tiles hold, the most held first, padded with V to a multiple of ``edge`` -> ([H] int32 ids, [V] bool: which ids are hot). One sync."""
+    to ``limit`` ids that at least ``min_fraction`` of the ``num_tiles`` tiles hold, the most held first, padded
+    with V to a multiple of ``edge`` -> ([H] int32 ids, [V] bool: which ids are hot). One sync."""
     device = key_ids.device
     is_hot = torch.zeros(vocab, dtype=torch.bool, device=device)
     if limit <= 0:
